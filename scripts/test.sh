@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The one test command: creates or reuses .venv, installs Basalt with its dev
+# tools, then runs the linters, the type checker and the whole pytest suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/ruff check .
+.venv/bin/mypy
+exec .venv/bin/python -m pytest "$@"

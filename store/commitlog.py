@@ -1,0 +1,172 @@
+"""The CommitLog: every message of every topic, appended to one run of files.
+
+Record layout: see :mod:`store.record`. This module owns the single writer:
+the put lock, the table of next queue offsets per (topic, queue id), rolling
+to a new file behind an end-of-file blank, and reads by physical offset.
+
+Concurrency: :meth:`CommitLog.append` holds the put lock, so any thread may
+call it; reads are lock-free below the write position.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from store.clock import Clock
+from store.config import MessageStoreConfig
+from store.errors import StoreClosedError
+from store.mapped_file_queue import MappedFileQueue
+from store.message import MessageRecord, encode_host, is_dispatchable
+from store.record import (
+    BLANK,
+    BLANK_MAGIC_CODE,
+    END_FILE_MIN_BLANK_LENGTH,
+    EncodedMessage,
+    decode_record,
+)
+
+_INT = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where a batch landed: one entry per message, in order."""
+
+    physical_offsets: list[int]
+    queue_offsets: list[int]
+    sizes: list[int]
+    store_timestamp_ms: int
+    #: One past the last byte written: the offset a SYNC send waits to see flushed.
+    end_offset: int
+
+
+class CommitLog:
+    """The message log of one store root."""
+
+    def __init__(self, config: MessageStoreConfig, *, read_only: bool = False) -> None:
+        self.config = config
+        self.files = MappedFileQueue(
+            config.commitlog_dir, config.mapped_file_size_commit_log, read_only=read_only
+        )
+        self.store_host = encode_host(config.store_host)
+        #: Next queue offset per (topic, queue id); guarded by ``put_lock``.
+        self.topic_queue_table: dict[tuple[str, int], int] = {}
+        self.put_lock = threading.Lock()
+        self._on_append: list[Callable[[], None]] = []
+        self.closed_for_writes = False
+
+    def close_for_writes(self) -> None:
+        """Refuse every later append; waits for an append in progress to finish."""
+        with self.put_lock:
+            self.closed_for_writes = True
+
+    def on_append(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (cheaply, on the writer's thread) after every append."""
+        self._on_append.append(callback)
+
+    @property
+    def mapped_file_size(self) -> int:
+        return self.files.mapped_file_size
+
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset
+
+    def roll_next_file(self, offset: int) -> int:
+        """The start of the file after the one holding ``offset``."""
+        size = self.mapped_file_size
+        return offset + size - offset % size
+
+    def fits(self, encoded: EncodedMessage) -> bool:
+        """Whether a record this size fits in an empty file (with room for the blank)."""
+        return encoded.size + END_FILE_MIN_BLANK_LENGTH <= self.mapped_file_size
+
+    def append(self, batch: Sequence[EncodedMessage], clock: Clock) -> AppendResult:
+        """Append records back to back, assigning queue and physical offsets.
+
+        Every record must satisfy :meth:`fits`. A record that does not fit the
+        current file's tail closes the file with a blank and goes to the next.
+        The store timestamp is read from ``clock`` under the lock, so it never
+        goes backwards along the log. Raises StoreClosedError after
+        :meth:`close_for_writes`, OSError if a new file cannot be created;
+        records already written stay written and keep their offsets.
+        """
+        physical: list[int] = []
+        queue: list[int] = []
+        sizes: list[int] = []
+        with self.put_lock:
+            if self.closed_for_writes:
+                raise StoreClosedError("the store is shut down")
+            store_timestamp_ms = clock.now_ms()
+            table = self.topic_queue_table
+            file_size = self.mapped_file_size
+            mf = self.files.get_last_mapped_file(0)
+            used = mf.wrote_position
+            parts: list[bytes] = []
+            for em in batch:
+                size = em.size
+                if used + size + END_FILE_MIN_BLANK_LENGTH > file_size:
+                    parts.append(BLANK.pack(file_size - used, BLANK_MAGIC_CODE))
+                    mf.append(b"".join(parts))
+                    mf.wrote_position = file_size
+                    mf.store_timestamp_ms = store_timestamp_ms
+                    parts = []
+                    mf = self.files.get_last_mapped_file(0)
+                    used = 0
+                phys = mf.file_from_offset + used
+                if is_dispatchable(em.sys_flag):
+                    key = (em.topic, em.queue_id)
+                    queue_offset = table.get(key, 0)
+                    table[key] = queue_offset + 1
+                else:
+                    # Prepared and rolled-back records take no place in any queue.
+                    queue_offset = 0
+                parts += (em.header(queue_offset, phys, store_timestamp_ms), em.body, em.tail)
+                physical.append(phys)
+                queue.append(queue_offset)
+                sizes.append(size)
+                used += size
+            mf.append(b"".join(parts))
+            mf.store_timestamp_ms = store_timestamp_ms
+            end = mf.file_from_offset + mf.wrote_position
+        for callback in self._on_append:
+            callback()
+        return AppendResult(physical, queue, sizes, store_timestamp_ms, end)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def read(self, physical_offset: int, size: int) -> bytes | None:
+        """``size`` bytes at ``physical_offset``, or None if not (or no longer) stored."""
+        mf = self.files.find_by_offset(physical_offset)
+        if mf is None:
+            return None
+        pos = physical_offset - mf.file_from_offset
+        if size <= 0 or pos + size > mf.wrote_position:
+            return None
+        return mf.read(pos, size)
+
+    def record_size_at(self, physical_offset: int) -> int | None:
+        head = self.read(physical_offset, 4)
+        return None if head is None else _INT.unpack(head)[0]
+
+    def get_record(self, physical_offset: int, size: int | None = None) -> MessageRecord | None:
+        """Decode the record at ``physical_offset``; None if nothing is stored there.
+
+        Raises CorruptRecordError when bytes are there but are not a record.
+        """
+        if size is None:
+            size = self.record_size_at(physical_offset)
+            if size is None:
+                return None
+        data = self.read(physical_offset, size)
+        return None if data is None else decode_record(data)
+
+    def close(self) -> None:
+        self.files.close()

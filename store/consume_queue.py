@@ -1,0 +1,287 @@
+"""ConsumeQueue: the per-(topic, queue) index into the CommitLog.
+
+Lives in ``consumequeue/<topic>/<queueId>/``, files of
+``mapped_file_size_consume_queue`` bytes (300,000 units by default) named by
+their start offset in bytes. Every unit is 20 bytes, big-endian::
+
+    offset  size  field
+    ------  ----  ------------------------------------------------------------
+    0       8     CommitLog physical offset of the record
+    8       4     record size (TOTALSIZE)
+    12      8     tagsCode: Java String.hashCode of the TAGS property, 0 if none
+
+Unit ``i`` describes queue offset ``i``: the byte position is ``i * 20``. A
+queue whose first file does not start at offset 0 of its first unit gets a
+leading run of blank units ``(0, 0x7FFFFFFF, 0)``, as RocketMQ's fillPreBlank.
+An all-zero unit marks the end of what was written.
+
+Concurrency: written only by the dispatcher thread (and by recovery before
+that thread starts); readers read units below the write position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from store.config import CQ_STORE_UNIT_SIZE
+from store.mapped_file import MappedFile
+from store.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+UNIT = struct.Struct(
+    ">"
+    "q"  # CommitLog physical offset
+    "i"  # record size
+    "q"  # tagsCode
+)
+assert UNIT.size == CQ_STORE_UNIT_SIZE
+#: The size field of a filler unit (RocketMQ writes Integer.MAX_VALUE).
+BLANK_UNIT_SIZE = 0x7FFFFFFF
+BLANK_UNIT = UNIT.pack(0, BLANK_UNIT_SIZE, 0)
+
+#: (queue offset, physical offset, size, tagsCode) — what the dispatcher hands in.
+CqEntry = tuple[int, int, int, int]
+
+
+def _is_valid_unit(phy: int, size: int) -> bool:
+    return phy >= 0 and size > 0
+
+
+class ConsumeQueue:
+    """One queue's index files."""
+
+    def __init__(
+        self,
+        topic: str,
+        queue_id: int,
+        consume_queue_dir: Path,
+        mapped_file_size: int,
+        *,
+        read_only: bool = False,
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mapped_file_size = mapped_file_size
+        self.files = MappedFileQueue(
+            consume_queue_dir / topic / str(queue_id), mapped_file_size, read_only=read_only
+        )
+        #: End (offset + size) of the last real unit; -1 when the queue is empty.
+        self.max_physic_offset = -1
+        #: Byte position of the first readable unit.
+        self.min_logic_offset = 0
+
+    # -- load & recovery ------------------------------------------------------------
+
+    def load(self) -> None:
+        self.files.load()
+
+    def recover(self) -> None:
+        """Find the end of the written units, scanning from the third-last file."""
+        files = self.files.files
+        if not files:
+            return
+        end = files[0].file_from_offset
+        for mf in files[max(0, len(files) - 3) :]:
+            end = mf.file_from_offset
+            pos = self._valid_end(mf)
+            end += pos
+            if pos < self.mapped_file_size:
+                break
+        self.files.truncate_dirty_files(end)
+        self.max_physic_offset = self._last_physic_end()
+        self.min_logic_offset = self._first_real_unit_offset(files[0])
+
+    def _valid_end(self, mf: MappedFile) -> int:
+        data = mf.read(0, self.mapped_file_size)
+        pos = 0
+        for phy, size, _ in UNIT.iter_unpack(data):
+            if not _is_valid_unit(phy, size):
+                break
+            pos += CQ_STORE_UNIT_SIZE
+        return pos
+
+    def _first_real_unit_offset(self, mf: MappedFile) -> int:
+        data = mf.read(0, mf.wrote_position)
+        for i, (_, size, _) in enumerate(UNIT.iter_unpack(data)):
+            if size != BLANK_UNIT_SIZE:
+                return mf.file_from_offset + i * CQ_STORE_UNIT_SIZE
+        return mf.file_from_offset + mf.wrote_position
+
+    def _last_physic_end(self) -> int:
+        for mf in reversed(self.files.files):
+            data = mf.read(0, mf.wrote_position)
+            for i in range(len(data) - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
+                phy, size, _ = UNIT.unpack_from(data, i)
+                if size != BLANK_UNIT_SIZE:
+                    return int(phy + size)
+        return -1
+
+    def truncate_dirty(self, phy_offset: int) -> int:
+        """Drop units pointing at or past ``phy_offset``; returns how many real units went."""
+        dropped = 0
+        for mf in reversed(self.files.files):
+            data = mf.read(0, mf.wrote_position)
+            cut = None
+            for i, (phy, size, _) in enumerate(UNIT.iter_unpack(data)):
+                if size != BLANK_UNIT_SIZE and phy + size > phy_offset:
+                    cut = i
+                    break
+            if cut is None:
+                break
+            dropped += sum(
+                1
+                for _, size, _ in UNIT.iter_unpack(data[cut * CQ_STORE_UNIT_SIZE :])
+                if size != BLANK_UNIT_SIZE
+            )
+            self.files.truncate_dirty_files(mf.file_from_offset + cut * CQ_STORE_UNIT_SIZE)
+            if cut > 0:
+                break
+        self.max_physic_offset = self._last_physic_end()
+        if not self.files.files:
+            self.min_logic_offset = 0
+        return dropped
+
+    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+        """Move ``min_logic_offset`` to the first unit whose record is still in the CommitLog."""
+        for mf in self.files.files:
+            data = mf.read(0, mf.wrote_position)
+            for i, (phy, size, _) in enumerate(UNIT.iter_unpack(data)):
+                if size != BLANK_UNIT_SIZE and phy >= commitlog_min_offset:
+                    self.min_logic_offset = mf.file_from_offset + i * CQ_STORE_UNIT_SIZE
+                    return
+        self.min_logic_offset = self.files.max_offset
+
+    # -- writing (dispatcher only) ----------------------------------------------------
+
+    def put_entries(self, entries: Sequence[CqEntry]) -> int:
+        """Append units for these records; returns how many were written.
+
+        Idempotent: entries whose record ends at or below ``max_physic_offset``
+        or whose position is already written are skipped, so re-dispatching a
+        stretch of the CommitLog is harmless. The common case — consecutive
+        entries continuing the queue inside its last file — is one write.
+        """
+        if not entries:
+            return 0
+        first_offset = entries[0][0]
+        last = self.files.last_file
+        n = len(entries)
+        if (
+            last is not None
+            and not last.is_full
+            and entries[0][1] + entries[0][2] > self.max_physic_offset
+            and first_offset * CQ_STORE_UNIT_SIZE == last.file_from_offset + last.wrote_position
+            and last.wrote_position + n * CQ_STORE_UNIT_SIZE <= self.mapped_file_size
+            and entries[-1][0] == first_offset + n - 1
+        ):
+            last.append(b"".join([UNIT.pack(phy, size, tags) for _, phy, size, tags in entries]))
+            self.max_physic_offset = entries[-1][1] + entries[-1][2]
+            return n
+        return sum(self._put_one(*entry) for entry in entries)
+
+    def _put_one(self, cq_offset: int, phy: int, size: int, tags_code: int) -> int:
+        if phy + size <= self.max_physic_offset:
+            log.debug("%s-%d: record %d already indexed", self.topic, self.queue_id, phy)
+            return 0
+        expect = cq_offset * CQ_STORE_UNIT_SIZE
+        mf = self.files.get_last_mapped_file(expect)
+        if mf.first_create_in_queue and cq_offset != 0 and mf.wrote_position == 0:
+            # The queue's first file starts mid-way: blank units up to its first offset.
+            self.min_logic_offset = expect
+            self.files.flushed_where = expect
+            self._fill_blank(mf, expect - mf.file_from_offset)
+        current = self.files.max_offset
+        if expect < current:
+            log.debug("%s-%d: offset %d already indexed", self.topic, self.queue_id, cq_offset)
+            return 0
+        while current < expect:
+            # A hole would shift every later unit; pad so unit i stays at i * 20.
+            log.error(
+                "%s-%d: queue offset %d but the queue ends at %d; padding",
+                self.topic,
+                self.queue_id,
+                cq_offset,
+                current // CQ_STORE_UNIT_SIZE,
+            )
+            mf = self.files.get_last_mapped_file(current)
+            self._fill_blank(mf, min(expect - mf.file_from_offset, self.mapped_file_size))
+            current = self.files.max_offset
+        mf = self.files.get_last_mapped_file(expect)
+        mf.append(UNIT.pack(phy, size, tags_code))
+        self.max_physic_offset = phy + size
+        return 1
+
+    @staticmethod
+    def _fill_blank(mf: MappedFile, until_pos: int) -> None:
+        count = (until_pos - mf.wrote_position) // CQ_STORE_UNIT_SIZE
+        if count > 0:
+            mf.append(BLANK_UNIT * count)
+
+    # -- reading ----------------------------------------------------------------------
+
+    @property
+    def max_offset_in_queue(self) -> int:
+        """One past the last queue offset written."""
+        return self.files.max_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    def get_unit(self, queue_offset: int) -> tuple[int, int, int] | None:
+        """(physical offset, size, tagsCode) of one queue offset, or None if not readable."""
+        pos = queue_offset * CQ_STORE_UNIT_SIZE
+        if queue_offset < 0 or pos < self.min_logic_offset:
+            return None
+        mf = self.files.find_by_offset(pos)
+        if mf is None or pos - mf.file_from_offset >= mf.wrote_position:
+            return None
+        phy, size, tags = UNIT.unpack(mf.read(pos - mf.file_from_offset, CQ_STORE_UNIT_SIZE))
+        return phy, size, tags
+
+    def read_units(self, queue_offset: int, max_count: int) -> bytes:
+        """Raw units from ``queue_offset``, at most ``max_count``, never across a file end."""
+        pos = queue_offset * CQ_STORE_UNIT_SIZE
+        if queue_offset < 0 or pos < self.min_logic_offset:
+            return b""
+        mf = self.files.find_by_offset(pos)
+        if mf is None:
+            return b""
+        rel = pos - mf.file_from_offset
+        count = min(max_count, (mf.wrote_position - rel) // CQ_STORE_UNIT_SIZE)
+        return mf.read(rel, count * CQ_STORE_UNIT_SIZE) if count > 0 else b""
+
+    def iter_units(self, queue_offset: int = 0) -> Iterator[tuple[int, int, int, int]]:
+        """Yield (queue offset, physical offset, size, tagsCode) from ``queue_offset``.
+
+        Blank filler units are skipped.
+        """
+        offset = max(queue_offset, self.min_offset_in_queue)
+        while True:
+            data = self.read_units(offset, 4096)
+            if not data:
+                return
+            for i, (phy, size, tags) in enumerate(UNIT.iter_unpack(data)):
+                if size != BLANK_UNIT_SIZE:
+                    yield offset + i, phy, size, tags
+            offset += len(data) // CQ_STORE_UNIT_SIZE
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def flush(self) -> None:
+        self.files.flush()
+
+    def close(self) -> None:
+        self.files.close()
+
+    def destroy(self) -> None:
+        self.files.destroy()
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+        with contextlib.suppress(OSError):
+            self.files.directory.parent.rmdir()

@@ -1,0 +1,82 @@
+"""All ConsumeQueues of a store root, keyed by (topic, queue id)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from store.consume_queue import ConsumeQueue
+
+
+class ConsumeQueueTable:
+    """Finds, creates, loads and destroys the ConsumeQueues under ``consumequeue/``.
+
+    Creation is guarded by a lock so a reader and the dispatcher asking for the
+    same new queue get the same object.
+    """
+
+    def __init__(self, directory: Path, mapped_file_size: int, *, read_only: bool = False) -> None:
+        self.directory = directory
+        self.mapped_file_size = mapped_file_size
+        self.read_only = read_only
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Map every ``<topic>/<queueId>/`` folder found on disk."""
+        if not self.directory.is_dir():
+            return
+        for topic_dir in sorted(self.directory.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.is_dir() and queue_dir.name.isdigit():
+                    cq = self._new(topic_dir.name, int(queue_dir.name))
+                    cq.load()
+                    self._queues[cq.topic, cq.queue_id] = cq
+
+    def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
+        return ConsumeQueue(
+            topic, queue_id, self.directory, self.mapped_file_size, read_only=self.read_only
+        )
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self._queues.get((topic, queue_id))
+
+    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self._queues.get((topic, queue_id))
+        if cq is None:
+            with self._lock:
+                cq = self._queues.get((topic, queue_id))
+                if cq is None:
+                    cq = self._new(topic, queue_id)
+                    self._queues[topic, queue_id] = cq
+        return cq
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self._queues.values()))
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def max_physic_offset(self) -> int:
+        """The highest record end any queue indexes; -1 when none does."""
+        return max((cq.max_physic_offset for cq in self), default=-1)
+
+    def flush(self) -> None:
+        for cq in self:
+            cq.flush()
+
+    def close(self) -> None:
+        for cq in self:
+            cq.close()
+
+    def destroy(self) -> int:
+        """Delete every queue's files; returns how many queues there were."""
+        with self._lock:
+            queues = list(self._queues.values())
+            self._queues.clear()
+        for cq in queues:
+            cq.destroy()
+        return len(queues)

@@ -1,0 +1,53 @@
+"""The store's exception hierarchy: corruption and misuse.
+
+Expected outcomes (a message too large, an offset past the end) are enum
+statuses in result dataclasses, never exceptions. What is raised here means the
+caller misused the store or the disk holds something the store cannot trust.
+Every class subclasses a builtin so callers that know nothing of Basalt can
+still catch it sensibly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StoreError(Exception):
+    """Base of every error the storage engine raises."""
+
+
+class StoreConfigError(StoreError, ValueError):
+    """A configuration value is out of range or inconsistent."""
+
+
+class StoreLockedError(StoreError, RuntimeError):
+    """Another process (or another store in this one) holds the root's lock file."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(
+            f"store root {root} is locked by another process: its 'lock' file is held; "
+            "stop the other store or use a different root"
+        )
+        self.root = root
+
+
+class StoreClosedError(StoreError, RuntimeError):
+    """An operation needs a running store but the store is shut down."""
+
+
+class CorruptFileError(StoreError, OSError):
+    """A data file cannot be trusted: wrong size, bad name, or unreadable layout."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class CorruptRecordError(StoreError, ValueError):
+    """Bytes at a physical offset do not decode as a CommitLog record."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"commitlog offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason

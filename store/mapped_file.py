@@ -1,0 +1,163 @@
+"""One fixed-size, memory-mapped data file, named by its 20-digit start offset.
+
+A MappedFile knows three positions, all relative to its start:
+``wrote_position`` (bytes appended), ``flushed_position`` (bytes known to be
+on disk) and ``file_size``. Appends are memcpy into the mapping; flush is
+``fdatasync`` on the file descriptor, which Linux applies to pages dirtied
+through a shared mapping too, and which releases the GIL.
+
+Concurrency: one writer thread appends; any thread may read bytes below
+``wrote_position``; flush may run on another thread.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from store.errors import CorruptFileError
+
+FILE_NAME_DIGITS = 20
+_ZERO_CHUNK = bytes(64 * 1024)
+
+
+def file_name(offset: int) -> str:
+    """The file name for a file starting at ``offset``: 20 digits, zero-padded."""
+    return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+def parse_file_name(path: Path) -> int | None:
+    """The start offset a data file's name encodes, or None if it is not a data file."""
+    name = path.name
+    if len(name) == FILE_NAME_DIGITS and name.isdigit():
+        return int(name)
+    return None
+
+
+class MappedFile:
+    """A data file of exactly ``file_size`` bytes mapped into memory."""
+
+    __slots__ = (
+        "_fd",
+        "_mm",
+        "file_from_offset",
+        "file_size",
+        "first_create_in_queue",
+        "flushed_position",
+        "path",
+        "read_only",
+        "store_timestamp_ms",
+        "wrote_position",
+    )
+
+    def __init__(self, path: Path, file_size: int, *, read_only: bool = False) -> None:
+        offset = parse_file_name(path)
+        if offset is None:
+            raise CorruptFileError(path, "data file names are 20-digit offsets")
+        if offset % file_size:
+            raise CorruptFileError(path, f"start offset is not a multiple of {file_size}")
+        self.path = path
+        self.file_size = file_size
+        self.file_from_offset = offset
+        self.read_only = read_only
+        self.wrote_position = 0
+        self.flushed_position = 0
+        self.store_timestamp_ms = 0
+        self.first_create_in_queue = False
+        flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(self._fd).st_size
+            if actual == 0 and not read_only:
+                # A sparse file: the kernel hands out zero pages on first touch.
+                os.ftruncate(self._fd, file_size)
+            elif actual != file_size:
+                raise CorruptFileError(path, f"size {actual} but data files are {file_size} bytes")
+            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+            self._mm = mmap.mmap(self._fd, file_size, access=access)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path.name}, wrote={self.wrote_position})"
+
+    @property
+    def file_end_offset(self) -> int:
+        return self.file_from_offset + self.file_size
+
+    @property
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    @property
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The whole mapping, for zero-copy parsing; do not keep views past close()."""
+        return self._mm
+
+    def append(self, data: bytes) -> None:
+        """Copy ``data`` at ``wrote_position`` and advance it. Single writer."""
+        end = self.wrote_position + len(data)
+        if end > self.file_size:
+            raise ValueError(f"{self.path.name}: append of {len(data)} bytes past the end")
+        self._mm[self.wrote_position : end] = data
+        self.wrote_position = end
+
+    def write_at(self, pos: int, data: bytes) -> None:
+        """Overwrite bytes at ``pos`` without moving positions (recovery, fills)."""
+        self._mm[pos : pos + len(data)] = data
+
+    def read(self, pos: int, size: int) -> bytes:
+        """Copy ``size`` bytes from ``pos``; callers stay below ``wrote_position``."""
+        return self._mm[pos : pos + size]
+
+    def flush(self) -> int:
+        """Make everything written so far durable; returns the new flushed position."""
+        target = self.wrote_position
+        if target > self.flushed_position:
+            os.fdatasync(self._fd)
+            self.flushed_position = target
+        return self.flushed_position
+
+    def zero_tail(self, pos: int) -> int:
+        """Zero leftovers from ``pos`` up to the end of data; returns bytes cleared.
+
+        The writer fills a file front to back, so the first all-zero chunk past
+        ``pos`` marks the end of what was ever written. Clearing the dirty tail
+        keeps a stale record from looking valid to a later recovery.
+        """
+        return self._scan_tail(pos, clear=True)
+
+    def dirty_bytes_from(self, pos: int) -> int:
+        """How many bytes from ``pos`` to the end of data: what a truncation drops."""
+        return self._scan_tail(pos, clear=False)
+
+    def _scan_tail(self, start: int, *, clear: bool) -> int:
+        data_end = start
+        step = len(_ZERO_CHUNK)
+        pos = start
+        while pos < self.file_size:
+            end = min(pos + step, self.file_size)
+            chunk = self._mm[pos:end]
+            if chunk.count(0) == len(chunk):
+                break
+            if clear:
+                self._mm[pos:end] = _ZERO_CHUNK[: end - pos]
+            data_end = pos + len(chunk.rstrip(b"\x00"))
+            pos = end
+        return data_end - start
+
+    def close(self) -> None:
+        if not self._mm.closed:
+            self._mm.close()
+            os.close(self._fd)
+
+    def destroy(self) -> None:
+        """Unmap and delete the file."""
+        self.close()
+        self.path.unlink(missing_ok=True)

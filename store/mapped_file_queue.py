@@ -1,0 +1,188 @@
+"""An ordered run of MappedFiles forming one logical, append-only address space.
+
+Offsets are global: file ``00000000001073741824`` holds offsets
+[1073741824, 2147483648). Used by the CommitLog and by every ConsumeQueue.
+
+Concurrency: one writer thread appends and rolls; readers look files up under
+the GIL (``files`` is replaced, never mutated in place, so a reader iterating a
+snapshot is safe); truncation and deletion happen while nothing reads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from pathlib import Path
+
+from store.errors import CorruptFileError
+from store.mapped_file import MappedFile, file_name, parse_file_name
+
+
+class MappedFileQueue:
+    """The files of one directory, all ``mapped_file_size`` bytes long."""
+
+    def __init__(self, directory: Path, mapped_file_size: int, *, read_only: bool = False) -> None:
+        self.directory = directory
+        self.mapped_file_size = mapped_file_size
+        self.read_only = read_only
+        self.files: list[MappedFile] = []
+        self.flushed_where = 0
+
+    def load(self) -> None:
+        """Map every data file of the directory; positions are set by recovery.
+
+        Raises CorruptFileError for a file of the wrong size or a gap between files.
+        """
+        if not self.directory.is_dir():
+            return
+        paths = sorted(p for p in self.directory.iterdir() if parse_file_name(p) is not None)
+        files: list[MappedFile] = []
+        try:
+            for path in paths:
+                mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only)
+                files.append(mf)
+                if len(files) > 1 and mf.file_from_offset != files[-2].file_end_offset:
+                    raise CorruptFileError(path, f"gap after {files[-2].path.name}")
+                # Until recovery says otherwise, a loaded file counts as full.
+                mf.wrote_position = mf.flushed_position = self.mapped_file_size
+        except BaseException:
+            for mf in files:
+                mf.close()
+            raise
+        self.files = files
+
+    # -- lookup -------------------------------------------------------------------------
+
+    @property
+    def first_file(self) -> MappedFile | None:
+        return self.files[0] if self.files else None
+
+    @property
+    def last_file(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    @property
+    def min_offset(self) -> int:
+        """Start of the first file; 0 when empty (RocketMQ returns -1, callers clamp)."""
+        files = self.files
+        return files[0].file_from_offset if files else 0
+
+    @property
+    def max_offset(self) -> int:
+        """One past the last written byte."""
+        files = self.files
+        return files[-1].file_from_offset + files[-1].wrote_position if files else 0
+
+    def find_by_offset(self, offset: int) -> MappedFile | None:
+        """The file holding ``offset``, or None when no file does."""
+        files = self.files
+        if not files:
+            return None
+        index = (offset - files[0].file_from_offset) // self.mapped_file_size
+        if 0 <= index < len(files):
+            mf = files[index]
+            if mf.file_from_offset <= offset < mf.file_end_offset:
+                return mf
+        # Files may have been deleted from the front concurrently: fall back to search.
+        starts = [f.file_from_offset for f in files]
+        i = bisect.bisect_right(starts, offset) - 1
+        if i >= 0 and offset < files[i].file_end_offset:
+            return files[i]
+        return None
+
+    def next_file(self, mf: MappedFile) -> MappedFile | None:
+        return self.find_by_offset(mf.file_end_offset)
+
+    # -- growth -------------------------------------------------------------------------
+
+    def get_last_mapped_file(self, start_offset: int = 0) -> MappedFile:
+        """The file to append to, creating one when there is none or the last is full.
+
+        With no files, the new file starts at ``start_offset`` rounded down to a
+        file boundary (ConsumeQueues of queues whose first offset is not 0).
+        """
+        last = self.last_file
+        if last is not None and not last.is_full:
+            return last
+        if last is None:
+            create_at = start_offset - start_offset % self.mapped_file_size
+        else:
+            create_at = last.file_end_offset
+        return self._create(create_at, first=last is None)
+
+    def _create(self, offset: int, *, first: bool) -> MappedFile:
+        if self.read_only:
+            raise CorruptFileError(self.directory / file_name(offset), "read-only queue")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        mf = MappedFile(self.directory / file_name(offset), self.mapped_file_size)
+        mf.first_create_in_queue = first
+        self.files = [*self.files, mf]
+        return mf
+
+    # -- durability ---------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync every file with unflushed bytes; returns the new ``flushed_where``."""
+        for mf in self.files:
+            if mf.flushed_position < mf.wrote_position:
+                mf.flush()
+        self.flushed_where = self.max_offset
+        return self.flushed_where
+
+    def unflushed_bytes(self) -> int:
+        return self.max_offset - self.flushed_where
+
+    # -- shrinking ----------------------------------------------------------------------
+
+    def set_written_to(self, offset: int) -> None:
+        """Declare everything below ``offset`` written and flushed, nothing above it."""
+        for mf in self.files:
+            pos = min(max(offset - mf.file_from_offset, 0), self.mapped_file_size)
+            mf.wrote_position = mf.flushed_position = pos
+        self.flushed_where = offset
+
+    def truncate_dirty_files(self, offset: int) -> int:
+        """Drop everything at and above ``offset``; returns the dirty bytes removed.
+
+        The file holding ``offset`` keeps its prefix and has its tail zeroed;
+        files wholly above it are deleted.
+        """
+        removed = 0
+        keep: list[MappedFile] = []
+        for mf in self.files:
+            if mf.file_end_offset <= offset:
+                keep.append(mf)
+            elif mf.file_from_offset <= offset:
+                pos = offset - mf.file_from_offset
+                removed += mf.zero_tail(pos)
+                mf.wrote_position = mf.flushed_position = pos
+                keep.append(mf)
+            else:
+                removed += mf.dirty_bytes_from(0)
+                mf.destroy()
+        self.files = keep
+        self.set_written_to(offset)
+        return removed
+
+    def delete_first_files_below(self, offset: int) -> int:
+        """Delete files that end at or below ``offset``; returns how many."""
+        doomed = [mf for mf in self.files if mf.file_end_offset <= offset]
+        if not doomed:
+            return 0
+        self.files = self.files[len(doomed) :]
+        for mf in doomed:
+            mf.destroy()
+        return len(doomed)
+
+    def close(self) -> None:
+        for mf in self.files:
+            mf.close()
+
+    def destroy(self) -> None:
+        """Delete every file (and the directory if it ends up empty)."""
+        for mf in self.files:
+            mf.destroy()
+        self.files = []
+        self.flushed_where = 0
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()

@@ -1,0 +1,205 @@
+"""Messages as producers hand them to the store, and as the store hands them back.
+
+Property wire format (RocketMQ ``MessageDecoder.messageProperties2String``):
+``name\\x01value\\x02name\\x01value\\x02…`` in UTF-8, every pair terminated by
+``\\x02``. TAGS, KEYS (space-separated) and UNIQ_KEY are ordinary properties.
+
+SysFlag bits (RocketMQ ``MessageSysFlag``)::
+
+    0x01 COMPRESSED          0x04 TRANSACTION_PREPARED   0x10 BORNHOST_V6
+    0x02 MULTI_TAGS          0x08 TRANSACTION_COMMIT     0x20 STOREHOSTADDRESS_V6
+                             0x0C TRANSACTION_ROLLBACK
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import os
+import random
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+PROPERTY_TAGS = "TAGS"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+KEY_SEPARATOR = " "
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+COMPRESSED_FLAG = 0x1
+MULTI_TAGS_FLAG = 0x2
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+TRANSACTION_TYPE_MASK = 0xC
+BORNHOST_V6_FLAG = 0x10
+STOREHOSTADDRESS_V6_FLAG = 0x20
+
+
+def transaction_type(sys_flag: int) -> int:
+    """The transaction bits of a sysflag: one of the ``TRANSACTION_*_TYPE`` values."""
+    return sys_flag & TRANSACTION_TYPE_MASK
+
+
+def is_dispatchable(sys_flag: int) -> bool:
+    """Whether a record belongs in a ConsumeQueue: not prepared, not rolled back."""
+    t = sys_flag & TRANSACTION_TYPE_MASK
+    return t in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """Encode properties as ``name\\x01value\\x02…`` UTF-8 bytes."""
+    if not properties:
+        return b""
+    return "".join(
+        f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in properties.items()
+    ).encode("utf-8")
+
+
+def decode_properties(data: bytes) -> dict[str, str]:
+    """Decode ``name\\x01value\\x02…`` bytes; pairs without a separator are skipped."""
+    out: dict[str, str] = {}
+    if not data:
+        return out
+    for pair in data.decode("utf-8", errors="replace").split(PROPERTY_SEPARATOR):
+        name, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            out[name] = value
+    return out
+
+
+def property_value(data: bytes, name: bytes) -> bytes | None:
+    """Find one property's raw value without decoding the rest.
+
+    ``name`` is the UTF-8 name; the match must start the string or follow a
+    ``\\x02`` so that ``XTAGS`` never matches ``TAGS``.
+    """
+    needle = name + b"\x01"
+    start = 0
+    while True:
+        i = data.find(needle, start)
+        if i < 0:
+            return None
+        if i == 0 or data[i - 1] == 2:
+            j = i + len(needle)
+            end = data.find(b"\x02", j)
+            return data[j:] if end < 0 else data[j:end]
+        start = i + 1
+
+
+def encode_host(address: str) -> bytes:
+    """``"ip:port"`` (IPv6 may be bracketed) to RocketMQ's host bytes: ip(4|16) + port(4)."""
+    host, _, port = address.rpartition(":")
+    ip = ipaddress.ip_address(host.strip("[]"))
+    return ip.packed + struct.pack(">i", int(port))
+
+
+def decode_host(data: bytes) -> str:
+    """Inverse of :func:`encode_host`; IPv6 addresses come back bracketed."""
+    ip = ipaddress.ip_address(data[:-4])
+    port = struct.unpack(">i", data[-4:])[0]
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
+    """RocketMQ's offset message id: hex(store ip + port + physical offset), upper case."""
+    return (store_host + physical_offset.to_bytes(8, "big", signed=True)).hex().upper()
+
+
+def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
+    """Split an offset message id into (store host, physical offset)."""
+    raw = bytes.fromhex(msg_id)
+    if len(raw) not in (16, 28):
+        raise ValueError(f"not an offset message id: {msg_id!r}")
+    return decode_host(raw[:-8]), int.from_bytes(raw[-8:], "big", signed=True)
+
+
+_UNIQ_PREFIX = (
+    bytes(4) + (os.getpid() & 0xFFFF).to_bytes(2, "big") + random.getrandbits(32).to_bytes(4, "big")
+)
+_UNIQ_COUNTER = itertools.count(random.getrandbits(15))
+
+
+def new_uniq_key() -> str:
+    """A client-side unique message id in the shape of RocketMQ's MessageClientIDSetter.
+
+    16 bytes as 32 upper-case hex digits: ip(4) pid(2) random(4) seconds(4) counter(2).
+    """
+    tail = ((int(time.time()) & 0xFFFFFFFF) << 16) | (next(_UNIQ_COUNTER) & 0xFFFF)
+    return (_UNIQ_PREFIX + tail.to_bytes(6, "big")).hex().upper()
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to store: RocketMQ's ``MessageExtBrokerInner`` before it is written.
+
+    ``tags`` and ``keys`` are written as the TAGS and KEYS properties and take
+    precedence over entries of the same name in ``properties``. A
+    ``born_timestamp_ms`` of 0 is filled with the store time.
+    """
+
+    topic: str
+    body: bytes = b""
+    queue_id: int = 0
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    sys_flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: str = "127.0.0.1:0"
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    def all_properties(self) -> dict[str, str]:
+        """The properties as stored: user properties plus TAGS and KEYS."""
+        props = dict(self.properties)
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        if self.keys:
+            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
+        return props
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A record decoded from the CommitLog: RocketMQ's ``MessageExt``."""
+
+    store_size: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commit_log_offset: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: str
+    store_timestamp_ms: int
+    store_host: str
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties: dict[str, str]
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS, "")
+        return [k for k in raw.split(KEY_SEPARATOR) if k]
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def msg_id(self) -> str:
+        """The offset message id of this record."""
+        return offset_msg_id(encode_host(self.store_host), self.commit_log_offset)

@@ -1,0 +1,422 @@
+"""MessageStore: the storage engine's front door (RocketMQ's DefaultMessageStore).
+
+Owns one store root::
+
+    <root>/commitlog/            CommitLog files            (store.commitlog)
+    <root>/consumequeue/T/Q/     ConsumeQueue files         (store.consume_queue)
+    <root>/checkpoint            flush timestamps           (store.checkpoint)
+    <root>/abort                 present while running; left behind by a crash
+    <root>/lock                  flock'ed while a store has the root open
+
+Lifecycle: ``MessageStore(config).start()`` locks the root, loads and recovers
+(returning a RecoveryReport), creates ``abort`` and starts the dispatcher and
+flush threads. ``shutdown()`` refuses new writes, flushes, lets the dispatcher
+catch up and removes ``abort``.
+
+Concurrency: every public method is thread-safe. ``put_*`` serialize on the
+CommitLog's put lock; a SYNC-flush send waits for the group-commit thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass, replace
+from types import TracebackType
+
+from store.checkpoint import StoreCheckpoint
+from store.clock import Clock, SystemClock
+from store.commitlog import CommitLog
+from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, FlushDiskType, MessageStoreConfig
+from store.consume_queue import ConsumeQueue
+from store.consume_queue_table import ConsumeQueueTable
+from store.dispatcher import DispatchListener, ReputMessageService
+from store.errors import StoreClosedError
+from store.files import RootLock, create_abort_file, remove_abort_file
+from store.flush import (
+    FlushCommitLogService,
+    FlushConsumeQueueService,
+    GroupCommitService,
+    flush_commitlog,
+)
+from store.message import Message, MessageRecord, encode_properties, offset_msg_id
+from store.record import EncodedMessage
+from store.recovery import RecoveryReport, recover
+
+log = logging.getLogger(__name__)
+
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+
+class PutStatus(enum.Enum):
+    """Outcome of a send (RocketMQ's PutMessageStatus)."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+@dataclass(frozen=True, slots=True)
+class PutMessageResult:
+    """Outcome of ``put_message``/``put_messages``: one entry per message, in order.
+
+    Only PUT_OK and FLUSH_DISK_TIMEOUT carry offsets: with FLUSH_DISK_TIMEOUT
+    the records are written but their fsync did not finish in time.
+    """
+
+    status: PutStatus
+    detail: str = ""
+    physical_offsets: tuple[int, ...] = ()
+    queue_offsets: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+    store_timestamp_ms: int = 0
+    store_host: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """Offset message ids (store host + physical offset), one per message."""
+        return [offset_msg_id(self.store_host, p) for p in self.physical_offsets]
+
+
+def _refused(status: PutStatus, detail: str) -> PutMessageResult:
+    return PutMessageResult(status, detail)
+
+
+class MessageStore:
+    """One store root: CommitLog, ConsumeQueues, checkpoint, recovery, flush."""
+
+    def __init__(
+        self,
+        config: MessageStoreConfig,
+        *,
+        clock: Clock | None = None,
+        listeners: Sequence[DispatchListener] = (),
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.commitlog = CommitLog(config)
+        self.consume_queues = ConsumeQueueTable(
+            config.consume_queue_dir, config.mapped_file_size_consume_queue
+        )
+        self.dispatcher = ReputMessageService(
+            self.commitlog, self.consume_queues, batch_size_bytes=config.reput_batch_size_bytes
+        )
+        self.dispatcher.listeners.extend(listeners)
+        self.commitlog.on_append(self.dispatcher.wakeup)
+        self._lock = RootLock(config.store_path_root_dir)
+        self._checkpoint: StoreCheckpoint | None = None
+        self._group_commit: GroupCommitService | None = None
+        self._flush_commitlog: FlushCommitLogService | None = None
+        self._flush_cq: FlushConsumeQueueService | None = None
+        self._running = False
+        self.recovery_report: RecoveryReport | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        config: MessageStoreConfig,
+        *,
+        clock: Clock | None = None,
+        listeners: Sequence[DispatchListener] = (),
+    ) -> MessageStore:
+        """Construct and :meth:`start` a store."""
+        store = cls(config, clock=clock, listeners=listeners)
+        store.start()
+        return store
+
+    def start(self) -> RecoveryReport:
+        """Lock the root, recover, and start the background services.
+
+        Raises StoreLockedError when another store holds the root, and
+        CorruptFileError when a data file cannot be mapped.
+        """
+        cfg = self.config
+        cfg.store_path_root_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            abnormal = cfg.abort_path.exists()
+            self._checkpoint = checkpoint = StoreCheckpoint(cfg.checkpoint_path)
+            self.commitlog.files.load()
+            self.consume_queues.load()
+            report = recover(
+                self.commitlog,
+                self.consume_queues,
+                checkpoint,
+                self.dispatcher,
+                abnormal=abnormal,
+                check_crc=cfg.check_crc_on_recover,
+            )
+            create_abort_file(cfg.abort_path)
+        except BaseException:
+            self._close_files()
+            self._lock.release()
+            raise
+        self.recovery_report = report
+        if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            self._group_commit = GroupCommitService(self.commitlog, checkpoint)
+            self._group_commit.start()
+        else:
+            self._flush_commitlog = FlushCommitLogService(
+                self.commitlog,
+                checkpoint,
+                interval_ms=cfg.flush_interval_commit_log_ms,
+                least_pages=cfg.flush_commit_log_least_pages,
+                thorough_interval_ms=cfg.flush_commit_log_thorough_interval_ms,
+            )
+            self._flush_commitlog.start()
+        self._flush_cq = FlushConsumeQueueService(
+            self.consume_queues,
+            checkpoint,
+            lambda: self.dispatcher.last_store_timestamp_ms,
+            interval_ms=cfg.flush_interval_consume_queue_ms,
+        )
+        self._flush_cq.start()
+        self.dispatcher.start()
+        self._running = True
+        return report
+
+    def shutdown(self) -> None:
+        """Stop cleanly: no new writes, everything flushed and dispatched, ``abort`` removed.
+
+        If the dispatcher cannot catch up (a corrupt record), ``abort`` stays so
+        the next start runs abnormal recovery.
+        """
+        if not self._running:
+            return
+        self._running = False
+        self.commitlog.close_for_writes()
+        for service in (self._group_commit, self._flush_commitlog):
+            if service is not None:
+                service.shutdown()
+        self.dispatcher.shutdown(drain=True)
+        assert self._checkpoint is not None
+        if self._flush_cq is not None:
+            self._flush_cq.shutdown()
+            self._flush_cq.flush_now()
+        flush_commitlog(self.commitlog, self._checkpoint)
+        clean = self.dispatcher.stalled_reason is None and self.dispatcher.behind_bytes == 0
+        self._close_files()
+        if clean:
+            remove_abort_file(self.config.abort_path)
+        else:
+            log.error("shutdown with the dispatcher behind: leaving 'abort' for recovery")
+        self._lock.release()
+
+    def _close_files(self) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+        self.commitlog.close()
+        self.consume_queues.close()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def __enter__(self) -> MessageStore:
+        if not self._running:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    # -- writes -----------------------------------------------------------------------
+
+    def _encode(self, messages: Sequence[Message]) -> list[EncodedMessage] | PutMessageResult:
+        if not messages:
+            return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        cfg = self.config
+        store_host = self.commitlog.store_host
+        now = 0
+        encoded: list[EncodedMessage] = []
+        for m in messages:
+            topic = m.topic
+            if len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.match(topic):
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of "
+                    "[%|a-zA-Z0-9_-]",
+                )
+            if m.queue_id < 0 or m.queue_id > 0x7FFFFFFF:
+                return _refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {m.queue_id} is out of range")
+            if len(m.body) > cfg.max_message_size:
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"body of {len(m.body)} bytes exceeds max_message_size {cfg.max_message_size}",
+                )
+            props = encode_properties(m.all_properties())
+            if len(props) > MAX_PROPERTIES_SIZE:
+                return _refused(
+                    PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                    f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_SIZE}",
+                )
+            born = m.born_timestamp_ms
+            if born == 0:
+                now = now or self.clock.now_ms()
+                born = now
+            try:
+                em = EncodedMessage(
+                    m, store_host=store_host, properties=props, born_timestamp_ms=born
+                )
+            except ValueError as e:
+                return _refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {m.born_host!r}: {e}")
+            if not self.commitlog.fits(em):
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"record of {em.size} bytes does not fit a commitlog file of "
+                    f"{cfg.mapped_file_size_commit_log} bytes",
+                )
+            encoded.append(em)
+        return encoded
+
+    def append_messages(
+        self, messages: Sequence[Message]
+    ) -> tuple[PutMessageResult, Future[None] | None]:
+        """Validate and append without waiting for a SYNC fsync.
+
+        Returns the result and, under SYNC flush, a Future that completes once
+        the batch is durable (None under ASYNC). Refused batches write nothing.
+        """
+        if not self._running:
+            return _refused(PutStatus.SERVICE_NOT_AVAILABLE, "the store is not running"), None
+        encoded = self._encode(messages)
+        if isinstance(encoded, PutMessageResult):
+            return encoded, None
+        try:
+            appended = self.commitlog.append(encoded, self.clock)
+        except StoreClosedError as e:
+            return _refused(PutStatus.SERVICE_NOT_AVAILABLE, str(e)), None
+        except OSError as e:
+            log.exception("append failed")
+            return _refused(PutStatus.CREATE_MAPPED_FILE_FAILED, f"cannot write: {e}"), None
+        result = PutMessageResult(
+            PutStatus.PUT_OK,
+            physical_offsets=tuple(appended.physical_offsets),
+            queue_offsets=tuple(appended.queue_offsets),
+            sizes=tuple(appended.sizes),
+            store_timestamp_ms=appended.store_timestamp_ms,
+            store_host=self.commitlog.store_host,
+        )
+        flushed = None
+        if self._group_commit is not None:
+            flushed = self._group_commit.request(appended.end_offset)
+        return result, flushed
+
+    def _flush_timeout(self, result: PutMessageResult, why: str) -> PutMessageResult:
+        return replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT, detail=why)
+
+    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult:
+        """Append a batch as consecutive records; under SYNC flush, wait for fsync.
+
+        Blocks the calling thread under SYNC flush: from an event loop use
+        :meth:`put_messages_async`.
+        """
+        result, flushed = self.append_messages(messages)
+        if flushed is not None:
+            try:
+                flushed.result(self.config.sync_flush_timeout_ms / 1000)
+            except FutureTimeoutError:
+                return self._flush_timeout(result, "fsync did not finish in time")
+            except Exception as e:
+                return self._flush_timeout(result, f"fsync failed: {e}")
+        return result
+
+    def put_message(self, message: Message) -> PutMessageResult:
+        return self.put_messages([message])
+
+    async def put_messages_async(self, messages: Sequence[Message]) -> PutMessageResult:
+        """:meth:`put_messages` for an event loop: the fsync wait never blocks the loop."""
+        result, flushed = self.append_messages(messages)
+        if flushed is not None:
+            try:
+                await asyncio.wait_for(
+                    asyncio.wrap_future(flushed), self.config.sync_flush_timeout_ms / 1000
+                )
+            except TimeoutError:
+                return self._flush_timeout(result, "fsync did not finish in time")
+            except Exception as e:
+                return self._flush_timeout(result, f"fsync failed: {e}")
+        return result
+
+    # -- reads ------------------------------------------------------------------------
+
+    @property
+    def min_physical_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    @property
+    def max_physical_offset(self) -> int:
+        return self.commitlog.max_offset
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        return self.dispatcher.behind_bytes
+
+    def wait_dispatched(self, timeout_s: float = 10.0) -> bool:
+        """Block until everything appended so far is in the ConsumeQueues."""
+        return self.dispatcher.wait_until_dispatched(None, timeout_s)
+
+    def get_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.consume_queues.get(topic, queue_id)
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        """One past the last dispatched queue offset; 0 for an unknown queue."""
+        cq = self.consume_queues.get(topic, queue_id)
+        return cq.max_offset_in_queue if cq is not None else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.get(topic, queue_id)
+        return cq.min_offset_in_queue if cq is not None else 0
+
+    def lookup_message_by_offset(self, physical_offset: int) -> MessageRecord | None:
+        """The record at a physical offset; None below the min or at/after the max."""
+        return self.commitlog.get_record(physical_offset)
+
+    def get_message_by_queue_offset(
+        self, topic: str, queue_id: int, queue_offset: int
+    ) -> MessageRecord | None:
+        """The record a ConsumeQueue unit points at; None if not dispatched or gone."""
+        cq = self.consume_queues.get(topic, queue_id)
+        unit = cq.get_unit(queue_offset) if cq is not None else None
+        if unit is None:
+            return None
+        return self.commitlog.get_record(unit[0], unit[1])
+
+    def iter_queue(
+        self, topic: str, queue_id: int, from_offset: int = 0
+    ) -> Iterator[tuple[int, MessageRecord]]:
+        """Yield (queue offset, record) for a queue's dispatched records from ``from_offset``."""
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return
+        for queue_offset, phy, size, _ in cq.iter_units(from_offset):
+            record = self.commitlog.get_record(phy, size)
+            if record is not None:
+                yield queue_offset, record
+
+    def _require_running(self) -> None:
+        if not self._running:
+            raise StoreClosedError("the store is not running")

@@ -1,0 +1,379 @@
+"""The CommitLog record: RocketMQ 4.x's layout, byte for byte (all big-endian).
+
+::
+
+    offset  size     field
+    ------  -------  ------------------------------------------------------
+    0       4        TOTALSIZE            whole record, this field included
+    4       4        MAGICCODE            0xDAA320A7
+    8       4        BODYCRC              CRC32(body) & 0x7FFFFFFF
+    12      4        QUEUEID
+    16      4        FLAG
+    20      8        QUEUEOFFSET          index in the ConsumeQueue
+    28      8        PHYSICALOFFSET       offset of this record in the CommitLog
+    36      4        SYSFLAG              see store.message
+    40      8        BORNTIMESTAMP
+    48      8 | 20   BORNHOST             ip(4|16) + port(4); 20 when SYSFLAG & 0x10
+    ..      8        STORETIMESTAMP
+    ..      8 | 20   STOREHOSTADDRESS     20 when SYSFLAG & 0x20
+    ..      4        RECONSUMETIMES
+    ..      8        PREPARED_TX_OFFSET
+    ..      4 + n    BODYLEN + BODY
+    ..      1 + n    TOPICLEN + TOPIC     UTF-8, at most 127 bytes
+    ..      2 + n    PROPLEN + PROPERTIES name\\x01value\\x02…, at most 32767 bytes
+
+A file whose free tail cannot hold the next record plus an 8-byte blank ends
+with ``[int free bytes][int 0xCBD43194]``; the record goes to the next file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import Enum
+
+from store.errors import CorruptRecordError
+from store.message import (
+    BORNHOST_V6_FLAG,
+    STOREHOSTADDRESS_V6_FLAG,
+    Message,
+    MessageRecord,
+    decode_host,
+    decode_properties,
+    encode_properties,
+)
+
+#: Anything ``struct.unpack_from`` and ``memoryview`` accept: bytes, mmap, bytearray.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+
+MESSAGE_MAGIC_CODE = 0xDAA320A7
+BLANK_MAGIC_CODE = 0xCBD43194
+#: A file keeps room for the end-of-file blank: TOTALSIZE(4) + MAGICCODE(4).
+END_FILE_MIN_BLANK_LENGTH = 8
+
+#: The fields every record starts with, up to BORNTIMESTAMP.
+PREFIX = struct.Struct(
+    ">"
+    "i"  # TOTALSIZE
+    "I"  # MAGICCODE
+    "i"  # BODYCRC
+    "i"  # QUEUEID
+    "i"  # FLAG
+    "q"  # QUEUEOFFSET
+    "q"  # PHYSICALOFFSET
+    "i"  # SYSFLAG
+    "q"  # BORNTIMESTAMP
+)
+#: TOTALSIZE + MAGICCODE: enough to tell a record, a blank and empty space apart.
+SIZE_AND_MAGIC = struct.Struct(">iI")
+BLANK = SIZE_AND_MAGIC
+_INT = struct.Struct(">i")
+_LONG = struct.Struct(">q")
+_SHORT = struct.Struct(">h")
+
+
+def _header_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
+    born = "16si" if born_v6 else "4si"  # BORNHOST: ip + port
+    store = "16si" if store_v6 else "4si"  # STOREHOSTADDRESS: ip + port
+    return struct.Struct(
+        PREFIX.format
+        + born
+        + "q"  # STORETIMESTAMP
+        + store
+        + "i"  # RECONSUMETIMES
+        + "q"  # PREPARED_TX_OFFSET
+        + "i"  # BODYLEN
+    )
+
+
+#: Header structs indexed by (BORNHOST_V6, STOREHOSTADDRESS_V6).
+HEADERS = {(b, s): _header_struct(b, s) for b in (False, True) for s in (False, True)}
+
+
+def host_length(sys_flag: int, v6_flag: int) -> int:
+    return 20 if sys_flag & v6_flag else 8
+
+
+def record_size(body_len: int, topic_len: int, props_len: int, sys_flag: int = 0) -> int:
+    """RocketMQ's ``calMsgLength``: the TOTALSIZE of a record with these parts."""
+    return (
+        PREFIX.size
+        + host_length(sys_flag, BORNHOST_V6_FLAG)
+        + 8
+        + host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG)
+        + 4
+        + 8
+        + 4
+        + body_len
+        + 1
+        + topic_len
+        + 2
+        + props_len
+    )
+
+
+def body_crc(body: bytes) -> int:
+    """BODYCRC: the CRC32 of the body, cleared to a non-negative Java int."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+class EncodedMessage:
+    """A message with everything but its offsets and store time encoded.
+
+    Built by the sending thread (outside the put lock); the writer then calls
+    :meth:`header` with the queue offset, physical offset and store timestamp
+    it assigns, and writes ``header + body + tail``.
+    """
+
+    __slots__ = (
+        "body",
+        "body_crc",
+        "born_host",
+        "born_timestamp_ms",
+        "flag",
+        "prepared_transaction_offset",
+        "properties",
+        "queue_id",
+        "reconsume_times",
+        "size",
+        "store_host",
+        "struct",
+        "sys_flag",
+        "tail",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        message: Message,
+        *,
+        store_host: bytes,
+        properties: bytes | None = None,
+        born_timestamp_ms: int | None = None,
+    ) -> None:
+        props = encode_properties(message.all_properties()) if properties is None else properties
+        topic_bytes = message.topic.encode("utf-8")
+        born_host = _encode_host_cached(message.born_host)
+        sys_flag = message.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
+        if len(born_host) == 20:
+            sys_flag |= BORNHOST_V6_FLAG
+        if len(store_host) == 20:
+            sys_flag |= STOREHOSTADDRESS_V6_FLAG
+        self.topic = message.topic
+        self.queue_id = message.queue_id
+        self.flag = message.flag
+        self.sys_flag = sys_flag
+        self.born_timestamp_ms = (
+            message.born_timestamp_ms if born_timestamp_ms is None else born_timestamp_ms
+        )
+        self.born_host = born_host
+        self.store_host = store_host
+        self.reconsume_times = message.reconsume_times
+        self.prepared_transaction_offset = message.prepared_transaction_offset
+        self.body = message.body
+        self.body_crc = body_crc(message.body)
+        self.properties = props
+        self.struct = HEADERS[len(born_host) == 20, len(store_host) == 20]
+        self.tail = (
+            bytes((len(topic_bytes) & 0xFF,)) + topic_bytes + _SHORT.pack(len(props)) + props
+        )
+        self.size = self.struct.size + len(message.body) + len(self.tail)
+
+    def header(self, queue_offset: int, physical_offset: int, store_timestamp_ms: int) -> bytes:
+        """The record bytes before the body, with the writer's assignments filled in."""
+        return self.struct.pack(
+            self.size,
+            MESSAGE_MAGIC_CODE,
+            self.body_crc,
+            self.queue_id,
+            self.flag,
+            queue_offset,
+            physical_offset,
+            self.sys_flag,
+            self.born_timestamp_ms,
+            self.born_host[:-4],
+            _INT.unpack_from(self.born_host, len(self.born_host) - 4)[0],
+            store_timestamp_ms,
+            self.store_host[:-4],
+            _INT.unpack_from(self.store_host, len(self.store_host) - 4)[0],
+            self.reconsume_times,
+            self.prepared_transaction_offset,
+            len(self.body),
+        )
+
+    def encode(self, queue_offset: int, physical_offset: int, store_timestamp_ms: int) -> bytes:
+        """The whole record as bytes."""
+        return b"".join(
+            (self.header(queue_offset, physical_offset, store_timestamp_ms), self.body, self.tail)
+        )
+
+
+_HOST_CACHE: dict[str, bytes] = {}
+
+
+def _encode_host_cached(address: str) -> bytes:
+    from store.message import encode_host
+
+    raw = _HOST_CACHE.get(address)
+    if raw is None:
+        raw = encode_host(address)
+        if len(_HOST_CACHE) < 4096:
+            _HOST_CACHE[address] = raw
+    return raw
+
+
+def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
+    """Decode the record at ``pos`` of ``buf``; raises CorruptRecordError if it is not one.
+
+    Does not check the CRC: see :func:`check_record`.
+    """
+    view = memoryview(buf)
+    try:
+        size, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = (
+            PREFIX.unpack_from(view, pos)
+        )
+        if magic != MESSAGE_MAGIC_CODE:
+            raise CorruptRecordError(pos, f"bad magic code 0x{magic:08X}")
+        p = pos + PREFIX.size
+        bh = host_length(sys_flag, BORNHOST_V6_FLAG)
+        born_host = decode_host(bytes(view[p : p + bh]))
+        p += bh
+        (store_ts,) = _LONG.unpack_from(view, p)
+        p += 8
+        sh = host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG)
+        store_host = decode_host(bytes(view[p : p + sh]))
+        p += sh
+        (reconsume,) = _INT.unpack_from(view, p)
+        (prepared,) = _LONG.unpack_from(view, p + 4)
+        (body_len,) = _INT.unpack_from(view, p + 12)
+        p += 16
+        body = bytes(view[p : p + body_len])
+        p += body_len
+        topic_len = view[p]
+        topic = bytes(view[p + 1 : p + 1 + topic_len]).decode("utf-8")
+        p += 1 + topic_len
+        (props_len,) = _SHORT.unpack_from(view, p)
+        props = decode_properties(bytes(view[p + 2 : p + 2 + props_len]))
+        p += 2 + props_len
+    except (struct.error, IndexError, ValueError) as e:
+        if isinstance(e, CorruptRecordError):
+            raise
+        raise CorruptRecordError(pos, f"truncated or malformed record: {e}") from e
+    if p - pos != size or len(body) != body_len:
+        raise CorruptRecordError(pos, f"TOTALSIZE {size} but fields span {p - pos} bytes")
+    return MessageRecord(
+        store_size=size,
+        body_crc=crc,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        commit_log_offset=phys,
+        sys_flag=sys_flag,
+        born_timestamp_ms=born_ts,
+        born_host=born_host,
+        store_timestamp_ms=store_ts,
+        store_host=store_host,
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        body=body,
+        topic=topic,
+        properties=props,
+    )
+
+
+class RecordKind(Enum):
+    MESSAGE = "message"
+    BLANK = "blank"  # end-of-file filler: continue in the next file
+    END = "end"  # zeroes: nothing was ever written here
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInfo:
+    """What :func:`check_record` found at one position.
+
+    For MESSAGE the routing fields are filled; for BLANK ``size`` is the
+    blank's length; for CORRUPT ``reason`` says why.
+    """
+
+    kind: RecordKind
+    size: int = 0
+    reason: str = ""
+    queue_id: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    sys_flag: int = 0
+    store_timestamp_ms: int = 0
+    topic: str = ""
+    properties: bytes = b""
+
+
+def check_record(
+    buf: Buffer, pos: int, limit: int, *, check_crc: bool, expected_offset: int | None = None
+) -> RecordInfo:
+    """Validate the record at ``pos`` of ``buf`` without trusting any of it.
+
+    ``limit`` is the end of the readable region; ``expected_offset`` the
+    physical offset the record must carry (recovery knows where it is). Never
+    raises on bad bytes: corruption is a CORRUPT result naming the reason.
+    """
+    if pos + SIZE_AND_MAGIC.size > limit:
+        return RecordInfo(RecordKind.END)
+    size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return RecordInfo(RecordKind.BLANK, size=size)
+    if magic != MESSAGE_MAGIC_CODE:
+        if size == 0 and magic == 0:
+            return RecordInfo(RecordKind.END)
+        return RecordInfo(RecordKind.CORRUPT, reason=f"bad magic code 0x{magic:08X}")
+    min_size = record_size(0, 0, 0)
+    if size < min_size or pos + size > limit:
+        return RecordInfo(RecordKind.CORRUPT, reason=f"TOTALSIZE {size} out of range")
+    view = memoryview(buf)[pos : pos + size]
+    _, _, crc, queue_id, _, queue_offset, phys, sys_flag, _ = PREFIX.unpack_from(view, 0)
+    p = PREFIX.size + host_length(sys_flag, BORNHOST_V6_FLAG)
+    (store_ts,) = _LONG.unpack_from(view, p)
+    p += 8 + host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG) + 12
+    if p + 4 > size:
+        return RecordInfo(RecordKind.CORRUPT, reason="header longer than TOTALSIZE")
+    (body_len,) = _INT.unpack_from(view, p)
+    p += 4
+    if body_len < 0 or p + body_len + 3 > size:
+        return RecordInfo(RecordKind.CORRUPT, reason=f"BODYLEN {body_len} inconsistent")
+    body_start = p
+    p += body_len
+    topic_len = view[p]
+    if topic_len > 127 or p + 1 + topic_len + 2 > size:
+        return RecordInfo(RecordKind.CORRUPT, reason=f"TOPICLEN {topic_len} inconsistent")
+    topic_raw = bytes(view[p + 1 : p + 1 + topic_len])
+    p += 1 + topic_len
+    (props_len,) = _SHORT.unpack_from(view, p)
+    p += 2
+    if props_len < 0 or p + props_len != size:
+        return RecordInfo(
+            RecordKind.CORRUPT, reason=f"TOTALSIZE {size} but fields span {p + props_len} bytes"
+        )
+    if expected_offset is not None and phys != expected_offset:
+        return RecordInfo(
+            RecordKind.CORRUPT,
+            reason=f"PHYSICALOFFSET {phys} but the record sits at {expected_offset}",
+        )
+    if check_crc and zlib.crc32(view[body_start : body_start + body_len]) & 0x7FFFFFFF != crc:
+        return RecordInfo(RecordKind.CORRUPT, reason="body CRC mismatch")
+    try:
+        topic = topic_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return RecordInfo(RecordKind.CORRUPT, reason="topic is not UTF-8")
+    return RecordInfo(
+        RecordKind.MESSAGE,
+        size=size,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        physical_offset=phys,
+        sys_flag=sys_flag,
+        store_timestamp_ms=store_ts,
+        topic=topic,
+        properties=bytes(view[p : p + props_len]),
+    )
