@@ -1,0 +1,50 @@
+"""Shared fixtures: small store configurations on ``tmp_path``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import ManualClock, MessageStore, MessageStoreConfig
+
+#: Small files so tests roll files and fill queues quickly.
+SMALL_COMMITLOG_FILE = 64 * 1024
+SMALL_CQ_FILE = 20 * 64
+
+ConfigFactory = Callable[..., MessageStoreConfig]
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> ConfigFactory:
+    """``make_config(**overrides)``: a config rooted at ``tmp_path / "store"`` with small files."""
+
+    def factory(**overrides: Any) -> MessageStoreConfig:
+        values: dict[str, Any] = {
+            "store_path_root_dir": tmp_path / "store",
+            "mapped_file_size_commit_log": SMALL_COMMITLOG_FILE,
+            "mapped_file_size_consume_queue": SMALL_CQ_FILE,
+            "flush_interval_commit_log_ms": 50,
+            "flush_interval_consume_queue_ms": 50,
+        }
+        values.update(overrides)
+        return MessageStoreConfig(**values)
+
+    return factory
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def store(make_config: ConfigFactory, clock: ManualClock) -> Iterator[MessageStore]:
+    """A started store with small files and a manual clock; shut down after the test."""
+    s = MessageStore.open(make_config(), clock=clock)
+    try:
+        yield s
+    finally:
+        s.shutdown()
