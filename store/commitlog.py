@@ -106,6 +106,9 @@ class CommitLog:
                 raise StoreClosedError("the store is shut down")
             store_timestamp_ms = clock.now_ms()
             table = self.topic_queue_table
+            # Queue offsets taken by records not yet written: merged into the table
+            # only once their bytes are, so a failed write consumes no offsets.
+            pending: dict[tuple[str, int], int] = {}
             file_size = self.mapped_file_size
             mf = self.files.get_last_mapped_file(0)
             used = mf.wrote_position
@@ -117,14 +120,18 @@ class CommitLog:
                     mf.append(b"".join(parts))
                     mf.wrote_position = file_size
                     mf.store_timestamp_ms = store_timestamp_ms
+                    table.update(pending)
+                    pending.clear()
                     parts = []
                     mf = self.files.get_last_mapped_file(0)
                     used = 0
                 phys = mf.file_from_offset + used
                 if is_dispatchable(em.sys_flag):
                     key = (em.topic, em.queue_id)
-                    queue_offset = table.get(key, 0)
-                    table[key] = queue_offset + 1
+                    queue_offset = pending.get(key)
+                    if queue_offset is None:
+                        queue_offset = table.get(key, 0)
+                    pending[key] = queue_offset + 1
                 else:
                     # Prepared and rolled-back records take no place in any queue.
                     queue_offset = 0
@@ -135,6 +142,7 @@ class CommitLog:
                 used += size
             mf.append(b"".join(parts))
             mf.store_timestamp_ms = store_timestamp_ms
+            table.update(pending)
             end = mf.file_from_offset + mf.wrote_position
         for callback in self._on_append:
             callback()

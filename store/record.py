@@ -42,6 +42,7 @@ from store.message import (
     MessageRecord,
     decode_host,
     decode_properties,
+    encode_host,
     encode_properties,
 )
 
@@ -128,17 +129,11 @@ class EncodedMessage:
     """
 
     __slots__ = (
+        "_args",
         "body",
-        "body_crc",
-        "born_host",
-        "born_timestamp_ms",
-        "flag",
-        "prepared_transaction_offset",
         "properties",
         "queue_id",
-        "reconsume_times",
         "size",
-        "store_host",
         "struct",
         "sys_flag",
         "tail",
@@ -155,53 +150,59 @@ class EncodedMessage:
     ) -> None:
         props = encode_properties(message.all_properties()) if properties is None else properties
         topic_bytes = message.topic.encode("utf-8")
-        born_host = _encode_host_cached(message.born_host)
+        born_ip, born_port = _host_parts(message.born_host)
+        store_ip, store_port = _split_host(store_host)
         sys_flag = message.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
-        if len(born_host) == 20:
+        if len(born_ip) == 16:
             sys_flag |= BORNHOST_V6_FLAG
-        if len(store_host) == 20:
+        if len(store_ip) == 16:
             sys_flag |= STOREHOSTADDRESS_V6_FLAG
+        body = message.body
+        tail = bytes((len(topic_bytes) & 0xFF,)) + topic_bytes + _SHORT.pack(len(props)) + props
+        header = HEADERS[len(born_ip) == 16, len(store_ip) == 16]
+        size = header.size + len(body) + len(tail)
         self.topic = message.topic
         self.queue_id = message.queue_id
-        self.flag = message.flag
         self.sys_flag = sys_flag
-        self.born_timestamp_ms = (
-            message.born_timestamp_ms if born_timestamp_ms is None else born_timestamp_ms
-        )
-        self.born_host = born_host
-        self.store_host = store_host
-        self.reconsume_times = message.reconsume_times
-        self.prepared_transaction_offset = message.prepared_transaction_offset
-        self.body = message.body
-        self.body_crc = body_crc(message.body)
+        self.body = body
         self.properties = props
-        self.struct = HEADERS[len(born_host) == 20, len(store_host) == 20]
-        self.tail = (
-            bytes((len(topic_bytes) & 0xFF,)) + topic_bytes + _SHORT.pack(len(props)) + props
-        )
-        self.size = self.struct.size + len(message.body) + len(self.tail)
+        self.tail = tail
+        self.struct = header
+        self.size = size
+        # Header fields in order; slots 5, 6 and 11 are filled in by header().
+        self._args: list[int | bytes] = [
+            size,
+            MESSAGE_MAGIC_CODE,
+            zlib.crc32(body) & 0x7FFFFFFF,
+            message.queue_id,
+            message.flag,
+            0,  # QUEUEOFFSET
+            0,  # PHYSICALOFFSET
+            sys_flag,
+            message.born_timestamp_ms if born_timestamp_ms is None else born_timestamp_ms,
+            born_ip,
+            born_port,
+            0,  # STORETIMESTAMP
+            store_ip,
+            store_port,
+            message.reconsume_times,
+            message.prepared_transaction_offset,
+            len(body),
+        ]
+
+    @property
+    def body_crc(self) -> int:
+        crc = self._args[2]
+        assert isinstance(crc, int)
+        return crc
 
     def header(self, queue_offset: int, physical_offset: int, store_timestamp_ms: int) -> bytes:
         """The record bytes before the body, with the writer's assignments filled in."""
-        return self.struct.pack(
-            self.size,
-            MESSAGE_MAGIC_CODE,
-            self.body_crc,
-            self.queue_id,
-            self.flag,
-            queue_offset,
-            physical_offset,
-            self.sys_flag,
-            self.born_timestamp_ms,
-            self.born_host[:-4],
-            _INT.unpack_from(self.born_host, len(self.born_host) - 4)[0],
-            store_timestamp_ms,
-            self.store_host[:-4],
-            _INT.unpack_from(self.store_host, len(self.store_host) - 4)[0],
-            self.reconsume_times,
-            self.prepared_transaction_offset,
-            len(self.body),
-        )
+        args = self._args
+        args[5] = queue_offset
+        args[6] = physical_offset
+        args[11] = store_timestamp_ms
+        return self.struct.pack(*args)
 
     def encode(self, queue_offset: int, physical_offset: int, store_timestamp_ms: int) -> bytes:
         """The whole record as bytes."""
@@ -210,18 +211,22 @@ class EncodedMessage:
         )
 
 
-_HOST_CACHE: dict[str, bytes] = {}
+_HOST_CACHE: dict[str, tuple[bytes, int]] = {}
 
 
-def _encode_host_cached(address: str) -> bytes:
-    from store.message import encode_host
+def _split_host(raw: bytes) -> tuple[bytes, int]:
+    """RocketMQ host bytes to (ip bytes, port)."""
+    return raw[:-4], _INT.unpack_from(raw, len(raw) - 4)[0]
 
-    raw = _HOST_CACHE.get(address)
-    if raw is None:
-        raw = encode_host(address)
+
+def _host_parts(address: str) -> tuple[bytes, int]:
+    """``"ip:port"`` to (ip bytes, port), cached: a producer sends from few addresses."""
+    parts = _HOST_CACHE.get(address)
+    if parts is None:
+        parts = _split_host(encode_host(address))
         if len(_HOST_CACHE) < 4096:
-            _HOST_CACHE[address] = raw
-    return raw
+            _HOST_CACHE[address] = parts
+    return parts
 
 
 def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
