@@ -126,12 +126,20 @@ class GroupCommitService(_ServiceThread):
     def request(self, end_offset: int) -> Future[None]:
         fut: Future[None] = Future()
         with self._lock:
-            if self._stopping:
-                fut.set_exception(RuntimeError("store is shutting down"))
-                return fut
-            self._requests.append((end_offset, fut))
-        self._wakeup.set()
+            stopping = self._stopping
+            if not stopping:
+                self._requests.append((end_offset, fut))
+        if stopping:
+            # The thread is gone or going: flush for this sender right here.
+            self._commit([(end_offset, fut)])
+        else:
+            self._wakeup.set()
         return fut
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stopping = True
+        super().shutdown()
 
     def run(self) -> None:
         while True:
