@@ -126,6 +126,8 @@ class ConsumeQueue:
         dropped = 0
         for mf in reversed(self.files.files):
             data = mf.read(0, mf.wrote_position)
+            if not data:
+                continue  # an empty last file: the units to check are further back
             cut = None
             for i, (phy, size, _) in enumerate(UNIT.iter_unpack(data)):
                 if size != BLANK_UNIT_SIZE and phy + size > phy_offset:

@@ -133,31 +133,30 @@ class MappedFile:
         return self.flushed_position
 
     def zero_tail(self, pos: int) -> int:
-        """Zero leftovers from ``pos`` up to the end of data; returns bytes cleared.
+        """Zero every non-zero byte from ``pos`` to the end of the file; returns how many
+        bytes that region spans (from ``pos`` to the last non-zero byte).
 
-        The writer fills a file front to back, so the first all-zero chunk past
-        ``pos`` marks the end of what was ever written. Clearing the dirty tail
-        keeps a stale record from looking valid to a later recovery.
+        Records may hold long runs of zeroes, so the whole rest of the file is
+        examined, not just up to the first zero run. Clearing the dirty tail keeps
+        a stale record from looking valid to a later recovery.
         """
         return self._scan_tail(pos, clear=True)
 
     def dirty_bytes_from(self, pos: int) -> int:
-        """How many bytes from ``pos`` to the end of data: what a truncation drops."""
+        """Bytes from ``pos`` to the last non-zero byte: what a truncation there drops."""
         return self._scan_tail(pos, clear=False)
 
     def _scan_tail(self, start: int, *, clear: bool) -> int:
         data_end = start
         step = len(_ZERO_CHUNK)
-        pos = start
-        while pos < self.file_size:
+        for pos in range(start, self.file_size, step):
             end = min(pos + step, self.file_size)
             chunk = self._mm[pos:end]
-            if chunk.count(0) == len(chunk):
-                break
+            if chunk == _ZERO_CHUNK[: end - pos]:
+                continue
             if clear:
-                self._mm[pos:end] = _ZERO_CHUNK[: end - pos]
+                os.pwrite(self._fd, _ZERO_CHUNK[: end - pos], pos)
             data_end = pos + len(chunk.rstrip(b"\x00"))
-            pos = end
         return data_end - start
 
     def close(self) -> None:

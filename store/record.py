@@ -94,6 +94,7 @@ HEADERS = {(b, s): _header_struct(b, s) for b in (False, True) for s in (False, 
 
 
 def host_length(sys_flag: int, v6_flag: int) -> int:
+    """Bytes of a host field: 20 (IPv6) when ``v6_flag`` is set in ``sys_flag``, else 8."""
     return 20 if sys_flag & v6_flag else 8
 
 
@@ -113,6 +114,9 @@ def record_size(body_len: int, topic_len: int, props_len: int, sys_flag: int = 0
         + 2
         + props_len
     )
+
+
+_MIN_RECORD_SIZE = record_size(0, 0, 0)
 
 
 def body_crc(body: bytes) -> int:
@@ -241,6 +245,11 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
         )
         if magic != MESSAGE_MAGIC_CODE:
             raise CorruptRecordError(pos, f"bad magic code 0x{magic:08X}")
+        if size < _MIN_RECORD_SIZE or pos + size > len(view):
+            raise CorruptRecordError(
+                pos, f"TOTALSIZE {size} but {len(view) - pos} bytes are available"
+            )
+        view = view[: pos + size]  # no field may reach past TOTALSIZE
         p = pos + PREFIX.size
         bh = host_length(sys_flag, BORNHOST_V6_FLAG)
         born_host = decode_host(bytes(view[p : p + bh]))
@@ -260,13 +269,15 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
         topic = bytes(view[p + 1 : p + 1 + topic_len]).decode("utf-8")
         p += 1 + topic_len
         (props_len,) = _SHORT.unpack_from(view, p)
-        props = decode_properties(bytes(view[p + 2 : p + 2 + props_len]))
-        p += 2 + props_len
+        p += 2
+        raw_props = bytes(view[p : p + props_len])
+        props = decode_properties(raw_props)
+        p += props_len
     except (struct.error, IndexError, ValueError) as e:
         if isinstance(e, CorruptRecordError):
             raise
         raise CorruptRecordError(pos, f"truncated or malformed record: {e}") from e
-    if p - pos != size or len(body) != body_len:
+    if p - pos != size or len(body) != body_len or len(raw_props) != props_len:
         raise CorruptRecordError(pos, f"TOTALSIZE {size} but fields span {p - pos} bytes")
     return MessageRecord(
         store_size=size,

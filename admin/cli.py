@@ -1,0 +1,77 @@
+"""The ``basalt`` console script: one argparse parser, one subcommand group per area.
+
+::
+
+    basalt store check ROOT [--json]
+    basalt store dump ROOT [--topic T] [--queue Q] [--from-offset N]
+
+Each group is a ``(name, help, registrar)`` entry of :data:`GROUPS`; the
+registrar adds the group's subcommands and sets a ``handler`` (``args, stdout,
+stderr -> exit status``) on each. Later issues append ``admin``, ``cluster``
+and ``store-node`` groups there; this module only wires them.
+
+Exit statuses: 0 success, 1 the command ran and found a problem (e.g. an
+inconsistent store), 2 a usage error or a bad path (with a one-line message,
+never a traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from store.tools import EXIT_USAGE, CommandHandler, add_store_commands
+
+#: Adds a group's subcommands to the group's parser.
+GroupRegistrar = Callable[[argparse.ArgumentParser], None]
+
+#: The command groups, in help order.
+GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
+    ("store", "inspect a store root on local disk (read-only)", add_store_commands),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``basalt`` parser, every group registered."""
+    parser = argparse.ArgumentParser(
+        prog="basalt", description="Basalt, a RocketMQ-style message queue: command line."
+    )
+    groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)
+    for name, help_text, register in GROUPS:
+        group = groups.add_parser(name, help=help_text, description=help_text)
+        register(group)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``basalt`` command; returns its exit status (see the module docstring).
+
+    ``argv`` defaults to ``sys.argv[1:]``; output goes to the current
+    ``sys.stdout``/``sys.stderr``.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed usage or help already
+        return 0 if e.code is None else e.code if isinstance(e.code, int) else EXIT_USAGE
+    handler: CommandHandler = args.handler
+    try:
+        return handler(args, sys.stdout, sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`basalt store dump ROOT | head`): stop quietly.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass  # not a real file descriptor (tests capture output)
+        return 1
+    except OSError as e:
+        print(f"basalt {args.group}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,712 @@
+"""Store benchmark: append, group commit, dispatch and abnormal recovery.
+
+Runs the storage engine in-process (no network) and prints one table:
+
+* **append ASYNC** — one thread calls ``MessageStore.put_messages`` with
+  batches of 1 and of 64 messages; ASYNC flush, the dispatcher and flush
+  threads running as in production (they share the GIL with the writer).
+* **append SYNC** — 4 and 32 writer threads each call ``put_messages`` with
+  ``--sync-batch`` messages (default 1: single messages); a send returns only
+  once its bytes are fsynced, concurrent sends share one fsync.
+* **dispatch** — N records are written with the dispatcher stopped
+  (``dispatcher.shutdown(drain=False)`` right after start), then calls of
+  ``dispatcher.dispatch_available()`` are timed until it returns 0.
+* **recovery** — ~1 GiB of 1 KiB-body records, a clean shutdown, then the
+  ``abort`` file is created (and, for one row, ``consumequeue/`` removed) and
+  ``MessageStore.start()`` is timed.
+
+Every message carries TAGS and a 32-digit UNIQ_KEY property, and goes to one
+of 8 queues of one topic. Rates are messages (or ConsumeQueue entries) per
+second; "body MiB/s" counts payload bytes, "log MiB/s" CommitLog bytes.
+
+Usage::
+
+    .venv/bin/python benchmarks/store_append.py            # full run, several minutes
+    .venv/bin/python benchmarks/store_append.py --quick    # smoke run, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from store import FlushDiskType, Message, MessageStore, MessageStoreConfig, PutStatus
+from store.message import new_uniq_key
+from store.recovery import RecoveryReport
+
+KIB = 1024
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+TOPIC = "BenchTopic"
+QUEUES = 8
+#: Distinct messages cycled through by the writers (each its own UNIQ_KEY).
+POOL = 1024
+
+ALL_PATHS = ("async", "sync", "dispatch", "recovery")
+#: name -> (recovery kind, description, create ``abort``, remove ``consumequeue/``)
+RECOVERY_VARIANTS = {
+    "normal": ("normal", "clean restart (reference)", False, False),
+    "kept": ("abnormal", "abort, consumequeue kept", True, False),
+    "removed": ("abnormal", "abort, consumequeue removed", True, True),
+}
+
+# The issue's targets, on a 2-core machine.
+TARGET_ASYNC_MSGS_S = 1_000_000  # 1 KiB bodies, ASYNC, batches of 64
+TARGET_SYNC_MSGS_S = 50_000  # SYNC flush with group commit
+TARGET_DISPATCH_ENTRIES_S = 1_000_000
+TARGET_RECOVERY_S_PER_GIB = 1.5
+
+
+# -- machine ----------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _mem_total_gib() -> float:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * KIB / GIB
+    return 0.0
+
+
+def _filesystem(path: Path) -> str:
+    """Device and type of the mount holding ``path`` (best effort, Linux)."""
+    best = ("", "?", "?")
+    with contextlib.suppress(OSError):
+        resolved = str(path.resolve())
+        for line in Path("/proc/mounts").read_text().splitlines():
+            dev, mnt, fstype, *_ = line.split()
+            inside = resolved == mnt or resolved.startswith(mnt.rstrip("/") + "/")
+            if inside and len(mnt) >= len(best[0]):
+                best = (mnt, dev, fstype)
+    return f"{best[1]} ({best[2]}) mounted on {best[0] or '?'}"
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def machine_lines(root: Path) -> list[str]:
+    return [
+        f"date:      {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"machine:   nproc={os.cpu_count()} (usable {len(os.sched_getaffinity(0))}), "
+        f"cpu={_cpu_model()}, mem={_mem_total_gib():.1f} GiB",
+        f"os:        {platform.system()} {platform.release()}",
+        f"python:    {platform.python_implementation()} {platform.python_version()} "
+        f"({sys.executable})",
+        f"store dir: {root} on {_filesystem(root)}",
+        f"load avg:  {_load()} (1/5/15 min) at start",
+    ]
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    value: float
+    higher_is_better: bool = True
+
+    def met(self, measured: float) -> bool:
+        return measured >= self.value if self.higher_is_better else measured <= self.value
+
+    def __str__(self) -> str:
+        return f"{'>=' if self.higher_is_better else '<='} {_num(self.value)}"
+
+
+@dataclass(slots=True)
+class Row:
+    path: str
+    config: str
+    body_size: int
+    rate: float
+    unit: str
+    count: int
+    seconds: float
+    body_mib_s: float | None = None
+    log_mib_s: float | None = None
+    target: Target | None = None
+    load1: float = field(default_factory=lambda: os.getloadavg()[0])
+    note: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.target is None:
+            return ""
+        return "met" if self.target.met(self.rate) else "NOT MET"
+
+
+def _num(x: float) -> str:
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:,.1f}"
+    return f"{x:,.2f}"
+
+
+def _size(n: int) -> str:
+    for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {name}"
+    return f"{n} B"
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    header = (
+        "path",
+        "body",
+        "config",
+        "rate",
+        "unit",
+        "body MiB/s",
+        "log MiB/s",
+        "count",
+        "secs",
+        "load1",
+        "target",
+        "status",
+    )
+    cells = [header]
+    for r in rows:
+        cells.append(
+            (
+                r.path,
+                _size(r.body_size),
+                r.config,
+                _num(r.rate),
+                r.unit,
+                "" if r.body_mib_s is None else _num(r.body_mib_s),
+                "" if r.log_mib_s is None else _num(r.log_mib_s),
+                f"{r.count:,}",
+                f"{r.seconds:.2f}",
+                f"{r.load1:.2f}",
+                "" if r.target is None else str(r.target),
+                r.status,
+            )
+        )
+    numeric = {3, 5, 6, 7, 8, 9}
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    lines = []
+    for n, c in enumerate(cells):
+        parts = [
+            c[i].rjust(widths[i]) if i in numeric and n else c[i].ljust(widths[i])
+            for i in range(len(header))
+        ]
+        lines.append("  ".join(parts).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    root: Path
+    sizes: tuple[int, ...]
+    paths: tuple[str, ...]
+    warmup_s: float
+    duration_s: float
+    async_batches: tuple[int, ...]
+    async_no_dispatch: bool
+    sync_writers: tuple[int, ...]
+    sync_batches: tuple[int, ...]
+    dispatch_records: int
+    dispatch_max_bytes: int
+    recovery_bytes: int
+    recovery_file_size: int
+    recovery_variants: tuple[str, ...]
+    cold_cache: bool
+
+
+def make_messages(body_size: int, count: int = POOL) -> list[Message]:
+    body = os.urandom(body_size)
+    return [
+        Message(
+            TOPIC,
+            body,
+            queue_id=i % QUEUES,
+            tags="TagA",
+            properties={"UNIQ_KEY": new_uniq_key()},
+            born_host="10.0.0.7:51234",
+        )
+        for i in range(count)
+    ]
+
+
+def make_batches(messages: Sequence[Message], batch: int) -> list[list[Message]]:
+    return [list(messages[i : i + batch]) for i in range(0, len(messages) - batch + 1, batch)]
+
+
+def store_config(root: Path, **overrides: Any) -> MessageStoreConfig:
+    """Production defaults (1 GiB CommitLog files, ASYNC flush) unless overridden."""
+    return dataclasses.replace(MessageStoreConfig(store_path_root_dir=root), **overrides)
+
+
+@contextlib.contextmanager
+def fresh_store(root: Path, name: str, **overrides: Any) -> Iterator[MessageStore]:
+    """A started store in a new directory under ``root``, removed afterwards."""
+    path = root / name
+    shutil.rmtree(path, ignore_errors=True)
+    store = MessageStore.open(store_config(path, **overrides))
+    try:
+        yield store
+    finally:
+        store.shutdown()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _check(status: PutStatus) -> None:
+    if status is not PutStatus.PUT_OK:
+        raise RuntimeError(f"put failed: {status}")
+
+
+def timed_loop(step: Callable[[], int], warmup_s: float, duration_s: float) -> tuple[int, float]:
+    """Run ``step`` (returns messages done) for ``warmup_s``, then count over ``duration_s``."""
+    clock = time.perf_counter
+    deadline = clock() + warmup_s
+    while clock() < deadline:
+        step()
+    done = 0
+    start = clock()
+    end = start + duration_s
+    while True:
+        done += step()
+        now = clock()
+        if now >= end:
+            return done, now - start
+
+
+def _progress(msg: str) -> None:
+    print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+
+# -- append: ASYNC ----------------------------------------------------------------------
+
+
+def bench_async(s: Settings, body_size: int, batch: int, *, dispatching: bool = True) -> Row:
+    messages = make_messages(body_size)
+    batches = make_batches(messages, batch)
+    with fresh_store(s.root, f"async-{body_size}-{batch}") as store:
+        if not dispatching:
+            # Append alone: the dispatcher no longer competes for the GIL (shutdown
+            # then dispatches the backlog, outside the measurement).
+            store.dispatcher.shutdown(drain=False)
+        put = store.put_messages
+        index = 0
+
+        def step() -> int:
+            nonlocal index
+            # Several sends per step keep the harness's own cost out of the figure.
+            for _ in range(max(1, 64 // batch)):
+                _check(put(batches[index]).status)
+                index = (index + 1) % len(batches)
+            return max(1, 64 // batch) * batch
+
+        clock = time.perf_counter
+        deadline = clock() + s.warmup_s
+        while clock() < deadline:
+            step()
+        log_before = store.max_physical_offset
+        count, seconds = timed_loop(step, 0.0, s.duration_s)
+        log_bytes = store.max_physical_offset - log_before
+        load1 = os.getloadavg()[0]
+    target = Target(TARGET_ASYNC_MSGS_S) if body_size == 1 * KIB and batch == 64 else None
+    return Row(
+        "append ASYNC",
+        f"1 thread, batch {batch}" + ("" if dispatching else ", dispatcher stopped"),
+        body_size,
+        count / seconds,
+        "msgs/s",
+        count,
+        seconds,
+        body_mib_s=count * body_size / seconds / MIB,
+        log_mib_s=log_bytes / seconds / MIB,
+        target=target,
+        load1=load1,
+    )
+
+
+# -- append: SYNC -----------------------------------------------------------------------
+
+
+def bench_sync(s: Settings, body_size: int, writers: int, batch: int) -> Row:
+    messages = make_messages(body_size)
+    batches = make_batches(messages, batch)
+    counts = [0] * writers
+    failures = [0] * writers
+    stop = threading.Event()
+    with fresh_store(
+        s.root, f"sync-{body_size}-{writers}-{batch}", flush_disk_type=FlushDiskType.SYNC_FLUSH
+    ) as store:
+        put = store.put_messages
+
+        def writer(slot: int) -> None:
+            i = slot
+            while not stop.is_set():
+                result = put(batches[i % len(batches)])
+                if result.status is PutStatus.PUT_OK:
+                    counts[slot] += batch
+                else:
+                    failures[slot] += 1
+                i += writers
+
+        threads = [
+            threading.Thread(target=writer, args=(n,), name=f"writer-{n}", daemon=True)
+            for n in range(writers)
+        ]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(s.warmup_s)
+            c0, l0, t0 = sum(counts), store.max_physical_offset, time.perf_counter()
+            time.sleep(s.duration_s)
+            c1, l1, t1 = sum(counts), store.max_physical_offset, time.perf_counter()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        load1 = os.getloadavg()[0]
+    count, seconds = c1 - c0, t1 - t0
+    what = "single msgs" if batch == 1 else f"batches of {batch}"
+    return Row(
+        "append SYNC",
+        f"{writers} threads, {what}",
+        body_size,
+        count / seconds,
+        "msgs/s",
+        count,
+        seconds,
+        body_mib_s=count * body_size / seconds / MIB,
+        log_mib_s=(l1 - l0) / seconds / MIB,
+        target=Target(TARGET_SYNC_MSGS_S) if body_size == 1 * KIB else None,
+        load1=load1,
+        note=f"{sum(failures)} sends not PUT_OK" if sum(failures) else "",
+    )
+
+
+# -- dispatch ---------------------------------------------------------------------------
+
+
+def fill(store: MessageStore, messages: Sequence[Message], *, records: int, max_bytes: int) -> int:
+    """Append batches of 64 until ``records`` records or ``max_bytes`` of CommitLog."""
+    batches = make_batches(messages, 64)
+    written = 0
+    i = 0
+    put = store.put_messages
+    while written < records and store.max_physical_offset < max_bytes:
+        _check(put(batches[i]).status)
+        i = (i + 1) % len(batches)
+        written += 64
+    return written
+
+
+def bench_dispatch(s: Settings, body_size: int) -> Row:
+    """Dispatch a prepared CommitLog; repeat (fresh ConsumeQueues) until ``duration_s``."""
+    messages = make_messages(body_size)
+    # No periodic ConsumeQueue flush: the queues are destroyed between rounds.
+    with fresh_store(
+        s.root, f"dispatch-{body_size}", flush_interval_consume_queue_ms=3_600_000
+    ) as store:
+        dispatcher = store.dispatcher
+        dispatcher.shutdown(drain=False)
+        written = fill(store, messages, records=s.dispatch_records, max_bytes=s.dispatch_max_bytes)
+        log_bytes = store.max_physical_offset - store.min_physical_offset
+        dispatch = dispatcher.dispatch_available
+        entries = rounds = 0
+        seconds = 0.0
+        while rounds == 0 or seconds < s.duration_s:
+            if rounds:
+                store.consume_queues.destroy()
+                dispatcher.reput_from_offset = store.min_physical_offset
+            before = dispatcher.entries_written
+            start = time.perf_counter()
+            while dispatch():
+                pass
+            seconds += time.perf_counter() - start
+            done = dispatcher.entries_written - before
+            if done != written or dispatcher.stalled_reason is not None:
+                raise RuntimeError(
+                    f"dispatched {done} of {written} records ({dispatcher.stalled_reason})"
+                )
+            entries += done
+            rounds += 1
+        load1 = os.getloadavg()[0]
+    return Row(
+        "dispatch",
+        f"{written:,} records x {rounds} round{'s' if rounds > 1 else ''}",
+        body_size,
+        entries / seconds,
+        "entries/s",
+        entries,
+        seconds,
+        body_mib_s=entries * body_size / seconds / MIB,
+        log_mib_s=log_bytes * rounds / seconds / MIB,
+        target=Target(TARGET_DISPATCH_ENTRIES_S) if body_size == 1 * KIB else None,
+        load1=load1,
+    )
+
+
+# -- recovery ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRun:
+    row: Row
+    report: RecoveryReport
+    start_s: float
+
+
+def _drop_page_cache(directory: Path) -> None:
+    """Ask the kernel to evict (clean) pages of every file under ``directory``."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _timed_start(
+    config: MessageStoreConfig, *, abort: bool, remove_cq: bool, cold: bool
+) -> tuple[RecoveryReport, float]:
+    if abort:
+        config.abort_path.touch()
+    if remove_cq:
+        shutil.rmtree(config.consume_queue_dir, ignore_errors=True)
+    if cold:
+        _drop_page_cache(config.store_path_root_dir)
+    store = MessageStore(config)
+    start = time.perf_counter()
+    report = store.start()
+    seconds = time.perf_counter() - start
+    store.shutdown()
+    if config.abort_path.exists():
+        raise RuntimeError("the store left 'abort' behind after a clean shutdown")
+    return report, seconds
+
+
+def bench_recovery(s: Settings) -> list[RecoveryRun]:
+    config = store_config(s.root / "recovery", mapped_file_size_commit_log=s.recovery_file_size)
+    shutil.rmtree(config.store_path_root_dir, ignore_errors=True)
+    body_size = 1 * KIB
+    messages = make_messages(body_size)
+    store = MessageStore.open(config)
+    try:
+        written = fill(store, messages, records=1 << 62, max_bytes=s.recovery_bytes)
+    finally:
+        store.shutdown()
+    _progress(f"recovery: wrote {written:,} records; timing restarts")
+    runs: list[RecoveryRun] = []
+    try:
+        for variant in s.recovery_variants:
+            kind, what, abort, remove_cq = RECOVERY_VARIANTS[variant]
+            report, seconds = _timed_start(
+                config, abort=abort, remove_cq=remove_cq, cold=s.cold_cache
+            )
+            scanned = report.last_valid_offset - report.scan_start_offset
+            per_gib = seconds / (scanned / GIB) if scanned else 0.0
+            runs.append(
+                RecoveryRun(
+                    Row(
+                        f"recovery {kind}",
+                        f"{what}, {_size(s.recovery_file_size)} files"
+                        + (", cold cache" if s.cold_cache else ""),
+                        body_size,
+                        per_gib,
+                        "s/GiB",
+                        written,
+                        seconds,
+                        log_mib_s=scanned / seconds / MIB,
+                        target=Target(TARGET_RECOVERY_S_PER_GIB, higher_is_better=False)
+                        if abort
+                        else None,
+                    ),
+                    report,
+                    seconds,
+                )
+            )
+    finally:
+        shutil.rmtree(config.store_path_root_dir, ignore_errors=True)
+    return runs
+
+
+# -- main -------------------------------------------------------------------------------
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def _path_list(text: str) -> tuple[str, ...]:
+    paths = tuple(x for x in text.split(",") if x)
+    unknown = set(paths) - set(ALL_PATHS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown paths {sorted(unknown)}; pick from {ALL_PATHS}")
+    return paths
+
+
+def _variant_list(text: str) -> tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    unknown = set(names) - set(RECOVERY_VARIANTS)
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown variants {sorted(unknown)}; pick from {tuple(RECOVERY_VARIANTS)}"
+        )
+    return names
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small counts: a smoke run in seconds")
+    p.add_argument("--root", type=Path, help="store directory (default: a temp dir, removed)")
+    p.add_argument("--sizes", type=_int_list, help="body sizes in bytes (default 128,1024,16384)")
+    p.add_argument(
+        "--paths", type=_path_list, default=ALL_PATHS, help=f"subset of {','.join(ALL_PATHS)}"
+    )
+    p.add_argument("--duration", type=float, help="seconds measured per cell (default 2)")
+    p.add_argument("--warmup", type=float, help="seconds of warm-up per cell (default 0.5)")
+    p.add_argument("--async-batches", type=_int_list, default=(1, 64), help="default 1,64")
+    p.add_argument(
+        "--no-async-undispatched",
+        action="store_true",
+        help="skip the ASYNC batch-64 row with the dispatcher stopped",
+    )
+    p.add_argument("--sync-writers", type=_int_list, default=(4, 32), help="default 4,32")
+    p.add_argument(
+        "--sync-batches",
+        type=_int_list,
+        default=(1, 16),
+        help="messages per SYNC send, one set of rows each (default 1,16)",
+    )
+    p.add_argument(
+        "--dispatch-records", type=int, help="records per dispatch cell (default 1,000,000)"
+    )
+    p.add_argument(
+        "--dispatch-max-mib", type=int, help="cap on CommitLog MiB per dispatch cell (default 2048)"
+    )
+    p.add_argument("--recovery-mib", type=int, help="CommitLog MiB to recover (default ~1024)")
+    p.add_argument(
+        "--recovery-file-mib", type=int, default=1024, help="CommitLog file size (default 1024)"
+    )
+    p.add_argument(
+        "--recovery-variants",
+        type=_variant_list,
+        default=tuple(RECOVERY_VARIANTS),
+        help=f"subset of {','.join(RECOVERY_VARIANTS)} (default all)",
+    )
+    p.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="evict the store's files from the page cache before each recovery start",
+    )
+    return p.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace, root: Path) -> Settings:
+    quick = bool(args.quick)
+    file_size = args.recovery_file_mib * MIB
+    default_recovery = 32 * MIB if quick else file_size - 4 * MIB if file_size >= GIB else GIB
+    recovery_bytes = default_recovery if args.recovery_mib is None else args.recovery_mib * MIB
+    if quick and args.recovery_file_mib == 1024:
+        file_size = 64 * MIB
+    return Settings(
+        root=root,
+        sizes=args.sizes or (128, 1 * KIB, 16 * KIB),
+        paths=args.paths,
+        warmup_s=args.warmup if args.warmup is not None else 0.05 if quick else 0.5,
+        duration_s=args.duration if args.duration is not None else 0.25 if quick else 2.0,
+        async_batches=args.async_batches,
+        async_no_dispatch=not args.no_async_undispatched,
+        sync_writers=args.sync_writers,
+        sync_batches=args.sync_batches,
+        dispatch_records=args.dispatch_records or (20_000 if quick else 1_000_000),
+        dispatch_max_bytes=(args.dispatch_max_mib or (64 if quick else 2048)) * MIB,
+        recovery_bytes=recovery_bytes,
+        recovery_file_size=file_size,
+        recovery_variants=args.recovery_variants,
+        cold_cache=bool(args.cold_cache),
+    )
+
+
+def run(s: Settings) -> tuple[list[Row], list[RecoveryRun]]:
+    rows: list[Row] = []
+    for size in s.sizes:
+        if "async" in s.paths:
+            for batch in s.async_batches:
+                _progress(f"append ASYNC {_size(size)} batch {batch}")
+                rows.append(bench_async(s, size, batch))
+            if s.async_no_dispatch:
+                _progress(f"append ASYNC {_size(size)} batch 64, dispatcher stopped")
+                rows.append(bench_async(s, size, 64, dispatching=False))
+        if "sync" in s.paths:
+            for batch in s.sync_batches:
+                for writers in s.sync_writers:
+                    _progress(f"append SYNC {_size(size)} {writers} writers x {batch}")
+                    rows.append(bench_sync(s, size, writers, batch))
+        if "dispatch" in s.paths:
+            _progress(f"dispatch {_size(size)}")
+            rows.append(bench_dispatch(s, size))
+    recoveries: list[RecoveryRun] = []
+    if "recovery" in s.paths:
+        _progress(f"recovery: writing {s.recovery_bytes / MIB:,.0f} MiB")
+        recoveries = bench_recovery(s)
+        rows.extend(r.row for r in recoveries)
+    return rows, recoveries
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    owned = args.root is None
+    root = Path(tempfile.mkdtemp(prefix="basalt-bench-")) if owned else Path(args.root)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        s = settings_from(args, root)
+        print("\n".join(machine_lines(root)))
+        print(f"command:   {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}")
+        print(
+            f"settings:  warmup {s.warmup_s:g} s + {s.duration_s:g} s per append cell; "
+            f"{TOPIC} x {QUEUES} queues, TAGS + UNIQ_KEY on every message"
+        )
+        started = time.perf_counter()
+        rows, recoveries = run(s)
+        print()
+        print(format_table(rows))
+        for r in rows:
+            if r.note:
+                print(f"note: {r.path} {_size(r.body_size)} {r.config}: {r.note}")
+        for rec in recoveries:
+            print(f"{rec.row.config}: start() {rec.start_s:.2f} s; {rec.report.summary()}")
+        elapsed = time.perf_counter() - started
+        print(f"\nload avg:  {_load()} (1/5/15 min) at end; total {elapsed:.0f} s")
+    finally:
+        if owned:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

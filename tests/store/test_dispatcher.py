@@ -1,0 +1,253 @@
+"""The dispatcher (ReputMessageService): visibility, idempotence, transactions, listeners.
+
+Most tests stop the dispatcher thread right after the store starts and drive
+``dispatch_available`` by hand, so what is dispatched when is deterministic.
+The store's shutdown drains whatever is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from store import ManualClock, Message, MessageStore
+from store.config import CQ_STORE_UNIT_SIZE
+from store.consume_queue import UNIT
+from store.dispatcher import DispatchRequest
+from store.hashing import tags_code
+from store.message import (
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+)
+from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
+
+
+def pause_dispatcher(store: MessageStore) -> None:
+    """Stop the dispatcher thread; dispatching then happens only when a test asks."""
+    store.dispatcher.shutdown(drain=False)
+
+
+def dispatch_all(store: MessageStore) -> int:
+    """Run the dispatcher to the CommitLog's end by hand; returns how many steps it took."""
+    steps = 0
+    while store.dispatcher.dispatch_available():
+        steps += 1
+    assert store.dispatcher.stalled_reason is None
+    assert store.dispatcher.reput_from_offset == store.max_physical_offset
+    return steps
+
+
+def consume_queue_bytes(store: MessageStore) -> dict[Path, bytes]:
+    """Every ConsumeQueue file's content, by path relative to ``consumequeue/``."""
+    directory = store.config.consume_queue_dir
+    return {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+def test_a_message_is_invisible_until_dispatched(store: MessageStore) -> None:
+    pause_dispatcher(store)
+
+    result = store.put_message(Message("Hidden", b"payload", queue_id=1, tags="t"))
+
+    assert result.ok
+    assert store.get_max_offset_in_queue("Hidden", 1) == 0
+    assert store.get_message_by_queue_offset("Hidden", 1, 0) is None
+    assert list(store.iter_queue("Hidden", 1)) == []
+    assert store.dispatch_behind_bytes == result.sizes[0]
+    # The CommitLog has it all the same.
+    assert store.lookup_message_by_offset(result.physical_offsets[0]) is not None
+
+    assert store.dispatcher.dispatch_available() == 1
+
+    assert store.get_max_offset_in_queue("Hidden", 1) == 1
+    assert store.dispatch_behind_bytes == 0
+    record = store.get_message_by_queue_offset("Hidden", 1, 0)
+    assert record is not None
+    assert (record.body, record.commit_log_offset) == (b"payload", result.physical_offsets[0])
+
+
+def test_running_dispatcher_makes_sends_visible(store: MessageStore) -> None:
+    results = [store.put_message(Message("Live", f"{i}".encode())) for i in range(50)]
+
+    assert store.wait_dispatched(timeout_s=30)
+
+    assert store.get_max_offset_in_queue("Live", 0) == 50
+    readable = [(offset, r.commit_log_offset) for offset, r in store.iter_queue("Live", 0)]
+    assert readable == [(i, r.physical_offsets[0]) for i, r in enumerate(results)]
+
+
+def _write_mixed(store: MessageStore, count: int) -> None:
+    """Records for three queues, spanning several CommitLog and ConsumeQueue files."""
+    body = b"m" * 900
+    for i in range(count):
+        topic, queue_id = [("Dup", 0), ("Dup", 1), ("Other", 0)][i % 3]
+        assert store.put_message(Message(topic, body, queue_id=queue_id, tags=f"t{i % 5}")).ok
+
+
+@pytest.mark.parametrize("rewind_to", ["commitlog min", "middle record"])
+def test_duplicate_dispatch_is_harmless(store: MessageStore, rewind_to: str) -> None:
+    pause_dispatcher(store)
+    _write_mixed(store, 300)
+    assert store.max_physical_offset > 3 * SMALL_COMMITLOG_FILE
+    dispatch_all(store)
+    before = consume_queue_bytes(store)
+    assert len(before) > 3  # the queues rolled ConsumeQueue files too
+    written = store.dispatcher.entries_written
+    assert written == 300
+    maxima = {key: store.get_max_offset_in_queue(*key) for key in [("Dup", 0), ("Dup", 1)]}
+
+    if rewind_to == "commitlog min":
+        store.dispatcher.reput_from_offset = store.min_physical_offset
+    else:
+        middle = store.get_message_by_queue_offset("Dup", 1, 40)
+        assert middle is not None
+        store.dispatcher.reput_from_offset = middle.commit_log_offset
+    dispatch_all(store)
+
+    assert store.dispatcher.entries_written == written
+    assert consume_queue_bytes(store) == before
+    assert {key: store.get_max_offset_in_queue(*key) for key in maxima} == maxima
+    # A new message still lands at the next queue offset.
+    result = store.put_message(Message("Dup", b"new", queue_id=0))
+    dispatch_all(store)
+    assert store.get_max_offset_in_queue("Dup", 0) == maxima["Dup", 0] + 1
+    assert result.queue_offsets == (maxima["Dup", 0],)
+
+
+def test_prepared_and_rolled_back_records_are_never_in_a_consume_queue(
+    store: MessageStore,
+) -> None:
+    pause_dispatcher(store)
+    flags = [
+        0,
+        TRANSACTION_PREPARED_TYPE,
+        TRANSACTION_COMMIT_TYPE,
+        TRANSACTION_ROLLBACK_TYPE,
+        TRANSACTION_PREPARED_TYPE,
+        0,
+    ]
+    results = [
+        store.put_message(Message("Tx", f"flag-{flag}-{i}".encode(), sys_flag=flag))
+        for i, flag in enumerate(flags)
+    ]
+    assert all(r.ok for r in results)
+    # Prepared and rolled-back records take no queue offset.
+    assert [r.queue_offsets[0] for r in results] == [0, 0, 1, 0, 0, 2]
+
+    dispatch_all(store)
+
+    assert store.get_max_offset_in_queue("Tx", 0) == 3
+    indexed = [r.commit_log_offset for _, r in store.iter_queue("Tx", 0)]
+    dispatchable = [0, 2, 5]
+    assert indexed == [results[i].physical_offsets[0] for i in dispatchable]
+    everywhere = {phy for queue in store.consume_queues for _, phy, _, _ in queue.iter_units()}
+    never_indexed = {results[i].physical_offsets[0] for i in (1, 3, 4)}
+    assert not everywhere & never_indexed
+    # The prepared record is still in the CommitLog, readable by physical offset.
+    prepared = store.lookup_message_by_offset(results[1].physical_offsets[0])
+    assert prepared is not None
+    assert prepared.sys_flag & 0xC == TRANSACTION_PREPARED_TYPE
+
+    assert store.put_message(Message("Tx", b"next")).queue_offsets == (3,)
+
+
+def test_tags_code_in_the_consume_queue_is_the_java_hash_of_the_tag(store: MessageStore) -> None:
+    pause_dispatcher(store)
+    tags: list[str | None] = ["hello", "TagA", "ünïcødé", "emoji-\N{ROCKET}", None, ""]
+    for tag in tags:
+        assert store.put_message(Message("Tags", b"x", tags=tag)).ok
+    dispatch_all(store)
+
+    queue = store.get_consume_queue("Tags", 0)
+    assert queue is not None
+    codes = [code for _, _, _, code in queue.iter_units()]
+    assert codes == [tags_code(tag) for tag in tags]
+    assert codes[0] == 99162322  # "hello".hashCode() in Java
+    assert codes[-2:] == [0, 0]
+
+
+def test_consume_queue_units_point_at_their_records(store: MessageStore) -> None:
+    pause_dispatcher(store)
+    _write_mixed(store, 200)
+    dispatch_all(store)
+
+    queue_file = store.config.consume_queue_dir / "Dup" / "1" / f"{0:020d}"
+    units = list(UNIT.iter_unpack(queue_file.read_bytes()))
+    assert len(units) == SMALL_CQ_FILE // CQ_STORE_UNIT_SIZE
+    for queue_offset, (physical, size, code) in enumerate(units):
+        record = store.lookup_message_by_offset(physical)
+        assert record is not None
+        assert (record.topic, record.queue_id, record.queue_offset) == ("Dup", 1, queue_offset)
+        assert (record.store_size, code) == (size, tags_code(record.tags))
+
+
+class RecordingListener:
+    """A dispatch listener that keeps every request it is given."""
+
+    def __init__(self) -> None:
+        self.requests: list[DispatchRequest] = []
+        self.calls = 0
+
+    def on_dispatch(self, requests: Sequence[DispatchRequest]) -> None:
+        self.calls += 1
+        self.requests.extend(requests)
+
+
+def test_listeners_receive_dispatch_requests_in_commitlog_order(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    listener = RecordingListener()
+    store = MessageStore.open(make_config(), clock=clock, listeners=[listener])
+    try:
+        pause_dispatcher(store)
+        sent = []
+        for i in range(120):
+            clock.advance(1)
+            message = Message(
+                f"L{i % 2}",
+                b"y" * 1500,
+                queue_id=i % 3,
+                tags=f"tag{i % 4}",
+                keys=[f"key-{i}", f"alt-{i}"],
+                properties={"UNIQ_KEY": f"UNIQ{i:04d}"},
+                sys_flag=TRANSACTION_PREPARED_TYPE if i % 10 == 9 else 0,
+            )
+            sent.append((message, store.put_message(message)))
+        dispatch_all(store)
+    finally:
+        store.shutdown()
+
+    assert listener.calls >= 2  # several batches: the records span CommitLog files
+    expected = [(m, r) for m, r in sent if m.sys_flag == 0]
+    assert len(listener.requests) == len(expected)
+    offsets = [req.commit_log_offset for req in listener.requests]
+    assert offsets == sorted(offsets)
+    for request, (message, result) in zip(listener.requests, expected, strict=True):
+        assert request.commit_log_offset == result.physical_offsets[0]
+        assert request.msg_size == result.sizes[0]
+        assert request.consume_queue_offset == result.queue_offsets[0]
+        assert (request.topic, request.queue_id) == (message.topic, message.queue_id)
+        assert request.keys == list(message.keys)
+        assert request.uniq_key == message.properties["UNIQ_KEY"]
+        assert request.tags_code == tags_code(message.tags)
+        assert request.store_timestamp_ms == result.store_timestamp_ms
+        assert request.sys_flag == 0
+
+
+def test_dispatch_rolls_to_the_next_file_across_blanks(store: MessageStore) -> None:
+    pause_dispatcher(store)
+    results = [store.put_message(Message("Roll", b"r" * 7000, tags="r")) for _ in range(40)]
+    physical = [r.physical_offsets[0] for r in results]
+    files_used = {p // SMALL_COMMITLOG_FILE for p in physical}
+    assert len(files_used) >= 4
+
+    dispatch_all(store)
+
+    assert store.get_max_offset_in_queue("Roll", 0) == 40
+    indexed = [(offset, r.commit_log_offset) for offset, r in store.iter_queue("Roll", 0)]
+    assert indexed == list(enumerate(physical))
+    # Every file after the first starts with a record: the blank sent the dispatcher there.
+    for index in sorted(files_used)[1:]:
+        assert index * SMALL_COMMITLOG_FILE in physical

@@ -1,0 +1,573 @@
+"""Recovery on restart, RocketMQ's recoverNormally / recoverAbnormally.
+
+Each test writes through a real store, shuts it down, damages files on disk
+the way a crash or a bad disk would, optionally leaves the ``abort`` file
+behind (abnormal recovery), reopens with ``MessageStore.open`` and checks
+both the store's state and its ``recovery_report``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import ManualClock, Message, MessageStore, MessageStoreConfig, PutMessageResult
+from store.checkpoint import RECOVERY_MARGIN_MS
+from store.config import CQ_STORE_UNIT_SIZE
+from store.mapped_file import file_name
+from store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from store.record import HEADERS
+from store.recovery import RecoveryReport
+from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
+
+#: Where the body starts in a record with IPv4 born and store hosts.
+BODY_START = HEADERS[False, False].size
+CQ_UNITS_PER_FILE = SMALL_CQ_FILE // CQ_STORE_UNIT_SIZE
+TOPIC = "Recover"
+
+
+class StoreRunner:
+    """Starts and stops the store on one root, as a broker process would across restarts."""
+
+    def __init__(self, config: MessageStoreConfig, clock: ManualClock) -> None:
+        self.config = config
+        self.clock = clock
+        self.store: MessageStore | None = None
+
+    def start(self, *, abnormal: bool = False, **overrides: Any) -> MessageStore:
+        """Open the store; ``abnormal`` leaves an ``abort`` file as a crash would."""
+        assert self.store is None
+        if abnormal:
+            self.config.abort_path.touch()
+        config = replace(self.config, **overrides) if overrides else self.config
+        self.store = MessageStore.open(config, clock=self.clock)
+        return self.store
+
+    def stop(self) -> None:
+        if self.store is not None:
+            self.store.shutdown()
+            self.store = None
+        assert not self.config.abort_path.exists()
+
+    def restart(self, *, abnormal: bool = False, **overrides: Any) -> MessageStore:
+        self.stop()
+        return self.start(abnormal=abnormal, **overrides)
+
+
+@pytest.fixture
+def runner(make_config: ConfigFactory, clock: ManualClock) -> Iterator[StoreRunner]:
+    runner = StoreRunner(make_config(), clock)
+    try:
+        yield runner
+    finally:
+        if runner.store is not None:
+            runner.store.shutdown()
+
+
+def report(store: MessageStore) -> RecoveryReport:
+    assert store.recovery_report is not None
+    return store.recovery_report
+
+
+def commitlog_path(config: MessageStoreConfig, physical_offset: int) -> Path:
+    size = config.mapped_file_size_commit_log
+    return config.commitlog_dir / file_name(physical_offset - physical_offset % size)
+
+
+def overwrite_commitlog(config: MessageStoreConfig, physical_offset: int, data: bytes) -> None:
+    """Write ``data`` over the CommitLog at ``physical_offset`` behind the store's back."""
+    path = commitlog_path(config, physical_offset)
+    with open(path, "r+b") as f:
+        f.seek(physical_offset % config.mapped_file_size_commit_log)
+        f.write(data)
+
+
+def read_commitlog(config: MessageStoreConfig, physical_offset: int, size: int) -> bytes:
+    path = commitlog_path(config, physical_offset)
+    with open(path, "rb") as f:
+        f.seek(physical_offset % config.mapped_file_size_commit_log)
+        return f.read(size)
+
+
+def consume_queue_files(config: MessageStoreConfig) -> dict[Path, bytes]:
+    directory = config.consume_queue_dir
+    if not directory.exists():
+        return {}
+    return {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
+@dataclass(frozen=True)
+class Sent:
+    topic: str
+    queue_id: int
+    body: bytes
+    result: PutMessageResult
+
+    @property
+    def physical_offset(self) -> int:
+        return self.result.physical_offsets[0]
+
+    @property
+    def size(self) -> int:
+        return self.result.sizes[0]
+
+    @property
+    def queue_offset(self) -> int:
+        return self.result.queue_offsets[0]
+
+
+def send(
+    store: MessageStore, count: int, *, queues: int = 2, body_size: int = 3000, sys_flag: int = 0
+) -> list[Sent]:
+    sent = []
+    for i in range(count):
+        queue_id = i % queues
+        body = (f"{i:06d}-".encode() * body_size)[:body_size]
+        result = store.put_message(
+            Message(TOPIC, body, queue_id=queue_id, tags=f"tag{i % 3}", sys_flag=sys_flag)
+        )
+        assert result.ok, result.detail
+        sent.append(Sent(TOPIC, queue_id, body, result))
+    return sent
+
+
+def assert_all_readable(store: MessageStore, sent: list[Sent]) -> None:
+    """Every sent message is in the CommitLog and reachable through its ConsumeQueue."""
+    for s in sent:
+        record = store.get_message_by_queue_offset(s.topic, s.queue_id, s.queue_offset)
+        assert record is not None, (s.queue_id, s.queue_offset)
+        assert (record.commit_log_offset, record.body) == (s.physical_offset, s.body)
+
+
+def queue_maxima(store: MessageStore, queues: int = 2) -> list[int]:
+    """Each queue's max offset once everything sent so far is dispatched."""
+    assert store.wait_dispatched()
+    return [store.get_max_offset_in_queue(TOPIC, q) for q in range(queues)]
+
+
+# -- a corrupt last message -------------------------------------------------------------
+
+CORRUPTIONS = {
+    # where 16 zero bytes land inside the last record, and why recovery stops there
+    "size-and-magic": (0, "end of data"),
+    "queue-and-physical-offset": (20, "PHYSICALOFFSET"),
+    "body": (BODY_START + 100, "CRC"),
+}
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+@pytest.mark.parametrize("region", list(CORRUPTIONS))
+def test_corrupt_last_message_is_truncated(
+    runner: StoreRunner, abnormal: bool, region: str
+) -> None:
+    store = runner.start()
+    sent = send(store, 40)
+    assert store.max_physical_offset > SMALL_COMMITLOG_FILE
+    last = sent[-1]
+    maxima = queue_maxima(store)
+    assert maxima == [20, 20]
+    runner.stop()
+    position, reason = CORRUPTIONS[region]
+    overwrite_commitlog(runner.config, last.physical_offset + position, bytes(16))
+
+    store = runner.start(abnormal=abnormal)
+
+    got = report(store)
+    assert got.abnormal is abnormal
+    assert got.last_valid_offset == last.physical_offset
+    assert store.max_physical_offset == last.physical_offset
+    assert reason in got.stop_reason
+    assert got.bytes_truncated == last.size
+    assert got.consume_queue_entries_dropped == 1
+    assert got.consume_queue_entries_rebuilt == 0
+    assert got.consume_queues_destroyed == 0
+    assert queue_maxima(store) == [20, 19]  # the bad record was queue 1's last
+    assert store.get_message_by_queue_offset(TOPIC, 1, 19) is None
+    assert store.lookup_message_by_offset(last.physical_offset) is None
+    assert_all_readable(store, sent[:-1])
+    file_size = runner.config.mapped_file_size_commit_log
+    tail = file_size - last.physical_offset % file_size
+    assert read_commitlog(runner.config, last.physical_offset, tail) == bytes(tail)
+
+    # The next send takes the bad record's place and its queue offset.
+    again = store.put_message(Message(TOPIC, b"again", queue_id=1))
+    assert again.physical_offsets == (last.physical_offset,)
+    assert again.queue_offsets == (19,)
+    runner.stop()
+    store = runner.start()
+    assert report(store).bytes_truncated == 0
+    assert queue_maxima(store) == [20, 20]
+
+
+def test_abnormal_recovery_truncates_at_a_corrupt_record_in_an_earlier_file(
+    runner: StoreRunner,
+) -> None:
+    store = runner.start()
+    sent = send(store, 80)
+    files_before = len(list(runner.config.commitlog_dir.iterdir()))
+    assert files_before >= 4
+    bad = sent[7]
+    runner.stop()
+    overwrite_commitlog(runner.config, bad.physical_offset + BODY_START, bytes(16))
+
+    store = runner.start(abnormal=True)
+
+    got = report(store)
+    assert got.scan_start_offset == 0
+    assert got.last_valid_offset == store.max_physical_offset == bad.physical_offset
+    assert got.consume_queue_entries_dropped == len(sent) - 7
+    assert sorted(runner.config.commitlog_dir.iterdir()) == [
+        runner.config.commitlog_dir / file_name(0)
+    ]
+    assert queue_maxima(store) == [4, 3]
+    assert_all_readable(store, sent[:7])
+
+
+def test_clean_restart_changes_nothing(runner: StoreRunner) -> None:
+    store = runner.start()
+    sent = send(store, 60)
+    # A tail no ConsumeQueue indexes: recovery must not count it as missing.
+    send(store, 3, sys_flag=TRANSACTION_PREPARED_TYPE)
+    end = store.max_physical_offset
+    maxima = queue_maxima(store)
+    runner.stop()
+    queues_before = consume_queue_files(runner.config)
+    commitlog_before = {p.name: p.read_bytes() for p in runner.config.commitlog_dir.iterdir()}
+
+    for _ in range(2):
+        store = runner.start()
+        got = report(store)
+        assert not got.abnormal
+        assert got.last_valid_offset == store.max_physical_offset == end
+        assert got.stop_reason == "end of data"
+        assert (
+            got.bytes_truncated,
+            got.consume_queue_entries_dropped,
+            got.consume_queue_entries_rebuilt,
+            got.consume_queues_destroyed,
+        ) == (0, 0, 0, 0)
+        assert queue_maxima(store) == maxima
+        assert_all_readable(store, sent)
+        runner.stop()
+        assert consume_queue_files(runner.config) == queues_before
+        assert {
+            p.name: p.read_bytes() for p in runner.config.commitlog_dir.iterdir()
+        } == commitlog_before
+
+
+# -- lost files -------------------------------------------------------------------------
+
+
+def _delete_commitlog(config: MessageStoreConfig) -> None:
+    shutil.rmtree(config.commitlog_dir)
+
+
+def _zero_commitlog(config: MessageStoreConfig) -> None:
+    for path in config.commitlog_dir.iterdir():
+        path.write_bytes(bytes(config.mapped_file_size_commit_log))
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+@pytest.mark.parametrize("damage", [_delete_commitlog, _zero_commitlog], ids=["deleted", "zeroed"])
+def test_without_a_commitlog_consume_queues_are_destroyed(
+    runner: StoreRunner, abnormal: bool, damage: Callable[[MessageStoreConfig], None]
+) -> None:
+    store = runner.start()
+    send(store, 30, queues=3)
+    runner.stop()
+    damage(runner.config)
+
+    store = runner.start(abnormal=abnormal)
+
+    got = report(store)
+    assert got.consume_queues_destroyed == 3
+    assert got.last_valid_offset == store.max_physical_offset == 0
+    assert queue_maxima(store, 3) == [0, 0, 0]
+    assert store.get_consume_queue(TOPIC, 0) is None
+    assert consume_queue_files(runner.config) == {}
+    result = store.put_message(Message(TOPIC, b"fresh", queue_id=2))
+    assert (result.physical_offsets, result.queue_offsets) == ((0,), (0,))
+    assert store.wait_dispatched()
+    assert queue_maxima(store, 3) == [0, 0, 1]
+
+
+def _written_units(data: bytes | bytearray) -> int:
+    """Units before the zero tail (rounded up: a tagsCode may end in zero bytes)."""
+    return -(-len(data.rstrip(b"\x00")) // CQ_STORE_UNIT_SIZE)
+
+
+def _units_in(path: Path) -> int:
+    return _written_units(path.read_bytes())
+
+
+def _zero_last_units(queue_dir: Path, count: int) -> int:
+    last = max(queue_dir.iterdir())
+    data = bytearray(last.read_bytes())
+    written = _written_units(data) * CQ_STORE_UNIT_SIZE
+    data[written - count * CQ_STORE_UNIT_SIZE : written] = bytes(count * CQ_STORE_UNIT_SIZE)
+    last.write_bytes(bytes(data))
+    return count
+
+
+def _delete_last_file(queue_dir: Path) -> int:
+    last = max(queue_dir.iterdir())
+    units = _units_in(last)
+    last.unlink()
+    return units
+
+
+def _empty_last_file(queue_dir: Path) -> int:
+    """Truncate to 0 bytes, as a crash right after the file's creation could leave it."""
+    last = max(queue_dir.iterdir())
+    units = _units_in(last)
+    os.truncate(last, 0)
+    return units
+
+
+@pytest.mark.parametrize(
+    "lose_tail",
+    [lambda d: _zero_last_units(d, 10), _delete_last_file, _empty_last_file],
+    ids=["zeroed-units", "deleted-last-file", "emptied-last-file"],
+)
+def test_abnormal_recovery_rebuilds_a_lost_consume_queue_tail(
+    runner: StoreRunner, lose_tail: Callable[[Path], int]
+) -> None:
+    store = runner.start()
+    sent = send(store, 150, queues=1, body_size=500)
+    sent += send(store, 30, queues=1, body_size=500, sys_flag=TRANSACTION_COMMIT_TYPE)
+    # An intact queue indexing later records: only abnormal recovery looks further back.
+    intact = store.put_message(Message("Intact", b"later"))
+    assert store.max_physical_offset > SMALL_COMMITLOG_FILE
+    runner.stop()
+    queues_before = consume_queue_files(runner.config)
+    assert len(queues_before) == 4  # 180 units, 64 per file, and the intact queue's file
+    lost = lose_tail(runner.config.consume_queue_dir / TOPIC / "0")
+    assert lost > 0
+
+    store = runner.start(abnormal=True)
+
+    got = report(store)
+    assert got.abnormal
+    assert got.consume_queue_entries_rebuilt == lost
+    assert got.consume_queue_entries_dropped == 0
+    assert got.bytes_truncated == 0
+    assert store.get_max_offset_in_queue(TOPIC, 0) == 180
+    assert_all_readable(store, sent)
+    assert store.get_message_by_queue_offset("Intact", 0, 0) is not None
+    assert store.put_message(Message(TOPIC, b"next")).queue_offsets == (180,)
+    runner.stop()
+    after = consume_queue_files(runner.config)
+    # Identical units, plus the one for "next".
+    for path, data in queues_before.items():
+        written = _written_units(data) * CQ_STORE_UNIT_SIZE
+        assert after[path][:written] == data[:written]
+    assert sum(_units_in(runner.config.consume_queue_dir / path) for path in after) == 182
+    assert intact.ok
+
+
+# -- where the scan starts --------------------------------------------------------------
+
+
+def _send_across_files(store: MessageStore, clock: ManualClock, files: int) -> list[Sent]:
+    """Records a second apart until the CommitLog has ``files`` files."""
+    sent: list[Sent] = []
+    while store.max_physical_offset < (files - 1) * SMALL_COMMITLOG_FILE + 1:
+        clock.advance(1000)
+        sent += send(store, 1, body_size=6000)
+    return sent
+
+
+def _write_checkpoint(config: MessageStoreConfig, physic_ms: int, logics_ms: int) -> None:
+    with open(config.checkpoint_path, "r+b") as f:
+        f.write(struct.pack(">qq", physic_ms, logics_ms))
+
+
+FAR_FUTURE = 1 << 50
+
+CHECKPOINT_CASES: dict[str, tuple[Callable[[int], tuple[int, int]], int]] = {
+    # name: (physicMsgTimestamp, logicsMsgTimestamp) from file 2's first store time, file index
+    "zero checkpoint: first file": (lambda t: (0, 0), 0),
+    "exactly min - 3 s: that file": (lambda t: (t + 3000, t + 3000), 2),
+    "logics is the minimum": (lambda t: (FAR_FUTURE, t + 3000), 2),
+    "physic is the minimum": (lambda t: (t + 3000, FAR_FUTURE), 2),
+    "one ms short: the file before": (lambda t: (t + 2999, t + 2999), 1),
+    "far future: last file": (lambda t: (FAR_FUTURE, FAR_FUTURE), 4),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
+def test_abnormal_recovery_starts_from_the_file_the_checkpoint_vouches_for(
+    runner: StoreRunner, clock: ManualClock, case: str
+) -> None:
+    assert RECOVERY_MARGIN_MS == 3000
+    store = runner.start()
+    sent = _send_across_files(store, clock, files=5)
+    first_ts = []
+    for index in range(5):
+        first = store.lookup_message_by_offset(index * SMALL_COMMITLOG_FILE)
+        assert first is not None
+        first_ts.append(first.store_timestamp_ms)
+    assert first_ts == sorted(set(first_ts))
+    end = store.max_physical_offset
+    runner.stop()
+    timestamps, expected_index = CHECKPOINT_CASES[case]
+    _write_checkpoint(runner.config, *timestamps(first_ts[2]))
+
+    store = runner.start(abnormal=True)
+
+    got = report(store)
+    assert got.abnormal
+    assert got.commitlog_files == 5
+    assert got.scan_start_offset == expected_index * SMALL_COMMITLOG_FILE
+    assert got.files_scanned == 5 - expected_index
+    assert got.last_valid_offset == store.max_physical_offset == end
+    assert (got.bytes_truncated, got.consume_queue_entries_dropped) == (0, 0)
+    assert got.consume_queue_entries_rebuilt == 0  # re-dispatch skipped every present unit
+    assert_all_readable(store, sent)
+
+
+def test_normal_recovery_scans_the_last_three_files(
+    runner: StoreRunner, clock: ManualClock
+) -> None:
+    store = runner.start()
+    _send_across_files(store, clock, files=5)
+    runner.stop()
+
+    store = runner.start()
+
+    got = report(store)
+    assert not got.abnormal
+    assert (got.commitlog_files, got.files_scanned) == (5, 3)
+    assert got.scan_start_offset == 2 * SMALL_COMMITLOG_FILE
+
+
+# -- CRC ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+@pytest.mark.parametrize("check_crc", [True, False], ids=["crc-checked", "crc-unchecked"])
+def test_body_crc_is_checked_only_with_check_crc_on_recover(
+    runner: StoreRunner, abnormal: bool, check_crc: bool
+) -> None:
+    store = runner.start()
+    sent = send(store, 10)
+    last = sent[-1]
+    end = store.max_physical_offset
+    runner.stop()
+    flipped_at = last.physical_offset + BODY_START + 5
+    (original,) = read_commitlog(runner.config, flipped_at, 1)
+    overwrite_commitlog(runner.config, flipped_at, bytes([original ^ 0xFF]))
+
+    store = runner.start(abnormal=abnormal, check_crc_on_recover=check_crc)
+
+    got = report(store)
+    if check_crc:
+        assert got.last_valid_offset == store.max_physical_offset == last.physical_offset
+        assert "CRC" in got.stop_reason
+        assert got.consume_queue_entries_dropped == 1
+        assert queue_maxima(store) == [5, 4]
+    else:
+        assert got.last_valid_offset == store.max_physical_offset == end
+        assert got.stop_reason == "end of data"
+        assert got.consume_queue_entries_dropped == 0
+        assert queue_maxima(store) == [5, 5]
+        record = store.get_message_by_queue_offset(TOPIC, 1, 4)
+        assert record is not None
+        assert record.body != last.body
+        assert record.body[5] == original ^ 0xFF
+
+
+# -- the table of next queue offsets ----------------------------------------------------
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+def test_next_put_continues_queue_offsets_after_restart(
+    runner: StoreRunner, abnormal: bool
+) -> None:
+    store = runner.start()
+    send(store, 25, queues=3)
+    send(store, 4, queues=3, sys_flag=TRANSACTION_PREPARED_TYPE)
+    prepared_only = store.put_message(
+        Message("OnlyPrepared", b"p", sys_flag=TRANSACTION_PREPARED_TYPE)
+    )
+    assert prepared_only.ok
+    maxima = queue_maxima(store, 3)
+    assert maxima == [9, 8, 8]
+
+    store = runner.restart(abnormal=abnormal)
+
+    assert report(store).abnormal is abnormal
+    for queue_id, expected in enumerate(maxima):
+        result = store.put_message(Message(TOPIC, b"after", queue_id=queue_id))
+        assert result.queue_offsets == (expected,)
+    assert store.put_message(Message("OnlyPrepared", b"c")).queue_offsets == (0,)
+    assert store.put_message(Message("BrandNew", b"n", queue_id=5)).queue_offsets == (0,)
+
+
+# -- the dirty tail really goes ---------------------------------------------------------
+
+
+def _send_around_a_long_zero_run(store: MessageStore) -> list[Sent]:
+    """A record, the one to corrupt, a record with a 200 KB zero body, and one more."""
+    sent = send(store, 2, queues=1, body_size=100)
+    result = store.put_message(Message(TOPIC, bytes(200_000), tags="zeros"))
+    assert result.ok
+    sent.append(Sent(TOPIC, 0, bytes(200_000), result))
+    sent += send(store, 1, queues=1, body_size=100)
+    return sent
+
+
+def test_truncation_zeroes_the_whole_dirty_tail_even_past_long_zero_runs(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    runner = StoreRunner(make_config(mapped_file_size_commit_log=1 << 20), clock)
+    store = runner.start()
+    try:
+        sent = _send_around_a_long_zero_run(store)
+        end = store.max_physical_offset
+        runner.stop()
+        bad = sent[1]
+        overwrite_commitlog(runner.config, bad.physical_offset + BODY_START, bytes(16))
+
+        store = runner.start()
+
+        got = report(store)
+        assert got.last_valid_offset == bad.physical_offset
+        assert got.bytes_truncated == end - bad.physical_offset
+        size = end - bad.physical_offset
+        assert read_commitlog(runner.config, bad.physical_offset, size) == bytes(size)
+    finally:
+        runner.stop()
+
+
+def test_a_truncated_record_never_comes_back(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    runner = StoreRunner(make_config(mapped_file_size_commit_log=1 << 20), clock)
+    store = runner.start()
+    try:
+        sent = _send_around_a_long_zero_run(store)
+        runner.stop()
+        bad = sent[1]
+        overwrite_commitlog(runner.config, bad.physical_offset + BODY_START, bytes(16))
+        store = runner.start()
+        assert store.get_max_offset_in_queue(TOPIC, 0) == 1
+        # New records of the same sizes end exactly where the truncated last one began.
+        rewritten = send(store, 1, queues=1, body_size=100)
+        assert rewritten[0].physical_offset == bad.physical_offset
+        assert store.put_message(Message(TOPIC, bytes(200_000), tags="zeros")).ok
+        assert store.max_physical_offset == sent[3].physical_offset
+
+        store = runner.restart(abnormal=True)
+
+        assert report(store).last_valid_offset == sent[3].physical_offset
+        assert store.get_max_offset_in_queue(TOPIC, 0) == 3
+    finally:
+        runner.stop()
