@@ -18,6 +18,7 @@ never a traceback), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -63,10 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # The reader went away (`basalt store dump ROOT | head`): stop quietly.
-        try:
+        # Point stdout at /dev/null so the interpreter's final flush cannot fail again;
+        # a captured stdout (tests) has no descriptor to redirect.
+        with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass  # not a real file descriptor (tests capture output)
         return 1
     except OSError as e:
         print(f"basalt {args.group}: error: {e}", file=sys.stderr)

@@ -122,11 +122,16 @@ class MappedFileQueue:
     # -- durability ---------------------------------------------------------------------
 
     def flush(self) -> int:
-        """fsync every file with unflushed bytes; returns the new ``flushed_where``."""
+        """fsync every file with unflushed bytes; returns the new ``flushed_where``.
+
+        The end is read before the fsyncs: bytes appended while they run are not
+        vouched for until the next flush.
+        """
+        target = self.max_offset
         for mf in self.files:
             if mf.flushed_position < mf.wrote_position:
                 mf.flush()
-        self.flushed_where = self.max_offset
+        self.flushed_where = max(self.flushed_where, target)
         return self.flushed_where
 
     def unflushed_bytes(self) -> int:

@@ -33,8 +33,9 @@ import argparse
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -64,6 +65,8 @@ EXIT_INCONSISTENT = 1
 EXIT_USAGE = 2
 #: Problems kept in a report; the rest are only counted (``problems_total``).
 MAX_PROBLEMS = 1000
+#: Problems the human summary lists.
+SUMMARY_PROBLEMS = 50
 DEFAULT_BODY_PREVIEW_BYTES = 64
 
 QueueKey = tuple[str, int]
@@ -91,7 +94,7 @@ class Problem:
 
     code: str
     message: str
-    path: str = ""
+    path: str | None = None
     offset: int | None = None
 
     def __str__(self) -> str:
@@ -197,9 +200,9 @@ class CheckReport:
         lines += [f"info: {i}" for i in self.info]
         total = max(self.problems_total, len(self.problems))
         lines.append(f"problems: {total}")
-        lines += [f"  {p}" for p in self.problems]
-        if total > len(self.problems):
-            lines.append(f"  … and {total - len(self.problems)} more")
+        lines += [f"  {p}" for p in self.problems[:SUMMARY_PROBLEMS]]
+        if total > SUMMARY_PROBLEMS:
+            lines.append(f"  … and {total - SUMMARY_PROBLEMS} more (--json lists {MAX_PROBLEMS})")
         lines.append("result: OK" if self.ok else "result: INCONSISTENT")
         return "\n".join(lines)
 
@@ -217,7 +220,7 @@ class _Findings:
     ) -> None:
         self.total += 1
         if len(self.problems) < MAX_PROBLEMS:
-            self.problems.append(Problem(code, message, str(path or ""), offset))
+            self.problems.append(Problem(code, message, str(path) if path else None, offset))
 
     def note(self, message: str) -> None:
         self.info.append(message)
@@ -262,22 +265,18 @@ def _open_data_files(
     starts = [int(p.name) for p in paths]
     for i, path in enumerate(paths):
         size = sizes[path]
-        if i > 0 and starts[i] != starts[i - 1] + file_size:
+        if i > 0 and file_size and starts[i] != starts[i - 1] + file_size:
             findings.problem("file-gap", f"{what}: gap before {path.name}", path=path)
         if size == 0 and i == len(paths) - 1:
             findings.note(f"{what}: {path.name} is empty (created, never written)")
-            continue
-        if size != file_size:
-            findings.problem(
-                "file-size",
-                f"{what}: {path.name} is {size} bytes but the others are {file_size}",
-                path=path,
-            )
-            continue
-        try:
-            opened.append(MappedFile(path, file_size, read_only=True))
-        except OSError as e:  # CorruptFileError included
-            findings.problem("file-unreadable", f"{what}: {path.name}: {e}", path=path)
+        elif size != file_size or not size:
+            problem = f"{what}: {path.name} is {size} bytes but the others are {file_size}"
+            findings.problem("file-size", problem, path=path)
+        else:
+            try:
+                opened.append(MappedFile(path, file_size, read_only=True))
+            except OSError as e:  # CorruptFileError included
+                findings.problem("file-unreadable", f"{what}: {path.name}: {e}", path=path)
     files_queue.files = opened
     return files_queue
 
@@ -314,7 +313,6 @@ class _Queue:
     units_checked: int = 0
     filler: int = 0
     below_min: int = 0
-    problems: list[str] = field(default_factory=list)
 
 
 class _Checker:
@@ -415,54 +413,39 @@ class _Checker:
             if i and mf.file_from_offset != files[i - 1].file_end_offset:
                 self._resync()  # the gap or misfit file was reported when opening
             pos = 0
-            while True:
-                phys = mf.file_from_offset + pos
+            info, dirty = self._record_at(mf, pos, retry=last)
+            while info.kind is RecordKind.MESSAGE:
+                self._on_record(info, mf.file_from_offset + pos)
+                pos += info.size
+                self.walk_end = mf.file_from_offset + pos
                 info, dirty = self._record_at(mf, pos, retry=last)
-                if info.kind is RecordKind.MESSAGE:
-                    self._on_record(info, phys)
-                    pos += info.size
-                    self.walk_end = phys + info.size
-                    continue
-                if info.kind is RecordKind.BLANK:
-                    self.blanks += 1
-                    self.walk_end = mf.file_end_offset
-                    if info.size != mf.file_size - pos:
-                        self.findings.problem(
-                            "commitlog-blank",
-                            f"commitlog offset {phys}: end-of-file blank says {info.size} "
-                            f"bytes but {mf.file_size - pos} remain in {mf.path.name}",
-                            path=mf.path,
-                            offset=phys,
-                        )
-                    if last:
-                        self.findings.note(f"commitlog: last file {mf.path.name} is full")
-                elif info.kind is RecordKind.END:
-                    if dirty:
-                        self.findings.problem(
-                            "commitlog-dirty",
-                            f"commitlog offset {phys}: {dirty} non-zero bytes after the end "
-                            f"of the data in {mf.path.name}",
-                            path=mf.path,
-                            offset=phys,
-                        )
-                    if not last:
-                        self.findings.problem(
-                            "commitlog-no-blank",
-                            f"commitlog offset {phys}: {mf.path.name} ends without an "
-                            f"end-of-file blank but later files follow",
-                            path=mf.path,
-                            offset=phys,
-                        )
-                        self._resync()
-                else:
-                    self.findings.problem(
-                        "commitlog-corrupt",
-                        f"commitlog offset {phys} ({mf.path.name}+{pos}): {info.reason}",
-                        path=mf.path,
-                        offset=phys,
-                    )
-                    self._resync()
-                break
+            problem = partial(self._commitlog_problem, mf, pos)
+            if info.kind is RecordKind.BLANK:
+                self.blanks += 1
+                self.walk_end = mf.file_end_offset
+                if info.size != mf.file_size - pos:
+                    remain = mf.file_size - pos
+                    problem("commitlog-blank", f"blank of {info.size} bytes but {remain} remain")
+                if last:
+                    self.findings.note(f"commitlog: the last file, {mf.path.name}, is full")
+                continue
+            if info.kind is RecordKind.CORRUPT:
+                problem("commitlog-corrupt", info.reason)
+            if dirty:
+                problem("commitlog-dirty", f"{dirty} non-zero bytes after the end of the data")
+            if info.kind is RecordKind.END and not last:
+                problem("commitlog-no-blank", "no end-of-file blank, but later files follow")
+            if info.kind is RecordKind.CORRUPT or not last:
+                self._resync()
+
+    def _commitlog_problem(self, mf: MappedFile, pos: int, code: str, why: str) -> None:
+        phys = mf.file_from_offset + pos
+        self.findings.problem(
+            code,
+            f"commitlog offset {phys} ({mf.path.name}+{pos}): {why}",
+            path=mf.path,
+            offset=phys,
+        )
 
     @staticmethod
     def _record_at(mf: MappedFile, pos: int, *, retry: bool) -> tuple[RecordInfo, int]:
@@ -789,6 +772,8 @@ def dump_store(
                 out.write(f"no ConsumeQueue for {topic}/{queue_id}\n")
                 return DumpResult(0)
             records = _via_queue(commitlog, cq.files, from_offset or 0)
+            # Print whatever the queue points at, even another queue's record.
+            topic = queue_id = None
         else:
             for p in findings.problems:
                 out.write(f"warning: {p.message}\n")
@@ -882,7 +867,8 @@ def _via_queue(
             continue
         cl = commitlog.find_by_offset(phy)
         if phy < commitlog.min_offset or cl is None:
-            yield f"queueOffset: {index} offset: {phy} size: {size} (no CommitLog file holds it)"
+            gone = "deleted" if phy < commitlog.min_offset else "no CommitLog file holds it"
+            yield f"queueOffset: {index} offset: {phy} size: {size} ({gone})"
             continue
         item = _decode_at(cl, phy - cl.file_from_offset)
         if item is None:

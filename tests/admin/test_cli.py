@@ -67,14 +67,22 @@ def test_store_commands_in_process(root: Path, capsys: pytest.CaptureFixture[str
 def test_python_m_admin_runs_the_same_cli(root: Path, tmp_path: Path) -> None:
     ok = subprocess.run(
         [sys.executable, "-m", "admin", "store", "check", str(root)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.rstrip().endswith("result: OK")
 
     missing = subprocess.run(
         [sys.executable, "-m", "admin", "store", "check", str(tmp_path / "missing")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert missing.returncode == 2
     assert "no such store root" in missing.stderr and "Traceback" not in missing.stderr

@@ -20,7 +20,7 @@ from hypothesis.stateful import (
 )
 
 from store.config import CQ_STORE_UNIT_SIZE
-from store.consume_queue import BLANK_UNIT, BLANK_UNIT_SIZE, UNIT, ConsumeQueue
+from store.consume_queue import BLANK_UNIT, BLANK_UNIT_SIZE, UNIT, ConsumeQueue, CqEntry
 from store.mapped_file import file_name
 
 UNITS_PER_FILE = 8
@@ -45,7 +45,7 @@ def cq(tmp_path: Path) -> Iterator[ConsumeQueue]:
     q.close()
 
 
-def entries_from(queue_offset: int, phy: int, count: int, size: int = 100) -> list[tuple[int, ...]]:
+def entries_from(queue_offset: int, phy: int, count: int, size: int = 100) -> list[CqEntry]:
     """``count`` consecutive entries of ``size``-byte records laid end to end from ``phy``."""
     return [(queue_offset + i, phy + i * size, size, i) for i in range(count)]
 
@@ -80,7 +80,7 @@ def test_queue_lives_in_topic_and_queue_id_folders(tmp_path: Path) -> None:
 
 def test_blank_unit_is_zero_max_int_zero() -> None:
     assert BLANK_UNIT_SIZE == 0x7FFFFFFF
-    assert BLANK_UNIT == struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
+    assert struct.pack(">qiq", 0, 0x7FFFFFFF, 0) == BLANK_UNIT
 
 
 # -- writing -----------------------------------------------------------------------------
@@ -101,8 +101,8 @@ def test_put_entries_then_read_back(cq: ConsumeQueue) -> None:
     assert cq.max_offset_in_queue == 20
     assert cq.max_physic_offset == 1000 + 20 * 100
     assert cq.get_unit(13) == (1000 + 1300, 100, 13)
-    assert list(cq.iter_units()) == [tuple(e) for e in entries]
-    assert list(cq.iter_units(18)) == [tuple(e) for e in entries[18:]]
+    assert list(cq.iter_units()) == entries
+    assert list(cq.iter_units(18)) == entries[18:]
 
 
 def test_re_putting_written_entries_is_a_no_op(cq: ConsumeQueue, tmp_path: Path) -> None:
@@ -263,6 +263,7 @@ class ConsumeQueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="cq-model-"))
         self.cq = ConsumeQueue(TOPIC, 1, self.root, CQ_FILE_SIZE)
+        self.first_offset = 0  # where the first put will start (chosen by choose_start)
         self.base: int | None = None  # queue offset of the first put; None before it
         self.units: list[Unit] = []  # units[i] is queue offset base + i
         self.next_phy = 0
@@ -287,11 +288,11 @@ class ConsumeQueueMachine(RuleBasedStateMachine):
     def put_batch(self, records: list[tuple[int, int, int]], overlap: int) -> None:
         start = self.end_offset
         overlap = min(overlap, len(self.units))
-        old = [
+        old: list[CqEntry] = [
             (start - overlap + i, *self.units[len(self.units) - overlap + i])
             for i in range(overlap)
         ]
-        new = []
+        new: list[CqEntry] = []
         for i, (gap, size, tags) in enumerate(records):
             phy = self.next_phy + gap
             new.append((start + i, phy, size, tags))
@@ -301,7 +302,7 @@ class ConsumeQueueMachine(RuleBasedStateMachine):
 
         if self.base is None:
             self.base = start
-        self.units.extend(e[1:] for e in new)
+        self.units.extend((phy, size, tags) for _, phy, size, tags in new)
 
     @precondition(lambda self: self.units)
     @rule(data=st.data())
@@ -309,14 +310,15 @@ class ConsumeQueueMachine(RuleBasedStateMachine):
         assert self.base is not None
         i = data.draw(st.integers(0, len(self.units) - 1))
         j = data.draw(st.integers(i + 1, len(self.units)))
-        entries = [(self.base + k, *self.units[k]) for k in range(i, j)]
+        entries: list[CqEntry] = [(self.base + k, *self.units[k]) for k in range(i, j)]
         assert self.cq.put_entries(entries) == 0
 
     @rule(data=st.data())
     def truncate_dirty(self, data: st.DataObject) -> None:
-        if self.units and data.draw(st.booleans()):
-            phy, size, _ = data.draw(st.sampled_from(self.units))
-            cut = data.draw(st.integers(phy, phy + size))
+        near_a_unit = bool(self.units) and data.draw(st.booleans())
+        if near_a_unit:
+            unit_phy, unit_size, _ = data.draw(st.sampled_from(self.units))
+            cut = data.draw(st.integers(unit_phy, unit_phy + unit_size))
         else:
             cut = data.draw(st.integers(0, self.next_phy + 10))
         expected_dropped = sum(1 for phy, size, _ in self.units if phy + size > cut)

@@ -35,12 +35,14 @@ def test_java_string_hash_matches_known_java_values(text: str, expected: int) ->
 
 
 def _reference_hash(text: str) -> int:
-    """The definition: s[0]*31^(n-1) + ... + s[n-1] over UTF-16 code units, as an int32."""
+    """The definition: s[0]*31^(n-1) + ... + s[n-1] over UTF-16 code units, as an int32.
+
+    Computed exactly (no wrapping until the end), unlike the implementation.
+    """
     units = text.encode("utf-16-be")
-    n = len(units) // 2
-    total = sum(
-        int.from_bytes(units[2 * i : 2 * i + 2], "big") * 31 ** (n - 1 - i) for i in range(n)
-    )
+    total = 0
+    for i in range(0, len(units), 2):
+        total = total * 31 + int.from_bytes(units[i : i + 2], "big")
     total &= 0xFFFFFFFF
     return total - (1 << 32) if total >= 1 << 31 else total
 

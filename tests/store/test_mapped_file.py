@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ SIZE = 4096
 
 
 @pytest.fixture
-def mapped(tmp_path: Path) -> MappedFile:
+def mapped(tmp_path: Path) -> Iterator[MappedFile]:
     mf = MappedFile(tmp_path / file_name(SIZE), SIZE)
     yield mf
     mf.close()

@@ -36,7 +36,7 @@ from store.message import (
 # RocketMQ's string2messageProperties drops pairs with an empty name or value, so
 # only non-empty names and values are guaranteed to survive a round trip.
 property_text = st.text(
-    st.characters(exclude_characters="\x01\x02", exclude_categories=("Cs",)), min_size=1
+    st.characters(exclude_characters="\x01\x02", exclude_categories=["Cs"]), min_size=1
 )
 property_dicts = st.dictionaries(property_text, property_text, max_size=10)
 

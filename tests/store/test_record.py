@@ -90,7 +90,7 @@ def properties_of_size(size: int, filler: str) -> dict[str, str]:
 
 
 property_text = st.text(
-    st.characters(exclude_characters="\x01\x02", exclude_categories=("Cs",)), max_size=30
+    st.characters(exclude_characters="\x01\x02", exclude_categories=["Cs"]), max_size=30
 )
 small_properties = st.dictionaries(property_text.filter(bool), property_text, max_size=6)
 sized_properties = st.builds(
@@ -233,7 +233,7 @@ def test_record_size_matches_rocketmq_cal_msg_length_for_every_host_combination(
 
 def test_golden_ipv4_record_matches_a_hand_built_rocketmq_record() -> None:
     body = b"Hello RocketMQ"
-    topic = "TopicTest".encode()
+    topic = b"TopicTest"
     props = b"UNIQ_KEY\x017F0000010001\x02TAGS\x01TagA\x02KEYS\x01k1 k2\x02"
     born_ts, store_ts = 1_700_000_000_123, 1_700_000_000_456
     sys_flag = TRANSACTION_COMMIT_TYPE

@@ -61,14 +61,24 @@ class StoreRunner:
         return self.start(abnormal=abnormal, **overrides)
 
 
-@pytest.fixture
-def runner(make_config: ConfigFactory, clock: ManualClock) -> Iterator[StoreRunner]:
-    runner = StoreRunner(make_config(), clock)
+def _shut_down_after(runner: StoreRunner) -> Iterator[StoreRunner]:
     try:
         yield runner
     finally:
         if runner.store is not None:
             runner.store.shutdown()
+
+
+@pytest.fixture
+def runner(make_config: ConfigFactory, clock: ManualClock) -> Iterator[StoreRunner]:
+    yield from _shut_down_after(StoreRunner(make_config(), clock))
+
+
+@pytest.fixture
+def big_file_runner(make_config: ConfigFactory, clock: ManualClock) -> Iterator[StoreRunner]:
+    """1 MiB CommitLog files: room for a record with a long run of zero bytes."""
+    config = make_config(mapped_file_size_commit_log=1 << 20)
+    yield from _shut_down_after(StoreRunner(config, clock))
 
 
 def report(store: MessageStore) -> RecoveryReport:
@@ -514,60 +524,48 @@ def test_next_put_continues_queue_offsets_after_restart(
 # -- the dirty tail really goes ---------------------------------------------------------
 
 
-def _send_around_a_long_zero_run(store: MessageStore) -> list[Sent]:
-    """A record, the one to corrupt, a record with a 200 KB zero body, and one more."""
+def _truncate_before_a_long_zero_run(runner: StoreRunner) -> tuple[list[Sent], int]:
+    """Send a record, the one to corrupt, one with a 200 KB zero body and one more;
+    corrupt the second and restart. Returns what was sent and the end before the restart.
+    """
+    store = runner.start()
     sent = send(store, 2, queues=1, body_size=100)
     result = store.put_message(Message(TOPIC, bytes(200_000), tags="zeros"))
     assert result.ok
     sent.append(Sent(TOPIC, 0, bytes(200_000), result))
     sent += send(store, 1, queues=1, body_size=100)
-    return sent
+    end = store.max_physical_offset
+    runner.stop()
+    overwrite_commitlog(runner.config, sent[1].physical_offset + BODY_START, bytes(16))
+    runner.start()
+    return sent, end
 
 
 def test_truncation_zeroes_the_whole_dirty_tail_even_past_long_zero_runs(
-    make_config: ConfigFactory, clock: ManualClock
+    big_file_runner: StoreRunner,
 ) -> None:
-    runner = StoreRunner(make_config(mapped_file_size_commit_log=1 << 20), clock)
-    store = runner.start()
-    try:
-        sent = _send_around_a_long_zero_run(store)
-        end = store.max_physical_offset
-        runner.stop()
-        bad = sent[1]
-        overwrite_commitlog(runner.config, bad.physical_offset + BODY_START, bytes(16))
+    sent, end = _truncate_before_a_long_zero_run(big_file_runner)
 
-        store = runner.start()
-
-        got = report(store)
-        assert got.last_valid_offset == bad.physical_offset
-        assert got.bytes_truncated == end - bad.physical_offset
-        size = end - bad.physical_offset
-        assert read_commitlog(runner.config, bad.physical_offset, size) == bytes(size)
-    finally:
-        runner.stop()
+    bad = sent[1].physical_offset
+    assert big_file_runner.store is not None
+    got = report(big_file_runner.store)
+    assert got.last_valid_offset == bad
+    assert got.bytes_truncated == end - bad
+    assert read_commitlog(big_file_runner.config, bad, end - bad) == bytes(end - bad)
 
 
-def test_a_truncated_record_never_comes_back(
-    make_config: ConfigFactory, clock: ManualClock
-) -> None:
-    runner = StoreRunner(make_config(mapped_file_size_commit_log=1 << 20), clock)
-    store = runner.start()
-    try:
-        sent = _send_around_a_long_zero_run(store)
-        runner.stop()
-        bad = sent[1]
-        overwrite_commitlog(runner.config, bad.physical_offset + BODY_START, bytes(16))
-        store = runner.start()
-        assert store.get_max_offset_in_queue(TOPIC, 0) == 1
-        # New records of the same sizes end exactly where the truncated last one began.
-        rewritten = send(store, 1, queues=1, body_size=100)
-        assert rewritten[0].physical_offset == bad.physical_offset
-        assert store.put_message(Message(TOPIC, bytes(200_000), tags="zeros")).ok
-        assert store.max_physical_offset == sent[3].physical_offset
+def test_a_truncated_record_never_comes_back(big_file_runner: StoreRunner) -> None:
+    sent, _ = _truncate_before_a_long_zero_run(big_file_runner)
+    store = big_file_runner.store
+    assert store is not None
+    assert store.get_max_offset_in_queue(TOPIC, 0) == 1
+    # New records of the same sizes end exactly where the truncated last one began.
+    rewritten = send(store, 1, queues=1, body_size=100)
+    assert rewritten[0].physical_offset == sent[1].physical_offset
+    assert store.put_message(Message(TOPIC, bytes(200_000), tags="zeros")).ok
+    assert store.max_physical_offset == sent[3].physical_offset
 
-        store = runner.restart(abnormal=True)
+    store = big_file_runner.restart(abnormal=True)
 
-        assert report(store).last_valid_offset == sent[3].physical_offset
-        assert store.get_max_offset_in_queue(TOPIC, 0) == 3
-    finally:
-        runner.stop()
+    assert report(store).last_valid_offset == sent[3].physical_offset
+    assert store.get_max_offset_in_queue(TOPIC, 0) == 3

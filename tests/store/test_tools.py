@@ -239,6 +239,16 @@ def test_cli_check_json_of_a_healthy_store(root: Path, capsys: pytest.CaptureFix
     assert {q["topic"] for q in doc["queues"]} == set(TOPICS)
 
 
+def test_check_of_a_store_that_never_stored_anything(make_config: ConfigFactory) -> None:
+    config = make_config()
+    MessageStore.open(config).shutdown()
+
+    report = check_store(config.store_path_root_dir)
+
+    assert report.ok, report.summary()
+    assert report.counts.records == report.counts.commitlog_files == report.counts.queues == 0
+
+
 def test_lagging_consume_queue_is_info_not_an_error(root: Path, sent: list[Sent]) -> None:
     # Drop the last two units of one queue: as if the store died before dispatching them.
     last = [s for s in sent if (s.topic, s.queue_id) == ("TopicB", 2)][-2:]
@@ -497,9 +507,17 @@ def test_dump_through_a_consume_queue_from_a_queue_offset(
     root: Path, sent: list[Sent], capsys: pytest.CaptureFixture[str]
 ) -> None:
     status, out, _ = run_cli(
-        capsys, "store", "dump", str(root), "--topic", "%RETRY%group", "--queue", "1",
-        "--from-offset", "5",
-    )  # fmt: skip
+        capsys,
+        "store",
+        "dump",
+        str(root),
+        "--topic",
+        "%RETRY%group",
+        "--queue",
+        "1",
+        "--from-offset",
+        "5",
+    )
 
     assert status == 0
     lines = [line for line in out.splitlines() if line.startswith("offset: ")]
