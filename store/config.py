@@ -6,6 +6,7 @@ Built once at the process edge and passed down. Units are in the names.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,12 @@ class MessageStoreConfig:
             if getattr(self, name) < 0:
                 raise StoreConfigError(f"{name} must not be negative")
         host, sep, port = self.store_host.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+            valid = bool(sep) and port.isdigit() and 0 <= int(port) < 65536
+        except ValueError:
+            valid = False
+        if not valid:
             raise StoreConfigError(f"store_host must be 'ip:port', got {self.store_host!r}")
 
     @property
