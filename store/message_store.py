@@ -50,7 +50,7 @@ from store.recovery import RecoveryReport, recover
 
 log = logging.getLogger(__name__)
 
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 
 
 class PutStatus(enum.Enum):
@@ -126,6 +126,8 @@ class MessageStore:
         self._flush_cq: FlushConsumeQueueService | None = None
         self._running = False
         self.recovery_report: RecoveryReport | None = None
+        #: Topic names already validated: a regex per message is measurable on the hot path.
+        self._valid_topics: set[str] = set()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -252,9 +254,10 @@ class MessageStore:
         store_host = self.commitlog.store_host
         now = 0
         encoded: list[EncodedMessage] = []
+        valid_topics = self._valid_topics
         for m in messages:
             topic = m.topic
-            if len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.match(topic):
+            if topic not in valid_topics and not self._admit_topic(topic):
                 return _refused(
                     PutStatus.MESSAGE_ILLEGAL,
                     f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of "
@@ -291,6 +294,14 @@ class MessageStore:
                 )
             encoded.append(em)
         return encoded
+
+    def _admit_topic(self, topic: str) -> bool:
+        """Validate a topic name not seen before and remember it if it is valid."""
+        if len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
+            return False
+        if len(self._valid_topics) < 100_000:
+            self._valid_topics.add(topic)
+        return True
 
     def append_messages(
         self, messages: Sequence[Message]
