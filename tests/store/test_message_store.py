@@ -281,6 +281,13 @@ REFUSALS: list[tuple[str, dict[str, Any], list[Message], PutStatus, str]] = [
     ),
     ("topic with a space", {}, [Message("a b", b"x")], PutStatus.MESSAGE_ILLEGAL, "topic"),
     ("topic with a slash", {}, [Message("a/b", b"x")], PutStatus.MESSAGE_ILLEGAL, "topic"),
+    (
+        "topic with a trailing newline",
+        {},
+        [Message("ab\n", b"x")],
+        PutStatus.MESSAGE_ILLEGAL,
+        "topic",
+    ),
     ("empty topic", {}, [Message("", b"x")], PutStatus.MESSAGE_ILLEGAL, "topic"),
     ("non-ASCII topic", {}, [Message("tópico", b"x")], PutStatus.MESSAGE_ILLEGAL, "topic"),
     (
