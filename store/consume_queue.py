@@ -88,7 +88,7 @@ class ConsumeQueue:
         end = files[0].file_from_offset
         for mf in files[max(0, len(files) - 3) :]:
             end = mf.file_from_offset
-            pos = self._valid_end(mf)
+            pos = self.written_end(mf)
             end += pos
             if pos < self.mapped_file_size:
                 break
@@ -96,7 +96,8 @@ class ConsumeQueue:
         self.max_physic_offset = self._last_physic_end()
         self.min_logic_offset = self._first_real_unit_offset(files[0])
 
-    def _valid_end(self, mf: MappedFile) -> int:
+    def written_end(self, mf: MappedFile) -> int:
+        """Bytes of valid units at the start of ``mf``; an all-zero or negative unit ends them."""
         data = mf.read(0, self.mapped_file_size)
         pos = 0
         for phy, size, _ in UNIT.iter_unpack(data):

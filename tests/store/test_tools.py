@@ -1,4 +1,4 @@
-"""``store.tools``: the read-only store check and the record dump.
+"""``basalt store check`` and ``dump``: :mod:`store.check`, :mod:`store.dump`, :mod:`store.tools`.
 
 Every test writes through a real :class:`MessageStore` on ``tmp_path`` with
 64 KiB CommitLog files and 16-unit ConsumeQueue files (so both roll), then
@@ -21,19 +21,15 @@ from hypothesis import strategies as st
 
 from admin.cli import main
 from store import ManualClock, Message, MessageStore, MessageStoreConfig
+from store.check import CheckReport, check_store
 from store.config import CQ_STORE_UNIT_SIZE
 from store.consume_queue import BLANK_UNIT, UNIT
+from store.dump import body_preview, dump_store
 from store.hashing import tags_code
 from store.mapped_file import file_name
 from store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from store.readonly import StoreRootError
 from store.record import HEADERS
-from store.tools import (
-    CheckReport,
-    StoreRootError,
-    body_preview,
-    check_store,
-    dump_store,
-)
 from tests.conftest import ConfigFactory
 
 CQ_FILE_SIZE = 16 * CQ_STORE_UNIT_SIZE
@@ -249,18 +245,61 @@ def test_check_of_a_store_that_never_stored_anything(make_config: ConfigFactory)
     assert report.counts.records == report.counts.commitlog_files == report.counts.queues == 0
 
 
-def test_lagging_consume_queue_is_info_not_an_error(root: Path, sent: list[Sent]) -> None:
-    # Drop the last two units of one queue: as if the store died before dispatching them.
-    last = [s for s in sent if (s.topic, s.queue_id) == ("TopicB", 2)][-2:]
-    for s in last:
-        path, pos = cq_unit(root, s.topic, s.queue_id, s.queue_offset)
-        patch(path, pos, bytes(CQ_STORE_UNIT_SIZE))
+@pytest.fixture
+def lagging_root(
+    make_config: ConfigFactory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A root whose last records are in the CommitLog but in no ConsumeQueue.
 
-    report = check_store(root)
+    The dispatcher is stopped before the last puts and cannot drain at shutdown,
+    so the store leaves ``abort`` behind, as one that died there would.
+    """
+    config = make_config(mapped_file_size_consume_queue=CQ_FILE_SIZE)
+    store = MessageStore.open(config, clock=clock)
+    try:
+        fill_store(store, clock, rounds=2)
+        store.dispatcher.shutdown(drain=False)
+        for queue_id in (0, 0, 2):
+            assert store.put_message(Message(topic="TopicB", body=b"late", queue_id=queue_id)).ok
+        monkeypatch.setattr(store.dispatcher, "dispatch_available", lambda: 0)
+    finally:
+        store.shutdown()
+    assert config.abort_path.exists()
+    return config.store_path_root_dir
+
+
+def test_undispatched_records_with_abort_are_info(lagging_root: Path) -> None:
+    report = check_store(lagging_root)
 
     assert report.ok, report.summary()
-    assert report.counts.undispatched_records == 2
-    assert any(i.startswith("undispatched records: 2") for i in report.info)
+    assert report.counts.undispatched_records == 3
+    assert any(
+        i.startswith("undispatched records: 3 (TopicB/0: 2, TopicB/2: 1)") for i in report.info
+    )
+    assert {(q.topic, q.queue_id): q.undispatched for q in report.queues if q.undispatched} == {
+        ("TopicB", 0): 2,
+        ("TopicB", 2): 1,
+    }
+
+
+def test_undispatched_records_without_abort_are_a_problem(
+    lagging_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A clean shutdown removes abort only after the dispatcher caught up: lag is damage.
+    (lagging_root / "abort").unlink()
+
+    report = check_store(lagging_root)
+
+    assert not report.ok
+    assert [(p.code, p.offset) for p in report.problems] == [
+        ("undispatched", 2),  # TopicB/0: fill_store(rounds=2) put queue offsets 0 and 1
+        ("undispatched", 2),
+    ]
+    assert "TopicB/0: 2 records from queue offset 2" in report.problems[0].message
+    assert report.counts.undispatched_records == 3
+    assert not any(i.startswith("undispatched records") for i in report.info)
+    status, out, _ = run_cli(capsys, "store", "check", str(lagging_root))
+    assert status == 1 and "[undispatched]" in out
 
 
 # -- damage that check must name -----------------------------------------------------------
