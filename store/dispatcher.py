@@ -181,6 +181,8 @@ class ReputMessageService:
         requests: list[DispatchRequest] = []
         want_requests = bool(self.listeners)
         tags_codes = self._tags_codes
+        #: Per queue, the end of what its ConsumeQueue already indexes.
+        indexed_up_to: dict[tuple[str, int], int] = {}
         last_ts = self.last_store_timestamp_ms
         next_offset: int | None = None
         pos = consumed = 0
@@ -213,6 +215,16 @@ class ReputMessageService:
             topic_len = buf[p]
             topic = buf[p + 1 : p + 1 + topic_len].decode("utf-8")
             p += 1 + topic_len
+            key = (topic, queue_id)
+            floor = indexed_up_to.get(key)
+            if floor is None:
+                cq = self.consume_queues.get(topic, queue_id)
+                floor = indexed_up_to[key] = cq.max_physic_offset if cq is not None else -1
+            if phys + size <= floor:
+                # Already in its queue (re-dispatch after recovery): skip without parsing.
+                pos += size
+                consumed += 1
+                continue
             (props_len,) = _SHORT.unpack_from(buf, p)
             props = buf[p + 2 : p + 2 + props_len]
             if is_dispatchable(sys_flag):
@@ -221,7 +233,7 @@ class ReputMessageService:
                     raw_tags = property_value(props, _TAGS)
                     if raw_tags:
                         tags_code = tags_codes.get(raw_tags) or self._tags_code(raw_tags)
-                entries[topic, queue_id].append((queue_offset, phys, size, tags_code))
+                entries[key].append((queue_offset, phys, size, tags_code))
                 if want_requests:
                     requests.append(
                         DispatchRequest(
