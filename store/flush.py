@@ -61,13 +61,17 @@ class _ServiceThread(abc.ABC):
 
 
 def flush_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint) -> int:
-    """fsync the CommitLog, then vouch for it in the checkpoint; returns the flushed offset."""
+    """fsync the CommitLog, then vouch for it in the checkpoint; returns the flushed offset.
+
+    Only the in-memory checkpoint is advanced: the file itself is written by the
+    ConsumeQueue flush (and at shutdown), as RocketMQ does, so a SYNC send
+    pays for one fsync, not two.
+    """
     last = commitlog.files.last_file
     store_ts = last.store_timestamp_ms if last is not None else 0
     flushed = commitlog.files.flush()
     if store_ts > 0:
         checkpoint.physic_msg_timestamp = store_ts
-        checkpoint.flush()
     return flushed
 
 
@@ -195,7 +199,7 @@ class FlushConsumeQueueService(_ServiceThread):
         self.consume_queues.flush()
         if logics_ts > 0:
             self.checkpoint.logics_msg_timestamp = logics_ts
-            self.checkpoint.flush()
+        self.checkpoint.flush()
 
     def run(self) -> None:
         while not self._stopping:

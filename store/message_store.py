@@ -232,6 +232,13 @@ class MessageStore:
     def running(self) -> bool:
         return self._running
 
+    @property
+    def checkpoint(self) -> StoreCheckpoint:
+        """The checkpoint as it stands in memory (the file is written periodically)."""
+        if self._checkpoint is None:
+            raise StoreClosedError("the store has not been started")
+        return self._checkpoint
+
     def __enter__(self) -> MessageStore:
         if not self._running:
             self.start()

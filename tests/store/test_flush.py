@@ -70,8 +70,9 @@ def test_sync_put_returns_only_after_its_bytes_are_flushed(
             last_file = store.commitlog.files.find_by_offset(result.physical_offsets[-1])
             assert last_file is not None
             assert last_file.file_from_offset + last_file.flushed_position >= end
-            # The checkpoint vouches for the flushed record before the send is acknowledged.
-            assert read_checkpoint(store.config)[0] == result.store_timestamp_ms
+            # The checkpoint vouches for the flushed record before the send is acknowledged
+            # (in memory: the file follows with the next ConsumeQueue flush).
+            assert store.checkpoint.physic_msg_timestamp == result.store_timestamp_ms
         assert store.max_physical_offset > 2 * SMALL_COMMITLOG_FILE
 
 
