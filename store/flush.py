@@ -9,6 +9,7 @@ the bytes it vouches for are durable, never before.
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 import threading
 import time
@@ -110,12 +111,32 @@ class FlushCommitLogService(_ServiceThread):
         flush_commitlog(self.commitlog, self.checkpoint)
 
 
+#: Who waits for a flush: a thread (concurrent Future) or a coroutine (its loop and Future).
+_Waiter = Future[None] | tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+
+
+#: A coroutine's flush Future and what to settle it with (None: success).
+_Settlement = tuple["asyncio.Future[None]", BaseException | None]
+
+
+def _settle_on_loop(items: list[_Settlement]) -> None:
+    for fut, error in items:
+        if fut.done():  # the sender gave up waiting (timeout, cancellation)
+            continue
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
+
+
 class GroupCommitService(_ServiceThread):
     """SYNC flush with group commit.
 
-    Senders call :meth:`request` with the offset their bytes end at and get a
-    Future; the thread fsyncs once for every request that piled up meanwhile
-    and completes each whose offset is now durable.
+    Senders call :meth:`request` (threads) or :meth:`request_async` (coroutines)
+    with the offset their bytes end at; the thread fsyncs once for every
+    request that piled up meanwhile and completes each whose offset is now
+    durable. Coroutines of one event loop are woken with a single
+    ``call_soon_threadsafe`` per fsync, not one per sender.
     """
 
     name = "group-commit"
@@ -125,20 +146,31 @@ class GroupCommitService(_ServiceThread):
         self.commitlog = commitlog
         self.checkpoint = checkpoint
         self._lock = threading.Lock()
-        self._requests: list[tuple[int, Future[None]]] = []
+        self._requests: list[tuple[int, _Waiter]] = []
 
     def request(self, end_offset: int) -> Future[None]:
+        """A Future that completes once everything below ``end_offset`` is fsynced."""
         fut: Future[None] = Future()
+        self._enqueue(end_offset, fut)
+        return fut
+
+    def request_async(self, end_offset: int) -> asyncio.Future[None]:
+        """Like :meth:`request`, as a Future of the running event loop."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._enqueue(end_offset, (loop, fut))
+        return fut
+
+    def _enqueue(self, end_offset: int, waiter: _Waiter) -> None:
         with self._lock:
             stopping = self._stopping
             if not stopping:
-                self._requests.append((end_offset, fut))
+                self._requests.append((end_offset, waiter))
         if stopping:
             # The thread is gone or going: flush for this sender right here.
-            self._commit([(end_offset, fut)])
+            self._commit([(end_offset, waiter)])
         else:
             self._wakeup.set()
-        return fut
 
     def shutdown(self) -> None:
         with self._lock:
@@ -160,18 +192,32 @@ class GroupCommitService(_ServiceThread):
                 self._commit(batch)
                 return
 
-    def _commit(self, batch: list[tuple[int, Future[None]]]) -> None:
+    def _commit(self, batch: list[tuple[int, _Waiter]]) -> None:
+        flushed = -1
+        failure: BaseException | None = None
         try:
             flushed = flush_commitlog(self.commitlog, self.checkpoint)
         except OSError as e:
-            for _, fut in batch:
-                fut.set_exception(e)
-            return
-        for end, fut in batch:
-            if end <= flushed:
-                fut.set_result(None)
-            else:  # truncated under us (cannot happen while running): fail loudly
-                fut.set_exception(RuntimeError(f"offset {end} not flushed (at {flushed})"))
+            failure = e
+        per_loop: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]
+        ] = {}
+        for end, waiter in batch:
+            error = failure
+            if error is None and end > flushed:  # truncated under us: impossible while running
+                error = RuntimeError(f"offset {end} not flushed (at {flushed})")
+            if isinstance(waiter, Future):
+                if error is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(error)
+            else:
+                per_loop.setdefault(waiter[0], []).append((waiter[1], error))
+        for loop, items in per_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle_on_loop, items)
+            except RuntimeError:
+                log.warning("event loop closed before its %d flush waiters were woken", len(items))
 
 
 class FlushConsumeQueueService(_ServiceThread):

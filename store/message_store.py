@@ -24,7 +24,6 @@ import enum
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -310,14 +309,10 @@ class MessageStore:
             self._valid_topics.add(topic)
         return True
 
-    def append_messages(
-        self, messages: Sequence[Message]
-    ) -> tuple[PutMessageResult, Future[None] | None]:
-        """Validate and append without waiting for a SYNC fsync.
-
-        Returns the result and, under SYNC flush, a Future that completes once
-        the batch is durable (None under ASYNC). Refused batches write nothing.
-        """
+    def _append(self, messages: Sequence[Message]) -> tuple[PutMessageResult, int | None]:
+        """Validate and append; returns the result and, under SYNC flush, the offset
+        the caller must see fsynced before acknowledging (None otherwise).
+        Refused batches write nothing."""
         if not self._running:
             return _refused(PutStatus.SERVICE_NOT_AVAILABLE, "the store is not running"), None
         encoded = self._encode(messages)
@@ -338,10 +333,7 @@ class MessageStore:
             store_timestamp_ms=appended.store_timestamp_ms,
             store_host=self.commitlog.store_host,
         )
-        flushed = None
-        if self._group_commit is not None:
-            flushed = self._group_commit.request(appended.end_offset)
-        return result, flushed
+        return result, appended.end_offset if self._group_commit is not None else None
 
     def _flush_timeout(self, result: PutMessageResult, why: str) -> PutMessageResult:
         return replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT, detail=why)
@@ -352,10 +344,12 @@ class MessageStore:
         Blocks the calling thread under SYNC flush: from an event loop use
         :meth:`put_messages_async`.
         """
-        result, flushed = self.append_messages(messages)
-        if flushed is not None:
+        result, flush_to = self._append(messages)
+        if flush_to is not None and self._group_commit is not None:
             try:
-                flushed.result(self.config.sync_flush_timeout_ms / 1000)
+                self._group_commit.request(flush_to).result(
+                    self.config.sync_flush_timeout_ms / 1000
+                )
             except FutureTimeoutError:
                 return self._flush_timeout(result, "fsync did not finish in time")
             except Exception as e:
@@ -367,11 +361,12 @@ class MessageStore:
 
     async def put_messages_async(self, messages: Sequence[Message]) -> PutMessageResult:
         """:meth:`put_messages` for an event loop: the fsync wait never blocks the loop."""
-        result, flushed = self.append_messages(messages)
-        if flushed is not None:
+        result, flush_to = self._append(messages)
+        if flush_to is not None and self._group_commit is not None:
             try:
                 await asyncio.wait_for(
-                    asyncio.wrap_future(flushed), self.config.sync_flush_timeout_ms / 1000
+                    self._group_commit.request_async(flush_to),
+                    self.config.sync_flush_timeout_ms / 1000,
                 )
             except TimeoutError:
                 return self._flush_timeout(result, "fsync did not finish in time")
