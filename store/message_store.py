@@ -429,7 +429,3 @@ class MessageStore:
             record = self.commitlog.get_record(phy, size)
             if record is not None:
                 yield queue_offset, record
-
-    def _require_running(self) -> None:
-        if not self._running:
-            raise StoreClosedError("the store is not running")
