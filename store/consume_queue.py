@@ -29,7 +29,7 @@ from pathlib import Path
 
 from store.config import CQ_STORE_UNIT_SIZE
 from store.mapped_file import MappedFile
-from store.mapped_file_queue import MappedFileQueue
+from store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES, MappedFileQueue
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,14 @@ class ConsumeQueue:
             end += pos
             if pos < self.mapped_file_size:
                 break
-        self.files.truncate_dirty_files(end)
+        # Units are appended back to back, so past the first empty unit only a torn
+        # append can have left bytes; a corrupt unit means anything may follow.
+        stop = self.files.find_by_offset(end)
+        torn = stop is not None and stop.read(end - stop.file_from_offset, CQ_STORE_UNIT_SIZE)
+        clean_stop = not torn or torn == bytes(CQ_STORE_UNIT_SIZE)
+        self.files.truncate_dirty_files(
+            end, dirty_end=end + TORN_WRITE_WINDOW_BYTES if clean_stop else None
+        )
         self.max_physic_offset = self._last_physic_end()
         self.min_logic_offset = self._first_real_unit_offset(files[0])
 
@@ -141,7 +148,9 @@ class ConsumeQueue:
                 for _, size, _ in UNIT.iter_unpack(data[cut * CQ_STORE_UNIT_SIZE :])
                 if size != BLANK_UNIT_SIZE
             )
-            self.files.truncate_dirty_files(mf.file_from_offset + cut * CQ_STORE_UNIT_SIZE)
+            self.files.truncate_dirty_files(
+                mf.file_from_offset + cut * CQ_STORE_UNIT_SIZE, dirty_end=self.files.max_offset
+            )
             if cut > 0:
                 break
         self.max_physic_offset = self._last_physic_end()

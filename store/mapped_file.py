@@ -132,30 +132,31 @@ class MappedFile:
             self.flushed_position = target
         return self.flushed_position
 
-    def zero_tail(self, pos: int) -> int:
-        """Zero every non-zero byte from ``pos`` to the end of the file; returns how many
-        bytes that region spans (from ``pos`` to the last non-zero byte).
+    def zero_tail(self, pos: int, end: int | None = None) -> int:
+        """Zero every non-zero byte in ``[pos, end)`` (default: to the end of the file);
+        returns how many bytes that region spans up to its last non-zero byte.
 
-        Records may hold long runs of zeroes, so the whole rest of the file is
-        examined, not just up to the first zero run. Clearing the dirty tail keeps
-        a stale record from looking valid to a later recovery.
+        Records may hold long runs of zeroes, so the whole region is examined,
+        not just up to the first zero run. Clearing a dirty tail keeps a stale
+        record from looking valid to a later recovery.
         """
-        return self._scan_tail(pos, clear=True)
+        return self._scan_tail(pos, end, clear=True)
 
-    def dirty_bytes_from(self, pos: int) -> int:
-        """Bytes from ``pos`` to the last non-zero byte: what a truncation there drops."""
-        return self._scan_tail(pos, clear=False)
+    def dirty_bytes_from(self, pos: int, end: int | None = None) -> int:
+        """Bytes from ``pos`` to the last non-zero byte before ``end``."""
+        return self._scan_tail(pos, end, clear=False)
 
-    def _scan_tail(self, start: int, *, clear: bool) -> int:
+    def _scan_tail(self, start: int, end: int | None, *, clear: bool) -> int:
+        stop = self.file_size if end is None else min(end, self.file_size)
         data_end = start
         step = len(_ZERO_CHUNK)
-        for pos in range(start, self.file_size, step):
-            end = min(pos + step, self.file_size)
-            chunk = self._mm[pos:end]
-            if chunk == _ZERO_CHUNK[: end - pos]:
+        for pos in range(start, stop, step):
+            chunk_end = min(pos + step, stop)
+            chunk = self._mm[pos:chunk_end]
+            if chunk == _ZERO_CHUNK[: chunk_end - pos]:
                 continue
             if clear:
-                os.pwrite(self._fd, _ZERO_CHUNK[: end - pos], pos)
+                os.pwrite(self._fd, _ZERO_CHUNK[: chunk_end - pos], pos)
             data_end = pos + len(chunk.rstrip(b"\x00"))
         return data_end - start
 

@@ -17,6 +17,11 @@ from pathlib import Path
 from store.errors import CorruptFileError
 from store.mapped_file import MappedFile, file_name, parse_file_name
 
+#: How far past the last valid byte a torn append may have left bytes when the
+#: scan ended on empty space: appends are contiguous, so beyond one append's
+#: pages nothing can have been written since the last truncation zeroed it.
+TORN_WRITE_WINDOW_BYTES = 4 * 1024 * 1024
+
 
 class MappedFileQueue:
     """The files of one directory, all ``mapped_file_size`` bytes long."""
@@ -146,24 +151,28 @@ class MappedFileQueue:
             mf.wrote_position = mf.flushed_position = pos
         self.flushed_where = offset
 
-    def truncate_dirty_files(self, offset: int) -> int:
+    def truncate_dirty_files(self, offset: int, *, dirty_end: int | None = None) -> int:
         """Drop everything at and above ``offset``; returns the dirty bytes removed.
 
         The file holding ``offset`` keeps its prefix and has its tail zeroed;
-        files wholly above it are deleted.
+        files wholly above it are deleted. ``dirty_end`` bounds where non-zero
+        bytes can be (the caller knows nothing was written past it), so a
+        mostly unwritten 1 GiB file is not read end to end; None examines
+        every byte.
         """
         removed = 0
         keep: list[MappedFile] = []
         for mf in self.files:
+            limit = None if dirty_end is None else dirty_end - mf.file_from_offset
             if mf.file_end_offset <= offset:
                 keep.append(mf)
             elif mf.file_from_offset <= offset:
                 pos = offset - mf.file_from_offset
-                removed += mf.zero_tail(pos)
+                removed += mf.zero_tail(pos, limit)
                 mf.wrote_position = mf.flushed_position = pos
                 keep.append(mf)
             else:
-                removed += mf.dirty_bytes_from(0)
+                removed += mf.dirty_bytes_from(0, limit) if limit is None or limit > 0 else 0
                 mf.destroy()
         self.files = keep
         self.set_written_to(offset)

@@ -29,6 +29,7 @@ from store.consume_queue_table import ConsumeQueueTable
 from store.dispatcher import ReputMessageService
 from store.errors import CorruptRecordError
 from store.mapped_file import MappedFile
+from store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 from store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
 from store.record import (
     MESSAGE_MAGIC_CODE,
@@ -82,6 +83,8 @@ class ScanResult:
     files_scanned: int
     stop_reason: str
     last_store_timestamp_ms: int
+    #: True when the scan ended on empty space rather than on a corrupt record.
+    clean_end: bool
 
 
 #: TOTALSIZE, MAGICCODE, BODYCRC, (QUEUEID, FLAG, QUEUEOFFSET skipped), PHYSICALOFFSET, SYSFLAG.
@@ -166,9 +169,9 @@ def scan_commitlog(files: list[MappedFile], start_index: int, *, check_crc: bool
             continue
         end = mf.file_from_offset + pos
         if info.kind is RecordKind.END:
-            return ScanResult(end, scanned, "end of data", last_ts)
-        return ScanResult(end, scanned, f"{info.reason} at offset {end}", last_ts)
-    return ScanResult(offset, scanned, "end of data", last_ts)
+            return ScanResult(end, scanned, "end of data", last_ts, clean_end=True)
+        return ScanResult(end, scanned, f"{info.reason} at offset {end}", last_ts, clean_end=False)
+    return ScanResult(offset, scanned, "end of data", last_ts, clean_end=True)
 
 
 def _abnormal_start_index(files: list[MappedFile], checkpoint: StoreCheckpoint) -> int:
@@ -219,7 +222,12 @@ def recover(
     start_index = _abnormal_start_index(files, checkpoint) if abnormal else max(0, len(files) - 3)
     scan_start = files[start_index].file_from_offset
     scan = scan_commitlog(files, start_index, check_crc=check_crc)
-    truncated = commitlog.files.truncate_dirty_files(scan.valid_end)
+    # Stopped on empty space: only a torn append can lie beyond. Stopped on a corrupt
+    # record: valid-looking records may follow it, so every byte past it is cleared.
+    truncated = commitlog.files.truncate_dirty_files(
+        scan.valid_end,
+        dirty_end=scan.valid_end + TORN_WRITE_WINDOW_BYTES if scan.clean_end else None,
+    )
     last = commitlog.files.last_file
     if last is not None:
         last.store_timestamp_ms = scan.last_store_timestamp_ms

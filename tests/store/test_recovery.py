@@ -22,6 +22,7 @@ from store import ManualClock, Message, MessageStore, MessageStoreConfig, PutMes
 from store.checkpoint import RECOVERY_MARGIN_MS
 from store.config import CQ_STORE_UNIT_SIZE
 from store.mapped_file import file_name
+from store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 from store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from store.record import HEADERS
 from store.recovery import RecoveryReport
@@ -569,3 +570,32 @@ def test_a_truncated_record_never_comes_back(big_file_runner: StoreRunner) -> No
 
     assert report(store).last_valid_offset == sent[3].physical_offset
     assert store.get_max_offset_in_queue(TOPIC, 0) == 3
+
+
+def test_a_corrupt_record_clears_every_byte_after_it_even_far_past_the_torn_write_window(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """Stale but valid-looking records may follow a corrupt one: all of them are cleared."""
+    file_size = 3 * TORN_WRITE_WINDOW_BYTES
+    config = make_config(mapped_file_size_commit_log=file_size, max_message_size=file_size)
+    runner = StoreRunner(config, clock)
+    store = runner.start()
+    try:
+        first = store.put_message(Message(TOPIC, b"a" * 100, tags="a"))
+        bad = store.put_message(Message(TOPIC, b"b" * 100, tags="b"))
+        big = store.put_message(Message(TOPIC, b"c" * (TORN_WRITE_WINDOW_BYTES + 4096)))
+        last = store.put_message(Message(TOPIC, b"d" * 100, tags="d"))
+        assert first.ok and bad.ok and big.ok and last.ok
+        assert last.physical_offsets[0] > bad.physical_offsets[0] + TORN_WRITE_WINDOW_BYTES
+        runner.stop()
+        overwrite_commitlog(config, bad.physical_offsets[0] + BODY_START, bytes(16))
+
+        store = runner.start()
+
+        assert report(store).last_valid_offset == bad.physical_offsets[0]
+        assert store.get_max_offset_in_queue(TOPIC, 0) == 1
+        start = bad.physical_offsets[0]
+        assert read_commitlog(config, start, file_size - start).count(0) == file_size - start
+        assert report(store).bytes_truncated == last.physical_offsets[0] + last.sizes[0] - start
+    finally:
+        runner.stop()
