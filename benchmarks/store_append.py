@@ -9,7 +9,9 @@ Runs the storage engine in-process (no network) and prints one table:
 * **append SYNC** — 4 and 32 writer threads each call ``put_messages`` in a
   loop, once with single messages and once with batches of 16
   (``--sync-batches``); a send returns only once its bytes are fsynced,
-  concurrent sends share one fsync (group commit).
+  concurrent sends share one fsync (group commit). Two more rows send single
+  messages from 32 and 256 coroutines of one event loop through
+  ``put_messages_async``, the way an asyncio server calls the store.
 * **dispatch** — N records are written with the dispatcher stopped
   (``dispatcher.shutdown(drain=False)`` right after start), then calls of
   ``dispatcher.dispatch_available()`` are timed until it returns 0; when that
@@ -33,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -61,11 +64,14 @@ QUEUES = 8
 POOL = 1024
 
 ALL_PATHS = ("async", "sync", "dispatch", "recovery")
-#: name -> (recovery kind, description, create ``abort``, remove ``consumequeue/``)
+#: name -> (recovery kind, description, create ``abort``, remove ``consumequeue/``), run
+#: in this order: "rolled" first appends ~1 MiB so that the CommitLog rolls into a new,
+#: almost empty last file (the state right after a roll: a long zero tail to check).
 RECOVERY_VARIANTS = {
     "normal": ("normal", "clean restart (reference)", False, False),
     "kept": ("abnormal", "abort, consumequeue kept", True, False),
     "removed": ("abnormal", "abort, consumequeue removed", True, True),
+    "rolled": ("abnormal", "abort, consumequeue kept, last file just rolled", True, False),
 }
 
 # The issue's targets, on a 2-core machine.
@@ -238,6 +244,7 @@ class Settings:
     async_no_dispatch: bool
     sync_writers: tuple[int, ...]
     sync_batches: tuple[int, ...]
+    sync_async_tasks: tuple[int, ...]
     dispatch_records: int
     dispatch_max_bytes: int
     recovery_bytes: int
@@ -412,6 +419,57 @@ def bench_sync(s: Settings, body_size: int, writers: int, batch: int) -> Row:
     )
 
 
+def bench_sync_asyncio(s: Settings, body_size: int, tasks: int) -> Row:
+    """SYNC flush through ``put_messages_async``: ``tasks`` coroutines on one event loop."""
+    singles = make_batches(make_messages(body_size), 1)
+    with fresh_store(
+        s.root, f"sync-asyncio-{body_size}-{tasks}", flush_disk_type=FlushDiskType.SYNC_FLUSH
+    ) as store:
+
+        async def measure() -> tuple[int, int, float, int]:
+            counts = [0] * tasks
+            failures = [0]
+            stopping = False
+
+            async def sender(slot: int) -> None:
+                i = slot
+                while not stopping:
+                    result = await store.put_messages_async(singles[i % len(singles)])
+                    if result.status is PutStatus.PUT_OK:
+                        counts[slot] += 1
+                    else:
+                        failures[0] += 1
+                    i += tasks
+
+            running = [asyncio.create_task(sender(n)) for n in range(tasks)]
+            try:
+                await asyncio.sleep(s.warmup_s)
+                c0, l0, t0 = sum(counts), store.max_physical_offset, time.perf_counter()
+                await asyncio.sleep(s.duration_s)
+                c1, l1, t1 = sum(counts), store.max_physical_offset, time.perf_counter()
+            finally:
+                stopping = True
+                await asyncio.gather(*running)
+            return c1 - c0, l1 - l0, t1 - t0, failures[0]
+
+        count, log_bytes, seconds, failed = asyncio.run(measure())
+        load1 = os.getloadavg()[0]
+    return Row(
+        "append SYNC",
+        f"asyncio: {tasks} tasks on 1 loop, single msgs",
+        body_size,
+        count / seconds,
+        "msgs/s",
+        count,
+        seconds,
+        body_mib_s=count * body_size / seconds / MIB,
+        log_mib_s=log_bytes / seconds / MIB,
+        target=Target(TARGET_SYNC_MSGS_S) if body_size == 1 * KIB else None,
+        load1=load1,
+        note=f"{failed} sends not PUT_OK" if failed else "",
+    )
+
+
 # -- dispatch ---------------------------------------------------------------------------
 
 
@@ -532,6 +590,14 @@ def bench_recovery(s: Settings) -> list[RecoveryRun]:
     try:
         for variant in s.recovery_variants:
             kind, what, abort, remove_cq = RECOVERY_VARIANTS[variant]
+            if variant == "rolled":
+                store = MessageStore.open(config)
+                try:
+                    roll_at = store.max_physical_offset + s.recovery_file_size
+                    roll_at -= roll_at % s.recovery_file_size
+                    written += fill(store, messages, records=1 << 62, max_bytes=roll_at + MIB)
+                finally:
+                    store.shutdown()
             report, seconds, log_bytes = _timed_start(
                 config, abort=abort, remove_cq=remove_cq, cold=s.cold_cache
             )
@@ -580,13 +646,13 @@ def _path_list(text: str) -> tuple[str, ...]:
 
 
 def _variant_list(text: str) -> tuple[str, ...]:
-    names = tuple(x for x in text.split(",") if x)
-    unknown = set(names) - set(RECOVERY_VARIANTS)
+    names = {x for x in text.split(",") if x}
+    unknown = names - set(RECOVERY_VARIANTS)
     if unknown:
         raise argparse.ArgumentTypeError(
             f"unknown variants {sorted(unknown)}; pick from {tuple(RECOVERY_VARIANTS)}"
         )
-    return names
+    return tuple(v for v in RECOVERY_VARIANTS if v in names)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -611,6 +677,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=_int_list,
         default=(1, 16),
         help="messages per SYNC send, one set of rows each (default 1,16)",
+    )
+    p.add_argument(
+        "--sync-async-tasks",
+        type=_int_list,
+        default=(32, 256),
+        help="coroutines sending single messages via put_messages_async (default 32,256)",
     )
     p.add_argument(
         "--dispatch-records", type=int, help="records per dispatch cell (default 1,000,000)"
@@ -656,6 +728,7 @@ def settings_from(args: argparse.Namespace, root: Path) -> Settings:
         async_no_dispatch=not args.no_async_undispatched,
         sync_writers=args.sync_writers,
         sync_batches=args.sync_batches,
+        sync_async_tasks=args.sync_async_tasks,
         dispatch_records=args.dispatch_records or (20_000 if quick else 1_000_000),
         dispatch_max_bytes=(args.dispatch_max_mib or (64 if quick else 2048)) * MIB,
         recovery_bytes=recovery_bytes,
@@ -680,6 +753,9 @@ def run(s: Settings) -> tuple[list[Row], list[RecoveryRun]]:
                 for writers in s.sync_writers:
                     _progress(f"append SYNC {_size(size)} {writers} writers x {batch}")
                     rows.append(bench_sync(s, size, writers, batch))
+            for tasks in s.sync_async_tasks:
+                _progress(f"append SYNC {_size(size)} asyncio {tasks} tasks")
+                rows.append(bench_sync_asyncio(s, size, tasks))
         if "dispatch" in s.paths:
             _progress(f"dispatch {_size(size)}")
             rows.append(bench_dispatch(s, size))
