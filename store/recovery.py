@@ -85,6 +85,8 @@ class ScanResult:
     last_store_timestamp_ms: int
     #: True when the scan ended on empty space rather than on a corrupt record.
     clean_end: bool
+    #: Offset of the first record stored after the scan's ``newer_than_ms``; -1 if none.
+    first_newer_offset: int
 
 
 #: TOTALSIZE, MAGICCODE, BODYCRC, (QUEUEID, FLAG, QUEUEOFFSET skipped), PHYSICALOFFSET, SYSFLAG.
@@ -95,8 +97,11 @@ _SHORT = struct.Struct(">h")
 _MIN_RECORD_SIZE = record_size(0, 0, 0)
 
 
-def _scan_file(mf: MappedFile, check_crc: bool) -> tuple[int, RecordInfo, int]:
-    """Walk one file's records; returns (end position, what stopped the walk, last store ts).
+def _scan_file(
+    mf: MappedFile, check_crc: bool, newer_than_ms: int
+) -> tuple[int, RecordInfo, int, int]:
+    """Walk one file's records; returns (end position, what stopped the walk, last store
+    ts, position of the first record stored after ``newer_than_ms`` or -1).
 
     The loop validates what :func:`check_record` validates, inline and without
     allocating, because recovery reads every byte of up to three (or, after a
@@ -109,6 +114,7 @@ def _scan_file(mf: MappedFile, check_crc: bool) -> tuple[int, RecordInfo, int]:
     head_size = _SCAN_HEAD.size
     good_topics: set[bytes] = set()
     last_ts = 0
+    first_newer = -1
     pos = 0
     with memoryview(buf) as view:
         while True:
@@ -143,35 +149,44 @@ def _scan_file(mf: MappedFile, check_crc: bool) -> tuple[int, RecordInfo, int]:
                     good_topics.add(topic)
                 if check_crc and zlib.crc32(view[body : body + body_len]) & 0x7FFFFFFF != crc:
                     break
+                if store_ts > newer_than_ms and first_newer < 0:
+                    first_newer = pos
                 last_ts = store_ts
                 pos = end
             info = check_record(
                 buf, pos, file_size, check_crc=check_crc, expected_offset=base + pos
             )
             if info.kind is not RecordKind.MESSAGE:
-                return pos, info, last_ts
+                return pos, info, last_ts, first_newer
             # The fast loop is stricter than it needs to be here: take check_record's word.
             last_ts = info.store_timestamp_ms
+            if last_ts > newer_than_ms and first_newer < 0:
+                first_newer = pos
             pos += info.size
 
 
-def scan_commitlog(files: list[MappedFile], start_index: int, *, check_crc: bool) -> ScanResult:
+def scan_commitlog(
+    files: list[MappedFile], start_index: int, *, check_crc: bool, newer_than_ms: int = -1
+) -> ScanResult:
     """Walk records from ``files[start_index]`` to the first invalid one."""
     offset = files[start_index].file_from_offset
     last_ts = 0
+    first_newer = -1
     scanned = 0
     for mf in files[start_index:]:
         scanned += 1
-        pos, info, file_ts = _scan_file(mf, check_crc)
+        pos, info, file_ts, file_first_newer = _scan_file(mf, check_crc, newer_than_ms)
         last_ts = file_ts or last_ts
+        if first_newer < 0 and file_first_newer >= 0:
+            first_newer = mf.file_from_offset + file_first_newer
         if info.kind is RecordKind.BLANK:
             offset = mf.file_end_offset
             continue
         end = mf.file_from_offset + pos
-        if info.kind is RecordKind.END:
-            return ScanResult(end, scanned, "end of data", last_ts, clean_end=True)
-        return ScanResult(end, scanned, f"{info.reason} at offset {end}", last_ts, clean_end=False)
-    return ScanResult(offset, scanned, "end of data", last_ts, clean_end=True)
+        clean = info.kind is RecordKind.END
+        reason = "end of data" if clean else f"{info.reason} at offset {end}"
+        return ScanResult(end, scanned, reason, last_ts, clean, first_newer)
+    return ScanResult(offset, scanned, "end of data", last_ts, True, first_newer)
 
 
 def _abnormal_start_index(files: list[MappedFile], checkpoint: StoreCheckpoint) -> int:
@@ -221,7 +236,8 @@ def recover(
 
     start_index = _abnormal_start_index(files, checkpoint) if abnormal else max(0, len(files) - 3)
     scan_start = files[start_index].file_from_offset
-    scan = scan_commitlog(files, start_index, check_crc=check_crc)
+    min_ts = checkpoint.min_timestamp_ms()
+    scan = scan_commitlog(files, start_index, check_crc=check_crc, newer_than_ms=min_ts)
     # Stopped on empty space: only a torn append can lie beyond. Stopped on a corrupt
     # record: valid-looking records may follow it, so every byte past it is cleared.
     truncated = commitlog.files.truncate_dirty_files(
@@ -240,9 +256,10 @@ def recover(
     cq_end = consume_queues.max_physic_offset()
     reput_from = max(cq_end, commitlog.min_offset)
     if abnormal:
-        # Records after the checkpoint may be missing from any queue: re-dispatch them;
-        # units already present are skipped.
-        reput_from = min(reput_from, scan_start)
+        # Records stored after the checkpoint's minimum may be missing from any queue:
+        # re-dispatch from the first of them (units already present are skipped).
+        newer = scan.first_newer_offset if scan.first_newer_offset >= 0 else scan.valid_end
+        reput_from = min(reput_from, newer)
     dispatcher.reput_from_offset = min(reput_from, scan.valid_end)
     while dispatcher.dispatch_available():
         pass
