@@ -44,6 +44,41 @@ _INT = struct.Struct(">i")
 _SHORT = struct.Struct(">h")
 _TAGS = PROPERTY_TAGS.encode()
 _MIN_RECORD_SIZE = record_size(0, 0, 0)
+_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+#: A record with IPv4 hosts up to BODYLEN: TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET,
+#: PHYSICALOFFSET, SYSFLAG, STORETIMESTAMP and BODYLEN; the rest is skipped.
+_V4_HEAD = struct.Struct(
+    ">"
+    "i"  # TOTALSIZE
+    "I"  # MAGICCODE
+    "4x"  # BODYCRC
+    "i"  # QUEUEID
+    "4x"  # FLAG
+    "q"  # QUEUEOFFSET
+    "q"  # PHYSICALOFFSET
+    "i"  # SYSFLAG
+    "8x"  # BORNTIMESTAMP
+    "8x"  # BORNHOST
+    "q"  # STORETIMESTAMP
+    "8x"  # STOREHOSTADDRESS
+    "12x"  # RECONSUMETIMES, PREPARED_TX_OFFSET
+    "i"  # BODYLEN
+)
+_TAGS_NEEDLE = _TAGS + b"\x01"
+
+
+def _find_tags(buf: bytes, start: int, end: int) -> bytes | None:
+    """The TAGS value inside ``buf[start:end]`` (a properties block), found in place."""
+    i = buf.find(_TAGS_NEEDLE, start, end)
+    if i < 0:
+        return None
+    if i != start and buf[i - 1] != 2:  # matched inside another name, e.g. XTAGS
+        return property_value(buf[start:end], _TAGS)
+    value = i + len(_TAGS_NEEDLE)
+    j = buf.find(b"\x02", value, end)
+    return buf[value : end if j < 0 else j]
+
+
 #: Pause between dispatch rounds: the visibility latency a send may see.
 DISPATCH_PAUSE_S = 0.001
 
@@ -114,7 +149,9 @@ class ReputMessageService:
         return max(0, self.commitlog.max_offset - self.reput_from_offset)
 
     def wakeup(self) -> None:
-        self._wakeup.set()
+        # Called after every append: skip the Event's lock when a wake-up is pending.
+        if not self._wakeup.is_set():
+            self._wakeup.set()
 
     def start(self) -> None:
         self._stopping = False
@@ -194,7 +231,15 @@ class ReputMessageService:
         next_offset: int | None = None
         pos = consumed = 0
         while pos + SIZE_AND_MAGIC.size <= len(buf):
-            size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
+            if pos + _V4_HEAD.size <= len(buf):
+                # IPv4 hosts (the common case): every field the dispatcher needs at once.
+                size, magic, queue_id, queue_offset, phys, sys_flag, store_ts, body_len = (
+                    _V4_HEAD.unpack_from(buf, pos)
+                )
+                v4 = not sys_flag & _V6_FLAGS
+            else:
+                size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
+                v4 = False
             if magic == BLANK_MAGIC_CODE:
                 next_offset = commitlog.roll_next_file(mf.file_from_offset)
                 consumed += 1
@@ -210,15 +255,19 @@ class ReputMessageService:
                     break
                 buf = mf.read(rel, size)  # one record larger than a batch
                 continue
-            _, _, _, queue_id, _, queue_offset, phys, sys_flag, _ = PREFIX.unpack_from(buf, pos)
+            if v4:
+                p = pos + _V4_HEAD.size + body_len
+            else:
+                _, _, _, queue_id, _, queue_offset, phys, sys_flag, _ = PREFIX.unpack_from(buf, pos)
+                p = pos + PREFIX.size + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
+                (store_ts,) = _LONG.unpack_from(buf, p)
+                p += 8 + (20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8) + 12
+                (body_len,) = _INT.unpack_from(buf, p)
+                p += 4 + body_len
             if phys != start + pos:
                 self._stall(start + pos, f"record claims physical offset {phys}")
                 break
-            p = pos + PREFIX.size + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
-            (last_ts,) = _LONG.unpack_from(buf, p)
-            p += 8 + (20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8) + 12
-            (body_len,) = _INT.unpack_from(buf, p)
-            p += 4 + body_len
+            last_ts = store_ts
             topic_len = buf[p]
             topic = buf[p + 1 : p + 1 + topic_len].decode("utf-8")
             p += 1 + topic_len
@@ -232,12 +281,12 @@ class ReputMessageService:
                 pos += size
                 consumed += 1
                 continue
-            (props_len,) = _SHORT.unpack_from(buf, p)
-            props = buf[p + 2 : p + 2 + props_len]
             if is_dispatchable(sys_flag):
+                props_start = p + 2
+                props_end = props_start + ((buf[p] << 8) | buf[p + 1])
                 tags_code = 0
-                if props:
-                    raw_tags = property_value(props, _TAGS)
+                if props_end > props_start:
+                    raw_tags = _find_tags(buf, props_start, props_end)
                     if raw_tags:
                         tags_code = tags_codes.get(raw_tags) or self._tags_code(raw_tags)
                 entries[key].append((queue_offset, phys, size, tags_code))
@@ -249,10 +298,10 @@ class ReputMessageService:
                             phys,
                             size,
                             tags_code,
-                            last_ts,
+                            store_ts,
                             queue_offset,
                             sys_flag,
-                            props,
+                            buf[props_start:props_end],
                         )
                     )
             pos += size

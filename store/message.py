@@ -155,6 +155,16 @@ class Message:
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
 
+    def encoded_properties(self) -> bytes:
+        """``encode_properties(self.all_properties())``, without the dict copy when the
+        message has only a tag and keys (the common case on the send path)."""
+        if self.properties:
+            return encode_properties(self.all_properties())
+        text = f"{PROPERTY_TAGS}\x01{self.tags}\x02" if self.tags else ""
+        if self.keys:
+            text += f"{PROPERTY_KEYS}\x01{KEY_SEPARATOR.join(self.keys)}\x02"
+        return text.encode("utf-8")
+
     def all_properties(self) -> dict[str, str]:
         """The properties as stored: user properties plus TAGS and KEYS."""
         props = dict(self.properties)

@@ -43,7 +43,7 @@ from store.flush import (
     GroupCommitService,
     flush_commitlog,
 )
-from store.message import Message, MessageRecord, encode_properties, offset_msg_id
+from store.message import Message, MessageRecord, offset_msg_id
 from store.record import EncodedMessage
 from store.recovery import RecoveryReport, recover
 
@@ -276,7 +276,7 @@ class MessageStore:
                     PutStatus.MESSAGE_ILLEGAL,
                     f"body of {len(m.body)} bytes exceeds max_message_size {cfg.max_message_size}",
                 )
-            props = encode_properties(m.all_properties())
+            props = m.encoded_properties()
             if len(props) > MAX_PROPERTIES_SIZE:
                 return _refused(
                     PutStatus.PROPERTIES_SIZE_EXCEEDED,

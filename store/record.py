@@ -28,6 +28,7 @@ with ``[int free bytes][int 0xCBD43194]``; the record goes to the next file.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 import zlib
@@ -218,6 +219,7 @@ class EncodedMessage:
 _HOST_CACHE: dict[str, tuple[bytes, int]] = {}
 
 
+@functools.lru_cache(maxsize=64)
 def _split_host(raw: bytes) -> tuple[bytes, int]:
     """RocketMQ host bytes to (ip bytes, port)."""
     return raw[:-4], _INT.unpack_from(raw, len(raw) - 4)[0]

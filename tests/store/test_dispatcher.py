@@ -168,6 +168,24 @@ def test_tags_code_in_the_consume_queue_is_the_java_hash_of_the_tag(store: Messa
     assert codes[-2:] == [0, 0]
 
 
+def test_tags_code_ignores_properties_whose_name_merely_ends_in_tags(
+    store: MessageStore,
+) -> None:
+    pause_dispatcher(store)
+    messages = [
+        Message("Tags", b"x", properties={"XTAGS": "decoy"}, tags="real"),
+        Message("Tags", b"x", properties={"XTAGS": "decoy"}),
+        Message("Tags", b"x", properties={"a": "TAGS\x01inside-a-value"}, tags="t"),
+    ]
+    assert store.put_messages(messages).ok
+    dispatch_all(store)
+
+    queue = store.get_consume_queue("Tags", 0)
+    assert queue is not None
+    codes = [code for _, _, _, code in queue.iter_units()]
+    assert codes == [tags_code("real"), 0, tags_code("t")]
+
+
 def test_consume_queue_units_point_at_their_records(store: MessageStore) -> None:
     pause_dispatcher(store)
     _write_mixed(store, 200)
