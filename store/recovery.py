@@ -33,7 +33,6 @@ from store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 from store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
 from store.record import (
     MESSAGE_MAGIC_CODE,
-    PREFIX,
     RecordInfo,
     RecordKind,
     check_record,
@@ -89,10 +88,21 @@ class ScanResult:
     first_newer_offset: int
 
 
-#: TOTALSIZE, MAGICCODE, BODYCRC, (QUEUEID, FLAG, QUEUEOFFSET skipped), PHYSICALOFFSET, SYSFLAG.
-_SCAN_HEAD = struct.Struct(">iIi16xqi")
-_LONG = struct.Struct(">q")
-_INT = struct.Struct(">i")
+#: What the scan needs of a record with IPv4 hosts, up to BODYLEN, in one unpack.
+_SCAN_HEAD = struct.Struct(
+    ">"
+    "i"  # TOTALSIZE
+    "I"  # MAGICCODE
+    "i"  # BODYCRC
+    "16x"  # QUEUEID, FLAG, QUEUEOFFSET
+    "q"  # PHYSICALOFFSET
+    "i"  # SYSFLAG
+    "16x"  # BORNTIMESTAMP, BORNHOST
+    "q"  # STORETIMESTAMP
+    "20x"  # STOREHOSTADDRESS, RECONSUMETIMES, PREPARED_TX_OFFSET
+    "i"  # BODYLEN
+)
+_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 _SHORT = struct.Struct(">h")
 _MIN_RECORD_SIZE = record_size(0, 0, 0)
 
@@ -119,20 +129,19 @@ def _scan_file(
     with memoryview(buf) as view:
         while True:
             while pos + head_size <= file_size:
-                size, magic, crc, phys, sys_flag = _SCAN_HEAD.unpack_from(buf, pos)
+                size, magic, crc, phys, sys_flag, store_ts, body_len = _SCAN_HEAD.unpack_from(
+                    buf, pos
+                )
                 end = pos + size
                 if (
                     magic != MESSAGE_MAGIC_CODE
                     or size < _MIN_RECORD_SIZE
                     or end > file_size
                     or phys != base + pos
+                    or sys_flag & _V6_FLAGS  # IPv6 hosts: check_record's longer way
                 ):
                     break
-                p = pos + PREFIX.size + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
-                (store_ts,) = _LONG.unpack_from(buf, p)
-                p += 8 + (20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8) + 12
-                (body_len,) = _INT.unpack_from(buf, p)
-                body = p + 4
+                body = pos + head_size
                 p = body + body_len
                 if body_len < 0 or p + 3 > end:
                     break
