@@ -53,13 +53,16 @@ class StoreCheckpoint:
                     self._set_from(data)
             return
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        size = os.fstat(self._fd).st_size
-        if size not in (0, CHECKPOINT_FILE_SIZE):
+        try:
+            size = os.fstat(self._fd).st_size
+            if size not in (0, CHECKPOINT_FILE_SIZE):
+                raise CorruptFileError(path, f"size {size}, expected {CHECKPOINT_FILE_SIZE}")
+            if size == 0:
+                os.ftruncate(self._fd, CHECKPOINT_FILE_SIZE)
+            self._mm = mmap.mmap(self._fd, CHECKPOINT_FILE_SIZE)
+        except BaseException:
             os.close(self._fd)
-            raise CorruptFileError(path, f"size {size}, expected {CHECKPOINT_FILE_SIZE}")
-        if size == 0:
-            os.ftruncate(self._fd, CHECKPOINT_FILE_SIZE)
-        self._mm = mmap.mmap(self._fd, CHECKPOINT_FILE_SIZE)
+            raise
         self._set_from(self._mm)
 
     def _set_from(self, data: bytes | mmap.mmap) -> None:

@@ -57,6 +57,7 @@ class CommitLog:
         self.put_lock = threading.Lock()
         self._on_append: list[Callable[[], None]] = []
         self.closed_for_writes = False
+        self._last_store_timestamp_ms = 0
 
     def close_for_writes(self) -> None:
         """Refuse every later append; waits for an append in progress to finish."""
@@ -104,7 +105,10 @@ class CommitLog:
         with self.put_lock:
             if self.closed_for_writes:
                 raise StoreClosedError("the store is shut down")
-            store_timestamp_ms = clock.now_ms()
+            # Never backwards along the log, even if the wall clock steps back:
+            # recovery's start file and re-dispatch point rely on that order.
+            store_timestamp_ms = max(clock.now_ms(), self._last_store_timestamp_ms)
+            self._last_store_timestamp_ms = store_timestamp_ms
             table = self.topic_queue_table
             # Queue offsets taken by records not yet written: merged into the table
             # only once their bytes are, so a failed write consumes no offsets.

@@ -13,6 +13,8 @@ Concurrency: one writer thread appends; any thread may read bytes below
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -20,7 +22,23 @@ from pathlib import Path
 from store.errors import CorruptFileError
 
 FILE_NAME_DIGITS = 20
+#: errno values meaning "this filesystem cannot preallocate": fall back to a sparse file.
+_NO_FALLOCATE = frozenset((errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS))
 _ZERO_CHUNK = bytes(64 * 1024)
+
+
+def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
+    """Write all of ``data`` at ``pos``; a short write is retried, no progress raises.
+
+    Positions move only after this returns, so a failed write is never counted.
+    """
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, pos)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "short write: no space left on device")
+        view = view[written:]
+        pos += written
 
 
 def file_name(offset: int) -> str:
@@ -68,6 +86,7 @@ class MappedFile:
         self.first_create_in_queue = False
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         self._fd = os.open(path, flags, 0o644)
+        actual = -1
         try:
             actual = os.fstat(self._fd).st_size
             if actual == 0 and not read_only:
@@ -76,14 +95,19 @@ class MappedFile:
                 # sparse file, which allocates a block per fresh page.
                 try:
                     os.posix_fallocate(self._fd, 0, file_size)
-                except OSError:
-                    os.ftruncate(self._fd, file_size)  # filesystems without fallocate
+                except OSError as e:
+                    if e.errno not in _NO_FALLOCATE:
+                        raise  # ENOSPC above all: refuse the file rather than go sparse
+                    os.ftruncate(self._fd, file_size)
             elif actual != file_size:
                 raise CorruptFileError(path, f"size {actual} but data files are {file_size} bytes")
             access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
             self._mm = mmap.mmap(self._fd, file_size, access=access)
         except BaseException:
             os.close(self._fd)
+            if not read_only and actual == 0:
+                # Never leave a half-made file behind: the next load would refuse it.
+                path.unlink(missing_ok=True)
             raise
 
     def __repr__(self) -> str:
@@ -113,12 +137,19 @@ class MappedFile:
             raise ValueError(f"{self.path.name}: append of {len(data)} bytes past the end")
         # pwrite rather than a store through the mapping: the bytes land in the same
         # page cache the mapping reads, without a page fault per fresh 4 KiB page.
-        os.pwrite(self._fd, data, self.wrote_position)
+        try:
+            _pwrite_all(self._fd, data, self.wrote_position)
+        except OSError:
+            # A failed append must leave no complete records behind it: a restart
+            # would otherwise recover records whose send was reported as failed.
+            with contextlib.suppress(OSError):
+                _pwrite_all(self._fd, bytes(len(data)), self.wrote_position)
+            raise
         self.wrote_position = end
 
     def write_at(self, pos: int, data: bytes) -> None:
         """Overwrite bytes at ``pos`` without moving positions (recovery, fills)."""
-        os.pwrite(self._fd, data, pos)
+        _pwrite_all(self._fd, data, pos)
 
     def read(self, pos: int, size: int) -> bytes:
         """Copy ``size`` bytes from ``pos``; callers stay below ``wrote_position``."""
@@ -156,7 +187,7 @@ class MappedFile:
             if chunk == _ZERO_CHUNK[: chunk_end - pos]:
                 continue
             if clear:
-                os.pwrite(self._fd, _ZERO_CHUNK[: chunk_end - pos], pos)
+                _pwrite_all(self._fd, _ZERO_CHUNK[: chunk_end - pos], pos)
             data_end = pos + len(chunk.rstrip(b"\x00"))
         return data_end - start
 

@@ -20,7 +20,9 @@ from store.mapped_file import MappedFile, file_name, parse_file_name
 #: How far past the last valid byte a torn append may have left bytes when the
 #: scan ended on empty space: appends are contiguous, so beyond one append's
 #: pages nothing can have been written since the last truncation zeroed it.
-TORN_WRITE_WINDOW_BYTES = 4 * 1024 * 1024
+#: Larger than the largest record (4 MiB body + properties). Any non-zero byte
+#: inside the window means damage, and then the whole rest of the file is cleared.
+TORN_WRITE_WINDOW_BYTES = 8 * 1024 * 1024
 
 
 class MappedFileQueue:
@@ -168,7 +170,12 @@ class MappedFileQueue:
                 keep.append(mf)
             elif mf.file_from_offset <= offset:
                 pos = offset - mf.file_from_offset
-                removed += mf.zero_tail(pos, limit)
+                cleared = mf.zero_tail(pos, limit)
+                if cleared and limit is not None:
+                    # Bytes where nothing should be: the "empty" end was damage, and
+                    # anything may lie further on. Clear the whole rest of the file.
+                    cleared = max(cleared, mf.zero_tail(pos + cleared))
+                removed += cleared
                 mf.wrote_position = mf.flushed_position = pos
                 keep.append(mf)
             else:

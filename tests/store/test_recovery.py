@@ -599,3 +599,38 @@ def test_a_corrupt_record_clears_every_byte_after_it_even_far_past_the_torn_writ
         assert report(store).bytes_truncated == last.physical_offsets[0] + last.sizes[0] - start
     finally:
         runner.stop()
+
+
+def test_a_record_with_a_zeroed_header_clears_the_rest_of_its_file(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """Zeroes where a record should start look like the end of data; what follows is
+    damage, and must not come back once new records reach it."""
+    file_size = 2 * TORN_WRITE_WINDOW_BYTES
+    config = make_config(mapped_file_size_commit_log=file_size)
+    runner = StoreRunner(config, clock)
+    store = runner.start()
+    try:
+        body = b"x" * 4000
+        sent = [store.put_message(Message(TOPIC, body)) for _ in range(3000)]
+        assert all(r.ok for r in sent)
+        runner.stop()
+        cut = sent[10].physical_offsets[0]
+        overwrite_commitlog(config, cut, bytes(8))
+
+        store = runner.start()
+        assert report(store).last_valid_offset == cut
+        start_of_file_tail = cut % file_size
+        tail = read_commitlog(config, cut, file_size - start_of_file_tail)
+        assert tail.count(0) == len(tail)
+
+        # New records of the same size end exactly where old ones started.
+        resent = [store.put_message(Message(TOPIC, b"y" * 4000)) for _ in range(2500)]
+        assert all(r.ok for r in resent)
+        end = store.max_physical_offset
+        store = runner.restart()
+        assert store.max_physical_offset == end
+        assert report(store).last_valid_offset == end
+        assert store.get_max_offset_in_queue(TOPIC, 0) == 10 + 2500
+    finally:
+        runner.stop()
