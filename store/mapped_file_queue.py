@@ -15,6 +15,7 @@ import contextlib
 from pathlib import Path
 
 from store.errors import CorruptFileError
+from store.files import fsync_dir
 from store.mapped_file import MappedFile, file_name, parse_file_name
 
 #: How far past the last valid byte a torn append may have left bytes when the
@@ -122,6 +123,8 @@ class MappedFileQueue:
             raise CorruptFileError(self.directory / file_name(offset), "read-only queue")
         self.directory.mkdir(parents=True, exist_ok=True)
         mf = MappedFile(self.directory / file_name(offset), self.mapped_file_size)
+        # The new name must survive a power loss as surely as the bytes fsynced into it.
+        fsync_dir(self.directory)
         mf.first_create_in_queue = first
         self.files = [*self.files, mf]
         return mf
