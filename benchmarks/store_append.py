@@ -168,6 +168,35 @@ class Row:
         return "met" if self.target.met(self.rate) else "NOT MET"
 
 
+def append_row(
+    path: str,
+    config: str,
+    body_size: int,
+    count: int,
+    seconds: float,
+    log_bytes: int,
+    *,
+    target: Target | None,
+    load1: float,
+    note: str = "",
+) -> Row:
+    """A msgs/s row of an append cell, with its payload and CommitLog throughput."""
+    return Row(
+        path,
+        config,
+        body_size,
+        count / seconds,
+        "msgs/s",
+        count,
+        seconds,
+        body_mib_s=count * body_size / seconds / MIB,
+        log_mib_s=log_bytes / seconds / MIB,
+        target=target,
+        load1=load1,
+        note=note,
+    )
+
+
 def _num(x: float) -> str:
     if x >= 100:
         return f"{x:,.0f}"
@@ -346,16 +375,13 @@ def bench_async(s: Settings, body_size: int, batch: int, *, dispatching: bool = 
         log_bytes = store.max_physical_offset - log_before
         load1 = os.getloadavg()[0]
     target = Target(TARGET_ASYNC_MSGS_S) if body_size == 1 * KIB and batch == 64 else None
-    return Row(
+    return append_row(
         "append ASYNC",
         f"1 thread, batch {batch}" + ("" if dispatching else ", dispatcher stopped"),
         body_size,
-        count / seconds,
-        "msgs/s",
         count,
         seconds,
-        body_mib_s=count * body_size / seconds / MIB,
-        log_mib_s=log_bytes / seconds / MIB,
+        log_bytes,
         target=target,
         load1=load1,
     )
@@ -403,16 +429,13 @@ def bench_sync(s: Settings, body_size: int, writers: int, batch: int) -> Row:
         load1 = os.getloadavg()[0]
     count, seconds = c1 - c0, t1 - t0
     what = "single msgs" if batch == 1 else f"batches of {batch}"
-    return Row(
+    return append_row(
         "append SYNC",
         f"{writers} threads, {what}",
         body_size,
-        count / seconds,
-        "msgs/s",
         count,
         seconds,
-        body_mib_s=count * body_size / seconds / MIB,
-        log_mib_s=(l1 - l0) / seconds / MIB,
+        l1 - l0,
         target=Target(TARGET_SYNC_MSGS_S) if body_size == 1 * KIB else None,
         load1=load1,
         note=f"{sum(failures)} sends not PUT_OK" if sum(failures) else "",
@@ -454,16 +477,13 @@ def bench_sync_asyncio(s: Settings, body_size: int, tasks: int) -> Row:
 
         count, log_bytes, seconds, failed = asyncio.run(measure())
         load1 = os.getloadavg()[0]
-    return Row(
+    return append_row(
         "append SYNC",
         f"asyncio: {tasks} tasks on 1 loop, single msgs",
         body_size,
-        count / seconds,
-        "msgs/s",
         count,
         seconds,
-        body_mib_s=count * body_size / seconds / MIB,
-        log_mib_s=log_bytes / seconds / MIB,
+        log_bytes,
         target=Target(TARGET_SYNC_MSGS_S) if body_size == 1 * KIB else None,
         load1=load1,
         note=f"{failed} sends not PUT_OK" if failed else "",
