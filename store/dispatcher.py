@@ -64,21 +64,6 @@ _V4_HEAD = struct.Struct(
     "12x"  # RECONSUMETIMES, PREPARED_TX_OFFSET
     "i"  # BODYLEN
 )
-_TAGS_NEEDLE = _TAGS + b"\x01"
-
-
-def _find_tags(buf: bytes, start: int, end: int) -> bytes | None:
-    """The TAGS value inside ``buf[start:end]`` (a properties block), found in place."""
-    i = buf.find(_TAGS_NEEDLE, start, end)
-    if i < 0:
-        return None
-    if i != start and buf[i - 1] != 2:  # matched inside another name, e.g. XTAGS
-        return property_value(buf[start:end], _TAGS)
-    value = i + len(_TAGS_NEEDLE)
-    j = buf.find(b"\x02", value, end)
-    return buf[value : end if j < 0 else j]
-
-
 #: Pause between dispatch rounds: the visibility latency a send may see.
 DISPATCH_PAUSE_S = 0.001
 
@@ -286,7 +271,7 @@ class ReputMessageService:
                 props_end = props_start + ((buf[p] << 8) | buf[p + 1])
                 tags_code = 0
                 if props_end > props_start:
-                    raw_tags = _find_tags(buf, props_start, props_end)
+                    raw_tags = property_value(buf, _TAGS, props_start, props_end)
                     if raw_tags:
                         tags_code = tags_codes.get(raw_tags) or self._tags_code(raw_tags)
                 entries[key].append((queue_offset, phys, size, tags_code))

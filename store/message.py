@@ -72,22 +72,28 @@ def decode_properties(data: bytes) -> dict[str, str]:
     return out
 
 
-def property_value(data: bytes, name: bytes) -> bytes | None:
+def property_value(
+    data: bytes, name: bytes, start: int = 0, end: int | None = None
+) -> bytes | None:
     """Find one property's raw value without decoding the rest.
 
-    ``name`` is the UTF-8 name; the match must start the string or follow a
-    ``\\x02`` so that ``XTAGS`` never matches ``TAGS``.
+    Searches the properties block ``data[start:end]`` in place (the dispatcher
+    passes a whole CommitLog chunk and the block's bounds, so nothing is
+    sliced but the value). ``name`` is the UTF-8 name; the match must start
+    the block or follow a ``\x02`` so that ``XTAGS`` never matches ``TAGS``.
     """
+    if end is None:
+        end = len(data)
     needle = name + b"\x01"
-    start = 0
+    block_start = start
     while True:
-        i = data.find(needle, start)
+        i = data.find(needle, start, end)
         if i < 0:
             return None
-        if i == 0 or data[i - 1] == 2:
+        if i == block_start or data[i - 1] == 2:
             j = i + len(needle)
-            end = data.find(b"\x02", j)
-            return data[j:] if end < 0 else data[j:end]
+            value_end = data.find(b"\x02", j, end)
+            return data[j : end if value_end < 0 else value_end]
         start = i + 1
 
 
