@@ -35,7 +35,15 @@ from store.message import (
     is_dispatchable,
     property_value,
 )
-from store.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, PREFIX, SIZE_AND_MAGIC, record_size
+from store.record import (
+    BLANK_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE,
+    MIN_RECORD_SIZE,
+    PREFIX,
+    SIZE_AND_MAGIC,
+    V4_HEAD,
+    V6_HOST_FLAGS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,27 +51,6 @@ _LONG = struct.Struct(">q")
 _INT = struct.Struct(">i")
 _SHORT = struct.Struct(">h")
 _TAGS = PROPERTY_TAGS.encode()
-_MIN_RECORD_SIZE = record_size(0, 0, 0)
-_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
-#: A record with IPv4 hosts up to BODYLEN: TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET,
-#: PHYSICALOFFSET, SYSFLAG, STORETIMESTAMP and BODYLEN; the rest is skipped.
-_V4_HEAD = struct.Struct(
-    ">"
-    "i"  # TOTALSIZE
-    "I"  # MAGICCODE
-    "4x"  # BODYCRC
-    "i"  # QUEUEID
-    "4x"  # FLAG
-    "q"  # QUEUEOFFSET
-    "q"  # PHYSICALOFFSET
-    "i"  # SYSFLAG
-    "8x"  # BORNTIMESTAMP
-    "8x"  # BORNHOST
-    "q"  # STORETIMESTAMP
-    "8x"  # STOREHOSTADDRESS
-    "12x"  # RECONSUMETIMES, PREPARED_TX_OFFSET
-    "i"  # BODYLEN
-)
 #: Pause between dispatch rounds: the visibility latency a send may see.
 DISPATCH_PAUSE_S = 0.001
 
@@ -216,12 +203,12 @@ class ReputMessageService:
         next_offset: int | None = None
         pos = consumed = 0
         while pos + SIZE_AND_MAGIC.size <= len(buf):
-            if pos + _V4_HEAD.size <= len(buf):
+            if pos + V4_HEAD.size <= len(buf):
                 # IPv4 hosts (the common case): every field the dispatcher needs at once.
-                size, magic, queue_id, queue_offset, phys, sys_flag, store_ts, body_len = (
-                    _V4_HEAD.unpack_from(buf, pos)
+                size, magic, _, queue_id, queue_offset, phys, sys_flag, store_ts, body_len = (
+                    V4_HEAD.unpack_from(buf, pos)
                 )
-                v4 = not sys_flag & _V6_FLAGS
+                v4 = not sys_flag & V6_HOST_FLAGS
             else:
                 size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
                 v4 = False
@@ -229,7 +216,7 @@ class ReputMessageService:
                 next_offset = commitlog.roll_next_file(mf.file_from_offset)
                 consumed += 1
                 break
-            if magic != MESSAGE_MAGIC_CODE or size < _MIN_RECORD_SIZE:
+            if magic != MESSAGE_MAGIC_CODE or size < MIN_RECORD_SIZE:
                 self._stall(start + pos, f"bad magic 0x{magic:08X} or size {size}")
                 break
             if pos + size > len(buf):
@@ -241,7 +228,7 @@ class ReputMessageService:
                 buf = mf.read(rel, size)  # one record larger than a batch
                 continue
             if v4:
-                p = pos + _V4_HEAD.size + body_len
+                p = pos + V4_HEAD.size + body_len
             else:
                 _, _, _, queue_id, _, queue_offset, phys, sys_flag, _ = PREFIX.unpack_from(buf, pos)
                 p = pos + PREFIX.size + (20 if sys_flag & BORNHOST_V6_FLAG else 8)

@@ -68,6 +68,25 @@ PREFIX = struct.Struct(
     "i"  # SYSFLAG
     "q"  # BORNTIMESTAMP
 )
+#: A record with IPv4 hosts (the common case) up to BODYLEN, in one unpack: the
+#: fields that recovery's scan and the dispatcher read; the rest is skipped.
+#: SYSFLAG bits that lengthen the host fields (and so rule out V4_HEAD).
+V6_HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+V4_HEAD = struct.Struct(
+    ">"
+    "i"  # TOTALSIZE
+    "I"  # MAGICCODE
+    "i"  # BODYCRC
+    "i"  # QUEUEID
+    "4x"  # FLAG
+    "q"  # QUEUEOFFSET
+    "q"  # PHYSICALOFFSET
+    "i"  # SYSFLAG
+    "16x"  # BORNTIMESTAMP, BORNHOST
+    "q"  # STORETIMESTAMP
+    "20x"  # STOREHOSTADDRESS, RECONSUMETIMES, PREPARED_TX_OFFSET
+    "i"  # BODYLEN
+)
 #: TOTALSIZE + MAGICCODE: enough to tell a record, a blank and empty space apart.
 SIZE_AND_MAGIC = struct.Struct(">iI")
 BLANK = SIZE_AND_MAGIC
@@ -117,7 +136,8 @@ def record_size(body_len: int, topic_len: int, props_len: int, sys_flag: int = 0
     )
 
 
-_MIN_RECORD_SIZE = record_size(0, 0, 0)
+#: The smallest possible record: no body, topic or properties.
+MIN_RECORD_SIZE = record_size(0, 0, 0)
 
 
 def body_crc(body: bytes) -> int:
@@ -247,7 +267,7 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
         )
         if magic != MESSAGE_MAGIC_CODE:
             raise CorruptRecordError(pos, f"bad magic code 0x{magic:08X}")
-        if size < _MIN_RECORD_SIZE or pos + size > len(view):
+        if size < MIN_RECORD_SIZE or pos + size > len(view):
             raise CorruptRecordError(
                 pos, f"TOTALSIZE {size} but {len(view) - pos} bytes are available"
             )
@@ -346,8 +366,7 @@ def check_record(
         if size == 0 and magic == 0:
             return RecordInfo(RecordKind.END)
         return RecordInfo(RecordKind.CORRUPT, reason=f"bad magic code 0x{magic:08X}")
-    min_size = record_size(0, 0, 0)
-    if size < min_size or pos + size > limit:
+    if size < MIN_RECORD_SIZE or pos + size > limit:
         return RecordInfo(RecordKind.CORRUPT, reason=f"TOTALSIZE {size} out of range")
     view = memoryview(buf)[pos : pos + size]
     _, _, crc, queue_id, _, queue_offset, phys, sys_flag, _ = PREFIX.unpack_from(view, 0)

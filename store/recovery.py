@@ -30,13 +30,14 @@ from store.dispatcher import ReputMessageService
 from store.errors import CorruptRecordError
 from store.mapped_file import MappedFile
 from store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
-from store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
 from store.record import (
     MESSAGE_MAGIC_CODE,
+    MIN_RECORD_SIZE,
+    V4_HEAD,
+    V6_HOST_FLAGS,
     RecordInfo,
     RecordKind,
     check_record,
-    record_size,
 )
 
 log = logging.getLogger(__name__)
@@ -88,23 +89,7 @@ class ScanResult:
     first_newer_offset: int
 
 
-#: What the scan needs of a record with IPv4 hosts, up to BODYLEN, in one unpack.
-_SCAN_HEAD = struct.Struct(
-    ">"
-    "i"  # TOTALSIZE
-    "I"  # MAGICCODE
-    "i"  # BODYCRC
-    "16x"  # QUEUEID, FLAG, QUEUEOFFSET
-    "q"  # PHYSICALOFFSET
-    "i"  # SYSFLAG
-    "16x"  # BORNTIMESTAMP, BORNHOST
-    "q"  # STORETIMESTAMP
-    "20x"  # STOREHOSTADDRESS, RECONSUMETIMES, PREPARED_TX_OFFSET
-    "i"  # BODYLEN
-)
-_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 _SHORT = struct.Struct(">h")
-_MIN_RECORD_SIZE = record_size(0, 0, 0)
 
 
 def _scan_file(
@@ -121,7 +106,7 @@ def _scan_file(
     buf = mf.buffer
     base = mf.file_from_offset
     file_size = mf.file_size
-    head_size = _SCAN_HEAD.size
+    head_size = V4_HEAD.size
     good_topics: set[bytes] = set()
     last_ts = 0
     first_newer = -1
@@ -129,16 +114,16 @@ def _scan_file(
     with memoryview(buf) as view:
         while True:
             while pos + head_size <= file_size:
-                size, magic, crc, phys, sys_flag, store_ts, body_len = _SCAN_HEAD.unpack_from(
+                size, magic, crc, _, _, phys, sys_flag, store_ts, body_len = V4_HEAD.unpack_from(
                     buf, pos
                 )
                 end = pos + size
                 if (
                     magic != MESSAGE_MAGIC_CODE
-                    or size < _MIN_RECORD_SIZE
+                    or size < MIN_RECORD_SIZE
                     or end > file_size
                     or phys != base + pos
-                    or sys_flag & _V6_FLAGS  # IPv6 hosts: check_record's longer way
+                    or sys_flag & V6_HOST_FLAGS  # IPv6 hosts: check_record's longer way
                 ):
                     break
                 body = pos + head_size
