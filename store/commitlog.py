@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from store import _records
+from store.batch import EncodedBatch
 from store.clock import Clock
 from store.config import MessageStoreConfig
 from store.errors import StoreClosedError
 from store.mapped_file_queue import MappedFileQueue
-from store.message import MessageRecord, encode_host, is_dispatchable
-from store.record import (
-    BLANK,
-    BLANK_MAGIC_CODE,
-    END_FILE_MIN_BLANK_LENGTH,
-    EncodedMessage,
-    decode_record,
-)
+from store.message import MessageRecord, encode_host
+from store.record import BLANK, BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, decode_record
 
 _INT = struct.Struct(">i")
 
@@ -35,9 +31,9 @@ _INT = struct.Struct(">i")
 class AppendResult:
     """Where a batch landed: one entry per message, in order."""
 
-    physical_offsets: list[int]
-    queue_offsets: list[int]
-    sizes: list[int]
+    physical_offsets: tuple[int, ...]
+    queue_offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
     store_timestamp_ms: int
     #: One past the last byte written: the offset a SYNC send waits to see flushed.
     end_offset: int
@@ -85,67 +81,67 @@ class CommitLog:
         size = self.mapped_file_size
         return offset + size - offset % size
 
-    def fits(self, encoded: EncodedMessage) -> bool:
-        """Whether a record this size fits in an empty file (with room for the blank)."""
-        return encoded.size + END_FILE_MIN_BLANK_LENGTH <= self.mapped_file_size
+    def fits(self, batch_size: int) -> bool:
+        """Whether a batch this size fits in an empty file (with room for the blank)."""
+        return batch_size + END_FILE_MIN_BLANK_LENGTH <= self.mapped_file_size
 
-    def append(self, batch: Sequence[EncodedMessage], clock: Clock) -> AppendResult:
-        """Append records back to back, assigning queue and physical offsets.
+    def append(self, batch: EncodedBatch, clock: Clock) -> AppendResult:
+        """Validate, stamp and append a batch back to back, assigning offsets.
 
-        Every record must satisfy :meth:`fits`. A record that does not fit the
-        current file's tail closes the file with a blank and goes to the next.
-        The store timestamp is read from ``clock`` under the lock, so it never
-        goes backwards along the log. Raises StoreClosedError after
-        :meth:`close_for_writes`, OSError if a new file cannot be created;
-        records already written stay written and keep their offsets.
+        The batch must satisfy :meth:`fits`. A batch that does not fit the
+        current file's tail closes the file with a blank and goes whole to the
+        next file (RocketMQ's END_OF_FILE). The store timestamp is read from
+        ``clock`` under the lock, so it never goes backwards along the log.
+        Raises ValueError naming the first malformed record (nothing is
+        written), StoreClosedError after :meth:`close_for_writes`, OSError if
+        the write or a new file fails (nothing is counted).
         """
-        physical: list[int] = []
-        queue: list[int] = []
-        sizes: list[int] = []
+        data = batch.data
         with self.put_lock:
             if self.closed_for_writes:
                 raise StoreClosedError("the store is shut down")
             # Never backwards along the log, even if the wall clock steps back:
             # recovery's start file and re-dispatch point rely on that order.
             store_timestamp_ms = max(clock.now_ms(), self._last_store_timestamp_ms)
-            self._last_store_timestamp_ms = store_timestamp_ms
-            table = self.topic_queue_table
-            # Queue offsets taken by records not yet written: merged into the table
-            # only once their bytes are, so a failed write consumes no offsets.
-            pending: dict[tuple[str, int], int] = {}
-            file_size = self.mapped_file_size
             mf = self.files.get_last_mapped_file(0)
             used = mf.wrote_position
-            parts: list[bytes] = []
-            for em in batch:
-                size = em.size
-                if used + size + END_FILE_MIN_BLANK_LENGTH > file_size:
-                    parts.append(BLANK.pack(file_size - used, BLANK_MAGIC_CODE))
-                    mf.append(b"".join(parts))
-                    mf.wrote_position = file_size
-                    mf.store_timestamp_ms = store_timestamp_ms
-                    table.update(pending)
-                    pending.clear()
-                    parts = []
-                    mf = self.files.get_last_mapped_file(0)
-                    used = 0
-                phys = mf.file_from_offset + used
-                if is_dispatchable(em.sys_flag):
-                    key = (em.topic, em.queue_id)
-                    queue_offset = pending.get(key)
-                    if queue_offset is None:
-                        queue_offset = table.get(key, 0)
-                    pending[key] = queue_offset + 1
-                else:
-                    # Prepared and rolled-back records take no place in any queue.
-                    queue_offset = 0
-                parts += (em.header(queue_offset, phys, store_timestamp_ms), em.body, em.tail)
-                physical.append(phys)
-                queue.append(queue_offset)
-                sizes.append(size)
-                used += size
-            mf.append(b"".join(parts))
+            roll = used + len(data) + END_FILE_MIN_BLANK_LENGTH > mf.file_size
+            base = mf.file_end_offset if roll else mf.file_from_offset + used
+            table = self.topic_queue_table
+            # Queue offsets are merged into the table only once the bytes are
+            # written, so a refused or failed batch consumes none.
+            pending: dict[tuple[str, int], int] = {}
+            physical: tuple[int, ...] = ()
+            queue: tuple[int, ...] = ()
+            sizes: tuple[int, ...] = ()
+            for run in batch.runs:
+                key = (run.topic, run.queue_id)
+                first = pending.get(key)
+                if first is None:
+                    first = table.get(key, 0)
+                pending[key], run_phys, run_queue, run_sizes = _records.stamp(
+                    data,
+                    run.start,
+                    run.end,
+                    base + run.start,
+                    first,
+                    store_timestamp_ms,
+                    self.store_host,
+                    run.topic.encode(),
+                    run.queue_id,
+                    self.config.max_message_size,
+                )
+                physical += run_phys
+                queue += run_queue
+                sizes += run_sizes
+            if roll:
+                mf.append(BLANK.pack(mf.file_size - used, BLANK_MAGIC_CODE))
+                mf.wrote_position = mf.file_size
+                mf.store_timestamp_ms = store_timestamp_ms
+                mf = self.files.get_last_mapped_file(0)
+            mf.append(data)
             mf.store_timestamp_ms = store_timestamp_ms
+            self._last_store_timestamp_ms = store_timestamp_ms
             table.update(pending)
             end = mf.file_from_offset + mf.wrote_position
         for callback in self._on_append:

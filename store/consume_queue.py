@@ -175,26 +175,43 @@ class ConsumeQueue:
 
         Idempotent: entries whose record ends at or below ``max_physic_offset``
         or whose position is already written are skipped, so re-dispatching a
-        stretch of the CommitLog is harmless. The common case — consecutive
-        entries continuing the queue inside its last file — is one write.
+        stretch of the CommitLog is harmless.
         """
         if not entries:
             return 0
         first_offset = entries[0][0]
+        if entries[-1][0] == first_offset + len(entries) - 1:
+            units = b"".join([UNIT.pack(phy, size, tags) for _, phy, size, tags in entries])
+            return self.put_units(first_offset, len(entries), units)
+        return sum(self._put_one(*entry) for entry in entries)
+
+    def put_units(self, first_offset: int, count: int, units: bytes) -> int:
+        """Append ``count`` packed units for queue offsets ``first_offset``, ``+1``, …;
+        returns how many were written. Idempotent like :meth:`put_entries`.
+
+        The common case - the run continues the queue inside its last file -
+        is one write of the bytes as they are.
+        """
+        if count <= 0:
+            return 0
+        last_phy, last_size, _ = UNIT.unpack_from(units, (count - 1) * CQ_STORE_UNIT_SIZE)
+        if last_phy + last_size <= self.max_physic_offset:
+            return 0  # already indexed (re-dispatch after recovery)
+        first_phy, first_size, _ = UNIT.unpack_from(units, 0)
         last = self.files.last_file
-        n = len(entries)
         if (
             last is not None
-            and not last.is_full
-            and entries[0][1] + entries[0][2] > self.max_physic_offset
+            and first_phy + first_size > self.max_physic_offset
             and first_offset * CQ_STORE_UNIT_SIZE == last.file_from_offset + last.wrote_position
-            and last.wrote_position + n * CQ_STORE_UNIT_SIZE <= self.mapped_file_size
-            and entries[-1][0] == first_offset + n - 1
+            and last.wrote_position + len(units) <= self.mapped_file_size
         ):
-            last.append(b"".join([UNIT.pack(phy, size, tags) for _, phy, size, tags in entries]))
-            self.max_physic_offset = entries[-1][1] + entries[-1][2]
-            return n
-        return sum(self._put_one(*entry) for entry in entries)
+            last.append(units)
+            self.max_physic_offset = last_phy + last_size
+            return count
+        return sum(
+            self._put_one(first_offset + i, phy, size, tags)
+            for i, (phy, size, tags) in enumerate(UNIT.iter_unpack(units))
+        )
 
     def _put_one(self, cq_offset: int, phy: int, size: int, tags_code: int) -> int:
         if phy + size <= self.max_physic_offset:

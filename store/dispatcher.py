@@ -13,44 +13,19 @@ may be called directly only while that thread is not running (recovery).
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from store import _records
 from store.commitlog import CommitLog
-from store.consume_queue import CqEntry
 from store.consume_queue_table import ConsumeQueueTable
-from store.hashing import java_string_hash
-from store.message import (
-    BORNHOST_V6_FLAG,
-    KEY_SEPARATOR,
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
-    STOREHOSTADDRESS_V6_FLAG,
-    is_dispatchable,
-    property_value,
-)
-from store.record import (
-    BLANK_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE,
-    MIN_RECORD_SIZE,
-    PREFIX,
-    SIZE_AND_MAGIC,
-    V4_HEAD,
-    V6_HOST_FLAGS,
-)
+from store.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, property_value
 
 log = logging.getLogger(__name__)
 
-_LONG = struct.Struct(">q")
-_INT = struct.Struct(">i")
-_SHORT = struct.Struct(">h")
-_TAGS = PROPERTY_TAGS.encode()
 #: Pause between dispatch rounds: the visibility latency a send may see.
 DISPATCH_PAUSE_S = 0.001
 
@@ -108,7 +83,8 @@ class ReputMessageService:
         self.stalled_reason: str | None = None
         #: ConsumeQueue units written so far (recovery reports the rebuilt count).
         self.entries_written = 0
-        self._tags_codes: dict[bytes, int] = {}
+        #: Topic names by their UTF-8 bytes, shared with the C walk.
+        self._topics: dict[bytes, str] = {}
         self._wakeup = threading.Event()
         self._progress = threading.Condition()
         self._stopping = False
@@ -189,115 +165,41 @@ class ReputMessageService:
         if mf is None:
             return 0
         rel = start - mf.file_from_offset
-        available = mf.wrote_position - rel
-        if available <= 0:
+        if mf.wrote_position <= rel:
             return 0
-        buf = mf.read(rel, min(available, self.batch_size_bytes))
-        entries: dict[tuple[str, int], list[CqEntry]] = defaultdict(list)
-        requests: list[DispatchRequest] = []
-        want_requests = bool(self.listeners)
-        tags_codes = self._tags_codes
-        #: Per queue, the end of what its ConsumeQueue already indexes.
-        indexed_up_to: dict[tuple[str, int], int] = {}
-        last_ts = self.last_store_timestamp_ms
-        next_offset: int | None = None
-        pos = consumed = 0
-        while pos + SIZE_AND_MAGIC.size <= len(buf):
-            if pos + V4_HEAD.size <= len(buf):
-                # IPv4 hosts (the common case): every field the dispatcher needs at once.
-                size, magic, _, queue_id, queue_offset, phys, sys_flag, store_ts, body_len = (
-                    V4_HEAD.unpack_from(buf, pos)
-                )
-                v4 = not sys_flag & V6_HOST_FLAGS
-            else:
-                size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
-                v4 = False
-            if magic == BLANK_MAGIC_CODE:
-                next_offset = commitlog.roll_next_file(mf.file_from_offset)
-                consumed += 1
-                break
-            if magic != MESSAGE_MAGIC_CODE or size < MIN_RECORD_SIZE:
-                self._stall(start + pos, f"bad magic 0x{magic:08X} or size {size}")
-                break
-            if pos + size > len(buf):
-                if pos > 0:
-                    break  # the rest comes with the next batch
-                if size > available:
-                    self._stall(start, f"record of {size} bytes runs past the written end")
-                    break
-                buf = mf.read(rel, size)  # one record larger than a batch
-                continue
-            if v4:
-                p = pos + V4_HEAD.size + body_len
-            else:
-                _, _, _, queue_id, _, queue_offset, phys, sys_flag, _ = PREFIX.unpack_from(buf, pos)
-                p = pos + PREFIX.size + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
-                (store_ts,) = _LONG.unpack_from(buf, p)
-                p += 8 + (20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8) + 12
-                (body_len,) = _INT.unpack_from(buf, p)
-                p += 4 + body_len
-            if phys != start + pos:
-                self._stall(start + pos, f"record claims physical offset {phys}")
-                break
-            last_ts = store_ts
-            topic_len = buf[p]
-            topic = buf[p + 1 : p + 1 + topic_len].decode("utf-8")
-            p += 1 + topic_len
-            key = (topic, queue_id)
-            floor = indexed_up_to.get(key)
-            if floor is None:
-                cq = self.consume_queues.get(topic, queue_id)
-                floor = indexed_up_to[key] = cq.max_physic_offset if cq is not None else -1
-            if phys + size <= floor:
-                # Already in its queue (re-dispatch after recovery): skip without parsing.
-                pos += size
-                consumed += 1
-                continue
-            if is_dispatchable(sys_flag):
-                props_start = p + 2
-                props_end = props_start + ((buf[p] << 8) | buf[p + 1])
-                tags_code = 0
-                if props_end > props_start:
-                    raw_tags = property_value(buf, _TAGS, props_start, props_end)
-                    if raw_tags:
-                        tags_code = tags_codes.get(raw_tags) or self._tags_code(raw_tags)
-                entries[key].append((queue_offset, phys, size, tags_code))
-                if want_requests:
-                    requests.append(
-                        DispatchRequest(
-                            topic,
-                            queue_id,
-                            phys,
-                            size,
-                            tags_code,
-                            store_ts,
-                            queue_offset,
-                            sys_flag,
-                            buf[props_start:props_end],
-                        )
-                    )
-            pos += size
-            consumed += 1
-        self._apply(entries, requests)
-        self.last_store_timestamp_ms = last_ts
-        self._advance(start + pos if next_offset is None else next_offset)
-        return consumed
-
-    def _tags_code(self, raw_tags: bytes) -> int:
-        code = java_string_hash(raw_tags.decode("utf-8", errors="replace"))
-        if len(self._tags_codes) < 100_000:
-            self._tags_codes[raw_tags] = code
-        return code
-
-    def _apply(
-        self, entries: dict[tuple[str, int], list[CqEntry]], requests: list[DispatchRequest]
-    ) -> None:
-        find = self.consume_queues.find_or_create
-        for (topic, queue_id), units in entries.items():
-            self.entries_written += find(topic, queue_id).put_entries(units)
-        if requests:
+        # The record walk runs in C with the GIL released, straight on the mapping.
+        pos, kind, reason, consumed, last_ts, runs, records = _records.dispatch(
+            mf.buffer,
+            rel,
+            mf.wrote_position,
+            mf.file_from_offset,
+            self.batch_size_bytes,
+            bool(self.listeners),
+            self._topics,
+        )
+        if kind == _records.KIND_CORRUPT:
+            self._stall(mf.file_from_offset + pos, reason)
+        self._apply(runs)
+        if records:
+            props = mf.buffer
+            requests = [
+                DispatchRequest(t, q, phys, size, tags, ts, qoff, flag, props[ps:pe])
+                for t, q, phys, size, tags, ts, qoff, flag, ps, pe in records
+            ]
             for listener in self.listeners:
                 listener.on_dispatch(requests)
+        if consumed:
+            self.last_store_timestamp_ms = last_ts
+        if kind == _records.KIND_BLANK:
+            self._advance(commitlog.roll_next_file(mf.file_from_offset))
+            return consumed + 1
+        self._advance(mf.file_from_offset + pos)
+        return consumed
+
+    def _apply(self, runs: list[tuple[str, int, int, int, bytes]]) -> None:
+        find = self.consume_queues.find_or_create
+        for topic, queue_id, first_offset, count, units in runs:
+            self.entries_written += find(topic, queue_id).put_units(first_offset, count, units)
 
     def _advance(self, offset: int) -> None:
         with self._progress:

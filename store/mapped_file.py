@@ -27,7 +27,7 @@ _NO_FALLOCATE = frozenset((errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS))
 _ZERO_CHUNK = bytes(64 * 1024)
 
 
-def _pwrite_all(fd: int, data: bytes, pos: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray, pos: int) -> None:
     """Write all of ``data`` at ``pos``; a short write is retried, no progress raises.
 
     Positions move only after this returns, so a failed write is never counted.
@@ -130,7 +130,7 @@ class MappedFile:
         """The whole mapping, for zero-copy parsing; do not keep views past close()."""
         return self._mm
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes | bytearray) -> None:
         """Copy ``data`` at ``wrote_position`` and advance it. Single writer."""
         end = self.wrote_position + len(data)
         if end > self.file_size:

@@ -28,6 +28,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, replace
 from types import TracebackType
 
+from store.batch import EncodedBatch
 from store.checkpoint import StoreCheckpoint
 from store.clock import Clock, SystemClock
 from store.commitlog import CommitLog
@@ -95,6 +96,10 @@ class PutMessageResult:
 
 def _refused(status: PutStatus, detail: str) -> PutMessageResult:
     return PutMessageResult(status, detail)
+
+
+def _bad_topic(topic: str) -> str:
+    return f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of [%|a-zA-Z0-9_-]"
 
 
 class MessageStore:
@@ -253,22 +258,15 @@ class MessageStore:
 
     # -- writes -----------------------------------------------------------------------
 
-    def _encode(self, messages: Sequence[Message]) -> list[EncodedMessage] | PutMessageResult:
+    def _encode(self, messages: Sequence[Message]) -> EncodedBatch | PutMessageResult:
         if not messages:
             return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
         cfg = self.config
         store_host = self.commitlog.store_host
         now = 0
         encoded: list[EncodedMessage] = []
-        valid_topics = self._valid_topics
         for m in messages:
-            topic = m.topic
-            if topic not in valid_topics and not self._admit_topic(topic):
-                return _refused(
-                    PutStatus.MESSAGE_ILLEGAL,
-                    f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of "
-                    "[%|a-zA-Z0-9_-]",
-                )
+            # Topic names are checked per run by _check_batch.
             if m.queue_id < 0 or m.queue_id > 0x7FFFFFFF:
                 return _refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {m.queue_id} is out of range")
             if len(m.body) > cfg.max_message_size:
@@ -292,14 +290,27 @@ class MessageStore:
                 )
             except ValueError as e:
                 return _refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {m.born_host!r}: {e}")
-            if not self.commitlog.fits(em):
-                return _refused(
-                    PutStatus.MESSAGE_ILLEGAL,
-                    f"record of {em.size} bytes does not fit a commitlog file of "
-                    f"{cfg.mapped_file_size_commit_log} bytes",
-                )
             encoded.append(em)
-        return encoded
+        return EncodedBatch.of_messages(encoded)
+
+    def _check_batch(self, batch: EncodedBatch) -> PutMessageResult | None:
+        """Why a batch is refused before its records are looked at; None if it is not."""
+        if not batch.runs or not batch.data:
+            return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        if not self.commitlog.fits(len(batch.data)):
+            return _refused(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"batch of {len(batch.data)} bytes does not fit a commitlog file of "
+                f"{self.config.mapped_file_size_commit_log} bytes",
+            )
+        for run in batch.runs:
+            if run.topic not in self._valid_topics and not self._admit_topic(run.topic):
+                return _refused(PutStatus.MESSAGE_ILLEGAL, _bad_topic(run.topic))
+            if run.queue_id < 0 or run.queue_id > 0x7FFFFFFF:
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL, f"queue id {run.queue_id} is out of range"
+                )
+        return None
 
     def _admit_topic(self, topic: str) -> bool:
         """Validate a topic name not seen before and remember it if it is valid."""
@@ -309,17 +320,23 @@ class MessageStore:
             self._valid_topics.add(topic)
         return True
 
-    def _append(self, messages: Sequence[Message]) -> tuple[PutMessageResult, int | None]:
+    def _append(
+        self, batch: EncodedBatch | PutMessageResult
+    ) -> tuple[PutMessageResult, int | None]:
         """Validate and append; returns the result and, under SYNC flush, the offset
         the caller must see fsynced before acknowledging (None otherwise).
         Refused batches write nothing."""
         if not self._running:
             return _refused(PutStatus.SERVICE_NOT_AVAILABLE, "the store is not running"), None
-        encoded = self._encode(messages)
-        if isinstance(encoded, PutMessageResult):
-            return encoded, None
+        if isinstance(batch, PutMessageResult):
+            return batch, None
+        refused = self._check_batch(batch)
+        if refused is not None:
+            return refused, None
         try:
-            appended = self.commitlog.append(encoded, self.clock)
+            appended = self.commitlog.append(batch, self.clock)
+        except ValueError as e:
+            return _refused(PutStatus.MESSAGE_ILLEGAL, f"malformed batch: {e}"), None
         except StoreClosedError as e:
             return _refused(PutStatus.SERVICE_NOT_AVAILABLE, str(e)), None
         except OSError as e:
@@ -327,9 +344,9 @@ class MessageStore:
             return _refused(PutStatus.CREATE_MAPPED_FILE_FAILED, f"cannot write: {e}"), None
         result = PutMessageResult(
             PutStatus.PUT_OK,
-            physical_offsets=tuple(appended.physical_offsets),
-            queue_offsets=tuple(appended.queue_offsets),
-            sizes=tuple(appended.sizes),
+            physical_offsets=appended.physical_offsets,
+            queue_offsets=appended.queue_offsets,
+            sizes=appended.sizes,
             store_timestamp_ms=appended.store_timestamp_ms,
             store_host=self.commitlog.store_host,
         )
@@ -338,13 +355,23 @@ class MessageStore:
     def _flush_timeout(self, result: PutMessageResult, why: str) -> PutMessageResult:
         return replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT, detail=why)
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult:
-        """Append a batch as consecutive records; under SYNC flush, wait for fsync.
+    def put_batch(self, batch: EncodedBatch) -> PutMessageResult:
+        """Append a producer-encoded batch (see :mod:`store.batch`); under SYNC flush,
+        wait for fsync. The batch is stamped in place: do not reuse it.
 
         Blocks the calling thread under SYNC flush: from an event loop use
-        :meth:`put_messages_async`.
+        :meth:`put_batch_async`.
         """
-        result, flush_to = self._append(messages)
+        return self._await_flush(*self._append(batch))
+
+    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult:
+        """Encode and append messages as consecutive records (see :meth:`put_batch`)."""
+        return self._await_flush(*self._append(self._encode(messages)))
+
+    def put_message(self, message: Message) -> PutMessageResult:
+        return self.put_messages([message])
+
+    def _await_flush(self, result: PutMessageResult, flush_to: int | None) -> PutMessageResult:
         if flush_to is not None and self._group_commit is not None:
             try:
                 self._group_commit.request(flush_to).result(
@@ -356,12 +383,17 @@ class MessageStore:
                 return self._flush_timeout(result, f"fsync failed: {e}")
         return result
 
-    def put_message(self, message: Message) -> PutMessageResult:
-        return self.put_messages([message])
+    async def put_batch_async(self, batch: EncodedBatch) -> PutMessageResult:
+        """:meth:`put_batch` for an event loop: the fsync wait never blocks the loop."""
+        return await self._await_flush_async(*self._append(batch))
 
     async def put_messages_async(self, messages: Sequence[Message]) -> PutMessageResult:
         """:meth:`put_messages` for an event loop: the fsync wait never blocks the loop."""
-        result, flush_to = self._append(messages)
+        return await self._await_flush_async(*self._append(self._encode(messages)))
+
+    async def _await_flush_async(
+        self, result: PutMessageResult, flush_to: int | None
+    ) -> PutMessageResult:
         if flush_to is not None and self._group_commit is not None:
             try:
                 await asyncio.wait_for(

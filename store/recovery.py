@@ -18,11 +18,10 @@ ConsumeQueues lack is re-dispatched. No CommitLog at all ⇒ no ConsumeQueues.
 from __future__ import annotations
 
 import logging
-import struct
 import time
-import zlib
 from dataclasses import asdict, dataclass
 
+from store import _records
 from store.checkpoint import StoreCheckpoint
 from store.commitlog import CommitLog
 from store.consume_queue_table import ConsumeQueueTable
@@ -30,15 +29,7 @@ from store.dispatcher import ReputMessageService
 from store.errors import CorruptRecordError
 from store.mapped_file import MappedFile
 from store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
-from store.record import (
-    MESSAGE_MAGIC_CODE,
-    MIN_RECORD_SIZE,
-    V4_HEAD,
-    V6_HOST_FLAGS,
-    RecordInfo,
-    RecordKind,
-    check_record,
-)
+from store.record import RecordKind, check_record
 
 log = logging.getLogger(__name__)
 
@@ -89,97 +80,35 @@ class ScanResult:
     first_newer_offset: int
 
 
-_SHORT = struct.Struct(">h")
-
-
-def _scan_file(
-    mf: MappedFile, check_crc: bool, newer_than_ms: int
-) -> tuple[int, RecordInfo, int, int]:
-    """Walk one file's records; returns (end position, what stopped the walk, last store
-    ts, position of the first record stored after ``newer_than_ms`` or -1).
-
-    The loop validates what :func:`check_record` validates, inline and without
-    allocating, because recovery reads every byte of up to three (or, after a
-    crash, more) 1 GiB files. Anything unusual is handed to check_record,
-    whose verdict stands.
-    """
-    buf = mf.buffer
-    base = mf.file_from_offset
-    file_size = mf.file_size
-    head_size = V4_HEAD.size
-    good_topics: set[bytes] = set()
-    last_ts = 0
-    first_newer = -1
-    pos = 0
-    with memoryview(buf) as view:
-        while True:
-            while pos + head_size <= file_size:
-                size, magic, crc, _, _, phys, sys_flag, store_ts, body_len = V4_HEAD.unpack_from(
-                    buf, pos
-                )
-                end = pos + size
-                if (
-                    magic != MESSAGE_MAGIC_CODE
-                    or size < MIN_RECORD_SIZE
-                    or end > file_size
-                    or phys != base + pos
-                    or sys_flag & V6_HOST_FLAGS  # IPv6 hosts: check_record's longer way
-                ):
-                    break
-                body = pos + head_size
-                p = body + body_len
-                if body_len < 0 or p + 3 > end:
-                    break
-                topic_len = buf[p]
-                topic = buf[p + 1 : p + 1 + topic_len]
-                p += 1 + topic_len
-                if topic_len > 127 or p + 2 > end or p + 2 + _SHORT.unpack_from(buf, p)[0] != end:
-                    break
-                if topic not in good_topics:
-                    try:
-                        topic.decode("utf-8")
-                    except UnicodeDecodeError:
-                        break
-                    good_topics.add(topic)
-                if check_crc and zlib.crc32(view[body : body + body_len]) & 0x7FFFFFFF != crc:
-                    break
-                if store_ts > newer_than_ms and first_newer < 0:
-                    first_newer = pos
-                last_ts = store_ts
-                pos = end
-            info = check_record(
-                buf, pos, file_size, check_crc=check_crc, expected_offset=base + pos
-            )
-            if info.kind is not RecordKind.MESSAGE:
-                return pos, info, last_ts, first_newer
-            # The fast loop is stricter than it needs to be here: take check_record's word.
-            last_ts = info.store_timestamp_ms
-            if last_ts > newer_than_ms and first_newer < 0:
-                first_newer = pos
-            pos += info.size
-
-
 def scan_commitlog(
     files: list[MappedFile], start_index: int, *, check_crc: bool, newer_than_ms: int = -1
 ) -> ScanResult:
-    """Walk records from ``files[start_index]`` to the first invalid one."""
+    """Walk records from ``files[start_index]`` to the first invalid one.
+
+    The walk is :func:`store._records.scan`: check_record's rules in C, with
+    the GIL released, because recovery reads every byte of up to three (or,
+    after a crash, more) 1 GiB files.
+    """
     offset = files[start_index].file_from_offset
     last_ts = 0
     first_newer = -1
     scanned = 0
     for mf in files[start_index:]:
         scanned += 1
-        pos, info, file_ts, file_first_newer = _scan_file(mf, check_crc, newer_than_ms)
+        base = mf.file_from_offset
+        pos, kind, reason, file_ts, file_first_newer, _ = _records.scan(
+            mf.buffer, 0, mf.file_size, base, check_crc, newer_than_ms
+        )
         last_ts = file_ts or last_ts
         if first_newer < 0 and file_first_newer >= 0:
-            first_newer = mf.file_from_offset + file_first_newer
-        if info.kind is RecordKind.BLANK:
+            first_newer = base + file_first_newer
+        if kind == _records.KIND_BLANK:
             offset = mf.file_end_offset
             continue
-        end = mf.file_from_offset + pos
-        clean = info.kind is RecordKind.END
-        reason = "end of data" if clean else f"{info.reason} at offset {end}"
-        return ScanResult(end, scanned, reason, last_ts, clean, first_newer)
+        end = base + pos
+        clean = kind == _records.KIND_END
+        stop = "end of data" if clean else f"{reason} at offset {end}"
+        return ScanResult(end, scanned, stop, last_ts, clean, first_newer)
     return ScanResult(offset, scanned, "end of data", last_ts, True, first_newer)
 
 

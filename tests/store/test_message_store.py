@@ -159,9 +159,10 @@ def test_put_messages_writes_a_batch_as_consecutive_records(store: MessageStore)
     assert store.put_message(Message("Batch", b"after")).queue_offsets == (6,)
 
 
-def test_batch_crossing_a_file_end_leaves_a_blank_and_continues_in_the_next_file(
+def test_batch_not_fitting_a_file_end_leaves_a_blank_and_goes_whole_to_the_next_file(
     store: MessageStore,
 ) -> None:
+    """RocketMQ's END_OF_FILE for a batch: the whole batch moves, never half of it."""
     body = b"b" * 3000
     tags_property = len(encode_properties({"TAGS": "c0"}))
     record = record_size(len(body), len("Cross"), tags_property)
@@ -172,18 +173,16 @@ def test_batch_crossing_a_file_end_leaves_a_blank_and_continues_in_the_next_file
         assert store.put_message(Message("Cross", body, tags="f0")).ok
     end_before = store.max_physical_offset
     next_queue_offset = store.commitlog.topic_queue_table["Cross", 0]
-    fitting = (SMALL_COMMITLOG_FILE - end_before - END_FILE_MIN_BLANK_LENGTH) // record
+    assert (SMALL_COMMITLOG_FILE - end_before - END_FILE_MIN_BLANK_LENGTH) // record == 1
 
     result = store.put_messages([Message("Cross", body, tags=f"c{i}") for i in range(4)])
 
     assert result.ok, result.detail
     assert result.queue_offsets == tuple(range(next_queue_offset, next_queue_offset + 4))
     assert result.sizes == (record,) * 4
-    expected = [end_before + i * record for i in range(fitting)]
-    expected += [SMALL_COMMITLOG_FILE + i * record for i in range(4 - fitting)]
-    assert list(result.physical_offsets) == expected
+    assert list(result.physical_offsets) == [SMALL_COMMITLOG_FILE + i * record for i in range(4)]
 
-    blank_at = end_before + fitting * record
+    blank_at = end_before
     first_file = commitlog_file(store.config, 0).read_bytes()
     assert BLANK_TRAILER.unpack_from(first_file, blank_at) == (
         SMALL_COMMITLOG_FILE - blank_at,

@@ -1,0 +1,740 @@
+/*
+ * store._records: the CommitLog's per-record loops, in C.
+ *
+ * Every record of RocketMQ's layout (see store/record.py for the byte table)
+ * is validated field by field, its body CRC computed, and - on the write
+ * side - its broker-assigned fields stamped. Python keeps per-batch work
+ * (locks, file choice, ConsumeQueue writes); this module keeps the per-record
+ * work, and releases the GIL while it walks bytes so the writer, the
+ * dispatcher and the event loop overlap on two cores.
+ *
+ * The validation rules are exactly store.record.check_record's, which stays
+ * the readable reference: tests run both on the same (corrupted) bytes and
+ * require the same verdict.
+ *
+ * Buffers: callers pass objects with the buffer protocol (bytes, bytearray,
+ * mmap). A held Py_buffer export pins the memory: a bytearray cannot be
+ * resized and an mmap cannot be closed while we work with the GIL released.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MESSAGE_MAGIC_CODE 0xDAA320A7u
+#define BLANK_MAGIC_CODE 0xCBD43194u
+#define BORNHOST_V6_FLAG 0x10
+#define STOREHOSTADDRESS_V6_FLAG 0x20
+#define TRANSACTION_TYPE_MASK 0xC /* bits 2-3 of SYSFLAG */
+#define TRANSACTION_PREPARED_TYPE 0x4
+#define TRANSACTION_ROLLBACK_TYPE 0xC
+#define PREFIX_SIZE 48 /* TOTALSIZE .. BORNTIMESTAMP */
+#define MIN_RECORD_SIZE 91
+#define MAX_TOPIC_BYTES 127
+
+/* Outcome of a walk, shared with store/native.py. */
+enum { KIND_MORE = 0, KIND_END = 1, KIND_BLANK = 2, KIND_CORRUPT = 3 };
+
+/* ---- CRC32 (zlib's polynomial), slice-by-8 -------------------------------- */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_table[0][n];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xFF] ^ (c >> 8);
+            crc_table[t][n] = c;
+        }
+    }
+}
+
+static uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t len) {
+    crc = ~crc;
+    while (len && ((uintptr_t)p & 7)) {
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+        len--;
+    }
+    while (len >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+        lo = __builtin_bswap32(lo);
+        hi = __builtin_bswap32(hi);
+#endif
+        lo ^= crc;
+        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^
+              crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24] ^
+              crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+              crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        len -= 8;
+    }
+    while (len--)
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* ---- big-endian fields ------------------------------------------------------ */
+
+static inline int32_t get_i32(const uint8_t *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+static inline uint32_t get_u32(const uint8_t *p) { return (uint32_t)get_i32(p); }
+static inline int16_t get_i16(const uint8_t *p) {
+    return (int16_t)(((uint16_t)p[0] << 8) | (uint16_t)p[1]);
+}
+static inline int64_t get_i64(const uint8_t *p) {
+    return (int64_t)(((uint64_t)get_u32(p) << 32) | (uint64_t)get_u32(p + 4));
+}
+static inline void put_i32(uint8_t *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (uint8_t)(u >> 24);
+    p[1] = (uint8_t)(u >> 16);
+    p[2] = (uint8_t)(u >> 8);
+    p[3] = (uint8_t)u;
+}
+static inline void put_i64(uint8_t *p, int64_t v) {
+    put_i32(p, (int32_t)((uint64_t)v >> 32));
+    put_i32(p + 4, (int32_t)(uint64_t)v);
+}
+
+/* Strict UTF-8 (what Python's decoder accepts): no overlongs, surrogates or > U+10FFFF. */
+static int utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t need;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) {
+            need = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return 0;
+        }
+        if (i + need >= n) return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (size_t k = 2; k <= need; k++)
+            if (s[i + k] < 0x80 || s[i + k] > 0xBF) return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+/* ---- one record ------------------------------------------------------------- */
+
+typedef struct {
+    int64_t phys;        /* PHYSICALOFFSET as stored */
+    int64_t queue_offset;
+    int64_t store_ts;
+    int32_t size;
+    int32_t queue_id;
+    int32_t sys_flag;
+    int32_t crc;         /* BODYCRC as stored */
+    uint32_t body_off, body_len; /* relative to the record */
+    uint32_t topic_off, topic_len;
+    uint32_t props_off, props_len;
+    uint32_t store_ts_off;       /* STORETIMESTAMP, STOREHOSTADDRESS follow */
+    int64_t tags_hash;           /* ConsumeQueue tagsCode; valid when tags_ascii */
+    uint32_t tags_off, tags_len; /* TAGS value, relative to the record */
+    int tags_ascii;
+} rec_t;
+
+typedef struct {
+    char text[128];
+} reason_t;
+
+static int is_dispatchable(int32_t sys_flag) {
+    int t = sys_flag & TRANSACTION_TYPE_MASK;
+    return t != TRANSACTION_PREPARED_TYPE && t != TRANSACTION_ROLLBACK_TYPE;
+}
+
+/*
+ * Parse the record at p with `avail` readable bytes. Returns the walk kind:
+ * KIND_MORE for a valid message (r filled), KIND_END, KIND_BLANK (r->size =
+ * blank length) or KIND_CORRUPT (why filled). check_record's rules, in order.
+ */
+static int parse_record(const uint8_t *p, int64_t avail, rec_t *r, reason_t *why) {
+    if (avail < 8) return KIND_END;
+    int32_t size = get_i32(p);
+    uint32_t magic = get_u32(p + 4);
+    r->size = size;
+    if (magic == BLANK_MAGIC_CODE) return KIND_BLANK;
+    if (magic != MESSAGE_MAGIC_CODE) {
+        if (size == 0 && magic == 0) return KIND_END;
+        snprintf(why->text, sizeof why->text, "bad magic code 0x%08X", magic);
+        return KIND_CORRUPT;
+    }
+    if (size < MIN_RECORD_SIZE || (int64_t)size > avail) {
+        snprintf(why->text, sizeof why->text, "TOTALSIZE %d out of range", size);
+        return KIND_CORRUPT;
+    }
+    r->crc = get_i32(p + 8);
+    r->queue_id = get_i32(p + 12);
+    r->queue_offset = get_i64(p + 20);
+    r->phys = get_i64(p + 28);
+    r->sys_flag = get_i32(p + 36);
+    int64_t q = PREFIX_SIZE + ((r->sys_flag & BORNHOST_V6_FLAG) ? 20 : 8);
+    r->store_ts_off = (uint32_t)q;
+    r->store_ts = get_i64(p + q);
+    q += 8 + ((r->sys_flag & STOREHOSTADDRESS_V6_FLAG) ? 20 : 8) + 12;
+    if (q + 4 > size) {
+        snprintf(why->text, sizeof why->text, "header longer than TOTALSIZE");
+        return KIND_CORRUPT;
+    }
+    int32_t body_len = get_i32(p + q);
+    q += 4;
+    if (body_len < 0 || q + body_len + 3 > size) {
+        snprintf(why->text, sizeof why->text, "BODYLEN %d inconsistent", body_len);
+        return KIND_CORRUPT;
+    }
+    r->body_off = (uint32_t)q;
+    r->body_len = (uint32_t)body_len;
+    q += body_len;
+    uint32_t topic_len = p[q];
+    if (topic_len > MAX_TOPIC_BYTES || q + 1 + topic_len + 2 > (int64_t)size) {
+        snprintf(why->text, sizeof why->text, "TOPICLEN %u inconsistent", topic_len);
+        return KIND_CORRUPT;
+    }
+    r->topic_off = (uint32_t)(q + 1);
+    r->topic_len = topic_len;
+    q += 1 + topic_len;
+    int32_t props_len = get_i16(p + q);
+    q += 2;
+    if (props_len < 0 || q + props_len != size) {
+        snprintf(why->text, sizeof why->text, "TOTALSIZE %d but fields span %lld bytes", size,
+                 (long long)(q + props_len));
+        return KIND_CORRUPT;
+    }
+    r->props_off = (uint32_t)q;
+    r->props_len = (uint32_t)props_len;
+    return KIND_MORE;
+}
+
+/* The TAGS property's value and its Java hashCode (ASCII here; others need Python). */
+static void find_tags(const uint8_t *rec, rec_t *r) {
+    static const char needle[] = "TAGS\x01";
+    const uint8_t *block = rec + r->props_off, *end = block + r->props_len;
+    r->tags_hash = 0;
+    r->tags_len = 0;
+    r->tags_ascii = 1;
+    const uint8_t *s = block;
+    while (end - s >= 5) {
+        const uint8_t *hit = memmem(s, (size_t)(end - s), needle, 5);
+        if (hit == NULL) return;
+        if (hit == block || hit[-1] == 2) {
+            const uint8_t *v = hit + 5;
+            const uint8_t *ve = memchr(v, 2, (size_t)(end - v));
+            if (ve == NULL) ve = end;
+            r->tags_off = (uint32_t)(v - rec);
+            r->tags_len = (uint32_t)(ve - v);
+            uint32_t h = 0;
+            for (const uint8_t *c = v; c < ve; c++) {
+                if (*c >= 0x80) {
+                    r->tags_ascii = 0;
+                    return;
+                }
+                h = 31u * h + *c;
+            }
+            r->tags_hash = (int32_t)h;
+            return;
+        }
+        s = hit + 1;
+    }
+}
+
+/* tagsCode of a non-ASCII TAGS value: decode like Python (errors="replace"), hash UTF-16. */
+static int tags_hash_slow(const uint8_t *v, uint32_t n, int64_t *out) {
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)v, n, "replace");
+    if (s == NULL) return -1;
+    Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    uint32_t h = 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c > 0xFFFF) {
+            c -= 0x10000;
+            h = 31u * h + (0xD800 + (c >> 10));
+            h = 31u * h + (0xDC00 + (c & 0x3FF));
+        } else {
+            h = 31u * h + c;
+        }
+    }
+    Py_DECREF(s);
+    *out = (int32_t)h;
+    return 0;
+}
+
+/* ---- growable record array -------------------------------------------------- */
+
+typedef struct {
+    rec_t *items;
+    Py_ssize_t n, cap;
+} recs_t;
+
+static int recs_push(recs_t *a, const rec_t *r) {
+    if (a->n == a->cap) {
+        Py_ssize_t cap = a->cap ? a->cap * 2 : 256;
+        rec_t *items = PyMem_RawRealloc(a->items, (size_t)cap * sizeof(rec_t));
+        if (items == NULL) return -1;
+        a->items = items;
+        a->cap = cap;
+    }
+    a->items[a->n++] = *r;
+    return 0;
+}
+
+/* ---- crc32(data) -> int ------------------------------------------------------ */
+
+static PyObject *py_crc32(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    unsigned int start = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &b, &start)) return NULL;
+    uint32_t c;
+    Py_BEGIN_ALLOW_THREADS c = crc32_update(start, b.buf, (size_t)b.len);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* ---- scan(buf, pos, limit, base_offset, check_crc, newer_than_ms) ------------
+ * Recovery's walk: validate every record from pos (which sits at physical
+ * offset base_offset + pos) to the first that is not a valid message.
+ * Returns (pos, kind, reason, last_store_ts, first_newer_pos, count).
+ */
+static PyObject *py_scan(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, limit;
+    long long base, newer_than;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "y*nnLpL", &b, &pos, &limit, &base, &check_crc, &newer_than))
+        return NULL;
+    if (limit > b.len) limit = b.len;
+    if (pos < 0) pos = 0;
+    const uint8_t *buf = b.buf;
+    int kind = KIND_END;
+    reason_t why = {{0}};
+    long long last_ts = 0, first_newer = -1, count = 0;
+    Py_BEGIN_ALLOW_THREADS while (1) {
+        rec_t r;
+        kind = parse_record(buf + pos, (int64_t)limit - pos, &r, &why);
+        if (kind != KIND_MORE) break;
+        if (r.phys != base + pos) {
+            snprintf(why.text, sizeof why.text, "PHYSICALOFFSET %lld but the record sits at %lld",
+                     (long long)r.phys, (long long)(base + pos));
+            kind = KIND_CORRUPT;
+            break;
+        }
+        if (check_crc && (int32_t)(crc32_update(0, buf + pos + r.body_off, r.body_len) &
+                                   0x7FFFFFFF) != r.crc) {
+            snprintf(why.text, sizeof why.text, "body CRC mismatch");
+            kind = KIND_CORRUPT;
+            break;
+        }
+        if (!utf8_valid(buf + pos + r.topic_off, r.topic_len)) {
+            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
+            kind = KIND_CORRUPT;
+            break;
+        }
+        if (r.store_ts > newer_than && first_newer < 0) first_newer = pos;
+        last_ts = r.store_ts;
+        pos += r.size;
+        count++;
+    }
+    Py_END_ALLOW_THREADS PyBuffer_Release(&b);
+    return Py_BuildValue("nisLLL", pos, kind, why.text, last_ts, first_newer, count);
+}
+
+/* ---- dispatch(buf, pos, limit, base_offset, max_bytes, want_records) ----------
+ * The dispatcher's walk: from pos, records up to limit, stopping once
+ * max_bytes have been consumed (after a whole record). Validates structure
+ * and physical offsets (not CRCs: recovery did), skips prepared/rolled-back
+ * records, and groups ConsumeQueue units into runs of consecutive queue
+ * offsets per (topic, queue id).
+ *
+ * Returns (pos, kind, reason, consumed, last_store_ts, runs, records):
+ *   runs    [(topic, queue_id, first_queue_offset, count, units bytes), ...]
+ *           in order of each run's first record; units are 20-byte
+ *           [phyOffset 8][size 4][tagsCode 8] big-endian.
+ *   records None, or per dispatchable record (topic, queue_id, phys, size,
+ *           tags_code, store_ts, queue_offset, sys_flag, props_start, props_end)
+ *           with props_* positions in buf.
+ */
+typedef struct {
+    PyObject *topic; /* borrowed from the topic cache */
+    int32_t queue_id;
+    int64_t first_qoff, next_qoff;
+    Py_ssize_t count, written;
+    PyObject *units; /* bytes, filled in the second pass */
+} run_t;
+
+static PyObject *topic_for(PyObject *cache, const uint8_t *s, uint32_t n) {
+    /* Borrowed reference to an interned str for these topic bytes. */
+    PyObject *key = PyBytes_FromStringAndSize((const char *)s, n);
+    if (key == NULL) return NULL;
+    PyObject *topic = PyDict_GetItemWithError(cache, key);
+    if (topic == NULL && !PyErr_Occurred()) {
+        PyObject *t = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+        if (t != NULL && PyDict_SetItem(cache, key, t) == 0) topic = t;
+        Py_XDECREF(t);
+    }
+    Py_DECREF(key);
+    return topic;
+}
+
+static PyObject *py_dispatch(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, limit, max_bytes;
+    long long base;
+    int want_records;
+    PyObject *cache;
+    if (!PyArg_ParseTuple(args, "y*nnLnpO!", &b, &pos, &limit, &base, &max_bytes, &want_records,
+                          &PyDict_Type, &cache))
+        return NULL;
+    if (limit > b.len) limit = b.len;
+    const uint8_t *buf = b.buf;
+    Py_ssize_t start = pos;
+    int kind = KIND_END;
+    reason_t why = {{0}};
+    long long last_ts = 0;
+    Py_ssize_t consumed = 0;
+    recs_t recs = {0};
+    int oom = 0;
+    PyObject *runs = NULL, *records = NULL, *run_index = NULL, *result = NULL;
+    run_t *rv = NULL;
+    Py_ssize_t nruns = 0;
+    Py_ssize_t *rec_run = NULL;
+
+    Py_BEGIN_ALLOW_THREADS while (pos - start < max_bytes) {
+        rec_t r;
+        kind = parse_record(buf + pos, (int64_t)limit - pos, &r, &why);
+        if (kind != KIND_MORE) break;
+        if (r.phys != base + pos) {
+            snprintf(why.text, sizeof why.text, "record claims physical offset %lld",
+                     (long long)r.phys);
+            kind = KIND_CORRUPT;
+            break;
+        }
+        if (!utf8_valid(buf + pos + r.topic_off, r.topic_len)) {
+            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
+            kind = KIND_CORRUPT;
+            break;
+        }
+        last_ts = r.store_ts;
+        consumed++;
+        if (is_dispatchable(r.sys_flag)) {
+            find_tags(buf + pos, &r);
+            if (recs_push(&recs, &r) < 0) {
+                oom = 1;
+                break;
+            }
+        }
+        pos += r.size;
+    }
+    if (kind == KIND_END && pos < limit) {
+        /* Below the written end every byte belongs to a record or a blank. */
+        snprintf(why.text, sizeof why.text, "no record at position %zd below the written end %zd",
+                 pos, limit);
+        kind = KIND_CORRUPT;
+    }
+    Py_END_ALLOW_THREADS
+
+    if (oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* Second pass, with the GIL: group into runs, build Python objects. */
+    runs = PyList_New(0);
+    run_index = PyDict_New();
+    if (runs == NULL || run_index == NULL) goto done;
+    if (want_records && (records = PyList_New(recs.n)) == NULL) goto done;
+    if (recs.n) {
+        rv = PyMem_Calloc((size_t)recs.n, sizeof(run_t));
+        rec_run = PyMem_Calloc((size_t)recs.n, sizeof(Py_ssize_t));
+        if (rv == NULL || rec_run == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    PyObject *prev_topic = NULL;
+    const uint8_t *prev_topic_bytes = NULL;
+    uint32_t prev_topic_len = 0;
+    Py_ssize_t last_run = -1;
+    for (Py_ssize_t i = 0; i < recs.n; i++) {
+        rec_t *r = &recs.items[i];
+        const uint8_t *rec = buf + (r->phys - base);
+        const uint8_t *tb = rec + r->topic_off;
+        PyObject *topic;
+        if (prev_topic != NULL && r->topic_len == prev_topic_len &&
+            memcmp(tb, prev_topic_bytes, r->topic_len) == 0) {
+            topic = prev_topic;
+        } else {
+            topic = topic_for(cache, tb, r->topic_len);
+            if (topic == NULL) goto done;
+            prev_topic = topic;
+            prev_topic_bytes = tb;
+            prev_topic_len = r->topic_len;
+        }
+        if (!r->tags_ascii && tags_hash_slow(rec + r->tags_off, r->tags_len, &r->tags_hash) < 0)
+            goto done;
+        /* Find the open run of (topic, queue_id) that this record continues. */
+        Py_ssize_t ri = -1;
+        if (last_run >= 0 && rv[last_run].topic == topic && rv[last_run].queue_id == r->queue_id &&
+            rv[last_run].next_qoff == r->queue_offset) {
+            ri = last_run;
+        } else {
+            PyObject *key = Py_BuildValue("(Oi)", topic, r->queue_id);
+            if (key == NULL) goto done;
+            PyObject *found = PyDict_GetItemWithError(run_index, key);
+            if (found != NULL) {
+                Py_ssize_t k = PyLong_AsSsize_t(found);
+                if (rv[k].next_qoff == r->queue_offset) ri = k;
+            } else if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto done;
+            }
+            if (ri < 0) {
+                ri = nruns++;
+                rv[ri].topic = topic;
+                rv[ri].queue_id = r->queue_id;
+                rv[ri].first_qoff = r->queue_offset;
+                PyObject *idx = PyLong_FromSsize_t(ri);
+                int rc = idx == NULL ? -1 : PyDict_SetItem(run_index, key, idx);
+                Py_XDECREF(idx);
+                if (rc < 0) {
+                    Py_DECREF(key);
+                    goto done;
+                }
+            }
+            Py_DECREF(key);
+        }
+        rv[ri].next_qoff = r->queue_offset + 1;
+        rv[ri].count++;
+        rec_run[i] = ri;
+        last_run = ri;
+        if (want_records) {
+            Py_ssize_t rs = (Py_ssize_t)(r->phys - base);
+            PyObject *t = Py_BuildValue("(OiLiLLLinn)", topic, r->queue_id, (long long)r->phys,
+                                        r->size, (long long)r->tags_hash, (long long)r->store_ts,
+                                        (long long)r->queue_offset, r->sys_flag,
+                                        rs + (Py_ssize_t)r->props_off,
+                                        rs + (Py_ssize_t)(r->props_off + r->props_len));
+            if (t == NULL) goto done;
+            PyList_SET_ITEM(records, i, t);
+        }
+    }
+    for (Py_ssize_t k = 0; k < nruns; k++) {
+        rv[k].units = PyBytes_FromStringAndSize(NULL, rv[k].count * 20);
+        if (rv[k].units == NULL) goto done;
+    }
+    for (Py_ssize_t i = 0; i < recs.n; i++) {
+        rec_t *r = &recs.items[i];
+        run_t *run = &rv[rec_run[i]];
+        uint8_t *u = (uint8_t *)PyBytes_AS_STRING(run->units) + 20 * run->written++;
+        put_i64(u, r->phys);
+        put_i32(u + 8, r->size);
+        put_i64(u + 12, r->tags_hash);
+    }
+    for (Py_ssize_t k = 0; k < nruns; k++) {
+        PyObject *t = Py_BuildValue("(OiLnO)", rv[k].topic, rv[k].queue_id,
+                                    (long long)rv[k].first_qoff, rv[k].count, rv[k].units);
+        if (t == NULL || PyList_Append(runs, t) < 0) {
+            Py_XDECREF(t);
+            goto done;
+        }
+        Py_DECREF(t);
+    }
+    result = Py_BuildValue("nisnLOO", pos, kind, why.text, consumed, last_ts, runs,
+                           records ? records : Py_None);
+done:
+    if (rv != NULL) {
+        for (Py_ssize_t k = 0; k < nruns; k++) Py_XDECREF(rv[k].units);
+        PyMem_Free(rv);
+    }
+    PyMem_Free(rec_run);
+    PyMem_RawFree(recs.items);
+    Py_XDECREF(runs);
+    Py_XDECREF(records);
+    Py_XDECREF(run_index);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+/* ---- stamp(buf, start, end, base_phys, queue_offset, store_ts, store_host, ----
+ *            topic, queue_id, max_body_size)
+ * The write side: buf[start:end] holds records encoded by a producer
+ * (store.batch) for one (topic, queue id). Validates each exactly as a read
+ * would, then writes what only the broker knows: BODYCRC (computed here, never
+ * trusted from the client), QUEUEOFFSET, PHYSICALOFFSET (base_phys is the
+ * offset of buf[start]), STORETIMESTAMP and STOREHOSTADDRESS.
+ * Prepared/rolled-back records take queue offset 0 and no place in the queue.
+ * Returns (next_queue_offset, physical_offsets, queue_offsets, sizes) as
+ * tuples; raises ValueError naming the first bad record, leaving buf unusable.
+ */
+static PyObject *py_stamp(PyObject *self, PyObject *args) {
+    Py_buffer b, host, topic;
+    Py_ssize_t start, end;
+    long long base, qoff, store_ts, max_body;
+    int queue_id;
+    if (!PyArg_ParseTuple(args, "w*nnLLLy*y*iL", &b, &start, &end, &base, &qoff, &store_ts,
+                          &host, &topic, &queue_id, &max_body))
+        return NULL;
+    PyObject *result = NULL;
+    recs_t recs = {0};
+    reason_t why = {{0}};
+    int bad = 0, oom = 0;
+    Py_ssize_t bad_at = 0, index = 0;
+    if (start < 0 || end > b.len || start > end || (host.len != 8 && host.len != 20)) {
+        PyErr_SetString(PyExc_ValueError, "bad batch bounds or store host");
+        goto done;
+    }
+    int32_t host_flag = host.len == 20 ? STOREHOSTADDRESS_V6_FLAG : 0;
+    uint8_t *buf = b.buf;
+    Py_ssize_t pos = start;
+    long long next_qoff = qoff;
+    Py_BEGIN_ALLOW_THREADS while (pos < end) {
+        rec_t r;
+        int kind = parse_record(buf + pos, (int64_t)end - pos, &r, &why);
+        bad_at = pos;
+        if (kind != KIND_MORE) {
+            if (kind != KIND_CORRUPT)
+                snprintf(why.text, sizeof why.text, "not a message record (magic 0x%08X)",
+                         get_u32(buf + pos + 4));
+            bad = 1;
+            break;
+        }
+        if ((r.sys_flag & STOREHOSTADDRESS_V6_FLAG) != host_flag) {
+            snprintf(why.text, sizeof why.text, "store host is %s but the record's SYSFLAG says %s",
+                     host_flag ? "IPv6" : "IPv4", host_flag ? "IPv4" : "IPv6");
+            bad = 1;
+            break;
+        }
+        if (r.topic_len != (uint32_t)topic.len ||
+            memcmp(buf + pos + r.topic_off, topic.buf, (size_t)topic.len) != 0) {
+            snprintf(why.text, sizeof why.text, "record topic differs from the batch's");
+            bad = 1;
+            break;
+        }
+        if (r.queue_id != queue_id) {
+            snprintf(why.text, sizeof why.text, "record queue id %d differs from the batch's %d",
+                     r.queue_id, queue_id);
+            bad = 1;
+            break;
+        }
+        if ((long long)r.body_len > max_body) {
+            snprintf(why.text, sizeof why.text, "body of %u bytes exceeds max_message_size %lld",
+                     r.body_len, max_body);
+            bad = 1;
+            break;
+        }
+        uint8_t *p = buf + pos;
+        put_i32(p + 8, (int32_t)(crc32_update(0, p + r.body_off, r.body_len) & 0x7FFFFFFF));
+        r.phys = base + (pos - start);
+        if (is_dispatchable(r.sys_flag)) {
+            r.queue_offset = next_qoff++;
+        } else {
+            r.queue_offset = 0;
+        }
+        put_i64(p + 20, r.queue_offset);
+        put_i64(p + 28, r.phys);
+        put_i64(p + r.store_ts_off, store_ts);
+        memcpy(p + r.store_ts_off + 8, host.buf, (size_t)host.len);
+        if (recs_push(&recs, &r) < 0) {
+            oom = 1;
+            break;
+        }
+        pos += r.size;
+        index++;
+    }
+    Py_END_ALLOW_THREADS if (oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "record %zd (byte %zd of the batch): %s", index,
+                     bad_at - start, why.text);
+        goto done;
+    }
+    PyObject *phys = PyTuple_New(recs.n), *qoffs = PyTuple_New(recs.n),
+             *sizes = PyTuple_New(recs.n);
+    if (phys == NULL || qoffs == NULL || sizes == NULL) {
+        Py_XDECREF(phys);
+        Py_XDECREF(qoffs);
+        Py_XDECREF(sizes);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < recs.n; i++) {
+        PyObject *a = PyLong_FromLongLong(recs.items[i].phys);
+        PyObject *q = PyLong_FromLongLong(recs.items[i].queue_offset);
+        PyObject *s = PyLong_FromLong(recs.items[i].size);
+        if (a == NULL || q == NULL || s == NULL) {
+            Py_XDECREF(a);
+            Py_XDECREF(q);
+            Py_XDECREF(s);
+            Py_DECREF(phys);
+            Py_DECREF(qoffs);
+            Py_DECREF(sizes);
+            goto done;
+        }
+        PyTuple_SET_ITEM(phys, i, a);
+        PyTuple_SET_ITEM(qoffs, i, q);
+        PyTuple_SET_ITEM(sizes, i, s);
+    }
+    result = Py_BuildValue("LNNN", next_qoff, phys, qoffs, sizes);
+done:
+    PyMem_RawFree(recs.items);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&host);
+    PyBuffer_Release(&topic);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> zlib-compatible CRC32."},
+    {"scan", py_scan, METH_VARARGS,
+     "scan(buf, pos, limit, base_offset, check_crc, newer_than_ms) -> "
+     "(pos, kind, reason, last_store_ts, first_newer_pos, count)."},
+    {"dispatch", py_dispatch, METH_VARARGS,
+     "dispatch(buf, pos, limit, base_offset, max_bytes, want_records, topic_cache) -> "
+     "(pos, kind, reason, consumed, last_store_ts, runs, records)."},
+    {"stamp", py_stamp, METH_VARARGS,
+     "stamp(buf, start, end, base_phys, queue_offset, store_ts, store_host, topic, queue_id, "
+     "max_body_size) -> (next_queue_offset, physical_offsets, queue_offsets, sizes)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "store._records",
+                                    "The CommitLog's per-record loops in C.", -1, methods};
+
+PyMODINIT_FUNC PyInit__records(void) {
+    crc_init();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "KIND_MORE", KIND_MORE) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_END", KIND_END) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_BLANK", KIND_BLANK) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_CORRUPT", KIND_CORRUPT) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,44 @@
+"""Type stub for the C extension store/_records.c (see its header comment)."""
+
+from store.record import Buffer
+
+KIND_MORE: int
+KIND_END: int
+KIND_BLANK: int
+KIND_CORRUPT: int
+
+def crc32(data: Buffer, start: int = 0, /) -> int: ...
+def scan(
+    buf: Buffer, pos: int, limit: int, base_offset: int, check_crc: bool, newer_than_ms: int, /
+) -> tuple[int, int, str, int, int, int]: ...
+def dispatch(
+    buf: Buffer,
+    pos: int,
+    limit: int,
+    base_offset: int,
+    max_bytes: int,
+    want_records: bool,
+    topic_cache: dict[bytes, str],
+    /,
+) -> tuple[
+    int,
+    int,
+    str,
+    int,
+    int,
+    list[tuple[str, int, int, int, bytes]],
+    list[tuple[str, int, int, int, int, int, int, int, int, int]] | None,
+]: ...
+def stamp(
+    buf: bytearray,
+    start: int,
+    end: int,
+    base_phys: int,
+    queue_offset: int,
+    store_ts: int,
+    store_host: bytes,
+    topic: bytes,
+    queue_id: int,
+    max_body_size: int,
+    /,
+) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]: ...
