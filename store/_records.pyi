@@ -8,15 +8,16 @@ KIND_BLANK: int
 KIND_CORRUPT: int
 
 def crc32(data: Buffer, start: int = 0, /) -> int: ...
+def crc32_portable(data: Buffer, start: int = 0, /) -> int: ...
 def scan(
     buf: Buffer, pos: int, limit: int, base_offset: int, check_crc: bool, newer_than_ms: int, /
 ) -> tuple[int, int, str, int, int, int]: ...
 def dispatch(
-    buf: Buffer,
-    pos: int,
-    limit: int,
+    fd: int,
+    file_pos: int,
+    avail: int,
     base_offset: int,
-    max_bytes: int,
+    window: bytearray,
     want_records: bool,
     topic_cache: dict[bytes, str],
     /,
@@ -28,6 +29,7 @@ def dispatch(
     int,
     list[tuple[str, int, int, int, bytes]],
     list[tuple[str, int, int, int, int, int, int, int, int, int]] | None,
+    int,
 ]: ...
 def stamp(
     buf: bytearray,
@@ -41,4 +43,4 @@ def stamp(
     queue_id: int,
     max_body_size: int,
     /,
-) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]: ...
+) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bytes]: ...

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from store import _records
 from store.batch import EncodedBatch
@@ -25,6 +27,26 @@ from store.message import MessageRecord, encode_host
 from store.record import BLANK, BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, decode_record
 
 _INT = struct.Struct(">i")
+
+
+#: (topic, queue id, first queue offset, unit count, packed ConsumeQueue units)
+UnitRun = tuple[str, int, int, int, bytes]
+
+
+class Appended(NamedTuple):
+    """One append as the writer hands it to the dispatcher (in CommitLog order)."""
+
+    #: Physical offset of the first record (past any end-of-file blank before it).
+    start: int
+    end: int
+    store_timestamp_ms: int
+    records: int
+    runs: list[UnitRun]
+
+
+#: Appends the dispatcher has not taken yet; past this many the oldest are dropped
+#: and the dispatcher reads those records back from the CommitLog instead.
+HANDOFF_MAX_APPENDS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +74,9 @@ class CommitLog:
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.put_lock = threading.Lock()
         self._on_append: list[Callable[[], None]] = []
+        #: What every append stamped, for the dispatcher (see Appended); written
+        #: under the put lock so its order is the CommitLog's.
+        self.handoff: deque[Appended] = deque(maxlen=HANDOFF_MAX_APPENDS)
         self.closed_for_writes = False
         self._last_store_timestamp_ms = 0
 
@@ -114,12 +139,13 @@ class CommitLog:
             physical: tuple[int, ...] = ()
             queue: tuple[int, ...] = ()
             sizes: tuple[int, ...] = ()
+            unit_runs: list[UnitRun] = []
             for run in batch.runs:
                 key = (run.topic, run.queue_id)
                 first = pending.get(key)
                 if first is None:
                     first = table.get(key, 0)
-                pending[key], run_phys, run_queue, run_sizes = _records.stamp(
+                pending[key], run_phys, run_queue, run_sizes, units = _records.stamp(
                     data,
                     run.start,
                     run.end,
@@ -134,6 +160,8 @@ class CommitLog:
                 physical += run_phys
                 queue += run_queue
                 sizes += run_sizes
+                if units:
+                    unit_runs.append((run.topic, run.queue_id, first, len(units) // 20, units))
             if roll:
                 mf.append(BLANK.pack(mf.file_size - used, BLANK_MAGIC_CODE))
                 mf.wrote_position = mf.file_size
@@ -144,6 +172,7 @@ class CommitLog:
             self._last_store_timestamp_ms = store_timestamp_ms
             table.update(pending)
             end = mf.file_from_offset + mf.wrote_position
+            self.handoff.append(Appended(base, end, store_timestamp_ms, len(sizes), unit_runs))
         for callback in self._on_append:
             callback()
         return AppendResult(physical, queue, sizes, store_timestamp_ms, end)

@@ -67,8 +67,12 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.mapped_file_size = mapped_file_size
+        # Units are 20 bytes: written through the mapping (see MappedFile.append).
         self.files = MappedFileQueue(
-            consume_queue_dir / topic / str(queue_id), mapped_file_size, read_only=read_only
+            consume_queue_dir / topic / str(queue_id),
+            mapped_file_size,
+            read_only=read_only,
+            mapped_writes=True,
         )
         #: End (offset + size) of the last real unit; -1 when the queue is empty.
         self.max_physic_offset = -1

@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from store import _records
-from store.commitlog import CommitLog
+from store.commitlog import Appended, CommitLog, UnitRun
 from store.consume_queue_table import ConsumeQueueTable
 from store.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, property_value
 
@@ -85,6 +86,10 @@ class ReputMessageService:
         self.entries_written = 0
         #: Topic names by their UTF-8 bytes, shared with the C walk.
         self._topics: dict[bytes, str] = {}
+        #: Whether the last round reached the written end of the CommitLog.
+        self._caught_up = False
+        #: Reused read buffer: one batch of CommitLog bytes (grown for a larger record).
+        self._window = bytearray(batch_size_bytes)
         self._wakeup = threading.Event()
         self._progress = threading.Condition()
         self._stopping = False
@@ -111,11 +116,13 @@ class ReputMessageService:
             self._wakeup.wait(0.1)
             self._wakeup.clear()
             try:
-                while self.dispatch_available() and not self._stopping:
-                    pass
-                # Like RocketMQ's 1 ms reput pause: under a stream of small sends, one
+                # Rounds back to back only while behind by more than a window; once
+                # caught up, RocketMQ's 1 ms reput pause: under a stream of sends one
                 # round per millisecond dispatches many records at once instead of
-                # taking the GIL from the senders once per record.
+                # chasing the writer a few records at a time and taking the GIL from
+                # it on every round.
+                while self.dispatch_available() and not self._caught_up and not self._stopping:
+                    pass
                 time.sleep(DISPATCH_PAUSE_S)
             except Exception:
                 log.exception("dispatcher failed at offset %d", self.reput_from_offset)
@@ -154,6 +161,13 @@ class ReputMessageService:
         caught up. A record that does not parse stops dispatching and sets
         ``stalled_reason``: the CommitLog is corrupt and a restart's recovery
         must decide.
+
+        The units of records appended since the last round usually come from
+        the writer's hand-off (:attr:`CommitLog.handoff`: what it stamped), so
+        nothing is read back; the CommitLog itself is walked whenever the
+        hand-off does not continue exactly at ``reput_from_offset`` (recovery,
+        a file roll, a hand-off that overflowed) and whenever listeners need
+        each record's properties.
         """
         commitlog = self.commitlog
         if self.reput_from_offset < commitlog.min_offset:
@@ -161,29 +175,37 @@ class ReputMessageService:
         start = self.reput_from_offset
         if start >= commitlog.max_offset or self.stalled_reason is not None:
             return 0
+        handoff = commitlog.handoff
+        while handoff and handoff[0].end <= start:
+            handoff.popleft()  # already dispatched by a walk of the CommitLog
+        if handoff and handoff[0].start == start and not self.listeners:
+            return self._take_handoff(handoff)
         mf = commitlog.files.find_by_offset(start)
         if mf is None:
             return 0
         rel = start - mf.file_from_offset
         if mf.wrote_position <= rel:
             return 0
-        # The record walk runs in C with the GIL released, straight on the mapping.
-        pos, kind, reason, consumed, last_ts, runs, records = _records.dispatch(
-            mf.buffer,
+        # One C call reads the window (pread, not the mapping: a page fault per
+        # fresh page costs more than the copy) and walks it, with the GIL released.
+        window = self._window
+        pos, kind, reason, consumed, last_ts, runs, records, need = _records.dispatch(
+            mf.fd,
             rel,
-            mf.wrote_position,
-            mf.file_from_offset,
-            self.batch_size_bytes,
+            mf.wrote_position - rel,
+            start,
+            window,
             bool(self.listeners),
             self._topics,
         )
         if kind == _records.KIND_CORRUPT:
-            self._stall(mf.file_from_offset + pos, reason)
+            self._stall(start + pos, reason)
+        elif need > len(window):
+            self._window = bytearray(need)  # a record larger than the window: grow it
         self._apply(runs)
         if records:
-            props = mf.buffer
             requests = [
-                DispatchRequest(t, q, phys, size, tags, ts, qoff, flag, props[ps:pe])
+                DispatchRequest(t, q, phys, size, tags, ts, qoff, flag, bytes(window[ps:pe]))
                 for t, q, phys, size, tags, ts, qoff, flag, ps, pe in records
             ]
             for listener in self.listeners:
@@ -193,10 +215,38 @@ class ReputMessageService:
         if kind == _records.KIND_BLANK:
             self._advance(commitlog.roll_next_file(mf.file_from_offset))
             return consumed + 1
-        self._advance(mf.file_from_offset + pos)
-        return consumed
+        self._advance(start + pos)
+        self._caught_up = kind == _records.KIND_END
+        return consumed if consumed or kind != _records.KIND_MORE else 1
 
-    def _apply(self, runs: list[tuple[str, int, int, int, bytes]]) -> None:
+    def _take_handoff(self, handoff: deque[Appended]) -> int:
+        """Apply the writer's consecutive hand-offs from ``reput_from_offset`` on."""
+        end = self.reput_from_offset
+        records = 0
+        last_ts = self.last_store_timestamp_ms
+        # Per queue, consecutive runs are merged into one ConsumeQueue write.
+        merged: dict[tuple[str, int], list[Any]] = {}
+        ordered: list[list[Any]] = []
+        while handoff and handoff[0].start == end:
+            appended = handoff.popleft()
+            end = appended.end
+            records += appended.records
+            last_ts = appended.store_timestamp_ms
+            for topic, queue_id, first, count, units in appended.runs:
+                run = merged.get((topic, queue_id))
+                if run is not None and run[2] + run[3] == first:
+                    run[3] += count
+                    run[4].append(units)
+                else:
+                    run = merged[topic, queue_id] = [topic, queue_id, first, count, [units]]
+                    ordered.append(run)
+        self._apply([(t, q, first, n, b"".join(units)) for t, q, first, n, units in ordered])
+        self.last_store_timestamp_ms = last_ts
+        self._advance(end)
+        self._caught_up = end >= self.commitlog.max_offset
+        return records
+
+    def _apply(self, runs: list[UnitRun]) -> None:
         find = self.consume_queues.find_or_create
         for topic, queue_id, first_offset, count, units in runs:
             self.entries_written += find(topic, queue_id).put_units(first_offset, count, units)

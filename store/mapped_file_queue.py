@@ -29,10 +29,19 @@ TORN_WRITE_WINDOW_BYTES = 8 * 1024 * 1024
 class MappedFileQueue:
     """The files of one directory, all ``mapped_file_size`` bytes long."""
 
-    def __init__(self, directory: Path, mapped_file_size: int, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        mapped_file_size: int,
+        *,
+        read_only: bool = False,
+        mapped_writes: bool = False,
+    ) -> None:
         self.directory = directory
         self.mapped_file_size = mapped_file_size
         self.read_only = read_only
+        #: Appends copy into the mapping (preallocated files); see MappedFile.append.
+        self.mapped_writes = mapped_writes
         self.files: list[MappedFile] = []
         self.flushed_where = 0
 
@@ -47,7 +56,12 @@ class MappedFileQueue:
         files: list[MappedFile] = []
         try:
             for path in paths:
-                mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only)
+                mf = MappedFile(
+                    path,
+                    self.mapped_file_size,
+                    read_only=self.read_only,
+                    mapped_writes=self.mapped_writes,
+                )
                 files.append(mf)
                 if len(files) > 1 and mf.file_from_offset != files[-2].file_end_offset:
                     raise CorruptFileError(path, f"gap after {files[-2].path.name}")
@@ -122,7 +136,11 @@ class MappedFileQueue:
         if self.read_only:
             raise CorruptFileError(self.directory / file_name(offset), "read-only queue")
         self.directory.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(self.directory / file_name(offset), self.mapped_file_size)
+        mf = MappedFile(
+            self.directory / file_name(offset),
+            self.mapped_file_size,
+            mapped_writes=self.mapped_writes,
+        )
         # The new name must survive a power loss as surely as the bytes fsynced into it.
         fsync_dir(self.directory)
         mf.first_create_in_queue = first
