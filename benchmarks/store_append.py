@@ -48,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -497,12 +497,29 @@ def bench_sync(s: Settings, body_size: int, writers: int, batch: int) -> Row:
     )
 
 
-def bench_sync_asyncio(s: Settings, body_size: int, tasks: int) -> Row:
-    """SYNC flush through ``put_messages_async``: ``tasks`` coroutines on one event loop."""
-    singles = make_batches(make_messages(body_size), 1)
+def bench_sync_asyncio(s: Settings, body_size: int, tasks: int, batch: int = 1) -> Row:
+    """SYNC flush from ``tasks`` coroutines on one event loop, the way a server calls
+    the store: single messages through ``put_messages_async``, or producer-encoded
+    batches through ``put_batch_async`` (what a SendBatch request carries)."""
+    batches = make_batches(make_messages(body_size, batch=batch), batch)
     with fresh_store(
         s.root, f"sync-asyncio-{body_size}-{tasks}", flush_disk_type=FlushDiskType.SYNC_FLUSH
     ) as store:
+        send: Callable[[int], Awaitable[PutMessageResult]]
+        if batch == 1:
+
+            def send(i: int) -> Awaitable[PutMessageResult]:
+                return store.put_messages_async(batches[i % len(batches)])
+
+        else:
+            encoded = [
+                (b[0].queue_id, r)
+                for b, r in zip(batches, encode_batches(store, batches), strict=True)
+            ]
+
+            def send(i: int) -> Awaitable[PutMessageResult]:
+                queue_id, records = encoded[i % len(encoded)]
+                return store.put_batch_async(EncodedBatch.of_records(TOPIC, queue_id, records))
 
         async def measure() -> tuple[int, int, float, int]:
             counts = [0] * tasks
@@ -512,9 +529,9 @@ def bench_sync_asyncio(s: Settings, body_size: int, tasks: int) -> Row:
             async def sender(slot: int) -> None:
                 i = slot
                 while not stopping:
-                    result = await store.put_messages_async(singles[i % len(singles)])
+                    result = await send(i)
                     if result.status is PutStatus.PUT_OK:
-                        counts[slot] += 1
+                        counts[slot] += batch
                     else:
                         failures[0] += 1
                     i += tasks
@@ -532,9 +549,10 @@ def bench_sync_asyncio(s: Settings, body_size: int, tasks: int) -> Row:
 
         count, log_bytes, seconds, failed = asyncio.run(measure())
         load1 = os.getloadavg()[0]
+    what = "single msgs" if batch == 1 else f"producer-encoded batches of {batch}"
     return append_row(
         "append SYNC",
-        f"asyncio: {tasks} tasks on 1 loop, single msgs",
+        f"asyncio: {tasks} tasks on 1 loop, {what}",
         body_size,
         count,
         seconds,
@@ -761,8 +779,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--sync-async-tasks",
         type=_int_list,
-        default=(32, 256),
-        help="coroutines sending single messages via put_messages_async (default 32,256)",
+        default=(4, 32, 256),
+        help="coroutines sending single messages via put_messages_async (default 4,32,256)",
     )
     p.add_argument(
         "--dispatch-records", type=int, help="records per dispatch cell (default 1,000,000)"
@@ -837,6 +855,11 @@ def run(s: Settings) -> tuple[list[Row], list[RecoveryRun]]:
             for tasks in s.sync_async_tasks:
                 _progress(f"append SYNC {_size(size)} asyncio {tasks} tasks")
                 rows.append(bench_sync_asyncio(s, size, tasks))
+            for batch in s.sync_batches:
+                if batch > 1:
+                    for tasks in s.sync_writers:
+                        _progress(f"append SYNC {_size(size)} asyncio {tasks} tasks x {batch}")
+                        rows.append(bench_sync_asyncio(s, size, tasks, batch))
         if "dispatch" in s.paths:
             _progress(f"dispatch {_size(size)}")
             rows.append(bench_dispatch(s, size))

@@ -23,6 +23,7 @@ import asyncio
 import enum
 import logging
 import re
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from types import TracebackType
 from store.batch import EncodedBatch
 from store.checkpoint import StoreCheckpoint
 from store.clock import Clock, SystemClock
+from store.coalesce import MAX_GROUP_BYTES, SendCoalescer
 from store.commitlog import CommitLog
 from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, FlushDiskType, MessageStoreConfig
 from store.consume_queue import ConsumeQueue
@@ -45,7 +47,7 @@ from store.flush import (
     flush_commitlog,
 )
 from store.message import Message, MessageRecord, offset_msg_id
-from store.record import EncodedMessage
+from store.record import END_FILE_MIN_BLANK_LENGTH, EncodedMessage
 from store.recovery import RecoveryReport, recover
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,10 @@ class MessageStore:
         self.recovery_report: RecoveryReport | None = None
         #: Topic names already validated: a regex per message is measurable on the hot path.
         self._valid_topics: set[str] = set()
+        #: One per event loop that sends (see put_batch_async).
+        self._coalescers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendCoalescer] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -286,7 +292,11 @@ class MessageStore:
                 born = now
             try:
                 em = EncodedMessage(
-                    m, store_host=store_host, properties=props, born_timestamp_ms=born
+                    m,
+                    store_host=store_host,
+                    properties=props,
+                    born_timestamp_ms=born,
+                    compute_crc=False,  # stamped on append
                 )
             except ValueError as e:
                 return _refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {m.born_host!r}: {e}")
@@ -384,27 +394,47 @@ class MessageStore:
         return result
 
     async def put_batch_async(self, batch: EncodedBatch) -> PutMessageResult:
-        """:meth:`put_batch` for an event loop: the fsync wait never blocks the loop."""
-        return await self._await_flush_async(*self._append(batch))
+        """:meth:`put_batch` for an event loop: the fsync wait never blocks the loop.
+
+        Sends made during the same turn of the loop share one append and one
+        fsync (see :mod:`store.coalesce`); each gets its own result.
+        """
+        return await self._coalescer().submit(batch)
 
     async def put_messages_async(self, messages: Sequence[Message]) -> PutMessageResult:
-        """:meth:`put_messages` for an event loop: the fsync wait never blocks the loop."""
-        return await self._await_flush_async(*self._append(self._encode(messages)))
+        """:meth:`put_messages` for an event loop (see :meth:`put_batch_async`)."""
+        encoded = self._encode(messages)
+        if isinstance(encoded, PutMessageResult):
+            return encoded
+        return await self._coalescer().submit(encoded)
 
-    async def _await_flush_async(
-        self, result: PutMessageResult, flush_to: int | None
-    ) -> PutMessageResult:
-        if flush_to is not None and self._group_commit is not None:
-            try:
-                await asyncio.wait_for(
-                    self._group_commit.request_async(flush_to),
-                    self.config.sync_flush_timeout_ms / 1000,
-                )
-            except TimeoutError:
-                return self._flush_timeout(result, "fsync did not finish in time")
-            except Exception as e:
-                return self._flush_timeout(result, f"fsync failed: {e}")
-        return result
+    def _coalescer(self) -> SendCoalescer:
+        loop = asyncio.get_running_loop()
+        coalescer = self._coalescers.get(loop)
+        if coalescer is None:
+            coalescer = self._coalescers[loop] = SendCoalescer(
+                loop,
+                refuse=self._refusal,
+                append=self._append,
+                flush_wait=self._flush_wait_async,
+                flush_failed=self._flush_timeout,
+                flush_timeout_s=self.config.sync_flush_timeout_ms / 1000,
+                # A group must fit one CommitLog file, as any batch must.
+                max_group_bytes=min(
+                    MAX_GROUP_BYTES,
+                    self.config.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH,
+                ),
+            )
+        return coalescer
+
+    def _refusal(self, batch: EncodedBatch) -> PutMessageResult | None:
+        if not self._running:
+            return _refused(PutStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
+        return self._check_batch(batch)
+
+    def _flush_wait_async(self, end_offset: int) -> asyncio.Future[None]:
+        assert self._group_commit is not None  # _append asks for a wait only under SYNC
+        return self._group_commit.request_async(end_offset)
 
     # -- reads ------------------------------------------------------------------------
 

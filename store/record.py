@@ -172,7 +172,10 @@ class EncodedMessage:
         store_host: bytes,
         properties: bytes | None = None,
         born_timestamp_ms: int | None = None,
+        compute_crc: bool = True,
     ) -> None:
+        """``compute_crc=False`` leaves BODYCRC 0 for the store to fill in
+        (:func:`store._records.stamp` computes it for every record it appends)."""
         props = encode_properties(message.all_properties()) if properties is None else properties
         topic_bytes = message.topic.encode("utf-8")
         born_ip, born_port = _host_parts(message.born_host)
@@ -198,7 +201,7 @@ class EncodedMessage:
         self._args: list[int | bytes] = [
             size,
             MESSAGE_MAGIC_CODE,
-            zlib.crc32(body) & 0x7FFFFFFF,
+            zlib.crc32(body) & 0x7FFFFFFF if compute_crc else 0,
             message.queue_id,
             message.flag,
             0,  # QUEUEOFFSET

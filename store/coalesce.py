@@ -1,0 +1,162 @@
+"""Sends from one event loop that arrive together are appended together.
+
+A store-node serves many producers from one asyncio loop. Each send on its
+own would pay for a stamp call, a ``pwrite`` and, under SYNC flush, a
+group-commit request and a wake-up. :class:`SendCoalescer` queues the sends
+made during one turn of the loop and, in a callback scheduled for the next
+turn, appends them as one batch (one ``pwrite``; records of the same queue
+stamped by one call) and waits for one fsync; each send then gets its own
+result: its own offsets, in the order it was queued.
+
+Semantics are those of separate sends: a refused send (bad topic, queue id,
+size) is answered alone and does not affect the others; records of one send
+stay consecutive; a failed write or fsync fails every send of the group,
+which is what happens to sends that share a write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from store.batch import BatchRun, EncodedBatch
+
+if TYPE_CHECKING:
+    from store.message_store import PutMessageResult
+
+#: A group is cut at this many bytes so that it always fits a CommitLog file.
+MAX_GROUP_BYTES = 4 * 1024 * 1024
+
+Append = Callable[[EncodedBatch], "tuple[PutMessageResult, int | None]"]
+FlushWait = Callable[[int], "asyncio.Future[None]"]
+Refusal = Callable[[EncodedBatch], "PutMessageResult | None"]
+FlushFailure = Callable[["PutMessageResult", str], "PutMessageResult"]
+
+
+class SendCoalescer:
+    """Groups the sends of one event loop; used only from that loop's thread."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        refuse: Refusal,
+        append: Append,
+        flush_wait: FlushWait,
+        flush_failed: FlushFailure,
+        flush_timeout_s: float,
+        max_group_bytes: int = MAX_GROUP_BYTES,
+    ) -> None:
+        self._loop = loop
+        self._refuse = refuse
+        self._append = append
+        self._flush_wait = flush_wait
+        self._flush_failed = flush_failed
+        self._flush_timeout_s = flush_timeout_s
+        self._max_group_bytes = max_group_bytes
+        self._pending: list[tuple[EncodedBatch, asyncio.Future[PutMessageResult]]] = []
+
+    def submit(self, batch: EncodedBatch) -> asyncio.Future[PutMessageResult]:
+        """Queue a send; its future resolves once it is written (and fsynced under SYNC)."""
+        fut: asyncio.Future[PutMessageResult] = self._loop.create_future()
+        refused = self._refuse(batch)
+        if refused is not None:
+            fut.set_result(refused)
+            return fut
+        if not self._pending:
+            self._loop.call_soon(self._drain)
+        self._pending.append((batch, fut))
+        return fut
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, []
+        group: list[tuple[EncodedBatch, asyncio.Future[PutMessageResult]]] = []
+        size = 0
+        for item in pending:
+            if group and size + len(item[0]) > self._max_group_bytes:
+                self._write(group)
+                group, size = [], 0
+            group.append(item)
+            size += len(item[0])
+        if group:
+            self._write(group)
+
+    def _write(self, group: list[tuple[EncodedBatch, asyncio.Future[PutMessageResult]]]) -> None:
+        result, flush_to = self._append(_concat([batch for batch, _ in group]))
+        results = _split(result, group)
+        if flush_to is None:
+            for (_, fut), own in zip(group, results, strict=True):
+                if not fut.done():
+                    fut.set_result(own)
+            return
+        waiting = self._flush_wait(flush_to)
+        timer = self._loop.call_later(self._flush_timeout_s, waiting.cancel)
+
+        def settle(done: asyncio.Future[None]) -> None:
+            timer.cancel()
+            if done.cancelled():
+                why = "fsync did not finish in time"
+            elif done.exception() is not None:
+                why = f"fsync failed: {done.exception()}"
+            else:
+                why = ""
+            for (_, fut), own in zip(group, results, strict=True):
+                if not fut.done():
+                    fut.set_result(own if not why else self._flush_failed(own, why))
+
+        waiting.add_done_callback(settle)
+
+
+def _concat(batches: list[EncodedBatch]) -> EncodedBatch:
+    """One batch of all records, in order; adjacent runs of one queue merge."""
+    if len(batches) == 1:
+        return batches[0]
+    runs: list[BatchRun] = []
+    offset = 0
+    for batch in batches:
+        for run in batch.runs:
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and last.end == offset + run.start
+                and (last.topic, last.queue_id) == (run.topic, run.queue_id)
+            ):
+                runs[-1] = BatchRun(last.topic, last.queue_id, last.start, offset + run.end)
+            else:
+                runs.append(
+                    BatchRun(run.topic, run.queue_id, offset + run.start, offset + run.end)
+                )
+        offset += len(batch.data)
+    return EncodedBatch(bytearray(b"".join(batch.data for batch in batches)), runs)
+
+
+def _split(
+    result: PutMessageResult,
+    group: list[tuple[EncodedBatch, asyncio.Future[PutMessageResult]]],
+) -> list[PutMessageResult]:
+    """Each send's share of the group's result: its own records' offsets."""
+    if len(group) == 1 or not result.physical_offsets:
+        return [result] * len(group)
+    shares: list[PutMessageResult] = []
+    first = 0
+    for batch, _ in group:
+        # Records of a send are consecutive; count them by the group's sizes.
+        end, count = first, 0
+        while end < len(result.sizes) and count < len(batch.data):
+            count += result.sizes[end]
+            end += 1
+        shares.append(
+            type(result)(
+                result.status,
+                result.detail,
+                result.physical_offsets[first:end],
+                result.queue_offsets[first:end],
+                result.sizes[first:end],
+                result.store_timestamp_ms,
+                result.store_host,
+            )
+        )
+        first = end
+    return shares
+
