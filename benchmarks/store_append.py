@@ -308,6 +308,12 @@ class Settings:
     recovery_file_size: int
     recovery_variants: tuple[str, ...]
     cold_cache: bool
+    #: CommitLog bytes an ASYNC cell stops at (if its duration has not ended first).
+    async_volume_bytes: int
+    #: CommitLog bytes of the sustained ASYNC row (0: no such row).
+    sustained_bytes: int
+    #: GiB of memory touched right before each measured ASYNC cell (see prefault_memory).
+    prefault_gib: int
 
 
 def make_messages(body_size: int, count: int = POOL, batch: int = 1) -> list[Message]:
@@ -359,8 +365,11 @@ def warm_up(step: Callable[[], int], seconds: float) -> None:
         step()
 
 
-def timed_loop(step: Callable[[], int], duration_s: float) -> tuple[int, float]:
-    """Call ``step`` (returns messages done) for ``duration_s``: (messages, seconds)."""
+def timed_loop(
+    step: Callable[[], int], duration_s: float, done_when: Callable[[], bool] = lambda: False
+) -> tuple[int, float]:
+    """Call ``step`` (returns messages done) for ``duration_s`` or until ``done_when()``:
+    (messages, seconds)."""
     clock = time.perf_counter
     done = 0
     start = clock()
@@ -368,7 +377,7 @@ def timed_loop(step: Callable[[], int], duration_s: float) -> tuple[int, float]:
     while True:
         done += step()
         now = clock()
-        if now >= end:
+        if now >= end or done_when():
             return done, now - start
 
 
@@ -389,8 +398,17 @@ def encode_batches(store: MessageStore, batches: Sequence[Sequence[Message]]) ->
 
 
 def bench_async(
-    s: Settings, body_size: int, batch: int, *, dispatching: bool = True, encoded: bool = False
+    s: Settings,
+    body_size: int,
+    batch: int,
+    *,
+    dispatching: bool = True,
+    encoded: bool = False,
+    sustained_bytes: int | None = None,
 ) -> Row:
+    """One thread appending with ASYNC flush, for ``duration_s`` or until
+    ``async_volume_bytes`` of CommitLog are written (whichever comes first), or
+    until ``sustained_bytes`` are written."""
     batches = make_batches(make_messages(body_size, batch=batch), batch)
     with fresh_store(s.root, f"async-{body_size}-{batch}") as store:
         if not dispatching:
@@ -421,18 +439,28 @@ def bench_async(
             return max(1, 64 // batch) * batch
 
         warm_up(step, s.warmup_s)
+        if s.prefault_gib:
+            prefault_memory(s.prefault_gib)
         log_before = store.max_physical_offset
-        count, seconds = timed_loop(step, s.duration_s)
+        volume = s.async_volume_bytes if sustained_bytes is None else sustained_bytes
+        count, seconds = timed_loop(
+            step,
+            s.duration_s if sustained_bytes is None else 3600.0,
+            lambda: store.max_physical_offset - log_before >= volume,
+        )
         log_bytes = store.max_physical_offset - log_before
         load1 = os.getloadavg()[0]
     target = (
-        Target(TARGET_ASYNC_MSGS_S) if body_size == 1 * KIB and batch == 64 and encoded else None
+        Target(TARGET_ASYNC_MSGS_S)
+        if body_size == 1 * KIB and batch == 64 and encoded and sustained_bytes is None
+        else None
     )
     return append_row(
         "append ASYNC",
         f"1 thread, batch {batch}"
         + (", producer-encoded" if encoded else ", Message objects")
-        + ("" if dispatching else ", dispatcher stopped"),
+        + ("" if dispatching else ", dispatcher stopped")
+        + ("" if sustained_bytes is None else f", sustained {_size(sustained_bytes)}"),
         body_size,
         count,
         seconds,
@@ -440,6 +468,48 @@ def bench_async(
         target=target,
         load1=load1,
     )
+
+
+def bench_page_cache(s: Settings, body_size: int, batch: int) -> Row:
+    """The machine's own ceiling: ``pwrite`` of the same chunks into a fresh sparse
+    file of the same size, no store, under the same conditions as the ASYNC cells."""
+    chunk = os.urandom(record_bytes(body_size) * batch)
+    path = s.root / "page-cache-ceiling"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, max(s.async_volume_bytes, 64 * MIB) + 64 * MIB)
+        pos = 0
+        deadline = time.perf_counter() + s.warmup_s
+        while time.perf_counter() < deadline and pos < 64 * MIB:
+            os.pwrite(fd, chunk, pos)
+            pos += len(chunk)
+        if s.prefault_gib:
+            prefault_memory(s.prefault_gib)
+        start_pos, start = pos, time.perf_counter()
+        while pos - start_pos < s.async_volume_bytes:
+            os.pwrite(fd, chunk, pos)
+            pos += len(chunk)
+        seconds = time.perf_counter() - start
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    count = (pos - start_pos) // len(chunk) * batch
+    return append_row(
+        "page cache",
+        f"raw pwrite of {_size(len(chunk))} chunks, no store (this machine's ceiling)",
+        body_size,
+        count,
+        seconds,
+        pos - start_pos,
+        target=None,
+        load1=os.getloadavg()[0],
+    )
+
+
+def record_bytes(body_size: int) -> int:
+    """CommitLog bytes of one benchmark message (TAGS + UNIQ_KEY, IPv4 hosts)."""
+    m = make_messages(body_size, count=1)[0]
+    return EncodedMessage(m, store_host=b"\x7f\x00\x00\x01\x00\x00\x2a\x9f").size
 
 
 # -- append: SYNC -----------------------------------------------------------------------
@@ -754,7 +824,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--prefault-gib",
         type=int,
-        help="GiB of memory touched once before measuring (default 8, 0 with --quick)",
+        help="GiB of memory touched right before each ASYNC cell (default 1, 0 with --quick)",
+    )
+    p.add_argument(
+        "--async-mib",
+        type=int,
+        help="CommitLog MiB after which an ASYNC cell stops (default 768)",
+    )
+    p.add_argument(
+        "--sustained-mib",
+        type=int,
+        help="CommitLog MiB of the sustained ASYNC row (default 4096, 0 skips it)",
     )
     p.add_argument("--root", type=Path, help="store directory (default: a temp dir, removed)")
     p.add_argument("--sizes", type=_int_list, help="body sizes in bytes (default 128,1024,16384)")
@@ -833,6 +913,12 @@ def settings_from(args: argparse.Namespace, root: Path) -> Settings:
         recovery_file_size=file_size,
         recovery_variants=args.recovery_variants,
         cold_cache=bool(args.cold_cache),
+        async_volume_bytes=(args.async_mib or (64 if quick else 768)) * MIB,
+        sustained_bytes=(
+            args.sustained_mib if args.sustained_mib is not None else 0 if quick else 4096
+        )
+        * MIB,
+        prefault_gib=(args.prefault_gib if args.prefault_gib is not None else 0 if quick else 1),
     )
 
 
@@ -847,6 +933,13 @@ def run(s: Settings) -> tuple[list[Row], list[RecoveryRun]]:
             if s.async_no_dispatch:
                 _progress(f"append ASYNC {_size(size)} batch 64, dispatcher stopped")
                 rows.append(bench_async(s, size, 64, dispatching=False, encoded=True))
+            _progress(f"page cache ceiling {_size(size)}")
+            rows.append(bench_page_cache(s, size, 64))
+            if s.sustained_bytes:
+                _progress(f"append ASYNC {_size(size)} batch 64, sustained")
+                rows.append(
+                    bench_async(s, size, 64, encoded=True, sustained_bytes=s.sustained_bytes)
+                )
         if "sync" in s.paths:
             for batch in s.sync_batches:
                 for writers in s.sync_writers:
@@ -881,13 +974,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = settings_from(args, root)
         print("\n".join(machine_lines(root)))
         print(f"command:   .venv/bin/python benchmarks/store_append.py {' '.join(argv)}".rstrip())
-        prefault = args.prefault_gib if args.prefault_gib is not None else 0 if args.quick else 8
-        if prefault:
-            seconds = prefault_memory(prefault)
-            print(f"prefault:  touched {prefault} GiB of memory once in {seconds:.1f} s")
         print(
-            f"settings:  warmup {s.warmup_s:g} s + {s.duration_s:g} s per append cell; "
-            f"{TOPIC} x {QUEUES} queues, TAGS + UNIQ_KEY on every message"
+            f"settings:  warmup {s.warmup_s:g} s + {s.duration_s:g} s per append cell (ASYNC: or "
+            f"{_size(s.async_volume_bytes)} of CommitLog, after touching {s.prefault_gib} GiB of "
+            f"memory); {TOPIC} x {QUEUES} queues, TAGS + UNIQ_KEY on every message"
         )
         started = time.perf_counter()
         rows, recoveries = run(s)

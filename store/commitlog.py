@@ -14,7 +14,6 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from store import _records
@@ -49,8 +48,7 @@ class Appended(NamedTuple):
 HANDOFF_MAX_APPENDS = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(NamedTuple):
     """Where a batch landed: one entry per message, in order."""
 
     physical_offsets: tuple[int, ...]
