@@ -202,13 +202,21 @@ class ConsumeQueue:
         if last_phy + last_size <= self.max_physic_offset:
             return 0  # already indexed (re-dispatch after recovery)
         first_phy, first_size, _ = UNIT.unpack_from(units, 0)
+        pos = first_offset * CQ_STORE_UNIT_SIZE
         last = self.files.last_file
+        if (last is None and pos == 0) or (last is not None and pos == last.file_end_offset):
+            last = self.files.get_last_mapped_file(pos)  # the queue's first, or next, file
         if (
             last is not None
             and first_phy + first_size > self.max_physic_offset
-            and first_offset * CQ_STORE_UNIT_SIZE == last.file_from_offset + last.wrote_position
-            and last.wrote_position + len(units) <= self.mapped_file_size
+            and pos == last.file_from_offset + last.wrote_position
         ):
+            room = (self.mapped_file_size - last.wrote_position) // CQ_STORE_UNIT_SIZE
+            if count > room:  # the run crosses into the next file
+                split = room * CQ_STORE_UNIT_SIZE
+                return self.put_units(first_offset, room, units[:split]) + self.put_units(
+                    first_offset + room, count - room, units[split:]
+                )
             last.append(units)
             self.max_physic_offset = last_phy + last_size
             return count

@@ -105,8 +105,18 @@ class MappedFile:
                 os.ftruncate(self._fd, file_size)
             elif actual != file_size:
                 raise CorruptFileError(path, f"size {actual} but data files are {file_size} bytes")
-            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
-            self._mm = mmap.mmap(self._fd, file_size, access=access)
+            if mapped_writes and not read_only:
+                # Fault every page in now, in one call: appends then store into
+                # pages that exist instead of taking a fault per fresh page.
+                self._mm = mmap.mmap(
+                    self._fd,
+                    file_size,
+                    flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                )
+            else:
+                access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+                self._mm = mmap.mmap(self._fd, file_size, access=access)
         except BaseException:
             os.close(self._fd)
             if not read_only and actual == 0:
