@@ -15,7 +15,8 @@ from store.errors import (
     StoreLockedError,
 )
 from store.message import Message, MessageRecord
-from store.message_store import MessageStore, PutMessageResult, PutStatus
+from store.message_store import MessageStore
+from store.put_result import PutMessageResult, PutStatus
 from store.recovery import RecoveryReport
 
 __all__ = [

@@ -9,29 +9,26 @@ stamped by one call) and waits for one fsync; each send then gets its own
 result: its own offsets, in the order it was queued.
 
 Semantics are those of separate sends: a refused send (bad topic, queue id,
-size) is answered alone and does not affect the others; records of one send
-stay consecutive; a failed write or fsync fails every send of the group,
-which is what happens to sends that share a write.
+size, a malformed producer batch) is answered alone and does not affect the
+others; records of one send stay consecutive; a failed write or fsync fails
+every send of the group, which is what happens to sends that share a write.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from store.batch import BatchRun, EncodedBatch
-
-if TYPE_CHECKING:
-    from store.message_store import PutMessageResult
+from store.put_result import PutMessageResult, PutStatus
 
 #: A group is cut at this many bytes so that it always fits a CommitLog file.
 MAX_GROUP_BYTES = 4 * 1024 * 1024
 
-Append = Callable[[EncodedBatch], "tuple[PutMessageResult, int | None]"]
+Append = Callable[[EncodedBatch], tuple[PutMessageResult, int | None]]
 FlushWait = Callable[[int], "asyncio.Future[None]"]
-Refusal = Callable[[EncodedBatch], "PutMessageResult | None"]
-FlushFailure = Callable[["PutMessageResult", str], "PutMessageResult"]
+Refusal = Callable[[EncodedBatch], PutMessageResult | None]
+FlushFailure = Callable[[PutMessageResult, str], PutMessageResult]
 
 
 class SendCoalescer:
@@ -84,6 +81,12 @@ class SendCoalescer:
 
     def _write(self, group: list[tuple[EncodedBatch, asyncio.Future[PutMessageResult]]]) -> None:
         result, flush_to = self._append(_concat([batch for batch, _ in group]))
+        if result.status is PutStatus.MESSAGE_ILLEGAL and len(group) > 1:
+            # A malformed producer batch refuses the whole write (nothing is written):
+            # send each alone so that only the bad one is refused.
+            for item in group:
+                self._write([item])
+            return
         results = _split(result, group)
         if flush_to is None:
             for (_, fut), own in zip(group, results, strict=True):

@@ -84,6 +84,8 @@ class ReputMessageService:
         self.stalled_reason: str | None = None
         #: ConsumeQueue units written so far (recovery reports the rebuilt count).
         self.entries_written = 0
+        #: Records dispatched from the writer's hand-off rather than read back.
+        self.records_from_handoff = 0
         #: Topic names by their UTF-8 bytes, shared with the C walk.
         self._topics: dict[bytes, str] = {}
         #: Whether the last round reached the written end of the CommitLog.
@@ -242,6 +244,7 @@ class ReputMessageService:
                     ordered.append(run)
         self._apply([(t, q, first, n, b"".join(units)) for t, q, first, n, units in ordered])
         self.last_store_timestamp_ms = last_ts
+        self.records_from_handoff += records
         self._advance(end)
         self._caught_up = end >= self.commitlog.max_offset
         return records

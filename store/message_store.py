@@ -20,13 +20,12 @@ CommitLog's put lock; a SYNC-flush send waits for the group-commit thread.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import re
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import TracebackType
 
 from store.batch import EncodedBatch
@@ -46,58 +45,15 @@ from store.flush import (
     GroupCommitService,
     flush_commitlog,
 )
-from store.message import Message, MessageRecord, offset_msg_id
+from store.message import Message, MessageRecord
+from store.put_result import PutMessageResult, PutStatus
+from store.put_result import refused as _refused
 from store.record import END_FILE_MIN_BLANK_LENGTH, EncodedMessage
 from store.recovery import RecoveryReport, recover
 
 log = logging.getLogger(__name__)
 
 TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
-
-
-class PutStatus(enum.Enum):
-    """Outcome of a send (RocketMQ's PutMessageStatus)."""
-
-    PUT_OK = "PUT_OK"
-    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
-    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
-    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
-    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
-    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
-    OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
-    UNKNOWN_ERROR = "UNKNOWN_ERROR"
-
-
-@dataclass(frozen=True, slots=True)
-class PutMessageResult:
-    """Outcome of ``put_message``/``put_messages``: one entry per message, in order.
-
-    Only PUT_OK and FLUSH_DISK_TIMEOUT carry offsets: with FLUSH_DISK_TIMEOUT
-    the records are written but their fsync did not finish in time.
-    """
-
-    status: PutStatus
-    detail: str = ""
-    physical_offsets: tuple[int, ...] = ()
-    queue_offsets: tuple[int, ...] = ()
-    sizes: tuple[int, ...] = ()
-    store_timestamp_ms: int = 0
-    store_host: bytes = b""
-
-    @property
-    def ok(self) -> bool:
-        return self.status is PutStatus.PUT_OK
-
-    @property
-    def msg_ids(self) -> list[str]:
-        """Offset message ids (store host + physical offset), one per message."""
-        return [offset_msg_id(self.store_host, p) for p in self.physical_offsets]
-
-
-def _refused(status: PutStatus, detail: str) -> PutMessageResult:
-    return PutMessageResult(status, detail)
 
 
 def _bad_topic(topic: str) -> str:

@@ -269,3 +269,58 @@ def test_dispatch_rolls_to_the_next_file_across_blanks(store: MessageStore) -> N
     # Every file after the first starts with a record: the blank sent the dispatcher there.
     for index in sorted(files_used)[1:]:
         assert index * SMALL_COMMITLOG_FILE in physical
+
+
+def test_units_taken_from_the_writers_hand_off_equal_units_rebuilt_from_the_commitlog(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """The dispatcher's two sources - what the writer stamped, and a walk of the
+    CommitLog - must build byte-identical ConsumeQueues: rolls, non-ASCII tags,
+    no tags, a prepared transaction and batches over several queues included."""
+    config = make_config()
+    with MessageStore.open(config, clock=clock) as store:
+        for i in range(120):
+            tags = ("TagA", "标签", "emoji😀", None)[i % 4]
+            batch = [
+                Message("HandOff", f"{i}-{j}".encode() * 30, queue_id=i % 3, tags=tags)
+                for j in range(1 + i % 5)
+            ]
+            assert store.put_messages(batch).ok
+            if i % 17 == 0:
+                prepared = Message(
+                    "HandOff", b"prepared", queue_id=0, sys_flag=TRANSACTION_PREPARED_TYPE
+                )
+                assert store.put_message(prepared).ok
+        assert store.wait_dispatched()
+        assert store.commitlog.files.files[0].file_end_offset < store.max_physical_offset
+        assert store.dispatcher.records_from_handoff > 0
+        handed_off = consume_queue_bytes(store)
+    config.abort_path.touch()  # a restart that must rebuild every unit from the CommitLog
+    for path in config.consume_queue_dir.rglob("*"):
+        if path.is_file():
+            path.unlink()
+    with MessageStore.open(config, clock=clock) as store:
+        assert store.recovery_report is not None
+        assert store.recovery_report.consume_queue_entries_rebuilt > 0
+        rebuilt = consume_queue_bytes(store)
+    assert rebuilt == handed_off
+
+
+def test_a_record_larger_than_the_read_window_is_dispatched_from_the_commitlog(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """The walk reads ``reput_batch_size_bytes`` at a time; a bigger record grows the window."""
+    with MessageStore.open(make_config(reput_batch_size_bytes=4096), clock=clock) as store:
+        pause_dispatcher(store)
+        small = store.put_message(Message("Window", b"s" * 100, tags="a"))
+        big = store.put_message(Message("Window", b"B" * 20_000, tags="b"))
+        after = store.put_message(Message("Window", b"t" * 100, tags="c"))
+        store.commitlog.handoff.clear()  # no hand-off: the dispatcher must read the records
+        dispatch_all(store)
+        assert store.dispatcher.records_from_handoff == 0
+        for result, body in ((small, b"s" * 100), (big, b"B" * 20_000), (after, b"t" * 100)):
+            record = store.get_message_by_queue_offset("Window", 0, result.queue_offsets[0])
+            assert record is not None
+            assert record.body == body
+        units = list(store.get_consume_queue("Window", 0).iter_units())  # type: ignore[union-attr]
+        assert [u[3] for u in units] == [tags_code("a"), tags_code("b"), tags_code("c")]

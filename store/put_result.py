@@ -1,0 +1,54 @@
+"""What a send gets back: RocketMQ's PutMessageStatus and PutMessageResult."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from store.message import offset_msg_id
+
+
+class PutStatus(enum.Enum):
+    """Outcome of a send (RocketMQ's PutMessageStatus)."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+@dataclass(frozen=True, slots=True)
+class PutMessageResult:
+    """Outcome of ``put_message``/``put_messages``: one entry per message, in order.
+
+    Only PUT_OK and FLUSH_DISK_TIMEOUT carry offsets: with FLUSH_DISK_TIMEOUT
+    the records are written but their fsync did not finish in time.
+    """
+
+    status: PutStatus
+    detail: str = ""
+    physical_offsets: tuple[int, ...] = ()
+    queue_offsets: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+    store_timestamp_ms: int = 0
+    store_host: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+    @property
+    def msg_ids(self) -> list[str]:
+        """Offset message ids (store host + physical offset), one per message."""
+        return [offset_msg_id(self.store_host, p) for p in self.physical_offsets]
+
+
+def refused(status: PutStatus, detail: str) -> PutMessageResult:
+    """A send refused before anything was written."""
+    return PutMessageResult(status, detail)
