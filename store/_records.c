@@ -385,6 +385,28 @@ static int tags_hash_slow(const uint8_t *v, uint32_t n, int64_t *out) {
     return 0;
 }
 
+/* What a reader checks beyond the structure, in check_record's order: the record
+ * sits where it says (physical offset `at`), its body matches its CRC (when
+ * asked) and its topic is UTF-8. KIND_MORE when it passes. */
+static int check_stored(const uint8_t *p, const rec_t *r, int64_t at, int check_crc,
+                        reason_t *why) {
+    if (r->phys != at) {
+        snprintf(why->text, sizeof why->text, "PHYSICALOFFSET %lld but the record sits at %lld",
+                 (long long)r->phys, (long long)at);
+        return KIND_CORRUPT;
+    }
+    if (check_crc &&
+        (int32_t)(crc32_update(0, p + r->body_off, r->body_len) & 0x7FFFFFFF) != r->crc) {
+        snprintf(why->text, sizeof why->text, "body CRC mismatch");
+        return KIND_CORRUPT;
+    }
+    if (!utf8_valid(p + r->topic_off, r->topic_len)) {
+        snprintf(why->text, sizeof why->text, "topic is not UTF-8");
+        return KIND_CORRUPT;
+    }
+    return KIND_MORE;
+}
+
 /* ---- growable record array -------------------------------------------------- */
 
 typedef struct {
@@ -447,23 +469,8 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
         rec_t r;
         kind = parse_record(buf + pos, (int64_t)limit - pos, &r, &why);
         if (kind != KIND_MORE) break;
-        if (r.phys != base + pos) {
-            snprintf(why.text, sizeof why.text, "PHYSICALOFFSET %lld but the record sits at %lld",
-                     (long long)r.phys, (long long)(base + pos));
-            kind = KIND_CORRUPT;
-            break;
-        }
-        if (check_crc && (int32_t)(crc32_update(0, buf + pos + r.body_off, r.body_len) &
-                                   0x7FFFFFFF) != r.crc) {
-            snprintf(why.text, sizeof why.text, "body CRC mismatch");
-            kind = KIND_CORRUPT;
-            break;
-        }
-        if (!utf8_valid(buf + pos + r.topic_off, r.topic_len)) {
-            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
-            kind = KIND_CORRUPT;
-            break;
-        }
+        kind = check_stored(buf + pos, &r, base + pos, check_crc, &why);
+        if (kind != KIND_MORE) break;
         if (r.store_ts > newer_than && first_newer < 0) first_newer = pos;
         last_ts = r.store_ts;
         pos += r.size;
@@ -573,17 +580,9 @@ static PyObject *py_dispatch(PyObject *self, PyObject *args) {
             kind = KIND_CORRUPT;
         }
         if (kind != KIND_MORE) break;
-        if (r.phys != base + pos) {
-            snprintf(why.text, sizeof why.text, "record claims physical offset %lld",
-                     (long long)r.phys);
-            kind = KIND_CORRUPT;
-            break;
-        }
-        if (!utf8_valid(buf + pos + r.topic_off, r.topic_len)) {
-            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
-            kind = KIND_CORRUPT;
-            break;
-        }
+        /* No CRC here: recovery checked what was there at start, stamp what came since. */
+        kind = check_stored(buf + pos, &r, base + pos, 0, &why);
+        if (kind != KIND_MORE) break;
         last_ts = r.store_ts;
         consumed++;
         if (is_dispatchable(r.sys_flag)) {
