@@ -332,15 +332,15 @@ static int parse_record(const uint8_t *p, int64_t avail, rec_t *r, reason_t *why
 
 /* The TAGS property's value and its Java hashCode (ASCII here; others need Python). */
 static void find_tags(const uint8_t *rec, rec_t *r) {
-    static const char needle[] = "TAGS\x01";
     const uint8_t *block = rec + r->props_off, *end = block + r->props_len;
     r->tags_hash = 0;
     r->tags_len = 0;
     r->tags_ascii = 1;
-    const uint8_t *s = block;
-    while (end - s >= 5) {
-        const uint8_t *hit = memmem(s, (size_t)(end - s), needle, 5);
-        if (hit == NULL) return;
+    /* Properties are a few dozen bytes: a plain scan for the name at the start
+     * of the block or after a \x02 beats memmem's set-up. */
+    for (const uint8_t *s = block; end - s >= 5; s++) {
+        const uint8_t *hit = s;
+        if (hit[0] != 'T' || memcmp(hit, "TAGS\x01", 5) != 0) continue;
         if (hit == block || hit[-1] == 2) {
             const uint8_t *v = hit + 5;
             const uint8_t *ve = memchr(v, 2, (size_t)(end - v));
@@ -358,7 +358,6 @@ static void find_tags(const uint8_t *rec, rec_t *r) {
             r->tags_hash = (int32_t)h;
             return;
         }
-        s = hit + 1;
     }
 }
 
