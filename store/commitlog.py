@@ -104,14 +104,11 @@ class CommitLog:
         size = self.mapped_file_size
         return offset + size - offset % size
 
-    def fits(self, batch_size: int) -> bool:
-        """Whether a batch this size fits in an empty file (with room for the blank)."""
-        return batch_size + END_FILE_MIN_BLANK_LENGTH <= self.mapped_file_size
-
     def append(self, batch: EncodedBatch, clock: Clock) -> AppendResult:
         """Validate, stamp and append a batch back to back, assigning offsets.
 
-        The batch must satisfy :meth:`fits`. A batch that does not fit the
+        The batch must fit an empty file with room for the end-of-file blank
+        (the caller checks: MessageStore refuses bigger ones). A batch that does not fit the
         current file's tail closes the file with a blank and goes whole to the
         next file (RocketMQ's END_OF_FILE). The store timestamp is read from
         ``clock`` under the lock, so it never goes backwards along the log.

@@ -25,7 +25,6 @@ import re
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import replace
 from types import TracebackType
 
 from store.batch import EncodedBatch
@@ -90,6 +89,8 @@ class MessageStore:
         self.recovery_report: RecoveryReport | None = None
         #: Topic names already validated: a regex per message is measurable on the hot path.
         self._valid_topics: set[str] = set()
+        #: A batch must fit one CommitLog file, with room for the end-of-file blank.
+        self._max_batch_bytes = config.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH
         #: One per event loop that sends (see put_batch_async).
         self._coalescers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendCoalescer] = (
             weakref.WeakKeyDictionary()
@@ -263,7 +264,7 @@ class MessageStore:
         """Why a batch is refused before its records are looked at; None if it is not."""
         if not batch.runs or not batch.data:
             return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
-        if not self.commitlog.fits(len(batch.data)):
+        if len(batch.data) > self._max_batch_bytes:
             return _refused(
                 PutStatus.MESSAGE_ILLEGAL,
                 f"batch of {len(batch.data)} bytes does not fit a commitlog file of "
@@ -319,7 +320,7 @@ class MessageStore:
         return result, appended.end_offset if self._group_commit is not None else None
 
     def _flush_timeout(self, result: PutMessageResult, why: str) -> PutMessageResult:
-        return replace(result, status=PutStatus.FLUSH_DISK_TIMEOUT, detail=why)
+        return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT, detail=why)
 
     def put_batch(self, batch: EncodedBatch) -> PutMessageResult:
         """Append a producer-encoded batch (see :mod:`store.batch`); under SYNC flush,
@@ -376,10 +377,7 @@ class MessageStore:
                 flush_failed=self._flush_timeout,
                 flush_timeout_s=self.config.sync_flush_timeout_ms / 1000,
                 # A group must fit one CommitLog file, as any batch must.
-                max_group_bytes=min(
-                    MAX_GROUP_BYTES,
-                    self.config.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH,
-                ),
+                max_group_bytes=min(MAX_GROUP_BYTES, self._max_batch_bytes),
             )
         return coalescer
 
