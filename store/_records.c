@@ -559,6 +559,12 @@ static PyObject *py_dispatch(PyObject *self, PyObject *args) {
             kind = KIND_END;
             break;
         }
+        if (total_left < 8) {
+            /* Below the written end every byte belongs to a record or a blank. */
+            snprintf(why.text, sizeof why.text, "no record below the written end");
+            kind = KIND_CORRUPT;
+            break;
+        }
         if (win_left < 8) {
             kind = KIND_MORE;
             need = 8;
