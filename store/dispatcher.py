@@ -229,8 +229,14 @@ class ReputMessageService:
         # Per queue, consecutive runs are merged into one ConsumeQueue write.
         merged: dict[tuple[str, int], list[Any]] = {}
         ordered: list[list[Any]] = []
-        while handoff and handoff[0].start == end:
+        while handoff:
+            # Pop, then check: the writer may drop the oldest entry (a full hand-off)
+            # between a look at handoff[0] and a popleft. Whatever is not contiguous
+            # is left to a walk of the CommitLog.
             appended = handoff.popleft()
+            if appended.start != end:
+                handoff.appendleft(appended)
+                break
             end = appended.end
             records += appended.records
             last_ts = appended.store_timestamp_ms

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from store import ManualClock, Message, MessageStore
+from store.commitlog import HANDOFF_MAX_APPENDS
 from store.config import CQ_STORE_UNIT_SIZE
 from store.consume_queue import UNIT
 from store.dispatcher import DispatchRequest
@@ -324,3 +325,18 @@ def test_a_record_larger_than_the_read_window_is_dispatched_from_the_commitlog(
             assert record.body == body
         units = list(store.get_consume_queue("Window", 0).iter_units())  # type: ignore[union-attr]
         assert [u[3] for u in units] == [tags_code("a"), tags_code("b"), tags_code("c")]
+
+
+def test_an_overflowed_hand_off_is_completed_from_the_commitlog(store: MessageStore) -> None:
+    """Past HANDOFF_MAX_APPENDS undispatched appends the oldest hand-offs are dropped:
+    the dispatcher walks the CommitLog for those and takes the hand-off again after."""
+    pause_dispatcher(store)
+    sent = HANDOFF_MAX_APPENDS + 300
+    for i in range(sent):
+        assert store.put_message(Message("Overflow", b"%d" % i, queue_id=i % 2, tags="t")).ok
+    assert len(store.commitlog.handoff) == HANDOFF_MAX_APPENDS
+    dispatch_all(store)
+    assert 0 < store.dispatcher.records_from_handoff < sent
+    bodies = [record.body for q in (0, 1) for _, record in store.iter_queue("Overflow", q)]
+    assert sorted(bodies) == sorted(b"%d" % i for i in range(sent))
+    assert store.get_max_offset_in_queue("Overflow", 0) == (sent + 1) // 2
