@@ -352,6 +352,25 @@ def corrupt(buf: bytearray, placed: list[Placed], how: str, k: int, rng: random.
         raise AssertionError(how)
 
 
+def damaged_log(
+    messages: list[Message],
+    v6_store: list[bool],
+    base: int,
+    padding: int,
+    damage: list[tuple[str, int]],
+    seed: int,
+) -> bytearray:
+    """``messages`` stored 10 ms apart from 1000, then ``padding`` zeroes; then damaged."""
+    hosts = [H6 if v6 else H4 for v6 in v6_store[: len(messages)]]
+    timestamps = [1000 + 10 * i for i in range(len(messages))]
+    buf, placed = encode_log(messages, hosts, base, timestamps)
+    buf += bytes(padding)
+    rng = random.Random(seed)
+    for how, k in damage:
+        corrupt(buf, placed, how, k % len(placed), rng)
+    return buf
+
+
 CORRUPTIONS = [
     "flip",
     "zero16",
@@ -396,13 +415,7 @@ def test_scan_agrees_with_check_record_on_damaged_logs(
     newer_than_ms: int,
 ) -> None:
     """Whatever the damage, the C walk stops where check_record does, with its verdict."""
-    hosts = [H6 if v6 else H4 for v6 in v6_store[: len(messages)]]
-    timestamps = [1000 + 10 * i for i in range(len(messages))]
-    buf, placed = encode_log(messages, hosts, base, timestamps)
-    buf += bytes(padding)
-    rng = random.Random(seed)
-    for how, k in damage:
-        corrupt(buf, placed, how, k % len(placed), rng)
+    buf = damaged_log(messages, v6_store, base, padding, damage, seed)
     limit = len(buf) if short_limit is None else min(short_limit, len(buf))
     for check_crc in (True, False):
         expected = python_scan(buf, limit, base, check_crc, newer_than_ms)
@@ -1136,13 +1149,7 @@ def test_dispatch_agrees_with_check_record_on_damaged_logs(
     Below the written end there is no END: where check_record sees zeroes, dispatch
     reports KIND_CORRUPT, a tail of 1-7 bytes included.
     """
-    hosts = [H6 if v6 else H4 for v6 in v6_store[: len(messages)]]
-    timestamps = [1000 + 10 * i for i in range(len(messages))]
-    buf, placed = encode_log(messages, hosts, base, timestamps)
-    buf += bytes(padding)
-    rng = random.Random(seed)
-    for how, k in damage:
-        corrupt(buf, placed, how, k % len(placed), rng)
+    buf = damaged_log(messages, v6_store, base, padding, damage, seed)
     pos, kind, reason, last_ts, _, count = python_scan(buf, len(buf), base, False, 0)
     if kind == _records.KIND_END and pos < len(buf):
         kind, reason = _records.KIND_CORRUPT, "no record below the written end"
