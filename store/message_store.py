@@ -270,6 +270,7 @@ class MessageStore:
                 f"batch of {len(batch.data)} bytes does not fit a commitlog file of "
                 f"{self.config.mapped_file_size_commit_log} bytes",
             )
+        covered = 0
         for run in batch.runs:
             if run.topic not in self._valid_topics and not self._admit_topic(run.topic):
                 return _refused(PutStatus.MESSAGE_ILLEGAL, _bad_topic(run.topic))
@@ -277,6 +278,20 @@ class MessageStore:
                 return _refused(
                     PutStatus.MESSAGE_ILLEGAL, f"queue id {run.queue_id} is out of range"
                 )
+            # Runs must tile the data: a byte outside every run would be written
+            # without being validated or stamped.
+            if run.start != covered or run.end <= run.start:
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"batch runs must cover the data back to back: run at "
+                    f"[{run.start}, {run.end}) after byte {covered}",
+                )
+            covered = run.end
+        if covered != len(batch.data):
+            return _refused(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"batch runs cover {covered} of its {len(batch.data)} bytes",
+            )
         return None
 
     def _admit_topic(self, topic: str) -> bool:

@@ -24,6 +24,7 @@ from store import (
     PutStatus,
     StoreLockedError,
 )
+from store.batch import BatchRun, EncodedBatch
 from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
 from store.mapped_file import file_name
 from store.message import encode_properties, parse_offset_msg_id
@@ -465,3 +466,28 @@ def test_abort_file_exists_while_running_and_is_removed_on_clean_shutdown(
     finally:
         reopened.shutdown()
     assert not config.abort_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("runs", "why"),
+    [
+        ([(0, 50)], "cover 50 of its"),
+        ([(10, 100)], "back to back"),
+        ([(0, 40), (50, 100)], "back to back"),
+        ([(0, 60), (40, 100)], "back to back"),
+        ([(0, 0), (0, 100)], "back to back"),
+    ],
+)
+def test_a_batch_whose_runs_do_not_tile_its_bytes_is_refused_and_writes_nothing(
+    store: MessageStore, runs: list[tuple[int, int]], why: str
+) -> None:
+    """Bytes outside every run would reach the log unvalidated: such a batch is refused."""
+    before = store.max_physical_offset
+    batch = EncodedBatch(bytearray(100), [BatchRun("Tiles", 0, a, b) for a, b in runs])
+
+    result = store.put_batch(batch)
+
+    assert result.status is PutStatus.MESSAGE_ILLEGAL
+    assert why in result.detail
+    assert store.max_physical_offset == before
+    assert store.put_message(Message("Tiles", b"still serving")).ok
