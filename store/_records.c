@@ -735,7 +735,9 @@ done:
  * would, then writes what only the broker knows: BODYCRC (computed here, never
  * trusted from the client), QUEUEOFFSET, PHYSICALOFFSET (base_phys is the
  * offset of buf[start]), STORETIMESTAMP and STOREHOSTADDRESS.
- * Prepared/rolled-back records take queue offset 0 and no place in the queue.
+ * Prepared/rolled-back records take queue offset 0 and no place in the queue;
+ * with refuse_transactional (a producer's batch) any transactional record is
+ * refused, as RocketMQ refuses a transactional MessageBatch.
  * Returns (next_queue_offset, physical_offsets, queue_offsets, sizes, units):
  * tuples, and the 20-byte ConsumeQueue units of the dispatchable records
  * (consecutive queue offsets from queue_offset), which the dispatcher can
@@ -749,6 +751,7 @@ typedef struct {
     const uint8_t *host, *topic;
     Py_ssize_t host_len, topic_len;
     int queue_id;
+    int refuse_transactional; /* a producer's batch: RocketMQ refuses transactions in one */
     /* out */
     recs_t recs;
     reason_t why;
@@ -789,6 +792,10 @@ static int stamp_walk(stamp_t *st) {
                      "record queue id %d differs from the batch's %d", r.queue_id, st->queue_id);
             return STAMP_BAD;
         }
+        if (st->refuse_transactional && (r.sys_flag & TRANSACTION_TYPE_MASK) != 0) {
+            snprintf(why->text, sizeof why->text, "a transactional message cannot be batched");
+            return STAMP_BAD;
+        }
         if ((long long)r.body_len > st->max_body) {
             snprintf(why->text, sizeof why->text,
                      "body of %u bytes exceeds max_message_size %lld", r.body_len, st->max_body);
@@ -821,9 +828,9 @@ static PyObject *py_stamp(PyObject *self, PyObject *args) {
     Py_buffer b, host, topic;
     stamp_t st;
     memset(&st, 0, sizeof st);
-    if (!PyArg_ParseTuple(args, "w*nnLLLy*y*iL", &b, &st.start, &st.end, &st.base,
+    if (!PyArg_ParseTuple(args, "w*nnLLLy*y*iL|p", &b, &st.start, &st.end, &st.base,
                           &st.next_qoff, &st.store_ts, &host, &topic, &st.queue_id,
-                          &st.max_body))
+                          &st.max_body, &st.refuse_transactional))
         return NULL;
     PyObject *result = NULL;
     recs_t recs = {0};
@@ -910,7 +917,8 @@ static PyMethodDef methods[] = {
      "(pos, kind, reason, consumed, last_store_ts, runs, records, need)."},
     {"stamp", py_stamp, METH_VARARGS,
      "stamp(buf, start, end, base_phys, queue_offset, store_ts, store_host, topic, queue_id, "
-     "max_body_size) -> (next_queue_offset, physical_offsets, queue_offsets, sizes, units)."},
+     "max_body_size, refuse_transactional=False) -> "
+     "(next_queue_offset, physical_offsets, queue_offsets, sizes, units)."},
     {NULL, NULL, 0, NULL},
 };
 

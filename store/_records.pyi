@@ -42,5 +42,6 @@ def stamp(
     topic: bytes,
     queue_id: int,
     max_body_size: int,
+    refuse_transactional: bool = False,
     /,
 ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bytes]: ...

@@ -35,11 +35,16 @@ class BatchRun:
 class EncodedBatch:
     """Encoded records and their runs. Owned by one send: the store stamps it in place."""
 
-    __slots__ = ("data", "runs")
+    __slots__ = ("data", "from_producer", "runs")
 
-    def __init__(self, data: bytearray, runs: Sequence[BatchRun]) -> None:
+    def __init__(
+        self, data: bytearray, runs: Sequence[BatchRun], *, from_producer: bool = False
+    ) -> None:
         self.data = data
         self.runs = runs
+        #: Bytes from a producer (a SendBatch): as in RocketMQ, a transactional
+        #: message in such a batch is refused.
+        self.from_producer = from_producer
 
     def __len__(self) -> int:
         return len(self.data)
@@ -47,7 +52,9 @@ class EncodedBatch:
     @classmethod
     def of_records(cls, topic: str, queue_id: int, records: bytes | bytearray) -> EncodedBatch:
         """A batch received as bytes (untrusted: the store validates every record)."""
-        return cls(bytearray(records), (BatchRun(topic, queue_id, 0, len(records)),))
+        return cls(
+            bytearray(records), (BatchRun(topic, queue_id, 0, len(records)),), from_producer=True
+        )
 
     @classmethod
     def of_messages(cls, encoded: Sequence[EncodedMessage]) -> EncodedBatch:

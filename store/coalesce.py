@@ -131,7 +131,11 @@ def _concat(batches: list[EncodedBatch]) -> EncodedBatch:
                     BatchRun(run.topic, run.queue_id, offset + run.start, offset + run.end)
                 )
         offset += len(batch.data)
-    return EncodedBatch(bytearray(b"".join(batch.data for batch in batches)), runs)
+    return EncodedBatch(
+        bytearray(b"".join(batch.data for batch in batches)),
+        runs,
+        from_producer=any(batch.from_producer for batch in batches),
+    )
 
 
 def _split(

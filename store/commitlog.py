@@ -151,6 +151,7 @@ class CommitLog:
                     run.topic.encode(),
                     run.queue_id,
                     self.config.max_message_size,
+                    batch.from_producer,
                 )
                 physical += run_phys
                 queue += run_queue

@@ -27,8 +27,8 @@ from store import (
 from store.batch import BatchRun, EncodedBatch
 from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
 from store.mapped_file import file_name
-from store.message import encode_properties, parse_offset_msg_id
-from store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, record_size
+from store.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
+from store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, EncodedMessage, record_size
 from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -491,3 +491,22 @@ def test_a_batch_whose_runs_do_not_tile_its_bytes_is_refused_and_writes_nothing(
     assert why in result.detail
     assert store.max_physical_offset == before
     assert store.put_message(Message("Tiles", b"still serving")).ok
+
+
+def test_a_producer_batch_holding_a_transactional_message_is_refused(store: MessageStore) -> None:
+    """As in RocketMQ, a transactional message cannot be batched by a producer."""
+    host = store.commitlog.store_host
+    messages = [
+        Message("TxBatch", b"plain"),
+        Message("TxBatch", b"half", sys_flag=TRANSACTION_PREPARED_TYPE),
+    ]
+    raw = EncodedBatch.of_messages([EncodedMessage(m, store_host=host) for m in messages]).data
+    before = store.max_physical_offset
+
+    result = store.put_batch(EncodedBatch.of_records("TxBatch", 0, raw))
+
+    assert result.status is PutStatus.MESSAGE_ILLEGAL
+    assert "record 1" in result.detail and "transactional" in result.detail
+    assert store.max_physical_offset == before
+    # Sent as messages, a prepared record is stored (and kept out of its queue).
+    assert store.put_messages(messages).ok
