@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from store import _records
 from store.commitlog import Appended, CommitLog, UnitRun
@@ -55,6 +55,17 @@ class DispatchRequest:
     def uniq_key(self) -> str | None:
         raw = property_value(self.properties, PROPERTY_UNIQ_KEY.encode())
         return raw.decode("utf-8") if raw else None
+
+
+@dataclass(slots=True)
+class _MergedRun:
+    """Consecutive units of one queue gathered from several hand-offs."""
+
+    topic: str
+    queue_id: int
+    first: int
+    count: int
+    units: list[bytes]
 
 
 class DispatchListener(Protocol):
@@ -227,8 +238,8 @@ class ReputMessageService:
         records = 0
         last_ts = self.last_store_timestamp_ms
         # Per queue, consecutive runs are merged into one ConsumeQueue write.
-        merged: dict[tuple[str, int], list[Any]] = {}
-        ordered: list[list[Any]] = []
+        merged: dict[tuple[str, int], _MergedRun] = {}
+        ordered: list[_MergedRun] = []
         while handoff:
             # Pop, then check: the writer may drop the oldest entry (a full hand-off)
             # between a look at handoff[0] and a popleft. Whatever is not contiguous
@@ -242,13 +253,15 @@ class ReputMessageService:
             last_ts = appended.store_timestamp_ms
             for topic, queue_id, first, count, units in appended.runs:
                 run = merged.get((topic, queue_id))
-                if run is not None and run[2] + run[3] == first:
-                    run[3] += count
-                    run[4].append(units)
+                if run is not None and run.first + run.count == first:
+                    run.count += count
+                    run.units.append(units)
                 else:
-                    run = merged[topic, queue_id] = [topic, queue_id, first, count, [units]]
+                    run = merged[topic, queue_id] = _MergedRun(
+                        topic, queue_id, first, count, [units]
+                    )
                     ordered.append(run)
-        self._apply([(t, q, first, n, b"".join(units)) for t, q, first, n, units in ordered])
+        self._apply([(r.topic, r.queue_id, r.first, r.count, b"".join(r.units)) for r in ordered])
         self.last_store_timestamp_ms = last_ts
         self.records_from_handoff += records
         self._advance(end)
