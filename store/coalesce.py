@@ -127,9 +127,7 @@ def _concat(batches: list[EncodedBatch]) -> EncodedBatch:
             ):
                 runs[-1] = BatchRun(last.topic, last.queue_id, last.start, offset + run.end)
             else:
-                runs.append(
-                    BatchRun(run.topic, run.queue_id, offset + run.start, offset + run.end)
-                )
+                runs.append(BatchRun(run.topic, run.queue_id, offset + run.start, offset + run.end))
         offset += len(batch.data)
     return EncodedBatch(
         bytearray(b"".join(batch.data for batch in batches)),
@@ -166,4 +164,3 @@ def _split(
         )
         first = end
     return shares
-
