@@ -32,7 +32,11 @@ FlushFailure = Callable[[PutMessageResult, str], PutMessageResult]
 
 
 class SendCoalescer:
-    """Groups the sends of one event loop; used only from that loop's thread."""
+    """Groups the sends of one event loop; used only from that loop's thread.
+
+    ``refuse`` checks each send as it is queued; ``append`` writes a group of
+    checked sends (which stays within ``max_group_bytes`` unless it is one send).
+    """
 
     def __init__(
         self,

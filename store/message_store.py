@@ -315,6 +315,11 @@ class MessageStore:
         refused = self._check_batch(batch)
         if refused is not None:
             return refused, None
+        return self._append_checked(batch)
+
+    def _append_checked(self, batch: EncodedBatch) -> tuple[PutMessageResult, int | None]:
+        """:meth:`_append` for a batch that passed :meth:`_check_batch` (the coalescer
+        checks each send as it is queued, and its groups keep what was checked)."""
         try:
             appended = self.commitlog.append(batch, self.clock)
         except ValueError as e:
@@ -387,7 +392,7 @@ class MessageStore:
             coalescer = self._coalescers[loop] = SendCoalescer(
                 loop,
                 refuse=self._refusal,
-                append=self._append,
+                append=self._append_checked,
                 flush_wait=self._flush_wait_async,
                 flush_failed=self._flush_timeout,
                 flush_timeout_s=self.config.sync_flush_timeout_ms / 1000,
