@@ -2,6 +2,18 @@
 
 from store.record import Buffer
 
+#: What dispatch() returns: (pos, kind, reason, consumed, last_store_ts, runs, records, need).
+DispatchResult = tuple[
+    int,
+    int,
+    str,
+    int,
+    int,
+    list[tuple[str, int, int, int, bytes]],
+    list[tuple[str, int, int, int, int, int, int, int, int, int]] | None,
+    int,
+]
+
 KIND_MORE: int
 KIND_END: int
 KIND_BLANK: int
@@ -21,16 +33,7 @@ def dispatch(
     want_records: bool,
     topic_cache: dict[bytes, str],
     /,
-) -> tuple[
-    int,
-    int,
-    str,
-    int,
-    int,
-    list[tuple[str, int, int, int, bytes]],
-    list[tuple[str, int, int, int, int, int, int, int, int, int]] | None,
-    int,
-]: ...
+) -> DispatchResult: ...
 def stamp(
     buf: bytearray,
     start: int,

@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -44,6 +45,9 @@ from store.record import (
     decode_record,
 )
 from tests.conftest import ConfigFactory
+
+if TYPE_CHECKING:
+    from store._records import DispatchResult
 
 IPV4_HOST = "127.0.0.1:10911"
 IPV6_HOST = "[::1]:10911"
@@ -906,18 +910,6 @@ class Stamped:
         self.count += len(messages)
         self.last_ts = store_ts
         return result
-
-
-DispatchResult = tuple[
-    int,
-    int,
-    str,
-    int,
-    int,
-    list[tuple[str, int, int, int, bytes]],
-    list[tuple[str, int, int, int, int, int, int, int, int, int]] | None,
-    int,
-]
 
 
 def dispatch_once(
