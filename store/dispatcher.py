@@ -6,8 +6,11 @@ listeners (IndexFile builder, long-poll arrival notification, …). A record is
 visible to readers only once its unit exists, so the dispatcher is what makes
 a send consumable.
 
-Concurrency: one dispatcher thread; :meth:`ReputMessageService.dispatch_available`
-may be called directly only while that thread is not running (recovery).
+Concurrency: one dispatcher thread, plus the writers: after an append, a
+writer that finds the dispatcher idle and caught up applies its own hand-off
+(:meth:`ReputMessageService.on_append`) instead of waking the thread. Every
+dispatch step holds ``_dispatch_lock``, so steps never interleave and the
+ConsumeQueues still see one writer at a time.
 """
 
 from __future__ import annotations
@@ -57,17 +60,6 @@ class DispatchRequest:
         return raw.decode("utf-8") if raw else None
 
 
-@dataclass(slots=True)
-class _MergedRun:
-    """Consecutive units of one queue gathered from several hand-offs."""
-
-    topic: str
-    queue_id: int
-    first: int
-    count: int
-    units: list[bytes]
-
-
 class DispatchListener(Protocol):
     """Something built from the CommitLog alongside the ConsumeQueues."""
 
@@ -104,7 +96,15 @@ class ReputMessageService:
         #: Reused read buffer: one batch of CommitLog bytes (grown for a larger record).
         self._window = bytearray(batch_size_bytes)
         self._wakeup = threading.Event()
+        #: Held by every dispatch step: the thread's and a writer's (see on_append).
+        self._dispatch_lock = threading.Lock()
+        #: Writers may dispatch their own hand-off: only while the thread runs, so a
+        #: stopped dispatcher (shutdown, tests) really stops dispatching.
+        self._inline = False
         self._progress = threading.Condition()
+        #: Threads in wait_until_dispatched (guarded by _progress): _advance skips
+        #: the condition's lock when there are none, which is every append.
+        self._waiters = 0
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -119,10 +119,42 @@ class ReputMessageService:
         if not self._wakeup.is_set():
             self._wakeup.set()
 
+    def on_append(self) -> None:
+        """Called by a writer after each append, outside the put lock.
+
+        In the steady state - the dispatcher caught up, no listener needing
+        each record's properties - the writer's own hand-off continues exactly
+        at ``reput_from_offset``, and the writer applies it here: a few
+        microseconds of ConsumeQueue copies. Waking the thread instead would
+        cost more than the work itself, because the two threads would trade
+        the GIL around every ``pwrite`` (measured: appends 30-40 % slower).
+        Anything else (a roll, a backlog, an overflowed hand-off, a writer
+        already dispatching) wakes the thread.
+        """
+        if self._inline and not self.listeners and self._dispatch_lock.acquire(blocking=False):
+            try:
+                handoff = self.commitlog.handoff
+                start = self.reput_from_offset
+                while handoff and handoff[0].end <= start:
+                    handoff.popleft()
+                if (
+                    handoff
+                    and handoff[0].start == start
+                    and self.stalled_reason is None
+                    and self._inline
+                ):
+                    self._take_handoff(handoff)
+                    if self._caught_up:
+                        return
+            finally:
+                self._dispatch_lock.release()
+        self.wakeup()
+
     def start(self) -> None:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="reput-message-service", daemon=True)
         self._thread.start()
+        self._inline = True
 
     def _run(self) -> None:
         while not self._stopping:
@@ -144,6 +176,7 @@ class ReputMessageService:
 
     def shutdown(self, *, drain: bool = True) -> None:
         """Stop the thread; with ``drain`` dispatch everything appended first."""
+        self._inline = False
         self._stopping = True
         self._wakeup.set()
         if self._thread is not None:
@@ -157,13 +190,15 @@ class ReputMessageService:
         """Block until everything below ``offset`` (default: the current end) is dispatched."""
         target = self.commitlog.max_offset if offset is None else offset
         with self._progress:
-            return (
-                self._progress.wait_for(
+            self._waiters += 1
+            try:
+                reached = self._progress.wait_for(
                     lambda: self.reput_from_offset >= target or self.stalled_reason is not None,
                     timeout_s,
                 )
-                and self.stalled_reason is None
-            )
+            finally:
+                self._waiters -= 1
+        return reached and self.stalled_reason is None
 
     # -- one step ---------------------------------------------------------------------
 
@@ -182,6 +217,10 @@ class ReputMessageService:
         a file roll, a hand-off that overflowed) and whenever listeners need
         each record's properties.
         """
+        with self._dispatch_lock:
+            return self._dispatch_step()
+
+    def _dispatch_step(self) -> int:
         commitlog = self.commitlog
         if self.reput_from_offset < commitlog.min_offset:
             self.reput_from_offset = commitlog.min_offset
@@ -235,11 +274,9 @@ class ReputMessageService:
     def _take_handoff(self, handoff: deque[Appended]) -> int:
         """Apply the writer's consecutive hand-offs from ``reput_from_offset`` on."""
         end = self.reput_from_offset
-        records = 0
+        records = written = 0
         last_ts = self.last_store_timestamp_ms
-        # Per queue, consecutive runs are merged into one ConsumeQueue write.
-        merged: dict[tuple[str, int], _MergedRun] = {}
-        ordered: list[_MergedRun] = []
+        find = self.consume_queues.find_or_create
         while handoff:
             # Pop, then check: the writer may drop the oldest entry (a full hand-off)
             # between a look at handoff[0] and a popleft. Whatever is not contiguous
@@ -248,20 +285,12 @@ class ReputMessageService:
             if appended.start != end:
                 handoff.appendleft(appended)
                 break
+            for topic, queue_id, first, count, units in appended.runs:
+                written += find(topic, queue_id).put_units(first, count, units)
             end = appended.end
             records += appended.records
             last_ts = appended.store_timestamp_ms
-            for topic, queue_id, first, count, units in appended.runs:
-                run = merged.get((topic, queue_id))
-                if run is not None and run.first + run.count == first:
-                    run.count += count
-                    run.units.append(units)
-                else:
-                    run = merged[topic, queue_id] = _MergedRun(
-                        topic, queue_id, first, count, [units]
-                    )
-                    ordered.append(run)
-        self._apply([(r.topic, r.queue_id, r.first, r.count, b"".join(r.units)) for r in ordered])
+        self.entries_written += written
         self.last_store_timestamp_ms = last_ts
         self.records_from_handoff += records
         self._advance(end)
@@ -274,9 +303,12 @@ class ReputMessageService:
             self.entries_written += find(topic, queue_id).put_units(first_offset, count, units)
 
     def _advance(self, offset: int) -> None:
-        with self._progress:
-            self.reput_from_offset = offset
-            self._progress.notify_all()
+        self.reput_from_offset = offset
+        # Read after the write above: a waiter counts itself in before it tests
+        # reput_from_offset (under the lock), so none can miss this offset.
+        if self._waiters:
+            with self._progress:
+                self._progress.notify_all()
 
     def _stall(self, offset: int, reason: str) -> None:
         self.stalled_reason = f"commitlog offset {offset}: {reason}"

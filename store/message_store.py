@@ -79,7 +79,7 @@ class MessageStore:
             self.commitlog, self.consume_queues, batch_size_bytes=config.reput_batch_size_bytes
         )
         self.dispatcher.listeners.extend(listeners)
-        self.commitlog.on_append(self.dispatcher.wakeup)
+        self.commitlog.on_append(self.dispatcher.on_append)
         self._lock = RootLock(config.store_path_root_dir)
         self._checkpoint: StoreCheckpoint | None = None
         self._group_commit: GroupCommitService | None = None
