@@ -6,7 +6,8 @@
  * side - its broker-assigned fields stamped. Python keeps per-batch work
  * (locks, file choice, ConsumeQueue writes); this module keeps the per-record
  * work, and releases the GIL while it walks bytes so the writer, the
- * dispatcher and the event loop overlap on two cores.
+ * dispatcher and the event loop overlap on two cores. On the read side,
+ * gather() is the pull path's loop over ConsumeQueue units.
  *
  * The validation rules are exactly store.record.check_record's, which stays
  * the readable reference: tests run both on the same (corrupted) bytes and
@@ -905,6 +906,99 @@ done:
     return result;
 }
 
+/* ---- gather: the pull path's loop over ConsumeQueue units ----------------------- */
+
+enum { GATHER_DONE = 0, GATHER_FULL = 1, GATHER_ELSEWHERE = 2, GATHER_CONFIRM = 3 };
+
+/* RocketMQ's isTheBatchFull: never full before the first message. */
+static int batch_full(int64_t size, int64_t count, int64_t total, int64_t max_nums,
+                      int64_t max_bytes, int64_t max_count) {
+    if (count == 0 || total == 0) return 0;
+    if (max_nums <= count) return 1;
+    if (total + size > max_bytes) return 1;
+    return count > max_count - 1;
+}
+
+static PyObject *py_gather(PyObject *self, PyObject *args) {
+    Py_buffer units = {0}, log = {0};
+    Py_ssize_t i, n;
+    long long log_base, log_end, count, total, max_nums, in_memory_from;
+    long long mem_bytes, mem_count, disk_bytes, disk_count;
+    PyObject *codes, *out;
+    int confirm;
+    if (!PyArg_ParseTuple(args, "y*nny*LLLLLLLLLLOpO", &units, &i, &n, &log, &log_base, &log_end,
+                          &count, &total, &max_nums, &in_memory_from, &mem_bytes, &mem_count,
+                          &disk_bytes, &disk_count, &codes, &confirm, &out))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *want = NULL;
+    Py_ssize_t nwant = -1; /* -1: every tagsCode matches */
+    if (!PyByteArray_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a bytearray");
+        goto done;
+    }
+    if (n < 0 || i < 0 || n * 20 > units.len || log_end < 0 || log_end > log.len) {
+        PyErr_SetString(PyExc_ValueError, "unit range or log end out of bounds");
+        goto done;
+    }
+    if (codes != Py_None) {
+        if (!PyTuple_Check(codes)) {
+            PyErr_SetString(PyExc_TypeError, "codes must be a tuple of ints or None");
+            goto done;
+        }
+        nwant = PyTuple_GET_SIZE(codes);
+        want = PyMem_Malloc(sizeof(int64_t) * (size_t)(nwant ? nwant : 1));
+        if (want == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < nwant; k++) {
+            want[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(codes, k));
+            if (want[k] == -1 && PyErr_Occurred()) goto done;
+        }
+    }
+    const uint8_t *u = units.buf;
+    const uint8_t *lg = log.buf;
+    int stop = GATHER_DONE;
+    for (; i < n; i++) {
+        const uint8_t *unit = u + i * 20;
+        int64_t phy = get_i64(unit);
+        int64_t size = get_i32(unit + 8);
+        int64_t tags = get_i64(unit + 12);
+        int in_memory = phy >= in_memory_from;
+        if (batch_full(size, count, total, max_nums, in_memory ? mem_bytes : disk_bytes,
+                       in_memory ? mem_count : disk_count)) {
+            stop = GATHER_FULL;
+            break;
+        }
+        if (nwant >= 0) {
+            Py_ssize_t k = 0;
+            while (k < nwant && want[k] != tags) k++;
+            if (k == nwant) continue; /* no tag of the subscription: skip without a read */
+        }
+        int64_t rel = phy - log_base;
+        if (size <= 0 || rel < 0 || rel + size > log_end) {
+            stop = GATHER_ELSEWHERE; /* another file, or gone: Python decides */
+            break;
+        }
+        if (confirm) {
+            stop = GATHER_CONFIRM;
+            break;
+        }
+        Py_ssize_t at = PyByteArray_GET_SIZE(out);
+        if (PyByteArray_Resize(out, at + (Py_ssize_t)size) < 0) goto done;
+        memcpy(PyByteArray_AS_STRING(out) + at, lg + rel, (size_t)size);
+        count++;
+        total += size;
+    }
+    result = Py_BuildValue("nLLi", i, count, total, stop);
+done:
+    PyMem_Free(want);
+    PyBuffer_Release(&units);
+    PyBuffer_Release(&log);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> zlib-compatible CRC32."},
     {"crc32_portable", py_crc32_portable, METH_VARARGS,
@@ -919,6 +1013,10 @@ static PyMethodDef methods[] = {
      "stamp(buf, start, end, base_phys, queue_offset, store_ts, store_host, topic, queue_id, "
      "max_body_size, refuse_transactional=False) -> "
      "(next_queue_offset, physical_offsets, queue_offsets, sizes, units)."},
+    {"gather", py_gather, METH_VARARGS,
+     "gather(units, i, n, log, log_base, log_end, count, total, max_nums, in_memory_from, "
+     "mem_bytes, mem_count, disk_bytes, disk_count, codes, confirm, out) -> "
+     "(i, count, total, stop)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -936,7 +1034,11 @@ PyMODINIT_FUNC PyInit__records(void) {
     if (PyModule_AddIntConstant(m, "KIND_MORE", KIND_MORE) < 0 ||
         PyModule_AddIntConstant(m, "KIND_END", KIND_END) < 0 ||
         PyModule_AddIntConstant(m, "KIND_BLANK", KIND_BLANK) < 0 ||
-        PyModule_AddIntConstant(m, "KIND_CORRUPT", KIND_CORRUPT) < 0) {
+        PyModule_AddIntConstant(m, "KIND_CORRUPT", KIND_CORRUPT) < 0 ||
+        PyModule_AddIntConstant(m, "GATHER_DONE", GATHER_DONE) < 0 ||
+        PyModule_AddIntConstant(m, "GATHER_FULL", GATHER_FULL) < 0 ||
+        PyModule_AddIntConstant(m, "GATHER_ELSEWHERE", GATHER_ELSEWHERE) < 0 ||
+        PyModule_AddIntConstant(m, "GATHER_CONFIRM", GATHER_CONFIRM) < 0) {
         Py_DECREF(m);
         return NULL;
     }

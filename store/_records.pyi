@@ -18,6 +18,10 @@ KIND_MORE: int
 KIND_END: int
 KIND_BLANK: int
 KIND_CORRUPT: int
+GATHER_DONE: int
+GATHER_FULL: int
+GATHER_ELSEWHERE: int
+GATHER_CONFIRM: int
 
 def crc32(data: Buffer, start: int = 0, /) -> int: ...
 def crc32_portable(data: Buffer, start: int = 0, /) -> int: ...
@@ -48,3 +52,23 @@ def stamp(
     refuse_transactional: bool = False,
     /,
 ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...], bytes]: ...
+def gather(
+    units: Buffer,
+    i: int,
+    n: int,
+    log: Buffer,
+    log_base: int,
+    log_end: int,
+    count: int,
+    total: int,
+    max_nums: int,
+    in_memory_from: int,
+    mem_bytes: int,
+    mem_count: int,
+    disk_bytes: int,
+    disk_count: int,
+    codes: tuple[int, ...] | None,
+    confirm: bool,
+    out: bytearray,
+    /,
+) -> tuple[int, int, int, int]: ...

@@ -23,7 +23,14 @@ from store.config import MessageStoreConfig
 from store.errors import StoreClosedError
 from store.mapped_file_queue import MappedFileQueue
 from store.message import MessageRecord, encode_host
-from store.record import BLANK, BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, decode_record
+from store.record import (
+    BLANK,
+    BLANK_MAGIC_CODE,
+    END_FILE_MIN_BLANK_LENGTH,
+    MIN_RECORD_SIZE,
+    decode_record,
+    store_timestamp_at,
+)
 
 _INT = struct.Struct(">i")
 
@@ -184,6 +191,19 @@ class CommitLog:
         if size <= 0 or pos + size > mf.wrote_position:
             return None
         return mf.read(pos, size)
+
+    def store_timestamp_at(self, physical_offset: int) -> int:
+        """STORETIMESTAMP of the record at ``physical_offset``; -1 if none is stored there."""
+        mf = self.files.find_by_offset(physical_offset)
+        if mf is None:
+            return -1
+        pos = physical_offset - mf.file_from_offset
+        if pos + MIN_RECORD_SIZE > mf.wrote_position:
+            return -1
+        try:
+            return store_timestamp_at(mf.mapping, pos)
+        except ValueError:  # unmapped by an expiry meanwhile
+            return -1
 
     def record_size_at(self, physical_offset: int) -> int | None:
         head = self.read(physical_offset, 4)

@@ -50,6 +50,15 @@ class MessageStoreConfig:
     store_host: str = "127.0.0.1:10911"
     #: Upper bound on CommitLog bytes the dispatcher reads per step.
     reput_batch_size_bytes: int = 4 * 1024 * 1024
+    #: Pull caps (RocketMQ's names): a pull returns at most this many bytes and
+    #: messages, always at least one message; records more than
+    #: ``access_message_in_memory_max_ratio`` % of RAM behind the CommitLog's end
+    #: are "in disk" and get the smaller caps.
+    max_transfer_bytes_on_message_in_memory: int = 256 * 1024
+    max_transfer_count_on_message_in_memory: int = 32
+    max_transfer_bytes_on_message_in_disk: int = 64 * 1024
+    max_transfer_count_on_message_in_disk: int = 8
+    access_message_in_memory_max_ratio: int = 40
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path_root_dir", Path(self.store_path_root_dir))
@@ -67,12 +76,18 @@ class MessageStoreConfig:
             "sync_flush_timeout_ms",
             "max_message_size",
             "reput_batch_size_bytes",
+            "max_transfer_bytes_on_message_in_memory",
+            "max_transfer_count_on_message_in_memory",
+            "max_transfer_bytes_on_message_in_disk",
+            "max_transfer_count_on_message_in_disk",
         ):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
         for name in ("flush_commit_log_least_pages", "flush_consume_queue_least_pages"):
             if getattr(self, name) < 0:
                 raise StoreConfigError(f"{name} must not be negative")
+        if not 0 <= self.access_message_in_memory_max_ratio <= 100:
+            raise StoreConfigError("access_message_in_memory_max_ratio must be 0..100")
         host, sep, port = self.store_host.rpartition(":")
         try:
             ipaddress.ip_address(host.strip("[]"))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from store.config import CQ_STORE_UNIT_SIZE
@@ -296,6 +296,61 @@ class ConsumeQueue:
         rel = pos - mf.file_from_offset
         count = min(max_count, (mf.wrote_position - rel) // CQ_STORE_UNIT_SIZE)
         return mf.read(rel, count * CQ_STORE_UNIT_SIZE) if count > 0 else b""
+
+    def get_offset_in_queue_by_time(
+        self, timestamp_ms: int, store_time_of: Callable[[int], int], min_physic_offset: int
+    ) -> int:
+        """The queue offset whose record was stored at ``timestamp_ms``, or the nearest.
+
+        RocketMQ 4.x's rules: pick the first file whose last record was stored
+        at or after ``timestamp_ms`` (else the last file) and binary search it by
+        store time. An exact hit gives that entry (the first of equal ones);
+        otherwise the nearer of its two neighbours (the earlier on a tie);
+        after the last record, the last; before the first, the first. Units
+        whose record is below ``min_physic_offset`` (expired) count as earlier.
+        ``store_time_of(phy)`` reads a record's STORETIMESTAMP (-1 if gone).
+        Returns 0 for an empty queue.
+        """
+        chosen = None
+        for mf in self.files.files:
+            chosen = mf
+            if mf.wrote_position >= CQ_STORE_UNIT_SIZE:
+                (phy, _, _) = UNIT.unpack_from(mf.mapping, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+                if store_time_of(phy) >= timestamp_ms:
+                    break
+        if chosen is None or chosen.wrote_position < CQ_STORE_UNIT_SIZE:
+            return self.min_offset_in_queue if chosen is not None else 0
+        data = chosen.read(0, chosen.wrote_position)
+        low = max(0, (self.min_logic_offset - chosen.file_from_offset) // CQ_STORE_UNIT_SIZE)
+        high = len(data) // CQ_STORE_UNIT_SIZE - 1
+        left = right = target = -1
+        left_ts = right_ts = -1
+        while low <= high:
+            mid = (low + high) // 2
+            phy, _, _ = UNIT.unpack_from(data, mid * CQ_STORE_UNIT_SIZE)
+            if phy < min_physic_offset:
+                low, left = mid + 1, mid
+                continue
+            ts = store_time_of(phy)
+            if ts < 0:
+                return 0
+            if ts == timestamp_ms:
+                # RocketMQ stops at any equal entry; the first of them is the one a
+                # reset to this time must not skip past, so keep searching left.
+                target, high = mid, mid - 1
+            elif ts > timestamp_ms:
+                high, right, right_ts = mid - 1, mid, ts
+            else:
+                low, left, left_ts = mid + 1, mid, ts
+        if target >= 0:
+            index = target
+        elif left_ts == -1:
+            index = right if right >= 0 else left + 1
+        elif right_ts == -1:
+            index = left
+        else:
+            index = right if timestamp_ms - left_ts > right_ts - timestamp_ms else left
+        return chosen.file_from_offset // CQ_STORE_UNIT_SIZE + index
 
     def iter_units(self, queue_offset: int = 0) -> Iterator[tuple[int, int, int, int]]:
         """Yield (queue offset, physical offset, size, tagsCode) from ``queue_offset``.

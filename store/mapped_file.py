@@ -179,6 +179,15 @@ class MappedFile:
         """Overwrite bytes at ``pos`` without moving positions (recovery, fills)."""
         _pwrite_all(self._fd, data, pos)
 
+    @property
+    def mapping(self) -> mmap.mmap:
+        """The whole file, read-only use: bytes below ``wrote_position`` are stable."""
+        return self._mm
+
+    @property
+    def closed(self) -> bool:
+        return self._mm.closed
+
     def read(self, pos: int, size: int) -> bytes:
         """Copy ``size`` bytes from ``pos``; callers stay below ``wrote_position``."""
         return self._mm[pos : pos + size]

@@ -44,6 +44,7 @@ from store.flush import (
     GroupCommitService,
     flush_commitlog,
 )
+from store.get_message import GetMessageResult, MessageFilter, TransferLimits, get_message
 from store.message import Message, MessageRecord
 from store.put_result import PutMessageResult, PutStatus
 from store.put_result import refused as _refused
@@ -91,6 +92,7 @@ class MessageStore:
         self._valid_topics: set[str] = set()
         #: A batch must fit one CommitLog file, with room for the end-of-file blank.
         self._max_batch_bytes = config.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH
+        self._transfer_limits = TransferLimits.of(config)
         #: One per event loop that sends (see put_batch_async).
         self._coalescers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendCoalescer] = (
             weakref.WeakKeyDictionary()
@@ -439,6 +441,59 @@ class MessageStore:
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.consume_queues.get(topic, queue_id)
         return cq.min_offset_in_queue if cq is not None else 0
+
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msg_nums: int,
+        message_filter: MessageFilter | None = None,
+    ) -> GetMessageResult:
+        """Up to ``max_msg_nums`` records of a queue from ``offset`` that match the
+        filter, as stored (see :mod:`store.get_message` for statuses and caps).
+
+        ``group`` names the consumer group for the caller's accounting; the read
+        itself does not depend on it. Raises StoreClosedError when not running,
+        ValueError for ``max_msg_nums`` < 1.
+        """
+        if not self._running:
+            raise StoreClosedError("the store is not running")
+        if max_msg_nums < 1:
+            raise ValueError(f"max_msg_nums must be at least 1, got {max_msg_nums}")
+        return get_message(
+            self.commitlog,
+            self.consume_queues.get(topic, queue_id),
+            offset,
+            max_msg_nums,
+            message_filter,
+            self._transfer_limits,
+        )
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The queue offset of the record stored at (or nearest to) ``timestamp_ms``;
+        0 for an unknown queue. RocketMQ 4.x's edge rules: see
+        :meth:`ConsumeQueue.get_offset_in_queue_by_time`."""
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.get_offset_in_queue_by_time(
+            timestamp_ms, self.commitlog.store_timestamp_at, self.commitlog.min_offset
+        )
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """STORETIMESTAMP of a queue offset's record; -1 when unknown or gone."""
+        cq = self.consume_queues.get(topic, queue_id)
+        unit = cq.get_unit(queue_offset) if cq is not None else None
+        return -1 if unit is None else self.commitlog.store_timestamp_at(unit[0])
+
+    def get_store_time(self, physical_offset: int) -> int:
+        """STORETIMESTAMP of the record at a physical offset; -1 below the CommitLog's
+        min, at or past its max, or where no record starts."""
+        if not self.commitlog.min_offset <= physical_offset < self.commitlog.max_offset:
+            return -1
+        return self.commitlog.store_timestamp_at(physical_offset)
 
     def lookup_message_by_offset(self, physical_offset: int) -> MessageRecord | None:
         """The record at a physical offset; None below the min or at/after the max."""

@@ -91,6 +91,8 @@ V4_HEAD = struct.Struct(
 SIZE_AND_MAGIC = struct.Struct(">iI")
 BLANK = SIZE_AND_MAGIC
 _INT = struct.Struct(">i")
+#: SYSFLAG's position: PREFIX up to it (TOTALSIZE … PHYSICALOFFSET).
+_SYSFLAG_AT = struct.calcsize(">iIiiiqq")
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
 
@@ -322,6 +324,35 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
         topic=topic,
         properties=props,
     )
+
+
+def store_timestamp_at(buf: Buffer, pos: int = 0) -> int:
+    """STORETIMESTAMP of the stored record at ``pos`` (RocketMQ's pickupStoreTimestamp)."""
+    (sys_flag,) = _INT.unpack_from(buf, pos + _SYSFLAG_AT)
+    (ts,) = _LONG.unpack_from(buf, pos + PREFIX.size + host_length(sys_flag, BORNHOST_V6_FLAG))
+    return int(ts)
+
+
+def record_properties(buf: Buffer, pos: int = 0) -> bytes:
+    """The raw properties block (``name\x01value\x02…``) of the record at ``pos``.
+
+    Reads only the lengths on the way there; the record must be one that was
+    stored (the pull path reads only records a ConsumeQueue points at).
+    """
+    (sys_flag,) = _INT.unpack_from(buf, pos + _SYSFLAG_AT)
+    p = (
+        pos
+        + PREFIX.size
+        + host_length(sys_flag, BORNHOST_V6_FLAG)
+        + 8  # STORETIMESTAMP
+        + host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG)
+        + 12  # RECONSUMETIMES, PREPARED_TX_OFFSET
+    )
+    (body_len,) = _INT.unpack_from(buf, p)
+    p += 4 + body_len
+    p += 1 + buf[p]  # TOPICLEN + TOPIC
+    (props_len,) = _SHORT.unpack_from(buf, p)
+    return bytes(buf[p + 2 : p + 2 + props_len])
 
 
 class RecordKind(Enum):
