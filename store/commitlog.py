@@ -201,7 +201,7 @@ class CommitLog:
         if pos + MIN_RECORD_SIZE > mf.wrote_position:
             return -1
         try:
-            return store_timestamp_at(mf.mapping, pos)
+            return store_timestamp_at(mf.buffer, pos)
         except ValueError:  # unmapped by an expiry meanwhile
             return -1
 

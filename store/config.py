@@ -22,6 +22,17 @@ MAX_PROPERTIES_SIZE = 32767
 MAX_TOPIC_LENGTH = 127
 
 
+def parse_delete_hours(delete_when: str) -> frozenset[int]:
+    """RocketMQ's ``deleteWhen``: hours separated by ';' ("04", "04;16").
+
+    Raises ValueError when it does not parse.
+    """
+    hours = frozenset(int(h) for h in delete_when.split(";") if h.strip())
+    if not hours or not all(0 <= h <= 23 for h in hours):
+        raise ValueError(delete_when)
+    return hours
+
+
 class FlushDiskType(enum.Enum):
     """When a send is acknowledged relative to fsync."""
 
@@ -59,6 +70,22 @@ class MessageStoreConfig:
     max_transfer_bytes_on_message_in_disk: int = 64 * 1024
     max_transfer_count_on_message_in_disk: int = 8
     access_message_in_memory_max_ratio: int = 40
+    #: Expiry (RocketMQ's CleanCommitLogService): CommitLog files whose last write
+    #: is older than this are deleted at the ``delete_when`` hours ("04", or
+    #: "04;16"), or at any hour once disk use passes ``disk_max_used_space_ratio``
+    #: percent; past ``disk_space_clean_forcibly_ratio`` even young files go, and
+    #: past ``disk_space_warning_level_ratio`` sends are refused.
+    file_reserved_time_hours: int = 72
+    delete_when: str = "04"
+    disk_max_used_space_ratio: int = 75
+    disk_space_clean_forcibly_ratio: int = 85
+    disk_space_warning_level_ratio: int = 90
+    clean_file_forcibly_enable: bool = True
+    #: How often the expiry service looks, and the pause between two deleted files.
+    clean_resource_interval_ms: int = 10_000
+    delete_commit_log_files_interval_ms: int = 100
+    #: A file a reader still holds is deleted anyway this long after the first try.
+    destroy_mapped_file_interval_forcibly_ms: int = 120_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path_root_dir", Path(self.store_path_root_dir))
@@ -86,8 +113,29 @@ class MessageStoreConfig:
         for name in ("flush_commit_log_least_pages", "flush_consume_queue_least_pages"):
             if getattr(self, name) < 0:
                 raise StoreConfigError(f"{name} must not be negative")
-        if not 0 <= self.access_message_in_memory_max_ratio <= 100:
-            raise StoreConfigError("access_message_in_memory_max_ratio must be 0..100")
+        for name in (
+            "access_message_in_memory_max_ratio",
+            "disk_max_used_space_ratio",
+            "disk_space_clean_forcibly_ratio",
+            "disk_space_warning_level_ratio",
+        ):
+            if not 0 <= getattr(self, name) <= 100:
+                raise StoreConfigError(f"{name} must be a percentage (0..100)")
+        for name in (
+            "file_reserved_time_hours",
+            "delete_commit_log_files_interval_ms",
+            "destroy_mapped_file_interval_forcibly_ms",
+        ):
+            if getattr(self, name) < 0:
+                raise StoreConfigError(f"{name} must not be negative")
+        if self.clean_resource_interval_ms <= 0:
+            raise StoreConfigError("clean_resource_interval_ms must be positive")
+        try:
+            parse_delete_hours(self.delete_when)
+        except ValueError:
+            raise StoreConfigError(
+                f"delete_when must be hours 00-23 separated by ';', got {self.delete_when!r}"
+            ) from None
         host, sep, port = self.store_host.rpartition(":")
         try:
             ipaddress.ip_address(host.strip("[]"))
@@ -96,6 +144,15 @@ class MessageStoreConfig:
             valid = False
         if not valid:
             raise StoreConfigError(f"store_host must be 'ip:port', got {self.store_host!r}")
+
+    @property
+    def delete_hours(self) -> frozenset[int]:
+        """The hours of ``delete_when``."""
+        return parse_delete_hours(self.delete_when)
+
+    @property
+    def index_dir(self) -> Path:
+        return self.store_path_root_dir / "index"
 
     @property
     def commitlog_dir(self) -> Path:

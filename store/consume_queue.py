@@ -162,6 +162,28 @@ class ConsumeQueue:
             self.min_logic_offset = 0
         return dropped
 
+    def delete_expired_files(self, commitlog_min_offset: int) -> int:
+        """Delete the files whose every unit points below the CommitLog's min offset
+        (never the last file), then move ``min_logic_offset`` up to the first unit
+        still readable; returns how many files went. RocketMQ's
+        deleteExpiredFile + correctMinOffset. Called by the expiry service only."""
+
+        def below_min(mf: MappedFile) -> bool:
+            if mf.wrote_position < CQ_STORE_UNIT_SIZE:
+                return False
+            last_phy, _, _ = UNIT.unpack_from(mf.buffer, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+            return bool(last_phy < commitlog_min_offset)
+
+        deleted = 0
+        while self.files.delete_expired_file(below_min, 0, 0) is not None:
+            deleted += 1
+        if self.files.files:
+            self.min_logic_offset = max(self.min_logic_offset, self.files.min_offset)
+        first = self.get_unit(self.min_offset_in_queue)
+        if first is not None and first[0] < commitlog_min_offset:
+            self.correct_min_offset(commitlog_min_offset)
+        return deleted
+
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         """Move ``min_logic_offset`` to the first unit whose record is still in the CommitLog."""
         for mf in self.files.files:
@@ -315,7 +337,7 @@ class ConsumeQueue:
         for mf in self.files.files:
             chosen = mf
             if mf.wrote_position >= CQ_STORE_UNIT_SIZE:
-                (phy, _, _) = UNIT.unpack_from(mf.mapping, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+                (phy, _, _) = UNIT.unpack_from(mf.buffer, mf.wrote_position - CQ_STORE_UNIT_SIZE)
                 if store_time_of(phy) >= timestamp_ms:
                     break
         if chosen is None or chosen.wrote_position < CQ_STORE_UNIT_SIZE:

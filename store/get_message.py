@@ -43,6 +43,7 @@ from store import _records
 from store.commitlog import CommitLog
 from store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from store.consume_queue import UNIT, ConsumeQueue
+from store.mapped_file import MappedFile
 from store.message import MessageRecord
 from store.record import SIZE_AND_MAGIC, Buffer, decode_record, record_properties
 
@@ -182,63 +183,73 @@ def get_message(
     status = GetStatus.NO_MATCHED_MESSAGE
     count = total = i = 0
     skip_below = -1  # records below here are gone: RocketMQ's nextPhyFileStartOffset
-    mf = None
+    mf: MappedFile | None = None  # the CommitLog file being read, held (see hold())
+    log: Buffer = b""
+    base = end = 0
     gather = _records.gather
-    log: Buffer
-    while i < n:
-        if mf is not None and mf.closed:
-            mf = None  # deleted under us: look the file up again
-        if mf is None:
-            log, base, end = b"", 0, 0
-        else:
-            log, base, end = mf.mapping, mf.file_from_offset, mf.wrote_position
-        i, count, total, stop = gather(
-            units,
-            i,
-            n,
-            log,
-            base,
-            end,
-            count,
-            total,
-            max_msg_nums,
-            in_memory_from,
-            limits.max_bytes_in_memory,
-            limits.max_count_in_memory,
-            limits.max_bytes_in_disk,
-            limits.max_count_in_disk,
-            codes,
-            confirm,
-            out,
-        )
-        if stop == _records.GATHER_DONE or stop == _records.GATHER_FULL:
-            break
-        phy, size, _ = UNIT.unpack_from(units, i * CQ_STORE_UNIT_SIZE)
-        if phy < skip_below:
-            i += 1
-            continue
-        if stop == _records.GATHER_ELSEWHERE:
-            found = commitlog.files.find_by_offset(phy)
-            rel = -1 if found is None else phy - found.file_from_offset
-            if found is None or found is mf or rel + size > found.wrote_position:
-                # The record is gone (its file expired): skip the rest of that file.
-                if total == 0:
-                    status = GetStatus.MESSAGE_WAS_REMOVING
-                skip_below = commitlog.roll_next_file(phy)
+    try:
+        while i < n:
+            i, count, total, stop = gather(
+                units,
+                i,
+                n,
+                log,
+                base,
+                end,
+                count,
+                total,
+                max_msg_nums,
+                in_memory_from,
+                limits.max_bytes_in_memory,
+                limits.max_count_in_memory,
+                limits.max_bytes_in_disk,
+                limits.max_count_in_disk,
+                codes,
+                confirm,
+                out,
+            )
+            if stop == _records.GATHER_DONE or stop == _records.GATHER_FULL:
+                break
+            phy, size, _ = UNIT.unpack_from(units, i * CQ_STORE_UNIT_SIZE)
+            if phy < skip_below:
                 i += 1
-            else:
-                mf = found
-            continue
-        # GATHER_CONFIRM: the filter must see the record's properties.
-        assert message_filter is not None and mf is not None
-        rel = phy - mf.file_from_offset
-        if message_filter.is_matched_by_commit_log(record_properties(mf.mapping, rel)):
-            out += mf.mapping[rel : rel + size]
-            count += 1
-            total += size
-        elif total == 0:
-            status = GetStatus.NO_MATCHED_MESSAGE
-        i += 1
+                continue
+            if stop == _records.GATHER_ELSEWHERE:
+                if mf is not None:
+                    mf.release()
+                    mf, log, base, end = None, b"", 0, 0
+                found = commitlog.files.find_by_offset(phy)
+                if (
+                    found is not None
+                    and phy - found.file_from_offset + size <= found.wrote_position
+                    and found.hold()
+                ):
+                    mf, log, base, end = (
+                        found,
+                        found.buffer,
+                        found.file_from_offset,
+                        found.wrote_position,
+                    )
+                else:
+                    # The record is gone (its file expired): skip the rest of that file.
+                    if total == 0:
+                        status = GetStatus.MESSAGE_WAS_REMOVING
+                    skip_below = commitlog.roll_next_file(phy)
+                    i += 1
+                continue
+            # GATHER_CONFIRM: the filter must see the record's properties.
+            assert message_filter is not None
+            rel = phy - base
+            if message_filter.is_matched_by_commit_log(record_properties(log, rel)):
+                out += log[rel : rel + size]
+                count += 1
+                total += size
+            elif total == 0:
+                status = GetStatus.NO_MATCHED_MESSAGE
+            i += 1
+    finally:
+        if mf is not None:
+            mf.release()
     if count:
         status = GetStatus.FOUND
     return GetMessageResult(status, offset + i, min_offset, max_offset, bytes(out), count)

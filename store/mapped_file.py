@@ -17,6 +17,7 @@ import contextlib
 import errno
 import mmap
 import os
+import threading
 from pathlib import Path
 
 from store.errors import CorruptFileError
@@ -58,6 +59,9 @@ class MappedFile:
     __slots__ = (
         "_fd",
         "_mm",
+        "_ref_lock",
+        "_refs",
+        "_shutdown_at_ms",
         "file_from_offset",
         "file_size",
         "first_create_in_queue",
@@ -86,6 +90,10 @@ class MappedFile:
         self.flushed_position = 0
         self.store_timestamp_ms = 0
         self.first_create_in_queue = False
+        #: Readers holding the file (see hold); -1 in _shutdown_at_ms while available.
+        self._refs = 0
+        self._shutdown_at_ms = -1
+        self._ref_lock = threading.Lock()
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         self._fd = os.open(path, flags, 0o644)
         actual = -1
@@ -145,6 +153,10 @@ class MappedFile:
         return self._fd
 
     @property
+    def closed(self) -> bool:
+        return self._mm.closed
+
+    @property
     def buffer(self) -> mmap.mmap:
         """The whole mapping, for zero-copy parsing; do not keep views past close()."""
         return self._mm
@@ -179,14 +191,38 @@ class MappedFile:
         """Overwrite bytes at ``pos`` without moving positions (recovery, fills)."""
         _pwrite_all(self._fd, data, pos)
 
-    @property
-    def mapping(self) -> mmap.mmap:
-        """The whole file, read-only use: bytes below ``wrote_position`` are stable."""
-        return self._mm
+    # -- references (RocketMQ's ReferenceResource) -----------------------------------
 
-    @property
-    def closed(self) -> bool:
-        return self._mm.closed
+    def hold(self) -> bool:
+        """Pin the file for a read; False once it is being deleted (treat it as gone).
+
+        Every successful hold must be paired with :meth:`release`.
+        """
+        with self._ref_lock:
+            if self._shutdown_at_ms >= 0:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        with self._ref_lock:
+            self._refs -= 1
+
+    def try_destroy(self, now_ms: int, forcibly_after_ms: int) -> bool:
+        """Delete the file unless a reader holds it; returns whether it is gone.
+
+        The first call stops new holds. A file still held is deleted anyway by a
+        call ``forcibly_after_ms`` after the first (RocketMQ's
+        destroyMapedFileIntervalForcibly): a reader that never releases must not
+        pin a file forever; it then sees the mapping closed (ValueError).
+        """
+        with self._ref_lock:
+            if self._shutdown_at_ms < 0:
+                self._shutdown_at_ms = max(now_ms, 0)
+            if self._refs > 0 and now_ms - self._shutdown_at_ms < forcibly_after_ms:
+                return False
+        self.destroy()
+        return True
 
     def read(self, pos: int, size: int) -> bytes:
         """Copy ``size`` bytes from ``pos``; callers stay below ``wrote_position``."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from store.errors import CorruptFileError
@@ -42,8 +44,12 @@ class MappedFileQueue:
         self.read_only = read_only
         #: Appends copy into the mapping (preallocated files); see MappedFile.append.
         self.mapped_writes = mapped_writes
+        #: Replaced, never mutated, so readers can iterate a snapshot without a lock.
         self.files: list[MappedFile] = []
         self.flushed_where = 0
+        #: Serializes replacing ``files`` from two threads: the writer adding a file
+        #: at the end, expiry removing one at the front.
+        self._files_lock = threading.Lock()
 
     def load(self) -> None:
         """Map every data file of the directory; positions are set by recovery.
@@ -144,7 +150,8 @@ class MappedFileQueue:
         # The new name must survive a power loss as surely as the bytes fsynced into it.
         fsync_dir(self.directory)
         mf.first_create_in_queue = first
-        self.files = [*self.files, mf]
+        with self._files_lock:
+            self.files = [*self.files, mf]
         return mf
 
     # -- durability ---------------------------------------------------------------------
@@ -215,6 +222,30 @@ class MappedFileQueue:
         for mf in doomed:
             mf.destroy()
         return len(doomed)
+
+    def delete_expired_file(
+        self,
+        is_expired: Callable[[MappedFile], bool],
+        now_ms: int,
+        forcibly_after_ms: int,
+    ) -> MappedFile | None:
+        """Delete the oldest file if ``is_expired`` says so; never the last file.
+
+        Returns the deleted file, or None: nothing expired, or the oldest file
+        is still held by a reader (it is retried on a later call and deleted
+        anyway ``forcibly_after_ms`` after the first try; see
+        :meth:`MappedFile.try_destroy`). Files go strictly from the front, so
+        the queue never has a hole.
+        """
+        files = self.files
+        if len(files) < 2 or not is_expired(files[0]):
+            return None
+        oldest = files[0]
+        if not oldest.try_destroy(now_ms, forcibly_after_ms):
+            return None
+        with self._files_lock:
+            self.files = [mf for mf in self.files if mf is not oldest]
+        return oldest
 
     def close(self) -> None:
         for mf in self.files:

@@ -37,6 +37,7 @@ from store.consume_queue import ConsumeQueue
 from store.consume_queue_table import ConsumeQueueTable
 from store.dispatcher import DispatchListener, ReputMessageService
 from store.errors import StoreClosedError
+from store.expiry import ExpiryReport, ExpiryService
 from store.files import RootLock, create_abort_file, remove_abort_file
 from store.flush import (
     FlushCommitLogService,
@@ -88,6 +89,8 @@ class MessageStore:
         self._flush_cq: FlushConsumeQueueService | None = None
         self._running = False
         self.recovery_report: RecoveryReport | None = None
+        #: Expired file deletion (see store.expiry); runs while the store does.
+        self.expiry: ExpiryService | None = None
         #: Topic names already validated: a regex per message is measurable on the hot path.
         self._valid_topics: set[str] = set()
         #: A batch must fit one CommitLog file, with room for the end-of-file blank.
@@ -161,6 +164,14 @@ class MessageStore:
         )
         self._flush_cq.start()
         self.dispatcher.start()
+        self.expiry = ExpiryService(
+            cfg,
+            self.commitlog,
+            self.consume_queues,
+            self.clock,
+            dispatched_to=lambda: self.dispatcher.reput_from_offset,
+        )
+        self.expiry.start()
         self._running = True
         return report
 
@@ -173,6 +184,8 @@ class MessageStore:
         if not self._running:
             return
         self._running = False
+        if self.expiry is not None:
+            self.expiry.shutdown()
         self.commitlog.close_for_writes()
         for service in (self._group_commit, self._flush_commitlog):
             if service is not None:
@@ -310,8 +323,9 @@ class MessageStore:
         """Validate and append; returns the result and, under SYNC flush, the offset
         the caller must see fsynced before acknowledging (None otherwise).
         Refused batches write nothing."""
-        if not self._running:
-            return _refused(PutStatus.SERVICE_NOT_AVAILABLE, "the store is not running"), None
+        unavailable = self._not_writable()
+        if unavailable is not None:
+            return unavailable, None
         if isinstance(batch, PutMessageResult):
             return batch, None
         refused = self._check_batch(batch)
@@ -404,9 +418,20 @@ class MessageStore:
         return coalescer
 
     def _refusal(self, batch: EncodedBatch) -> PutMessageResult | None:
+        return self._not_writable() or self._check_batch(batch)
+
+    def _not_writable(self) -> PutMessageResult | None:
+        """Why no send can be taken now (RocketMQ's "message store is not writeable")."""
         if not self._running:
             return _refused(PutStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
-        return self._check_batch(batch)
+        if self.expiry is not None and self.expiry.disk_full:
+            return _refused(
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                f"disk usage is over disk_space_warning_level_ratio "
+                f"({self.config.disk_space_warning_level_ratio}%): sends are refused "
+                f"until expired files are deleted",
+            )
+        return None
 
     def _flush_wait_async(self, end_offset: int) -> asyncio.Future[None]:
         assert self._group_commit is not None  # _append asks for a wait only under SYNC
@@ -470,6 +495,14 @@ class MessageStore:
             message_filter,
             self._transfer_limits,
         )
+
+    def delete_expired_files(self) -> ExpiryReport:
+        """Delete expired files now, whatever the hour (mqadmin's
+        deleteExpiredCommitLog); later runs of the service keep going for a while."""
+        if self.expiry is None or not self._running:
+            raise StoreClosedError("the store is not running")
+        self.expiry.delete_manually()
+        return self.expiry.run_once()
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The queue offset of the record stored at (or nearest to) ``timestamp_ms``;

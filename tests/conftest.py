@@ -28,6 +28,11 @@ def make_config(tmp_path: Path) -> ConfigFactory:
             "mapped_file_size_consume_queue": SMALL_CQ_FILE,
             "flush_interval_commit_log_ms": 50,
             "flush_interval_consume_queue_ms": 50,
+            # The real disk must never trigger expiry or refuse sends in tests:
+            # expiry tests set these and inject the disk use they need.
+            "disk_max_used_space_ratio": 100,
+            "disk_space_clean_forcibly_ratio": 100,
+            "disk_space_warning_level_ratio": 100,
         }
         values.update(overrides)
         return MessageStoreConfig(**values)

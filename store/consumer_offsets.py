@@ -1,0 +1,602 @@
+"""Consumer offsets: RocketMQ's ConsumerOffsetManager, with a reset-epoch fence.
+
+Where each consumer group is in each queue of each topic it consumes, kept in
+memory and persisted to ``<root>/config/consumerOffset.json`` (RocketMQ's
+``BrokerPathConfigHelper.getConsumerOffsetPath``) by a timer thread, every
+``flush_consumer_offset_interval_ms`` (RocketMQ's name and default, 5 s) and
+once more at shutdown.
+
+The file
+--------
+
+Tab-indented like fastjson's pretty format, keys sorted so equal tables give
+equal bytes::
+
+    {
+        "offsetTable":{
+                "TopicTest@group_a":{
+                        "0":12,
+                        "1":7
+                }
+        },
+        "resetEpochTable":{
+                "TopicTest@group_a":3
+        },
+        "dataVersion":{
+                "counter":41,
+                "stateVersion":0,
+                "timestamp":1700000000000
+        }
+    }
+
+=================  ===================================================================
+key                meaning
+=================  ===================================================================
+offsetTable        ``"topic@group"`` → {queue id → next offset to consume}; RocketMQ's
+                   field, same name, same shape
+resetEpochTable    ``"topic@group"`` → reset epoch; Basalt's own (see below)
+dataVersion        RocketMQ's DataVersion: ``counter`` is the change counter, ``timestamp``
+                   the wall-clock ms of the last change, ``stateVersion`` always 0
+=================  ===================================================================
+
+RocketMQ's broker deserialises this file with fastjson into its own class,
+which ignores unknown keys: ``resetEpochTable`` is invisible to it, so a
+RocketMQ broker or ``mqadmin`` tooling can read a Basalt broker's file. Queue
+ids are written as JSON strings (``"0"``); fastjson reads them as the Integer
+keys it expects. fastjson itself writes them *unquoted* (``{0:12}``, not
+valid JSON, apache/rocketmq#1506); :meth:`ConsumerOffsetManager.load` accepts
+that form too, so a RocketMQ broker's file can be taken over.
+
+The reset-epoch fence
+---------------------
+
+RocketMQ resets a group's offsets on the broker (``assignResetOffset``) and
+admits in a comment that the reset "may get overridden by the client
+instantly": a consumer that pulled before the reset commits its old position
+after it and silently undoes the reset. Basalt numbers resets: every
+(group, topic) has an epoch, 0 at first, and :meth:`reset_offsets` bumps it
+under the same lock as commits. A consumer learns the epoch when it fetches
+its offsets and sends it with every commit; a commit carrying an *older*
+epoch is refused (``STALE_RESET_EPOCH``, with the current epoch) and changes
+nothing. A commit without an epoch (``None``: tools, the broker itself) is
+not fenced. A *newer* epoch than the broker's is accepted: it can only mean
+the broker lost a reset it had not persisted yet, and refusing would wedge
+the consumer.
+
+Durability
+----------
+
+:meth:`ConsumerOffsetManager.persist` writes a temporary file in the same
+directory, fsyncs it, renames it over the file and fsyncs the directory, so a
+crash leaves the old or the new file, never a mix. (RocketMQ's ConfigManager
+instead moves the file to ``.bak`` and writes the new content under the old
+name, relying on the ``.bak`` fallback when a crash tears that write; its
+older ``MixAll.string2File`` wrote a ``.tmp``, deleted the file and renamed
+the ``.tmp``, without any fsync.) Before each write the
+current file is hard-linked as ``consumerOffset.json.bak``, RocketMQ's backup
+name: the rename already rules out torn files, but the backup still covers
+what it cannot — a damaged sector, a bad hand edit, a file written by a
+RocketMQ broker — and it costs a link, not a copy. Falling back to it loses
+about one more interval of commits, which consumers see as redelivery, never
+as loss. It may also predate a reset (and its epoch); callers that must not lose
+a reset call :meth:`persist` right after :meth:`reset_offsets`.
+
+Concurrency: every method but :meth:`ConsumerOffsetManager.load` (called once,
+before the manager is shared) is thread-safe. Commits and queries from any
+number of threads take one short lock; :meth:`persist` copies the table under
+that lock and does its I/O outside it, so commits never wait for a disk.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from store.clock import Clock
+from store.errors import CorruptFileError, StoreConfigError, StoreError
+from store.files import fsync_dir, write_atomically
+from store.flush import _ServiceThread
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's ``ConsumerOffsetManager.TOPIC_GROUP_SEPARATOR``: keys are ``topic@group``.
+TOPIC_GROUP_SEPARATOR = "@"
+CONSUMER_OFFSET_FILE_NAME = "consumerOffset.json"
+#: RocketMQ reads queue ids as a Java ``int`` and offsets as a Java ``long``.
+MAX_QUEUE_ID = 2**31 - 1
+MAX_OFFSET = 2**63 - 1
+#: RocketMQ's BrokerConfig.flushConsumerOffsetInterval.
+DEFAULT_FLUSH_CONSUMER_OFFSET_INTERVAL_MS = 5000
+
+#: A fastjson map key: a bare integer after ``{`` or ``,``. The string alternative comes
+#: first so digits inside a quoted string are consumed with it and never rewritten.
+_BARE_KEY = re.compile(r'("(?:[^"\\]|\\.)*")|([{,]\s*)(-?\d+)(\s*:)')
+
+
+def consumer_offset_path(root: Path) -> Path:
+    """``<root>/config/consumerOffset.json``, where RocketMQ keeps the file."""
+    return root / "config" / CONSUMER_OFFSET_FILE_NAME
+
+
+class CommitStatus(enum.Enum):
+    """Outcome of :meth:`ConsumerOffsetManager.commit_offset`."""
+
+    OK = "OK"
+    #: The commit carried a reset epoch older than the (group, topic)'s: refused.
+    STALE_RESET_EPOCH = "STALE_RESET_EPOCH"
+    #: Topic or group empty or containing ``@``.
+    INVALID_NAME = "INVALID_NAME"
+    #: Queue id negative or past a Java int.
+    INVALID_QUEUE_ID = "INVALID_QUEUE_ID"
+    #: Offset negative or past a Java long.
+    INVALID_OFFSET = "INVALID_OFFSET"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What a commit got back.
+
+    ``reset_epoch`` is the (group, topic)'s current epoch (0 for an invalid
+    name): after ``STALE_RESET_EPOCH``, the consumer fetches its offsets
+    again and commits under this epoch.
+    """
+
+    status: CommitStatus
+    reset_epoch: int
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is CommitStatus.OK
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetLoadResult:
+    """What :meth:`ConsumerOffsetManager.load` found."""
+
+    #: The file the table came from; None when neither the file nor its backup existed.
+    source: Path | None
+    #: The main file was missing or unusable and the ``.bak`` was loaded instead.
+    from_backup: bool
+    #: Why the main file was not used (None when it was, or when it was missing).
+    main_problem: str | None
+    #: ``topic@group`` keys with offsets, and (key, queue) offsets, loaded.
+    keys: int
+    offsets: int
+
+
+class InvalidOffsetRequestError(StoreError, ValueError):
+    """An admin request on offsets names an impossible group, topic, queue or offset."""
+
+
+def _name_problem(group: str, topic: str) -> str | None:
+    for what, name in (("group", group), ("topic", topic)):
+        if not name:
+            return f"{what} name is empty"
+        if TOPIC_GROUP_SEPARATOR in name:
+            return f"{what} name {name!r} contains {TOPIC_GROUP_SEPARATOR!r}"
+    return None
+
+
+def _key(group: str, topic: str) -> str:
+    return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+
+class ConsumerOffsetManager:
+    """The offset table of every (group, topic, queue), with reset epochs.
+
+    Call :meth:`load` once before use (a fresh manager is empty). All other
+    methods are thread-safe; see the module docstring for the locking.
+    """
+
+    def __init__(self, path: Path, *, clock: Clock) -> None:
+        self.path = Path(path)
+        self.bak_path = self.path.with_name(self.path.name + ".bak")
+        self.clock = clock
+        self._lock = threading.Lock()
+        # Serialises whole persists so an older snapshot never lands after a newer one.
+        self._persist_lock = threading.Lock()
+        self._offsets: dict[str, dict[int, int]] = {}
+        self._epochs: dict[str, int] = {}
+        # Bumped on every change; persist_if_changed compares it with _persisted_version.
+        self._version = 0
+        self._changed_ms = 0
+        self._persisted_version = 0
+        # False after load() rejected the main file: linking it as .bak would replace
+        # the good backup with the bad file (RocketMQ deletes it for the same reason).
+        self._main_trusted = True
+
+    # -- commits and queries --------------------------------------------------------
+
+    def commit_offset(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        reset_epoch: int | None = None,
+    ) -> CommitResult:
+        """Store ``offset`` as the next offset ``group`` consumes in ``topic``'s queue.
+
+        Refused, changing nothing: an invalid name, queue id or offset, and a
+        ``reset_epoch`` older than the (group, topic)'s current one. ``None``
+        is not fenced. A commit below the stored offset is accepted, as in
+        RocketMQ (a consumer may rewind), and logged.
+        """
+        problem = _name_problem(group, topic)
+        if problem is not None:
+            return CommitResult(CommitStatus.INVALID_NAME, 0, problem)
+        key = _key(group, topic)
+        if not 0 <= queue_id <= MAX_QUEUE_ID:
+            return CommitResult(
+                CommitStatus.INVALID_QUEUE_ID,
+                self.reset_epoch(group, topic),
+                f"queue id {queue_id} not in [0, {MAX_QUEUE_ID}]",
+            )
+        if not 0 <= offset <= MAX_OFFSET:
+            return CommitResult(
+                CommitStatus.INVALID_OFFSET,
+                self.reset_epoch(group, topic),
+                f"offset {offset} not in [0, {MAX_OFFSET}]",
+            )
+        with self._lock:
+            current = self._epochs.get(key, 0)
+            if reset_epoch is not None and reset_epoch < current:
+                return CommitResult(
+                    CommitStatus.STALE_RESET_EPOCH,
+                    current,
+                    f"{key} was reset: epoch {reset_epoch} < {current}",
+                )
+            queues = self._offsets.get(key)
+            if queues is None:
+                queues = self._offsets[key] = {}
+            previous = queues.get(queue_id)
+            # Consumers re-commit unchanged offsets every few seconds; only a change
+            # makes the next persist worth its two fsyncs.
+            if previous != offset:
+                queues[queue_id] = offset
+                self._changed_locked()
+        if previous is not None and offset < previous:
+            log.warning(
+                "consumer offset moved back: %s queue %d %d -> %d", key, queue_id, previous, offset
+            )
+        return CommitResult(CommitStatus.OK, current)
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed to that queue."""
+        with self._lock:
+            return self._offsets.get(_key(group, topic), {}).get(queue_id, -1)
+
+    def query_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """A copy of {queue id → offset} for the (group, topic); empty when unknown."""
+        with self._lock:
+            return dict(self._offsets.get(_key(group, topic), {}))
+
+    def reset_epoch(self, group: str, topic: str) -> int:
+        """The (group, topic)'s reset epoch: 0 until its first reset."""
+        with self._lock:
+            return self._epochs.get(_key(group, topic), 0)
+
+    def reset_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> int:
+        """Store ``offsets`` for those queues and bump the epoch, atomically; returns the epoch.
+
+        RocketMQ's broker-side resetOffset. Other queues keep their offsets.
+        An empty mapping only bumps the epoch, fencing every consumer that has
+        not fetched its offsets since. Only in memory until the next persist.
+
+        Raises InvalidOffsetRequestError (nothing changed) for an invalid name,
+        queue id or offset.
+        """
+        problem = _name_problem(group, topic)
+        if problem is not None:
+            raise InvalidOffsetRequestError(problem)
+        for queue_id, offset in offsets.items():
+            if not 0 <= queue_id <= MAX_QUEUE_ID:
+                raise InvalidOffsetRequestError(f"queue id {queue_id} out of range")
+            if not 0 <= offset <= MAX_OFFSET:
+                raise InvalidOffsetRequestError(f"offset {offset} of queue {queue_id} out of range")
+        key = _key(group, topic)
+        with self._lock:
+            epoch = self._epochs.get(key, 0) + 1
+            self._epochs[key] = epoch
+            if offsets:
+                self._offsets.setdefault(key, {}).update(offsets)
+            self._changed_locked()
+        log.info("reset %s to epoch %d: %s", key, epoch, dict(offsets))
+        return epoch
+
+    def groups_of_topic(self, topic: str) -> set[str]:
+        """Groups with committed offsets in ``topic`` (RocketMQ's whichGroupByTopic)."""
+        with self._lock:
+            keys = list(self._offsets)
+        return {g for t, _, g in (k.partition(TOPIC_GROUP_SEPARATOR) for k in keys) if t == topic}
+
+    def topics_of_group(self, group: str) -> set[str]:
+        """Topics ``group`` has committed offsets in (RocketMQ's whichTopicByConsumer)."""
+        with self._lock:
+            keys = list(self._offsets)
+        return {t for t, _, g in (k.partition(TOPIC_GROUP_SEPARATOR) for k in keys) if g == group}
+
+    def remove_group(self, group: str, topic: str) -> bool:
+        """Forget the (group, topic)'s offsets; returns whether it had any.
+
+        The epoch is kept and bumped, not dropped: epochs never go back, so a
+        consumer of the removed group still committing under its old epoch is
+        refused rather than resurrecting the offsets.
+        """
+        key = _key(group, topic)
+        with self._lock:
+            if self._offsets.pop(key, None) is None:
+                return False
+            self._epochs[key] = self._epochs.get(key, 0) + 1
+            self._changed_locked()
+        log.info("removed the offsets of %s", key)
+        return True
+
+    def _changed_locked(self) -> None:
+        self._version += 1
+        self._changed_ms = self.clock.now_ms()
+
+    @property
+    def dirty(self) -> bool:
+        """Whether something changed since the last persist or load."""
+        with self._lock:
+            return self._version != self._persisted_version
+
+    # -- the file -------------------------------------------------------------------
+
+    def persist(self) -> None:
+        """Write the table to the file now, atomically (see the module docstring).
+
+        Raises OSError when the disk refuses; the file is then unchanged (or
+        only its ``.bak`` refreshed) and a later persist retries.
+        """
+        self._persist(force=True)
+
+    def persist_if_changed(self) -> bool:
+        """:meth:`persist` if anything changed since the last persist; returns whether it wrote."""
+        return self._persist(force=False)
+
+    def _persist(self, *, force: bool) -> bool:
+        with self._persist_lock:
+            with self._lock:
+                if not force and self._version == self._persisted_version:
+                    return False
+                version, changed_ms = self._version, self._changed_ms
+                # Copy, encode outside: json of a large table must not hold up commits.
+                offsets = {k: dict(v) for k, v in self._offsets.items()}
+                epochs = dict(self._epochs)
+            data = _encode(offsets, epochs, version, changed_ms)
+            self._write(data)
+            with self._lock:
+                self._persisted_version = version
+            return True
+
+    def _write(self, data: bytes) -> None:
+        parent = self.path.parent
+        if not parent.is_dir():
+            parent.mkdir(parents=True, exist_ok=True)
+            fsync_dir(parent.parent)
+        if self._main_trusted and self.path.exists():
+            self._back_up_main()
+        write_atomically(self.path, data)
+        self._main_trusted = True
+
+    def _back_up_main(self) -> None:
+        # The main file was fsynced when it was written, so a hard link makes a durable
+        # backup without copying a byte; the rename makes the switch atomic.
+        tmp = self.bak_path.with_name(self.bak_path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(self.path, tmp)
+        except OSError:
+            # A filesystem without hard links: copy instead.
+            write_atomically(self.bak_path, self.path.read_bytes())
+            return
+        os.replace(tmp, self.bak_path)
+
+    def load(self) -> OffsetLoadResult:
+        """Replace the in-memory table with the file's.
+
+        A missing file (and no ``.bak``) means an empty table. A main file that
+        cannot be read or decoded, is empty, or is missing while a ``.bak``
+        exists, gives way to the ``.bak`` as in RocketMQ's ConfigManager; the
+        next persist then rewrites the main file and keeps the good backup.
+        Raises CorruptFileError naming the main file when no usable copy
+        remains. Call it before the manager is shared between threads.
+        """
+        main_problem: str | None = None
+        tables: _Tables | None = None
+        try:
+            tables = _decode(self.path.read_bytes())
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:
+            main_problem = str(e)
+        from_backup = tables is None
+        if tables is None:
+            try:
+                tables = _decode(self.bak_path.read_bytes())
+            except FileNotFoundError:
+                if main_problem is not None:
+                    raise CorruptFileError(
+                        self.path, f"{main_problem}; and no backup {self.bak_path.name} exists"
+                    ) from None
+            except (OSError, ValueError) as e:
+                reason = main_problem or "missing"
+                raise CorruptFileError(
+                    self.path, f"{reason}; and its backup {self.bak_path.name}: {e}"
+                ) from None
+        source: Path | None = None
+        if tables is not None:
+            source = self.bak_path if from_backup else self.path
+        else:
+            from_backup = False
+            tables = _Tables({}, {}, 0, 0)
+        with self._lock:
+            self._offsets, self._epochs = tables.offsets, tables.epochs
+            self._version, self._changed_ms = tables.version, tables.changed_ms
+            # Loaded from the backup: the main file is stale or bad, so the next persist
+            # must rewrite it even if nothing is committed meanwhile.
+            self._persisted_version = self._version - 1 if from_backup else self._version
+            self._main_trusted = main_problem is None
+        result = OffsetLoadResult(
+            source=source,
+            from_backup=from_backup,
+            main_problem=main_problem,
+            keys=len(tables.offsets),
+            offsets=sum(len(q) for q in tables.offsets.values()),
+        )
+        if from_backup:
+            log.warning(
+                "%s unusable (%s): loaded %s instead", self.path, main_problem or "missing", source
+            )
+        return result
+
+
+# -- encoding -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Tables:
+    offsets: dict[str, dict[int, int]]
+    epochs: dict[str, int]
+    version: int
+    changed_ms: int
+
+
+def _encode(
+    offsets: Mapping[str, Mapping[int, int]], epochs: Mapping[str, int], version: int, ts_ms: int
+) -> bytes:
+    """The file's bytes: sorted, so equal tables give equal files; RocketMQ's pretty layout."""
+    doc = {
+        "offsetTable": {
+            key: {str(q): o for q, o in sorted(offsets[key].items())} for key in sorted(offsets)
+        },
+        "resetEpochTable": {key: epochs[key] for key in sorted(epochs)},
+        "dataVersion": {"counter": version, "stateVersion": 0, "timestamp": ts_ms},
+    }
+    return json.dumps(doc, indent="\t", separators=(",", ":")).encode("ascii") + b"\n"
+
+
+def _quote_bare_key(m: re.Match[str]) -> str:
+    if m.group(1) is not None:
+        return m.group(1)
+    return f'{m.group(2)}"{m.group(3)}"{m.group(4)}'
+
+
+def _decode(data: bytes) -> _Tables:
+    """Parse and check the file's bytes; raises ValueError saying what is wrong."""
+    if not data.strip():
+        raise ValueError("empty file")
+    text = data.decode("utf-8")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        try:
+            doc = json.loads(_BARE_KEY.sub(_quote_bare_key, text))  # fastjson's {0:12}
+        except json.JSONDecodeError:
+            raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    offsets: dict[str, dict[int, int]] = {}
+    for key, queues in _object(doc, "offsetTable").items():
+        _check_key(key)
+        if not isinstance(queues, dict):
+            raise ValueError(f"offsetTable[{key!r}] is not an object")
+        table = offsets[key] = {}
+        for queue, offset in queues.items():
+            if not queue.isdigit() or int(queue) > MAX_QUEUE_ID:
+                raise ValueError(f"offsetTable[{key!r}]: bad queue id {queue!r}")
+            table[int(queue)] = _int(offset, MAX_OFFSET, f"offsetTable[{key!r}][{queue!r}]")
+    epochs: dict[str, int] = {}
+    for key, epoch in _object(doc, "resetEpochTable").items():
+        _check_key(key)
+        epochs[key] = _int(epoch, MAX_OFFSET, f"resetEpochTable[{key!r}]")
+    # Informational only: a damaged dataVersion does not make the offsets untrustworthy.
+    version = doc.get("dataVersion")
+    counter = timestamp = 0
+    if isinstance(version, dict):
+        if isinstance(version.get("counter"), int) and version["counter"] >= 0:
+            counter = version["counter"]
+        if isinstance(version.get("timestamp"), int):
+            timestamp = version["timestamp"]
+    return _Tables(offsets, epochs, counter, timestamp)
+
+
+def _object(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    value = doc.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} is not an object")
+    return value
+
+
+def _check_key(key: str) -> None:
+    topic, sep, group = key.partition(TOPIC_GROUP_SEPARATOR)
+    if not sep or _name_problem(group, topic) is not None:
+        raise ValueError(f"bad topic@group key {key!r}")
+
+
+def _int(value: object, high: int, where: str) -> int:
+    # bool is an int to Python but never a number to JSON's writers.
+    if type(value) is not int or not 0 <= value <= high:
+        raise ValueError(f"{where} is {value!r}, not an integer in [0, {high}]")
+    return value
+
+
+# -- the persister ------------------------------------------------------------------------
+
+
+class OffsetPersistService(_ServiceThread):
+    """Persist the offsets every ``flush_consumer_offset_interval_ms``, if they changed.
+
+    RocketMQ's broker persists on a scheduled executor whether or not anything
+    changed; this writes only when the manager's change counter moved, so an
+    idle broker does not fsync twice every five seconds. A failed persist is
+    logged and retried on the next tick. :meth:`shutdown` stops the thread and
+    then persists once more in the caller's thread, so a failure there
+    raises. One thread; start and shutdown from one owner.
+    """
+
+    name = "persist-consumer-offsets"
+
+    def __init__(
+        self,
+        manager: ConsumerOffsetManager,
+        *,
+        flush_consumer_offset_interval_ms: int = DEFAULT_FLUSH_CONSUMER_OFFSET_INTERVAL_MS,
+    ) -> None:
+        super().__init__()
+        if flush_consumer_offset_interval_ms <= 0:
+            raise StoreConfigError("flush_consumer_offset_interval_ms must be positive")
+        self.manager = manager
+        self.interval_ms = flush_consumer_offset_interval_ms
+        #: Persists that wrote the file (the final one at shutdown included).
+        self.writes = 0
+
+    def run(self) -> None:
+        while True:
+            self._wakeup.wait(self.interval_ms / 1000)
+            self._wakeup.clear()
+            if self._stopping:  # shutdown() writes the last time, where its error can raise
+                return
+            try:
+                if self.manager.persist_if_changed():
+                    self.writes += 1
+            except OSError:
+                log.exception("persisting consumer offsets to %s failed", self.manager.path)
+
+    def shutdown(self) -> None:
+        """Stop the thread, then persist what changed since its last write (may raise OSError)."""
+        super().shutdown()
+        if self.manager.persist_if_changed():
+            self.writes += 1

@@ -1,0 +1,235 @@
+"""Expired file deletion: RocketMQ's CleanCommitLogService and CleanConsumeQueueService.
+
+A CommitLog file is *expired* once its last write is ``file_reserved_time_hours``
+old. Expired files are deleted only when one of these holds:
+
+* the hour is one of ``delete_when`` (default "04": at night),
+* disk use of the store's filesystem passes ``disk_max_used_space_ratio`` %,
+* an operator asked (:meth:`ExpiryService.delete_manually`: the next 20 runs).
+
+Past ``disk_space_clean_forcibly_ratio`` % (with ``clean_file_forcibly_enable``)
+files go even when young, oldest first; past ``disk_space_warning_level_ratio``
+% the store refuses sends until use falls back (``disk_full``).
+
+Deletion goes from the oldest file, never the file being written, never a
+file the dispatcher has not finished with, and stops at the first file that
+is not expired (no holes). Between two deleted files it pauses
+``delete_commit_log_files_interval_ms``; a file a reader holds is retried and
+deleted anyway after ``destroy_mapped_file_interval_forcibly_ms``. Then
+ConsumeQueue (and index) files wholly below the new CommitLog min offset
+follow, and every ConsumeQueue's min offset is corrected, so a pull below it
+gets OFFSET_TOO_SMALL with the corrected next offset.
+
+Time comes from the store's clock and disk use from an injectable probe, so
+tests need no waiting and no full disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from store.clock import Clock
+from store.commitlog import CommitLog
+from store.config import MessageStoreConfig
+from store.consume_queue_table import ConsumeQueueTable
+from store.flush import _ServiceThread
+from store.mapped_file import MappedFile
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's MAX_MANUAL_DELETE_FILE_TIMES: runs a manual request stays active.
+MANUAL_DELETE_RUNS = 20
+#: RocketMQ's DELETE_FILES_BATCH_MAX: CommitLog files deleted per run at most.
+DELETE_FILES_BATCH_MAX = 10
+_HOUR_MS = 3_600_000
+
+
+def disk_used_percent(path: Path) -> float:
+    """Used share of the filesystem holding ``path``, in percent (-1 if unknown)."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return -1.0
+    return 100.0 * (usage.total - usage.free) / usage.total if usage.total else -1.0
+
+
+class IndexExpiry(Protocol):
+    """The IndexService's part in expiry."""
+
+    def delete_expired_file(self, commitlog_min_offset: int) -> int: ...
+
+
+@dataclass(slots=True)
+class ExpiryReport:
+    """What one run deleted, and why it ran."""
+
+    commitlog_files: list[str] = field(default_factory=list)
+    consume_queue_files: int = 0
+    index_files: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def deleted_anything(self) -> bool:
+        return bool(self.commitlog_files or self.consume_queue_files or self.index_files)
+
+
+class ExpiryService(_ServiceThread):
+    """Deletes expired CommitLog files, then the ConsumeQueue and index files they
+    leave behind. ``run_once`` is the whole job; the thread calls it every
+    ``clean_resource_interval_ms``."""
+
+    name = "clean-expired-files"
+
+    def __init__(
+        self,
+        config: MessageStoreConfig,
+        commitlog: CommitLog,
+        consume_queues: ConsumeQueueTable,
+        clock: Clock,
+        *,
+        dispatched_to: Callable[[], int],
+        index: IndexExpiry | None = None,
+        disk_usage: Callable[[Path], float] = disk_used_percent,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.commitlog = commitlog
+        self.consume_queues = consume_queues
+        self.clock = clock
+        self.dispatched_to = dispatched_to
+        self.index = index
+        self.disk_usage = disk_usage
+        #: Set past disk_space_warning_level_ratio: the store refuses sends.
+        self.disk_full = False
+        self._manual_runs = 0
+        self._last_min_offset = -1
+        self._run_lock = threading.Lock()
+
+    def delete_manually(self) -> None:
+        """An operator's request (mqadmin deleteExpiredCommitLog): expired files go
+        on the next runs whatever the hour."""
+        self._manual_runs = MANUAL_DELETE_RUNS
+        self.wakeup()
+
+    def run(self) -> None:
+        while True:
+            self._wakeup.wait(self.config.clean_resource_interval_ms / 1000)
+            self._wakeup.clear()
+            if self._stopping:
+                return
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("expired file deletion failed")
+
+    def run_once(self) -> ExpiryReport:
+        """Check the clock and the disk, delete what is due; returns what went."""
+        with self._run_lock:
+            report = ExpiryReport()
+            self._clean_commitlog(report)
+            self._clean_consume_queues(report)
+            if report.deleted_anything:
+                log.info(
+                    "expiry (%s): commitlog files %s, consume queue files %d, index files %d",
+                    ", ".join(report.reasons),
+                    report.commitlog_files or "none",
+                    report.consume_queue_files,
+                    report.index_files,
+                )
+            return report
+
+    # -- the CommitLog ----------------------------------------------------------------
+
+    def _space_pressure(self, report: ExpiryReport) -> tuple[bool, bool]:
+        """(disk over the deletion ratio, clean at once); also updates ``disk_full``."""
+        cfg = self.config
+        # CommitLog and ConsumeQueues live under one root, so one filesystem.
+        used = self.disk_usage(cfg.store_path_root_dir)
+        clean_now = False
+        full = used > cfg.disk_space_warning_level_ratio
+        if full != self.disk_full:
+            log.log(
+                logging.ERROR if full else logging.INFO,
+                "disk %.1f%% used: sends %s",
+                used,
+                "refused until space is freed" if full else "accepted again",
+            )
+        self.disk_full = full
+        if used > cfg.disk_space_clean_forcibly_ratio:
+            clean_now = True
+        over = used < 0 or used > cfg.disk_max_used_space_ratio
+        if over:
+            report.reasons.append(f"disk {used:.1f}% used")
+        return over, clean_now
+
+    def _clean_commitlog(self, report: ExpiryReport) -> None:
+        cfg = self.config
+        now_ms = self.clock.now_ms()
+        hour = time.localtime(now_ms / 1000).tm_hour
+        time_up = hour in cfg.delete_hours
+        if time_up:
+            report.reasons.append(f"hour {hour:02d} is in delete_when")
+        space, clean_now = self._space_pressure(report)
+        manual = self._manual_runs > 0
+        if manual:
+            self._manual_runs -= 1
+            report.reasons.append("manual request")
+        if not (time_up or space or manual):
+            return
+        clean_at_once = cfg.clean_file_forcibly_enable and clean_now
+        reserved_ms = cfg.file_reserved_time_hours * _HOUR_MS
+        dispatched_to = self.dispatched_to()
+
+        def expired(mf: MappedFile) -> bool:
+            if mf.file_end_offset > dispatched_to:
+                return False  # the dispatcher still needs it
+            if clean_at_once:
+                return True
+            written = self.last_write_ms(mf)
+            return written >= 0 and now_ms >= written + reserved_ms
+
+        files = self.commitlog.files
+        for n in range(DELETE_FILES_BATCH_MAX):
+            gone = files.delete_expired_file(
+                expired, now_ms, cfg.destroy_mapped_file_interval_forcibly_ms
+            )
+            if gone is None:
+                break
+            report.commitlog_files.append(gone.path.name)
+            if n + 1 < DELETE_FILES_BATCH_MAX and cfg.delete_commit_log_files_interval_ms:
+                # Spread the disk's work: one file per interval, as RocketMQ does.
+                if self._wakeup.wait(cfg.delete_commit_log_files_interval_ms / 1000):
+                    self._wakeup.clear()
+                if self._stopping:
+                    break
+
+    def last_write_ms(self, mf: MappedFile) -> int:
+        """When a CommitLog file was last written (-1: unknown, keep it).
+
+        Its last record's store time when this process wrote it; otherwise the
+        store time of the next file's first record, which is no earlier - so a
+        file is never taken for older than it is. (RocketMQ uses the file's
+        mtime; store times follow the store's clock, which tests control.)
+        """
+        if mf.store_timestamp_ms > 0:
+            return mf.store_timestamp_ms
+        return self.commitlog.store_timestamp_at(mf.file_end_offset)
+
+    # -- what follows -----------------------------------------------------------------
+
+    def _clean_consume_queues(self, report: ExpiryReport) -> None:
+        min_offset = self.commitlog.min_offset
+        if min_offset <= self._last_min_offset:
+            return
+        self._last_min_offset = min_offset
+        for cq in self.consume_queues:
+            report.consume_queue_files += cq.delete_expired_files(min_offset)
+        if self.index is not None:
+            report.index_files += self.index.delete_expired_file(min_offset)
