@@ -70,6 +70,8 @@ class MessageStoreConfig:
     max_transfer_bytes_on_message_in_disk: int = 64 * 1024
     max_transfer_count_on_message_in_disk: int = 8
     access_message_in_memory_max_ratio: int = 40
+    #: Consumer offsets are written to config/consumerOffset.json this often (if changed).
+    flush_consumer_offset_interval_ms: int = 5000
     #: Expiry (RocketMQ's CleanCommitLogService): CommitLog files whose last write
     #: is older than this are deleted at the ``delete_when`` hours ("04", or
     #: "04;16"), or at any hour once disk use passes ``disk_max_used_space_ratio``
@@ -103,6 +105,7 @@ class MessageStoreConfig:
             "sync_flush_timeout_ms",
             "max_message_size",
             "reput_batch_size_bytes",
+            "flush_consumer_offset_interval_ms",
             "max_transfer_bytes_on_message_in_memory",
             "max_transfer_count_on_message_in_memory",
             "max_transfer_bytes_on_message_in_disk",

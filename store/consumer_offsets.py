@@ -103,7 +103,7 @@ from typing import Any
 from store.clock import Clock
 from store.errors import CorruptFileError, StoreConfigError, StoreError
 from store.files import fsync_dir, write_atomically
-from store.flush import _ServiceThread
+from store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -556,7 +556,7 @@ def _int(value: object, high: int, where: str) -> int:
 # -- the persister ------------------------------------------------------------------------
 
 
-class OffsetPersistService(_ServiceThread):
+class OffsetPersistService(ServiceThread):
     """Persist the offsets every ``flush_consumer_offset_interval_ms``, if they changed.
 
     RocketMQ's broker persists on a scheduled executor whether or not anything

@@ -39,8 +39,8 @@ from store.clock import Clock
 from store.commitlog import CommitLog
 from store.config import MessageStoreConfig
 from store.consume_queue_table import ConsumeQueueTable
-from store.flush import _ServiceThread
 from store.mapped_file import MappedFile
+from store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class ExpiryReport:
         return bool(self.commitlog_files or self.consume_queue_files or self.index_files)
 
 
-class ExpiryService(_ServiceThread):
+class ExpiryService(ServiceThread):
     """Deletes expired CommitLog files, then the ConsumeQueue and index files they
     leave behind. ``run_once`` is the whole job; the thread calls it every
     ``clean_resource_interval_ms``."""

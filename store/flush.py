@@ -8,7 +8,6 @@ the bytes it vouches for are durable, never before.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import logging
 import threading
@@ -19,46 +18,11 @@ from concurrent.futures import Future
 from store.checkpoint import StoreCheckpoint
 from store.commitlog import CommitLog
 from store.consume_queue_table import ConsumeQueueTable
+from store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 
 OS_PAGE_SIZE = 4096
-
-
-class _ServiceThread(abc.ABC):
-    """A named daemon thread with a wake-up event and a stop flag."""
-
-    name = "service"
-
-    def __init__(self) -> None:
-        self._wakeup = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._stopping = False
-        self._thread = threading.Thread(target=self._guarded_run, name=self.name, daemon=True)
-        self._thread.start()
-
-    def _guarded_run(self) -> None:
-        try:
-            self.run()
-        except Exception:
-            log.exception("%s crashed", self.name)
-
-    @abc.abstractmethod
-    def run(self) -> None:
-        """The thread's body; returns once ``_stopping`` is set and its work is done."""
-
-    def wakeup(self) -> None:
-        self._wakeup.set()
-
-    def shutdown(self) -> None:
-        self._stopping = True
-        self._wakeup.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
 
 def flush_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint) -> int:
@@ -76,7 +40,7 @@ def flush_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint) -> int:
     return flushed
 
 
-class FlushCommitLogService(_ServiceThread):
+class FlushCommitLogService(ServiceThread):
     """ASYNC flush: fsync every ``flush_interval_commit_log_ms`` when enough is dirty."""
 
     name = "flush-commitlog"
@@ -129,7 +93,7 @@ def _settle_on_loop(items: list[_Settlement]) -> None:
             fut.set_exception(error)
 
 
-class GroupCommitService(_ServiceThread):
+class GroupCommitService(ServiceThread):
     """SYNC flush with group commit.
 
     Senders call :meth:`request` (threads) or :meth:`request_async` (coroutines)
@@ -220,7 +184,7 @@ class GroupCommitService(_ServiceThread):
                 log.warning("event loop closed before its %d flush waiters were woken", len(items))
 
 
-class FlushConsumeQueueService(_ServiceThread):
+class FlushConsumeQueueService(ServiceThread):
     """fsync the ConsumeQueues every ``flush_interval_consume_queue_ms``."""
 
     name = "flush-consumequeue"

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import re
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
 
@@ -35,6 +35,12 @@ from store.commitlog import CommitLog
 from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, FlushDiskType, MessageStoreConfig
 from store.consume_queue import ConsumeQueue
 from store.consume_queue_table import ConsumeQueueTable
+from store.consumer_offsets import (
+    CommitResult,
+    ConsumerOffsetManager,
+    OffsetPersistService,
+    consumer_offset_path,
+)
 from store.dispatcher import DispatchListener, ReputMessageService
 from store.errors import StoreClosedError
 from store.expiry import ExpiryReport, ExpiryService
@@ -91,6 +97,11 @@ class MessageStore:
         self.recovery_report: RecoveryReport | None = None
         #: Expired file deletion (see store.expiry); runs while the store does.
         self.expiry: ExpiryService | None = None
+        #: The consumer offsets of every group (RocketMQ's ConsumerOffsetManager).
+        self.consumer_offsets = ConsumerOffsetManager(
+            consumer_offset_path(config.store_path_root_dir), clock=self.clock
+        )
+        self._offset_persister: OffsetPersistService | None = None
         #: Topic names already validated: a regex per message is measurable on the hot path.
         self._valid_topics: set[str] = set()
         #: A batch must fit one CommitLog file, with room for the end-of-file blank.
@@ -138,6 +149,11 @@ class MessageStore:
                 abnormal=abnormal,
                 check_crc=cfg.check_crc_on_recover,
             )
+            loaded = self.consumer_offsets.load()
+            if loaded.from_backup:
+                log.warning(
+                    "consumer offsets loaded from %s: %s", loaded.source, loaded.main_problem
+                )
             create_abort_file(cfg.abort_path)
         except BaseException:
             self._close_files()
@@ -172,6 +188,11 @@ class MessageStore:
             dispatched_to=lambda: self.dispatcher.reput_from_offset,
         )
         self.expiry.start()
+        self._offset_persister = OffsetPersistService(
+            self.consumer_offsets,
+            flush_consumer_offset_interval_ms=cfg.flush_consumer_offset_interval_ms,
+        )
+        self._offset_persister.start()
         self._running = True
         return report
 
@@ -196,6 +217,11 @@ class MessageStore:
             self._flush_cq.shutdown()
             self._flush_cq.flush_now()
         flush_commitlog(self.commitlog, self._checkpoint)
+        if self._offset_persister is not None:
+            try:
+                self._offset_persister.shutdown()  # writes the offsets one last time
+            except OSError:
+                log.exception("could not persist consumer offsets at shutdown")
         clean = self.dispatcher.stalled_reason is None and self.dispatcher.behind_bytes == 0
         self._close_files()
         if clean:
@@ -495,6 +521,45 @@ class MessageStore:
             message_filter,
             self._transfer_limits,
         )
+
+    # -- consumer offsets ---------------------------------------------------------------
+
+    def commit_offset(
+        self, group: str, topic: str, queue_id: int, offset: int, *, reset_epoch: int | None = None
+    ) -> CommitResult:
+        """Store a group's consume offset for a queue. A commit carrying a reset epoch
+        older than the group's current one (a consumer that has not seen a reset
+        yet) is refused with STALE_RESET_EPOCH and changes nothing."""
+        return self.consumer_offsets.commit_offset(
+            group, topic, queue_id, offset, reset_epoch=reset_epoch
+        )
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The group's committed offset for a queue; -1 when it has none."""
+        return self.consumer_offsets.query_offset(group, topic, queue_id)
+
+    def reset_offset_by_time(
+        self, group: str, topic: str, queue_ids: Iterable[int], timestamp_ms: int, *, force: bool
+    ) -> tuple[dict[int, int], int]:
+        """The broker half of RocketMQ's resetOffsetByTime (Broker2Client.resetOffset).
+
+        Per queue: the offset by time (``timestamp_ms`` -1 means the max offset);
+        without ``force`` a committed offset already earlier is kept. The new
+        table is stored, the reset epoch bumped and the file written before
+        this returns. Returns (queue id -> offset, new epoch).
+        """
+        table: dict[int, int] = {}
+        for queue_id in queue_ids:
+            if timestamp_ms == -1:
+                by_time = self.get_max_offset_in_queue(topic, queue_id)
+            else:
+                by_time = max(0, self.get_offset_in_queue_by_time(topic, queue_id, timestamp_ms))
+            current = self.query_offset(group, topic, queue_id)
+            table[queue_id] = by_time if force or current < 0 or by_time < current else current
+        epoch = self.consumer_offsets.reset_offsets(group, topic, table)
+        # A reset must survive a crash right after it is acknowledged.
+        self.consumer_offsets.persist()
+        return table, epoch
 
     def delete_expired_files(self) -> ExpiryReport:
         """Delete expired files now, whatever the hour (mqadmin's
