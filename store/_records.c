@@ -999,6 +999,195 @@ done:
     return result;
 }
 
+/* ---- index_put: IndexFile entries for the keys of stored records ------------------ */
+
+enum { INDEX_DONE = 0, INDEX_FULL = 1, INDEX_BLANK = 2, INDEX_CORRUPT = 3 };
+#define INDEX_HEADER_SIZE 40
+#define INDEX_ENTRY_SIZE 20
+#define INT32_MAX_VALUE 2147483647LL
+
+/* The value of property `name` in a properties block, or NULL. */
+static const uint8_t *find_prop(const uint8_t *block, const uint8_t *end, const char *name,
+                                size_t name_len, const uint8_t **value_end) {
+    for (const uint8_t *s = block; (size_t)(end - s) > name_len; s++) {
+        if (s[0] != (uint8_t)name[0] || memcmp(s, name, name_len) != 0 || s[name_len] != 1)
+            continue;
+        if (s == block || s[-1] == 2) {
+            const uint8_t *v = s + name_len + 1;
+            const uint8_t *ve = memchr(v, 2, (size_t)(end - v));
+            *value_end = ve == NULL ? end : ve;
+            return v;
+        }
+    }
+    return NULL;
+}
+
+/* Java's String.hashCode continued over UTF-8 bytes, by UTF-16 code unit. An
+ * invalid byte counts as U+FFFD (stored keys are UTF-8: the producer's strings). */
+static uint32_t java_hash_utf8(uint32_t h, const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint32_t c = s[i];
+        if (c < 0x80) {
+            h = 31u * h + c;
+            i++;
+            continue;
+        }
+        uint32_t cp = 0xFFFD;
+        size_t len = 1;
+        if ((c & 0xE0) == 0xC0 && i + 1 < n && (s[i + 1] & 0xC0) == 0x80 && c >= 0xC2) {
+            cp = ((c & 0x1F) << 6) | (s[i + 1] & 0x3F);
+            len = 2;
+        } else if ((c & 0xF0) == 0xE0 && i + 2 < n && (s[i + 1] & 0xC0) == 0x80 &&
+                   (s[i + 2] & 0xC0) == 0x80) {
+            cp = ((c & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+            len = 3;
+            if (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD, len = 1;
+        } else if ((c & 0xF8) == 0xF0 && i + 3 < n && (s[i + 1] & 0xC0) == 0x80 &&
+                   (s[i + 2] & 0xC0) == 0x80 && (s[i + 3] & 0xC0) == 0x80) {
+            cp = ((c & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) |
+                 ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+            len = 4;
+            if (cp < 0x10000 || cp > 0x10FFFF) cp = 0xFFFD, len = 1;
+        }
+        if (cp > 0xFFFF) {
+            cp -= 0x10000;
+            h = 31u * h + (0xD800 + (cp >> 10));
+            h = 31u * h + (0xDC00 + (cp & 0x3FF));
+        } else {
+            h = 31u * h + cp;
+        }
+        i += len;
+    }
+    return h;
+}
+
+typedef struct {
+    int64_t begin_ts, end_ts, begin_phy, end_phy, slot_count, count;
+} index_state_t;
+
+/* One IndexFile entry for topic#key (IndexFile.put_key's rules); 0 when full. */
+static int index_put_key(uint8_t *mm, int64_t slots, int64_t num, index_state_t *st,
+                         const uint8_t *topic, size_t topic_len, const uint8_t *key,
+                         size_t key_len, int64_t phys, int64_t store_ts) {
+    if (st->count >= num) return 0;
+    uint32_t h = java_hash_utf8(0, topic, topic_len);
+    h = 31u * h + '#';
+    h = java_hash_utf8(h, key, key_len);
+    int32_t sh = (int32_t)h;
+    int64_t key_hash = sh == INT32_MIN ? 0 : (sh < 0 ? -(int64_t)sh : sh);
+    uint8_t *slot = mm + INDEX_HEADER_SIZE + (key_hash % slots) * 4;
+    int64_t slot_value = get_i32(slot);
+    if (slot_value <= 0 || slot_value > st->count) slot_value = 0;
+    int64_t diff = 0;
+    if (st->begin_ts > 0 && store_ts - st->begin_ts >= 0) {
+        diff = (store_ts - st->begin_ts) / 1000;
+        if (diff > INT32_MAX_VALUE) diff = INT32_MAX_VALUE;
+    }
+    uint8_t *e = mm + INDEX_HEADER_SIZE + slots * 4 + st->count * INDEX_ENTRY_SIZE;
+    put_i32(e, (int32_t)key_hash);
+    put_i64(e + 4, phys);
+    put_i32(e + 12, (int32_t)diff);
+    put_i32(e + 16, (int32_t)slot_value);
+    put_i32(slot, (int32_t)st->count);
+    if (st->count <= 1) {
+        st->begin_ts = store_ts;
+        st->begin_phy = phys;
+    }
+    st->end_ts = store_ts;
+    st->end_phy = phys;
+    st->slot_count += slot_value == 0;
+    st->count++;
+    return 1;
+}
+
+static PyObject *py_index_put(PyObject *self, PyObject *args) {
+    Py_buffer log = {0}, idx = {0};
+    Py_ssize_t pos, limit, skip;
+    long long base, slots, num;
+    index_state_t st;
+    if (!PyArg_ParseTuple(args, "y*nnLw*LL(LLLLLL)n", &log, &pos, &limit, &base, &idx, &slots,
+                          &num, &st.begin_ts, &st.end_ts, &st.begin_phy, &st.end_phy,
+                          &st.slot_count, &st.count, &skip))
+        return NULL;
+    PyObject *result = NULL;
+    if (pos < 0 || limit > log.len || pos > limit || slots <= 0 || num <= 0 ||
+        INDEX_HEADER_SIZE + slots * 4 + num * INDEX_ENTRY_SIZE > idx.len) {
+        PyErr_SetString(PyExc_ValueError, "index_put: range or index geometry out of bounds");
+        goto done;
+    }
+    int stop = INDEX_DONE;
+    Py_ssize_t keys_done = skip;
+    reason_t why = {{0}};
+    const uint8_t *lg = log.buf;
+    uint8_t *mm = idx.buf;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos < limit) {
+        rec_t r;
+        int kind = parse_record(lg + pos, limit - pos, &r, &why);
+        if (kind == KIND_BLANK) {
+            stop = INDEX_BLANK;
+            break;
+        }
+        if (kind != KIND_MORE) {
+            if (kind == KIND_END) snprintf(why.text, sizeof why.text, "no record");
+            stop = INDEX_CORRUPT;
+            break;
+        }
+        int64_t phys = base + pos;
+        /* RocketMQ: skip what the last file already covers (re-dispatch after a
+         * restart), and rolled-back transactional records. */
+        if (phys >= st.end_phy && (r.sys_flag & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK_TYPE) {
+            const uint8_t *rec = lg + pos;
+            const uint8_t *block = rec + r.props_off, *bend = block + r.props_len;
+            const uint8_t *topic = rec + r.topic_off;
+            Py_ssize_t k = 0; /* keys of this record put so far (UNIQ_KEY first) */
+            const uint8_t *ve;
+            const uint8_t *v = find_prop(block, bend, "UNIQ_KEY", 8, &ve);
+            int full = 0;
+            if (v != NULL && ve > v) { /* an empty value is no property (Java drops it) */
+                if (k >= keys_done) {
+                    if (!index_put_key(mm, slots, num, &st, topic, r.topic_len, v,
+                                       (size_t)(ve - v), phys, r.store_ts)) {
+                        full = 1;
+                    }
+                }
+                if (!full) k++;
+            }
+            v = full ? NULL : find_prop(block, bend, "KEYS", 4, &ve);
+            while (v != NULL && v < ve) {
+                const uint8_t *sp = memchr(v, ' ', (size_t)(ve - v));
+                const uint8_t *ke = sp == NULL ? ve : sp;
+                if (ke > v) {
+                    if (k >= keys_done) {
+                        if (!index_put_key(mm, slots, num, &st, topic, r.topic_len, v,
+                                           (size_t)(ke - v), phys, r.store_ts)) {
+                            full = 1;
+                            break;
+                        }
+                    }
+                    k++;
+                }
+                v = ke + 1;
+            }
+            if (full) {
+                keys_done = k;
+                stop = INDEX_FULL;
+                break;
+            }
+        }
+        keys_done = 0;
+        pos += r.size;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("nn(LLLLLL)is", pos, keys_done, st.begin_ts, st.end_ts, st.begin_phy,
+                           st.end_phy, st.slot_count, st.count, stop, why.text);
+done:
+    PyBuffer_Release(&log);
+    PyBuffer_Release(&idx);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> zlib-compatible CRC32."},
     {"crc32_portable", py_crc32_portable, METH_VARARGS,
@@ -1017,6 +1206,9 @@ static PyMethodDef methods[] = {
      "gather(units, i, n, log, log_base, log_end, count, total, max_nums, in_memory_from, "
      "mem_bytes, mem_count, disk_bytes, disk_count, codes, confirm, out) -> "
      "(i, count, total, stop)."},
+    {"index_put", py_index_put, METH_VARARGS,
+     "index_put(log, pos, limit, base_phys, index_mm, hash_slot_num, index_num, state, "
+     "skip_keys) -> (pos, keys_done, state, stop, reason)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1038,7 +1230,11 @@ PyMODINIT_FUNC PyInit__records(void) {
         PyModule_AddIntConstant(m, "GATHER_DONE", GATHER_DONE) < 0 ||
         PyModule_AddIntConstant(m, "GATHER_FULL", GATHER_FULL) < 0 ||
         PyModule_AddIntConstant(m, "GATHER_ELSEWHERE", GATHER_ELSEWHERE) < 0 ||
-        PyModule_AddIntConstant(m, "GATHER_CONFIRM", GATHER_CONFIRM) < 0) {
+        PyModule_AddIntConstant(m, "GATHER_CONFIRM", GATHER_CONFIRM) < 0 ||
+        PyModule_AddIntConstant(m, "INDEX_DONE", INDEX_DONE) < 0 ||
+        PyModule_AddIntConstant(m, "INDEX_FULL", INDEX_FULL) < 0 ||
+        PyModule_AddIntConstant(m, "INDEX_BLANK", INDEX_BLANK) < 0 ||
+        PyModule_AddIntConstant(m, "INDEX_CORRUPT", INDEX_CORRUPT) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -22,6 +22,13 @@ GATHER_DONE: int
 GATHER_FULL: int
 GATHER_ELSEWHERE: int
 GATHER_CONFIRM: int
+INDEX_DONE: int
+INDEX_FULL: int
+INDEX_BLANK: int
+INDEX_CORRUPT: int
+
+#: IndexFile header fields: begin ts, end ts, begin phy, end phy, hash slot count, index count.
+IndexState = tuple[int, int, int, int, int, int]
 
 def crc32(data: Buffer, start: int = 0, /) -> int: ...
 def crc32_portable(data: Buffer, start: int = 0, /) -> int: ...
@@ -72,3 +79,15 @@ def gather(
     out: bytearray,
     /,
 ) -> tuple[int, int, int, int]: ...
+def index_put(
+    log: Buffer,
+    pos: int,
+    limit: int,
+    base_phys: int,
+    index_mm: Buffer,
+    hash_slot_num: int,
+    index_num: int,
+    state: IndexState,
+    skip_keys: int,
+    /,
+) -> tuple[int, int, IndexState, int, str]: ...

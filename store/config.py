@@ -70,6 +70,13 @@ class MessageStoreConfig:
     max_transfer_bytes_on_message_in_disk: int = 64 * 1024
     max_transfer_count_on_message_in_disk: int = 8
     access_message_in_memory_max_ratio: int = 40
+    #: IndexFile (RocketMQ's names): keys and UNIQ_KEY of every message, looked up by
+    #: query_message; a file holds max_index_num - 1 entries in max_hash_slot_num slots.
+    message_index_enable: bool = True
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 20_000_000
+    #: The most records one query_message returns.
+    max_msgs_num_batch: int = 64
     #: Consumer offsets are written to config/consumerOffset.json this often (if changed).
     flush_consumer_offset_interval_ms: int = 5000
     #: Expiry (RocketMQ's CleanCommitLogService): CommitLog files whose last write
@@ -106,6 +113,9 @@ class MessageStoreConfig:
             "max_message_size",
             "reput_batch_size_bytes",
             "flush_consumer_offset_interval_ms",
+            "max_hash_slot_num",
+            "max_index_num",
+            "max_msgs_num_batch",
             "max_transfer_bytes_on_message_in_memory",
             "max_transfer_count_on_message_in_memory",
             "max_transfer_bytes_on_message_in_disk",

@@ -67,6 +67,13 @@ class DispatchListener(Protocol):
         """Called on the dispatcher thread with records in CommitLog order."""
 
 
+class CommitLogFollower(Protocol):
+    """Something built from the CommitLog behind the dispatcher, in bulk (the IndexFile)."""
+
+    def build_from_commitlog(self, commitlog: CommitLog, end_offset: int) -> int:
+        """Catch up to ``end_offset`` (everything below it is dispatched)."""
+
+
 class ReputMessageService:
     """Builds ConsumeQueues (and feeds listeners) from the CommitLog."""
 
@@ -84,6 +91,8 @@ class ReputMessageService:
         #: Store time of the last record dispatched: the checkpoint's logics time.
         self.last_store_timestamp_ms = 0
         self.listeners: list[DispatchListener] = []
+        #: Followed after every round, on this thread: never in the writer's way.
+        self.followers: list[CommitLogFollower] = []
         self.stalled_reason: str | None = None
         #: ConsumeQueue units written so far (recovery reports the rebuilt count).
         self.entries_written = 0
@@ -144,7 +153,7 @@ class ReputMessageService:
                     and self._inline
                 ):
                     self._take_handoff(handoff)
-                    if self._caught_up:
+                    if self._caught_up and not self.followers:
                         return
             finally:
                 self._dispatch_lock.release()
@@ -168,6 +177,7 @@ class ReputMessageService:
                 # it on every round.
                 while self.dispatch_available() and not self._caught_up and not self._stopping:
                     pass
+                self.follow()
                 time.sleep(DISPATCH_PAUSE_S)
             except Exception:
                 log.exception("dispatcher failed at offset %d", self.reput_from_offset)
@@ -185,6 +195,13 @@ class ReputMessageService:
         if drain and self.stalled_reason is None:
             while self.dispatch_available():
                 pass
+            self.follow()
+
+    def follow(self) -> None:
+        """Let every follower catch up with what is dispatched (this thread, or
+        while it is not running)."""
+        for follower in self.followers:
+            follower.build_from_commitlog(self.commitlog, self.reput_from_offset)
 
     def wait_until_dispatched(self, offset: int | None = None, timeout_s: float = 10.0) -> bool:
         """Block until everything below ``offset`` (default: the current end) is dispatched."""

@@ -196,12 +196,15 @@ class FlushConsumeQueueService(ServiceThread):
         last_dispatched_timestamp: Callable[[], int],
         *,
         interval_ms: int,
+        flush_index: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
         self.consume_queues = consume_queues
         self.checkpoint = checkpoint
         self.last_dispatched_timestamp = last_dispatched_timestamp
         self.interval_ms = interval_ms
+        #: The IndexService's flush: returns the checkpoint's new indexMsgTimestamp.
+        self.flush_index = flush_index
 
     def flush_now(self) -> None:
         # Capture first: only what was dispatched before the fsync is vouched for.
@@ -209,6 +212,10 @@ class FlushConsumeQueueService(ServiceThread):
         self.consume_queues.flush()
         if logics_ts > 0:
             self.checkpoint.logics_msg_timestamp = logics_ts
+        if self.flush_index is not None:
+            index_ts = self.flush_index()
+            if index_ts > 0:
+                self.checkpoint.index_msg_timestamp = index_ts
         self.checkpoint.flush()
 
     def run(self) -> None:

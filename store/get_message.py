@@ -37,7 +37,6 @@ import enum
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
 from store import _records
 from store.commitlog import CommitLog
@@ -45,6 +44,7 @@ from store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from store.consume_queue import UNIT, ConsumeQueue
 from store.mapped_file import MappedFile
 from store.message import MessageRecord
+from store.message_filter import MessageFilter
 from store.record import SIZE_AND_MAGIC, Buffer, decode_record, record_properties
 
 #: RocketMQ scans at least this many ConsumeQueue bytes per call (800 units).
@@ -65,31 +65,38 @@ class GetStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-class MessageFilter(Protocol):
-    """What the read loop asks of a subscription (RocketMQ's MessageFilter).
+def split_records(records: bytes) -> Iterator[memoryview]:
+    """Each stored record of a back-to-back run (each starts with its TOTALSIZE)."""
+    view = memoryview(records)
+    pos = 0
+    while pos < len(view):
+        (size, _) = SIZE_AND_MAGIC.unpack_from(view, pos)
+        yield view[pos : pos + size]
+        pos += size
 
-    ``tags_codes`` is the ConsumeQueue check in a form the C loop can run:
-    the tagsCodes that pass, or None when every unit passes.
-    ``needs_commit_log_check`` says whether a unit that passed must also have
-    its record's properties checked by :meth:`is_matched_by_commit_log`.
-    """
+
+class _RawRecords:
+    """Records exactly as stored, back to back: what a pull or query returns."""
+
+    __slots__ = ()
+    records: bytes
 
     @property
-    def tags_codes(self) -> tuple[int, ...] | None: ...
+    def buffer_total_size(self) -> int:
+        return len(self.records)
 
-    @property
-    def needs_commit_log_check(self) -> bool: ...
+    def iter_records(self) -> Iterator[memoryview]:
+        """Each stored record as a view into :attr:`records`."""
+        return split_records(self.records)
 
-    def is_matched_by_commit_log(self, properties: bytes) -> bool: ...
+    def decode(self) -> list[MessageRecord]:
+        """The records decoded (tests and tools; the broker never needs this)."""
+        return [decode_record(r) for r in self.iter_records()]
 
 
 @dataclass(frozen=True, slots=True)
-class GetMessageResult:
-    """What one ``get_message`` call found.
-
-    ``records`` holds the matched records exactly as stored, back to back;
-    each starts with its TOTALSIZE, so :meth:`iter_records` can split them.
-    """
+class GetMessageResult(_RawRecords):
+    """What one ``get_message`` call found (RocketMQ's GetMessageResult)."""
 
     status: GetStatus
     next_begin_offset: int
@@ -98,22 +105,15 @@ class GetMessageResult:
     records: bytes = b""
     message_count: int = 0
 
-    @property
-    def buffer_total_size(self) -> int:
-        return len(self.records)
 
-    def iter_records(self) -> Iterator[memoryview]:
-        """Each stored record as a view into :attr:`records`."""
-        view = memoryview(self.records)
-        pos = 0
-        while pos < len(view):
-            (size, _) = SIZE_AND_MAGIC.unpack_from(view, pos)
-            yield view[pos : pos + size]
-            pos += size
+@dataclass(frozen=True, slots=True)
+class QueryMessageResult(_RawRecords):
+    """What ``query_message`` found (RocketMQ's QueryMessageResult)."""
 
-    def decode(self) -> list[MessageRecord]:
-        """The records decoded (tests and tools; the broker never needs this)."""
-        return [decode_record(r) for r in self.iter_records()]
+    records: bytes
+    message_count: int
+    index_last_update_timestamp_ms: int
+    index_last_update_phy_offset: int
 
 
 @dataclass(frozen=True, slots=True)

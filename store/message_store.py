@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
 
+from store.admission import Admission
 from store.batch import EncodedBatch
 from store.checkpoint import StoreCheckpoint
 from store.clock import Clock, SystemClock
 from store.coalesce import MAX_GROUP_BYTES, SendCoalescer
 from store.commitlog import CommitLog
-from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, FlushDiskType, MessageStoreConfig
+from store.config import FlushDiskType, MessageStoreConfig
 from store.consume_queue import ConsumeQueue
 from store.consume_queue_table import ConsumeQueueTable
 from store.consumer_offsets import (
@@ -51,20 +51,20 @@ from store.flush import (
     GroupCommitService,
     flush_commitlog,
 )
-from store.get_message import GetMessageResult, MessageFilter, TransferLimits, get_message
+from store.get_message import (
+    GetMessageResult,
+    QueryMessageResult,
+    TransferLimits,
+    get_message,
+)
+from store.index_service import IndexService
 from store.message import Message, MessageRecord
+from store.message_filter import MessageFilter
 from store.put_result import PutMessageResult, PutStatus
 from store.put_result import refused as _refused
-from store.record import END_FILE_MIN_BLANK_LENGTH, EncodedMessage
 from store.recovery import RecoveryReport, recover
 
 log = logging.getLogger(__name__)
-
-TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
-
-
-def _bad_topic(topic: str) -> str:
-    return f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of [%|a-zA-Z0-9_-]"
 
 
 class MessageStore:
@@ -102,10 +102,20 @@ class MessageStore:
             consumer_offset_path(config.store_path_root_dir), clock=self.clock
         )
         self._offset_persister: OffsetPersistService | None = None
-        #: Topic names already validated: a regex per message is measurable on the hot path.
-        self._valid_topics: set[str] = set()
-        #: A batch must fit one CommitLog file, with room for the end-of-file blank.
-        self._max_batch_bytes = config.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH
+        #: The IndexFiles (None with message_index_enable off): built behind the
+        #: dispatcher, on its thread, for query_message.
+        self.index: IndexService | None = (
+            IndexService(
+                config.store_path_root_dir,
+                clock=self.clock,
+                max_hash_slot_num=config.max_hash_slot_num,
+                max_index_num=config.max_index_num,
+                max_msgs_num_batch=config.max_msgs_num_batch,
+            )
+            if config.message_index_enable
+            else None
+        )
+        self._admission = Admission(config, self.commitlog.store_host, self.clock)
         self._transfer_limits = TransferLimits.of(config)
         #: One per event loop that sends (see put_batch_async).
         self._coalescers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendCoalescer] = (
@@ -141,6 +151,8 @@ class MessageStore:
             self._checkpoint = checkpoint = StoreCheckpoint(cfg.checkpoint_path)
             self.commitlog.files.load()
             self.consume_queues.load()
+            if self.index is not None:
+                self.index.load(not abnormal, checkpoint.index_msg_timestamp)
             report = recover(
                 self.commitlog,
                 self.consume_queues,
@@ -149,6 +161,8 @@ class MessageStore:
                 abnormal=abnormal,
                 check_crc=cfg.check_crc_on_recover,
             )
+            if self.index is not None:
+                self._catch_up_index(report)
             loaded = self.consumer_offsets.load()
             if loaded.from_backup:
                 log.warning(
@@ -177,6 +191,7 @@ class MessageStore:
             checkpoint,
             lambda: self.dispatcher.last_store_timestamp_ms,
             interval_ms=cfg.flush_interval_consume_queue_ms,
+            flush_index=self.index.flush if self.index is not None else None,
         )
         self._flush_cq.start()
         self.dispatcher.start()
@@ -186,6 +201,7 @@ class MessageStore:
             self.consume_queues,
             self.clock,
             dispatched_to=lambda: self.dispatcher.reput_from_offset,
+            index=self.index,
         )
         self.expiry.start()
         self._offset_persister = OffsetPersistService(
@@ -211,11 +227,15 @@ class MessageStore:
         for service in (self._group_commit, self._flush_commitlog):
             if service is not None:
                 service.shutdown()
-        self.dispatcher.shutdown(drain=True)
+        self.dispatcher.shutdown(drain=True)  # the index catches up too
         assert self._checkpoint is not None
         if self._flush_cq is not None:
             self._flush_cq.shutdown()
             self._flush_cq.flush_now()
+        if self.index is not None:
+            self.index.shutdown()  # flushes every file: a clean exit keeps them all
+            self._checkpoint.index_msg_timestamp = self.index.index_msg_timestamp_ms
+            self._checkpoint.flush()
         flush_commitlog(self.commitlog, self._checkpoint)
         if self._offset_persister is not None:
             try:
@@ -230,7 +250,27 @@ class MessageStore:
             log.error("shutdown with the dispatcher behind: leaving 'abort' for recovery")
         self._lock.release()
 
+    def _catch_up_index(self, report: RecoveryReport) -> None:
+        """Index what recovery re-dispatched, and anything the index lost beyond.
+
+        The index resumes where its last file ends (a crash destroyed the file
+        being written, so that may be well before the re-dispatch point: unlike
+        RocketMQ, those records are indexed again rather than lost), or where
+        re-dispatch started if that is earlier. Records already indexed are
+        skipped by offset.
+        """
+        assert self.index is not None
+        files = self.index.files
+        start = report.redispatch_from_offset
+        if files:
+            start = min(start, files[-1].end_phy_offset)
+        self.index.reput_offset = max(start, self.commitlog.min_offset)
+        self.index.build_from_commitlog(self.commitlog, self.dispatcher.reput_from_offset)
+        self.dispatcher.followers.append(self.index)
+
     def _close_files(self) -> None:
+        if self.index is not None:
+            self.index.close()
         if self._checkpoint is not None:
             self._checkpoint.close()
         self.commitlog.close()
@@ -262,87 +302,6 @@ class MessageStore:
 
     # -- writes -----------------------------------------------------------------------
 
-    def _encode(self, messages: Sequence[Message]) -> EncodedBatch | PutMessageResult:
-        if not messages:
-            return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
-        cfg = self.config
-        store_host = self.commitlog.store_host
-        now = 0
-        encoded: list[EncodedMessage] = []
-        for m in messages:
-            # Topic names are checked per run by _check_batch.
-            if m.queue_id < 0 or m.queue_id > 0x7FFFFFFF:
-                return _refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {m.queue_id} is out of range")
-            if len(m.body) > cfg.max_message_size:
-                return _refused(
-                    PutStatus.MESSAGE_ILLEGAL,
-                    f"body of {len(m.body)} bytes exceeds max_message_size {cfg.max_message_size}",
-                )
-            props = m.encoded_properties()
-            if len(props) > MAX_PROPERTIES_SIZE:
-                return _refused(
-                    PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                    f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_SIZE}",
-                )
-            born = m.born_timestamp_ms
-            if born == 0:
-                now = now or self.clock.now_ms()
-                born = now
-            try:
-                em = EncodedMessage(
-                    m,
-                    store_host=store_host,
-                    properties=props,
-                    born_timestamp_ms=born,
-                    compute_crc=False,  # stamped on append
-                )
-            except ValueError as e:
-                return _refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {m.born_host!r}: {e}")
-            encoded.append(em)
-        return EncodedBatch.of_messages(encoded)
-
-    def _check_batch(self, batch: EncodedBatch) -> PutMessageResult | None:
-        """Why a batch is refused before its records are looked at; None if it is not."""
-        if not batch.runs or not batch.data:
-            return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
-        if len(batch.data) > self._max_batch_bytes:
-            return _refused(
-                PutStatus.MESSAGE_ILLEGAL,
-                f"batch of {len(batch.data)} bytes does not fit a commitlog file of "
-                f"{self.config.mapped_file_size_commit_log} bytes",
-            )
-        covered = 0
-        for run in batch.runs:
-            if run.topic not in self._valid_topics and not self._admit_topic(run.topic):
-                return _refused(PutStatus.MESSAGE_ILLEGAL, _bad_topic(run.topic))
-            if run.queue_id < 0 or run.queue_id > 0x7FFFFFFF:
-                return _refused(
-                    PutStatus.MESSAGE_ILLEGAL, f"queue id {run.queue_id} is out of range"
-                )
-            # Runs must tile the data: a byte outside every run would be written
-            # without being validated or stamped.
-            if run.start != covered or run.end <= run.start:
-                return _refused(
-                    PutStatus.MESSAGE_ILLEGAL,
-                    f"batch runs must cover the data back to back: run at "
-                    f"[{run.start}, {run.end}) after byte {covered}",
-                )
-            covered = run.end
-        if covered != len(batch.data):
-            return _refused(
-                PutStatus.MESSAGE_ILLEGAL,
-                f"batch runs cover {covered} of its {len(batch.data)} bytes",
-            )
-        return None
-
-    def _admit_topic(self, topic: str) -> bool:
-        """Validate a topic name not seen before and remember it if it is valid."""
-        if len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
-            return False
-        if len(self._valid_topics) < 100_000:
-            self._valid_topics.add(topic)
-        return True
-
     def _append(
         self, batch: EncodedBatch | PutMessageResult
     ) -> tuple[PutMessageResult, int | None]:
@@ -354,13 +313,13 @@ class MessageStore:
             return unavailable, None
         if isinstance(batch, PutMessageResult):
             return batch, None
-        refused = self._check_batch(batch)
+        refused = self._admission.check(batch)
         if refused is not None:
             return refused, None
         return self._append_checked(batch)
 
     def _append_checked(self, batch: EncodedBatch) -> tuple[PutMessageResult, int | None]:
-        """:meth:`_append` for a batch that passed :meth:`_check_batch` (the coalescer
+        """:meth:`_append` for a batch that passed :meth:`Admission.check` (the coalescer
         checks each send as it is queued, and its groups keep what was checked)."""
         try:
             appended = self.commitlog.append(batch, self.clock)
@@ -395,7 +354,7 @@ class MessageStore:
 
     def put_messages(self, messages: Sequence[Message]) -> PutMessageResult:
         """Encode and append messages as consecutive records (see :meth:`put_batch`)."""
-        return self._await_flush(*self._append(self._encode(messages)))
+        return self._await_flush(*self._append(self._admission.encode(messages)))
 
     def put_message(self, message: Message) -> PutMessageResult:
         return self.put_messages([message])
@@ -422,7 +381,7 @@ class MessageStore:
 
     async def put_messages_async(self, messages: Sequence[Message]) -> PutMessageResult:
         """:meth:`put_messages` for an event loop (see :meth:`put_batch_async`)."""
-        encoded = self._encode(messages)
+        encoded = self._admission.encode(messages)
         if isinstance(encoded, PutMessageResult):
             return encoded
         return await self._coalescer().submit(encoded)
@@ -439,12 +398,12 @@ class MessageStore:
                 flush_failed=self._flush_timeout,
                 flush_timeout_s=self.config.sync_flush_timeout_ms / 1000,
                 # A group must fit one CommitLog file, as any batch must.
-                max_group_bytes=min(MAX_GROUP_BYTES, self._max_batch_bytes),
+                max_group_bytes=min(MAX_GROUP_BYTES, self._admission.max_batch_bytes),
             )
         return coalescer
 
     def _refusal(self, batch: EncodedBatch) -> PutMessageResult | None:
-        return self._not_writable() or self._check_batch(batch)
+        return self._not_writable() or self._admission.check(batch)
 
     def _not_writable(self) -> PutMessageResult | None:
         """Why no send can be taken now (RocketMQ's "message store is not writeable")."""
@@ -592,6 +551,45 @@ class MessageStore:
         if not self.commitlog.min_offset <= physical_offset < self.commitlog.max_offset:
             return -1
         return self.commitlog.store_timestamp_at(physical_offset)
+
+    def query_message(
+        self, topic: str, key: str, max_num: int, begin_timestamp_ms: int, end_timestamp_ms: int
+    ) -> QueryMessageResult:
+        """Records of ``topic`` whose KEYS hold ``key`` (or whose UNIQ_KEY is ``key``),
+        stored within ``[begin, end]`` (the index keeps seconds), oldest first, at
+        most ``max_num`` (capped at ``max_msgs_num_batch``).
+
+        RocketMQ's queryMessage: up to three index lookups, each ending where the
+        previous one's oldest hit was stored, until one finds a record. Unlike
+        RocketMQ every hit is checked against the record (keys sharing a Java
+        hash share index entries), and duplicates are dropped. Empty when the
+        index is off.
+        """
+        if self.index is None:
+            return QueryMessageResult(b"", 0, 0, 0)
+        found: list[bytes] = []
+        last_ts = last_phy = 0
+        end = end_timestamp_ms
+        seen: set[int] = set()
+        for _ in range(3):
+            offsets = self.index.query_offset(topic, key, max_num, begin_timestamp_ms, end)
+            last_ts = offsets.index_last_update_timestamp
+            last_phy = offsets.index_last_update_phyoffset
+            if not offsets.phy_offsets:
+                break
+            for phy in sorted(set(offsets.phy_offsets) - seen):
+                seen.add(phy)
+                record = self.commitlog.get_record(phy)
+                if record is None:
+                    continue  # expired since it was indexed
+                end = min(end, record.store_timestamp_ms)
+                if record.topic == topic and (key == record.uniq_key or key in record.keys):
+                    raw = self.commitlog.read(phy, record.store_size)
+                    if raw is not None:
+                        found.append(raw)
+            if found or end < begin_timestamp_ms:
+                break
+        return QueryMessageResult(b"".join(found), len(found), last_ts, last_phy)
 
     def lookup_message_by_offset(self, physical_offset: int) -> MessageRecord | None:
         """The record at a physical offset; None below the min or at/after the max."""

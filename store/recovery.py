@@ -52,6 +52,8 @@ class RecoveryReport:
     consume_queue_entries_rebuilt: int
     consume_queues_destroyed: int
     duration_ms: float
+    #: Where re-dispatch started: records from here on were (re)built.
+    redispatch_from_offset: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -183,7 +185,7 @@ def recover(
         # re-dispatch from the first of them (units already present are skipped).
         newer = scan.first_newer_offset if scan.first_newer_offset >= 0 else scan.valid_end
         reput_from = min(reput_from, newer)
-    dispatcher.reput_from_offset = min(reput_from, scan.valid_end)
+    redispatch_from = dispatcher.reput_from_offset = min(reput_from, scan.valid_end)
     while dispatcher.dispatch_available():
         pass
     if dispatcher.stalled_reason is not None:
@@ -207,6 +209,7 @@ def recover(
         consume_queue_entries_rebuilt=dispatcher.entries_written - written_before,
         consume_queues_destroyed=destroyed,
         duration_ms=(time.perf_counter() - started) * 1000,
+        redispatch_from_offset=redispatch_from,
     )
     log.info("%s", report.summary())
     return report

@@ -13,6 +13,8 @@ from store import ManualClock, MessageStore, MessageStoreConfig
 #: Small files so tests roll files and fill queues quickly.
 SMALL_COMMITLOG_FILE = 64 * 1024
 SMALL_CQ_FILE = 20 * 64
+#: Small IndexFiles (RocketMQ's default file is 420 MB, reserved up front).
+SMALL_INDEX = {"max_hash_slot_num": 512, "max_index_num": 2048}
 
 ConfigFactory = Callable[..., MessageStoreConfig]
 
@@ -28,6 +30,7 @@ def make_config(tmp_path: Path) -> ConfigFactory:
             "mapped_file_size_consume_queue": SMALL_CQ_FILE,
             "flush_interval_commit_log_ms": 50,
             "flush_interval_consume_queue_ms": 50,
+            **SMALL_INDEX,
             # The real disk must never trigger expiry or refuse sends in tests:
             # expiry tests set these and inject the disk use they need.
             "disk_max_used_space_ratio": 100,

@@ -74,6 +74,8 @@ def store_config(root: Path) -> MessageStoreConfig:
         flush_interval_consume_queue_ms=20,
         # A slow CI disk must not turn an fsync into FLUSH_DISK_TIMEOUT.
         sync_flush_timeout_ms=30_000,
+        max_hash_slot_num=512,
+        max_index_num=2048,
     )
 
 

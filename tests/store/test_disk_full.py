@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from store import Message, MessageStore, MessageStoreConfig
-from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE
+from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, SMALL_INDEX
 
 _CHILD = textwrap.dedent(
     """
@@ -22,6 +22,8 @@ _CHILD = textwrap.dedent(
         store_path_root_dir=Path(sys.argv[1]),
         mapped_file_size_commit_log=int(sys.argv[3]),
         mapped_file_size_consume_queue=int(sys.argv[4]),
+        max_hash_slot_num=512,
+        max_index_num=2048,
     )
     store = MessageStore.open(config)
     assert store.put_message(Message("Warm", b"creates the first file")).ok
@@ -76,6 +78,7 @@ def test_sends_past_the_disk_limit_fail_clearly_and_acknowledged_ones_survive(
         store_path_root_dir=root,
         mapped_file_size_commit_log=SMALL_COMMITLOG_FILE,
         mapped_file_size_consume_queue=SMALL_CQ_FILE,
+        **SMALL_INDEX,
     )
     with MessageStore(config) as store:
         for (i, j), offset in acked.items():

@@ -17,6 +17,7 @@ from store import ManualClock, Message, MessageStore, PutMessageResult
 from store.get_message import GetStatus
 from store.hashing import tags_code
 from store.message import decode_properties
+from store.message_filter import build_filter
 from tests.conftest import ConfigFactory
 
 TOPIC = "PullTopic"
@@ -37,6 +38,9 @@ class TagSet:
     @property
     def needs_commit_log_check(self) -> bool:
         return self.confirm
+
+    def is_matched_by_consume_queue(self, tags_code: int) -> bool:
+        return tags_code in (self.tags_codes or ())
 
     def is_matched_by_commit_log(self, properties: bytes) -> bool:
         return decode_properties(properties).get("TAGS") in self.tags
@@ -161,6 +165,23 @@ def test_a_tag_hash_collision_does_not_leak_when_the_record_is_checked(
     checked = store.get_message("G", TOPIC, 0, 0, 32, TagSet(["Aa"]))
     assert [r.body for r in checked.decode()] == [b"0", b"2"]
     assert checked.next_begin_offset == 4
+
+
+def test_real_tag_and_sql92_filters_through_the_store(store: MessageStore) -> None:
+    for i in range(40):
+        props = {"a": str(i % 10), "region": "eu" if i % 2 else "us"}
+        tags = ("Aa", "BB", "TagC", "TagD")[i % 4]  # Aa and BB share a Java hash
+        assert store.put_message(Message(TOPIC, b"%d" % i, tags=tags, properties=props)).ok
+    assert store.wait_dispatched()
+    tag = store.get_message("G", TOPIC, 0, 0, 32, build_filter("TAG", "Aa || TagD"))
+    assert [int(r.body) for r in tag.decode()] == [i for i in range(40) if i % 4 in (0, 3)]
+    assert tag.next_begin_offset == 40
+    sql = store.get_message(
+        "G", TOPIC, 0, 0, 32, build_filter("SQL92", "a BETWEEN 3 AND 4 AND region = 'us'")
+    )
+    assert [int(r.body) for r in sql.decode()] == [4, 14, 24, 34]
+    everything = store.get_message("G", TOPIC, 0, 0, 32, build_filter("TAG", "*"))
+    assert everything.message_count == 32
 
 
 def test_scan_limit_per_call_is_16000_consume_queue_bytes(

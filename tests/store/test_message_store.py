@@ -384,6 +384,8 @@ _OPEN_IN_CHILD = textwrap.dedent(
         store_path_root_dir=sys.argv[1],
         mapped_file_size_commit_log=int(sys.argv[2]),
         mapped_file_size_consume_queue=int(sys.argv[3]),
+        max_hash_slot_num=512,
+        max_index_num=2048,
     )
     try:
         store = MessageStore.open(config)

@@ -1,0 +1,121 @@
+"""What a send must pass before it reaches the CommitLog: RocketMQ's checks in
+``DefaultMessageStore.putMessage`` and ``CommitLog.calMsgLength``.
+
+A refused batch gets a PutMessageResult saying why, and nothing is written.
+Producer-encoded batches are checked here only as a whole (runs, sizes,
+topics, queue ids); their records are checked one by one by the C stamp
+(:func:`store._records.stamp`) under the put lock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from store.batch import EncodedBatch
+from store.clock import Clock
+from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, MessageStoreConfig
+from store.message import Message
+from store.put_result import PutMessageResult, PutStatus
+from store.put_result import refused as _refused
+from store.record import END_FILE_MIN_BLANK_LENGTH, EncodedMessage
+
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
+
+
+def _bad_topic(topic: str) -> str:
+    return f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of [%|a-zA-Z0-9_-]"
+
+
+class Admission:
+    """Encodes and checks sends for one store. Thread-safe (the topic cache only grows)."""
+
+    def __init__(self, config: MessageStoreConfig, store_host: bytes, clock: Clock) -> None:
+        self.config = config
+        self.store_host = store_host
+        self.clock = clock
+        #: Topic names already validated: a regex per message is measurable on the hot path.
+        self._valid_topics: set[str] = set()
+        #: A batch must fit one CommitLog file, with room for the end-of-file blank.
+        self.max_batch_bytes = config.mapped_file_size_commit_log - END_FILE_MIN_BLANK_LENGTH
+
+    def encode(self, messages: Sequence[Message]) -> EncodedBatch | PutMessageResult:
+        if not messages:
+            return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        cfg = self.config
+        store_host = self.store_host
+        now = 0
+        encoded: list[EncodedMessage] = []
+        for m in messages:
+            # Topic names are checked per run by check.
+            if m.queue_id < 0 or m.queue_id > 0x7FFFFFFF:
+                return _refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {m.queue_id} is out of range")
+            if len(m.body) > cfg.max_message_size:
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"body of {len(m.body)} bytes exceeds max_message_size {cfg.max_message_size}",
+                )
+            props = m.encoded_properties()
+            if len(props) > MAX_PROPERTIES_SIZE:
+                return _refused(
+                    PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                    f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_SIZE}",
+                )
+            born = m.born_timestamp_ms
+            if born == 0:
+                now = now or self.clock.now_ms()
+                born = now
+            try:
+                em = EncodedMessage(
+                    m,
+                    store_host=store_host,
+                    properties=props,
+                    born_timestamp_ms=born,
+                    compute_crc=False,  # stamped on append
+                )
+            except ValueError as e:
+                return _refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {m.born_host!r}: {e}")
+            encoded.append(em)
+        return EncodedBatch.of_messages(encoded)
+
+    def check(self, batch: EncodedBatch) -> PutMessageResult | None:
+        """Why a batch is refused before its records are looked at; None if it is not."""
+        if not batch.runs or not batch.data:
+            return _refused(PutStatus.MESSAGE_ILLEGAL, "empty batch")
+        if len(batch.data) > self.max_batch_bytes:
+            return _refused(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"batch of {len(batch.data)} bytes does not fit a commitlog file of "
+                f"{self.config.mapped_file_size_commit_log} bytes",
+            )
+        covered = 0
+        for run in batch.runs:
+            if run.topic not in self._valid_topics and not self._admit_topic(run.topic):
+                return _refused(PutStatus.MESSAGE_ILLEGAL, _bad_topic(run.topic))
+            if run.queue_id < 0 or run.queue_id > 0x7FFFFFFF:
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL, f"queue id {run.queue_id} is out of range"
+                )
+            # Runs must tile the data: a byte outside every run would be written
+            # without being validated or stamped.
+            if run.start != covered or run.end <= run.start:
+                return _refused(
+                    PutStatus.MESSAGE_ILLEGAL,
+                    f"batch runs must cover the data back to back: run at "
+                    f"[{run.start}, {run.end}) after byte {covered}",
+                )
+            covered = run.end
+        if covered != len(batch.data):
+            return _refused(
+                PutStatus.MESSAGE_ILLEGAL,
+                f"batch runs cover {covered} of its {len(batch.data)} bytes",
+            )
+        return None
+
+    def _admit_topic(self, topic: str) -> bool:
+        """Validate a topic name not seen before and remember it if it is valid."""
+        if len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
+            return False
+        if len(self._valid_topics) < 100_000:
+            self._valid_topics.add(topic)
+        return True
