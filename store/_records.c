@@ -906,7 +906,11 @@ done:
     return result;
 }
 
-/* ---- gather: the pull path's loop over ConsumeQueue units ----------------------- */
+/* ---- gather: the pull path's loop over ConsumeQueue units ----------------------- *
+ * Takes the records the units point at in one CommitLog file (`log`, starting at
+ * physical offset log_base, log_end bytes readable) until the batch is full, a
+ * unit points elsewhere, or a candidate needs Python's filter check; appends one
+ * bytes object holding them back to back to the list `out`. */
 
 enum { GATHER_DONE = 0, GATHER_FULL = 1, GATHER_ELSEWHERE = 2, GATHER_CONFIRM = 3 };
 
@@ -933,8 +937,8 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     int64_t *want = NULL;
     Py_ssize_t nwant = -1; /* -1: every tagsCode matches */
-    if (!PyByteArray_Check(out)) {
-        PyErr_SetString(PyExc_TypeError, "out must be a bytearray");
+    if (!PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list");
         goto done;
     }
     if (n < 0 || i < 0 || n * 20 > units.len || log_end < 0 || log_end > log.len) {
@@ -960,6 +964,17 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
     const uint8_t *u = units.buf;
     const uint8_t *lg = log.buf;
     int stop = GATHER_DONE;
+    /* Pass 1 picks the records (positions in `log`), pass 2 copies them with one
+     * resize of `out`: no reallocation per record. */
+    Py_ssize_t cap = n - i, picked = 0;
+    if (cap > max_nums - count + 1) cap = max_nums - count + 1;
+    if (cap < 1) cap = 1;
+    int64_t *picks = PyMem_Malloc(sizeof(int64_t) * 2 * (size_t)cap);
+    if (picks == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t added = 0;
     for (; i < n; i++) {
         const uint8_t *unit = u + i * 20;
         int64_t phy = get_i64(unit);
@@ -985,12 +1000,36 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
             stop = GATHER_CONFIRM;
             break;
         }
-        Py_ssize_t at = PyByteArray_GET_SIZE(out);
-        if (PyByteArray_Resize(out, at + (Py_ssize_t)size) < 0) goto done;
-        memcpy(PyByteArray_AS_STRING(out) + at, lg + rel, (size_t)size);
+        if (picked == cap) { /* cannot happen: the count cap stops the loop first */
+            stop = GATHER_FULL;
+            break;
+        }
+        picks[2 * picked] = rel;
+        picks[2 * picked + 1] = size;
+        picked++;
+        added += size;
         count++;
         total += size;
     }
+    if (picked) {
+        PyObject *chunk = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)added);
+        if (chunk == NULL) {
+            PyMem_Free(picks);
+            goto done;
+        }
+        char *dst = PyBytes_AS_STRING(chunk);
+        for (Py_ssize_t k = 0; k < picked; k++) {
+            memcpy(dst, lg + picks[2 * k], (size_t)picks[2 * k + 1]);
+            dst += picks[2 * k + 1];
+        }
+        int failed = PyList_Append(out, chunk);
+        Py_DECREF(chunk);
+        if (failed) {
+            PyMem_Free(picks);
+            goto done;
+        }
+    }
+    PyMem_Free(picks);
     result = Py_BuildValue("nLLi", i, count, total, stop);
 done:
     PyMem_Free(want);
@@ -1127,6 +1166,12 @@ static PyObject *py_index_put(PyObject *self, PyObject *args) {
         int kind = parse_record(lg + pos, limit - pos, &r, &why);
         if (kind == KIND_BLANK) {
             stop = INDEX_BLANK;
+            break;
+        }
+        if (kind == KIND_MORE && st.count >= num) {
+            /* RocketMQ gets (or creates) the last file before it looks at a record,
+             * even one it then skips: a full file means a new one here too. */
+            stop = INDEX_FULL;
             break;
         }
         if (kind != KIND_MORE) {

@@ -76,7 +76,7 @@ def gather(
     disk_count: int,
     codes: tuple[int, ...] | None,
     confirm: bool,
-    out: bytearray,
+    out: list[bytes],
     /,
 ) -> tuple[int, int, int, int]: ...
 def index_put(

@@ -37,6 +37,7 @@ import enum
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from store import _records
 from store.commitlog import CommitLog
@@ -91,13 +92,10 @@ class _RawRecords:
 
     def decode(self) -> list[MessageRecord]:
         """The records decoded (tests and tools; the broker never needs this)."""
-        return [decode_record(r) for r in self.iter_records()]
+        return [decode_record(r) for r in split_records(self.records)]
 
 
-@dataclass(frozen=True, slots=True)
-class GetMessageResult(_RawRecords):
-    """What one ``get_message`` call found (RocketMQ's GetMessageResult)."""
-
+class _GetMessageFields(NamedTuple):
     status: GetStatus
     next_begin_offset: int
     min_offset: int
@@ -106,14 +104,27 @@ class GetMessageResult(_RawRecords):
     message_count: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class QueryMessageResult(_RawRecords):
-    """What ``query_message`` found (RocketMQ's QueryMessageResult)."""
+class GetMessageResult(_GetMessageFields, _RawRecords):
+    """What one ``get_message`` call found (RocketMQ's GetMessageResult).
 
+    ``records`` holds the matched records exactly as stored, back to back.
+    A NamedTuple: one is built per pull, and a frozen dataclass costs more.
+    """
+
+    __slots__ = ()
+
+
+class _QueryMessageFields(NamedTuple):
     records: bytes
     message_count: int
     index_last_update_timestamp_ms: int
     index_last_update_phy_offset: int
+
+
+class QueryMessageResult(_QueryMessageFields, _RawRecords):
+    """What ``query_message`` found (RocketMQ's QueryMessageResult)."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,26 +180,78 @@ def get_message(
         corrected = min_offset if min_offset == 0 else max_offset
         return GetMessageResult(GetStatus.OFFSET_OVERFLOW_BADLY, corrected, min_offset, max_offset)
     scan_units = max(MIN_SCAN_BYTES, max_msg_nums * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
-    units = cq.read_units(offset, scan_units)
-    if not units:
+    # The units are read in place from the ConsumeQueue file's mapping, held
+    # against expiry, from ``offset`` to at most the file's end (RocketMQ's
+    # getIndexBuffer).
+    cq_file = cq.files.find_by_offset(offset * CQ_STORE_UNIT_SIZE)
+    if cq_file is None or not cq_file.hold():
         units_per_file = cq.mapped_file_size // CQ_STORE_UNIT_SIZE
         next_file = offset + units_per_file - offset % units_per_file
         return GetMessageResult(GetStatus.OFFSET_FOUND_NULL, next_file, min_offset, max_offset)
+    try:
+        first = (offset * CQ_STORE_UNIT_SIZE - cq_file.file_from_offset) // CQ_STORE_UNIT_SIZE
+        n = min(first + scan_units, cq_file.wrote_position // CQ_STORE_UNIT_SIZE)
+        status, i, out, count = _scan(
+            commitlog, cq_file.buffer, first, n, max_msg_nums, message_filter, limits
+        )
+    finally:
+        cq_file.release()
+    return GetMessageResult(status, offset + i - first, min_offset, max_offset, out, count)
 
-    n = len(units) // CQ_STORE_UNIT_SIZE
+
+def _scan(
+    commitlog: CommitLog,
+    units: Buffer,
+    i: int,
+    n: int,
+    max_msg_nums: int,
+    message_filter: MessageFilter | None,
+    limits: TransferLimits,
+) -> tuple[GetStatus, int, bytes, int]:
+    """The loop over units ``i`` to ``n`` of ``units``: (status, unit reached,
+    records, message count)."""
     codes = message_filter.tags_codes if message_filter is not None else None
     confirm = message_filter is not None and message_filter.needs_commit_log_check
     in_memory_from = commitlog.max_offset - limits.memory_window_bytes
-    out = bytearray()
+    out: list[bytes] = []
     status = GetStatus.NO_MATCHED_MESSAGE
-    count = total = i = 0
+    count = total = 0
     skip_below = -1  # records below here are gone: RocketMQ's nextPhyFileStartOffset
     mf: MappedFile | None = None  # the CommitLog file being read, held (see hold())
     log: Buffer = b""
     base = end = 0
     gather = _records.gather
+    find = commitlog.files.find_by_offset
     try:
         while i < n:
+            phy, size, _ = UNIT.unpack_from(units, i * CQ_STORE_UNIT_SIZE)
+            if phy < skip_below:
+                i += 1
+                continue
+            if not base <= phy < base + end:
+                # The record is in another CommitLog file than the one held, if any.
+                if mf is not None:
+                    mf.release()
+                    mf, log, base, end = None, b"", 0, 0
+                found = find(phy)
+                if (
+                    found is not None
+                    and phy - found.file_from_offset + size <= found.wrote_position
+                    and found.hold()
+                ):
+                    mf, log, base, end = (
+                        found,
+                        found.buffer,
+                        found.file_from_offset,
+                        found.wrote_position,
+                    )
+                else:
+                    # The record is gone (its file expired): skip the rest of that file.
+                    if total == 0:
+                        status = GetStatus.MESSAGE_WAS_REMOVING
+                    skip_below = commitlog.roll_next_file(phy)
+                    i += 1
+                    continue
             i, count, total, stop = gather(
                 units,
                 i,
@@ -210,46 +273,22 @@ def get_message(
             )
             if stop == _records.GATHER_DONE or stop == _records.GATHER_FULL:
                 break
-            phy, size, _ = UNIT.unpack_from(units, i * CQ_STORE_UNIT_SIZE)
-            if phy < skip_below:
+            if stop == _records.GATHER_CONFIRM:
+                # The filter must see this record's properties.
+                assert message_filter is not None
+                phy, size, _ = UNIT.unpack_from(units, i * CQ_STORE_UNIT_SIZE)
+                rel = phy - base
+                if message_filter.is_matched_by_commit_log(record_properties(log, rel)):
+                    out.append(bytes(log[rel : rel + size]))
+                    count += 1
+                    total += size
+                elif total == 0:
+                    status = GetStatus.NO_MATCHED_MESSAGE
                 i += 1
-                continue
-            if stop == _records.GATHER_ELSEWHERE:
-                if mf is not None:
-                    mf.release()
-                    mf, log, base, end = None, b"", 0, 0
-                found = commitlog.files.find_by_offset(phy)
-                if (
-                    found is not None
-                    and phy - found.file_from_offset + size <= found.wrote_position
-                    and found.hold()
-                ):
-                    mf, log, base, end = (
-                        found,
-                        found.buffer,
-                        found.file_from_offset,
-                        found.wrote_position,
-                    )
-                else:
-                    # The record is gone (its file expired): skip the rest of that file.
-                    if total == 0:
-                        status = GetStatus.MESSAGE_WAS_REMOVING
-                    skip_below = commitlog.roll_next_file(phy)
-                    i += 1
-                continue
-            # GATHER_CONFIRM: the filter must see the record's properties.
-            assert message_filter is not None
-            rel = phy - base
-            if message_filter.is_matched_by_commit_log(record_properties(log, rel)):
-                out += log[rel : rel + size]
-                count += 1
-                total += size
-            elif total == 0:
-                status = GetStatus.NO_MATCHED_MESSAGE
-            i += 1
+            # GATHER_ELSEWHERE: the next round switches files.
     finally:
         if mf is not None:
             mf.release()
     if count:
         status = GetStatus.FOUND
-    return GetMessageResult(status, offset + i, min_offset, max_offset, bytes(out), count)
+    return status, i, out[0] if len(out) == 1 else b"".join(out), count
