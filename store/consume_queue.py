@@ -333,18 +333,27 @@ class ConsumeQueue:
         ``store_time_of(phy)`` reads a record's STORETIMESTAMP (-1 if gone).
         Returns 0 for an empty queue.
         """
-        chosen = None
-        for mf in self.files.files:
-            chosen = mf
-            if mf.wrote_position >= CQ_STORE_UNIT_SIZE:
-                (phy, _, _) = UNIT.unpack_from(mf.buffer, mf.wrote_position - CQ_STORE_UNIT_SIZE)
-                if store_time_of(phy) >= timestamp_ms:
-                    break
-        if chosen is None or chosen.wrote_position < CQ_STORE_UNIT_SIZE:
-            return self.min_offset_in_queue if chosen is not None else 0
-        data = chosen.read(0, chosen.wrote_position)
+        files = [mf for mf in self.files.files if mf.wrote_position >= CQ_STORE_UNIT_SIZE]
+        if not files:
+            return 0
+
+        def last_time(mf: MappedFile) -> int:
+            (phy, _, _) = UNIT.unpack_from(mf.buffer, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+            return store_time_of(phy)
+
+        # Files are in time order: bisect for the first whose last record is not earlier.
+        lo, hi = 0, len(files) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if last_time(files[mid]) >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        chosen = files[lo]
+        # Units are read in place: a ConsumeQueue file is megabytes, a search ~20 units.
+        data = chosen.buffer
         low = max(0, (self.min_logic_offset - chosen.file_from_offset) // CQ_STORE_UNIT_SIZE)
-        high = len(data) // CQ_STORE_UNIT_SIZE - 1
+        high = chosen.wrote_position // CQ_STORE_UNIT_SIZE - 1
         left = right = target = -1
         left_ts = right_ts = -1
         while low <= high:
