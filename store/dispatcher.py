@@ -2,9 +2,10 @@
 
 Follows the CommitLog from ``reput_from_offset`` and, for every committed or
 non-transactional record, appends a ConsumeQueue unit and tells the registered
-listeners (IndexFile builder, long-poll arrival notification, …). A record is
-visible to readers only once its unit exists, so the dispatcher is what makes
-a send consumable.
+listeners (per record, with its properties). A record is visible to readers
+only once its unit exists, so the dispatcher is what makes a send consumable.
+*Followers* (the IndexFile) are built after each round, on this thread, in
+bulk and behind the ConsumeQueues: they never hold a send back.
 
 Concurrency: one dispatcher thread, plus the writers: after an append, a
 writer that finds the dispatcher idle and caught up applies its own hand-off
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Pause between dispatch rounds: the visibility latency a send may see.
 DISPATCH_PAUSE_S = 0.001
+#: How far the followers (the IndexFile) may lag behind the ConsumeQueues.
+FOLLOW_PAUSE_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +156,8 @@ class ReputMessageService:
                     and self._inline
                 ):
                     self._take_handoff(handoff)
-                    if self._caught_up and not self.followers:
-                        return
+                    if self._caught_up:
+                        return  # followers catch up on the thread's own schedule
             finally:
                 self._dispatch_lock.release()
         self.wakeup()
@@ -167,7 +170,10 @@ class ReputMessageService:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._wakeup.wait(0.1)
+            # Followers (the index) are brought up to date every FOLLOW_PAUSE_S even
+            # when no writer wakes the thread: writers dispatching their own appends
+            # do not, so that the thread takes the GIL from them rarely.
+            self._wakeup.wait(FOLLOW_PAUSE_S if self.followers else 0.1)
             self._wakeup.clear()
             try:
                 # Rounds back to back only while behind by more than a window; once
