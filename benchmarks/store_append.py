@@ -424,12 +424,13 @@ def bench_async(
     dispatching: bool = True,
     encoded: bool = False,
     sustained_bytes: int | None = None,
+    message_index: bool = True,
 ) -> Row:
     """One thread appending with ASYNC flush, for ``duration_s`` or until
     ``async_volume_bytes`` of CommitLog are written (whichever comes first), or
     until ``sustained_bytes`` are written."""
     batches = make_batches(make_messages(body_size, batch=batch), batch)
-    with fresh_store(s.root, f"async-{body_size}-{batch}") as store:
+    with fresh_store(s.root, f"async-{body_size}-{batch}", message_index_enable=index) as store:
         if not dispatching:
             # Append alone: the dispatcher no longer competes for the GIL (shutdown
             # then dispatches the backlog, outside the measurement).
@@ -474,7 +475,12 @@ def bench_async(
         load1 = os.getloadavg()[0]
     target = (
         Target(TARGET_ASYNC_MSGS_S)
-        if body_size == 1 * KIB and batch == 64 and encoded and sustained_bytes is None
+        if body_size == 1 * KIB
+        and batch == 64
+        and encoded
+        and sustained_bytes is None
+        and dispatching
+        and message_index
         else None
     )
     return append_row(
@@ -482,6 +488,7 @@ def bench_async(
         f"1 thread, batch {batch}"
         + (", producer-encoded" if encoded else ", Message objects")
         + ("" if dispatching else ", dispatcher stopped")
+        + ("" if message_index else ", IndexFile off")
         + ("" if sustained_bytes is None else f", sustained {_size(sustained_bytes)}"),
         body_size,
         count,
@@ -975,6 +982,13 @@ def run(s: Settings) -> tuple[list[Row], list[RecoveryRun]]:
                 rows.append(
                     repeated(s, functools.partial(bench_async, s, size, batch, encoded=True))
                 )
+            _progress(f"append ASYNC {_size(size)} batch 64, IndexFile off")
+            rows.append(
+                repeated(
+                    s,
+                    functools.partial(bench_async, s, size, 64, encoded=True, message_index=False),
+                )
+            )
             if s.async_no_dispatch:
                 _progress(f"append ASYNC {_size(size)} batch 64, dispatcher stopped")
                 rows.append(
@@ -1016,16 +1030,27 @@ def run(s: Settings) -> tuple[list[Row], list[RecoveryRun]]:
     return rows, recoveries
 
 
+@contextlib.contextmanager
+def bench_root(root: Path | None, script: str, argv: Sequence[str]) -> Iterator[Path]:
+    """The store directory of a run (a temp dir, removed after, unless given), with
+    the machine and command printed first."""
+    owned = root is None
+    path = Path(tempfile.mkdtemp(prefix="basalt-bench-")) if root is None else Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        print("\n".join(machine_lines(path)))
+        print(f"command:   .venv/bin/python benchmarks/{script} {' '.join(argv)}".rstrip())
+        yield path
+    finally:
+        if owned:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    owned = args.root is None
-    root = Path(tempfile.mkdtemp(prefix="basalt-bench-")) if owned else Path(args.root)
-    root.mkdir(parents=True, exist_ok=True)
-    try:
+    with bench_root(args.root, "store_append.py", argv) as root:
         s = settings_from(args, root)
-        print("\n".join(machine_lines(root)))
-        print(f"command:   .venv/bin/python benchmarks/store_append.py {' '.join(argv)}".rstrip())
         print(
             f"settings:  warmup {s.warmup_s:g} s + {s.duration_s:g} s per append cell (ASYNC: "
             f"warm-up at most {_size(ASYNC_WARMUP_BYTES)}, cell at most "
@@ -1046,9 +1071,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         elapsed = time.perf_counter() - started
         print(f"\nload avg:  {_load()} (1/5/15 min) at end; total {elapsed:.0f} s")
-    finally:
-        if owned:
-            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -30,7 +30,6 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.store_append import Target, _num, machine_lines
+from benchmarks.store_append import Target, _num, bench_root
 from store import ManualClock, Message, MessageStore, MessageStoreConfig
 from store.batch import EncodedBatch
 from store.message_filter import MessageFilter, build_filter
@@ -281,21 +280,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    owned = args.root is None
-    root = Path(tempfile.mkdtemp(prefix="basalt-read-")) if owned else Path(args.root)
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        print("\n".join(machine_lines(root)))
-        print(f"command:   .venv/bin/python benchmarks/store_read.py {' '.join(argv)}".rstrip())
+    with bench_root(args.root, "store_read.py", argv) as root:
         started = time.perf_counter()
         rows = bench_pulls_and_keys(root, args.messages, args.key_queries)
         rows.append(bench_by_time(root, args.entries, args.lookups))
         print()
         print(format_table(rows))
         print(f"\ntotal {time.perf_counter() - started:.0f} s")
-    finally:
-        if owned:
-            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

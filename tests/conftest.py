@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,3 +57,22 @@ def store(make_config: ConfigFactory, clock: ManualClock) -> Iterator[MessageSto
         yield s
     finally:
         s.shutdown()
+
+
+def run_threads(target: Callable[[int], None], count: int, *, timeout_s: float = 120) -> None:
+    """Run ``target(i)`` on ``count`` threads at once; fail if one hangs or raises."""
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as e:
+            errors.append(e)
+
+    workers = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=timeout_s)
+    assert not any(w.is_alive() for w in workers)
+    assert not errors, errors

@@ -27,7 +27,7 @@ from store.batch import EncodedBatch
 from store.checkpoint import CHECKPOINT_FILE_SIZE
 from store.config import MessageStoreConfig
 from store.record import BLANK_MAGIC_CODE, EncodedMessage
-from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory
+from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 BLANK = struct.Struct(">iI")  # an end-of-file blank: its size, then BLANK_MAGIC_CODE
 
@@ -200,31 +200,21 @@ def test_event_loops_on_several_threads_share_the_store(
         threads, rounds, per_round = 4, 5, 10
         start = threading.Barrier(threads)
         outcomes: dict[int, list[Send]] = {}
-        errors: list[BaseException] = []
 
         def sender(queue_id: int) -> None:
-            try:
-                start.wait()
-                mine = outcomes.setdefault(queue_id, [])
-                for r in range(rounds):
-                    batches = [
-                        [Message("CoThreads", f"{queue_id}:{r}:{i}".encode(), queue_id)]
-                        for i in range(per_round)
-                    ]
-                    results = gather(*(store.put_messages_async(b) for b in batches))
-                    for result in results:
-                        assert store.commitlog.files.flushed_where >= end_of(result)
-                    mine += zip(batches, results, strict=True)
-            except BaseException as e:
-                errors.append(e)
+            start.wait()
+            mine = outcomes.setdefault(queue_id, [])
+            for r in range(rounds):
+                batches = [
+                    [Message("CoThreads", f"{queue_id}:{r}:{i}".encode(), queue_id)]
+                    for i in range(per_round)
+                ]
+                results = gather(*(store.put_messages_async(b) for b in batches))
+                for result in results:
+                    assert store.commitlog.files.flushed_where >= end_of(result)
+                mine += zip(batches, results, strict=True)
 
-        workers = [threading.Thread(target=sender, args=(q,)) for q in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=60)
-        assert not any(w.is_alive() for w in workers)
-        assert not errors, errors
+        run_threads(sender, threads, timeout_s=60)
 
         expect_all_own(store, [s for sends in outcomes.values() for s in sends])
         for queue_id in range(threads):

@@ -18,7 +18,7 @@ import pytest
 from store import FlushDiskType, ManualClock, Message, MessageStore, PutMessageResult, PutStatus
 from store.checkpoint import CHECKPOINT_FILE_SIZE
 from store.config import MessageStoreConfig
-from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory
+from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 CHECKPOINT = struct.Struct(">qqq")  # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp
 
@@ -83,27 +83,15 @@ def test_sync_group_commit_serves_concurrent_senders(
         threads, sends = 8, 40
         start = threading.Barrier(threads)
         outcomes: dict[int, list[tuple[PutMessageResult, int]]] = {}
-        errors: list[BaseException] = []
 
         def sender(queue_id: int) -> None:
-            try:
-                start.wait()
-                mine = outcomes.setdefault(queue_id, [])
-                for i in range(sends):
-                    result = store.put_message(
-                        Message("Group", f"{queue_id}:{i}".encode(), queue_id)
-                    )
-                    mine.append((result, flushed_where(store)))
-            except BaseException as e:
-                errors.append(e)
+            start.wait()
+            mine = outcomes.setdefault(queue_id, [])
+            for i in range(sends):
+                result = store.put_message(Message("Group", f"{queue_id}:{i}".encode(), queue_id))
+                mine.append((result, flushed_where(store)))
 
-        workers = [threading.Thread(target=sender, args=(q,)) for q in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=120)
-        assert not any(w.is_alive() for w in workers)
-        assert not errors
+        run_threads(sender, threads)
 
         physical = set()
         for results in outcomes.values():
