@@ -430,7 +430,9 @@ def bench_async(
     ``async_volume_bytes`` of CommitLog are written (whichever comes first), or
     until ``sustained_bytes`` are written."""
     batches = make_batches(make_messages(body_size, batch=batch), batch)
-    with fresh_store(s.root, f"async-{body_size}-{batch}", message_index_enable=message_index) as store:
+    with fresh_store(
+        s.root, f"async-{body_size}-{batch}", message_index_enable=message_index
+    ) as store:
         if not dispatching:
             # Append alone: the dispatcher no longer competes for the GIL (shutdown
             # then dispatches the backlog, outside the measurement).
