@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,6 +96,11 @@ class ReputMessageService:
         self.listeners: list[DispatchListener] = []
         #: Followed after every round, on this thread: never in the writer's way.
         self.followers: list[CommitLogFollower] = []
+        #: Told ``(topic, queue_id, max offset)`` whenever a queue grew (RocketMQ's
+        #: MessageArrivingListener: long polling). Called on the dispatching
+        #: thread - the dispatcher's, or a writer's - so it must be quick and
+        #: thread-safe.
+        self.arrival_listeners: list[Callable[[str, int, int], None]] = []
         self.stalled_reason: str | None = None
         #: ConsumeQueue units written so far (recovery reports the rebuilt count).
         self.entries_written = 0
@@ -300,6 +305,7 @@ class ReputMessageService:
         records = written = 0
         last_ts = self.last_store_timestamp_ms
         find = self.consume_queues.find_or_create
+        arrivals = self.arrival_listeners
         while handoff:
             # Pop, then check: the writer may drop the oldest entry (a full hand-off)
             # between a look at handoff[0] and a popleft. Whatever is not contiguous
@@ -310,6 +316,9 @@ class ReputMessageService:
                 break
             for topic, queue_id, first, count, units in appended.runs:
                 written += find(topic, queue_id).put_units(first, count, units)
+                if arrivals:
+                    for arrived in arrivals:
+                        arrived(topic, queue_id, first + count)
             end = appended.end
             records += appended.records
             last_ts = appended.store_timestamp_ms
@@ -324,6 +333,8 @@ class ReputMessageService:
         find = self.consume_queues.find_or_create
         for topic, queue_id, first_offset, count, units in runs:
             self.entries_written += find(topic, queue_id).put_units(first_offset, count, units)
+            for arrived in self.arrival_listeners:
+                arrived(topic, queue_id, first_offset + count)
 
     def _advance(self, offset: int) -> None:
         self.reput_from_offset = offset

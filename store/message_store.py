@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
 
@@ -551,6 +551,13 @@ class MessageStore:
         if not self.commitlog.min_offset <= physical_offset < self.commitlog.max_offset:
             return -1
         return self.commitlog.store_timestamp_at(physical_offset)
+
+    def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
+        """Call ``listener(topic, queue_id, max_offset)`` whenever a queue grows, once
+        its new units are readable (long polling). It runs on whichever thread
+        dispatched - the dispatcher's or a writer's - so it must be quick and
+        thread-safe (e.g. ``loop.call_soon_threadsafe``)."""
+        self.dispatcher.arrival_listeners.append(listener)
 
     def query_message(
         self, topic: str, key: str, max_num: int, begin_timestamp_ms: int, end_timestamp_ms: int

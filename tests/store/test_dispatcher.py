@@ -406,3 +406,25 @@ def test_concurrent_writers_dispatching_their_own_appends_build_the_rebuilt_queu
     with MessageStore.open(config, clock=clock) as store:
         rebuilt = consume_queue_bytes(store)
     assert rebuilt == live
+
+
+def test_arrival_listeners_hear_every_queue_that_grew_once_it_is_readable(
+    store: MessageStore,
+) -> None:
+    """Long polling's hook: on the writer's inline path and on the thread's walk."""
+    heard: list[tuple[str, int, int, int]] = []
+
+    def arrived(topic: str, queue_id: int, max_offset: int) -> None:
+        # The new units must already be readable when the listener runs.
+        heard.append((topic, queue_id, max_offset, store.get_max_offset_in_queue(topic, queue_id)))
+
+    store.add_arrival_listener(arrived)
+    assert store.wait_dispatched()
+    assert store.put_messages([Message("Arrive", b"a", queue_id=1)] * 3).ok
+    assert store.put_message(Message("Arrive", b"b", queue_id=2)).ok
+    assert store.wait_dispatched()
+    pause_dispatcher(store)
+    assert store.put_message(Message("Arrive", b"c", queue_id=1)).ok
+    store.commitlog.handoff.clear()  # the walk path
+    dispatch_all(store)
+    assert heard == [("Arrive", 1, 3, 3), ("Arrive", 2, 1, 1), ("Arrive", 1, 4, 4)]
