@@ -1,0 +1,170 @@
+"""Long polling (PullRequestHoldService) against a real store and real threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from services.long_polling import PullRequestHoldService
+from store import Message, MessageStore
+from store.get_message import GetMessageResult, GetStatus
+from store.message_filter import build_filter
+
+TOPIC = "Held"
+
+
+def pull_of(store: MessageStore, tags: str = "*"):  # type: ignore[no-untyped-def]
+    flt = build_filter("TAG", tags)
+
+    def pull(offset: int) -> GetMessageResult:
+        return store.get_message("G", TOPIC, 0, offset, 32, flt)
+
+    return pull
+
+
+async def held_pull(
+    store: MessageStore,
+    service: PullRequestHoldService,
+    offset: int,
+    timeout_s: float,
+    tags: str = "*",
+) -> GetMessageResult:
+    return await service.hold(
+        TOPIC,
+        0,
+        offset,
+        timeout_s,
+        pull_of(store, tags),
+        found=lambda r: r.status is GetStatus.FOUND,
+        next_offset=lambda r: r.next_begin_offset,
+        queue_max_offset=lambda: store.get_max_offset_in_queue(TOPIC, 0),
+    )
+
+
+def test_a_held_pull_returns_the_message_sent_after_it(store: MessageStore) -> None:
+    async def scenario() -> tuple[GetMessageResult, float, int]:
+        loop = asyncio.get_running_loop()
+        service = PullRequestHoldService(loop)
+        store.add_arrival_listener(service.notify_arrival)
+        started = loop.time()
+        pending = asyncio.ensure_future(held_pull(store, service, 0, 30.0))
+        await asyncio.sleep(0.05)
+        assert service.held == 1
+        # Sent from another thread, as a store-node's writer would.
+        sender = threading.Thread(
+            target=lambda: store.put_message(Message(TOPIC, b"late", tags="t"))
+        )
+        sender.start()
+        result = await pending
+        sender.join()
+        return result, loop.time() - started, service.held
+
+    result, _, held_after = asyncio.run(scenario())
+    assert result.status is GetStatus.FOUND
+    assert [r.body for r in result.decode()] == [b"late"]
+    assert held_after == 0
+
+
+def test_a_pull_with_no_arrival_returns_empty_at_its_timeout(store: MessageStore) -> None:
+    async def scenario() -> tuple[GetMessageResult, float]:
+        loop = asyncio.get_running_loop()
+        service = PullRequestHoldService(loop)
+        store.add_arrival_listener(service.notify_arrival)
+        started = loop.time()
+        result = await held_pull(store, service, 0, 0.3)
+        return result, loop.time() - started
+
+    result, waited = asyncio.run(scenario())
+    assert result.message_count == 0
+    assert result.status in (GetStatus.NO_MATCHED_LOGIC_QUEUE, GetStatus.NO_MESSAGE_IN_QUEUE)
+    assert waited >= 0.3  # it really was held (a lower bound, not a timing assertion)
+
+
+def test_an_arrival_that_does_not_match_the_filter_keeps_the_pull_held(
+    store: MessageStore,
+) -> None:
+    async def scenario() -> GetMessageResult:
+        loop = asyncio.get_running_loop()
+        service = PullRequestHoldService(loop)
+        store.add_arrival_listener(service.notify_arrival)
+        pending = asyncio.ensure_future(held_pull(store, service, 0, 30.0, tags="wanted"))
+        await asyncio.sleep(0.05)
+        await loop.run_in_executor(None, store.put_message, Message(TOPIC, b"no", tags="other"))
+        await asyncio.sleep(0.1)
+        assert not pending.done()
+        assert service.held == 1
+        await loop.run_in_executor(None, store.put_message, Message(TOPIC, b"yes", tags="wanted"))
+        return await pending
+
+    result = asyncio.run(scenario())
+    assert [r.body for r in result.decode()] == [b"yes"]
+    assert result.next_begin_offset == 2
+
+
+def test_an_arrival_just_before_parking_is_not_missed(store: MessageStore) -> None:
+    """The queue grows between the pull and the park: no wake-up is sent (nothing
+    was held yet), and the pull must still return at once, not at its timeout."""
+
+    async def scenario() -> GetMessageResult:
+        loop = asyncio.get_running_loop()
+        service = PullRequestHoldService(loop)
+        store.add_arrival_listener(service.notify_arrival)
+        sent = False
+
+        def pull(offset: int) -> GetMessageResult:
+            nonlocal sent
+            result = store.get_message("G", TOPIC, 0, offset, 32)
+            if not sent:
+                sent = True
+                assert store.put_message(Message(TOPIC, b"racing")).ok
+            return result
+
+        return await asyncio.wait_for(
+            service.hold(
+                TOPIC,
+                0,
+                0,
+                60.0,
+                pull,
+                found=lambda r: r.status is GetStatus.FOUND,
+                next_offset=lambda r: r.next_begin_offset,
+                queue_max_offset=lambda: store.get_max_offset_in_queue(TOPIC, 0),
+            ),
+            10.0,
+        )
+
+    result = asyncio.run(scenario())
+    assert [r.body for r in result.decode()] == [b"racing"]
+
+
+def test_many_held_pulls_on_many_queues_wake_only_where_messages_arrive(
+    store: MessageStore,
+) -> None:
+    async def scenario() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        service = PullRequestHoldService(loop)
+        store.add_arrival_listener(service.notify_arrival)
+
+        async def one(queue_id: int) -> int:
+            result = await service.hold(
+                TOPIC,
+                queue_id,
+                0,
+                1.0,
+                lambda off: store.get_message("G", TOPIC, queue_id, off, 32),
+                found=lambda r: r.status is GetStatus.FOUND,
+                next_offset=lambda r: r.next_begin_offset,
+                queue_max_offset=lambda: store.get_max_offset_in_queue(TOPIC, queue_id),
+            )
+            return result.message_count
+
+        tasks = [asyncio.ensure_future(one(q)) for q in range(50)]
+        await asyncio.sleep(0.05)
+        for q in range(0, 50, 10):
+            await loop.run_in_executor(None, store.put_message, Message(TOPIC, b"x", queue_id=q))
+        counts = await asyncio.gather(*tasks)
+        return list(counts), service.woken_by_arrival
+
+    counts, woken = asyncio.run(scenario())
+    assert counts == [1 if q % 10 == 0 else 0 for q in range(50)]
+    assert woken == 5
