@@ -42,7 +42,7 @@ from store.consumer_offsets import (
     consumer_offset_path,
 )
 from store.dispatcher import DispatchListener, ReputMessageService
-from store.errors import StoreClosedError
+from store.errors import CorruptFileError, StoreClosedError
 from store.expiry import ExpiryReport, ExpiryService
 from store.files import RootLock, create_abort_file, remove_abort_file
 from store.flush import (
@@ -104,17 +104,7 @@ class MessageStore:
         self._offset_persister: OffsetPersistService | None = None
         #: The IndexFiles (None with message_index_enable off): built behind the
         #: dispatcher, on its thread, for query_message.
-        self.index: IndexService | None = (
-            IndexService(
-                config.store_path_root_dir,
-                clock=self.clock,
-                max_hash_slot_num=config.max_hash_slot_num,
-                max_index_num=config.max_index_num,
-                max_msgs_num_batch=config.max_msgs_num_batch,
-            )
-            if config.message_index_enable
-            else None
-        )
+        self.index: IndexService | None = self._new_index() if config.message_index_enable else None
         self._admission = Admission(config, self.commitlog.store_host, self.clock)
         self._transfer_limits = TransferLimits.of(config)
         #: One per event loop that sends (see put_batch_async).
@@ -152,7 +142,7 @@ class MessageStore:
             self.commitlog.files.load()
             self.consume_queues.load()
             if self.index is not None:
-                self.index.load(not abnormal, checkpoint.index_msg_timestamp)
+                rebuild_index = self._load_index(not abnormal, checkpoint.index_msg_timestamp)
             report = recover(
                 self.commitlog,
                 self.consume_queues,
@@ -162,7 +152,7 @@ class MessageStore:
                 check_crc=cfg.check_crc_on_recover,
             )
             if self.index is not None:
-                self._catch_up_index(report)
+                self._catch_up_index(report, rebuild_all=rebuild_index)
             loaded = self.consumer_offsets.load()
             if loaded.from_backup:
                 log.warning(
@@ -250,7 +240,38 @@ class MessageStore:
             log.error("shutdown with the dispatcher behind: leaving 'abort' for recovery")
         self._lock.release()
 
-    def _catch_up_index(self, report: RecoveryReport) -> None:
+    def _load_index(self, last_exit_ok: bool, index_msg_timestamp_ms: int) -> bool:
+        """Load the IndexFiles; returns True when they had to be set aside.
+
+        The index is derived data: a file that cannot be trusted (wrong size)
+        must not keep the store from starting. The whole ``index/`` folder is
+        renamed ``index.corrupt-<ms>`` for an operator to look at, and the
+        index is rebuilt from the CommitLog.
+        """
+        assert self.index is not None
+        try:
+            self.index.load(last_exit_ok, index_msg_timestamp_ms)
+            return False
+        except CorruptFileError as e:
+            aside = self.config.index_dir.with_name(f"index.corrupt-{self.clock.now_ms()}")
+            log.error("index unusable (%s): moved to %s, rebuilding from the commitlog", e, aside)
+            self.index.close()
+            self.config.index_dir.rename(aside)
+            self.index = self._new_index()
+            self.index.load(True, 0)
+            return True
+
+    def _new_index(self) -> IndexService:
+        cfg = self.config
+        return IndexService(
+            cfg.store_path_root_dir,
+            clock=self.clock,
+            max_hash_slot_num=cfg.max_hash_slot_num,
+            max_index_num=cfg.max_index_num,
+            max_msgs_num_batch=cfg.max_msgs_num_batch,
+        )
+
+    def _catch_up_index(self, report: RecoveryReport, *, rebuild_all: bool) -> None:
         """Index what recovery re-dispatched, and anything the index lost beyond.
 
         The index resumes where its last file ends (a crash destroyed the file
@@ -261,7 +282,7 @@ class MessageStore:
         """
         assert self.index is not None
         files = self.index.files
-        start = report.redispatch_from_offset
+        start = self.commitlog.min_offset if rebuild_all else report.redispatch_from_offset
         if files:
             start = min(start, files[-1].end_phy_offset)
         self.index.reput_offset = max(start, self.commitlog.min_offset)

@@ -228,3 +228,22 @@ def test_expiry_deletes_index_files_wholly_below_the_commitlog_min(
         assert len(store.index.files) == before - report.index_files
         assert all(f.end_phy_offset >= store.min_physical_offset for f in store.index.files[1:])
         assert store.query_message(TOPIC, "k0", 32, 0, clock.now_ms()).message_count == 0
+
+
+def test_an_index_file_of_the_wrong_size_is_set_aside_and_rebuilt(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    config = make_config()
+    with MessageStore.open(config, clock=clock) as store:
+        put_keys(store, clock, 10)
+        wait_indexed(store)
+    index_dir = config.store_path_root_dir / "index"
+    victim = sorted(index_dir.iterdir())[0]
+    with victim.open("r+b") as f:
+        f.truncate(1000)  # a torn or foreign file
+    with MessageStore.open(config, clock=clock) as store:
+        found = store.query_message(TOPIC, "k3", 32, 0, clock.now_ms())
+        assert [r.body for r in found.decode()] == [b"3"]
+    aside = [p for p in config.store_path_root_dir.iterdir() if p.name.startswith("index.corrupt-")]
+    assert len(aside) == 1
+    assert (aside[0] / victim.name).stat().st_size == 1000
