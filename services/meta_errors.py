@@ -1,0 +1,60 @@
+"""The etcd metadata layer's exceptions.
+
+Every class subclasses a builtin, so a caller that knows nothing of Basalt can
+still catch it sensibly; the one module in ``services/`` that maps errors to
+gRPC status codes maps these (UNAVAILABLE, ABORTED, ALREADY_EXISTS, NOT_FOUND,
+INVALID_ARGUMENT). Reads from a watch cache never raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class MetaError(Exception):
+    """Base of every error the metadata layer raises."""
+
+
+class MetaValidationError(MetaError, ValueError):
+    """A configuration or registration value is malformed or out of range."""
+
+
+class MetaUnavailableError(MetaError, ConnectionError):
+    """No etcd endpoint answered within the operation timeout."""
+
+    def __init__(self, endpoints: Sequence[str], operation: str, cause: BaseException) -> None:
+        self.endpoints = tuple(endpoints)
+        self.operation = operation
+        self.cause = cause
+        detail = str(cause) or type(cause).__name__
+        super().__init__(
+            f"etcd at {', '.join(self.endpoints)} unreachable: {operation} failed ({detail})"
+        )
+
+
+class MetaConflictError(MetaError, RuntimeError):
+    """A compare-and-swap kept losing to concurrent writers of the same key."""
+
+    def __init__(self, key: str, attempts: int) -> None:
+        self.key = key
+        self.attempts = attempts
+        super().__init__(
+            f"{key} was modified concurrently on each of {attempts} attempts; "
+            "nothing was written, retry later"
+        )
+
+
+class TopicExistsError(MetaError, FileExistsError):
+    """``create_topic`` found the topic already configured."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"topic {topic!r} already exists")
+
+
+class TopicNotFoundError(MetaError, LookupError):
+    """The topic has no configuration in etcd."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"topic {topic!r} does not exist")

@@ -1,0 +1,170 @@
+"""Name rules and strict JSON field readers shared by the metadata values.
+
+Everything raises :class:`MetaValidationError` with a message naming where the
+value came from (``topics/T``, ``broker 'b'``) and what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
+from services.meta_errors import MetaValidationError
+from store.admission import TOPIC_PATTERN
+from store.config import MAX_TOPIC_LENGTH
+
+T = TypeVar("T")
+
+#: RocketMQ's CHARACTER_MAX_LENGTH for group names.
+MAX_GROUP_LENGTH = 255
+#: Names used as one etcd key segment (broker, pull-service, client id, cluster):
+#: no '/' (it would change the key's depth) and no whitespace.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:@#%|\[\]-]+")
+MAX_NAME_LENGTH = 255
+
+
+# -- name rules -------------------------------------------------------------------
+
+
+def check_topic_name(topic: object) -> str:
+    """The store's topic rule (store.admission): 1-127 characters of [%|a-zA-Z0-9_-]."""
+    if (
+        not isinstance(topic, str)
+        or len(topic) > MAX_TOPIC_LENGTH
+        or not TOPIC_PATTERN.fullmatch(topic)
+    ):
+        raise MetaValidationError(
+            f"topic {str(topic)[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of [%|a-zA-Z0-9_-]"
+        )
+    return topic
+
+
+def check_group_name(group: object) -> str:
+    """RocketMQ's group rule: the topic characters, at most 255 of them."""
+    if (
+        not isinstance(group, str)
+        or len(group) > MAX_GROUP_LENGTH
+        or not TOPIC_PATTERN.fullmatch(group)
+    ):
+        raise MetaValidationError(
+            f"group {str(group)[:300]!r} is not 1-{MAX_GROUP_LENGTH} characters of [%|a-zA-Z0-9_-]"
+        )
+    return group
+
+
+def check_name(name: object, what: str) -> str:
+    """A broker name, pull-service id, client id or cluster name: one key segment."""
+    if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(name):
+        raise MetaValidationError(
+            f"{what} {str(name)[:300]!r} is not 1-{MAX_NAME_LENGTH} characters of "
+            "[A-Za-z0-9_.:@#%|[]-] (no '/', no spaces)"
+        )
+    return name
+
+
+def check_address(address: object, what: str) -> str:
+    """``host:port`` with a port in 1..65535 (IPv6 hosts in brackets)."""
+    if isinstance(address, str):
+        host, sep, port = address.rpartition(":")
+        if sep and host and port.isdigit() and 0 < int(port) < 65536 and " " not in host:
+            return address
+    raise MetaValidationError(f"{what} must be host:port, got {address!r}")
+
+
+# -- JSON helpers -------------------------------------------------------------------
+
+
+def dumps(value: dict[str, object]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def load_object(raw: bytes | str, where: str) -> dict[str, object]:
+    try:
+        data = json.loads(raw)
+    except ValueError as e:  # also UnicodeDecodeError
+        raise MetaValidationError(f"{where}: value is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise MetaValidationError(
+            f"{where}: value must be a JSON object, got {type(data).__name__}"
+        )
+    return data
+
+
+MISSING = object()
+
+
+def get_field(data: dict[str, object], name: str, where: str, default: object = MISSING) -> object:
+    if name in data:
+        return data[name]
+    if default is MISSING:
+        raise MetaValidationError(f"{where}: field {name!r} is missing")
+    return default
+
+
+def get_int(data: dict[str, object], name: str, where: str, default: object = MISSING) -> int:
+    value = get_field(data, name, where, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MetaValidationError(f"{where}: field {name!r} must be an integer, got {value!r}")
+    return value
+
+
+def get_str(data: dict[str, object], name: str, where: str, default: object = MISSING) -> str:
+    value = get_field(data, name, where, default)
+    if not isinstance(value, str):
+        raise MetaValidationError(f"{where}: field {name!r} must be a string, got {value!r}")
+    return value
+
+
+def get_bool(data: dict[str, object], name: str, where: str, default: object = MISSING) -> bool:
+    value = get_field(data, name, where, default)
+    if not isinstance(value, bool):
+        raise MetaValidationError(f"{where}: field {name!r} must be true or false, got {value!r}")
+    return value
+
+
+def get_list(
+    data: dict[str, object], name: str, where: str, default: object = MISSING
+) -> list[object]:
+    value = get_field(data, name, where, default)
+    if not isinstance(value, list):
+        raise MetaValidationError(f"{where}: field {name!r} must be a list, got {value!r}")
+    return value
+
+
+def get_names(items: list[object], name: str, where: str) -> list[str]:
+    if not all(isinstance(i, str) for i in items):
+        raise MetaValidationError(f"{where}: field {name!r} must be a list of strings")
+    return [str(i) for i in items]
+
+
+def get_identity(data: dict[str, object], name: str, expected: str | None, where: str) -> str:
+    """The identity field, which must agree with the key's name when one is given."""
+    value = get_str(data, name, where, expected if expected is not None else MISSING)
+    if expected is not None and value != expected:
+        raise MetaValidationError(
+            f"{where}: field {name!r} is {value!r} but the key says {expected!r}"
+        )
+    return value
+
+
+def prefixed(where: str, error: MetaValidationError) -> MetaValidationError:
+    return MetaValidationError(f"{where}: {error}")
+
+
+def check_millis(value: object, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MetaValidationError(
+            f"{where}: started_at_ms must be epoch millis >= 0, got {value!r}"
+        )
+
+
+def build(where: str, make: Callable[[], T]) -> T:
+    """Run a constructor, prefixing validation errors with the key they came from."""
+    try:
+        return make()
+    except ValueError as e:
+        if isinstance(e, MetaValidationError) and str(e).startswith(where):
+            raise
+        raise MetaValidationError(f"{where}: {e}") from None

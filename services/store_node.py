@@ -1,0 +1,486 @@
+"""The store-node: one MessageStore behind the StoreNode gRPC service.
+
+Every RPC is a thin adapter - decode, check, call :mod:`store`, encode - and
+refusals go through :mod:`services.errors`. What the store-node checks
+before the store sees a request (RocketMQ's SendMessageProcessor and
+PullMessageProcessor, broker side):
+
+* a send: the topic exists (or is created: ``auto_create_topic_enable``),
+  the topic and the broker are writable, ``0 <= queue_id < write_queue_nums``;
+* a read: the topic exists and is readable, ``0 <= queue_id < read_queue_nums``,
+  the subscription parses.
+
+Long polling: a GetMessage that finds nothing new with a ``suspend_timeout_ms``
+is parked (:class:`services.long_polling.PullRequestHoldService`) until the
+store reports an arrival on that queue, or the timeout.
+
+Concurrency: one asyncio loop. Store calls that may block on the disk (fsync,
+reading cold files) run in the default executor; reads of the page cache
+(``get_message``) run on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from services.errors import Refusal, abort, invalid, put_refusal
+from services.long_polling import PullRequestHoldService
+from services.meta_model import TopicConfig
+from services.topics import TopicDirectory
+from store import Message, MessageStore, StoreClosedError
+from store.batch import EncodedBatch
+from store.consumer_offsets import CommitResult, CommitStatus
+from store.get_message import GetMessageResult, GetStatus
+from store.message import decode_host, parse_offset_msg_id
+from store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
+from store.put_result import PutMessageResult, PutStatus
+from store.sql92 import Sql92ParseError
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+#: Pull statuses that mean "nothing new yet": the ones long polling waits on.
+_WAIT_STATUSES = frozenset(
+    {
+        GetStatus.OFFSET_OVERFLOW_ONE,
+        GetStatus.NO_MESSAGE_IN_QUEUE,
+        GetStatus.NO_MATCHED_LOGIC_QUEUE,
+        GetStatus.NO_MATCHED_MESSAGE,
+    }
+)
+_EXPRESSION_TYPES = {pb.EXPRESSION_TYPE_TAG: "TAG", pb.EXPRESSION_TYPE_SQL92: "SQL92"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreNodeConfig:
+    """What a store-node is told at start (RocketMQ's BrokerConfig, in part)."""
+
+    broker_name: str
+    #: A send to an unknown topic creates it (RocketMQ's autoCreateTopicEnable).
+    auto_create_topic_enable: bool = True
+    #: The longest a GetMessage may be held (a larger suspend_timeout_ms is capped).
+    max_suspend_timeout_ms: int = 30_000
+    #: Largest max_msg_nums served per GetMessage.
+    max_msg_nums_per_pull: int = 1024
+
+    def __post_init__(self) -> None:
+        if not self.broker_name:
+            raise ValueError("broker_name must not be empty")
+        if self.max_suspend_timeout_ms < 0 or self.max_msg_nums_per_pull < 1:
+            raise ValueError("max_suspend_timeout_ms >= 0 and max_msg_nums_per_pull >= 1")
+
+
+class _Stats:
+    """Messages put, for GetRuntimeInfo's put TPS (over the time since the last ask)."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self._last = (time.monotonic(), 0)
+
+    def tps(self) -> float:
+        now, count = time.monotonic(), self.messages
+        then, before = self._last
+        self._last = (now, count)
+        return (count - before) / (now - then) if now > then else 0.0
+
+
+def _rpc(
+    method: Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]:
+    """Turn refusals and store errors into gRPC statuses: the one place they are caught."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
+        try:
+            return await method(self, request, context)
+        except Refusal as r:
+            await abort(context, r)
+        except StoreClosedError as e:
+            await abort(context, Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(e)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            log.exception("%s failed", method.__name__)
+            await abort(context, Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
+        raise AssertionError("unreachable: abort raises")
+
+    return wrapper
+
+
+def subscription_filter(sub: pb.Subscription) -> MessageFilter:
+    """The store's filter for a subscription; SUBSCRIPTION_PARSE_FAILED when it
+    does not parse (the message names the position)."""
+    kind = _EXPRESSION_TYPES.get(sub.type)
+    try:
+        if kind is None:
+            raise UnknownFilterTypeError(str(sub.type))
+        return build_filter(kind, sub.expression)
+    except (Sql92ParseError, UnknownFilterTypeError) as e:
+        raise Refusal(pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED, str(e)) from e
+
+
+def commit_response(result: CommitResult) -> pb.CommitResult:
+    code = {
+        CommitStatus.OK: pb.RESPONSE_CODE_SUCCESS,
+        CommitStatus.STALE_RESET_EPOCH: pb.RESPONSE_CODE_STALE_RESET_EPOCH,
+    }.get(result.status)
+    if code is None:
+        raise invalid(result.detail or result.status.name)
+    return pb.CommitResult(code=code, reset_epoch=result.reset_epoch)
+
+
+class StoreNodeServicer(sn_grpc.StoreNodeServicer):
+    """The StoreNode RPCs over one running store."""
+
+    def __init__(
+        self,
+        config: StoreNodeConfig,
+        store: MessageStore,
+        topics: TopicDirectory,
+        hold: PullRequestHoldService,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.hold = hold
+        self.stats = _Stats()
+        self.boot_timestamp_ms = int(time.time() * 1000)
+        #: False while shutting down: sends and reads are refused, as RocketMQ's
+        #: broker permission does once it is set unwritable.
+        self.writable = True
+
+    # -- checks -----------------------------------------------------------------------
+
+    async def _writable_topic(self, topic: str, queue_id: int) -> TopicConfig:
+        if not self.writable:
+            raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
+        config = self.topics.topic(topic)
+        if config is None:
+            if not self.config.auto_create_topic_enable:
+                raise no_such_topic(topic)
+            _check_topic_name(topic)
+            config = await self.topics.ensure_topic(topic, self.config.broker_name)
+        if not config.writable:
+            raise Refusal(pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} is not writable")
+        if not 0 <= queue_id < config.write_queue_nums:
+            raise invalid(
+                f"queue id {queue_id} is out of range: topic {topic!r} has "
+                f"{config.write_queue_nums} write queues"
+            )
+        return config
+
+    def _readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
+        config = self.topics.topic(topic)
+        if config is None:
+            raise no_such_topic(topic)
+        if not config.readable:
+            raise Refusal(pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} is not readable")
+        if not 0 <= queue_id < config.read_queue_nums:
+            raise invalid(
+                f"queue id {queue_id} is out of range: topic {topic!r} has "
+                f"{config.read_queue_nums} read queues"
+            )
+        return config
+
+    # -- sends ------------------------------------------------------------------------
+
+    def _send_result(self, topic: str, queue_id: int, result: PutMessageResult) -> pb.SendResult:
+        refusal = put_refusal(result)
+        if refusal is not None:
+            raise refusal
+        self.stats.messages += len(result.queue_offsets)
+        ok = result.status is PutStatus.PUT_OK
+        return pb.SendResult(
+            status=pb.SEND_STATUS_SEND_OK if ok else pb.SEND_STATUS_FLUSH_DISK_TIMEOUT,
+            put_status=pb.PutMessageStatus.Value("PUT_MESSAGE_STATUS_" + result.status.name),
+            queue=pb.MessageQueue(
+                topic=topic, broker_name=self.config.broker_name, queue_id=queue_id
+            ),
+            queue_offsets=result.queue_offsets,
+            physical_offsets=result.physical_offsets,
+            offset_msg_ids=result.msg_ids,
+            store_timestamp_ms=result.store_timestamp_ms,
+            store_host=decode_host(result.store_host) if result.store_host else "",
+        )
+
+    @_rpc
+    async def SendMessage(
+        self, request: sn.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.SendMessageResponse:
+        m = request.message
+        await self._writable_topic(m.topic, request.queue_id)
+        result = await self.store.put_messages_async([_store_message(m, m.topic, request.queue_id)])
+        return sn.SendMessageResponse(result=self._send_result(m.topic, request.queue_id, result))
+
+    @_rpc
+    async def SendBatch(
+        self, request: sn.SendBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.SendBatchResponse:
+        topic, queue_id = request.topic, request.queue_id
+        await self._writable_topic(topic, queue_id)
+        form = request.WhichOneof("batch")
+        if form == "records":
+            if not request.records:
+                raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
+            batch = EncodedBatch.of_records(topic, queue_id, request.records)
+            result = await self.store.put_batch_async(batch)
+        else:
+            messages = request.messages.messages
+            if not messages:
+                raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
+            for m in messages:
+                if m.topic and m.topic != topic:
+                    raise Refusal(
+                        pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                        f"a batch goes to one topic: {m.topic!r} in a batch for {topic!r}",
+                    )
+            result = await self.store.put_messages_async(
+                [_store_message(m, topic, queue_id) for m in messages]
+            )
+        return sn.SendBatchResponse(result=self._send_result(topic, queue_id, result))
+
+    # -- reads ------------------------------------------------------------------------
+
+    @_rpc
+    async def GetMessage(
+        self, request: sn.GetMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.GetMessageResponse:
+        topic, queue_id = request.topic, request.queue_id
+        if not self.writable:
+            raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
+        self._readable_topic(topic, queue_id)
+        if request.offset < 0:
+            raise invalid(f"offset {request.offset} is negative")
+        if not 1 <= request.max_msg_nums <= self.config.max_msg_nums_per_pull:
+            raise invalid(
+                f"max_msg_nums {request.max_msg_nums} is not within "
+                f"1..{self.config.max_msg_nums_per_pull}"
+            )
+        if request.suspend_timeout_ms < 0:
+            raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
+        flt = subscription_filter(request.subscription)
+        commit = None
+        if request.HasField("commit_offset"):
+            commit = commit_response(
+                self.store.commit_offset(
+                    request.group,
+                    topic,
+                    queue_id,
+                    request.commit_offset,
+                    reset_epoch=request.reset_epoch if request.HasField("reset_epoch") else None,
+                )
+            )
+        store, group, max_nums = self.store, request.group, request.max_msg_nums
+
+        def pull(offset: int) -> GetMessageResult:
+            return store.get_message(group, topic, queue_id, offset, max_nums, flt)
+
+        timeout_s = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms) / 1000
+        result = await self.hold.hold(
+            topic,
+            queue_id,
+            request.offset,
+            timeout_s,
+            pull,
+            found=lambda r: r.status not in _WAIT_STATUSES,
+            next_offset=lambda r: r.next_begin_offset,
+            queue_max_offset=lambda: store.get_max_offset_in_queue(topic, queue_id),
+        )
+        return sn.GetMessageResponse(
+            status=pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name),
+            next_begin_offset=result.next_begin_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+            records=pb.Records(data=result.records, count=result.message_count),
+            commit=commit,
+        )
+
+    @_rpc
+    async def GetMinMaxOffset(
+        self, request: sn.GetMinMaxOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.GetMinMaxOffsetResponse:
+        self._readable_topic(request.topic, request.queue_id)
+        return sn.GetMinMaxOffsetResponse(
+            min_offset=self.store.get_min_offset_in_queue(request.topic, request.queue_id),
+            max_offset=self.store.get_max_offset_in_queue(request.topic, request.queue_id),
+        )
+
+    @_rpc
+    async def SearchOffset(
+        self, request: sn.SearchOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.SearchOffsetResponse:
+        self._readable_topic(request.topic, request.queue_id)
+        offset = await asyncio.to_thread(
+            self.store.get_offset_in_queue_by_time,
+            request.topic,
+            request.queue_id,
+            request.timestamp_ms,
+        )
+        return sn.SearchOffsetResponse(offset=offset)
+
+    @_rpc
+    async def QueryConsumerOffset(
+        self, request: sn.QueryConsumerOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.QueryConsumerOffsetResponse:
+        _check_group(request.group)
+        offsets = self.store.consumer_offsets
+        return sn.QueryConsumerOffsetResponse(
+            offset=offsets.query_offset(request.group, request.topic, request.queue_id),
+            reset_epoch=offsets.reset_epoch(request.group, request.topic),
+        )
+
+    @_rpc
+    async def UpdateConsumerOffset(
+        self, request: sn.UpdateConsumerOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.UpdateConsumerOffsetResponse:
+        _check_group(request.group)
+        self._readable_topic(request.topic, request.queue_id)
+        result = self.store.commit_offset(
+            request.group,
+            request.topic,
+            request.queue_id,
+            request.offset,
+            reset_epoch=request.reset_epoch if request.HasField("reset_epoch") else None,
+        )
+        return sn.UpdateConsumerOffsetResponse(commit=commit_response(result))
+
+    @_rpc
+    async def QueryMessage(
+        self, request: sn.QueryMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.QueryMessageResponse:
+        if self.topics.topic(request.topic) is None:
+            raise no_such_topic(request.topic)
+        if not request.key:
+            raise invalid("key must not be empty")
+        end = request.end_timestamp_ms or 2**62
+        result = await asyncio.to_thread(
+            self.store.query_message,
+            request.topic,
+            request.key,
+            request.max_num or 32,
+            request.begin_timestamp_ms,
+            end,
+        )
+        return sn.QueryMessageResponse(
+            records=pb.Records(data=result.records, count=result.message_count),
+            index_last_update_timestamp_ms=result.index_last_update_timestamp_ms,
+            index_last_update_phy_offset=result.index_last_update_phy_offset,
+        )
+
+    @_rpc
+    async def ViewMessage(
+        self, request: sn.ViewMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.ViewMessageResponse:
+        try:
+            _, physical = parse_offset_msg_id(request.offset_msg_id)
+        except ValueError as e:
+            raise invalid(f"not an offset message id: {request.offset_msg_id!r}") from e
+        record = await asyncio.to_thread(self.store.lookup_message_by_offset, physical)
+        raw = None if record is None else self.store.commitlog.read(physical, record.store_size)
+        if raw is None:
+            raise Refusal(
+                pb.RESPONSE_CODE_QUERY_NOT_FOUND, f"no message at {request.offset_msg_id}"
+            )
+        return sn.ViewMessageResponse(records=pb.Records(data=raw, count=1))
+
+    @_rpc
+    async def ResetOffset(
+        self, request: sn.ResetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.ResetOffsetResponse:
+        _check_group(request.group)
+        config = self.topics.topic(request.topic)
+        if config is None:
+            raise no_such_topic(request.topic)
+        if request.timestamp_ms < -1:
+            raise invalid(f"timestamp_ms {request.timestamp_ms}: a time in ms, or -1 for the max")
+        table, epoch = await asyncio.to_thread(
+            self.store.reset_offset_by_time,
+            request.group,
+            request.topic,
+            range(config.read_queue_nums),
+            request.timestamp_ms,
+            force=request.force,
+        )
+        return sn.ResetOffsetResponse(
+            offsets=table, reset_epoch=epoch, broker_name=self.config.broker_name
+        )
+
+    @_rpc
+    async def GetRuntimeInfo(
+        self, request: sn.GetRuntimeInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.GetRuntimeInfoResponse:
+        root = self.store.config.store_path_root_dir
+        usage = shutil.disk_usage(root)
+        store = self.store
+        return sn.GetRuntimeInfoResponse(
+            broker_name=self.config.broker_name,
+            store_host=store.config.store_host,
+            boot_timestamp_ms=self.boot_timestamp_ms,
+            put_tps=self.stats.tps(),
+            dispatch_behind_bytes=store.dispatch_behind_bytes,
+            disk_use_ratio=(usage.total - usage.free) / usage.total if usage.total else 0.0,
+            commit_log_min_offset=store.min_physical_offset,
+            commit_log_max_offset=store.max_physical_offset,
+            extra={
+                "held_pulls": str(self.hold.held),
+                "woken_by_arrival": str(self.hold.woken_by_arrival),
+            },
+        )
+
+
+def no_such_topic(topic: str) -> Refusal:
+    return Refusal(pb.RESPONSE_CODE_TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
+
+
+def _check_group(group: str) -> None:
+    if not group or "@" in group:
+        raise Refusal(
+            pb.RESPONSE_CODE_SUBSCRIPTION_GROUP_NOT_EXIST, f"consumer group {group!r} is not valid"
+        )
+
+
+def _check_topic_name(topic: str) -> None:
+    from store.admission import TOPIC_PATTERN
+    from store.config import MAX_TOPIC_LENGTH
+
+    if not topic or len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
+        raise Refusal(
+            pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+            f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of [%|a-zA-Z0-9_-]",
+        )
+
+
+def _store_message(m: pb.Message, topic: str, queue_id: int) -> Message:
+    """A wire Message as the store's; refusals for what the store cannot do."""
+    if m.delay_level > 0:
+        raise Refusal(
+            pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+            f"delay_level {m.delay_level}: scheduled delivery is not supported",
+        )
+    _check_topic_name(topic)
+    return Message(
+        topic,
+        m.body,
+        queue_id=queue_id,
+        tags=m.tags or None,
+        keys=tuple(m.keys),
+        properties=dict(m.properties),
+        flag=m.flag,
+        born_timestamp_ms=m.born_timestamp_ms,
+        born_host=m.born_host or "127.0.0.1:0",
+    )

@@ -1,0 +1,49 @@
+"""Where a service finds topic configurations: etcd's cache, or a local table.
+
+The store-node and the pull-service check every request against the topic's
+configuration (perm, read/write queue counts) and, for a send to a topic
+that does not exist, create it when ``auto_create_topic_enable`` is on
+(RocketMQ's autoCreateTopicEnable, ``default_topic_queue_nums`` queues).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from services.meta_model import TopicConfig
+
+
+class TopicDirectory(Protocol):
+    """Topic configurations as a service sees them."""
+
+    def topic(self, name: str) -> TopicConfig | None:
+        """The cached configuration, or None for an unknown topic. Never blocks."""
+
+    async def ensure_topic(self, name: str, broker: str) -> TopicConfig:
+        """The topic's configuration, created with the default queue counts (and
+        ``broker`` among its brokers) when it does not exist yet. Raises
+        ``services.meta_errors.MetaUnavailableError`` when it cannot be written."""
+
+
+class LocalTopics:
+    """An in-process directory: a store-node without etcd (tests, a laptop)."""
+
+    def __init__(self, default_topic_queue_nums: int = 4) -> None:
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self._topics: dict[str, TopicConfig] = {}
+
+    def put(self, config: TopicConfig) -> None:
+        self._topics[config.topic_name] = config
+
+    def topic(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    async def ensure_topic(self, name: str, broker: str) -> TopicConfig:
+        config = self._topics.get(name)
+        if config is None:
+            n = self.default_topic_queue_nums
+            config = TopicConfig(
+                topic_name=name, read_queue_nums=n, write_queue_nums=n, brokers=(broker,)
+            )
+            self._topics[name] = config
+        return config

@@ -1,0 +1,373 @@
+"""The StoreNode gRPC service: a real grpc.aio server on port 0 over a real store.
+
+Topics come from an in-process directory here (etcd has its own tests); every
+refusal is checked for its gRPC status, its RocketMQ code and a message that
+says what was wrong, and the service must keep serving after each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from services.errors import RESPONSE_CODE_KEY
+from services.meta_model import Perm, TopicConfig
+from services.server import RunningStoreNode, start_store_node
+from services.store_node import StoreNodeConfig
+from services.topics import LocalTopics
+from store import MessageStoreConfig
+from store.batch import EncodedBatch
+from store.message import Message
+from store.record import EncodedMessage, decode_record
+from tests.conftest import SMALL_INDEX
+
+T = TypeVar("T")
+TOPIC = "NodeTopic"
+
+
+def config_for(root: Path) -> MessageStoreConfig:
+    return MessageStoreConfig(
+        store_path_root_dir=root,
+        mapped_file_size_commit_log=256 * 1024,
+        mapped_file_size_consume_queue=20 * 256,
+        disk_max_used_space_ratio=100,
+        disk_space_clean_forcibly_ratio=100,
+        disk_space_warning_level_ratio=100,
+        **SMALL_INDEX,  # type: ignore[arg-type]
+    )
+
+
+@asynccontextmanager
+async def node(
+    tmp_path: Path, *, auto_create: bool = True
+) -> AsyncIterator[tuple[RunningStoreNode, sn_grpc.StoreNodeStub, LocalTopics]]:
+    topics = LocalTopics()
+    topics.put(TopicConfig(topic_name=TOPIC, read_queue_nums=4, write_queue_nums=4))
+    running = await start_store_node(
+        StoreNodeConfig(broker_name="broker-a", auto_create_topic_enable=auto_create),
+        config_for(tmp_path / "store"),
+        topics,
+    )
+    channel = grpc.aio.insecure_channel(running.address)
+    try:
+        yield running, sn_grpc.StoreNodeStub(channel), topics
+    finally:
+        await channel.close()
+        await running.stop(grace_s=1)
+
+
+def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(coro_fn())  # type: ignore[arg-type]
+
+
+async def refused(call: Awaitable[Any]) -> tuple[grpc.StatusCode, int, str]:
+    """The gRPC status, RocketMQ code and message of a refused call."""
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await call
+    err = e.value
+    codes = dict(err.trailing_metadata() or ())
+    return err.code(), int(codes.get(RESPONSE_CODE_KEY, -1)), err.details() or ""
+
+
+def wire(topic: str, body: bytes, **kw: Any) -> pb.Message:
+    return pb.Message(topic=topic, body=body, **kw)
+
+
+def test_send_then_get_round_trip_with_tags_keys_and_properties(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            sent = await stub.SendMessage(
+                sn.SendMessageRequest(
+                    message=wire(TOPIC, b"hello", tags="TagA", keys=["k1"], properties={"a": "1"}),
+                    queue_id=2,
+                )
+            )
+            assert sent.result.status == pb.SEND_STATUS_SEND_OK
+            assert list(sent.result.queue_offsets) == [0]
+            assert sent.result.queue.broker_name == "broker-a"
+            got = await stub.GetMessage(
+                sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=2, offset=0, max_msg_nums=32)
+            )
+            assert got.status == pb.GET_MESSAGE_STATUS_FOUND
+            assert got.next_begin_offset == 1
+            record = decode_record(got.records.data)
+            assert (record.body, record.tags, record.keys) == (b"hello", "TagA", ["k1"])
+            assert record.properties["a"] == "1"
+            assert record.msg_id == sent.result.offset_msg_ids[0]
+
+    run(scenario)
+
+
+def test_send_batch_as_messages_and_as_producer_encoded_records(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            batch = pb.MessageList(messages=[wire("", b"m%d" % i, tags="T") for i in range(5)])
+            r1 = await stub.SendBatch(sn.SendBatchRequest(topic=TOPIC, queue_id=1, messages=batch))
+            assert list(r1.result.queue_offsets) == [0, 1, 2, 3, 4]
+            host = running.store.commitlog.store_host
+            encoded = EncodedBatch.of_messages(
+                [
+                    EncodedMessage(Message(TOPIC, b"e%d" % i, queue_id=1), store_host=host)
+                    for i in range(3)
+                ]
+            ).data
+            r2 = await stub.SendBatch(
+                sn.SendBatchRequest(topic=TOPIC, queue_id=1, records=bytes(encoded))
+            )
+            assert list(r2.result.queue_offsets) == [5, 6, 7]
+            got = await stub.GetMessage(
+                sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=1, offset=0, max_msg_nums=32)
+            )
+            bodies = [r.body for r in _records(got.records.data)]
+            assert bodies == [b"m0", b"m1", b"m2", b"m3", b"m4", b"e0", b"e1", b"e2"]
+
+    run(scenario)
+
+
+def _records(data: bytes) -> list[Any]:
+    from store.get_message import split_records
+
+    return [decode_record(r) for r in split_records(data)]
+
+
+def test_every_bad_input_is_refused_clearly_and_the_node_keeps_serving(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path, auto_create=False) as (_, stub, topics):
+            topics.put(TopicConfig(topic_name="ReadOnly", perm=Perm.READ))
+            get = sn.GetMessageRequest
+            cases: list[tuple[Awaitable[Any], grpc.StatusCode, int, str]] = [
+                (
+                    stub.SendMessage(sn.SendMessageRequest(message=wire("Nope", b"x"))),
+                    grpc.StatusCode.NOT_FOUND,
+                    pb.RESPONSE_CODE_TOPIC_NOT_EXIST,
+                    "does not exist",
+                ),
+                (
+                    stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=4)),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_INVALID_PARAMETER,
+                    "4 write queues",
+                ),
+                (
+                    stub.SendMessage(
+                        sn.SendMessageRequest(message=wire(TOPIC, b"x" * (4 * 1024 * 1024 + 1)))
+                    ),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                    "max_message_size",
+                ),
+                (
+                    stub.SendMessage(sn.SendMessageRequest(message=wire("ReadOnly", b"x"))),
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    pb.RESPONSE_CODE_NO_PERMISSION,
+                    "not writable",
+                ),
+                (
+                    stub.SendBatch(sn.SendBatchRequest(topic=TOPIC, queue_id=0)),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                    "empty batch",
+                ),
+                (
+                    stub.SendBatch(
+                        sn.SendBatchRequest(topic=TOPIC, queue_id=0, records=b"\x00" * 200)
+                    ),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                    "malformed",
+                ),
+                (
+                    stub.GetMessage(
+                        get(
+                            group="G",
+                            topic=TOPIC,
+                            queue_id=0,
+                            max_msg_nums=32,
+                            subscription=pb.Subscription(
+                                type=pb.EXPRESSION_TYPE_SQL92, expression="a > AND 3"
+                            ),
+                        )
+                    ),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED,
+                    "position 4",
+                ),
+                (
+                    stub.GetMessage(get(group="G", topic=TOPIC, offset=-1, max_msg_nums=32)),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_INVALID_PARAMETER,
+                    "negative",
+                ),
+                (
+                    stub.GetMessage(get(group="G", topic=TOPIC, queue_id=9, max_msg_nums=32)),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_INVALID_PARAMETER,
+                    "read queues",
+                ),
+                (
+                    stub.GetMessage(get(group="G", topic="Nope", max_msg_nums=32)),
+                    grpc.StatusCode.NOT_FOUND,
+                    pb.RESPONSE_CODE_TOPIC_NOT_EXIST,
+                    "does not exist",
+                ),
+                (
+                    stub.QueryConsumerOffset(sn.QueryConsumerOffsetRequest(group="", topic=TOPIC)),
+                    grpc.StatusCode.NOT_FOUND,
+                    pb.RESPONSE_CODE_SUBSCRIPTION_GROUP_NOT_EXIST,
+                    "group",
+                ),
+                (
+                    stub.ViewMessage(sn.ViewMessageRequest(offset_msg_id="zz")),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_INVALID_PARAMETER,
+                    "offset message id",
+                ),
+                (
+                    stub.SendMessage(
+                        sn.SendMessageRequest(message=wire(TOPIC, b"x", delay_level=3))
+                    ),
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                    "delay_level",
+                ),
+            ]
+            for call, status, code, words in cases:
+                got_status, got_code, details = await refused(call)
+                assert (got_status, got_code) == (status, code), details
+                assert words in details
+                # Still serving, and nothing acknowledged was lost:
+                ok = await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"ok")))
+                assert ok.result.status == pb.SEND_STATUS_SEND_OK
+            count = await stub.GetMinMaxOffset(sn.GetMinMaxOffsetRequest(topic=TOPIC))
+            assert count.max_offset == len(cases)
+
+    run(scenario)
+
+
+def test_a_send_to_an_unknown_topic_creates_it_when_auto_create_is_on(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, topics):
+            r = await stub.SendMessage(
+                sn.SendMessageRequest(message=wire("Fresh", b"x"), queue_id=3)
+            )
+            assert r.result.status == pb.SEND_STATUS_SEND_OK
+            created = topics.topic("Fresh")
+            assert created is not None
+            assert (created.write_queue_nums, created.brokers) == (4, ("broker-a",))
+            status, code, _ = await refused(
+                stub.SendMessage(sn.SendMessageRequest(message=wire("bad topic!", b"x")))
+            )
+            assert (status, code) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+            )
+
+    run(scenario)
+
+
+def test_long_polling_over_grpc_wakes_on_arrival_and_times_out_empty(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            req = sn.GetMessageRequest(
+                group="G",
+                topic=TOPIC,
+                queue_id=0,
+                offset=0,
+                max_msg_nums=32,
+                suspend_timeout_ms=20_000,
+            )
+            pending = asyncio.ensure_future(stub.GetMessage(req))
+            await asyncio.sleep(0.2)
+            assert not pending.done()
+            await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"wake")))
+            got = await asyncio.wait_for(pending, 10)
+            assert got.status == pb.GET_MESSAGE_STATUS_FOUND
+            assert [r.body for r in _records(got.records.data)] == [b"wake"]
+            empty = await stub.GetMessage(
+                sn.GetMessageRequest(
+                    group="G",
+                    topic=TOPIC,
+                    queue_id=0,
+                    offset=1,
+                    max_msg_nums=32,
+                    suspend_timeout_ms=300,
+                )
+            )
+            assert empty.status == pb.GET_MESSAGE_STATUS_OFFSET_OVERFLOW_ONE
+            assert empty.records.count == 0
+
+    run(scenario)
+
+
+def test_offsets_commit_with_epochs_reset_by_time_and_look_ups(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            sent = []
+            for i in range(6):
+                r = await stub.SendMessage(
+                    sn.SendMessageRequest(message=wire(TOPIC, b"%d" % i, keys=[f"key{i}"]))
+                )
+                sent.append(r.result)
+            c = await stub.UpdateConsumerOffset(
+                sn.UpdateConsumerOffsetRequest(group="G", topic=TOPIC, queue_id=0, offset=5)
+            )
+            assert c.commit.code == pb.RESPONSE_CODE_SUCCESS
+            reset = await stub.ResetOffset(
+                sn.ResetOffsetRequest(topic=TOPIC, group="G", timestamp_ms=0, force=True)
+            )
+            assert reset.offsets[0] == 0 and reset.reset_epoch == 1
+            stale = await stub.UpdateConsumerOffset(
+                sn.UpdateConsumerOffsetRequest(
+                    group="G", topic=TOPIC, queue_id=0, offset=6, reset_epoch=0
+                )
+            )
+            assert stale.commit.code == pb.RESPONSE_CODE_STALE_RESET_EPOCH
+            q = await stub.QueryConsumerOffset(
+                sn.QueryConsumerOffsetRequest(group="G", topic=TOPIC, queue_id=0)
+            )
+            assert (q.offset, q.reset_epoch) == (0, 1)
+            view = await stub.ViewMessage(
+                sn.ViewMessageRequest(offset_msg_id=sent[3].offset_msg_ids[0])
+            )
+            assert decode_record(view.records.data).body == b"3"
+            for _ in range(200):  # the index follows the dispatcher, every 10 ms
+                found = await stub.QueryMessage(sn.QueryMessageRequest(topic=TOPIC, key="key4"))
+                if found.records.count:
+                    break
+                await asyncio.sleep(0.02)
+            assert decode_record(found.records.data).body == b"4"
+            at = await stub.SearchOffset(
+                sn.SearchOffsetRequest(
+                    topic=TOPIC, queue_id=0, timestamp_ms=sent[2].store_timestamp_ms
+                )
+            )
+            assert at.offset <= 2
+            info = await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest())
+            assert info.broker_name == "broker-a"
+            assert info.commit_log_max_offset > 0
+
+    run(scenario)
+
+
+def test_health_and_graceful_stop_leave_a_clean_store(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            channel = grpc.aio.insecure_channel(running.address)
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"last")))
+            await channel.close()
+
+    run(scenario)
+    assert not (tmp_path / "store" / "abort").exists()  # clean shutdown removed it
