@@ -25,12 +25,36 @@ from collections.abc import Callable, Sequence
 
 from store.tools import EXIT_USAGE, CommandHandler, add_store_commands
 
+
+def add_store_node_command(parser: argparse.ArgumentParser) -> None:
+    """``basalt store-node …``: run a store-node until SIGTERM (services.store_node_main)."""
+    from services import store_node_main
+
+    store_node_main.add_arguments(parser)
+
+    def run(args: argparse.Namespace, stdout: object, stderr: object) -> int:
+        import asyncio
+        import logging
+
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        return asyncio.run(store_node_main.serve(args))
+
+    parser.set_defaults(handler=run)
+
+
 #: Adds a group's subcommands to the group's parser.
 GroupRegistrar = Callable[[argparse.ArgumentParser], None]
 
 #: The command groups, in help order.
 GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
     ("store", "inspect a store root on local disk (read-only)", add_store_commands),
+    (
+        "store-node",
+        "run a store-node: one store behind the StoreNode gRPC service",
+        add_store_node_command,
+    ),
 )
 
 

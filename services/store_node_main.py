@@ -1,0 +1,159 @@
+"""``basalt store-node`` / ``python -m services.store_node_main``: run one store-node.
+
+::
+
+    basalt store-node --name broker-a --data-dir .basalt/broker-a \\
+        --listen 127.0.0.1:10911 --etcd 127.0.0.1:2379 [--cluster DefaultCluster] \\
+        [--flush-disk-type SYNC_FLUSH]
+
+With ``--etcd`` the node registers ``brokers/<name>`` under a lease it keeps
+alive, reads topic configs from a watched cache (serving from it while etcd
+is away) and creates unknown topics on first send. Without it, topics live
+in memory (a single node on a laptop). SIGTERM or SIGINT stops it
+gracefully: the registration is revoked, in-flight calls finish, the store
+shuts down cleanly (``abort`` removed). Logs go to stderr, one line per
+event: ``time level logger message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.meta import (
+    BrokerRegistration,
+    MetaClient,
+    MetaConfig,
+    MetaWatcher,
+    TopicConfig,
+    parse_endpoints,
+)
+from services.server import start_store_node
+from services.store_node import StoreNodeConfig
+from services.topics import LocalTopics, TopicDirectory
+from store import FlushDiskType, MessageStoreConfig
+
+log = logging.getLogger("services.store_node")
+
+
+class EtcdTopics:
+    """Topic configs from etcd: the watched cache, plus what this node just created
+    (until the watch delivers it, so a burst of first sends costs one write)."""
+
+    def __init__(
+        self, meta: MetaClient, cache: MetaWatcher[TopicConfig], default_topic_queue_nums: int
+    ) -> None:
+        self.meta = meta
+        self.cache = cache
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self._created: dict[str, TopicConfig] = {}
+
+    def topic(self, name: str) -> TopicConfig | None:
+        config = self.cache.get(name)
+        if config is not None:
+            self._created.pop(name, None)
+            return config
+        return self._created.get(name)
+
+    async def ensure_topic(self, name: str, broker: str) -> TopicConfig:
+        config = await self.meta.ensure_topic(
+            name, broker=broker, default_queue_nums=self.default_topic_queue_nums
+        )
+        self._created[name] = config
+        return config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", required=True, help="broker name, unique in the cluster")
+    parser.add_argument("--data-dir", required=True, type=Path, help="the store's root directory")
+    parser.add_argument("--listen", default="127.0.0.1:10911", help="host:port to serve on")
+    parser.add_argument("--etcd", help="etcd endpoints host:port[,host:port]; none: no etcd")
+    parser.add_argument("--cluster", default="DefaultCluster", help="etcd key prefix's cluster")
+    parser.add_argument(
+        "--flush-disk-type",
+        choices=[t.value for t in FlushDiskType],
+        default=FlushDiskType.ASYNC_FLUSH.value,
+    )
+    parser.add_argument("--default-topic-queue-nums", type=int, default=4)
+    parser.add_argument("--no-auto-create-topic", action="store_true")
+    parser.add_argument("--lease-ttl-s", type=int, default=10)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit status."""
+    store_config = MessageStoreConfig(
+        store_path_root_dir=args.data_dir,
+        flush_disk_type=FlushDiskType(args.flush_disk_type),
+        store_host=args.listen if ":" in args.listen else f"{args.listen}:10911",
+    )
+    node = StoreNodeConfig(
+        broker_name=args.name, auto_create_topic_enable=not args.no_auto_create_topic
+    )
+    meta: MetaClient | None = None
+    topics: TopicDirectory
+    cache: MetaWatcher[TopicConfig] | None = None
+    if args.etcd:
+        meta = MetaClient(
+            MetaConfig(
+                endpoints=parse_endpoints(args.etcd),
+                cluster=args.cluster,
+                lease_ttl_s=args.lease_ttl_s,
+            )
+        )
+        await meta.connect()
+        cache = meta.topic_cache()
+        await cache.start()
+        topics = EtcdTopics(meta, cache, args.default_topic_queue_nums)
+    else:
+        topics = LocalTopics(args.default_topic_queue_nums)
+    running = await start_store_node(node, store_config, topics, listen=args.listen)
+    registration = None
+    if meta is not None:
+        registration = await meta.register(
+            BrokerRegistration(
+                broker_name=args.name,
+                address=running.address,
+                store_root_id=str(Path(args.data_dir).resolve()),
+                started_at_ms=int(time.time() * 1000),
+            ),
+            wait=False,
+        )
+    print(f"store-node {args.name} serving on {running.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping")
+    if registration is not None:
+        with contextlib.suppress(Exception):
+            await registration.close()
+    await running.stop()
+    if cache is not None:
+        await cache.close()
+    if meta is not None:
+        await meta.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="basalt store-node", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
