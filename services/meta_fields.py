@@ -28,40 +28,30 @@ MAX_NAME_LENGTH = 255
 # -- name rules -------------------------------------------------------------------
 
 
+def _check_pattern(
+    value: object, what: str, pattern: re.Pattern[str], max_length: int, chars: str
+) -> str:
+    if not isinstance(value, str) or len(value) > max_length or not pattern.fullmatch(value):
+        raise MetaValidationError(
+            f"{what} {str(value)[:300]!r} is not 1-{max_length} characters of {chars}"
+        )
+    return value
+
+
 def check_topic_name(topic: object) -> str:
     """The store's topic rule (store.admission): 1-127 characters of [%|a-zA-Z0-9_-]."""
-    if (
-        not isinstance(topic, str)
-        or len(topic) > MAX_TOPIC_LENGTH
-        or not TOPIC_PATTERN.fullmatch(topic)
-    ):
-        raise MetaValidationError(
-            f"topic {str(topic)[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of [%|a-zA-Z0-9_-]"
-        )
-    return topic
+    return _check_pattern(topic, "topic", TOPIC_PATTERN, MAX_TOPIC_LENGTH, "[%|a-zA-Z0-9_-]")
 
 
 def check_group_name(group: object) -> str:
     """RocketMQ's group rule: the topic characters, at most 255 of them."""
-    if (
-        not isinstance(group, str)
-        or len(group) > MAX_GROUP_LENGTH
-        or not TOPIC_PATTERN.fullmatch(group)
-    ):
-        raise MetaValidationError(
-            f"group {str(group)[:300]!r} is not 1-{MAX_GROUP_LENGTH} characters of [%|a-zA-Z0-9_-]"
-        )
-    return group
+    return _check_pattern(group, "group", TOPIC_PATTERN, MAX_GROUP_LENGTH, "[%|a-zA-Z0-9_-]")
 
 
 def check_name(name: object, what: str) -> str:
     """A broker name, pull-service id, client id or cluster name: one key segment."""
-    if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(name):
-        raise MetaValidationError(
-            f"{what} {str(name)[:300]!r} is not 1-{MAX_NAME_LENGTH} characters of "
-            "[A-Za-z0-9_.:@#%|[]-] (no '/', no spaces)"
-        )
-    return name
+    chars = "[A-Za-z0-9_.:@#%|[]-] (no '/', no spaces)"
+    return _check_pattern(name, what, NAME_PATTERN, MAX_NAME_LENGTH, chars)
 
 
 def check_address(address: object, what: str) -> str:
@@ -160,10 +150,12 @@ def check_millis(value: object, where: str) -> None:
         )
 
 
-def build(where: str, make: Callable[[], T]) -> T:
-    """Run a constructor, prefixing validation errors with the key they came from."""
+def decode_object(raw: bytes | str, where: str, make: Callable[[dict[str, object]], T]) -> T:
+    """Parse ``raw`` as a JSON object and build a value from it with ``make``,
+    prefixing every validation error with ``where`` (the key it came from)."""
+    data = load_object(raw, where)
     try:
-        return make()
+        return make(data)
     except ValueError as e:
         if isinstance(e, MetaValidationError) and str(e).startswith(where):
             raise

@@ -43,12 +43,12 @@ from typing import Protocol
 
 from services.meta_errors import MetaValidationError
 from services.meta_fields import (
-    build,
     check_address,
     check_group_name,
     check_millis,
     check_name,
     check_topic_name,
+    decode_object,
     dumps,
     get_bool,
     get_identity,
@@ -56,7 +56,6 @@ from services.meta_fields import (
     get_list,
     get_names,
     get_str,
-    load_object,
     prefixed,
 )
 
@@ -210,10 +209,10 @@ class TopicConfig:
     def from_json(cls, raw: bytes | str, *, topic_name: str | None = None) -> TopicConfig:
         """Decode a ``topics/<topic_name>`` value; raises MetaValidationError."""
         where = f"topics/{topic_name}" if topic_name is not None else "topic config"
-        data = load_object(raw, where)
-        return build(
+        return decode_object(
+            raw,
             where,
-            lambda: cls(
+            lambda data: cls(
                 topic_name=get_identity(data, "topic_name", topic_name, where),
                 read_queue_nums=get_int(data, "read_queue_nums", where),
                 write_queue_nums=get_int(data, "write_queue_nums", where),
@@ -258,10 +257,10 @@ class BrokerRegistration:
     @classmethod
     def from_json(cls, raw: bytes | str, *, broker_name: str | None = None) -> BrokerRegistration:
         where = f"brokers/{broker_name}" if broker_name is not None else "broker registration"
-        data = load_object(raw, where)
-        return build(
+        return decode_object(
+            raw,
             where,
-            lambda: cls(
+            lambda data: cls(
                 broker_name=get_identity(data, "broker_name", broker_name, where),
                 address=get_str(data, "address", where),
                 store_root_id=get_str(data, "store_root_id", where),
@@ -301,10 +300,10 @@ class PullServiceRegistration:
         where = (
             f"pull-services/{pull_service_id}" if pull_service_id is not None else "pull-service"
         )
-        data = load_object(raw, where)
-        return build(
+        return decode_object(
+            raw,
             where,
-            lambda: cls(
+            lambda data: cls(
                 pull_service_id=get_identity(data, "pull_service_id", pull_service_id, where),
                 address=get_str(data, "address", where),
                 started_at_ms=get_int(data, "started_at_ms", where, 0),
@@ -390,7 +389,6 @@ class ConsumerRegistration:
         cls, raw: bytes | str, *, group: str | None = None, client_id: str | None = None
     ) -> ConsumerRegistration:
         where = f"consumers/{group}/{client_id}" if group is not None else "consumer registration"
-        data = load_object(raw, where)
 
         def subscriptions(items: Iterable[object]) -> tuple[Subscription, ...]:
             subs = []
@@ -408,9 +406,10 @@ class ConsumerRegistration:
                 )
             return tuple(subs)
 
-        return build(
+        return decode_object(
+            raw,
             where,
-            lambda: cls(
+            lambda data: cls(
                 group=get_identity(data, "group", group, where),
                 client_id=get_identity(data, "client_id", client_id, where),
                 pull_service_id=get_str(data, "pull_service_id", where),

@@ -1,0 +1,89 @@
+"""Basalt's cluster metadata on etcd (ARCHITECTURE §3): the one import services need.
+
+Keys under ``/basalt/<cluster>/`` (:class:`MetaKeys`):
+
+- ``topics/<topic>``: :class:`TopicConfig` JSON, durable, changed only by
+  compare-and-swap on mod_revision (:meth:`MetaClient.update_topic`);
+- ``brokers/<broker_name>``: :class:`BrokerRegistration`, under the store-node's lease;
+- ``pull-services/<id>``: :class:`PullServiceRegistration`, under its lease;
+- ``consumers/<group>/<client_id>``: :class:`ConsumerRegistration`, under the
+  lease of the pull-service holding the session.
+
+Typical use, on the service's event loop::
+
+    meta = MetaClient(MetaConfig(endpoints=("127.0.0.1:2379",), cluster="c1"))
+    await meta.connect()
+    reg = await meta.register(BrokerRegistration(broker_name="broker-a", ...))
+    topics = meta.topic_cache()
+    await topics.start()
+    topics.get("T")                       # never raises, serves through etcd outages
+    await meta.ensure_topic("T", broker="broker-a")   # auto-create on first send
+    await meta.close()                    # revokes the lease: broker-a disappears
+
+The pieces live in ``services/meta_*.py``: values and their JSON
+(meta_model, meta_fields), config and key layout (meta_config), the aetcd seam
+(meta_session), leases (meta_lease), caches (meta_watch), the client
+(meta_client), errors (meta_errors).
+"""
+
+from __future__ import annotations
+
+from services.meta_client import MetaClient
+from services.meta_config import MIN_LEASE_TTL_S, MetaConfig, MetaKeys, parse_endpoints
+from services.meta_errors import (
+    MetaConflictError,
+    MetaError,
+    MetaUnavailableError,
+    MetaValidationError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+from services.meta_lease import Registration
+from services.meta_model import (
+    DEFAULT_QUEUE_NUMS,
+    DEFAULT_TOPIC_QUEUE_NUMS,
+    MAX_QUEUE_NUMS,
+    BrokerRegistration,
+    ConsumerRegistration,
+    ExpressionType,
+    Perm,
+    PullServiceRegistration,
+    Registrable,
+    Subscription,
+    TopicConfig,
+    TopicFilterType,
+)
+from services.meta_watch import MetaChange, MetaWatcher
+
+#: The cache services keep of topic configs.
+TopicCache = MetaWatcher[TopicConfig]
+
+__all__ = [
+    "DEFAULT_QUEUE_NUMS",
+    "DEFAULT_TOPIC_QUEUE_NUMS",
+    "MAX_QUEUE_NUMS",
+    "MIN_LEASE_TTL_S",
+    "BrokerRegistration",
+    "ConsumerRegistration",
+    "ExpressionType",
+    "MetaChange",
+    "MetaClient",
+    "MetaConfig",
+    "MetaConflictError",
+    "MetaError",
+    "MetaKeys",
+    "MetaUnavailableError",
+    "MetaValidationError",
+    "MetaWatcher",
+    "Perm",
+    "PullServiceRegistration",
+    "Registrable",
+    "Registration",
+    "Subscription",
+    "TopicCache",
+    "TopicConfig",
+    "TopicExistsError",
+    "TopicFilterType",
+    "TopicNotFoundError",
+    "parse_endpoints",
+]
