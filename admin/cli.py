@@ -26,6 +26,13 @@ from collections.abc import Callable, Sequence
 from store.tools import EXIT_USAGE, CommandHandler, add_store_commands
 
 
+def add_cluster(parser: argparse.ArgumentParser) -> None:
+    """``basalt cluster {up,down,status}`` (services.cluster)."""
+    from services import cluster
+
+    cluster.add_commands(parser)
+
+
 def add_store_node_command(parser: argparse.ArgumentParser) -> None:
     """``basalt store-node …``: run a store-node until SIGTERM (services.store_node_main)."""
     from services import store_node_main
@@ -50,6 +57,7 @@ GroupRegistrar = Callable[[argparse.ArgumentParser], None]
 #: The command groups, in help order.
 GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
     ("store", "inspect a store root on local disk (read-only)", add_store_commands),
+    ("cluster", "a local cluster on loopback: etcd, store-nodes, a pull-service", add_cluster),
     (
         "store-node",
         "run a store-node: one store behind the StoreNode gRPC service",

