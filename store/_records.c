@@ -913,6 +913,8 @@ done:
  * bytes object holding them back to back to the list `out`. */
 
 enum { GATHER_DONE = 0, GATHER_FULL = 1, GATHER_ELSEWHERE = 2, GATHER_CONFIRM = 3 };
+/* The size of a ConsumeQueue filler unit (RocketMQ writes Integer.MAX_VALUE). */
+#define BLANK_UNIT_SIZE 0x7FFFFFFF
 
 /* RocketMQ's isTheBatchFull: never full before the first message. */
 static int batch_full(int64_t size, int64_t count, int64_t total, int64_t max_nums,
@@ -980,6 +982,7 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
         int64_t phy = get_i64(unit);
         int64_t size = get_i32(unit + 8);
         int64_t tags = get_i64(unit + 12);
+        if (size <= 0 || size == BLANK_UNIT_SIZE) continue; /* a filler unit: no record */
         int in_memory = phy >= in_memory_from;
         if (batch_full(size, count, total, max_nums, in_memory ? mem_bytes : disk_bytes,
                        in_memory ? mem_count : disk_count)) {
@@ -1128,7 +1131,16 @@ static int index_put_key(uint8_t *mm, int64_t slots, int64_t num, index_state_t 
     put_i64(e + 4, phys);
     put_i32(e + 12, (int32_t)diff);
     put_i32(e + 16, (int32_t)slot_value);
-    put_i32(slot, (int32_t)st->count);
+    /* The entry before the slot that names it: a concurrent reader (which reads
+     * the slot first) never follows a slot to an entry not yet written. The
+     * slot itself is one aligned 4-byte store (slots start at byte 40). */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint32_t be = __builtin_bswap32((uint32_t)st->count);
+#else
+    uint32_t be = (uint32_t)st->count;
+#endif
+    __atomic_store_n((uint32_t *)(void *)slot, be, __ATOMIC_RELAXED);
     if (st->count <= 1) {
         st->begin_ts = store_ts;
         st->begin_phy = phys;
@@ -1137,6 +1149,21 @@ static int index_put_key(uint8_t *mm, int64_t slots, int64_t num, index_state_t 
     st->end_phy = phys;
     st->slot_count += slot_value == 0;
     st->count++;
+    /* The header bytes after every entry, as RocketMQ's IndexHeader does: readers
+     * take indexCount from here, so an entry is found as soon as its slot is
+     * written, not only once the whole call returns. indexCount goes last. */
+    put_i64(mm, st->begin_ts);
+    put_i64(mm + 8, st->end_ts);
+    put_i64(mm + 16, st->begin_phy);
+    put_i64(mm + 24, st->end_phy);
+    put_i32(mm + 32, (int32_t)st->slot_count);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    __atomic_store_n((uint32_t *)(void *)(mm + 36), __builtin_bswap32((uint32_t)st->count),
+                     __ATOMIC_RELAXED);
+#else
+    __atomic_store_n((uint32_t *)(void *)(mm + 36), (uint32_t)st->count, __ATOMIC_RELAXED);
+#endif
     return 1;
 }
 

@@ -27,7 +27,9 @@ from store.record import (
     BLANK,
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
+    MESSAGE_MAGIC_CODE,
     MIN_RECORD_SIZE,
+    SIZE_AND_MAGIC,
     decode_record,
     store_timestamp_at,
 )
@@ -201,6 +203,9 @@ class CommitLog:
         if pos + MIN_RECORD_SIZE > mf.wrote_position:
             return -1
         try:
+            size, magic = SIZE_AND_MAGIC.unpack_from(mf.buffer, pos)
+            if magic != MESSAGE_MAGIC_CODE or size < MIN_RECORD_SIZE:
+                return -1  # no record starts here
             return store_timestamp_at(mf.buffer, pos)
         except ValueError:  # unmapped by an expiry meanwhile
             return -1

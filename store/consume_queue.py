@@ -162,7 +162,9 @@ class ConsumeQueue:
             self.min_logic_offset = 0
         return dropped
 
-    def delete_expired_files(self, commitlog_min_offset: int) -> int:
+    def delete_expired_files(
+        self, commitlog_min_offset: int, now_ms: int = 0, forcibly_after_ms: int = 0
+    ) -> int:
         """Delete the files whose every unit points below the CommitLog's min offset
         (never the last file), then move ``min_logic_offset`` up to the first unit
         still readable; returns how many files went. RocketMQ's
@@ -175,7 +177,8 @@ class ConsumeQueue:
             return bool(last_phy < commitlog_min_offset)
 
         deleted = 0
-        while self.files.delete_expired_file(below_min, 0, 0) is not None:
+        # A file a reader holds (a pull mid-scan) waits, as CommitLog files do.
+        while self.files.delete_expired_file(below_min, now_ms, forcibly_after_ms) is not None:
             deleted += 1
         if self.files.files:
             self.min_logic_offset = max(self.min_logic_offset, self.files.min_offset)

@@ -212,7 +212,12 @@ class ReputMessageService:
         """Let every follower catch up with what is dispatched (this thread, or
         while it is not running)."""
         for follower in self.followers:
-            follower.build_from_commitlog(self.commitlog, self.reput_from_offset)
+            try:
+                follower.build_from_commitlog(self.commitlog, self.reput_from_offset)
+            except Exception:
+                # A follower (the index) must never stop the ConsumeQueues: it
+                # is left behind, and logged, and tried again next round.
+                log.exception("%s could not catch up", type(follower).__name__)
 
     def wait_until_dispatched(self, offset: int | None = None, timeout_s: float = 10.0) -> bool:
         """Block until everything below ``offset`` (default: the current end) is dispatched."""

@@ -109,7 +109,6 @@ class ExpiryService(ServiceThread):
         #: Set past disk_space_warning_level_ratio: the store refuses sends.
         self.disk_full = False
         self._manual_runs = 0
-        self._last_min_offset = -1
         self._run_lock = threading.Lock()
 
     def delete_manually(self) -> None:
@@ -225,11 +224,12 @@ class ExpiryService(ServiceThread):
     # -- what follows -----------------------------------------------------------------
 
     def _clean_consume_queues(self, report: ExpiryReport) -> None:
+        # Every run, not only when the CommitLog's min moved: a file a reader held
+        # last time is retried.
         min_offset = self.commitlog.min_offset
-        if min_offset <= self._last_min_offset:
-            return
-        self._last_min_offset = min_offset
+        now_ms = self.clock.now_ms()
+        forcibly = self.config.destroy_mapped_file_interval_forcibly_ms
         for cq in self.consume_queues:
-            report.consume_queue_files += cq.delete_expired_files(min_offset)
+            report.consume_queue_files += cq.delete_expired_files(min_offset, now_ms, forcibly)
         if self.index is not None:
             report.index_files += self.index.delete_expired_file(min_offset)

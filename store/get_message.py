@@ -42,7 +42,7 @@ from typing import NamedTuple
 from store import _records
 from store.commitlog import CommitLog
 from store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
-from store.consume_queue import UNIT, ConsumeQueue
+from store.consume_queue import BLANK_UNIT_SIZE, UNIT, ConsumeQueue
 from store.mapped_file import MappedFile
 from store.message import MessageRecord
 from store.message_filter import MessageFilter
@@ -225,8 +225,8 @@ def _scan(
     try:
         while i < n:
             phy, size, _ = UNIT.unpack_from(units, i * CQ_STORE_UNIT_SIZE)
-            if phy < skip_below:
-                i += 1
+            if phy < skip_below or size <= 0 or size == BLANK_UNIT_SIZE:
+                i += 1  # gone, or a filler unit (a padded hole): no record to read
                 continue
             if not base <= phy < base + end:
                 # The record is in another CommitLog file than the one held, if any.
@@ -285,7 +285,8 @@ def _scan(
                 elif total == 0:
                     status = GetStatus.NO_MATCHED_MESSAGE
                 i += 1
-            # GATHER_ELSEWHERE: the next round switches files.
+            # GATHER_ELSEWHERE: unit i's record is outside the held file; the next
+            # round switches files (filler units never get here: both loops skip them).
     finally:
         if mf is not None:
             mf.release()

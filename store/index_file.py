@@ -127,6 +127,11 @@ class IndexHeader(NamedTuple):
     index_count: int
 
 
+#: Where the header keeps indexCount (the last field), and a big-endian long.
+_INDEX_COUNT_AT = HEADER.size - 4
+_LONG = struct.Struct(">q")
+
+
 def index_key_hash(key: str) -> int:
     """RocketMQ's ``indexKeyHashMethod``: ``Math.abs(key.hashCode())``, and 0 for
     Integer.MIN_VALUE (whose absolute value does not fit an int)."""
@@ -456,10 +461,14 @@ class IndexFile:
         slot_pos = HEADER.size + (key_hash % self.hash_slot_num) * SLOT.size
         (slot_value,) = SLOT.unpack_from(mm, slot_pos)
         h = self._header  # after the slot: the slot cannot be ahead of it
-        count = h.index_count
+        # put_records (C, without the GIL) publishes the snapshot only when it
+        # returns, but writes indexCount into the header bytes after each entry:
+        # the larger of the two is never behind a slot read before it.
+        (count_now,) = SLOT.unpack_from(mm, _INDEX_COUNT_AT)
+        count = max(h.index_count, count_now)
         if slot_value <= INVALID_INDEX or slot_value > count or count <= 1:
             return out
-        begin_timestamp_ms = h.begin_timestamp_ms
+        begin_timestamp_ms = h.begin_timestamp_ms or _LONG.unpack_from(mm, 0)[0]
         entries_pos = self._entries_pos
         current = slot_value
         while len(out) < max_num:

@@ -190,7 +190,7 @@ class MessageStore:
             self.commitlog,
             self.consume_queues,
             self.clock,
-            dispatched_to=lambda: self.dispatcher.reput_from_offset,
+            dispatched_to=self._dispatched_to,
             index=self.index,
         )
         self.expiry.start()
@@ -271,6 +271,12 @@ class MessageStore:
             max_msgs_num_batch=cfg.max_msgs_num_batch,
         )
 
+    def _dispatched_to(self) -> int:
+        """Where everything built from the CommitLog has caught up: expiry may not
+        delete a file past it."""
+        reput = self.dispatcher.reput_from_offset
+        return reput if self.index is None else min(reput, self.index.reput_offset)
+
     def _catch_up_index(self, report: RecoveryReport, *, rebuild_all: bool) -> None:
         """Index what recovery re-dispatched, and anything the index lost beyond.
 
@@ -282,9 +288,12 @@ class MessageStore:
         """
         assert self.index is not None
         files = self.index.files
-        start = self.commitlog.min_offset if rebuild_all else report.redispatch_from_offset
-        if files:
-            start = min(start, files[-1].end_phy_offset)
+        if rebuild_all or not files:
+            # No index file (a first start, or a crash destroyed the only one,
+            # which with 20 M entries per file is the usual case): all of it.
+            start = self.commitlog.min_offset
+        else:
+            start = min(report.redispatch_from_offset, files[-1].end_phy_offset)
         self.index.reput_offset = max(start, self.commitlog.min_offset)
         self.index.build_from_commitlog(self.commitlog, self.dispatcher.reput_from_offset)
         self.dispatcher.followers.append(self.index)

@@ -338,3 +338,30 @@ def test_look_ups_below_the_commitlog_min_are_unknown(
     assert store.get_store_time(0) == -1
     assert store.lookup_message_by_offset(0) is None
     assert store.get_message_store_timestamp(TOPIC, 0, 0) == -1
+
+
+def test_filler_units_in_a_padded_hole_are_skipped_not_spun_on(store: MessageStore) -> None:
+    """A ConsumeQueue hole is padded with filler units (0, 0x7FFFFFFF, 0): a pull
+    steps over them, with or without a filter, and loses no record after them."""
+    store.dispatcher.shutdown(drain=False)
+    cq = store.consume_queues.find_or_create(TOPIC, 0)
+    first = store.put_message(Message(TOPIC, b"a", tags="t"))
+    later = store.put_message(Message(TOPIC, b"b", tags="t"))
+    store.commitlog.handoff.clear()
+    assert cq.put_entries([(0, first.physical_offsets[0], first.sizes[0], tags_code("t"))]) == 1
+    # Queue offset 3 while the queue ends at 1: offsets 1 and 2 become fillers.
+    assert cq.put_entries([(3, later.physical_offsets[0], later.sizes[0], tags_code("t"))]) == 1
+    for flt in (None, build_filter("SQL92", "a = 'nope'"), build_filter("TAG", "t")):
+        got = store.get_message("G", TOPIC, 0, 0, 32, flt)
+        assert got.next_begin_offset == 4
+        if flt is None or "TAG" in repr(flt) or hasattr(flt, "tags"):
+            assert [r.body for r in got.decode()] == [b"a", b"b"]
+    from_hole = store.get_message("G", TOPIC, 0, 1, 32)
+    assert [r.body for r in from_hole.decode()] == [b"b"]
+
+
+def test_store_time_where_no_record_starts_is_unknown(store: MessageStore) -> None:
+    assert store.put_message(Message(TOPIC, b"x" * 50)).ok
+    assert store.get_store_time(0) > 0
+    assert store.get_store_time(1) == -1
+    assert store.get_store_time(7) == -1
