@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,14 @@ def run_threads(target: Callable[[int], None], count: int, *, timeout_s: float =
         w.join(timeout=timeout_s)
     assert not any(w.is_alive() for w in workers)
     assert not errors, errors
+
+
+def wait_indexed(store: MessageStore, timeout_s: float = 10.0) -> None:
+    """Wait until the IndexFile has caught up with the CommitLog (it follows the
+    dispatcher, on its thread, every 10 ms)."""
+    assert store.wait_dispatched()
+    index = store.index
+    deadline = time.monotonic() + timeout_s
+    while index is not None and index.reput_offset < store.max_physical_offset:
+        assert time.monotonic() < deadline, "the index did not catch up"
+        time.sleep(0.005)

@@ -14,7 +14,7 @@ from store.dispatcher import DispatchRequest
 from store.index_service import IndexService
 from store.message import TRANSACTION_ROLLBACK_TYPE
 from store.record import decode_record
-from tests.conftest import ConfigFactory
+from tests.conftest import ConfigFactory, wait_indexed
 
 TOPIC = "Indexed"
 
@@ -126,18 +126,6 @@ def put_keys(store: MessageStore, clock: ManualClock, count: int) -> list[int]:
         offsets.append(r.physical_offsets[0])
     assert store.wait_dispatched()
     return offsets
-
-
-def wait_indexed(store: MessageStore) -> None:
-    """The index follows the dispatcher on its thread: wait for it to catch up."""
-    assert store.index is not None
-    for _ in range(2000):
-        if store.index.reput_offset >= store.max_physical_offset:
-            return
-        import time
-
-        time.sleep(0.005)
-    raise AssertionError("index did not catch up")
 
 
 def test_query_message_returns_exactly_the_keyed_records(
