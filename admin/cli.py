@@ -51,6 +51,24 @@ def add_store_node_command(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=run)
 
 
+def add_pull_service_command(parser: argparse.ArgumentParser) -> None:
+    """``basalt pull-service …``: run a pull-service until SIGTERM (services.pull_service_main)."""
+    from services import pull_service_main
+
+    pull_service_main.add_arguments(parser)
+
+    def run(args: argparse.Namespace, stdout: object, stderr: object) -> int:
+        import asyncio
+        import logging
+
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        return asyncio.run(pull_service_main.serve(args))
+
+    parser.set_defaults(handler=run)
+
+
 #: Adds a group's subcommands to the group's parser.
 GroupRegistrar = Callable[[argparse.ArgumentParser], None]
 
@@ -62,6 +80,11 @@ GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
         "store-node",
         "run a store-node: one store behind the StoreNode gRPC service",
         add_store_node_command,
+    ),
+    (
+        "pull-service",
+        "run a pull-service: routes, pulls and consumer sessions in front of the store-nodes",
+        add_pull_service_command,
     ),
 )
 

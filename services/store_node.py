@@ -22,24 +22,23 @@ reading cold files) run in the default executor; reads of the page cache
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.errors import Refusal, abort, invalid, put_refusal
+from services.errors import Refusal, invalid, put_refusal
 from services.long_polling import PullRequestHoldService
 from services.meta_model import TopicConfig
+from services.rpc import rpc_method as _rpc
 from services.topics import TopicDirectory
-from store import Message, MessageStore, StoreClosedError
+from store import Message, MessageStore
 from store.batch import EncodedBatch
 from store.consumer_offsets import CommitResult, CommitStatus
 from store.get_message import GetMessageResult, GetStatus
@@ -49,8 +48,6 @@ from store.put_result import PutMessageResult, PutStatus
 from store.sql92 import Sql92ParseError
 
 log = logging.getLogger(__name__)
-
-R = TypeVar("R")
 
 #: Pull statuses that mean "nothing new yet": the ones long polling waits on.
 _WAIT_STATUSES = frozenset(
@@ -95,31 +92,6 @@ class _Stats:
         then, before = self._last
         self._last = (now, count)
         return (count - before) / (now - then) if now > then else 0.0
-
-
-def _rpc(
-    method: Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]],
-) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]:
-    """Turn refusals and store errors into gRPC statuses: the one place they are caught."""
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
-        try:
-            return await method(self, request, context)
-        except Refusal as r:
-            await abort(context, r)
-        except StoreClosedError as e:
-            await abort(context, Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(e)))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            log.exception("%s failed", method.__name__)
-            await abort(context, Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
-        raise AssertionError("unreachable: abort raises")
-
-    return wrapper
 
 
 def subscription_filter(sub: pb.Subscription) -> MessageFilter:

@@ -1,0 +1,193 @@
+"""What the pull-service decides before and after a store-node read, without the network.
+
+Before (:func:`check_pull`), seed 001's PullMessageProcessor checks in its
+order, the first failure refusing the pull (pull_service.proto's table)::
+
+    0. arguments: a valid group, offset >= 0, max_nums >= 1,
+       suspend_timeout_ms >= 0                 INVALID_ARGUMENT   INVALID_PARAMETER
+    1. the broker is registered                UNAVAILABLE        BROKER_NOT_EXIST
+    2. the broker is readable                  PERMISSION_DENIED  NO_PERMISSION
+    3. the topic exists                        NOT_FOUND          TOPIC_NOT_EXIST
+    4. the topic is readable                   PERMISSION_DENIED  NO_PERMISSION
+    5. 0 <= queue_id < read_queue_nums         INVALID_ARGUMENT   INVALID_PARAMETER
+    6. the subscription parses                 INVALID_ARGUMENT   SUBSCRIPTION_PARSE_FAILED
+
+Step 0 comes first as RocketMQ's header decoding does. RocketMQ answers
+SYSTEM_ERROR at step 5; Basalt answers INVALID_PARAMETER (common.proto says
+why). Step 3 asks whether the topic has an etcd config, not whether its
+``brokers`` list names the broker: the store-node serves any configured topic
+(it auto-creates on send before the list is updated), so the pull-service is
+no stricter than the node that holds the data.
+
+After (:func:`pull_outcome`), the store's GetMessageStatus becomes the
+client's ResponseCode and PullStatus by RocketMQ's PullMessageProcessor and
+MQClientAPIImpl tables (common.proto)::
+
+    GetMessageStatus           ResponseCode            PullStatus
+    FOUND                      SUCCESS                 FOUND
+    NO_MATCHED_MESSAGE         PULL_RETRY_IMMEDIATELY  NO_MATCHED_MSG
+    MESSAGE_WAS_REMOVING       PULL_RETRY_IMMEDIATELY  NO_MATCHED_MSG
+    OFFSET_FOUND_NULL          PULL_NOT_FOUND          NO_NEW_MSG
+    OFFSET_OVERFLOW_ONE        PULL_NOT_FOUND          NO_NEW_MSG
+    OFFSET_OVERFLOW_BADLY      PULL_OFFSET_MOVED       OFFSET_ILLEGAL
+    OFFSET_TOO_SMALL           PULL_OFFSET_MOVED       OFFSET_ILLEGAL
+    NO_MATCHED_LOGIC_QUEUE     offset 0: PULL_NOT_FOUND / NO_NEW_MSG,
+    NO_MESSAGE_IN_QUEUE        else PULL_OFFSET_MOVED / OFFSET_ILLEGAL
+    anything else              refused: INTERNAL, SYSTEM_ERROR
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from services.errors import Refusal, invalid
+from services.meta_errors import MetaValidationError
+from services.meta_fields import check_group_name
+from services.meta_model import BrokerRegistration, TopicConfig
+from services.store_node import no_such_topic, subscription_filter
+
+#: GetMessageStatus -> ResponseCode, for the statuses that do not depend on the offset.
+_CODE_OF_STATUS: dict[int, pb.ResponseCode.ValueType] = {
+    pb.GET_MESSAGE_STATUS_FOUND: pb.RESPONSE_CODE_SUCCESS,
+    pb.GET_MESSAGE_STATUS_NO_MATCHED_MESSAGE: pb.RESPONSE_CODE_PULL_RETRY_IMMEDIATELY,
+    pb.GET_MESSAGE_STATUS_MESSAGE_WAS_REMOVING: pb.RESPONSE_CODE_PULL_RETRY_IMMEDIATELY,
+    pb.GET_MESSAGE_STATUS_OFFSET_FOUND_NULL: pb.RESPONSE_CODE_PULL_NOT_FOUND,
+    pb.GET_MESSAGE_STATUS_OFFSET_OVERFLOW_ONE: pb.RESPONSE_CODE_PULL_NOT_FOUND,
+    pb.GET_MESSAGE_STATUS_OFFSET_OVERFLOW_BADLY: pb.RESPONSE_CODE_PULL_OFFSET_MOVED,
+    pb.GET_MESSAGE_STATUS_OFFSET_TOO_SMALL: pb.RESPONSE_CODE_PULL_OFFSET_MOVED,
+}
+#: Statuses of a queue with nothing in it: "nothing new" at offset 0, "moved" elsewhere.
+_EMPTY_QUEUE_STATUSES = frozenset(
+    {pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE, pb.GET_MESSAGE_STATUS_NO_MESSAGE_IN_QUEUE}
+)
+#: ResponseCode -> the client's PullStatus (RocketMQ's MQClientAPIImpl.processPullResponse).
+_PULL_STATUS_OF_CODE: dict[int, pb.PullStatus.ValueType] = {
+    pb.RESPONSE_CODE_SUCCESS: pb.PULL_STATUS_FOUND,
+    pb.RESPONSE_CODE_PULL_NOT_FOUND: pb.PULL_STATUS_NO_NEW_MSG,
+    pb.RESPONSE_CODE_PULL_RETRY_IMMEDIATELY: pb.PULL_STATUS_NO_MATCHED_MSG,
+    pb.RESPONSE_CODE_PULL_OFFSET_MOVED: pb.PULL_STATUS_OFFSET_ILLEGAL,
+}
+
+
+def pull_outcome(
+    store_status: pb.GetMessageStatus.ValueType, offset: int
+) -> tuple[pb.ResponseCode.ValueType, pb.PullStatus.ValueType]:
+    """``(ResponseCode, PullStatus)`` of a read that answered ``store_status`` for a
+    pull at ``offset`` (the module's table). Raises a SYSTEM_ERROR Refusal for a
+    status the table does not know (a newer store-node, or UNSPECIFIED)."""
+    code = _CODE_OF_STATUS.get(store_status)
+    if code is None and store_status in _EMPTY_QUEUE_STATUSES:
+        code = (
+            pb.RESPONSE_CODE_PULL_NOT_FOUND if offset == 0 else pb.RESPONSE_CODE_PULL_OFFSET_MOVED
+        )
+    if code is None:
+        try:
+            name = pb.GetMessageStatus.Name(store_status)
+        except ValueError:
+            name = str(store_status)
+        raise Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"the store-node answered status {name}")
+    return code, _PULL_STATUS_OF_CODE[code]
+
+
+def check_group(group: str) -> None:
+    """INVALID_PARAMETER unless ``group`` is a consumer group name (RocketMQ's rule)."""
+    if not group:
+        raise invalid("group must not be empty")
+    try:
+        check_group_name(group)
+    except MetaValidationError as e:
+        raise invalid(str(e)) from None
+
+
+def check_pull(
+    request: ps.PullRequest,
+    broker_of: Callable[[str], BrokerRegistration | None],
+    topic_of: Callable[[str], TopicConfig | None],
+) -> BrokerRegistration:
+    """Run the module's checks 0-6 on ``request`` against the caches; returns the
+    broker to read from. Raises the first failing check's Refusal."""
+    check_group(request.group)
+    if request.offset < 0:
+        raise invalid(f"offset {request.offset} is negative")
+    if request.max_nums < 1:
+        raise invalid(f"max_nums {request.max_nums} must be at least 1")
+    if request.suspend_timeout_ms < 0:
+        raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
+    q = request.queue
+    broker = broker_of(q.broker_name)
+    if broker is None:
+        raise Refusal(
+            pb.RESPONSE_CODE_BROKER_NOT_EXIST, f"broker {q.broker_name!r} is not registered"
+        )
+    if not broker.perm.readable:
+        raise Refusal(
+            pb.RESPONSE_CODE_NO_PERMISSION,
+            f"the broker {q.broker_name!r} pulling message is forbidden (perm {int(broker.perm)})",
+        )
+    config = topic_of(q.topic)
+    if config is None:
+        raise no_such_topic(q.topic)
+    if not config.readable:
+        raise Refusal(
+            pb.RESPONSE_CODE_NO_PERMISSION, f"the topic {q.topic!r} pulling message is forbidden"
+        )
+    if not 0 <= q.queue_id < config.read_queue_nums:
+        raise invalid(
+            f"queue id {q.queue_id} is out of range: topic {q.topic!r} has "
+            f"{config.read_queue_nums} read queues"
+        )
+    if request.HasField("subscription"):
+        check_subscription(request.subscription)
+    return broker
+
+
+def check_subscription(sub: pb.Subscription) -> None:
+    """SUBSCRIPTION_PARSE_FAILED (naming the position) unless ``sub`` parses."""
+    error = _parse_error(sub.type, sub.expression)
+    if error is not None:
+        raise Refusal(pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED, error)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_error(kind: pb.ExpressionType.ValueType, expression: str) -> str | None:
+    # Consumers send the same few expressions with every pull: parse each once
+    # (the store-node parses again to filter, on its own cache of filters).
+    try:
+        subscription_filter(pb.Subscription(type=kind, expression=expression))
+    except Refusal as r:
+        return r.message
+    return None
+
+
+def topic_route(
+    config: TopicConfig,
+    broker_of: Callable[[str], BrokerRegistration | None],
+    store_hosts: dict[str, str],
+) -> pb.TopicRoute:
+    """The TopicRoute of ``config``: one QueueData per hosting broker, one
+    BrokerData per hosting broker that is registered (a missing one is down),
+    ``store_hosts`` giving each broker's STOREHOSTADDRESS when known."""
+    route = pb.TopicRoute(topic=config.topic_name, order=config.order)
+    for name in config.brokers:
+        route.queue_datas.append(
+            pb.QueueData(
+                broker_name=name,
+                read_queue_nums=config.read_queue_nums,
+                write_queue_nums=config.write_queue_nums,
+                perm=int(config.perm),
+            )
+        )
+        broker = broker_of(name)
+        if broker is not None:
+            route.broker_datas.append(
+                pb.BrokerData(
+                    broker_name=name,
+                    address=broker.address,
+                    perm=int(broker.perm),
+                    store_host=store_hosts.get(name, ""),
+                )
+            )
+    return route

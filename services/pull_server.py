@@ -1,0 +1,175 @@
+"""Running a pull-service: caches, the gRPC server, its registration, graceful stop.
+
+:func:`start_pull_service` starts the etcd watch caches it reads (topics,
+brokers, pull-services, consumers), serves PullService, ``grpc.health.v1`` and
+reflection on ``listen`` (port 0 picks a free port, for tests), and registers
+``pull-services/<id>`` under a lease so other pull-services can forward
+commands to its sessions. :meth:`RunningPullService.stop` is the SIGTERM
+path, in the order that lets everyone else carry on:
+
+1. NOT_SERVING, and the registration is revoked (nobody forwards here);
+2. every session ends (UNAVAILABLE) and its consumer registration is revoked,
+   so consumers reconnect to another pull-service at once;
+3. the server stops accepting calls; in-flight ones (held pulls) finish
+   within the grace period;
+4. channels to store-nodes and the caches are closed.
+
+The MetaClient belongs to the caller, who closes it afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2, pull_service_pb2_grpc
+from services.meta_client import MetaClient
+from services.meta_lease import Registration
+from services.meta_model import BrokerRegistration, ConsumerRegistration, PullServiceRegistration
+from services.meta_watch import MetaChange, MetaWatcher
+from services.pull_channels import ChannelPool
+from services.pull_service import ClusterView, PullServiceConfig, PullServiceServicer
+from services.pull_sessions import SessionRegistry, StreamRefusal
+
+log = logging.getLogger(__name__)
+
+PULL_SERVICE = pull_service_pb2.DESCRIPTOR.services_by_name["PullService"].full_name
+
+
+@dataclass(slots=True)
+class RunningPullService:
+    """A started pull-service; :meth:`stop` it exactly once."""
+
+    config: PullServiceConfig
+    server: grpc.aio.Server
+    port: int
+    address: str
+    servicer: PullServiceServicer
+    health: health.aio.HealthServicer
+    registration: Registration | None
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Graceful stop, in the module docstring's order."""
+        await self.health.set(PULL_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.registration is not None:
+            with contextlib.suppress(Exception):  # etcd away: the lease expires by itself
+                await self.registration.close()
+        stopping = StreamRefusal(
+            grpc.StatusCode.UNAVAILABLE,
+            pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+            f"pull-service {self.config.pull_service_id} is stopping; reconnect to another",
+        )
+        await self.servicer.sessions.close_all(stopping, grace_s)
+        await self.server.stop(grace_s)
+        await self.servicer.channels.close()
+        for cache in self.servicer.view.caches:
+            await cache.close()
+        log.info("pull-service %s stopped", self.config.pull_service_id)
+
+
+async def start_pull_service(
+    config: PullServiceConfig,
+    meta: MetaClient,
+    *,
+    listen: str = "127.0.0.1:0",
+    advertise_host: str = "127.0.0.1",
+    register: bool = True,
+) -> RunningPullService:
+    """Start the caches (MetaUnavailableError if etcd does not answer their first
+    listing) and serve on ``listen``; with ``register``, put
+    ``pull-services/<id>`` = ``advertise_host:port`` under a lease (retried in
+    the background while etcd is away)."""
+    view = ClusterView(
+        meta.topic_cache(), meta.broker_cache(), meta.pull_service_cache(), _consumers(meta)
+    )
+    for cache in view.caches:
+        await cache.start()
+    channels = ChannelPool(max_message_bytes=config.max_message_bytes)
+    _evict_departed(view, channels)
+    sessions = SessionRegistry(
+        config.pull_service_id,
+        meta,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        register_timeout_s=meta.config.op_timeout_s,
+    )
+    view.consumers.subscribe(sessions.on_consumer_change)
+    servicer = PullServiceServicer(config, meta, view, channels, sessions)
+    server = grpc.aio.server(
+        options=(
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+        )
+    )
+    pull_service_pb2_grpc.add_PullServiceServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (PULL_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    try:
+        port = server.add_insecure_port(listen)
+        await server.start()
+    except BaseException:
+        await channels.close()
+        for cache in view.caches:
+            await cache.close()
+        raise
+    address = f"{advertise_host}:{port}"
+    registration = None
+    if register:
+        registration = await meta.register(
+            PullServiceRegistration(
+                pull_service_id=config.pull_service_id,
+                address=address,
+                started_at_ms=int(time.time() * 1000),
+            ),
+            wait=False,
+        )
+    await health_servicer.set(PULL_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("pull-service %s serving on %s", config.pull_service_id, address)
+    return RunningPullService(
+        config, server, port, address, servicer, health_servicer, registration
+    )
+
+
+def _evict_departed(view: ClusterView, channels: ChannelPool) -> None:
+    """Close the channel of a store-node or pull-service that left or moved, unless
+    another registration still uses its address (long-lived processes in a
+    cluster whose nodes come back on new ports would otherwise pile them up)."""
+
+    def in_use(address: str) -> bool:
+        return any(b.address == address for b in view.brokers.snapshot().values()) or any(
+            p.address == address for p in view.pull_services.snapshot().values()
+        )
+
+    def on_change(
+        change: MetaChange[BrokerRegistration] | MetaChange[PullServiceRegistration],
+    ) -> None:
+        old, new = change.old, change.new
+        if old is None or (new is not None and new.address == old.address):
+            return
+        if not in_use(old.address):
+            channels.evict(old.address)
+
+    view.brokers.subscribe(on_change)
+    view.pull_services.subscribe(on_change)
+
+
+def _consumers(meta: MetaClient) -> MetaWatcher[ConsumerRegistration]:
+    """A watch of every consumer registration, named ``group/client_id`` (MetaClient
+    offers one group's; a session may move between pull-services in any group)."""
+
+    def decode(name: str, raw: bytes) -> ConsumerRegistration:
+        group, _, client_id = name.partition("/")
+        return ConsumerRegistration.from_json(raw, group=group, client_id=client_id)
+
+    return MetaWatcher(meta.config, meta.keys.consumers, decode, what="consumer registrations")

@@ -1,0 +1,354 @@
+"""The pull-service: the consumers' front (ARCHITECTURE §1, §5; pull_service.proto).
+
+It holds nothing durable. Routes and topic configs come from its etcd watch
+caches; records and offsets from the store-nodes; consumers keep a Session
+stream with it so that admin can reach them. The RPCs:
+
+* ``QueryRoute(topic)``: the topic's TopicRoute from the caches
+  (:func:`services.pull_checks.topic_route`); TOPIC_NOT_EXIST if unknown.
+* ``Pull``: seed 001's checks (:func:`services.pull_checks.check_pull`), then
+  one ``GetMessage`` on the owning store-node carrying the subscription,
+  ``suspend_timeout_ms`` (the store-node holds the call: long polling) and the
+  commit offset with its reset epoch (stored in the same round trip). The
+  store's status becomes the client's code and PullStatus by the table in
+  :mod:`services.pull_checks`. A store-node that cannot be reached fails the
+  pull UNAVAILABLE naming it; nothing else is affected.
+* ``Session``: see :mod:`services.pull_sessions`.
+* ``ListConsumers(group)`` and ``NotifyConsumers(group, command)``: by
+  default cluster-wide. The group's consumers are read from etcd
+  (``consumers/<group>/``), so consumers with a session on another
+  pull-service are listed too and a command reaches them through their
+  pull-service (a forwarded NotifyConsumers). A call carrying the request
+  metadata ``basalt-scope: local`` is limited to this pull-service's own
+  sessions (what a forwarded call uses, so forwarding never loops; admin
+  may use it too). ListConsumers' ``connected_since_ms`` is known for
+  sessions held here and 0 for the others (etcd does not keep it).
+
+Refusals go through :mod:`services.errors`, caught by
+:func:`services.rpc.rpc_method`. Concurrency: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from basalt.v1 import store_node_pb2 as sn
+from services.errors import Refusal, invalid
+from services.meta_client import MetaClient
+from services.meta_errors import MetaUnavailableError
+from services.meta_fields import check_name
+from services.meta_model import (
+    BrokerRegistration,
+    ConsumerRegistration,
+    PullServiceRegistration,
+    TopicConfig,
+)
+from services.meta_watch import MetaWatcher
+from services.pull_channels import ChannelPool, StoreHosts, call_timeout_s, downstream_refusal
+from services.pull_checks import check_group, check_pull, pull_outcome, topic_route
+from services.pull_sessions import SessionRegistry, consumer_info
+from services.rpc import rpc_method
+from services.store_node import no_such_topic
+
+log = logging.getLogger(__name__)
+
+#: Request metadata limiting ListConsumers / NotifyConsumers to local sessions.
+SCOPE_KEY = "basalt-scope"
+SCOPE_LOCAL = "local"
+#: How much earlier than the caller's deadline NotifyConsumers stops waiting for
+#: acks, so that its answer (with the TIMEOUTs) still reaches the caller.
+_ANSWER_MARGIN_S = 0.1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullServiceConfig:
+    """What a pull-service is told at start. Validated at construction."""
+
+    #: Its key under etcd ``pull-services/`` and the ``pull_service_id`` of its sessions.
+    pull_service_id: str
+    #: Consumers heartbeat at least this often; 3x this of silence ends a session.
+    heartbeat_interval_ms: int = 10_000
+    #: The longest a pull may be held (a larger suspend_timeout_ms is capped).
+    max_suspend_timeout_ms: int = 30_000
+    #: The most records asked of a store-node per pull (a larger max_nums is cut:
+    #: the proto lets a pull return fewer). The store-node's own default cap.
+    max_pull_nums: int = 1024
+    #: A command's ack wait when its timeout_ms is 0, and the cap on it.
+    default_command_timeout_ms: int = 5_000
+    max_command_timeout_ms: int = 60_000
+    #: A downstream call may take this much longer than the wait it asks for
+    #: (suspend time, ack time) before its peer counts as not answering.
+    downstream_margin_ms: int = 5_000
+    #: gRPC message size limit, both ways (a pull answer carries records).
+    max_message_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        check_name(self.pull_service_id, "pull-service id")
+        for name in (
+            "heartbeat_interval_ms",
+            "max_pull_nums",
+            "default_command_timeout_ms",
+            "max_command_timeout_ms",
+            "max_message_bytes",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_suspend_timeout_ms < 0 or self.downstream_margin_ms < 0:
+            raise ValueError("max_suspend_timeout_ms and downstream_margin_ms must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The etcd caches a pull-service reads (started and closed by its owner)."""
+
+    topics: MetaWatcher[TopicConfig]
+    brokers: MetaWatcher[BrokerRegistration]
+    pull_services: MetaWatcher[PullServiceRegistration]
+    #: Every group's consumers, by "group/client_id".
+    consumers: MetaWatcher[ConsumerRegistration]
+
+    @property
+    def caches(self) -> tuple[MetaWatcher[Any], ...]:
+        return (self.topics, self.brokers, self.pull_services, self.consumers)
+
+
+class PullServiceServicer(ps_grpc.PullServiceServicer):
+    """The PullService RPCs (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: PullServiceConfig,
+        meta: MetaClient,
+        view: ClusterView,
+        channels: ChannelPool,
+        sessions: SessionRegistry,
+    ) -> None:
+        self.config = config
+        self.meta = meta
+        self.view = view
+        self.channels = channels
+        self.sessions = sessions
+        self.store_hosts = StoreHosts(channels)
+        # Command ids are unique per pull-service life: its id, its start, a counter.
+        self._command_ids = (
+            f"{config.pull_service_id}-{int(time.time() * 1000):x}-{n}" for n in itertools.count()
+        )
+
+    # -- routes and pulls -------------------------------------------------------------
+
+    @rpc_method
+    async def QueryRoute(
+        self, request: ps.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.QueryRouteResponse:
+        config = self.view.topics.get(request.topic)
+        if config is None:
+            raise no_such_topic(request.topic)
+        addresses = {
+            name: broker.address
+            for name in config.brokers
+            if (broker := self.view.brokers.get(name)) is not None
+        }
+        hosts = await self.store_hosts.of(addresses)
+        return ps.QueryRouteResponse(route=topic_route(config, self.view.brokers.get, hosts))
+
+    @rpc_method
+    async def Pull(
+        self, request: ps.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.PullResponse:
+        broker = check_pull(request, self.view.brokers.get, self.view.topics.get)
+        q = request.queue
+        suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
+        get = sn.GetMessageRequest(
+            group=request.group,
+            topic=q.topic,
+            queue_id=q.queue_id,
+            offset=request.offset,
+            max_msg_nums=min(request.max_nums, self.config.max_pull_nums),
+            suspend_timeout_ms=suspend_ms,
+        )
+        if request.HasField("subscription"):
+            get.subscription.CopyFrom(request.subscription)
+        if request.HasField("commit_offset"):
+            get.commit_offset = request.commit_offset
+        if request.HasField("reset_epoch"):
+            get.reset_epoch = request.reset_epoch
+        timeout_s = call_timeout_s(context, (suspend_ms + self.config.downstream_margin_ms) / 1000)
+        try:
+            got = await self.channels.store_node(broker.address).GetMessage(get, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            peer = f"store-node {broker.broker_name!r} at {broker.address}"
+            raise downstream_refusal(e, peer, timeout_s) from None
+        code, status = pull_outcome(got.status, request.offset)
+        response = ps.PullResponse(
+            code=code,
+            status=status,
+            store_status=got.status,
+            next_begin_offset=got.next_begin_offset,
+            min_offset=got.min_offset,
+            max_offset=got.max_offset,
+            records=got.records,
+        )
+        if got.HasField("commit"):
+            response.commit.CopyFrom(got.commit)
+        return response
+
+    # -- consumers --------------------------------------------------------------------
+
+    @rpc_method
+    async def Session(  # type: ignore[override]
+        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        # A coroutine using context.read()/write() rather than a generator: grpc.aio
+        # supports both, and this one both reads and writes at any time.
+        await self.sessions.serve(context)
+
+    @rpc_method
+    async def ListConsumers(
+        self, request: ps.ListConsumersRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.ListConsumersResponse:
+        check_group(request.group)
+        local = {s.client_id: s.info for s in self.sessions.of_group(request.group)}
+        if not _local_scope(context):
+            for client_id, registration in (await self._registered(request.group)).items():
+                local.setdefault(client_id, consumer_info(registration))
+        return ps.ListConsumersResponse(consumers=[local[c] for c in sorted(local)])
+
+    @rpc_method
+    async def NotifyConsumers(
+        self, request: ps.NotifyConsumersRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.NotifyConsumersResponse:
+        check_group(request.group)
+        command = self._command(request.command)
+        wait_s = command.timeout_ms / 1000
+        remaining: float | None = context.time_remaining()
+        if remaining is not None:
+            wait_s = max(0.0, min(wait_s, remaining - _ANSWER_MARGIN_S))
+        client_ids = list(request.client_ids)
+        if _local_scope(context):
+            acks = await self.sessions.notify(request.group, command, client_ids, wait_s)
+        else:
+            acks = await self._notify_cluster(request.group, command, client_ids, wait_s, context)
+        return ps.NotifyConsumersResponse(command_id=command.command_id, acks=acks)
+
+    def _command(self, given: ps.Command) -> ps.Command:
+        """The command to push: ``given`` with its id assigned and its timeout
+        defaulted and capped. INVALID_PARAMETER without a body or with a negative timeout."""
+        if given.WhichOneof("body") is None:
+            raise invalid("the command has no body (reset_offset or rebalance)")
+        if given.timeout_ms < 0:
+            raise invalid(f"command timeout_ms {given.timeout_ms} is negative")
+        command = ps.Command()
+        command.CopyFrom(given)
+        if not command.command_id:
+            command.command_id = next(self._command_ids)
+        command.timeout_ms = min(
+            command.timeout_ms or self.config.default_command_timeout_ms,
+            self.config.max_command_timeout_ms,
+        )
+        return command
+
+    async def _registered(self, group: str) -> dict[str, ConsumerRegistration]:
+        """The group's consumers in etcd now; SERVICE_NOT_AVAILABLE when etcd is away
+        (a partial answer would hide consumers from admin)."""
+        try:
+            return await self.meta.list_consumers(group)
+        except MetaUnavailableError as e:
+            raise Refusal(
+                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+                f"{e}; only this pull-service's sessions are known "
+                f"(ask with metadata {SCOPE_KEY}: {SCOPE_LOCAL} for those)",
+            ) from None
+
+    async def _notify_cluster(
+        self,
+        group: str,
+        command: ps.Command,
+        client_ids: list[str],
+        wait_s: float,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[ps.ConsumerAck]:
+        """Deliver to the group's consumers wherever their session is: here
+        directly, elsewhere through their pull-service; one ack per consumer."""
+        me = self.config.pull_service_id
+        owners = {c: r.pull_service_id for c, r in (await self._registered(group)).items()}
+        # A session opened here whose key is not in etcd yet is still live.
+        owners.update({s.client_id: me for s in self.sessions.of_group(group)})
+        acks: list[ps.ConsumerAck] = []
+        by_owner: dict[str, list[str]] = {}
+        for client_id in sorted(set(client_ids)) or sorted(owners):
+            owner = owners.get(client_id)
+            if owner is None:
+                acks.append(
+                    ps.ConsumerAck(
+                        client_id=client_id,
+                        outcome=ps.COMMAND_OUTCOME_NOT_CONNECTED,
+                        detail=f"consumer {group}/{client_id} has no session in the cluster",
+                    )
+                )
+            else:
+                by_owner.setdefault(owner, []).append(client_id)
+        parts = await asyncio.gather(
+            *(
+                self.sessions.notify(group, command, ids, wait_s)
+                if owner == me
+                else self._forward(owner, group, command, ids, wait_s, context)
+                for owner, ids in by_owner.items()
+            )
+        )
+        for part in parts:
+            acks.extend(part)
+        return sorted(acks, key=lambda a: a.client_id)
+
+    async def _forward(
+        self,
+        owner: str,
+        group: str,
+        command: ps.Command,
+        client_ids: list[str],
+        wait_s: float,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[ps.ConsumerAck]:
+        """NotifyConsumers on pull-service ``owner``, limited to its own sessions;
+        an owner that cannot be reached makes its consumers NOT_CONNECTED (TIMEOUT
+        when it did not answer in time), with the reason as the detail."""
+        registration = self.view.pull_services.get(owner)
+
+        def unreached(outcome: ps.CommandOutcome.ValueType, why: str) -> list[ps.ConsumerAck]:
+            return [ps.ConsumerAck(client_id=c, outcome=outcome, detail=why) for c in client_ids]
+
+        if registration is None:
+            return unreached(
+                ps.COMMAND_OUTCOME_NOT_CONNECTED, f"its pull-service {owner!r} is not registered"
+            )
+        timeout_s = call_timeout_s(context, wait_s + self.config.downstream_margin_ms / 1000)
+        stub = self.channels.pull_service(registration.address)
+        try:
+            reply = await stub.NotifyConsumers(
+                ps.NotifyConsumersRequest(group=group, command=command, client_ids=client_ids),
+                metadata=((SCOPE_KEY, SCOPE_LOCAL),),
+                timeout=timeout_s,
+            )
+        except grpc.aio.AioRpcError as e:
+            peer = f"pull-service {owner!r} at {registration.address}"
+            why = downstream_refusal(e, peer, timeout_s).message
+            if e.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                return unreached(ps.COMMAND_OUTCOME_TIMEOUT, why)
+            return unreached(ps.COMMAND_OUTCOME_NOT_CONNECTED, why)
+        return list(reply.acks)
+
+
+def _local_scope(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
+    return any(
+        key == SCOPE_KEY and value == SCOPE_LOCAL
+        for key, value in context.invocation_metadata() or ()
+    )

@@ -1,0 +1,103 @@
+"""``basalt pull-service`` / ``python -m services.pull_service_main``: run one pull-service.
+
+::
+
+    basalt pull-service --id ps-1 --listen 127.0.0.1:8081 --etcd 127.0.0.1:2379 \\
+        [--cluster DefaultCluster] [--heartbeat-interval-ms 10000]
+
+The first line on stdout is ``pull-service <id> serving on <host:port>``
+(scripts and tests wait for it). The service registers
+``pull-services/<id>`` under a lease it keeps alive, reads topics, brokers
+and pull-services from watched etcd caches (serving from them while etcd is
+away) and registers each consumer session under ``consumers/``. etcd must
+answer at start (the caches need a first listing). SIGTERM or SIGINT stops
+it gracefully (see :mod:`services.pull_server`). Logs go to stderr, one line
+per event: ``time level logger message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from services.meta import MetaClient, MetaConfig, parse_endpoints
+from services.pull_server import start_pull_service
+from services.pull_service import PullServiceConfig
+
+log = logging.getLogger("services.pull_service")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--id", required=True, help="pull-service id, unique in the cluster")
+    parser.add_argument("--listen", default="127.0.0.1:8081", help="host:port to serve on")
+    parser.add_argument(
+        "--advertise-host",
+        default=None,
+        help="host others reach it at (default: the --listen host; 127.0.0.1 for 0.0.0.0)",
+    )
+    parser.add_argument("--etcd", required=True, help="etcd endpoints host:port[,host:port]")
+    parser.add_argument("--cluster", default="DefaultCluster", help="etcd key prefix's cluster")
+    parser.add_argument("--lease-ttl-s", type=int, default=10)
+    parser.add_argument("--heartbeat-interval-ms", type=int, default=10_000)
+    parser.add_argument("--max-suspend-timeout-ms", type=int, default=30_000)
+
+
+def _advertise_host(listen: str, given: str | None) -> str:
+    if given:
+        return given
+    host = listen.rpartition(":")[0]
+    # A wildcard bind is reachable on loopback at least; give --advertise-host otherwise.
+    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit status."""
+    config = PullServiceConfig(
+        pull_service_id=args.id,
+        heartbeat_interval_ms=args.heartbeat_interval_ms,
+        max_suspend_timeout_ms=args.max_suspend_timeout_ms,
+    )
+    meta = MetaClient(
+        MetaConfig(
+            endpoints=parse_endpoints(args.etcd), cluster=args.cluster, lease_ttl_s=args.lease_ttl_s
+        )
+    )
+    try:
+        await meta.connect()
+        running = await start_pull_service(
+            config,
+            meta,
+            listen=args.listen,
+            advertise_host=_advertise_host(args.listen, args.advertise_host),
+        )
+        print(f"pull-service {args.id} serving on {running.address}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping")
+        await running.stop()
+    finally:
+        await meta.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="basalt pull-service", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

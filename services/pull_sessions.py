@@ -1,0 +1,463 @@
+"""Consumer sessions: the Session stream, its etcd registration, commands and acks.
+
+A consumer keeps one bidirectional ``Session`` stream with a pull-service
+(ARCHITECTURE §5). Its life, as :meth:`SessionRegistry.serve` runs it:
+
+1. The first frame must be ``open`` (group, client id, subscriptions,
+   version); it is validated, and a live session of the same
+   ``(group, client_id)`` is ended (ABORTED): here at once, on another
+   pull-service when that one sees the key change hands in etcd
+   (:meth:`SessionRegistry.on_consumer_change`).
+2. ``consumers/<group>/<client_id>`` is put in etcd as a
+   ConsumerRegistration under a lease this process keeps alive, so a
+   consumer whose pull-service dies disappears one TTL later by itself.
+   ``opened`` is sent once the key is in etcd (or after the etcd operation
+   timeout, when etcd is away: the key is then put as soon as etcd answers).
+3. Then any frame resets the silence timer (a ``heartbeat`` exists for
+   that); ``ack`` answers a command; a session silent for
+   ``session_timeout_ms`` (3 x the heartbeat interval) is ended.
+4. The service pushes ``command`` frames (:meth:`SessionRegistry.deliver`),
+   each answered by exactly one ``ack`` carrying its ``command_id``.
+5. However the stream ends (the consumer half-closes, cancels, vanishes, is
+   replaced or times out, or the service stops) the lease is revoked and
+   the key goes at once; commands still waiting for an ack count as
+   DISCONNECTED.
+
+How a session ends (the gRPC status; the RocketMQ code in ``basalt-response-code``)::
+
+    consumer half-closes the stream     OK
+    first frame is not open / 2nd open  FAILED_PRECONDITION  INVALID_PARAMETER
+    bad group, client id, topic         INVALID_ARGUMENT     INVALID_PARAMETER
+    a subscription does not parse       INVALID_ARGUMENT     SUBSCRIPTION_PARSE_FAILED
+    silent for session_timeout_ms       DEADLINE_EXCEEDED    CONSUMER_NOT_ONLINE
+    replaced by a newer session         ABORTED              CONSUMER_NOT_ONLINE
+    the pull-service is stopping        UNAVAILABLE          SERVICE_NOT_AVAILABLE
+
+Concurrency: everything runs on the service's event loop; one task per
+stream (the RPC's own) reads frames and writes commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from services.errors import Refusal, invalid
+from services.meta_client import MetaClient
+from services.meta_errors import MetaUnavailableError, MetaValidationError
+from services.meta_lease import Registration
+from services.meta_model import ConsumerRegistration, ExpressionType, Subscription
+from services.meta_watch import MetaChange
+from services.pull_checks import check_group, check_subscription
+
+log = logging.getLogger(__name__)
+
+
+class StreamRefusal(Refusal):
+    """A refusal whose gRPC status is not the one its code's table row gives:
+    the stream-only statuses of the module's table (FAILED_PRECONDITION,
+    DEADLINE_EXCEEDED, ABORTED) with the closest RocketMQ code."""
+
+    def __init__(self, status: grpc.StatusCode, code: int, message: str) -> None:
+        super().__init__(code, message)
+        self.status = status
+
+    @property
+    def grpc_status(self) -> grpc.StatusCode:
+        return self.status
+
+
+def consumer_info(
+    registration: ConsumerRegistration, connected_since_ms: int = 0
+) -> pb.ConsumerInfo:
+    """A registered consumer as ListConsumers shows it (``connected_since_ms`` 0:
+    unknown, for a session on another pull-service: etcd does not keep it)."""
+    return pb.ConsumerInfo(
+        group=registration.group,
+        client_id=registration.client_id,
+        pull_service_id=registration.pull_service_id,
+        subscriptions=[
+            pb.TopicSubscription(
+                topic=s.topic,
+                subscription=pb.Subscription(
+                    type=pb.EXPRESSION_TYPE_SQL92
+                    if s.expression_type is ExpressionType.SQL92
+                    else pb.EXPRESSION_TYPE_TAG,
+                    expression=s.expression,
+                ),
+            )
+            for s in registration.subscriptions
+        ],
+        client_version=registration.client_version,
+        connected_since_ms=connected_since_ms,
+    )
+
+
+class ConsumerSession:
+    """One consumer's live session: its registration, outbound frames and pending acks."""
+
+    def __init__(self, registration: ConsumerRegistration) -> None:
+        self.value = registration
+        self.key = (registration.group, registration.client_id)
+        self.info = consumer_info(registration, connected_since_ms=int(time.time() * 1000))
+        #: The etcd registration, once started.
+        self.registration: Registration | None = None
+        #: Commands to write, or the Refusal that ends the stream.
+        self._outbound: asyncio.Queue[ps.Command | Refusal] = asyncio.Queue()
+        self._pending: dict[str, asyncio.Future[ps.ConsumerAck]] = {}
+        self._finished = False
+        #: Set once the session is over and its registration revoked.
+        self.closed = asyncio.Event()
+
+    @property
+    def client_id(self) -> str:
+        return self.value.client_id
+
+    def push(self, command: ps.Command) -> asyncio.Future[ps.ConsumerAck]:
+        """Queue ``command`` for the consumer; the future resolves with its ack
+        (OK / FAILED) or DISCONNECTED. The same command id twice shares one future."""
+        pending = self._pending.get(command.command_id)
+        if pending is not None:
+            return pending
+        future: asyncio.Future[ps.ConsumerAck] = asyncio.get_running_loop().create_future()
+        if self._finished:
+            future.set_result(
+                self._ack(ps.COMMAND_OUTCOME_DISCONNECTED, "the session ended before the command")
+            )
+            return future
+        self._pending[command.command_id] = future
+        self._outbound.put_nowait(command)
+        return future
+
+    def forget(self, command_id: str) -> None:
+        """Stop waiting for ``command_id``'s ack (its sender timed out)."""
+        self._pending.pop(command_id, None)
+
+    def acked(self, ack: ps.CommandAck) -> None:
+        future = self._pending.pop(ack.command_id, None)
+        if future is None or future.done():
+            # Late (the sender gave up) or unknown: nothing waits for it.
+            log.debug("%s/%s: ack of %r ignored", *self.key, ack.command_id)
+            return
+        outcome = ps.COMMAND_OUTCOME_OK if ack.ok else ps.COMMAND_OUTCOME_FAILED
+        future.set_result(self._ack(outcome, ack.detail))
+
+    def end(self, refusal: Refusal) -> None:
+        """Ask the stream to end with ``refusal`` (replaced, stopping)."""
+        self._outbound.put_nowait(refusal)
+
+    async def next_outbound(self) -> ps.Command | Refusal:
+        return await self._outbound.get()
+
+    def finish(self) -> None:
+        """The stream is over: every command still waiting counts as DISCONNECTED."""
+        self._finished = True
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_result(
+                    self._ack(ps.COMMAND_OUTCOME_DISCONNECTED, "the session ended before the ack")
+                )
+
+    def _ack(self, outcome: ps.CommandOutcome.ValueType, detail: str) -> ps.ConsumerAck:
+        return ps.ConsumerAck(client_id=self.client_id, outcome=outcome, detail=detail)
+
+
+class SessionRegistry:
+    """The sessions held by one pull-service, by ``(group, client_id)``."""
+
+    def __init__(
+        self,
+        pull_service_id: str,
+        meta: MetaClient,
+        *,
+        heartbeat_interval_ms: int,
+        register_timeout_s: float,
+    ) -> None:
+        self.pull_service_id = pull_service_id
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.session_timeout_ms = 3 * heartbeat_interval_ms
+        self._meta = meta
+        self._register_timeout_s = register_timeout_s
+        self._sessions: dict[tuple[str, str], ConsumerSession] = {}
+        self._checks: set[asyncio.Task[None]] = set()
+
+    # -- look-ups -------------------------------------------------------------------
+
+    def get(self, group: str, client_id: str) -> ConsumerSession | None:
+        return self._sessions.get((group, client_id))
+
+    def of_group(self, group: str) -> list[ConsumerSession]:
+        """The group's sessions here, by client id."""
+        return sorted(
+            (s for (g, _), s in self._sessions.items() if g == group), key=lambda s: s.client_id
+        )
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # -- the stream -----------------------------------------------------------------
+
+    async def serve(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """The Session RPC: runs one stream to its end (see the module docstring).
+        Raises the Refusal that ends it, if any."""
+        first = await self._read_first(context)
+        if first is None:
+            return  # closed before opening: nothing to undo
+        kind = first.WhichOneof("frame")
+        if kind != "open":
+            raise StreamRefusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                pb.RESPONSE_CODE_INVALID_PARAMETER,
+                f"the first frame of a session must be open, got {kind or 'an empty frame'}",
+            )
+        session, replaced = self._begin(first.open)
+        try:
+            await self._register(session, replaced)
+            opened = ps.SessionOpened(
+                pull_service_id=self.pull_service_id,
+                heartbeat_interval_ms=self.heartbeat_interval_ms,
+                session_timeout_ms=self.session_timeout_ms,
+            )
+            await context.write(ps.SessionResponse(opened=opened))
+            await self._run(session, context)
+        finally:
+            # Shielded: a cancelled stream (the consumer vanished) must still
+            # revoke its registration.
+            await asyncio.shield(self._close(session))
+
+    async def _read_first(
+        self, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.SessionRequest | None:
+        """The first frame (None at end of stream), within the session timeout."""
+        try:
+            frame: object = await asyncio.wait_for(context.read(), self.session_timeout_ms / 1000)
+        except TimeoutError:
+            raise self._silent(None) from None
+        if frame is grpc.aio.EOF:
+            return None
+        assert isinstance(frame, ps.SessionRequest)
+        return frame
+
+    def _silent(self, session: ConsumerSession | None) -> StreamRefusal:
+        who = "the consumer" if session is None else "consumer {}/{}".format(*session.key)
+        return StreamRefusal(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+            f"no frame from {who} for {self.session_timeout_ms} ms "
+            f"(heartbeat interval {self.heartbeat_interval_ms} ms): session closed",
+        )
+
+    def _begin(self, request: ps.OpenSession) -> tuple[ConsumerSession, ConsumerSession | None]:
+        """Validate ``request`` and make its session the live one, ending any older
+        session of the same consumer here. Returns (new, replaced)."""
+        session = ConsumerSession(self._registration_value(request))
+        replaced = self._sessions.get(session.key)
+        if replaced is not None:
+            replaced.end(
+                StreamRefusal(
+                    grpc.StatusCode.ABORTED,
+                    pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+                    "consumer {}/{} opened a newer session".format(*session.key),
+                )
+            )
+        self._sessions[session.key] = session
+        return session, replaced
+
+    def _registration_value(self, request: ps.OpenSession) -> ConsumerRegistration:
+        check_group(request.group)
+        if not request.client_id:
+            raise invalid("client_id must not be empty")
+        try:
+            subscriptions = []
+            for s in request.subscriptions:
+                check_subscription(s.subscription)
+                sql = s.subscription.type == pb.EXPRESSION_TYPE_SQL92
+                subscriptions.append(
+                    Subscription(
+                        topic=s.topic,
+                        expression_type=ExpressionType.SQL92 if sql else ExpressionType.TAG,
+                        # RocketMQ's FilterAPI: an empty TAG expression means "*".
+                        expression=s.subscription.expression or ("" if sql else "*"),
+                    )
+                )
+            return ConsumerRegistration(
+                group=request.group,
+                client_id=request.client_id,
+                pull_service_id=self.pull_service_id,
+                subscriptions=tuple(subscriptions),
+                client_version=request.client_version,
+            )
+        except MetaValidationError as e:
+            raise invalid(str(e)) from None
+
+    async def _register(self, session: ConsumerSession, replaced: ConsumerSession | None) -> None:
+        if replaced is not None:
+            # Let the older session revoke its lease first, so that revoking it
+            # cannot delete the key this session is about to put.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(replaced.closed.wait(), self._register_timeout_s)
+        session.registration = await self._meta.register(session.value, wait=False)
+        if not await session.registration.wait_registered(self._register_timeout_s):
+            log.warning(
+                "consumer %s/%s: etcd unreachable; it is registered once etcd answers",
+                *session.key,
+            )
+        log.info("consumer %s/%s opened a session", *session.key)
+
+    async def _run(
+        self, session: ConsumerSession, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Read frames and write commands until the stream ends."""
+        loop = asyncio.get_running_loop()
+        timeout_s = self.session_timeout_ms / 1000
+        deadline = loop.time() + timeout_s
+        read: asyncio.Future[Any] = asyncio.ensure_future(context.read())
+        out: asyncio.Future[ps.Command | Refusal] = asyncio.ensure_future(session.next_outbound())
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    (read, out),
+                    timeout=max(0.0, deadline - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:
+                    raise self._silent(session)
+                if read in done:
+                    frame = read.result()
+                    if frame is grpc.aio.EOF:
+                        return  # the consumer closed its side: a clean end
+                    deadline = loop.time() + timeout_s
+                    self._on_frame(session, frame)
+                    read = asyncio.ensure_future(context.read())
+                if out in done:
+                    item = out.result()
+                    if isinstance(item, Refusal):
+                        raise item
+                    await context.write(ps.SessionResponse(command=item))
+                    out = asyncio.ensure_future(session.next_outbound())
+        finally:
+            read.cancel()
+            out.cancel()
+
+    def _on_frame(self, session: ConsumerSession, frame: ps.SessionRequest) -> None:
+        kind = frame.WhichOneof("frame")
+        if kind == "ack":
+            session.acked(frame.ack)
+        elif kind == "open":
+            raise StreamRefusal(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                pb.RESPONSE_CODE_INVALID_PARAMETER,
+                "consumer {}/{}: the session is already open".format(*session.key),
+            )
+        # A heartbeat (or an empty frame) only proves the consumer is there.
+
+    async def _close(self, session: ConsumerSession) -> None:
+        if self._sessions.get(session.key) is session:
+            del self._sessions[session.key]
+        session.finish()
+        try:
+            if session.registration is not None:
+                await session.registration.close()  # revokes: the key goes now
+        finally:
+            session.closed.set()
+            log.info("consumer %s/%s: session closed", *session.key)
+
+    # -- commands -------------------------------------------------------------------
+
+    async def deliver(
+        self, session: ConsumerSession, command: ps.Command, timeout_s: float
+    ) -> ps.ConsumerAck:
+        """Push ``command`` down ``session`` and wait up to ``timeout_s`` for its ack."""
+        future = session.push(command)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            return ps.ConsumerAck(
+                client_id=session.client_id,
+                outcome=ps.COMMAND_OUTCOME_TIMEOUT,
+                detail=f"no ack within {timeout_s * 1000:.0f} ms",
+            )
+        finally:
+            if not future.done():  # timed out, or the caller went away
+                session.forget(command.command_id)
+
+    async def notify(
+        self, group: str, command: ps.Command, client_ids: list[str], timeout_s: float
+    ) -> list[ps.ConsumerAck]:
+        """Deliver ``command`` to the group's sessions here (only ``client_ids`` when
+        given: one without a session here is NOT_CONNECTED), concurrently; one ack
+        per consumer, by client id."""
+        targets = sorted(set(client_ids)) or [s.client_id for s in self.of_group(group)]
+
+        async def one(client_id: str) -> ps.ConsumerAck:
+            session = self.get(group, client_id)
+            if session is None:
+                return ps.ConsumerAck(
+                    client_id=client_id,
+                    outcome=ps.COMMAND_OUTCOME_NOT_CONNECTED,
+                    detail=f"no session on pull-service {self.pull_service_id}",
+                )
+            return await self.deliver(session, command, timeout_s)
+
+        return list(await asyncio.gather(*(one(c) for c in targets)))
+
+    # -- sessions replaced on another pull-service ------------------------------------
+
+    def on_consumer_change(self, change: MetaChange[ConsumerRegistration]) -> None:
+        """Listener of a watch on ``consumers/``: a consumer that has a session here
+        and was just registered by another pull-service may have opened a newer
+        session there; if etcd confirms it, the session here ends (ABORTED)."""
+        new = change.new
+        if new is None or new.pull_service_id == self.pull_service_id:
+            return
+        session = self._sessions.get((new.group, new.client_id))
+        if session is not None:
+            task = asyncio.get_running_loop().create_task(self._check_taken_over(session))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _check_taken_over(self, session: ConsumerSession) -> None:
+        # The watch may deliver another pull-service's put after this session's
+        # own newer one: read the key now (after our put) to know who holds it.
+        group, client_id = session.key
+        try:
+            current = (await self._meta.list_consumers(group)).get(client_id)
+        except MetaUnavailableError:
+            return  # cannot tell; the next change asks again
+        if (
+            current is not None
+            and current.pull_service_id != self.pull_service_id
+            and self._sessions.get(session.key) is session
+        ):
+            session.end(
+                StreamRefusal(
+                    grpc.StatusCode.ABORTED,
+                    pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+                    f"consumer {group}/{client_id} opened a newer session on "
+                    f"pull-service {current.pull_service_id}",
+                )
+            )
+
+    # -- stopping -------------------------------------------------------------------
+
+    async def close_all(self, refusal: Refusal, timeout_s: float) -> None:
+        """End every session with ``refusal`` and wait (up to ``timeout_s``) until
+        their registrations are revoked."""
+        for task in list(self._checks):
+            task.cancel()
+        sessions = list(self._sessions.values())
+        for session in sessions:
+            session.end(refusal)
+        if sessions:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(s.closed.wait() for s in sessions)), timeout_s
+                )

@@ -1,0 +1,58 @@
+"""The servicer-side wrapper every Basalt RPC method goes through.
+
+:func:`rpc_method` is the one place where a servicer's exceptions become gRPC
+statuses: a :class:`services.errors.Refusal` fails the call with its status,
+message and ``basalt-response-code`` (via :func:`services.errors.abort`); a
+store that is shut down is SERVICE_NOT_AVAILABLE; anything unexpected is
+logged with its traceback and answered SYSTEM_ERROR with a one-line message
+(a client never sees a stack trace). Shared by the store-node and the
+pull-service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from services.errors import Refusal, abort
+from store import StoreClosedError
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+def rpc_method(
+    method: Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]:
+    """Wrap a servicer coroutine ``(self, request, context)`` so that its refusals
+    and errors fail the call cleanly; cancellation and aborts pass through.
+
+    Works for unary methods and for streaming ones written with
+    ``context.read()``/``context.write()`` (``request`` is then the iterator).
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
+        try:
+            return await method(self, request, context)
+        except Refusal as r:
+            await abort(context, r)
+        except StoreClosedError as e:
+            await abort(context, Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(e)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            log.exception("%s failed", method.__name__)
+            await abort(context, Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
+        raise AssertionError("unreachable: abort raises")
+
+    return wrapper

@@ -1,0 +1,83 @@
+"""``basalt cluster up | status | down`` as an operator runs it: real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from store.get_message import split_records
+from store.record import decode_record
+
+pytestmark = pytest.mark.slow
+
+
+def basalt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "admin", "cluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) -> None:
+    data = tmp_path / "cluster"
+    started = basalt("up", "--data-dir", str(data))
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "store-node" in started.stdout and "pull-service" in started.stdout
+        procs = json.loads((data / "cluster.json").read_text())
+        assert [p["role"] for p in procs] == ["etcd", "store-node", "store-node", "pull-service"]
+        status = basalt("status", "--data-dir", str(data))
+        assert status.returncode == 0, status.stdout
+        assert status.stdout.count("registered") == 3
+        broker = next(p for p in procs if p["name"] == "broker-a")
+        pull_service = next(p for p in procs if p["role"] == "pull-service")
+        bodies = asyncio.run(send_and_pull(broker["address"], pull_service["address"]))
+        assert bodies == [b"hello cluster"]
+        again = basalt("up", "--data-dir", str(data))
+        assert again.returncode == 2  # one cluster per data dir
+    finally:
+        stopped = basalt("down", "--data-dir", str(data))
+    assert stopped.returncode == 0, stopped.stdout
+    for p in procs:
+        with pytest.raises(ProcessLookupError):
+            os.kill(p["pid"], 0)
+    assert not (data / "broker-a" / "abort").exists()  # stopped cleanly
+
+
+async def send_and_pull(broker: str, pull_service: str) -> list[bytes]:
+    async with grpc.aio.insecure_channel(broker) as channel:
+        sent = await sn_grpc.StoreNodeStub(channel).SendMessage(
+            sn.SendMessageRequest(message=pb.Message(topic="Hello", body=b"hello cluster"))
+        )
+        assert sent.result.status == pb.SEND_STATUS_SEND_OK
+    async with grpc.aio.insecure_channel(pull_service) as channel:
+        stub = ps_grpc.PullServiceStub(channel)
+        for _ in range(100):  # the topic reaches the pull-service's etcd cache
+            try:
+                pulled = await stub.Pull(
+                    ps.PullRequest(
+                        group="G",
+                        queue=pb.MessageQueue(topic="Hello", broker_name="broker-a", queue_id=0),
+                        max_nums=32,
+                    )
+                )
+                return [decode_record(r).body for r in split_records(pulled.records.data)]
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                await asyncio.sleep(0.05)
+    raise AssertionError("topic never reached the pull-service")

@@ -1,0 +1,249 @@
+"""The pull path as real processes: 2 store-nodes and 1 pull-service on a real etcd.
+
+Producers send through the raw generated StoreNode stubs straight to both
+store-nodes; a consumer pulls everything back through the pull-service
+process, with and without filters and with long polling, and keeps a
+session there; SIGTERM then stops everything cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from services.etcd_process import EtcdProcess, free_port
+from services.meta import MetaClient, MetaConfig, TopicConfig
+from tests.services.conftest import unique_cluster
+from tests.services.test_pull_service import bodies, pull_request
+from tests.services.test_pull_sessions import Consumer
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "E2E"
+BROKERS = ("broker-a", "broker-b")
+QUEUES = 2
+
+
+class ServiceProcess:
+    """``python -m <module> ...`` whose first stdout line says where it serves."""
+
+    def __init__(self, log: Path, module: str, *args: str) -> None:
+        self.port = free_port()
+        self.log = log
+        self.args = [sys.executable, "-m", module, "--listen", f"127.0.0.1:{self.port}", *args]
+        with log.open("wb") as stderr:
+            self.proc = subprocess.Popen(
+                self.args, stdout=subprocess.PIPE, stderr=stderr, cwd=os.getcwd()
+            )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_serving(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        assert f"serving on {self.address}" in line, line
+        return line.strip()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ServiceProcess]]:
+    started: list[ServiceProcess] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            if p.proc.poll() is None:
+                p.stop(signal.SIGKILL)
+
+
+async def create_topic(etcd: EtcdProcess, cluster: str) -> None:
+    async with MetaClient(MetaConfig(endpoints=(etcd.endpoint,), cluster=cluster)) as meta:
+        await meta.create_topic(
+            TopicConfig(
+                topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, brokers=BROKERS
+            )
+        )
+
+
+async def registered(etcd: EtcdProcess, cluster: str) -> tuple[set[str], set[str], set[str]]:
+    """Live brokers, pull-services and consumers of group G in etcd."""
+    async with MetaClient(MetaConfig(endpoints=(etcd.endpoint,), cluster=cluster)) as meta:
+        return (
+            set(await meta.list_brokers()),
+            set(await meta.list_pull_services()),
+            set(await meta.list_consumers("G")),
+        )
+
+
+async def produce(addresses: dict[str, str]) -> dict[tuple[str, int], list[tuple[bytes, str, int]]]:
+    """Send through the raw stubs: a batch and single messages to every queue of both
+    store-nodes. Returns (broker, queue) -> [(body, tag, n)] in send order."""
+    sent: dict[tuple[str, int], list[tuple[bytes, str, int]]] = {}
+    for broker, address in addresses.items():
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = sn_grpc.StoreNodeStub(channel)
+            for q in range(QUEUES):
+                batch = []
+                for n in range(60):
+                    tag = ("TagA", "TagB", "TagC")[n % 3]
+                    body = f"{broker}/{q}/{n}".encode()
+                    sent.setdefault((broker, q), []).append((body, tag, n))
+                    message = pb.Message(body=body, tags=tag, properties={"n": str(n)})
+                    if n < 50:
+                        batch.append(message)
+                        continue
+                    message.topic = TOPIC
+                    if batch:
+                        r = await stub.SendBatch(
+                            sn.SendBatchRequest(
+                                topic=TOPIC, queue_id=q, messages=pb.MessageList(messages=batch)
+                            )
+                        )
+                        assert list(r.result.queue_offsets) == list(range(50))
+                        batch = []
+                    single = await stub.SendMessage(
+                        sn.SendMessageRequest(message=message, queue_id=q)
+                    )
+                    assert single.result.status == pb.SEND_STATUS_SEND_OK
+    return sent
+
+
+async def consume(
+    stub: ps_grpc.PullServiceAsyncStub, group: str, subscription: pb.Subscription | None = None
+) -> dict[tuple[str, int], list[bytes]]:
+    """Everything every queue returns through Pull, in the order returned."""
+    got: dict[tuple[str, int], list[bytes]] = {}
+    for broker in BROKERS:
+        for q in range(QUEUES):
+            offset, out = 0, got.setdefault((broker, q), [])
+            while True:
+                request = pull_request(broker, q, offset, topic=TOPIC, group=group)
+                if subscription is not None:
+                    request.subscription.CopyFrom(subscription)
+                r = await stub.Pull(request)
+                if r.status == pb.PULL_STATUS_NO_NEW_MSG:
+                    break
+                out += bodies(r)
+                offset = r.next_begin_offset
+    return got
+
+
+def test_produce_to_two_store_node_processes_and_consume_through_the_pull_service_process(
+    tmp_path: Path, etcd: EtcdProcess, processes: list[ServiceProcess]
+) -> None:
+    cluster = unique_cluster()
+    asyncio.run(create_topic(etcd, cluster))
+    common = ("--etcd", etcd.endpoint, "--cluster", cluster, "--lease-ttl-s", "2")
+    nodes = {
+        name: ServiceProcess(
+            tmp_path / f"{name}.log",
+            "services.store_node_main",
+            "--name",
+            name,
+            "--data-dir",
+            str(tmp_path / name),
+            *common,
+        )
+        for name in BROKERS
+    }
+    pull = ServiceProcess(
+        tmp_path / "ps-1.log",
+        "services.pull_service_main",
+        "--id",
+        "ps-1",
+        "--heartbeat-interval-ms",
+        "1000",
+        *common,
+    )
+    processes.extend([*nodes.values(), pull])
+    for p in nodes.values():
+        p.wait_serving()
+    assert pull.wait_serving() == f"pull-service ps-1 serving on {pull.address}"
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(pull.address) as channel:
+            stub = ps_grpc.PullServiceStub(channel)
+            deadline = time.monotonic() + 15
+            while True:  # the store-nodes register in the background
+                route = (await stub.QueryRoute(ps.QueryRouteRequest(topic=TOPIC))).route
+                if len(route.broker_datas) == 2:
+                    break
+                assert time.monotonic() < deadline, route
+                await asyncio.sleep(0.05)
+            assert {b.broker_name: b.address for b in route.broker_datas} == {
+                n: p.address for n, p in nodes.items()
+            }
+
+            sent = await produce({n: p.address for n, p in nodes.items()})
+            everything = await consume(stub, "GAll")
+            assert everything == {k: [b for b, _, _ in v] for k, v in sent.items()}
+            tags = pb.Subscription(type=pb.EXPRESSION_TYPE_TAG, expression="TagB")
+            assert await consume(stub, "GTag", tags) == {
+                k: [b for b, t, _ in v if t == "TagB"] for k, v in sent.items()
+            }
+            sql = pb.Subscription(
+                type=pb.EXPRESSION_TYPE_SQL92, expression="n BETWEEN 45 AND 52 AND TAGS <> 'TagA'"
+            )
+            assert await consume(stub, "GSql", sql) == {
+                k: [b for b, t, n in v if 45 <= n <= 52 and t != "TagA"] for k, v in sent.items()
+            }
+
+            # Long polling through the pull-service: held, then woken by a send.
+            held = asyncio.ensure_future(
+                stub.Pull(
+                    pull_request("broker-b", 1, 60, topic=TOPIC, suspend_timeout_ms=20_000),
+                    timeout=30,
+                )
+            )
+            await asyncio.sleep(0.2)
+            assert not held.done()
+            async with grpc.aio.insecure_channel(nodes["broker-b"].address) as node_channel:
+                await sn_grpc.StoreNodeStub(node_channel).SendMessage(
+                    sn.SendMessageRequest(message=pb.Message(topic=TOPIC, body=b"late"), queue_id=1)
+                )
+            woken = await asyncio.wait_for(held, 10)  # well before the 20 s suspend timeout
+            assert woken.status == pb.PULL_STATUS_FOUND and bodies(woken) == [b"late"]
+            empty = await stub.Pull(
+                pull_request("broker-a", 0, 60, topic=TOPIC, suspend_timeout_ms=300)
+            )
+            assert (empty.status, empty.records.count) == (pb.PULL_STATUS_NO_NEW_MSG, 0)
+
+            # A consumer session on the process, registered in etcd.
+            consumer = Consumer(stub, "10.1.1.1@7")
+            await consumer.open()
+            assert await registered(etcd, cluster) == ({*BROKERS}, {"ps-1"}, {"10.1.1.1@7"})
+            # SIGTERM: the session ends UNAVAILABLE, every registration goes.
+            pull.proc.send_signal(signal.SIGTERM)
+            error = await asyncio.wait_for(consumer.ended, 10)
+            assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
+            await consumer.cancel()
+
+    asyncio.run(scenario())
+    assert pull.stop() == 0
+    assert asyncio.run(registered(etcd, cluster)) == ({*BROKERS}, set(), set())
+    for p in nodes.values():
+        assert p.stop() == 0
+    for p in (*nodes.values(), pull):  # nothing went wrong on the way
+        log = p.log.read_text()
+        assert "Traceback" not in log and " ERROR " not in log, log

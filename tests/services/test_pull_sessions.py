@@ -1,0 +1,416 @@
+"""Consumer sessions on real pull-services and real etcd: registration, commands and
+acks, every way a session ends, and commands across two pull-services."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from services.errors import RESPONSE_CODE_KEY
+from services.meta import MetaClient, MetaConfig
+from services.pull_service import SCOPE_KEY, SCOPE_LOCAL
+from tests.services.conftest import async_test
+from tests.services.test_pull_service import cluster
+
+#: Short, so that a silent session ends quickly (the timeout is 3 x this).
+HEARTBEAT_MS = 300
+
+
+def sessions(tmp_path: Path, meta_config: MetaConfig, *pull_services: str) -> Any:
+    """A cluster of pull-services only (sessions need no store-node)."""
+    return cluster(
+        tmp_path,
+        meta_config,
+        brokers=(),
+        pull_services=pull_services or ("ps-1",),
+        heartbeat_interval_ms=HEARTBEAT_MS,
+        topic=None,
+    )
+
+
+class Consumer:
+    """A consumer's side of a Session: opens it, heartbeats, answers commands."""
+
+    def __init__(
+        self,
+        stub: ps_grpc.PullServiceAsyncStub,
+        client_id: str,
+        *,
+        group: str = "G",
+        answer: Callable[[ps.Command], tuple[bool, str] | None] = lambda c: (True, "done"),
+        heartbeat: bool = True,
+    ) -> None:
+        self.stub = stub
+        self.group = group
+        self.client_id = client_id
+        self.answer = answer
+        self.heartbeat = heartbeat
+        self.commands: list[ps.Command] = []
+        self.call: Any = None
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ended: asyncio.Future[grpc.aio.AioRpcError | None] = asyncio.Future()
+
+    async def open(self, *subscriptions: pb.TopicSubscription) -> ps.SessionOpened:
+        self.call = self.stub.Session()
+        await self._write(
+            ps.SessionRequest(
+                open=ps.OpenSession(
+                    group=self.group,
+                    client_id=self.client_id,
+                    subscriptions=subscriptions,
+                    client_version="basalt-test 0.1",
+                )
+            )
+        )
+        first: ps.SessionResponse = await self.call.read()
+        assert first.WhichOneof("frame") == "opened", first
+        self._tasks.append(asyncio.ensure_future(self._read()))
+        if self.heartbeat:
+            self._tasks.append(asyncio.ensure_future(self._beat(first.opened)))
+        return first.opened
+
+    async def _write(self, frame: ps.SessionRequest) -> None:
+        async with self._lock:  # one write at a time on a stream
+            await self.call.write(frame)
+
+    async def _beat(self, opened: ps.SessionOpened) -> None:
+        with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            while True:  # until the service ends the stream
+                await asyncio.sleep(opened.heartbeat_interval_ms / 1000 / 2)
+                await self._write(ps.SessionRequest(heartbeat=ps.Heartbeat()))
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                frame = await self.call.read()
+                if frame is grpc.aio.EOF:
+                    self.ended.set_result(None)
+                    return
+                command = frame.command
+                self.commands.append(command)
+                answer = self.answer(command)
+                if answer is not None:
+                    ok, detail = answer
+                    ack = ps.CommandAck(command_id=command.command_id, ok=ok, detail=detail)
+                    with contextlib.suppress(asyncio.InvalidStateError):  # ended meanwhile
+                        await self._write(ps.SessionRequest(ack=ack))
+        except grpc.aio.AioRpcError as e:
+            self.ended.set_result(e)
+
+    async def close(self) -> None:
+        """Half-close, as a consumer shutting down does; the service ends the stream."""
+        await self.call.done_writing()
+        await asyncio.wait_for(asyncio.shield(self.ended), 10)
+        await self._stop()
+
+    async def cancel(self) -> None:
+        """Vanish without a word (a killed consumer's connection drops)."""
+        self.call.cancel()
+        await self._stop()
+
+    async def _stop(self) -> None:
+        # Wait for the tasks too: a call left in flight when the test's event
+        # loop closes makes grpc's poller call into the closed loop.
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def registered(meta: MetaClient, group: str = "G") -> dict[str, str]:
+    """client id -> pull-service id of the group's consumers in etcd."""
+    return {c: r.pull_service_id for c, r in (await meta.list_consumers(group)).items()}
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "not true in time"
+        await asyncio.sleep(0.02)
+
+
+def rebalance(timeout_ms: int = 5_000, command_id: str = "") -> ps.Command:
+    return ps.Command(
+        command_id=command_id, timeout_ms=timeout_ms, rebalance=ps.RebalanceCommand(topics=["T"])
+    )
+
+
+def outcomes(reply: ps.NotifyConsumersResponse) -> list[tuple[str, str]]:
+    return [(a.client_id, ps.CommandOutcome.Name(a.outcome)[16:]) for a in reply.acks]
+
+
+def status_of(error: grpc.aio.AioRpcError | None) -> tuple[grpc.StatusCode, int, str]:
+    assert error is not None
+    codes = dict(error.trailing_metadata() or ())
+    return error.code(), int(codes.get(RESPONSE_CODE_KEY, -1)), error.details() or ""
+
+
+@async_test
+async def test_open_registers_in_etcd_commands_are_acked_and_close_deregisters(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with sessions(tmp_path, meta_config) as h:
+        sub = pb.TopicSubscription(
+            topic="T",
+            subscription=pb.Subscription(type=pb.EXPRESSION_TYPE_SQL92, expression="a > 1"),
+        )
+        c1 = Consumer(h.stub, "10.0.0.1@1")
+        opened = await c1.open(sub)
+        assert opened.pull_service_id == "ps-1"
+        assert (opened.heartbeat_interval_ms, opened.session_timeout_ms) == (300, 900)
+        # Registered by the time `opened` arrives, under the pull-service's id.
+        assert await registered(h.meta) == {"10.0.0.1@1": "ps-1"}
+        value = (await h.meta.list_consumers("G"))["10.0.0.1@1"]
+        assert value.subscriptions[0].expression == "a > 1"
+        assert value.client_version == "basalt-test 0.1"
+        c2 = Consumer(h.stub, "10.0.0.2@2", answer=lambda c: (False, "cannot rebalance now"))
+        await c2.open()
+
+        listed = await h.stub.ListConsumers(ps.ListConsumersRequest(group="G"))
+        assert [c.client_id for c in listed.consumers] == ["10.0.0.1@1", "10.0.0.2@2"]
+        first = listed.consumers[0]
+        assert first.connected_since_ms > 0 and first.subscriptions[0].topic == "T"
+
+        reply = await h.stub.NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance(), client_ids=["10.0.0.9@9"])
+        )
+        assert outcomes(reply) == [("10.0.0.9@9", "NOT_CONNECTED")]
+        reply = await h.stub.NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance())
+        )
+        assert reply.command_id.startswith("ps-1-")  # assigned by the service
+        assert outcomes(reply) == [("10.0.0.1@1", "OK"), ("10.0.0.2@2", "FAILED")]
+        assert [a.detail for a in reply.acks] == ["done", "cannot rebalance now"]
+        # The consumer saw the general envelope with the id the reply names.
+        assert c1.commands[0].command_id == reply.command_id
+        assert c1.commands[0].WhichOneof("body") == "rebalance"
+
+        await c1.close()
+        assert c1.ended.result() is None  # a clean end: status OK
+        await eventually(lambda: _equals(registered(h.meta), {"10.0.0.2@2": "ps-1"}))
+        await c2.cancel()  # vanishes: the service notices and deregisters it too
+        await eventually(lambda: _equals(registered(h.meta), {}))
+        assert len(h.services[0].servicer.sessions) == 0
+
+
+async def _equals(value: Awaitable[Any], expected: Any) -> bool:
+    return bool(await value == expected)
+
+
+@async_test
+async def test_no_ack_in_time_is_timeout_and_a_session_that_ends_first_is_disconnected(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with sessions(tmp_path, meta_config) as h:
+        mute = Consumer(h.stub, "mute", answer=lambda c: None)
+        await mute.open()
+        started = time.monotonic()
+        reply = await h.stub.NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance(timeout_ms=300))
+        )
+        assert outcomes(reply) == [("mute", "TIMEOUT")]
+        assert time.monotonic() - started < 5  # answered at the command's timeout
+        assert len(mute.commands) == 1
+
+        pending = asyncio.ensure_future(
+            h.stub.NotifyConsumers(ps.NotifyConsumersRequest(group="G", command=rebalance(20_000)))
+        )
+        while len(mute.commands) < 2:
+            await asyncio.sleep(0.01)
+        await mute.cancel()
+        reply = await asyncio.wait_for(pending, 10)  # well before the 20 s timeout
+        assert outcomes(reply) == [("mute", "DISCONNECTED")]
+
+
+@async_test
+async def test_a_session_must_open_first_and_only_once(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with sessions(tmp_path, meta_config) as h:
+        call = h.stub.Session()
+        await call.write(ps.SessionRequest(heartbeat=ps.Heartbeat()))
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call.read()
+        status, code, details = status_of(e.value)
+        assert (status, code) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            pb.RESPONSE_CODE_INVALID_PARAMETER,
+        )
+        assert "first frame of a session must be open, got heartbeat" in details
+
+        c = Consumer(h.stub, "twice")
+        await c.open()
+        await c._write(ps.SessionRequest(open=ps.OpenSession(group="G", client_id="twice")))
+        status, code, details = status_of(await asyncio.wait_for(c.ended, 10))
+        assert status == grpc.StatusCode.FAILED_PRECONDITION
+        assert "already open" in details
+        await eventually(lambda: _equals(registered(h.meta), {}))
+        # Still serving:
+        ok = Consumer(h.stub, "after")
+        await ok.open()
+        assert await registered(h.meta) == {"after": "ps-1"}
+        await ok.close()
+
+
+@async_test
+async def test_bad_open_frames_are_refused_clearly(tmp_path: Path, meta_config: MetaConfig) -> None:
+    async with sessions(tmp_path, meta_config) as h:
+        sql = pb.EXPRESSION_TYPE_SQL92
+        cases: list[tuple[ps.OpenSession, int, str]] = [
+            (ps.OpenSession(group="", client_id="c"), 29, "group must not be empty"),
+            (ps.OpenSession(group="G", client_id=""), 29, "client_id must not be empty"),
+            (ps.OpenSession(group="G", client_id="a b"), 29, "client id 'a b'"),
+            (
+                ps.OpenSession(
+                    group="G",
+                    client_id="c",
+                    subscriptions=[
+                        pb.TopicSubscription(
+                            topic="T", subscription=pb.Subscription(type=sql, expression="a >")
+                        )
+                    ],
+                ),
+                pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED,
+                "position 3",
+            ),
+            (
+                ps.OpenSession(
+                    group="G",
+                    client_id="c",
+                    subscriptions=[pb.TopicSubscription(topic="bad topic")],
+                ),
+                29,
+                "topic 'bad topic'",
+            ),
+        ]
+        for request, code, words in cases:
+            call = h.stub.Session()
+            await call.write(ps.SessionRequest(open=request))
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call.read()
+            status, got_code, details = status_of(e.value)
+            assert (status, got_code) == (grpc.StatusCode.INVALID_ARGUMENT, code), details
+            assert words in details, details
+        assert await registered(h.meta) == {}
+
+
+@async_test
+async def test_a_silent_session_is_closed_and_a_newer_session_replaces_an_older(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with sessions(tmp_path, meta_config) as h:
+        silent = Consumer(h.stub, "quiet", heartbeat=False)
+        await silent.open()
+        assert await registered(h.meta) == {"quiet": "ps-1"}
+        status, code, details = status_of(await asyncio.wait_for(silent.ended, 10))
+        assert (status, code) == (
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+        )
+        assert "no frame from consumer G/quiet for 900 ms" in details
+        await eventually(lambda: _equals(registered(h.meta), {}))
+
+        old = Consumer(h.stub, "same")
+        await old.open()
+        new = Consumer(h.stub, "same")
+        await new.open()
+        status, _, details = status_of(await asyncio.wait_for(old.ended, 10))
+        assert status == grpc.StatusCode.ABORTED and "newer session" in details
+        # The newer session holds the registration and gets the commands.
+        assert await registered(h.meta) == {"same": "ps-1"}
+        reply = await h.stub.NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance())
+        )
+        assert outcomes(reply) == [("same", "OK")]
+        assert (len(old.commands), len(new.commands)) == (0, 1)
+        await new.close()
+
+
+@async_test
+async def test_list_and_notify_reach_consumers_across_two_pull_services(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with sessions(tmp_path, meta_config, "ps-1", "ps-2") as h:
+        on_1 = Consumer(h.stubs[0], "c1")
+        on_2a = Consumer(h.stubs[1], "c2a")
+        on_2b = Consumer(h.stubs[1], "c2b", answer=lambda c: (False, "busy"))
+        for c in (on_1, on_2a, on_2b):
+            await c.open()
+        assert await registered(h.meta) == {"c1": "ps-1", "c2a": "ps-2", "c2b": "ps-2"}
+
+        for stub in h.stubs:  # either pull-service lists the whole group
+            listed = await stub.ListConsumers(ps.ListConsumersRequest(group="G"))
+            assert [(c.client_id, c.pull_service_id) for c in listed.consumers] == [
+                ("c1", "ps-1"),
+                ("c2a", "ps-2"),
+                ("c2b", "ps-2"),
+            ]
+        local = await h.stubs[1].ListConsumers(
+            ps.ListConsumersRequest(group="G"), metadata=((SCOPE_KEY, SCOPE_LOCAL),)
+        )
+        assert [c.client_id for c in local.consumers] == ["c2a", "c2b"]
+
+        reply = await h.stubs[0].NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance(command_id="reset-1"))
+        )
+        assert reply.command_id == "reset-1"
+        assert outcomes(reply) == [("c1", "OK"), ("c2a", "OK"), ("c2b", "FAILED")]
+        assert [c.commands[0].command_id for c in (on_1, on_2a, on_2b)] == ["reset-1"] * 3
+        only = await h.stubs[0].NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance(), client_ids=["c2a", "gone"])
+        )
+        assert outcomes(only) == [("c2a", "OK"), ("gone", "NOT_CONNECTED")]
+        local_only = await h.stubs[0].NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance(), client_ids=["c2a"]),
+            metadata=((SCOPE_KEY, SCOPE_LOCAL),),
+        )
+        assert outcomes(local_only) == [("c2a", "NOT_CONNECTED")]
+        assert "ps-1" in local_only.acks[0].detail
+
+        # ps-2 stops: its sessions end (UNAVAILABLE) and leave etcd; ps-1 carries on.
+        await h.services[1].stop(grace_s=1)
+        h.services.pop(1)
+        status, code, _ = status_of(await asyncio.wait_for(on_2a.ended, 10))
+        assert (status, code) == (
+            grpc.StatusCode.UNAVAILABLE,
+            pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+        )
+        assert await registered(h.meta) == {"c1": "ps-1"}
+        reply = await h.stubs[0].NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance())
+        )
+        assert outcomes(reply) == [("c1", "OK")]
+        await on_1.close()
+
+
+@async_test
+async def test_a_newer_session_on_another_pull_service_replaces_the_older(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with sessions(tmp_path, meta_config, "ps-1", "ps-2") as h:
+        old = Consumer(h.stubs[0], "moving")
+        await old.open()
+        assert await registered(h.meta) == {"moving": "ps-1"}
+        new = Consumer(h.stubs[1], "moving")
+        await new.open()
+        status, code, details = status_of(await asyncio.wait_for(old.ended, 10))
+        assert (status, code) == (grpc.StatusCode.ABORTED, pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE)
+        assert "newer session on pull-service ps-2" in details
+        # The older session's revoked lease did not take the newer's key with it.
+        assert await registered(h.meta) == {"moving": "ps-2"}
+        reply = await h.stubs[0].NotifyConsumers(
+            ps.NotifyConsumersRequest(group="G", command=rebalance())
+        )
+        assert outcomes(reply) == [("moving", "OK")]
+        assert (len(old.commands), len(new.commands)) == (0, 1)
+        await new.close()
