@@ -42,7 +42,7 @@ class _CommandOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Comman
     COMMAND_OUTCOME_DISCONNECTED: _CommandOutcome.ValueType  # 4
     """The session ended before the ack."""
     COMMAND_OUTCOME_NOT_CONNECTED: _CommandOutcome.ValueType  # 5
-    """A requested client id has no session on this pull-service."""
+    """A requested client id has no live session (in scope)."""
 
 class CommandOutcome(_CommandOutcome, metaclass=_CommandOutcomeEnumTypeWrapper):
     """How one consumer answered a pushed command."""
@@ -57,7 +57,7 @@ COMMAND_OUTCOME_TIMEOUT: CommandOutcome.ValueType  # 3
 COMMAND_OUTCOME_DISCONNECTED: CommandOutcome.ValueType  # 4
 """The session ended before the ack."""
 COMMAND_OUTCOME_NOT_CONNECTED: CommandOutcome.ValueType  # 5
-"""A requested client id has no session on this pull-service."""
+"""A requested client id has no live session (in scope)."""
 Global___CommandOutcome: _TypeAlias = CommandOutcome  # noqa: Y015
 
 @_typing.final
@@ -541,8 +541,8 @@ class ListConsumersResponse(_message.Message):
     CONSUMERS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def consumers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ConsumerInfo]:
-        """The group's consumers with a session on this pull-service (the
-        cluster-wide list is etcd `consumers/<group>/`); empty when none.
+        """The group's live consumers (only this pull-service's with
+        `basalt-scope: local`); empty when none.
         """
 
     def __init__(
@@ -574,8 +574,8 @@ class NotifyConsumersRequest(_message.Message):
 
     @_builtins.property
     def client_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Only these consumers; empty = every consumer of the group on this
-        pull-service.
+        """Only these consumers; empty = every live consumer of the group (on this
+        pull-service only, with `basalt-scope: local`).
         """
 
     def __init__(

@@ -91,15 +91,19 @@ class PullServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListConsumers(self, request, context):
-        """The consumers of a group whose session is on this pull-service.
+        """The live consumers of a group, wherever their session is (from etcd
+        `consumers/<group>/`). With the request metadata `basalt-scope: local`,
+        only those whose session is on this pull-service.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NotifyConsumers(self, request, context):
-        """Push a command to a group's consumers on this pull-service and collect
-        their acknowledgements (admin's way to reach consumers).
+        """Push a command to a group's live consumers and collect their
+        acknowledgements (admin's way to reach consumers): directly to sessions on
+        this pull-service, through the owning pull-service (called with
+        `basalt-scope: local`, so forwarding never loops) for the others.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -52,10 +52,15 @@ class PullServiceStub:
     by the service, each acknowledged by the consumer.
     """
     ListConsumers: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.ListConsumersRequest, _pull_service_pb2.ListConsumersResponse]
-    """The consumers of a group whose session is on this pull-service."""
+    """The live consumers of a group, wherever their session is (from etcd
+    `consumers/<group>/`). With the request metadata `basalt-scope: local`,
+    only those whose session is on this pull-service.
+    """
     NotifyConsumers: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.NotifyConsumersRequest, _pull_service_pb2.NotifyConsumersResponse]
-    """Push a command to a group's consumers on this pull-service and collect
-    their acknowledgements (admin's way to reach consumers).
+    """Push a command to a group's live consumers and collect their
+    acknowledgements (admin's way to reach consumers): directly to sessions on
+    this pull-service, through the owning pull-service (called with
+    `basalt-scope: local`, so forwarding never loops) for the others.
     """
 
 @_typing.type_check_only
@@ -76,10 +81,15 @@ class PullServiceAsyncStub(PullServiceStub):
     by the service, each acknowledged by the consumer.
     """
     ListConsumers: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.ListConsumersRequest, _pull_service_pb2.ListConsumersResponse]  # type: ignore[assignment]
-    """The consumers of a group whose session is on this pull-service."""
+    """The live consumers of a group, wherever their session is (from etcd
+    `consumers/<group>/`). With the request metadata `basalt-scope: local`,
+    only those whose session is on this pull-service.
+    """
     NotifyConsumers: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.NotifyConsumersRequest, _pull_service_pb2.NotifyConsumersResponse]  # type: ignore[assignment]
-    """Push a command to a group's consumers on this pull-service and collect
-    their acknowledgements (admin's way to reach consumers).
+    """Push a command to a group's live consumers and collect their
+    acknowledgements (admin's way to reach consumers): directly to sessions on
+    this pull-service, through the owning pull-service (called with
+    `basalt-scope: local`, so forwarding never loops) for the others.
     """
 
 class PullServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -121,7 +131,10 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _pull_service_pb2.ListConsumersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pull_service_pb2.ListConsumersResponse, _abc.Awaitable[_pull_service_pb2.ListConsumersResponse]]:
-        """The consumers of a group whose session is on this pull-service."""
+        """The live consumers of a group, wherever their session is (from etcd
+        `consumers/<group>/`). With the request metadata `basalt-scope: local`,
+        only those whose session is on this pull-service.
+        """
 
     @_abc_1.abstractmethod
     def NotifyConsumers(
@@ -129,8 +142,10 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _pull_service_pb2.NotifyConsumersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pull_service_pb2.NotifyConsumersResponse, _abc.Awaitable[_pull_service_pb2.NotifyConsumersResponse]]:
-        """Push a command to a group's consumers on this pull-service and collect
-        their acknowledgements (admin's way to reach consumers).
+        """Push a command to a group's live consumers and collect their
+        acknowledgements (admin's way to reach consumers): directly to sessions on
+        this pull-service, through the owning pull-service (called with
+        `basalt-scope: local`, so forwarding never loops) for the others.
         """
 
 def add_PullServiceServicer_to_server(servicer: PullServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
