@@ -33,40 +33,24 @@ def add_cluster(parser: argparse.ArgumentParser) -> None:
     cluster.add_commands(parser)
 
 
-def add_store_node_command(parser: argparse.ArgumentParser) -> None:
-    """``basalt store-node …``: run a store-node until SIGTERM (services.store_node_main)."""
-    from services import store_node_main
+def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """``basalt <service> …``: run a service process until SIGTERM; ``module`` (under
+    ``services``) supplies ``add_arguments`` and ``serve``."""
 
-    store_node_main.add_arguments(parser)
+    def register(parser: argparse.ArgumentParser) -> None:
+        import importlib
 
-    def run(args: argparse.Namespace, stdout: object, stderr: object) -> int:
-        import asyncio
-        import logging
+        from services import process
 
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
-        return asyncio.run(store_node_main.serve(args))
+        service = importlib.import_module(f"services.{module}")
+        service.add_arguments(parser)
+        parser.set_defaults(handler=lambda args, stdout, stderr: process.run(service.serve, args))
 
-    parser.set_defaults(handler=run)
+    return register
 
 
-def add_pull_service_command(parser: argparse.ArgumentParser) -> None:
-    """``basalt pull-service …``: run a pull-service until SIGTERM (services.pull_service_main)."""
-    from services import pull_service_main
-
-    pull_service_main.add_arguments(parser)
-
-    def run(args: argparse.Namespace, stdout: object, stderr: object) -> int:
-        import asyncio
-        import logging
-
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-        )
-        return asyncio.run(pull_service_main.serve(args))
-
-    parser.set_defaults(handler=run)
+add_store_node_command = _service_command("store_node_main")
+add_pull_service_command = _service_command("pull_service_main")
 
 
 #: Adds a group's subcommands to the group's parser.

@@ -25,8 +25,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2, pull_service_pb2_grpc
@@ -34,6 +33,7 @@ from services.meta_client import MetaClient
 from services.meta_lease import Registration
 from services.meta_model import BrokerRegistration, ConsumerRegistration, PullServiceRegistration
 from services.meta_watch import MetaChange, MetaWatcher
+from services.process import add_health_and_reflection, grpc_server, set_serving
 from services.pull_channels import ChannelPool
 from services.pull_service import ClusterView, PullServiceConfig, PullServiceServicer
 from services.pull_sessions import SessionRegistry, StreamRefusal
@@ -57,8 +57,7 @@ class RunningPullService:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Graceful stop, in the module docstring's order."""
-        await self.health.set(PULL_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_serving(self.health, PULL_SERVICE, False)
         if self.registration is not None:
             with contextlib.suppress(Exception):  # etcd away: the lease expires by itself
                 await self.registration.close()
@@ -102,18 +101,9 @@ async def start_pull_service(
     )
     view.consumers.subscribe(sessions.on_consumer_change)
     servicer = PullServiceServicer(config, meta, view, channels, sessions)
-    server = grpc.aio.server(
-        options=(
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
-        )
-    )
+    server = grpc_server(config.max_message_bytes)
     pull_service_pb2_grpc.add_PullServiceServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (PULL_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    health_servicer = add_health_and_reflection(server, PULL_SERVICE)
     try:
         port = server.add_insecure_port(listen)
         await server.start()
@@ -133,8 +123,7 @@ async def start_pull_service(
             ),
             wait=False,
         )
-    await health_servicer.set(PULL_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await set_serving(health_servicer, PULL_SERVICE, True)
     log.info("pull-service %s serving on %s", config.pull_service_id, address)
     return RunningPullService(
         config, server, port, address, servicer, health_servicer, registration

@@ -18,13 +18,12 @@ per event: ``time level logger message``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
-import sys
 from collections.abc import Sequence
 
+from services import process
 from services.meta import MetaClient, MetaConfig, parse_endpoints
+from services.process import wait_for_stop_signal
 from services.pull_server import start_pull_service
 from services.pull_service import PullServiceConfig
 
@@ -75,11 +74,7 @@ async def serve(args: argparse.Namespace) -> int:
             advertise_host=_advertise_host(args.listen, args.advertise_host),
         )
         print(f"pull-service {args.id} serving on {running.address}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await wait_for_stop_signal()
         log.info("stopping")
         await running.stop()
     finally:
@@ -88,15 +83,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="basalt pull-service", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    return asyncio.run(serve(args))
+    return process.main("basalt pull-service", __doc__.split("\n")[0], add_arguments, serve, argv)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ import logging
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
 from basalt.v1 import store_node_pb2, store_node_pb2_grpc
 from services.long_polling import PullRequestHoldService
+from services.process import add_health_and_reflection, grpc_server, set_serving
 from services.store_node import StoreNodeConfig, StoreNodeServicer
 from services.topics import TopicDirectory
 from store import MessageStore, MessageStoreConfig
@@ -47,7 +47,7 @@ class RunningStoreNode:
         """Graceful stop: NOT_SERVING, no new calls, in-flight ones finish (up to
         ``grace_s``), then the store shuts down cleanly."""
         self.servicer.writable = False
-        await self.health.set(STORE_NODE_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_serving(self.health, STORE_NODE_SERVICE, False)
         await self.server.stop(grace_s)
         await asyncio.to_thread(self.store.shutdown)
         log.info("store-node stopped; store shut down cleanly")
@@ -69,26 +69,15 @@ async def start_store_node(
     # A send of one maximal message must reach the store (which answers
     # MESSAGE_ILLEGAL past max_message_size) rather than stop at gRPC's 4 MiB
     # default; a pull returns at most one message past the transfer caps.
-    limit = store_config.max_message_size + 1024 * 1024
-    server = grpc.aio.server(
-        options=(
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-        )
-    )
+    server = grpc_server(store_config.max_message_size + 1024 * 1024)
     store_node_pb2_grpc.add_StoreNodeServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (STORE_NODE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    health_servicer = add_health_and_reflection(server, STORE_NODE_SERVICE)
     try:
         port = server.add_insecure_port(listen)
         await server.start()
     except BaseException:
         await asyncio.to_thread(store.shutdown)
         raise
-    await health_servicer.set(STORE_NODE_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await set_serving(health_servicer, STORE_NODE_SERVICE, True)
     log.info("store-node %s serving on port %d", node.broker_name, port)
     return RunningStoreNode(server, port, store, servicer, health_servicer)

@@ -18,15 +18,13 @@ event: ``time level logger message``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
-import signal
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from services import process
 from services.meta import (
     BrokerRegistration,
     MetaClient,
@@ -35,6 +33,7 @@ from services.meta import (
     TopicConfig,
     parse_endpoints,
 )
+from services.process import wait_for_stop_signal
 from services.server import start_store_node
 from services.store_node import StoreNodeConfig
 from services.topics import LocalTopics, TopicDirectory
@@ -126,11 +125,7 @@ async def serve(args: argparse.Namespace) -> int:
             wait=False,
         )
     print(f"store-node {args.name} serving on {running.address}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     log.info("stopping")
     if registration is not None:
         with contextlib.suppress(Exception):
@@ -144,15 +139,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="basalt store-node", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    return asyncio.run(serve(args))
+    return process.main("basalt store-node", __doc__.split("\n")[0], add_arguments, serve, argv)
 
 
 if __name__ == "__main__":

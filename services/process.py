@@ -1,0 +1,90 @@
+"""What every Basalt service process shares: logging, the gRPC server shell,
+health and reflection, and waiting for SIGTERM.
+
+A service's ``*_main`` module supplies ``add_arguments`` and an async
+``serve(args)``; :func:`main` turns them into a process entry point and the
+``basalt <service>`` command (admin/cli.py) reuses the same pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+#: One line per event on stderr: ``time level logger message``.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
+
+
+def run(serve: Serve, args: argparse.Namespace) -> int:
+    """Run ``serve(args)`` on a fresh event loop, logging configured; its exit status."""
+    configure_logging()
+    return asyncio.run(serve(args))
+
+
+def main(
+    prog: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    serve: Serve,
+    argv: Sequence[str] | None = None,
+) -> int:
+    """A service process's entry point: parse ``argv``, then :func:`run`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    return run(serve, parser.parse_args(argv))
+
+
+async def wait_for_stop_signal() -> None:
+    """Return on the first SIGTERM or SIGINT (the graceful-stop path)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def grpc_server(max_message_bytes: int) -> grpc.aio.Server:
+    """A grpc.aio server whose message limit fits the largest message it must take."""
+    return grpc.aio.server(
+        options=(
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        )
+    )
+
+
+def add_health_and_reflection(server: grpc.aio.Server, service: str) -> health.aio.HealthServicer:
+    """``grpc.health.v1`` (call :func:`set_serving` once ready) and reflection of
+    ``service``, health and reflection themselves."""
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    reflection.enable_server_reflection(
+        (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    return servicer
+
+
+async def set_serving(servicer: health.aio.HealthServicer, service: str, serving: bool) -> None:
+    """Report ``service`` (and the server as a whole) SERVING or NOT_SERVING."""
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    await servicer.set(service, status)
+    await servicer.set("", status)
