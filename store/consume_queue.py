@@ -15,8 +15,10 @@ queue whose first file does not start at offset 0 of its first unit gets a
 leading run of blank units ``(0, 0x7FFFFFFF, 0)``, as RocketMQ's fillPreBlank.
 An all-zero unit marks the end of what was written.
 
-Concurrency: written only by the dispatcher thread (and by recovery before
-that thread starts); readers read units below the write position.
+Concurrency: written by one dispatching thread at a time (the dispatcher's,
+or a writer applying its own hand-off, under the dispatch lock; recovery
+before either); readers read units below the write position; expiry deletes
+files from the front, waiting for readers that hold them.
 """
 
 from __future__ import annotations

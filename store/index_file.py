@@ -41,21 +41,25 @@ starts with the previous file's end timestamp and offset as both its begin and
 end, and its first entry's timeDiff is taken against that timestamp before
 ``beginTimestamp`` is reset to the entry's own store time.
 
-Concurrency: one writer thread (the dispatcher) calls :meth:`IndexFile.put_key`;
-any thread may call the readers (:meth:`select_phy_offsets`, :meth:`is_time_matched`,
-the header accessors) at the same time; :meth:`flush` may run on another thread.
-:meth:`close` and :meth:`destroy` need every other user to be done with the
-file (:class:`store.index_service.IndexService` guarantees that with its lock).
+Concurrency: one writer (the dispatcher's thread) calls :meth:`IndexFile.put_key`
+or :meth:`IndexFile.put_records`; any thread may call the readers
+(:meth:`select_phy_offsets`, :meth:`is_time_matched`, the header accessors)
+at the same time; :meth:`flush` may run on another thread. :meth:`close` and
+:meth:`destroy` need every other user to be done with the file
+(:class:`store.index_service.IndexService` guarantees that with its lock).
 
-The rule that keeps readers from seeing a torn header: the header lives in an
+The rule that keeps readers from seeing a torn header or a half-written
+entry: every entry is written before the slot that names it, and the slot
+before the header's ``indexCount`` that counts it. The header lives in an
 immutable :class:`IndexHeader` snapshot that the writer replaces with one
-attribute assignment, after it has written the entry, then the slot, then the
-header bytes. A reader reads the slot *first* and the snapshot *second*, so the
-slot can never name an entry beyond the snapshot's ``indexCount``, and every
-entry a slot or a ``prevIndex`` names was written before it was named.
-Readers never parse the header bytes; only :meth:`IndexFile.open` does. The
-writer and :meth:`IndexFile.flush` write the header bytes under a small lock,
-so a flush never puts an older header over a newer one.
+attribute assignment; ``put_records`` (C, without the GIL) publishes the
+snapshot only when it returns, but writes the header bytes after every
+entry, ``indexCount`` last. A reader reads the slot *first*, then the larger
+of the snapshot's and the bytes' ``indexCount``, so the slot can never name
+an entry beyond the count it uses, and every entry a slot or a ``prevIndex``
+names was written before it was named. The writer and :meth:`IndexFile.flush`
+write the header bytes under a small lock, so a flush never puts an older
+header over a newer one.
 
 Checked against RocketMQ 4.9.8's own ``IndexFile.java`` (compiled unmodified
 against a stub MappedFile): 1,200 random scripts of creates, puts (with
@@ -407,9 +411,9 @@ class IndexFile:
         ``_records.INDEX_DONE`` (``pos == limit``), ``INDEX_FULL`` (this file is
         full: go on in a new one with ``keys_done``), ``INDEX_BLANK`` (an
         end-of-file blank at ``pos``) or ``INDEX_CORRUPT`` (``reason`` says why).
-        The per-key loop runs in C without the GIL; the header snapshot is
-        published once, after the entries and slots are written (the module's
-        concurrency rule). Single writer, like :meth:`put_key`.
+        The per-key loop runs in C without the GIL, writing the header bytes
+        after every entry; the header snapshot is published when it returns
+        (the module's concurrency rule). Single writer, like :meth:`put_key`.
         """
         pos, keys_done, state, stop, reason = _records.index_put(
             log,

@@ -11,15 +11,18 @@ ended, and the full one is handed to :meth:`IndexService.flush`.
 Durability and the checkpoint (RocketMQ's rule): ``indexMsgTimestamp`` in the
 checkpoint is the end timestamp of the newest *full* file known to be on disk.
 After an abnormal exit, :meth:`IndexService.load` destroys every file whose
-end timestamp is later than that, i.e. the file that was being written; the
-records it held are indexed again only as far back as recovery re-dispatches
-(from the checkpoint's index time with RocketMQ's ``messageIndexSafe``; by
-default from ``min(physic, logics) - 3 s``, and older entries of the destroyed
-file are lost, as in RocketMQ). The file being written is therefore never
-flushed before shutdown: its pages would be thrown away after a crash anyway.
+end timestamp is later than that, i.e. the file that was being written.
+RocketMQ indexes its records again only as far back as recovery re-dispatches
+and loses older ones; Basalt's store resumes from where the remaining files
+end (or from the CommitLog's start when none remains), so every record is
+indexed again (``MessageStore._catch_up_index``). The file being written is
+therefore never flushed before shutdown: its pages would be thrown away after
+a crash anyway.
 
-Concurrency: :meth:`IndexService.on_dispatch` runs on the single dispatcher
-thread, the only writer. :meth:`query_offset` may run on any thread at the
+Concurrency: one writer - :meth:`build_from_commitlog` (the store's bulk path,
+on the dispatcher's thread) or :meth:`on_dispatch`/:meth:`build_index` (the
+per-record Python path, kept as the reference the bulk path is tested
+against). :meth:`query_offset` may run on any thread at the
 same time: it holds ``_lock`` while it walks, and so do the operations that
 close files (:meth:`delete_expired_file`, :meth:`shutdown`, :meth:`destroy`)
 and those that replace the file list (a roll, :meth:`load`). The list is

@@ -5,7 +5,9 @@ Offsets are global: file ``00000000001073741824`` holds offsets
 
 Concurrency: one writer thread appends and rolls; readers look files up under
 the GIL (``files`` is replaced, never mutated in place, so a reader iterating a
-snapshot is safe); truncation and deletion happen while nothing reads.
+snapshot is safe); truncation happens while nothing reads (recovery); expiry
+deletes files from the front while readers run, each file waiting for the
+readers that hold it (:meth:`MappedFile.hold`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Owns one store root::
 
     <root>/commitlog/            CommitLog files            (store.commitlog)
     <root>/consumequeue/T/Q/     ConsumeQueue files         (store.consume_queue)
+    <root>/index/                IndexFiles                 (store.index_file)
+    <root>/config/               consumerOffset.json        (store.consumer_offsets)
     <root>/checkpoint            flush timestamps           (store.checkpoint)
     <root>/abort                 present while running; left behind by a crash
     <root>/lock                  flock'ed while a store has the root open

@@ -1,0 +1,467 @@
+"""Client side of ``benchmarks/e2e_throughput.py``: the cluster, payloads, load workers.
+
+* :class:`Cluster` runs ``basalt cluster up`` / ``down`` as a subprocess and
+  reads ``<data-dir>/cluster.json`` (each process's role, pid and address).
+* :func:`query_route` turns a topic's ``PullService.QueryRoute`` answer into
+  :class:`QueueRef`\\ s (broker, its address and store host, queue id).
+* :func:`send_payloads` pre-serializes SendMessage / SendBatch requests
+  (``messages`` form, or ``records`` the producer encoded with
+  :class:`store.batch.EncodedBatch`), so a load process spends its CPU on
+  gRPC, not on building requests. Every message has 1 KiB of body (by
+  default), TAGS, and a UNIQ_KEY property unique within the pool of requests
+  a queue cycles through.
+* :func:`worker_main` is a load process (``multiprocessing``, spawn): one
+  event loop, a few channels per address, many coroutines. It reports
+  ``ready`` once its channels connect, waits for the start time, warms up,
+  then counts what completes inside the measured window and sends back a
+  :class:`WorkerResult`.
+
+Times are ``time.monotonic()``: CLOCK_MONOTONIC, comparable across processes
+of one machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from basalt.v1 import store_node_pb2 as sn
+from store.batch import EncodedBatch
+from store.message import Message, encode_host
+from store.record import EncodedMessage
+
+SEND_MESSAGE = "/basalt.v1.StoreNode/SendMessage"
+SEND_BATCH = "/basalt.v1.StoreNode/SendBatch"
+#: A load channel's options: its own TCP connection (no global subchannel
+#: sharing), and room for a batch of large records.
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+)
+#: One send answer in this many is decoded and checked (SEND_OK, one offset per message).
+CHECK_EVERY = 64
+
+# -- the cluster ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessEntry:
+    role: str  # etcd | store-node | pull-service
+    name: str
+    pid: int
+    address: str
+
+
+class Cluster:
+    """``basalt cluster up`` in ``data_dir`` (a subprocess); :meth:`down` always."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.processes: list[ProcessEntry] = []
+
+    def up(self) -> str:
+        """Start it; returns ``up``'s output. RuntimeError when it does not come up."""
+        done = subprocess.run(
+            [sys.executable, "-m", "admin", "cluster", "up", "--data-dir", str(self.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"cluster up failed ({done.returncode}): {done.stdout}{done.stderr}")
+        state = json.loads((self.data_dir / "cluster.json").read_text())
+        self.processes = [
+            ProcessEntry(p["role"], p["name"], int(p["pid"]), p["address"]) for p in state
+        ]
+        return done.stdout
+
+    def down(self) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "admin", "cluster", "down", "--data-dir", str(self.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        return done.stdout + done.stderr
+
+    def of_role(self, role: str) -> list[ProcessEntry]:
+        return [p for p in self.processes if p.role == role]
+
+    @property
+    def pull_address(self) -> str:
+        return self.of_role("pull-service")[0].address
+
+    @property
+    def etcd_address(self) -> str:
+        return self.of_role("etcd")[0].address
+
+
+# -- routes and payloads ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRef:
+    """One queue of a topic on one store-node."""
+
+    broker: str
+    address: str
+    store_host: str
+    queue_id: int
+
+
+async def query_route(stub: ps_grpc.PullServiceAsyncStub, topic: str) -> list[QueueRef]:
+    """The topic's writable and readable queues on registered store-nodes, by broker
+    then queue id."""
+    route = (await stub.QueryRoute(ps.QueryRouteRequest(topic=topic), timeout=5)).route
+    brokers = {b.broker_name: b for b in route.broker_datas}
+    queues = []
+    for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
+        b = brokers.get(qd.broker_name)
+        if b is None:
+            continue
+        for q in range(min(qd.read_queue_nums, qd.write_queue_nums)):
+            queues.append(QueueRef(b.broker_name, b.address, b.store_host, q))
+    return queues
+
+
+def _properties(topic: str, queue: QueueRef, n: int) -> dict[str, str]:
+    # A UNIQ_KEY like a producer's (32 hex digits), unique per (topic, queue, n).
+    return {"UNIQ_KEY": f"{abs(hash((topic, queue.broker))) % 2**32:08X}{queue.queue_id:08X}{n:016X}"}
+
+
+def send_payloads(
+    kind: str, topic: str, queue: QueueRef, batch: int, body_size: int, pool: int
+) -> list[bytes]:
+    """``pool`` serialized requests for one queue: ``send`` (SendMessageRequest) or
+    ``messages`` / ``records`` (SendBatchRequest of ``batch`` messages)."""
+    body = bytes(os.urandom(body_size))
+    born_ms = int(time.time() * 1000)
+    out: list[bytes] = []
+    for p in range(pool):
+        if kind == "send":
+            req = sn.SendMessageRequest(
+                message=pb.Message(
+                    topic=topic,
+                    tags="TagA",
+                    body=body,
+                    properties=_properties(topic, queue, p),
+                    born_timestamp_ms=born_ms,
+                ),
+                queue_id=queue.queue_id,
+            )
+            out.append(req.SerializeToString())
+        elif kind == "messages":
+            msgs = [
+                pb.Message(
+                    tags="TagA",
+                    body=body,
+                    properties=_properties(topic, queue, p * batch + i),
+                    born_timestamp_ms=born_ms,
+                )
+                for i in range(batch)
+            ]
+            batch_req = sn.SendBatchRequest(
+                topic=topic, queue_id=queue.queue_id, messages=pb.MessageList(messages=msgs)
+            )
+            out.append(batch_req.SerializeToString())
+        elif kind == "records":
+            out.append(
+                sn.SendBatchRequest(
+                    topic=topic,
+                    queue_id=queue.queue_id,
+                    records=encode_records(topic, queue, batch, body, p * batch, born_ms),
+                ).SerializeToString()
+            )
+        else:
+            raise ValueError(f"unknown payload kind {kind!r}")
+    return out
+
+
+def encode_records(
+    topic: str, queue: QueueRef, count: int, body: bytes, first: int, born_ms: int
+) -> bytes:
+    """A producer-encoded batch (RocketMQ's MessageBatch) for ``queue``: BODYCRC and
+    the broker's fields left zero, SYSFLAG's store-host bit from its store host."""
+    host = encode_host(queue.store_host)
+    encoded = [
+        EncodedMessage(
+            Message(
+                topic,
+                body,
+                queue_id=queue.queue_id,
+                tags="TagA",
+                properties=_properties(topic, queue, first + i),
+                born_timestamp_ms=born_ms,
+            ),
+            store_host=host,
+            compute_crc=False,
+        )
+        for i in range(count)
+    ]
+    return bytes(EncodedBatch.of_messages(encoded).data)
+
+
+# -- load workers -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class WorkerSpec:
+    """What one load process does. ``role``: ``send`` | ``messages`` | ``records``
+    (producers, ``per_queue`` coroutines per queue, each one call in flight) or
+    ``pull`` (one coroutine per queue, one pull in flight, committing) or ``wake``
+    (one held pull after another on ``queues[0]``, each return's time sent to the
+    parent at once)."""
+
+    role: str
+    topic: str
+    queues: list[QueueRef]
+    warmup_s: float
+    duration_s: float
+    pull_address: str = ""
+    per_queue: int = 1
+    channels: int = 1
+    batch: int = 1
+    body_size: int = 1024
+    pool: int = 16
+    group: str = ""
+    max_nums: int = 32
+    suspend_ms: int = 0
+    #: Start offset of each queue (pull, wake); 0 when absent.
+    offsets: list[int] = field(default_factory=list)
+    #: wake: how many found pulls before the process ends.
+    iterations: int = 0
+
+
+@dataclass(slots=True)
+class WorkerResult:
+    #: Messages acked (producers) or received (pull) inside the window.
+    msgs: int = 0
+    calls: int = 0
+    #: Record bytes received (pull) inside the window.
+    data_bytes: int = 0
+    #: Messages over the whole run, warm-up included.
+    total_msgs: int = 0
+    errors: list[str] = field(default_factory=list)
+    #: Pull: when the first queue ran dry (no suspend: nothing left), monotonic.
+    drained_at: float | None = None
+    #: The last completion inside the window, monotonic.
+    last_done: float = 0.0
+    #: Pull: records per FOUND pull inside the window -> how many pulls.
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    #: Pull: answers with no records inside the window (NO_NEW_MSG and the like).
+    empty_pulls: int = 0
+    #: Pull: each queue's next offset at the end.
+    offsets: list[int] = field(default_factory=list)
+
+
+def worker_main(spec: WorkerSpec, conn: Connection) -> None:
+    """A load process's entry point (``multiprocessing`` target)."""
+    try:
+        result = asyncio.run(_worker(spec, conn))
+    except BaseException as e:  # report rather than die silently
+        result = WorkerResult(errors=[f"{type(e).__name__}: {e}"])
+    with contextlib.suppress(OSError):
+        conn.send(result)
+        conn.close()
+
+
+class _Window:
+    def __init__(self, start_at: float, warmup_s: float, duration_s: float) -> None:
+        self.start = start_at + warmup_s
+        self.end = self.start + duration_s
+
+    def inside(self, t: float) -> bool:
+        return self.start <= t <= self.end
+
+
+async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
+    addresses = sorted({q.address for q in spec.queues})
+    if spec.role in ("pull", "wake"):
+        addresses = [spec.pull_address]
+    channels = {
+        a: [grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for _ in range(spec.channels)]
+        for a in addresses
+    }
+    try:
+        for chans in channels.values():
+            for ch in chans:
+                await asyncio.wait_for(ch.channel_ready(), 30)
+        conn.send("ready")
+        start_at: float = await asyncio.to_thread(conn.recv)
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        window = _Window(start_at, spec.warmup_s, spec.duration_s)
+        result = WorkerResult()
+        if spec.role == "wake":
+            await _wake_loop(spec, channels[spec.pull_address][0], conn)
+            return result
+        if spec.role == "pull":
+            coros = [
+                _pull_loop(spec, i, channels[spec.pull_address][i % spec.channels], window, result)
+                for i in range(len(spec.queues))
+            ]
+        else:
+            coros = []
+            for q in spec.queues:
+                payloads = send_payloads(
+                    spec.role, spec.topic, q, spec.batch, spec.body_size, spec.pool
+                )
+                for k in range(spec.per_queue):
+                    ch = channels[q.address][(q.queue_id * spec.per_queue + k) % spec.channels]
+                    coros.append(_send_loop(spec, ch, payloads, k, window, result))
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        await asyncio.sleep(max(0.0, window.end - time.monotonic()))
+        # Producers finish their call in flight; held pulls are cut at the window's end.
+        _, pending = await asyncio.wait(tasks, timeout=0.0 if spec.role == "pull" else 5.0)
+        for t in pending:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                exc = await t if t.cancelled() else t.exception()
+                if isinstance(exc, BaseException) and len(result.errors) < 5:
+                    result.errors.append(f"{type(exc).__name__}: {exc}")
+        return result
+    finally:
+        for chans in channels.values():
+            for ch in chans:
+                await ch.close()
+
+
+async def _send_loop(
+    spec: WorkerSpec,
+    channel: grpc.aio.Channel,
+    payloads: list[bytes],
+    k: int,
+    window: _Window,
+    result: WorkerResult,
+) -> None:
+    method = SEND_MESSAGE if spec.role == "send" else SEND_BATCH
+    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
+    n = 1 if spec.role == "send" else spec.batch
+    i = k
+    while time.monotonic() < window.end:
+        reply = await call(payloads[i % len(payloads)], timeout=30)
+        t = time.monotonic()
+        result.total_msgs += n
+        if window.inside(t):
+            result.msgs += n
+            result.calls += 1
+            result.last_done = max(result.last_done, t)
+        if i % CHECK_EVERY == 0:
+            sent = sn.SendBatchResponse.FromString(reply).result  # same layout as SendMessage's
+            if sent.status != pb.SEND_STATUS_SEND_OK or len(sent.queue_offsets) != n:
+                raise RuntimeError(f"send answered {sent.status} with {len(sent.queue_offsets)}")
+        i += 1
+
+
+async def _pull_loop(
+    spec: WorkerSpec, i: int, channel: grpc.aio.Channel, window: _Window, result: WorkerResult
+) -> None:
+    q = spec.queues[i]
+    stub: ps_grpc.PullServiceAsyncStub = ps_grpc.PullServiceStub(channel)
+    mq = pb.MessageQueue(topic=spec.topic, broker_name=q.broker, queue_id=q.queue_id)
+    offset = spec.offsets[i] if i < len(spec.offsets) else 0
+    while len(result.offsets) <= i:
+        result.offsets.append(0)
+    sizes: Counter[int] = Counter()
+    try:
+        while time.monotonic() < window.end:
+            got = await stub.Pull(
+                ps.PullRequest(
+                    group=spec.group,
+                    queue=mq,
+                    offset=offset,
+                    max_nums=spec.max_nums,
+                    suspend_timeout_ms=spec.suspend_ms,
+                    commit_offset=offset,
+                ),
+                timeout=spec.suspend_ms / 1000 + 30,
+            )
+            t = time.monotonic()
+            n = got.records.count
+            if got.commit.code != pb.RESPONSE_CODE_SUCCESS:
+                raise RuntimeError(f"commit of {offset} answered {got.commit.code}")
+            result.total_msgs += n
+            if window.inside(t):
+                result.msgs += n
+                result.calls += 1
+                result.data_bytes += len(got.records.data)
+                result.last_done = max(result.last_done, t)
+                if n:
+                    sizes[n] += 1
+                else:
+                    result.empty_pulls += 1
+            if got.status == pb.PULL_STATUS_NO_NEW_MSG and spec.suspend_ms == 0:
+                if result.drained_at is None or t < result.drained_at:
+                    result.drained_at = t
+                break
+            offset = got.next_begin_offset
+    finally:
+        result.offsets[i] = offset
+        for size, count in sizes.items():
+            result.batch_sizes[size] = result.batch_sizes.get(size, 0) + count
+
+
+async def _wake_loop(spec: WorkerSpec, channel: grpc.aio.Channel, conn: Connection) -> None:
+    """Held pulls one after another; after each return, send (monotonic ns, records)."""
+    q = spec.queues[0]
+    stub: ps_grpc.PullServiceAsyncStub = ps_grpc.PullServiceStub(channel)
+    mq = pb.MessageQueue(topic=spec.topic, broker_name=q.broker, queue_id=q.queue_id)
+    offset = spec.offsets[0] if spec.offsets else 0
+    found = 0
+    while found < spec.iterations:
+        got = await stub.Pull(
+            ps.PullRequest(
+                group=spec.group,
+                queue=mq,
+                offset=offset,
+                max_nums=spec.max_nums,
+                suspend_timeout_ms=spec.suspend_ms,
+            ),
+            timeout=spec.suspend_ms / 1000 + 30,
+        )
+        t = time.monotonic_ns()
+        conn.send((t, got.records.count))
+        if got.records.count:
+            found += 1
+        offset = got.next_begin_offset
+
+
+# -- CPU accounting ---------------------------------------------------------------------
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process (all its threads), from /proc; None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(x) for x in first[:8]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    total = sum(ticks)
+    return (total - idle) / CLK_TCK, total / CLK_TCK
