@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -143,7 +144,8 @@ async def query_route(stub: ps_grpc.PullServiceAsyncStub, topic: str) -> list[Qu
 
 def _properties(topic: str, queue: QueueRef, n: int) -> dict[str, str]:
     # A UNIQ_KEY like a producer's (32 hex digits), unique per (topic, queue, n).
-    return {"UNIQ_KEY": f"{abs(hash((topic, queue.broker))) % 2**32:08X}{queue.queue_id:08X}{n:016X}"}
+    prefix = zlib.crc32(f"{topic}/{queue.broker}".encode())
+    return {"UNIQ_KEY": f"{prefix:08X}{queue.queue_id:08X}{n:016X}"}
 
 
 def send_payloads(
@@ -331,11 +333,11 @@ async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
         _, pending = await asyncio.wait(tasks, timeout=0.0 if spec.role == "pull" else 5.0)
         for t in pending:
             t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                exc = await t if t.cancelled() else t.exception()
-                if isinstance(exc, BaseException) and len(result.errors) < 5:
-                    result.errors.append(f"{type(exc).__name__}: {exc}")
+            exc = None if t.cancelled() else t.exception()
+            if exc is not None and len(result.errors) < 5:
+                result.errors.append(f"{type(exc).__name__}: {exc}")
         return result
     finally:
         for chans in channels.values():

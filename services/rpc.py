@@ -3,7 +3,8 @@
 :func:`rpc_method` is the one place where a servicer's exceptions become gRPC
 statuses: a :class:`services.errors.Refusal` fails the call with its status,
 message and ``basalt-response-code`` (via :func:`services.errors.abort`); a
-store that is shut down is SERVICE_NOT_AVAILABLE; anything unexpected is
+store that is shut down, or an etcd write that cannot reach etcd, is
+SERVICE_NOT_AVAILABLE; anything unexpected is
 logged with its traceback and answered SYSTEM_ERROR with a one-line message
 (a client never sees a stack trace). Shared by the store-node and the
 pull-service.
@@ -21,6 +22,7 @@ import grpc
 
 from basalt.v1 import common_pb2 as pb
 from services.errors import Refusal, abort
+from services.meta_errors import MetaUnavailableError
 from store import StoreClosedError
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,9 @@ def rpc_method(
             return await method(self, request, context)
         except Refusal as r:
             await abort(context, r)
-        except StoreClosedError as e:
+        except (StoreClosedError, MetaUnavailableError) as e:
+            # The store is shut down, or etcd is unreachable for a write the call
+            # needs (a topic's auto-creation): retry later, elsewhere.
             await abort(context, Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(e)))
         except asyncio.CancelledError:
             raise
