@@ -46,6 +46,17 @@ class PullRequestHoldService:
         self._held: dict[tuple[str, int], list[_Waiter]] = {}
         #: Pulls woken by an arrival (rather than their timeout), for the runtime info.
         self.woken_by_arrival = 0
+        #: Set by wake_all (a graceful stop): nothing is held any more.
+        self._stopping = False
+
+    def wake_all(self) -> None:
+        """A graceful stop: answer every held pull now, with what it has, and hold
+        no new one (their clients get an empty answer, not a cancelled call)."""
+        self._stopping = True
+        for waiters in self._held.values():
+            for w in waiters:
+                if not w.future.done():
+                    w.future.set_result(None)
 
     @property
     def held(self) -> int:
@@ -89,7 +100,7 @@ class PullRequestHoldService:
         reported on a writer's thread just before that found no waiter and
         sent no wake-up, and must not leave the pull waiting out its timeout.
         """
-        if timeout_s <= 0:
+        if timeout_s <= 0 or self._stopping:
             return queue_max_offset() > offset
         key = (topic, queue_id)
         waiter = _Waiter(offset, self.loop.create_future())
@@ -139,6 +150,6 @@ class PullRequestHoldService:
             offset = max(offset, next_offset(result))
             grew = await self.wait_for_arrival(topic, queue_id, offset, remaining, queue_max_offset)
             result = pull(offset)
-            if not grew:
+            if not grew or self._stopping:
                 break
         return result

@@ -49,13 +49,17 @@ def main(
     return run(serve, parser.parse_args(argv))
 
 
-async def wait_for_stop_signal() -> None:
-    """Return on the first SIGTERM or SIGINT (the graceful-stop path)."""
+def stop_signal() -> asyncio.Event:
+    """An event set by the first SIGTERM or SIGINT (the graceful-stop path).
+
+    Call it first thing in ``serve``: a signal that arrives while the service
+    is still starting must stop it gracefully too, not kill it by default.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def grpc_server(max_message_bytes: int) -> grpc.aio.Server:

@@ -43,11 +43,9 @@ from collections.abc import Callable
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
+from services.checks import check_group, no_such_topic, subscription_filter
 from services.errors import Refusal, invalid
-from services.meta_errors import MetaValidationError
-from services.meta_fields import check_group_name
 from services.meta_model import BrokerRegistration, TopicConfig
-from services.store_node import no_such_topic, subscription_filter
 
 #: GetMessageStatus -> ResponseCode, for the statuses that do not depend on the offset.
 _CODE_OF_STATUS: dict[int, pb.ResponseCode.ValueType] = {
@@ -90,16 +88,6 @@ def pull_outcome(
             name = str(store_status)
         raise Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"the store-node answered status {name}")
     return code, _PULL_STATUS_OF_CODE[code]
-
-
-def check_group(group: str) -> None:
-    """INVALID_PARAMETER unless ``group`` is a consumer group name (RocketMQ's rule)."""
-    if not group:
-        raise invalid("group must not be empty")
-    try:
-        check_group_name(group)
-    except MetaValidationError as e:
-        raise invalid(str(e)) from None
 
 
 def check_pull(

@@ -43,6 +43,7 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
+from services.checks import check_group, no_such_topic
 from services.errors import Refusal, invalid
 from services.meta_client import MetaClient
 from services.meta_errors import MetaUnavailableError
@@ -55,10 +56,9 @@ from services.meta_model import (
 )
 from services.meta_watch import MetaWatcher
 from services.pull_channels import ChannelPool, StoreHosts, call_timeout_s, downstream_refusal
-from services.pull_checks import check_group, check_pull, pull_outcome, topic_route
+from services.pull_checks import check_pull, pull_outcome, topic_route
 from services.pull_sessions import SessionRegistry, consumer_info
 from services.rpc import rpc_method
-from services.store_node import no_such_topic
 
 log = logging.getLogger(__name__)
 

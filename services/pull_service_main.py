@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 from services import process
 from services.meta import MetaClient, MetaConfig, parse_endpoints
-from services.process import wait_for_stop_signal
 from services.pull_server import start_pull_service
 from services.pull_service import PullServiceConfig
 
@@ -55,6 +54,7 @@ def _advertise_host(listen: str, given: str | None) -> str:
 
 async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status."""
+    stop = process.stop_signal()
     config = PullServiceConfig(
         pull_service_id=args.id,
         heartbeat_interval_ms=args.heartbeat_interval_ms,
@@ -74,7 +74,7 @@ async def serve(args: argparse.Namespace) -> int:
             advertise_host=_advertise_host(args.listen, args.advertise_host),
         )
         print(f"pull-service {args.id} serving on {running.address}", flush=True)
-        await wait_for_stop_signal()
+        await stop.wait()
         log.info("stopping")
         await running.stop()
     finally:

@@ -49,13 +49,14 @@ import grpc
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
+from services.checks import check_group
 from services.errors import Refusal, invalid
 from services.meta_client import MetaClient
 from services.meta_errors import MetaUnavailableError, MetaValidationError
 from services.meta_lease import Registration
 from services.meta_model import ConsumerRegistration, ExpressionType, Subscription
 from services.meta_watch import MetaChange
-from services.pull_checks import check_group, check_subscription
+from services.pull_checks import check_subscription
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ class RunningStoreNode:
         """Graceful stop: NOT_SERVING, no new calls, in-flight ones finish (up to
         ``grace_s``), then the store shuts down cleanly."""
         self.servicer.writable = False
+        self.servicer.hold.wake_all()  # held pulls answer now instead of being cancelled
         await set_serving(self.health, STORE_NODE_SERVICE, False)
         await self.server.stop(grace_s)
         await asyncio.to_thread(self.store.shutdown)

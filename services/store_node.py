@@ -33,8 +33,11 @@ import grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from services.checks import check_group, no_such_topic, subscription_filter
 from services.errors import Refusal, invalid, put_refusal
 from services.long_polling import PullRequestHoldService
+from services.meta_errors import MetaValidationError
+from services.meta_fields import check_topic_name
 from services.meta_model import TopicConfig
 from services.rpc import rpc_method as _rpc
 from services.topics import TopicDirectory
@@ -43,22 +46,30 @@ from store.batch import EncodedBatch
 from store.consumer_offsets import CommitResult, CommitStatus
 from store.get_message import GetMessageResult, GetStatus
 from store.message import decode_host, parse_offset_msg_id
-from store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
 from store.put_result import PutMessageResult, PutStatus
-from store.sql92 import Sql92ParseError
 
 log = logging.getLogger(__name__)
 
-#: Pull statuses that mean "nothing new yet": the ones long polling waits on.
-_WAIT_STATUSES = frozenset(
-    {
-        GetStatus.OFFSET_OVERFLOW_ONE,
-        GetStatus.NO_MESSAGE_IN_QUEUE,
-        GetStatus.NO_MATCHED_LOGIC_QUEUE,
-        GetStatus.NO_MATCHED_MESSAGE,
-    }
-)
-_EXPRESSION_TYPES = {pb.EXPRESSION_TYPE_TAG: "TAG", pb.EXPRESSION_TYPE_SQL92: "SQL92"}
+#: Pull statuses that mean "nothing new yet" (RocketMQ's PULL_NOT_FOUND): the ones
+#: long polling waits on; an empty or unknown queue only at offset 0.
+_WAIT_STATUSES = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.OFFSET_FOUND_NULL})
+_WAIT_AT_ZERO = frozenset({GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})
+
+
+def nothing_new(result: GetMessageResult, offset: int) -> bool:
+    """Whether a pull from ``offset`` found nothing new yet, so it may be held.
+
+    A filtered scan that matched nothing is held only when it reached the end of
+    the queue (then only an arrival can match); with more units left it answers
+    at once (PULL_RETRY_IMMEDIATELY), so a held pull never rescans a backlog on
+    the event loop.
+    """
+    status = result.status
+    if status in _WAIT_STATUSES:
+        return True
+    if status in _WAIT_AT_ZERO:
+        return offset == 0
+    return status is GetStatus.NO_MATCHED_MESSAGE and result.next_begin_offset >= result.max_offset
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,18 +103,6 @@ class _Stats:
         then, before = self._last
         self._last = (now, count)
         return (count - before) / (now - then) if now > then else 0.0
-
-
-def subscription_filter(sub: pb.Subscription) -> MessageFilter:
-    """The store's filter for a subscription; SUBSCRIPTION_PARSE_FAILED when it
-    does not parse (the message names the position)."""
-    kind = _EXPRESSION_TYPES.get(sub.type)
-    try:
-        if kind is None:
-            raise UnknownFilterTypeError(str(sub.type))
-        return build_filter(kind, sub.expression)
-    except (Sql92ParseError, UnknownFilterTypeError) as e:
-        raise Refusal(pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED, str(e)) from e
 
 
 def commit_response(result: CommitResult) -> pb.CommitResult:
@@ -141,14 +140,22 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def _writable_topic(self, topic: str, queue_id: int) -> TopicConfig:
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
+        broker = self.config.broker_name
         config = self.topics.topic(topic)
-        if config is None:
-            if not self.config.auto_create_topic_enable:
-                raise no_such_topic(topic)
-            _check_topic_name(topic)
-            config = await self.topics.ensure_topic(topic, self.config.broker_name)
-        if not config.writable:
+        if config is not None and not config.writable:
             raise Refusal(pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} is not writable")
+        if config is None or broker not in config.brokers:
+            # A topic this node does not serve yet: its route must list this node
+            # before a message is stored here, or no consumer would ever pull it.
+            if not self.config.auto_create_topic_enable:
+                if config is None:
+                    raise no_such_topic(topic)
+                raise Refusal(
+                    pb.RESPONSE_CODE_NO_PERMISSION,
+                    f"topic {topic!r} is not served by broker {broker!r}",
+                )
+            _check_topic_name(topic)
+            config = await self.topics.ensure_topic(topic, broker)
         if not 0 <= queue_id < config.write_queue_nums:
             raise invalid(
                 f"queue id {queue_id} is out of range: topic {topic!r} has "
@@ -269,7 +276,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             request.offset,
             timeout_s,
             pull,
-            found=lambda r: r.status not in _WAIT_STATUSES,
+            found=lambda r: not nothing_new(r, request.offset),
             next_offset=lambda r: r.next_begin_offset,
             queue_max_offset=lambda: store.get_max_offset_in_queue(topic, queue_id),
         )
@@ -309,7 +316,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def QueryConsumerOffset(
         self, request: sn.QueryConsumerOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.QueryConsumerOffsetResponse:
-        _check_group(request.group)
+        check_group(request.group)
         offsets = self.store.consumer_offsets
         return sn.QueryConsumerOffsetResponse(
             offset=offsets.query_offset(request.group, request.topic, request.queue_id),
@@ -320,7 +327,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def UpdateConsumerOffset(
         self, request: sn.UpdateConsumerOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.UpdateConsumerOffsetResponse:
-        _check_group(request.group)
+        check_group(request.group)
         self._readable_topic(request.topic, request.queue_id)
         result = self.store.commit_offset(
             request.group,
@@ -362,19 +369,22 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             _, physical = parse_offset_msg_id(request.offset_msg_id)
         except ValueError as e:
             raise invalid(f"not an offset message id: {request.offset_msg_id!r}") from e
-        record = await asyncio.to_thread(self.store.lookup_message_by_offset, physical)
-        raw = None if record is None else self.store.commitlog.read(physical, record.store_size)
+        raw = await asyncio.to_thread(self._read_record, physical)
         if raw is None:
             raise Refusal(
                 pb.RESPONSE_CODE_QUERY_NOT_FOUND, f"no message at {request.offset_msg_id}"
             )
         return sn.ViewMessageResponse(records=pb.Records(data=raw, count=1))
 
+    def _read_record(self, physical: int) -> bytes | None:
+        record = self.store.lookup_message_by_offset(physical)
+        return None if record is None else self.store.commitlog.read(physical, record.store_size)
+
     @_rpc
     async def ResetOffset(
         self, request: sn.ResetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.ResetOffsetResponse:
-        _check_group(request.group)
+        check_group(request.group)
         config = self.topics.topic(request.topic)
         if config is None:
             raise no_such_topic(request.topic)
@@ -415,26 +425,11 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         )
 
 
-def no_such_topic(topic: str) -> Refusal:
-    return Refusal(pb.RESPONSE_CODE_TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
-
-
-def _check_group(group: str) -> None:
-    if not group or "@" in group:
-        raise Refusal(
-            pb.RESPONSE_CODE_SUBSCRIPTION_GROUP_NOT_EXIST, f"consumer group {group!r} is not valid"
-        )
-
-
 def _check_topic_name(topic: str) -> None:
-    from store.admission import TOPIC_PATTERN
-    from store.config import MAX_TOPIC_LENGTH
-
-    if not topic or len(topic) > MAX_TOPIC_LENGTH or not TOPIC_PATTERN.fullmatch(topic):
-        raise Refusal(
-            pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
-            f"topic {topic[:200]!r} is not 1-{MAX_TOPIC_LENGTH} characters of [%|a-zA-Z0-9_-]",
-        )
+    try:
+        check_topic_name(topic)
+    except MetaValidationError as e:
+        raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, str(e)) from None
 
 
 def _store_message(m: pb.Message, topic: str, queue_id: int) -> Message:

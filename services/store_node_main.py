@@ -33,7 +33,6 @@ from services.meta import (
     TopicConfig,
     parse_endpoints,
 )
-from services.process import wait_for_stop_signal
 from services.server import start_store_node
 from services.store_node import StoreNodeConfig
 from services.topics import LocalTopics, TopicDirectory
@@ -87,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status."""
+    stop = process.stop_signal()
     store_config = MessageStoreConfig(
         store_path_root_dir=args.data_dir,
         flush_disk_type=FlushDiskType(args.flush_disk_type),
@@ -125,7 +125,7 @@ async def serve(args: argparse.Namespace) -> int:
             wait=False,
         )
     print(f"store-node {args.name} serving on {running.address}", flush=True)
-    await wait_for_stop_signal()
+    await stop.wait()
     log.info("stopping")
     if registration is not None:
         with contextlib.suppress(Exception):

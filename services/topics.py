@@ -45,5 +45,7 @@ class LocalTopics:
             config = TopicConfig(
                 topic_name=name, read_queue_nums=n, write_queue_nums=n, brokers=(broker,)
             )
-            self._topics[name] = config
+        elif broker not in config.brokers:
+            config = config.with_broker(broker)
+        self._topics[name] = config
         return config

@@ -52,7 +52,9 @@ async def node(
     tmp_path: Path, *, auto_create: bool = True
 ) -> AsyncIterator[tuple[RunningStoreNode, sn_grpc.StoreNodeStub, LocalTopics]]:
     topics = LocalTopics()
-    topics.put(TopicConfig(topic_name=TOPIC, read_queue_nums=4, write_queue_nums=4))
+    topics.put(
+        TopicConfig(topic_name=TOPIC, read_queue_nums=4, write_queue_nums=4, brokers=("broker-a",))
+    )
     running = await start_store_node(
         StoreNodeConfig(broker_name="broker-a", auto_create_topic_enable=auto_create),
         config_for(tmp_path / "store"),
@@ -143,7 +145,8 @@ def _records(data: bytes) -> list[Any]:
 def test_every_bad_input_is_refused_clearly_and_the_node_keeps_serving(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with node(tmp_path, auto_create=False) as (_, stub, topics):
-            topics.put(TopicConfig(topic_name="ReadOnly", perm=Perm.READ))
+            topics.put(TopicConfig(topic_name="ReadOnly", perm=Perm.READ, brokers=("broker-a",)))
+            topics.put(TopicConfig(topic_name="Elsewhere", brokers=("broker-b",)))
             get = sn.GetMessageRequest
             cases: list[tuple[Awaitable[Any], grpc.StatusCode, int, str]] = [
                 (
@@ -171,6 +174,12 @@ def test_every_bad_input_is_refused_clearly_and_the_node_keeps_serving(tmp_path:
                     grpc.StatusCode.PERMISSION_DENIED,
                     pb.RESPONSE_CODE_NO_PERMISSION,
                     "not writable",
+                ),
+                (
+                    stub.SendMessage(sn.SendMessageRequest(message=wire("Elsewhere", b"x"))),
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    pb.RESPONSE_CODE_NO_PERMISSION,
+                    "not served by broker",
                 ),
                 (
                     stub.SendBatch(sn.SendBatchRequest(topic=TOPIC, queue_id=0)),
@@ -222,8 +231,8 @@ def test_every_bad_input_is_refused_clearly_and_the_node_keeps_serving(tmp_path:
                 ),
                 (
                     stub.QueryConsumerOffset(sn.QueryConsumerOffsetRequest(group="", topic=TOPIC)),
-                    grpc.StatusCode.NOT_FOUND,
-                    pb.RESPONSE_CODE_SUBSCRIPTION_GROUP_NOT_EXIST,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    pb.RESPONSE_CODE_INVALID_PARAMETER,
                     "group",
                 ),
                 (
@@ -257,6 +266,11 @@ def test_every_bad_input_is_refused_clearly_and_the_node_keeps_serving(tmp_path:
 def test_a_send_to_an_unknown_topic_creates_it_when_auto_create_is_on(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with node(tmp_path) as (_, stub, topics):
+            # A topic another broker serves: this node is added to its route first.
+            topics.put(TopicConfig(topic_name="Shared", brokers=("broker-b",)))
+            await stub.SendMessage(sn.SendMessageRequest(message=wire("Shared", b"x")))
+            shared = topics.topic("Shared")
+            assert shared is not None and shared.brokers == ("broker-b", "broker-a")
             r = await stub.SendMessage(
                 sn.SendMessageRequest(message=wire("Fresh", b"x"), queue_id=3)
             )
@@ -371,3 +385,54 @@ def test_health_and_graceful_stop_leave_a_clean_store(tmp_path: Path) -> None:
 
     run(scenario)
     assert not (tmp_path / "store" / "abort").exists()  # clean shutdown removed it
+
+
+def test_only_nothing_new_is_held_an_offset_past_an_empty_queue_answers_at_once(
+    tmp_path: Path,
+) -> None:
+    """RocketMQ holds only PULL_NOT_FOUND: an offset past an empty queue is an
+    offset to move, answered at once even with a long suspend time."""
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            moved = await asyncio.wait_for(
+                stub.GetMessage(
+                    sn.GetMessageRequest(
+                        group="G",
+                        topic=TOPIC,
+                        queue_id=3,
+                        offset=5,
+                        max_msg_nums=32,
+                        suspend_timeout_ms=60_000,
+                    )
+                ),
+                20,  # far below the suspend time: it was not held
+            )
+            assert moved.status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
+            assert moved.next_begin_offset == 0
+
+    run(scenario)
+
+
+def test_a_graceful_stop_answers_held_pulls_instead_of_cancelling_them(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            held = asyncio.ensure_future(
+                stub.GetMessage(
+                    sn.GetMessageRequest(
+                        group="G",
+                        topic=TOPIC,
+                        queue_id=0,
+                        max_msg_nums=32,
+                        suspend_timeout_ms=60_000,
+                    )
+                )
+            )
+            await asyncio.sleep(0.2)
+            assert running.servicer.hold.held == 1
+            stopping = asyncio.ensure_future(running.stop(grace_s=30))
+            answer = await asyncio.wait_for(held, 20)  # long before the grace ends
+            assert answer.records.count == 0
+            await stopping
+
+    run(scenario)
