@@ -460,10 +460,31 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def all_cpu_seconds() -> dict[int, float]:
+    """:func:`cpu_seconds` of every process on the machine, by pid."""
+    out: dict[int, float] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            secs = cpu_seconds(int(entry.name))
+            if secs is not None:
+                out[int(entry.name)] = secs
+    return out
+
+
+def describe(pid: int, width: int = 70) -> str:
+    """A process's command line, shortened (for naming CPU it took)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return f"pid {pid} (gone)"
+    text = raw.replace(b"\0", b" ").decode(errors="replace").strip() or f"pid {pid}"
+    return f"pid {pid}: {text[:width]}"
+
+
 def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    """(busy, stolen) CPU seconds of the whole machine so far, from /proc/stat: busy
+    is user + nice + system + irq + softirq; stolen is time the hypervisor gave
+    this VM's virtual CPUs to someone else."""
     first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    ticks = [int(x) for x in first[:8]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    total = sum(ticks)
-    return (total - idle) / CLK_TCK, total / CLK_TCK
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[:8])
+    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
