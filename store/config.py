@@ -120,10 +120,17 @@ class MessageStoreConfig:
             "max_transfer_count_on_message_in_memory",
             "max_transfer_bytes_on_message_in_disk",
             "max_transfer_count_on_message_in_disk",
+            "clean_resource_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 raise StoreConfigError(f"{name} must be positive")
-        for name in ("flush_commit_log_least_pages", "flush_consume_queue_least_pages"):
+        for name in (
+            "flush_commit_log_least_pages",
+            "flush_consume_queue_least_pages",
+            "file_reserved_time_hours",
+            "delete_commit_log_files_interval_ms",
+            "destroy_mapped_file_interval_forcibly_ms",
+        ):
             if getattr(self, name) < 0:
                 raise StoreConfigError(f"{name} must not be negative")
         for name in (
@@ -134,15 +141,6 @@ class MessageStoreConfig:
         ):
             if not 0 <= getattr(self, name) <= 100:
                 raise StoreConfigError(f"{name} must be a percentage (0..100)")
-        for name in (
-            "file_reserved_time_hours",
-            "delete_commit_log_files_interval_ms",
-            "destroy_mapped_file_interval_forcibly_ms",
-        ):
-            if getattr(self, name) < 0:
-                raise StoreConfigError(f"{name} must not be negative")
-        if self.clean_resource_interval_ms <= 0:
-            raise StoreConfigError("clean_resource_interval_ms must be positive")
         try:
             parse_delete_hours(self.delete_when)
         except ValueError:

@@ -307,10 +307,8 @@ class ReputMessageService:
     def _take_handoff(self, handoff: deque[Appended]) -> int:
         """Apply the writer's consecutive hand-offs from ``reput_from_offset`` on."""
         end = self.reput_from_offset
-        records = written = 0
+        records = 0
         last_ts = self.last_store_timestamp_ms
-        find = self.consume_queues.find_or_create
-        arrivals = self.arrival_listeners
         while handoff:
             # Pop, then check: the writer may drop the oldest entry (a full hand-off)
             # between a look at handoff[0] and a popleft. Whatever is not contiguous
@@ -319,15 +317,10 @@ class ReputMessageService:
             if appended.start != end:
                 handoff.appendleft(appended)
                 break
-            for topic, queue_id, first, count, units in appended.runs:
-                written += find(topic, queue_id).put_units(first, count, units)
-                if arrivals:
-                    for arrived in arrivals:
-                        arrived(topic, queue_id, first + count)
+            self._apply(appended.runs)
             end = appended.end
             records += appended.records
             last_ts = appended.store_timestamp_ms
-        self.entries_written += written
         self.last_store_timestamp_ms = last_ts
         self.records_from_handoff += records
         self._advance(end)

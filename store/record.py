@@ -91,8 +91,8 @@ V4_HEAD = struct.Struct(
 SIZE_AND_MAGIC = struct.Struct(">iI")
 BLANK = SIZE_AND_MAGIC
 _INT = struct.Struct(">i")
-#: SYSFLAG's position: PREFIX up to it (TOTALSIZE … PHYSICALOFFSET).
-_SYSFLAG_AT = struct.calcsize(">iIiiiqq")
+#: SYSFLAG's position: PREFIX ends with SYSFLAG (4) and BORNTIMESTAMP (8).
+_SYSFLAG_AT = PREFIX.size - 12
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
 
