@@ -128,6 +128,8 @@ def fill(
         raise RuntimeError("dispatcher did not catch up")
     index = store.index
     while index is not None and index.reput_offset < store.max_physical_offset:
+        if index.build_error is not None:
+            raise RuntimeError(f"the index stopped: {index.build_error}")
         time.sleep(0.01)
 
 
