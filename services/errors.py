@@ -55,6 +55,15 @@ def invalid(message: str) -> Refusal:
     return Refusal(pb.RESPONSE_CODE_INVALID_PARAMETER, message)
 
 
+def refused(refusal: Refusal) -> pb.Refused:
+    """One refused entry of a batched call: what it alone would have failed with."""
+    return pb.Refused(
+        grpc_code=refusal.grpc_status.value[0],
+        code=pb.ResponseCode.ValueType(refusal.code),
+        message=refusal.message,
+    )
+
+
 async def abort(context: grpc.aio.ServicerContext[object, object], refusal: Refusal) -> None:
     """Fail the call: the gRPC status of the refusal's code, its message, and the
     code in the trailing metadata. Never returns (``context.abort`` raises)."""

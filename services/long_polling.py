@@ -4,7 +4,9 @@ A pull that finds nothing new may ask to be held for ``suspend_timeout_ms``.
 It is parked as a future under its (topic, queue id) - no thread, no polling
 loop - and woken when the store reports that the queue grew past the pull's
 offset (``MessageStore.add_arrival_listener``), or when its time is up. The
-caller then runs the pull again and answers with whatever it finds.
+caller then runs the pull again and answers with whatever it finds. A call
+reading several queues (GetMessages) is one future parked under each of
+them: the first arrival on any wakes it.
 
 Arrivals are reported on whichever thread dispatched (a writer's or the
 dispatcher's). :meth:`PullRequestHoldService.notify_arrival` is that
@@ -19,13 +21,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+@dataclass(slots=True, kw_only=True)
+class HeldRead(Generic[T]):
+    """One queue's read in a held call: where it reads and how to judge it."""
+
+    topic: str
+    queue_id: int
+    #: Where the read starts; moved forward past what a filtered read skipped.
+    offset: int
+    #: The read itself, from an offset.
+    pull: Callable[[int], T]
+    #: Whether a result is worth answering at once.
+    found: Callable[[T], bool]
+    #: Where the next read starts after a result that was not.
+    next_offset: Callable[[T], int]
+    #: The queue's max offset now.
+    max_offset: Callable[[], int]
+
+    def grew(self) -> bool:
+        return self.max_offset() > self.offset
 
 
 @dataclass(slots=True)
@@ -60,8 +83,8 @@ class PullRequestHoldService:
 
     @property
     def held(self) -> int:
-        """Pulls parked right now."""
-        return sum(len(w) for w in self._held.values())
+        """Calls parked right now (one parked on several queues counts once)."""
+        return len({id(w.future) for waiters in self._held.values() for w in waiters})
 
     def notify_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         """The store's arrival listener: any thread, quick when nothing is held."""
@@ -85,71 +108,60 @@ class PullRequestHoldService:
         else:
             del self._held[topic, queue_id]
 
-    async def wait_for_arrival(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        timeout_s: float,
-        queue_max_offset: Callable[[], int],
-    ) -> bool:
-        """Wait until the queue's max offset passes ``offset`` or ``timeout_s``
-        elapses; True when it grew.
+    async def wait_for_arrival(self, reads: Sequence[HeldRead[Any]], timeout_s: float) -> bool:
+        """Wait until any read's queue grows past its offset, or ``timeout_s``
+        elapses; True when one grew.
 
-        The queue is looked at again *after* the waiter is parked: an arrival
-        reported on a writer's thread just before that found no waiter and
-        sent no wake-up, and must not leave the pull waiting out its timeout.
+        The queues are looked at again *after* the waiters are parked: an
+        arrival reported on a writer's thread just before that found no waiter
+        and sent no wake-up, and must not leave the pull waiting out its timeout.
         """
         if timeout_s <= 0 or self._stopping:
-            return queue_max_offset() > offset
-        key = (topic, queue_id)
-        waiter = _Waiter(offset, self.loop.create_future())
-        self._held.setdefault(key, []).append(waiter)
+            return any(r.grew() for r in reads)
+        # One future for the whole call, parked under each of its queues: the
+        # first arrival on any of them wakes it.
+        future = self.loop.create_future()
+        parked = [((r.topic, r.queue_id), _Waiter(r.offset, future)) for r in reads]
+        for key, waiter in parked:
+            self._held.setdefault(key, []).append(waiter)
         try:
-            if queue_max_offset() > offset:
+            if any(r.grew() for r in reads):
                 return True
-            await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
             return True
         except TimeoutError:
             return False
         finally:
-            waiters = self._held.get(key)
-            if waiters is not None and waiter in waiters:
-                waiters.remove(waiter)
-                if not waiters:
-                    del self._held[key]
+            for key, waiter in parked:
+                waiters = self._held.get(key)
+                if waiters is not None and waiter in waiters:
+                    waiters.remove(waiter)
+                    if not waiters:
+                        del self._held[key]
 
-    async def hold(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        timeout_s: float,
-        pull: Callable[[int], T],
-        *,
-        found: Callable[[T], bool],
-        next_offset: Callable[[T], int],
-        queue_max_offset: Callable[[], int],
-    ) -> T:
-        """Run ``pull(offset)``; while it finds nothing and time remains, park until
-        the queue grows and pull again. Returns the last pull's result.
+    async def hold(self, reads: Sequence[HeldRead[T]], timeout_s: float) -> list[T]:
+        """Run every read; while none finds anything and time remains, park until
+        one of their queues grows and run them all again. Returns the last
+        results, in ``reads``' order.
 
-        ``pull`` runs on the loop, so it must be quick (the store's get_message
-        is: it reads the page cache). ``found`` says whether a result is worth
-        answering at once; a filtered pull that matched nothing moves on to
-        ``next_offset`` (its scan moved past what it skipped) and keeps
-        waiting, as RocketMQ re-checks the filter on each arrival. At the
-        deadline the pull runs one last time, as RocketMQ's does.
+        Each ``pull`` runs on the loop, so it must be quick (the store's
+        get_message is: it reads the page cache). A read's ``found`` says
+        whether its result is worth answering at once; a filtered read that
+        matched nothing moves on to its ``next_offset`` (its scan moved past
+        what it skipped) and keeps waiting, as RocketMQ re-checks the filter on
+        each arrival. At the deadline the reads run one last time, as
+        RocketMQ's does.
         """
         deadline = self.loop.time() + timeout_s
-        result = pull(offset)
-        while not found(result):
+        results = [r.pull(r.offset) for r in reads]
+        while not any(r.found(result) for r, result in zip(reads, results, strict=True)):
             remaining = deadline - self.loop.time()
             if remaining <= 0:
                 break
-            offset = max(offset, next_offset(result))
-            grew = await self.wait_for_arrival(topic, queue_id, offset, remaining, queue_max_offset)
-            result = pull(offset)
+            for r, result in zip(reads, results, strict=True):
+                r.offset = max(r.offset, r.next_offset(result))
+            grew = await self.wait_for_arrival(reads, remaining)
+            results = [r.pull(r.offset) for r in reads]
             if not grew or self._stopping:
                 break
-        return result
+        return results

@@ -44,7 +44,7 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from services.checks import check_group, no_such_topic
-from services.errors import Refusal, invalid
+from services.errors import Refusal, invalid, refused
 from services.meta_client import MetaClient
 from services.meta_errors import MetaUnavailableError
 from services.meta_fields import check_name
@@ -89,14 +89,17 @@ class PullServiceConfig:
     #: A downstream call may take this much longer than the wait it asks for
     #: (suspend time, ack time) before its peer counts as not answering.
     downstream_margin_ms: int = 5_000
+    #: Most queues one PullBatch reads.
+    max_queues_per_pull: int = 32
     #: gRPC message size limit, both ways (a pull answer carries records).
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         check_name(self.pull_service_id, "pull-service id")
         for name in (
             "heartbeat_interval_ms",
             "max_pull_nums",
+            "max_queues_per_pull",
             "default_command_timeout_ms",
             "max_command_timeout_ms",
             "max_message_bytes",
@@ -161,15 +164,13 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         hosts = await self.store_hosts.of(addresses)
         return ps.QueryRouteResponse(route=topic_route(config, self.view.brokers.get, hosts))
 
-    @rpc_method
-    async def Pull(
-        self, request: ps.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> ps.PullResponse:
-        broker = check_pull(request, self.view.brokers.get, self.view.topics.get)
+    def _get_request(
+        self, request: ps.PullRequest, group: str, suspend_ms: int
+    ) -> sn.GetMessageRequest:
+        """The store-node read a checked pull asks for."""
         q = request.queue
-        suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
         get = sn.GetMessageRequest(
-            group=request.group,
+            group=group,
             topic=q.topic,
             queue_id=q.queue_id,
             offset=request.offset,
@@ -182,25 +183,93 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
             get.commit_offset = request.commit_offset
         if request.HasField("reset_epoch"):
             get.reset_epoch = request.reset_epoch
+        return get
+
+    async def _call_store_node(
+        self,
+        broker: BrokerRegistration,
+        method: str,
+        request: Any,
+        suspend_ms: int,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Any:
+        """``method`` on the broker's store-node, given the suspend time plus the
+        margin (within the caller's deadline); a failure names the store-node."""
         timeout_s = call_timeout_s(context, (suspend_ms + self.config.downstream_margin_ms) / 1000)
+        stub = self.channels.store_node(broker.address)
         try:
-            got = await self.channels.store_node(broker.address).GetMessage(get, timeout=timeout_s)
+            return await getattr(stub, method)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             peer = f"store-node {broker.broker_name!r} at {broker.address}"
             raise downstream_refusal(e, peer, timeout_s) from None
-        code, status = pull_outcome(got.status, request.offset)
-        response = ps.PullResponse(
-            code=code,
-            status=status,
-            store_status=got.status,
-            next_begin_offset=got.next_begin_offset,
-            min_offset=got.min_offset,
-            max_offset=got.max_offset,
-            records=got.records,
+
+    @rpc_method
+    async def Pull(
+        self, request: ps.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.PullResponse:
+        broker = check_pull(request, self.view.brokers.get, self.view.topics.get)
+        suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
+        get = self._get_request(request, request.group, suspend_ms)
+        got = await self._call_store_node(broker, "GetMessage", get, suspend_ms, context)
+        return _pull_response(got, request.offset)
+
+    @rpc_method
+    async def PullBatch(
+        self, request: ps.PullBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.PullBatchResponse:
+        """Whole-call checks (pull_service.proto), then each entry's seed 001
+        checks; the accepted entries go to the broker as one GetMessages, held
+        as a whole unless an entry was refused (an answer worth sending now)."""
+        group, pulls = request.group, request.pulls
+        check_group(group)
+        limit = self.config.max_queues_per_pull
+        if not 1 <= len(pulls) <= limit:
+            raise invalid(f"{len(pulls)} pulls: a PullBatch reads 1..{limit} queues")
+        if request.suspend_timeout_ms < 0:
+            raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
+        brokers = sorted({p.queue.broker_name for p in pulls})
+        if len(brokers) > 1:
+            raise invalid(f"a PullBatch reads one broker, not {', '.join(map(repr, brokers))}")
+        queues: set[tuple[str, int]] = set()
+        for p in pulls:
+            if p.group and p.group != group:
+                raise invalid(f"an entry's group {p.group!r} is not the call's {group!r}")
+            if p.suspend_timeout_ms:
+                raise invalid("a PullBatch entry has no suspend_timeout_ms: the call's applies")
+            if (p.queue.topic, p.queue.queue_id) in queues:
+                raise invalid(f"queue {p.queue.topic}/{p.queue.queue_id} is pulled twice")
+            queues.add((p.queue.topic, p.queue.queue_id))
+            p.group = group  # the checks below read each entry's own group
+        answers: list[ps.PullResponse | None] = []
+        gets: list[sn.GetMessageRequest] = []
+        broker: BrokerRegistration | None = None
+        for p in pulls:
+            try:
+                broker = check_pull(p, self.view.brokers.get, self.view.topics.get)
+            except Refusal as r:
+                answers.append(ps.PullResponse(refused=refused(r)))
+                continue
+            gets.append(self._get_request(p, group, 0))
+            answers.append(None)
+        if broker is None:
+            return ps.PullBatchResponse(results=[a for a in answers if a is not None])
+        suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
+        if len(gets) < len(pulls):
+            suspend_ms = 0
+        got = await self._call_store_node(
+            broker,
+            "GetMessages",
+            sn.GetMessagesRequest(reads=gets, suspend_timeout_ms=suspend_ms),
+            suspend_ms,
+            context,
         )
-        if got.HasField("commit"):
-            response.commit.CopyFrom(got.commit)
-        return response
+        results = iter(got.results)
+        return ps.PullBatchResponse(
+            results=[
+                a if a is not None else _batch_entry(next(results), p.offset)
+                for a, p in zip(answers, pulls, strict=True)
+            ]
+        )
 
     # -- consumers --------------------------------------------------------------------
 
@@ -345,6 +414,33 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
                 return unreached(ps.COMMAND_OUTCOME_TIMEOUT, why)
             return unreached(ps.COMMAND_OUTCOME_NOT_CONNECTED, why)
         return list(reply.acks)
+
+
+def _pull_response(got: sn.GetMessageResponse, offset: int) -> ps.PullResponse:
+    """A store-node read as the client sees it (the table in services.pull_checks)."""
+    code, status = pull_outcome(got.status, offset)
+    response = ps.PullResponse(
+        code=code,
+        status=status,
+        store_status=got.status,
+        next_begin_offset=got.next_begin_offset,
+        min_offset=got.min_offset,
+        max_offset=got.max_offset,
+        records=got.records,
+    )
+    if got.HasField("commit"):
+        response.commit.CopyFrom(got.commit)
+    return response
+
+
+def _batch_entry(got: sn.GetMessageResponse, offset: int) -> ps.PullResponse:
+    """One PullBatch entry: refused by the store-node, or its read."""
+    if got.HasField("refused"):
+        return ps.PullResponse(refused=got.refused)
+    try:
+        return _pull_response(got, offset)
+    except Refusal as r:
+        return ps.PullResponse(refused=refused(r))
 
 
 def _local_scope(context: grpc.aio.ServicerContext[Any, Any]) -> bool:

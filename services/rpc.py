@@ -44,19 +44,26 @@ def rpc_method(
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
         try:
             return await method(self, request, context)
-        except Refusal as r:
-            await abort(context, r)
-        except (StoreClosedError, MetaUnavailableError) as e:
-            # The store is shut down, or etcd is unreachable for a write the call
-            # needs (a topic's auto-creation): retry later, elsewhere.
-            await abort(context, Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(e)))
         except asyncio.CancelledError:
             raise
         except Exception as e:
             if isinstance(e, grpc.aio.AbortError):
                 raise
-            log.exception("%s failed", method.__name__)
-            await abort(context, Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
+            await abort(context, as_refusal(e, method.__name__))
         raise AssertionError("unreachable: abort raises")
 
     return wrapper
+
+
+def as_refusal(error: Exception, where: str) -> Refusal:
+    """What ``error``, raised serving a request in ``where``, answers: a Refusal
+    as is; a store shut down, or an etcd write that cannot reach etcd (a
+    topic's auto-creation), SERVICE_NOT_AVAILABLE (retry later, elsewhere);
+    anything else is logged with its traceback and answered SYSTEM_ERROR with
+    one line. Also used for each entry of a batched call."""
+    if isinstance(error, Refusal):
+        return error
+    if isinstance(error, (StoreClosedError, MetaUnavailableError)):
+        return Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(error))
+    log.error("%s failed", where, exc_info=error)
+    return Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{type(error).__name__}: {error}")

@@ -69,8 +69,10 @@ async def start_store_node(
     servicer = StoreNodeServicer(node, store, topics, hold)
     # A send of one maximal message must reach the store (which answers
     # MESSAGE_ILLEGAL past max_message_size) rather than stop at gRPC's 4 MiB
-    # default; a pull returns at most one message past the transfer caps.
-    server = grpc_server(store_config.max_message_size + 1024 * 1024)
+    # default; a read returns at most one message past the transfer caps, and
+    # a GetMessages up to max_queues_per_get_messages such reads.
+    per_read = store_config.max_transfer_bytes_on_message_in_memory + store_config.max_message_size
+    server = grpc_server(node.max_queues_per_get_messages * per_read + 1024 * 1024)
     store_node_pb2_grpc.add_StoreNodeServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, STORE_NODE_SERVICE)
     try:

@@ -34,11 +34,12 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from services.checks import check_group, no_such_topic, subscription_filter
-from services.errors import Refusal, invalid, put_refusal
-from services.long_polling import PullRequestHoldService
+from services.errors import Refusal, invalid, put_refusal, refused
+from services.long_polling import HeldRead, PullRequestHoldService
 from services.meta_errors import MetaValidationError
 from services.meta_fields import check_topic_name
 from services.meta_model import TopicConfig
+from services.rpc import as_refusal
 from services.rpc import rpc_method as _rpc
 from services.topics import TopicDirectory
 from store import Message, MessageStore
@@ -83,12 +84,23 @@ class StoreNodeConfig:
     max_suspend_timeout_ms: int = 30_000
     #: Largest max_msg_nums served per GetMessage.
     max_msg_nums_per_pull: int = 1024
+    #: Most queues one GetMessages reads.
+    max_queues_per_get_messages: int = 32
+    #: Sends in flight on one SendStream before the node stops reading it.
+    max_in_flight_per_send_stream: int = 256
 
     def __post_init__(self) -> None:
         if not self.broker_name:
             raise ValueError("broker_name must not be empty")
-        if self.max_suspend_timeout_ms < 0 or self.max_msg_nums_per_pull < 1:
-            raise ValueError("max_suspend_timeout_ms >= 0 and max_msg_nums_per_pull >= 1")
+        if self.max_suspend_timeout_ms < 0:
+            raise ValueError(f"max_suspend_timeout_ms {self.max_suspend_timeout_ms} is negative")
+        for name in (
+            "max_msg_nums_per_pull",
+            "max_queues_per_get_messages",
+            "max_in_flight_per_send_stream",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 class _Stats:
@@ -197,19 +209,13 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             store_host=decode_host(result.store_host) if result.store_host else "",
         )
 
-    @_rpc
-    async def SendMessage(
-        self, request: sn.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> sn.SendMessageResponse:
+    async def _send(self, request: sn.SendMessageRequest) -> pb.SendResult:
         m = request.message
         await self._writable_topic(m.topic, request.queue_id)
         result = await self.store.put_messages_async([_store_message(m, m.topic, request.queue_id)])
-        return sn.SendMessageResponse(result=self._send_result(m.topic, request.queue_id, result))
+        return self._send_result(m.topic, request.queue_id, result)
 
-    @_rpc
-    async def SendBatch(
-        self, request: sn.SendBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> sn.SendBatchResponse:
+    async def _send_batch(self, request: sn.SendBatchRequest) -> pb.SendResult:
         topic, queue_id = request.topic, request.queue_id
         await self._writable_topic(topic, queue_id)
         form = request.WhichOneof("batch")
@@ -231,14 +237,79 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             result = await self.store.put_messages_async(
                 [_store_message(m, topic, queue_id) for m in messages]
             )
-        return sn.SendBatchResponse(result=self._send_result(topic, queue_id, result))
+        return self._send_result(topic, queue_id, result)
+
+    @_rpc
+    async def SendMessage(
+        self, request: sn.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.SendMessageResponse:
+        return sn.SendMessageResponse(result=await self._send(request))
+
+    @_rpc
+    async def SendBatch(
+        self, request: sn.SendBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.SendBatchResponse:
+        return sn.SendBatchResponse(result=await self._send_batch(request))
+
+    @_rpc
+    async def SendStream(  # type: ignore[override]
+        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Each request becomes a task started in arrival order (so sends to a
+        topic this node serves reach the store in that order: a task runs up to
+        the store's submit without yielding); one writer answers them as they
+        complete (grpc.aio allows one write at a time). At most
+        ``max_in_flight_per_send_stream`` are in flight: past that the stream
+        is not read, and HTTP/2 flow control holds the producer back."""
+        answers: asyncio.Queue[sn.SendStreamResponse | None] = asyncio.Queue()
+        window = asyncio.Semaphore(self.config.max_in_flight_per_send_stream)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def answer(request: sn.SendStreamRequest) -> None:
+            try:
+                form = request.WhichOneof("request")
+                if form == "message":
+                    result = await self._send(request.message)
+                elif form == "batch":
+                    result = await self._send_batch(request.batch)
+                else:
+                    raise invalid("a SendStream request carries neither message nor batch")
+                response = sn.SendStreamResponse(opaque=request.opaque, result=result)
+            except Exception as e:
+                refusal = as_refusal(e, "SendStream")
+                response = sn.SendStreamResponse(opaque=request.opaque, refused=refused(refusal))
+            answers.put_nowait(response)
+
+        async def write_answers() -> None:
+            while (response := await answers.get()) is not None:
+                await context.write(response)
+                window.release()
+
+        writer = asyncio.create_task(write_answers())
+        try:
+            while True:
+                await window.acquire()
+                request = await context.read()
+                if request is grpc.aio.EOF:
+                    break
+                task = asyncio.create_task(answer(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks)
+            answers.put_nowait(None)
+            await writer
+        finally:
+            writer.cancel()
+            for task in tasks:
+                task.cancel()
 
     # -- reads ------------------------------------------------------------------------
 
-    @_rpc
-    async def GetMessage(
-        self, request: sn.GetMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> sn.GetMessageResponse:
+    def _read(
+        self, request: sn.GetMessageRequest
+    ) -> tuple[HeldRead[GetMessageResult], pb.CommitResult | None]:
+        """Check one queue's read and store its commit offset; the read to run
+        (held or not) and the commit's outcome. Refusals as GetMessage's."""
         topic, queue_id = request.topic, request.queue_id
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
@@ -250,8 +321,6 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                 f"max_msg_nums {request.max_msg_nums} is not within "
                 f"1..{self.config.max_msg_nums_per_pull}"
             )
-        if request.suspend_timeout_ms < 0:
-            raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
         flt = subscription_filter(request.subscription)
         commit = None
         if request.HasField("commit_offset"):
@@ -264,29 +333,76 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                     reset_epoch=request.reset_epoch if request.HasField("reset_epoch") else None,
                 )
             )
-        store, group, max_nums = self.store, request.group, request.max_msg_nums
+        store, group, max_nums, first = (
+            self.store,
+            request.group,
+            request.max_msg_nums,
+            request.offset,
+        )
 
         def pull(offset: int) -> GetMessageResult:
             return store.get_message(group, topic, queue_id, offset, max_nums, flt)
 
-        timeout_s = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms) / 1000
-        result = await self.hold.hold(
-            topic,
-            queue_id,
-            request.offset,
-            timeout_s,
-            pull,
-            found=lambda r: not nothing_new(r, request.offset),
+        read = HeldRead(
+            topic=topic,
+            queue_id=queue_id,
+            offset=first,
+            pull=pull,
+            found=lambda r: not nothing_new(r, first),
             next_offset=lambda r: r.next_begin_offset,
-            queue_max_offset=lambda: store.get_max_offset_in_queue(topic, queue_id),
+            max_offset=lambda: store.get_max_offset_in_queue(topic, queue_id),
         )
-        return sn.GetMessageResponse(
-            status=pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name),
-            next_begin_offset=result.next_begin_offset,
-            min_offset=result.min_offset,
-            max_offset=result.max_offset,
-            records=pb.Records(data=result.records, count=result.message_count),
-            commit=commit,
+        return read, commit
+
+    def _suspend_s(self, suspend_timeout_ms: int) -> float:
+        if suspend_timeout_ms < 0:
+            raise invalid(f"suspend_timeout_ms {suspend_timeout_ms} is negative")
+        return min(suspend_timeout_ms, self.config.max_suspend_timeout_ms) / 1000
+
+    @_rpc
+    async def GetMessage(
+        self, request: sn.GetMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.GetMessageResponse:
+        timeout_s = self._suspend_s(request.suspend_timeout_ms)
+        read, commit = self._read(request)
+        (result,) = await self.hold.hold([read], timeout_s)
+        return _get_response(result, commit)
+
+    @_rpc
+    async def GetMessages(
+        self, request: sn.GetMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sn.GetMessagesResponse:
+        """Each entry checked (and its commit stored) as GetMessage would; the
+        accepted ones held together, unless an entry was refused: that is an
+        answer worth sending at once."""
+        timeout_s = self._suspend_s(request.suspend_timeout_ms)
+        entries = request.reads
+        limit = self.config.max_queues_per_get_messages
+        if not 1 <= len(entries) <= limit:
+            raise invalid(f"{len(entries)} reads: a GetMessages reads 1..{limit} queues")
+        queues: set[tuple[str, int]] = set()
+        for entry in entries:
+            if entry.suspend_timeout_ms:
+                raise invalid("a GetMessages entry has no suspend_timeout_ms: the call's applies")
+            if (entry.topic, entry.queue_id) in queues:
+                raise invalid(f"queue {entry.topic}/{entry.queue_id} is read twice")
+            queues.add((entry.topic, entry.queue_id))
+        answers: list[sn.GetMessageResponse | None] = []
+        reads: list[tuple[HeldRead[GetMessageResult], pb.CommitResult | None]] = []
+        for entry in entries:
+            try:
+                reads.append(self._read(entry))
+                answers.append(None)
+            except Exception as e:
+                answers.append(sn.GetMessageResponse(refused=refused(as_refusal(e, "GetMessages"))))
+        if len(reads) < len(entries):
+            timeout_s = 0.0
+        results = iter(await self.hold.hold([r for r, _ in reads], timeout_s) if reads else ())
+        commits = iter(c for _, c in reads)
+        return sn.GetMessagesResponse(
+            results=[
+                a if a is not None else _get_response(next(results), next(commits)) for a in answers
+            ]
         )
 
     @_rpc
@@ -423,6 +539,19 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                 "woken_by_arrival": str(self.hold.woken_by_arrival),
             },
         )
+
+
+def _get_response(
+    result: GetMessageResult, commit: pb.CommitResult | None
+) -> sn.GetMessageResponse:
+    return sn.GetMessageResponse(
+        status=pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name),
+        next_begin_offset=result.next_begin_offset,
+        min_offset=result.min_offset,
+        max_offset=result.max_offset,
+        records=pb.Records(data=result.records, count=result.message_count),
+        commit=commit,
+    )
 
 
 def _check_topic_name(topic: str) -> None:

@@ -197,25 +197,30 @@ def _methods(module: object, service: str) -> dict[str, tuple[bool, bool]]:
 
 def test_services_and_methods() -> None:
     unary = (False, False)
-    assert _methods(store_node_pb2, "StoreNode") == dict.fromkeys(
-        [
-            "SendMessage",
-            "SendBatch",
-            "GetMessage",
-            "GetMinMaxOffset",
-            "SearchOffset",
-            "QueryConsumerOffset",
-            "UpdateConsumerOffset",
-            "QueryMessage",
-            "ViewMessage",
-            "ResetOffset",
-            "GetRuntimeInfo",
-        ],
-        unary,
-    )
+    assert _methods(store_node_pb2, "StoreNode") == {
+        **dict.fromkeys(
+            [
+                "SendMessage",
+                "SendBatch",
+                "GetMessage",
+                "GetMessages",
+                "GetMinMaxOffset",
+                "SearchOffset",
+                "QueryConsumerOffset",
+                "UpdateConsumerOffset",
+                "QueryMessage",
+                "ViewMessage",
+                "ResetOffset",
+                "GetRuntimeInfo",
+            ],
+            unary,
+        ),
+        "SendStream": (True, True),
+    }
     assert _methods(pull_service_pb2, "PullService") == {
         "QueryRoute": unary,
         "Pull": unary,
+        "PullBatch": unary,
         "Session": (True, True),
         "ListConsumers": unary,
         "NotifyConsumers": unary,

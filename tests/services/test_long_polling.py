@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
-from services.long_polling import PullRequestHoldService
+from services.long_polling import HeldRead, PullRequestHoldService
 from store import Message, MessageStore
 from store.get_message import GetMessageResult, GetStatus
 from store.message_filter import build_filter
@@ -29,15 +30,22 @@ async def held_pull(
     timeout_s: float,
     tags: str = "*",
 ) -> GetMessageResult:
-    return await service.hold(
-        TOPIC,
-        0,
-        offset,
-        timeout_s,
-        pull_of(store, tags),
+    (result,) = await service.hold([read(store, 0, offset, pull_of(store, tags))], timeout_s)
+    return result
+
+
+def read(
+    store: MessageStore, queue_id: int, offset: int, pull: Callable[[int], GetMessageResult]
+) -> HeldRead[GetMessageResult]:
+    """A held read of ``queue_id`` answering once it found something."""
+    return HeldRead(
+        topic=TOPIC,
+        queue_id=queue_id,
+        offset=offset,
+        pull=pull,
         found=lambda r: r.status is GetStatus.FOUND,
         next_offset=lambda r: r.next_begin_offset,
-        queue_max_offset=lambda: store.get_max_offset_in_queue(TOPIC, 0),
+        max_offset=lambda: store.get_max_offset_in_queue(TOPIC, queue_id),
     )
 
 
@@ -119,19 +127,8 @@ def test_an_arrival_just_before_parking_is_not_missed(store: MessageStore) -> No
                 assert store.put_message(Message(TOPIC, b"racing")).ok
             return result
 
-        return await asyncio.wait_for(
-            service.hold(
-                TOPIC,
-                0,
-                0,
-                60.0,
-                pull,
-                found=lambda r: r.status is GetStatus.FOUND,
-                next_offset=lambda r: r.next_begin_offset,
-                queue_max_offset=lambda: store.get_max_offset_in_queue(TOPIC, 0),
-            ),
-            10.0,
-        )
+        (result,) = await asyncio.wait_for(service.hold([read(store, 0, 0, pull)], 60.0), 10.0)
+        return result
 
     result = asyncio.run(scenario())
     assert [r.body for r in result.decode()] == [b"racing"]
@@ -146,15 +143,16 @@ def test_many_held_pulls_on_many_queues_wake_only_where_messages_arrive(
         store.add_arrival_listener(service.notify_arrival)
 
         async def one(queue_id: int) -> int:
-            result = await service.hold(
-                TOPIC,
-                queue_id,
-                0,
+            (result,) = await service.hold(
+                [
+                    read(
+                        store,
+                        queue_id,
+                        0,
+                        lambda off: store.get_message("G", TOPIC, queue_id, off, 32),
+                    )
+                ],
                 1.0,
-                lambda off: store.get_message("G", TOPIC, queue_id, off, 32),
-                found=lambda r: r.status is GetStatus.FOUND,
-                next_offset=lambda r: r.next_begin_offset,
-                queue_max_offset=lambda: store.get_max_offset_in_queue(TOPIC, queue_id),
             )
             return result.message_count
 
@@ -168,3 +166,24 @@ def test_many_held_pulls_on_many_queues_wake_only_where_messages_arrive(
     counts, woken = asyncio.run(scenario())
     assert counts == [1 if q % 10 == 0 else 0 for q in range(50)]
     assert woken == 5
+
+
+def test_one_call_held_on_several_queues_wakes_on_an_arrival_on_any(store: MessageStore) -> None:
+    async def scenario() -> tuple[list[int], int, int]:
+        loop = asyncio.get_running_loop()
+        service = PullRequestHoldService(loop)
+        store.add_arrival_listener(service.notify_arrival)
+        reads = [
+            read(store, q, 0, lambda off, q=q: store.get_message("G", TOPIC, q, off, 32))
+            for q in (0, 1, 2)
+        ]
+        pending = asyncio.ensure_future(service.hold(reads, 30.0))
+        await asyncio.sleep(0.05)
+        held = service.held  # one call, parked under three queues
+        await loop.run_in_executor(None, store.put_message, Message(TOPIC, b"x", queue_id=1))
+        results = await asyncio.wait_for(pending, 10.0)
+        return [r.message_count for r in results], held, service.held
+
+    counts, held, after = asyncio.run(scenario())
+    assert counts == [0, 1, 0]
+    assert (held, after) == (1, 0)

@@ -508,6 +508,39 @@ class MessageList(_message.Message):
 Global___MessageList: _TypeAlias = MessageList  # noqa: Y015
 
 @_typing.final
+class Refused(_message.Message):
+    """One entry of a batched call that was refused while the others were served
+    (StoreNode.SendStream, StoreNode.GetMessages, PullService.PullBatch): what
+    the same request alone would have failed the call with.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRPC_CODE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    grpc_code: _builtins.int
+    """The gRPC status code number (google.rpc.Code), e.g. 3 INVALID_ARGUMENT."""
+    code: Global___ResponseCode.ValueType
+    """RocketMQ's code, as the trailing metadata `basalt-response-code` would say."""
+    message: _builtins.str
+    """What was wrong."""
+    def __init__(
+        self,
+        *,
+        grpc_code: _builtins.int = ...,
+        code: Global___ResponseCode.ValueType = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "grpc_code", b"grpc_code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Refused: _TypeAlias = Refused  # noqa: Y015
+
+@_typing.final
 class MessageQueue(_message.Message):
     """One queue of one topic on one broker (RocketMQ's MessageQueue)."""
 

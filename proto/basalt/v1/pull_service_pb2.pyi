@@ -188,6 +188,7 @@ class PullResponse(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
     code: _common_pb2.ResponseCode.ValueType
     """SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY or PULL_OFFSET_MOVED,
     from store_status by RocketMQ's PullMessageProcessor table (see
@@ -213,6 +214,10 @@ class PullResponse(_message.Message):
     def commit(self) -> _common_pb2.CommitResult:
         """Set when the request carried commit_offset."""
 
+    @_builtins.property
+    def refused(self) -> _common_pb2.Refused:
+        """In a PullBatch answer only: this entry was refused (the other fields unset)."""
+
     def __init__(
         self,
         *,
@@ -224,14 +229,74 @@ class PullResponse(_message.Message):
         max_offset: _builtins.int = ...,
         records: _common_pb2.Records | None = ...,
         commit: _common_pb2.CommitResult | None = ...,
+        refused: _common_pb2.Refused | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records", "refused", b"refused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "status", b"status", "store_status", b"store_status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "refused", b"refused", "status", b"status", "store_status", b"store_status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
+
+@_typing.final
+class PullBatchRequest(_message.Message):
+    """The whole call fails INVALID_ARGUMENT, INVALID_PARAMETER for: an invalid
+    group, no entries or more than PullServiceConfig.max_queues_per_pull (32
+    by default), entries on more than one broker or twice on one queue, an
+    entry whose group is set and differs, an entry with a suspend_timeout_ms,
+    a negative suspend_timeout_ms. Otherwise each entry gets its own answer:
+    an entry Pull would refuse (steps 0-6 above, or the store-node refusing
+    it) has `refused` set; the others are served.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    PULLS_FIELD_NUMBER: _builtins.int
+    SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """The group of every entry (an entry's own group may be left empty)."""
+    suspend_timeout_ms: _builtins.int
+    """As PullRequest.suspend_timeout_ms, for the call as a whole."""
+    @_builtins.property
+    def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullRequest]: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        pulls: _abc.Iterable[Global___PullRequest] | None = ...,
+        suspend_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "pulls", b"pulls", "suspend_timeout_ms", b"suspend_timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullBatchRequest: _TypeAlias = PullBatchRequest  # noqa: Y015
+
+@_typing.final
+class PullBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullResponse]:
+        """One per entry of the request, in its order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___PullResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullBatchResponse: _TypeAlias = PullBatchResponse  # noqa: Y015
 
 @_typing.final
 class SessionRequest(_message.Message):

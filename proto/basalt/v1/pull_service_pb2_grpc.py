@@ -45,6 +45,11 @@ class PullServiceStub:
                 request_serializer=basalt_dot_v1_dot_pull__service__pb2.PullRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullResponse.FromString,
                 _registered_method=True)
+        self.PullBatch = channel.unary_unary(
+                '/basalt.v1.PullService/PullBatch',
+                request_serializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/basalt.v1.PullService/Session',
                 request_serializer=basalt_dot_v1_dot_pull__service__pb2.SessionRequest.SerializeToString,
@@ -77,6 +82,16 @@ class PullServiceServicer:
     def Pull(self, request, context):
         """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
         seed 001): checks, then a GetMessage on the owning store-node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullBatch(self, request, context):
+        """Pull several queues of one broker in one call (Kafka's fetch request;
+        RocketMQ's pull, batched): each entry is checked and answered as Pull
+        would, in one GetMessages on the store-node. Long polling covers the
+        whole call (see StoreNode.GetMessages).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,6 +136,11 @@ def add_PullServiceServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_pull__service__pb2.PullResponse.SerializeToString,
+            ),
+            'PullBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullBatch,
+                    request_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -193,6 +213,33 @@ class PullService:
             '/basalt.v1.PullService/Pull',
             basalt_dot_v1_dot_pull__service__pb2.PullRequest.SerializeToString,
             basalt_dot_v1_dot_pull__service__pb2.PullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.PullService/PullBatch',
+            basalt_dot_v1_dot_pull__service__pb2.PullBatchRequest.SerializeToString,
+            basalt_dot_v1_dot_pull__service__pb2.PullBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,12 @@ class PullServiceStub:
     """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
     seed 001): checks, then a GetMessage on the owning store-node.
     """
+    PullBatch: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _pull_service_pb2.PullBatchResponse]
+    """Pull several queues of one broker in one call (Kafka's fetch request;
+    RocketMQ's pull, batched): each entry is checked and answered as Pull
+    would, in one GetMessages on the store-node. Long polling covers the
+    whole call (see StoreNode.GetMessages).
+    """
     Session: _grpc.StreamStreamMultiCallable[_pull_service_pb2.SessionRequest, _pull_service_pb2.SessionResponse]
     """A consumer's one long-lived stream: open, heartbeats, and commands pushed
     by the service, each acknowledged by the consumer.
@@ -75,6 +81,12 @@ class PullServiceAsyncStub(PullServiceStub):
     Pull: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullRequest, _pull_service_pb2.PullResponse]  # type: ignore[assignment]
     """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
     seed 001): checks, then a GetMessage on the owning store-node.
+    """
+    PullBatch: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _pull_service_pb2.PullBatchResponse]  # type: ignore[assignment]
+    """Pull several queues of one broker in one call (Kafka's fetch request;
+    RocketMQ's pull, batched): each entry is checked and answered as Pull
+    would, in one GetMessages on the store-node. Long polling covers the
+    whole call (see StoreNode.GetMessages).
     """
     Session: _aio.StreamStreamMultiCallable[_pull_service_pb2.SessionRequest, _pull_service_pb2.SessionResponse]  # type: ignore[assignment]
     """A consumer's one long-lived stream: open, heartbeats, and commands pushed
@@ -113,6 +125,18 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_pull_service_pb2.PullResponse, _abc.Awaitable[_pull_service_pb2.PullResponse]]:
         """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
         seed 001): checks, then a GetMessage on the owning store-node.
+        """
+
+    @_abc_1.abstractmethod
+    def PullBatch(
+        self,
+        request: _pull_service_pb2.PullBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pull_service_pb2.PullBatchResponse, _abc.Awaitable[_pull_service_pb2.PullBatchResponse]]:
+        """Pull several queues of one broker in one call (Kafka's fetch request;
+        RocketMQ's pull, batched): each entry is checked and answered as Pull
+        would, in one GetMessages on the store-node. Long polling covers the
+        whole call (see StoreNode.GetMessages).
         """
 
     @_abc_1.abstractmethod

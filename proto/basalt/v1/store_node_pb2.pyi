@@ -152,6 +152,124 @@ class SendBatchResponse(_message.Message):
 Global___SendBatchResponse: _TypeAlias = SendBatchResponse  # noqa: Y015
 
 @_typing.final
+class SendStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPAQUE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    opaque: _builtins.int
+    """Echoed in the answer; the store-node does not interpret it."""
+    @_builtins.property
+    def message(self) -> Global___SendMessageRequest: ...
+    @_builtins.property
+    def batch(self) -> Global___SendBatchRequest: ...
+    def __init__(
+        self,
+        *,
+        opaque: _builtins.int = ...,
+        message: Global___SendMessageRequest | None = ...,
+        batch: Global___SendBatchRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "message", b"message", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "message", b"message", "opaque", b"opaque", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["message", "batch"]  # noqa: Y015
+    _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
+
+Global___SendStreamRequest: _TypeAlias = SendStreamRequest  # noqa: Y015
+
+@_typing.final
+class SendStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPAQUE_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    opaque: _builtins.int
+    @_builtins.property
+    def result(self) -> _common_pb2.SendResult:
+        """As SendMessageResponse.result / SendBatchResponse.result."""
+
+    @_builtins.property
+    def refused(self) -> _common_pb2.Refused:
+        """What the unary call would have failed with; a request with neither
+        `message` nor `batch` is INVALID_ARGUMENT, INVALID_PARAMETER.
+        """
+
+    def __init__(
+        self,
+        *,
+        opaque: _builtins.int = ...,
+        result: _common_pb2.SendResult | None = ...,
+        refused: _common_pb2.Refused | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "refused", b"refused", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["opaque", b"opaque", "outcome", b"outcome", "refused", b"refused", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["result", "refused"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___SendStreamResponse: _TypeAlias = SendStreamResponse  # noqa: Y015
+
+@_typing.final
+class GetMessagesRequest(_message.Message):
+    """At most StoreNodeConfig.max_queues_per_get_messages entries (32 by
+    default), no two on the same (topic, queue_id), each with
+    suspend_timeout_ms 0 (the call's own applies to all): else the call fails
+    INVALID_ARGUMENT, INVALID_PARAMETER. An entry that GetMessage would refuse
+    is answered with its `refused` set; the others are served.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    READS_FIELD_NUMBER: _builtins.int
+    SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    suspend_timeout_ms: _builtins.int
+    """As GetMessageRequest.suspend_timeout_ms, for the call as a whole."""
+    @_builtins.property
+    def reads(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetMessageRequest]: ...
+    def __init__(
+        self,
+        *,
+        reads: _abc.Iterable[Global___GetMessageRequest] | None = ...,
+        suspend_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reads", b"reads", "suspend_timeout_ms", b"suspend_timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMessagesRequest: _TypeAlias = GetMessagesRequest  # noqa: Y015
+
+@_typing.final
+class GetMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetMessageResponse]:
+        """One per entry of the request, in its order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___GetMessageResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMessagesResponse: _TypeAlias = GetMessagesResponse  # noqa: Y015
+
+@_typing.final
 class GetMessageRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -237,6 +355,7 @@ class GetMessageResponse(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
     status: _common_pb2.GetMessageStatus.ValueType
     next_begin_offset: _builtins.int
     """Where the next read of this queue should start: past the last unit
@@ -256,6 +375,10 @@ class GetMessageResponse(_message.Message):
     def commit(self) -> _common_pb2.CommitResult:
         """Set when the request carried commit_offset."""
 
+    @_builtins.property
+    def refused(self) -> _common_pb2.Refused:
+        """In a GetMessages answer only: this entry was refused (the other fields unset)."""
+
     def __init__(
         self,
         *,
@@ -265,10 +388,11 @@ class GetMessageResponse(_message.Message):
         max_offset: _builtins.int = ...,
         records: _common_pb2.Records | None = ...,
         commit: _common_pb2.CommitResult | None = ...,
+        refused: _common_pb2.Refused | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records", "refused", b"refused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "refused", b"refused", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

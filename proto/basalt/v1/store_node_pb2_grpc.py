@@ -45,10 +45,20 @@ class StoreNodeStub:
                 request_serializer=basalt_dot_v1_dot_store__node__pb2.SendBatchRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_store__node__pb2.SendBatchResponse.FromString,
                 _registered_method=True)
+        self.SendStream = channel.stream_stream(
+                '/basalt.v1.StoreNode/SendStream',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.SendStreamRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.SendStreamResponse.FromString,
+                _registered_method=True)
         self.GetMessage = channel.unary_unary(
                 '/basalt.v1.StoreNode/GetMessage',
                 request_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessageRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessageResponse.FromString,
+                _registered_method=True)
+        self.GetMessages = channel.unary_unary(
+                '/basalt.v1.StoreNode/GetMessages',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesResponse.FromString,
                 _registered_method=True)
         self.GetMinMaxOffset = channel.unary_unary(
                 '/basalt.v1.StoreNode/GetMinMaxOffset',
@@ -112,9 +122,36 @@ class StoreNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendStream(self, request_iterator, context):
+        """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
+        remoting multiplexes a producer's requests over one connection: each
+        request carries an `opaque` chosen by the producer and is answered by one
+        response with the same `opaque`. Any number may be in flight; requests
+        are appended in the order they arrive, and answers come as each append
+        completes (so in that order, except that a refusal can overtake). A
+        refused request is answered with `refused` and the stream goes on; the
+        stream itself fails only for the store-node stopping. Same checks,
+        statuses and flush rules as the unary calls; it saves their per-call
+        cost (one HTTP/2 stream and its headers per send).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMessage(self, request, context):
         """Read matching records of one queue from an offset, optionally waiting
         for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMessages(self, request, context):
+        """GetMessage on several queues in one call (Kafka's fetch request): each
+        entry is read as GetMessage reads it, commit included. Long polling covers
+        the whole call: when no entry has anything to return, the call is held
+        until an arrival on any of its queues or `suspend_timeout_ms`, then every
+        entry is read again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,10 +229,20 @@ def add_StoreNodeServicer_to_server(servicer, server):
                     request_deserializer=basalt_dot_v1_dot_store__node__pb2.SendBatchRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_store__node__pb2.SendBatchResponse.SerializeToString,
             ),
+            'SendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendStream,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.SendStreamRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.SendStreamResponse.SerializeToString,
+            ),
             'GetMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMessage,
                     request_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessageRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessageResponse.SerializeToString,
+            ),
+            'GetMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMessages,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesResponse.SerializeToString,
             ),
             'GetMinMaxOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMinMaxOffset,
@@ -304,6 +351,33 @@ class StoreNode:
             _registered_method=True)
 
     @staticmethod
+    def SendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/basalt.v1.StoreNode/SendStream',
+            basalt_dot_v1_dot_store__node__pb2.SendStreamRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.SendStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def GetMessage(request,
             target,
             options=(),
@@ -320,6 +394,33 @@ class StoreNode:
             '/basalt.v1.StoreNode/GetMessage',
             basalt_dot_v1_dot_store__node__pb2.GetMessageRequest.SerializeToString,
             basalt_dot_v1_dot_store__node__pb2.GetMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/GetMessages',
+            basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.GetMessagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,9 +48,28 @@ class StoreNodeStub:
     (RocketMQ's SEND_BATCH_MESSAGE). With SYNC flush the answer waits for the
     fsync that covers the whole batch.
     """
+    SendStream: _grpc.StreamStreamMultiCallable[_store_node_pb2.SendStreamRequest, _store_node_pb2.SendStreamResponse]
+    """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
+    remoting multiplexes a producer's requests over one connection: each
+    request carries an `opaque` chosen by the producer and is answered by one
+    response with the same `opaque`. Any number may be in flight; requests
+    are appended in the order they arrive, and answers come as each append
+    completes (so in that order, except that a refusal can overtake). A
+    refused request is answered with `refused` and the stream goes on; the
+    stream itself fails only for the store-node stopping. Same checks,
+    statuses and flush rules as the unary calls; it saves their per-call
+    cost (one HTTP/2 stream and its headers per send).
+    """
     GetMessage: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMessageRequest, _store_node_pb2.GetMessageResponse]
     """Read matching records of one queue from an offset, optionally waiting
     for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+    """
+    GetMessages: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _store_node_pb2.GetMessagesResponse]
+    """GetMessage on several queues in one call (Kafka's fetch request): each
+    entry is read as GetMessage reads it, commit included. Long polling covers
+    the whole call: when no entry has anything to return, the call is held
+    until an arrival on any of its queues or `suspend_timeout_ms`, then every
+    entry is read again.
     """
     GetMinMaxOffset: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMinMaxOffsetRequest, _store_node_pb2.GetMinMaxOffsetResponse]
     """A queue's min and max offsets (RocketMQ's GET_MIN_OFFSET / GET_MAX_OFFSET)."""
@@ -87,9 +106,28 @@ class StoreNodeAsyncStub(StoreNodeStub):
     (RocketMQ's SEND_BATCH_MESSAGE). With SYNC flush the answer waits for the
     fsync that covers the whole batch.
     """
+    SendStream: _aio.StreamStreamMultiCallable[_store_node_pb2.SendStreamRequest, _store_node_pb2.SendStreamResponse]  # type: ignore[assignment]
+    """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
+    remoting multiplexes a producer's requests over one connection: each
+    request carries an `opaque` chosen by the producer and is answered by one
+    response with the same `opaque`. Any number may be in flight; requests
+    are appended in the order they arrive, and answers come as each append
+    completes (so in that order, except that a refusal can overtake). A
+    refused request is answered with `refused` and the stream goes on; the
+    stream itself fails only for the store-node stopping. Same checks,
+    statuses and flush rules as the unary calls; it saves their per-call
+    cost (one HTTP/2 stream and its headers per send).
+    """
     GetMessage: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMessageRequest, _store_node_pb2.GetMessageResponse]  # type: ignore[assignment]
     """Read matching records of one queue from an offset, optionally waiting
     for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+    """
+    GetMessages: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _store_node_pb2.GetMessagesResponse]  # type: ignore[assignment]
+    """GetMessage on several queues in one call (Kafka's fetch request): each
+    entry is read as GetMessage reads it, commit included. Long polling covers
+    the whole call: when no entry has anything to return, the call is held
+    until an arrival on any of its queues or `suspend_timeout_ms`, then every
+    entry is read again.
     """
     GetMinMaxOffset: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMinMaxOffsetRequest, _store_node_pb2.GetMinMaxOffsetResponse]  # type: ignore[assignment]
     """A queue's min and max offsets (RocketMQ's GET_MIN_OFFSET / GET_MAX_OFFSET)."""
@@ -137,6 +175,24 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def SendStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_store_node_pb2.SendStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_store_node_pb2.SendStreamResponse], _abc.AsyncIterator[_store_node_pb2.SendStreamResponse]]:
+        """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
+        remoting multiplexes a producer's requests over one connection: each
+        request carries an `opaque` chosen by the producer and is answered by one
+        response with the same `opaque`. Any number may be in flight; requests
+        are appended in the order they arrive, and answers come as each append
+        completes (so in that order, except that a refusal can overtake). A
+        refused request is answered with `refused` and the stream goes on; the
+        stream itself fails only for the store-node stopping. Same checks,
+        statuses and flush rules as the unary calls; it saves their per-call
+        cost (one HTTP/2 stream and its headers per send).
+        """
+
+    @_abc_1.abstractmethod
     def GetMessage(
         self,
         request: _store_node_pb2.GetMessageRequest,
@@ -144,6 +200,19 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_store_node_pb2.GetMessageResponse, _abc.Awaitable[_store_node_pb2.GetMessageResponse]]:
         """Read matching records of one queue from an offset, optionally waiting
         for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+        """
+
+    @_abc_1.abstractmethod
+    def GetMessages(
+        self,
+        request: _store_node_pb2.GetMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.GetMessagesResponse, _abc.Awaitable[_store_node_pb2.GetMessagesResponse]]:
+        """GetMessage on several queues in one call (Kafka's fetch request): each
+        entry is read as GetMessage reads it, commit included. Long polling covers
+        the whole call: when no entry has anything to return, the call is held
+        until an arrival on any of its queues or `suspend_timeout_ms`, then every
+        entry is read again.
         """
 
     @_abc_1.abstractmethod
