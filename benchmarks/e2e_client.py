@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import cast
 
 import grpc
 
@@ -47,6 +48,7 @@ from store.record import EncodedMessage
 
 SEND_MESSAGE = "/basalt.v1.StoreNode/SendMessage"
 SEND_BATCH = "/basalt.v1.StoreNode/SendBatch"
+SEND_STREAM = "/basalt.v1.StoreNode/SendStream"
 #: A load channel's options: its own TCP connection (no global subchannel
 #: sharing), and room for a batch of large records.
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -226,8 +228,11 @@ def encode_records(
 @dataclass(slots=True)
 class WorkerSpec:
     """What one load process does. ``role``: ``send`` | ``messages`` | ``records``
-    (producers, ``per_queue`` coroutines per queue, each one call in flight) or
-    ``pull`` (one coroutine per queue, one pull in flight, committing) or ``wake``
+    (producers, ``per_queue`` coroutines per queue, each one call in flight; or
+    with ``stream`` as many requests in flight on SendStreams) or ``pull`` (one
+    coroutine per queue, one pull in flight, committing) or ``pull-batch`` (one
+    coroutine per broker, one PullBatch of all its queues in flight,
+    committing) or ``wake``
     (one held pull after another on ``queues[0]``, each return's time sent to the
     parent at once)."""
 
@@ -249,6 +254,9 @@ class WorkerSpec:
     offsets: list[int] = field(default_factory=list)
     #: wake: how many found pulls before the process ends.
     iterations: int = 0
+    #: Producers: SendStream (``per_queue`` x queues requests in flight over one
+    #: stream per channel) instead of unary calls.
+    stream: bool = False
 
 
 @dataclass(slots=True)
@@ -295,7 +303,7 @@ class _Window:
 
 async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
     addresses = sorted({q.address for q in spec.queues})
-    if spec.role in ("pull", "wake"):
+    if spec.role in ("pull", "pull-batch", "wake"):
         addresses = [spec.pull_address]
     channels = {
         a: [grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for _ in range(spec.channels)]
@@ -318,6 +326,34 @@ async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
                 _pull_loop(spec, i, channels[spec.pull_address][i % spec.channels], window, result)
                 for i in range(len(spec.queues))
             ]
+        elif spec.role == "pull-batch":
+            by_broker: dict[str, list[int]] = {}
+            for i, q in enumerate(spec.queues):
+                by_broker.setdefault(q.broker, []).append(i)
+            coros = [
+                _pull_batch_loop(
+                    spec, idx, channels[spec.pull_address][k % spec.channels], window, result
+                )
+                for k, idx in enumerate(by_broker.values())
+            ]
+        elif spec.stream:
+            coros = []
+            for address, chans in channels.items():
+                mine = [q for q in spec.queues if q.address == address]
+                payloads = [
+                    p
+                    for q in mine
+                    for p in stream_payloads(
+                        spec.role, spec.topic, q, spec.batch, spec.body_size, spec.pool
+                    )
+                ]
+                for k, ch in enumerate(chans):
+                    in_flight = max(1, spec.per_queue * len(mine) // len(chans))
+                    coros.append(
+                        _stream_loop(
+                            spec, ch, payloads[k:] + payloads[:k], in_flight, window, result
+                        )
+                    )
         else:
             coros = []
             for q in spec.queues:
@@ -330,7 +366,7 @@ async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
         tasks = [asyncio.ensure_future(c) for c in coros]
         await asyncio.sleep(max(0.0, window.end - time.monotonic()))
         # Producers finish their call in flight; held pulls are cut at the window's end.
-        _, pending = await asyncio.wait(tasks, timeout=0.0 if spec.role == "pull" else 5.0)
+        _, pending = await asyncio.wait(tasks, timeout=0.0 if "pull" in spec.role else 5.0)
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -370,6 +406,131 @@ async def _send_loop(
             if sent.status != pb.SEND_STATUS_SEND_OK or len(sent.queue_offsets) != n:
                 raise RuntimeError(f"send answered {sent.status} with {len(sent.queue_offsets)}")
         i += 1
+
+
+def stream_payloads(
+    kind: str, topic: str, queue: QueueRef, batch: int, body_size: int, pool: int
+) -> list[bytes]:
+    """:func:`send_payloads` as SendStream requests (``opaque`` = index in the pool)."""
+    out = []
+    for i, raw in enumerate(send_payloads(kind, topic, queue, batch, body_size, pool)):
+        if kind == "send":
+            req = sn.SendStreamRequest(opaque=i, message=sn.SendMessageRequest.FromString(raw))
+        else:
+            req = sn.SendStreamRequest(opaque=i, batch=sn.SendBatchRequest.FromString(raw))
+        out.append(req.SerializeToString())
+    return out
+
+
+async def _stream_loop(
+    spec: WorkerSpec,
+    channel: grpc.aio.Channel,
+    payloads: list[bytes],
+    in_flight: int,
+    window: _Window,
+    result: WorkerResult,
+) -> None:
+    """One SendStream with up to ``in_flight`` requests outstanding."""
+    call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(SEND_STREAM)()
+    n = 1 if spec.role == "send" else spec.batch
+    slots = asyncio.Semaphore(in_flight)
+
+    async def read_answers() -> None:
+        k = 0
+        while (reply := await call.read()) is not grpc.aio.EOF:
+            slots.release()
+            t = time.monotonic()
+            result.total_msgs += n
+            if window.inside(t):
+                result.msgs += n
+                result.calls += 1
+                result.last_done = max(result.last_done, t)
+            if k % CHECK_EVERY == 0:
+                got = sn.SendStreamResponse.FromString(cast(bytes, reply)).result
+                if got.status != pb.SEND_STATUS_SEND_OK or len(got.queue_offsets) != n:
+                    raise RuntimeError(f"send answered {got} ")
+            k += 1
+
+    reader = asyncio.ensure_future(read_answers())
+    i = 0
+    try:
+        while time.monotonic() < window.end:
+            await slots.acquire()
+            if reader.done():
+                break
+            await call.write(payloads[i % len(payloads)])
+            i += 1
+        await call.done_writing()
+        await asyncio.wait_for(reader, 30)
+    finally:
+        reader.cancel()
+        call.cancel()
+
+
+async def _pull_batch_loop(
+    spec: WorkerSpec,
+    idx: list[int],
+    channel: grpc.aio.Channel,
+    window: _Window,
+    result: WorkerResult,
+) -> None:
+    """PullBatch over the queues ``spec.queues[i] for i in idx`` (one broker's)."""
+    stub: ps_grpc.PullServiceAsyncStub = ps_grpc.PullServiceStub(channel)
+    mqs = [
+        pb.MessageQueue(
+            topic=spec.topic, broker_name=spec.queues[i].broker, queue_id=spec.queues[i].queue_id
+        )
+        for i in idx
+    ]
+    offsets = [spec.offsets[i] if i < len(spec.offsets) else 0 for i in idx]
+    while len(result.offsets) < len(spec.queues):
+        result.offsets.append(0)
+    sizes: Counter[int] = Counter()
+    try:
+        while time.monotonic() < window.end:
+            got = await stub.PullBatch(
+                ps.PullBatchRequest(
+                    group=spec.group,
+                    pulls=[
+                        ps.PullRequest(
+                            queue=mq, offset=off, max_nums=spec.max_nums, commit_offset=off
+                        )
+                        for mq, off in zip(mqs, offsets, strict=True)
+                    ],
+                    suspend_timeout_ms=spec.suspend_ms,
+                ),
+                timeout=spec.suspend_ms / 1000 + 30,
+            )
+            t = time.monotonic()
+            inside = window.inside(t)
+            dry = 0
+            for k, entry in enumerate(got.results):
+                if entry.HasField("refused") or entry.commit.code != pb.RESPONSE_CODE_SUCCESS:
+                    raise RuntimeError(f"pull of {mqs[k]} answered {entry}")
+                n = entry.records.count
+                result.total_msgs += n
+                if inside:
+                    result.msgs += n
+                    result.data_bytes += len(entry.records.data)
+                    if n:
+                        sizes[n] += 1
+                    else:
+                        result.empty_pulls += 1
+                if entry.status == pb.PULL_STATUS_NO_NEW_MSG:
+                    dry += 1
+                offsets[k] = entry.next_begin_offset
+            if inside:
+                result.calls += 1
+                result.last_done = max(result.last_done, t)
+            if dry == len(mqs) and spec.suspend_ms == 0:
+                if result.drained_at is None or t < result.drained_at:
+                    result.drained_at = t
+                break
+    finally:
+        for i, off in zip(idx, offsets, strict=True):
+            result.offsets[i] = off
+        for size, count in sizes.items():
+            result.batch_sizes[size] = result.batch_sizes.get(size, 0) + count
 
 
 async def _pull_loop(

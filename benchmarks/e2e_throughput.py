@@ -401,6 +401,7 @@ async def send_latency(
         requests = [
             (
                 stubs[q.address],
+                channels[q.address],
                 sn.SendMessageRequest(
                     message=pb.Message(topic=TOPICS["latency"], tags="TagA", body=body),
                     queue_id=q.queue_id,
@@ -408,18 +409,9 @@ async def send_latency(
             )
             for q in queues
         ]
-        us: list[float] = []
+        unary = await _timed_sends(requests, warmup, samples, stream=False)
         before = meter.sample([])
-        for i in range(warmup + samples):
-            stub, req = requests[i % len(requests)]
-            req.message.properties["UNIQ_KEY"] = f"{i:032X}"
-            t = time.perf_counter_ns()
-            reply = await stub.SendMessage(req, timeout=10)
-            elapsed = time.perf_counter_ns() - t
-            if reply.result.status != pb.SEND_STATUS_SEND_OK:
-                raise RuntimeError(f"send answered {reply.result.status}")
-            if i >= warmup:
-                us.append(elapsed / 1000)
+        streamed = await _timed_sends(requests, warmup, samples, stream=True)
         cpu.append(meter.row("send latency", before, meter.sample([])))
     finally:
         for ch in channels.values():
@@ -427,14 +419,57 @@ async def send_latency(
     return [
         _latency_row(
             "send latency",
-            f"SendMessage 1 KiB, 1 in flight, over {len(queues)} queues",
-            us,
+            f"SendStream 1 KiB, 1 in flight, over {len(queues)} queues",
+            streamed,
             TARGET_SEND_P99_US,
+        ),
+        _latency_row(
+            "send latency",
+            f"SendMessage (unary) 1 KiB, 1 in flight, over {len(queues)} queues",
+            unary,
+            None,
         ),
         _latency_row(
             "gRPC floor", "Health.Check on a store-node, 1 in flight (no store work)", floor, None
         ),
     ]
+
+
+async def _timed_sends(
+    requests: list[tuple[sn_grpc.StoreNodeAsyncStub, grpc.aio.Channel, sn.SendMessageRequest]],
+    warmup: int,
+    samples: int,
+    *,
+    stream: bool,
+) -> list[float]:
+    """Sequential sends round-robin over ``requests``, µs each after ``warmup``:
+    unary SendMessage calls, or requests on one SendStream per store-node."""
+    streams: dict[int, Any] = {}
+    if stream:
+        for _, channel, _ in requests:
+            if id(channel) not in streams:
+                streams[id(channel)] = sn_grpc.StoreNodeStub(channel).SendStream()
+    us: list[float] = []
+    try:
+        for i in range(warmup + samples):
+            stub, channel, req = requests[i % len(requests)]
+            req.message.properties["UNIQ_KEY"] = f"{int(stream)}{i:031X}"
+            t = time.perf_counter_ns()
+            if stream:
+                call = streams[id(channel)]
+                await call.write(sn.SendStreamRequest(opaque=i, message=req))
+                result = (await call.read()).result
+            else:
+                result = (await stub.SendMessage(req, timeout=10)).result
+            elapsed = time.perf_counter_ns() - t
+            if result.status != pb.SEND_STATUS_SEND_OK:
+                raise RuntimeError(f"send answered {result}")
+            if i >= warmup:
+                us.append(elapsed / 1000)
+    finally:
+        for call in streams.values():
+            call.cancel()
+    return us
 
 
 async def wake_latency(
@@ -571,6 +606,8 @@ async def produce_cell(
     queues: list[QueueRef],
     meter: CpuMeter,
     cpu: list[CpuRow],
+    *,
+    stream: bool,
 ) -> Row:
     batch = 1 if kind == "send" else BATCH
     per_queue = s.senders_per_queue if kind == "send" else s.batchers_per_queue
@@ -585,17 +622,19 @@ async def produce_cell(
             channels=s.channels,
             batch=batch,
             body_size=BODY,
+            stream=stream,
         )
         for part in split(queues, s.procs)
     ]
+    rpc = "SendStream" if stream else {"send": "SendMessage"}.get(kind, "SendBatch")
     config = {
-        "send": "batch 1, SendMessage",
-        "messages": f"batch {BATCH}, SendBatch messages",
-        "records": f"batch {BATCH}, SendBatch producer-encoded records",
+        "send": f"batch 1, {rpc}",
+        "messages": f"batch {BATCH}, {rpc} messages",
+        "records": f"batch {BATCH}, {rpc} producer-encoded records",
     }[kind]
     inflight = per_queue * len(queues)
     label = f"produce {config}"
-    _progress(f"{label}: {len(specs)} procs, {inflight} calls in flight")
+    _progress(f"{label}: {len(specs)} procs, {inflight} in flight")
     results, _ = await run_window(specs, meter, label, cpu)
     r = _sum(results)
     return Row(
@@ -605,7 +644,7 @@ async def produce_cell(
         "msgs/s",
         r.msgs,
         s.duration_s,
-        Target(TARGET_PRODUCE) if batch > 1 else None,
+        Target(TARGET_PRODUCE) if batch > 1 and stream else None,
         f"{r.calls / s.duration_s:,.0f} calls/s, {r.msgs * BODY / s.duration_s / 2**20:.0f} "
         f"body MiB/s",
     )
@@ -620,10 +659,14 @@ def pull_specs(
     max_nums: int,
     suspend_ms: int,
     procs: int,
+    *,
+    batched: bool,
 ) -> list[WorkerSpec]:
+    """Consumers of ``queues``: ``batched``, one PullBatch per store-node in
+    flight per process (each process gets every store-node); else one Pull per queue."""
     return [
         WorkerSpec(
-            role="pull",
+            role="pull-batch" if batched else "pull",
             topic=topic,
             queues=part,
             warmup_s=s.warmup_s,
@@ -645,12 +688,22 @@ async def consume_cell(
     pull_address: str,
     meter: CpuMeter,
     cpu: list[CpuRow],
+    *,
+    batched: bool,
 ) -> tuple[Row, str | None]:
+    group = f"e2e-pull-{max_nums}-{'batch' if batched else 'single'}"
     specs = pull_specs(
-        s, TOPICS["records"], queues, pull_address, f"e2e-pull-{max_nums}", max_nums, 0, s.procs
+        s, TOPICS["records"], queues, pull_address, group, max_nums, 0, s.procs, batched=batched
     )
-    label = f"consume max_nums {max_nums}"
-    _progress(f"{label}: {len(specs)} procs, {len(queues)} pulls in flight")
+    rpc = "PullBatch" if batched else "Pull"
+    label = f"consume {rpc} max_nums {max_nums}"
+    brokers = len({q.broker for q in queues})
+    in_flight = (
+        f"{brokers} brokers x 1 PullBatch of {len(queues) // brokers} queues in flight"
+        if batched
+        else f"{len(queues)} queues x 1 in flight"
+    )
+    _progress(f"{label}: {len(specs)} procs, {in_flight}")
     results, w0 = await run_window(specs, meter, label, cpu)
     r = _sum(results)
     secs = s.duration_s
@@ -658,20 +711,19 @@ async def consume_cell(
     if r.drained_at is not None:
         secs = max(1e-3, min(s.duration_s, r.last_done - w0))
         note = (
-            f"consume max_nums {max_nums}: a queue ran dry {r.drained_at - w0:+.2f} s into "
+            f"{label}: a queue ran dry {r.drained_at - w0:+.2f} s into "
             f"the window; rate over {secs:.2f} s (raise --duration of the produce cells)"
         )
     return (
         Row(
             "consume",
-            f"Pull max_nums {max_nums}, commit each; {len(specs)} procs, "
-            f"{len(queues)} queues x 1 in flight",
+            f"{rpc} max_nums {max_nums} per queue, commit each; {len(specs)} procs, {in_flight}",
             r.msgs / secs,
             "msgs/s",
             r.msgs,
             secs,
-            Target(TARGET_CONSUME),
-            f"{r.calls / secs:,.0f} pulls/s; {_batches(r)}",
+            Target(TARGET_CONSUME) if batched else None,
+            f"{r.calls / secs:,.0f} calls/s; {_batches(r)}",
         ),
         note,
     )
@@ -696,10 +748,13 @@ async def both_cell(
             channels=s.channels,
             batch=BATCH,
             body_size=BODY,
+            stream=True,
         )
         for part in split(queues, procs)
     ]
-    consumers = pull_specs(s, TOPICS["both"], queues, pull_address, "e2e-both", 32, 1000, procs)
+    consumers = pull_specs(
+        s, TOPICS["both"], queues, pull_address, "e2e-both", 32, 1000, procs, batched=True
+    )
     label = "both at once"
     _progress(f"{label}: {len(producers)} producer + {len(consumers)} consumer procs")
     results, _ = await run_window([*producers, *consumers], meter, label, cpu)
@@ -708,7 +763,7 @@ async def both_cell(
     return [
         Row(
             "both at once",
-            f"produce batch {BATCH} records; {len(producers)} procs x "
+            f"produce batch {BATCH} records, SendStream; {len(producers)} procs x "
             f"{s.batchers_per_queue * len(queues) // len(producers)} in flight",
             p.msgs / s.duration_s,
             "msgs/s",
@@ -719,13 +774,14 @@ async def both_cell(
         ),
         Row(
             "both at once",
-            f"consume Pull max_nums 32, 1 s long poll, commit; {len(consumers)} procs",
+            f"consume PullBatch max_nums 32 per queue, 1 s long poll, commit; "
+            f"{len(consumers)} procs",
             c.msgs / s.duration_s,
             "msgs/s",
             c.msgs,
             s.duration_s,
             Target(TARGET_BOTH),
-            f"{c.calls / s.duration_s:,.0f} pulls/s; {_batches(c)}; lag at end {lag:,} msgs",
+            f"{c.calls / s.duration_s:,.0f} calls/s; {_batches(c)}; lag at end {lag:,} msgs",
         ),
     ]
 
@@ -758,11 +814,17 @@ async def run(s: Settings, root: Path) -> tuple[list[Row], list[CpuRow], list[st
                 cpu,
             )
         )
-        for kind in ("send", "messages", "records"):
-            rows.append(await produce_cell(s, kind, routes[kind], meter, cpu))
-        for max_nums in (32, 256):
+        for kind, stream in (
+            ("send", True),
+            ("messages", True),
+            ("records", True),
+            ("send", False),
+            ("records", False),
+        ):
+            rows.append(await produce_cell(s, kind, routes[kind], meter, cpu, stream=stream))
+        for max_nums, batched in ((32, True), (256, True), (32, False)):
             row, note = await consume_cell(
-                s, max_nums, routes["records"], cluster.pull_address, meter, cpu
+                s, max_nums, routes["records"], cluster.pull_address, meter, cpu, batched=batched
             )
             rows.append(row)
             if note:

@@ -1,0 +1,211 @@
+"""The store-node's batched RPCs, SendStream and GetMessages, over a real server.
+
+Same harness as test_store_node.py: a real grpc.aio server on port 0 over a
+real store. Each refused entry is answered in its own ``refused`` with the
+status and code its unary call would fail with, while the rest of the stream
+or the call is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+from store.get_message import split_records
+from store.record import decode_record
+from tests.services.test_store_node import TOPIC, node, refused, run, wire
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+def get(queue_id: int, offset: int = 0, **kw: object) -> sn.GetMessageRequest:
+    return sn.GetMessageRequest(
+        group="G", topic=TOPIC, queue_id=queue_id, offset=offset, max_msg_nums=32, **kw
+    )
+
+
+def test_send_stream_answers_every_request_by_opaque_refusals_included(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path, auto_create=False) as (_, stub, _):
+            call = stub.SendStream()
+            good = [
+                sn.SendStreamRequest(
+                    opaque=100 + i,
+                    message=sn.SendMessageRequest(message=wire(TOPIC, b"m%d" % i), queue_id=1),
+                )
+                for i in range(20)
+            ]
+            batch = sn.SendStreamRequest(
+                opaque=7,
+                batch=sn.SendBatchRequest(
+                    topic=TOPIC,
+                    queue_id=1,
+                    messages=pb.MessageList(messages=[wire("", b"b0"), wire("", b"b1")]),
+                ),
+            )
+            bad = [
+                # queue out of range, unknown topic, empty batch, neither form
+                sn.SendStreamRequest(
+                    opaque=1, message=sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=9)
+                ),
+                sn.SendStreamRequest(
+                    opaque=2, message=sn.SendMessageRequest(message=wire("Nope", b"x"))
+                ),
+                sn.SendStreamRequest(opaque=3, batch=sn.SendBatchRequest(topic=TOPIC)),
+                sn.SendStreamRequest(opaque=4),
+            ]
+            # All written before any answer is read: many in flight at once.
+            for request in [*good[:10], *bad, batch, *good[10:]]:
+                await call.write(request)
+            await call.done_writing()
+            answers = {a.opaque: a async for a in call}
+            assert len(answers) == 25
+            assert await call.code() == grpc.StatusCode.OK
+
+            for opaque in (1, 2, 3, 4):
+                assert answers[opaque].WhichOneof("outcome") == "refused"
+            assert answers[1].refused.grpc_code == INVALID
+            assert answers[1].refused.code == pb.RESPONSE_CODE_INVALID_PARAMETER
+            assert "queue id 9 is out of range" in answers[1].refused.message
+            assert answers[2].refused.code == pb.RESPONSE_CODE_TOPIC_NOT_EXIST
+            assert answers[2].refused.grpc_code == grpc.StatusCode.NOT_FOUND.value[0]
+            assert answers[3].refused.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
+            assert "empty batch" in answers[3].refused.message
+            assert "neither message nor batch" in answers[4].refused.message
+
+            assert list(answers[7].result.queue_offsets) == [10, 11]
+            # Appended in the order written: m0..m9, the batch, m10..m19.
+            offsets = {i: answers[100 + i].result.queue_offsets[0] for i in range(20)}
+            assert [offsets[i] for i in range(20)] == [*range(10), *range(12, 22)]
+            got = await stub.GetMessage(
+                sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=1, offset=0, max_msg_nums=32)
+            )
+            bodies = [decode_record(r).body for r in split_records(got.records.data)]
+            assert bodies == [b"m%d" % i for i in range(10)] + [b"b0", b"b1"] + [
+                b"m%d" % i for i in range(10, 20)
+            ]
+
+    run(scenario)
+
+
+def test_send_stream_keeps_serving_after_a_client_goes_away(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            call = stub.SendStream()
+            for i in range(50):
+                await call.write(
+                    sn.SendStreamRequest(
+                        opaque=i,
+                        message=sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=0),
+                    )
+                )
+            call.cancel()  # gone without reading a single answer
+            await asyncio.sleep(0.2)
+            again = stub.SendStream()
+            await again.write(
+                sn.SendStreamRequest(
+                    opaque=9, message=sn.SendMessageRequest(message=wire(TOPIC, b"y"), queue_id=0)
+                )
+            )
+            answer = await again.read()
+            await again.done_writing()
+            assert answer.opaque == 9
+            assert answer.result.status == pb.SEND_STATUS_SEND_OK
+
+    run(scenario)
+
+
+def test_get_messages_reads_every_queue_and_refuses_entries_one_by_one(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            for q, n in ((0, 3), (2, 1)):
+                for i in range(n):
+                    await stub.SendMessage(
+                        sn.SendMessageRequest(message=wire(TOPIC, b"q%d-%d" % (q, i)), queue_id=q)
+                    )
+            got = await stub.GetMessages(
+                sn.GetMessagesRequest(
+                    reads=[
+                        get(0, 1, commit_offset=1),
+                        get(1),  # empty queue
+                        get(2),
+                        get(9),  # out of range
+                        sn.GetMessageRequest(group="G", topic="Nope", queue_id=0, max_msg_nums=1),
+                        get(3, subscription=pb.Subscription(type=1, expression="a >")),
+                    ],
+                    suspend_timeout_ms=60_000,  # not held: entries were refused
+                )
+            )
+            r = got.results
+            assert len(r) == 6
+            assert r[0].status == pb.GET_MESSAGE_STATUS_FOUND
+            assert [decode_record(x).body for x in split_records(r[0].records.data)] == [
+                b"q0-1",
+                b"q0-2",
+            ]
+            assert r[0].commit.code == pb.RESPONSE_CODE_SUCCESS
+            assert r[1].status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
+            assert r[2].records.count == 1 and r[2].next_begin_offset == 1
+            assert r[3].refused.code == pb.RESPONSE_CODE_INVALID_PARAMETER
+            assert "queue id 9 is out of range" in r[3].refused.message
+            assert r[4].refused.code == pb.RESPONSE_CODE_TOPIC_NOT_EXIST
+            assert r[5].refused.code == pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED
+            assert not r[5].HasField("records")
+            committed = await stub.QueryConsumerOffset(
+                sn.QueryConsumerOffsetRequest(group="G", topic=TOPIC, queue_id=0)
+            )
+            assert committed.offset == 1
+
+    run(scenario)
+
+
+def test_get_messages_is_held_as_a_whole_and_woken_by_any_of_its_queues(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            held = asyncio.ensure_future(
+                stub.GetMessages(
+                    sn.GetMessagesRequest(reads=[get(0), get(1), get(2)], suspend_timeout_ms=30_000)
+                )
+            )
+            while running.servicer.hold.held < 1:
+                await asyncio.sleep(0.01)
+            assert not held.done()
+            await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"late"), queue_id=2))
+            got = await asyncio.wait_for(held, 10)
+            assert [x.records.count for x in got.results] == [0, 0, 1]
+            assert running.servicer.hold.held == 0
+            # Nothing arrives: answered empty at the timeout.
+            quiet = await stub.GetMessages(
+                sn.GetMessagesRequest(reads=[get(0), get(1)], suspend_timeout_ms=200)
+            )
+            assert [x.records.count for x in quiet.results] == [0, 0]
+
+    run(scenario)
+
+
+def test_get_messages_refuses_malformed_calls_and_keeps_serving(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            cases = [
+                (sn.GetMessagesRequest(), "0 reads"),
+                (sn.GetMessagesRequest(reads=[get(q % 4, q) for q in range(33)]), "33 reads"),
+                (sn.GetMessagesRequest(reads=[get(1), get(1)]), f"queue {TOPIC}/1 is read twice"),
+                (
+                    sn.GetMessagesRequest(reads=[get(1, suspend_timeout_ms=5)]),
+                    "no suspend_timeout_ms",
+                ),
+                (sn.GetMessagesRequest(reads=[get(1)], suspend_timeout_ms=-1), "is negative"),
+            ]
+            for request, words in cases:
+                status, code, message = await refused(stub.GetMessages(request))
+                assert status == grpc.StatusCode.INVALID_ARGUMENT
+                assert code == pb.RESPONSE_CODE_INVALID_PARAMETER
+                assert words in message
+            ok = await stub.GetMessages(sn.GetMessagesRequest(reads=[get(0)]))
+            assert ok.results[0].status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
+
+    run(scenario)
