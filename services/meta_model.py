@@ -25,8 +25,8 @@ JSON shapes (``/basalt/<cluster>/`` + key):
 
 ``consumers/<group>/<client_id>``::
 
-    {"client_id": "10.0.0.5@4242", "client_version": "basalt-py/0.1.0", "group": "G",
-     "pull_service_id": "pull-1",
+    {"client_id": "10.0.0.5@4242", "client_version": "basalt-py/0.1.0",
+     "connected_since_ms": 1700000000000, "group": "G", "pull_service_id": "pull-1",
      "subscriptions": [{"expression": "a || b", "expression_type": "TAG", "topic": "T"}]}
 
 ``perm`` is RocketMQ's PermName bit set as a number, so values written by or
@@ -352,6 +352,9 @@ class ConsumerRegistration:
     pull_service_id: str
     subscriptions: tuple[Subscription, ...] = field(default=())
     client_version: str = ""
+    #: When the session opened, epoch millis (ListConsumers shows it wherever the
+    #: session is); 0: unknown (a registration from before the field existed).
+    connected_since_ms: int = 0
 
     def __post_init__(self) -> None:
         check_group_name(self.group)
@@ -369,6 +372,11 @@ class ConsumerRegistration:
         object.__setattr__(self, "subscriptions", subs)
         if not isinstance(self.client_version, str):
             raise MetaValidationError(f"{where}: client_version must be a string")
+        since: object = self.connected_since_ms
+        if isinstance(since, bool) or not isinstance(since, int) or since < 0:
+            raise MetaValidationError(
+                f"{where}: connected_since_ms must be epoch millis >= 0, got {since!r}"
+            )
 
     def key_suffix(self) -> str:
         return f"consumers/{self.group}/{self.client_id}"
@@ -381,6 +389,7 @@ class ConsumerRegistration:
                 "pull_service_id": self.pull_service_id,
                 "subscriptions": [s.to_dict() for s in self.subscriptions],
                 "client_version": self.client_version,
+                "connected_since_ms": self.connected_since_ms,
             }
         )
 
@@ -415,5 +424,6 @@ class ConsumerRegistration:
                 pull_service_id=get_str(data, "pull_service_id", where),
                 subscriptions=subscriptions(get_list(data, "subscriptions", where, [])),
                 client_version=get_str(data, "client_version", where, ""),
+                connected_since_ms=get_int(data, "connected_since_ms", where, 0),
             ),
         )

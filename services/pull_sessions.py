@@ -9,8 +9,10 @@ A consumer keeps one bidirectional ``Session`` stream with a pull-service
    pull-service when that one sees the key change hands in etcd
    (:meth:`SessionRegistry.on_consumer_change`).
 2. ``consumers/<group>/<client_id>`` is put in etcd as a
-   ConsumerRegistration under a lease this process keeps alive, so a
-   consumer whose pull-service dies disappears one TTL later by itself.
+   ConsumerRegistration (subscriptions, version and the session's start,
+   ``connected_since_ms``, so any pull-service can list it) under a lease
+   this process keeps alive, so a consumer whose pull-service dies
+   disappears one TTL later by itself.
    ``opened`` is sent once the key is in etcd (or after the etcd operation
    timeout, when etcd is away: the key is then put as soon as etcd answers).
 3. Then any frame resets the silence timer (a ``heartbeat`` exists for
@@ -75,11 +77,10 @@ class StreamRefusal(Refusal):
         return self.status
 
 
-def consumer_info(
-    registration: ConsumerRegistration, connected_since_ms: int = 0
-) -> pb.ConsumerInfo:
-    """A registered consumer as ListConsumers shows it (``connected_since_ms`` 0:
-    unknown, for a session on another pull-service: etcd does not keep it)."""
+def consumer_info(registration: ConsumerRegistration) -> pb.ConsumerInfo:
+    """A registered consumer as ListConsumers shows it, whichever pull-service holds
+    its session (``connected_since_ms`` comes from the registration: 0, unknown, only
+    for a registration written before it carried the field)."""
     return pb.ConsumerInfo(
         group=registration.group,
         client_id=registration.client_id,
@@ -97,7 +98,7 @@ def consumer_info(
             for s in registration.subscriptions
         ],
         client_version=registration.client_version,
-        connected_since_ms=connected_since_ms,
+        connected_since_ms=registration.connected_since_ms,
     )
 
 
@@ -107,7 +108,7 @@ class ConsumerSession:
     def __init__(self, registration: ConsumerRegistration) -> None:
         self.value = registration
         self.key = (registration.group, registration.client_id)
-        self.info = consumer_info(registration, connected_since_ms=int(time.time() * 1000))
+        self.info = consumer_info(registration)
         #: The etcd registration, once started.
         self.registration: Registration | None = None
         #: Commands to write, or the Refusal that ends the stream.
@@ -295,6 +296,8 @@ class SessionRegistry:
                 pull_service_id=self.pull_service_id,
                 subscriptions=tuple(subscriptions),
                 client_version=request.client_version,
+                # The session's start, kept in etcd for ListConsumers on every pull-service.
+                connected_since_ms=int(time.time() * 1000),
             )
         except MetaValidationError as e:
             raise invalid(str(e)) from None

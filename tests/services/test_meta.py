@@ -179,6 +179,7 @@ def test_json_shapes() -> None:
             Subscription(topic="U", expression_type=ExpressionType.SQL92, expression="x > 1"),
         ),
         client_version="basalt-py/0.1.0",
+        connected_since_ms=1_700_000_000_000,
     )
     assert json.loads(c.to_json()) == {
         "group": "G",
@@ -189,9 +190,13 @@ def test_json_shapes() -> None:
             {"topic": "U", "expression_type": "SQL92", "expression": "x > 1"},
         ],
         "client_version": "basalt-py/0.1.0",
+        "connected_since_ms": 1_700_000_000_000,
     }
     assert ConsumerRegistration.from_json(c.to_json(), group="G", client_id="10.0.0.5@4242") == c
     assert c.key_suffix() == "consumers/G/10.0.0.5@4242"
+    # A registration written before connected_since_ms existed: 0, unknown.
+    older = b'{"group":"G","client_id":"c","pull_service_id":"pull-1"}'
+    assert ConsumerRegistration.from_json(older, group="G", client_id="c").connected_since_ms == 0
 
 
 def test_invalid_registrations_and_config_are_rejected() -> None:
@@ -203,6 +208,18 @@ def test_invalid_registrations_and_config_are_rejected() -> None:
         broker(started_at_ms=-1)
     with pytest.raises(MetaValidationError, match="group 'G/x'"):
         ConsumerRegistration(group="G/x", client_id="c", pull_service_id="p")
+    for since in (-1, True, "1"):
+        with pytest.raises(MetaValidationError, match="G/c: connected_since_ms must be epoch"):
+            ConsumerRegistration(
+                group="G",
+                client_id="c",
+                pull_service_id="p",
+                connected_since_ms=since,  # type: ignore[arg-type]
+            )
+    with pytest.raises(MetaValidationError, match=r"consumers/G/c: .*connected_since_ms"):
+        ConsumerRegistration.from_json(
+            b'{"pull_service_id":"p","connected_since_ms":-5}', group="G", client_id="c"
+        )
     with pytest.raises(MetaValidationError, match="expression_type must be TAG or SQL92"):
         Subscription(topic="T", expression_type="REGEX")  # type: ignore[arg-type]
     with pytest.raises(MetaValidationError, match="etcd endpoint must be host:port"):

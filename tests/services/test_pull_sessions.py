@@ -173,13 +173,15 @@ async def test_open_registers_in_etcd_commands_are_acked_and_close_deregisters(
         value = (await h.meta.list_consumers("G"))["10.0.0.1@1"]
         assert value.subscriptions[0].expression == "a > 1"
         assert value.client_version == "basalt-test 0.1"
+        assert value.connected_since_ms > 0
         c2 = Consumer(h.stub, "10.0.0.2@2", answer=lambda c: (False, "cannot rebalance now"))
         await c2.open()
 
         listed = await h.stub.ListConsumers(ps.ListConsumersRequest(group="G"))
         assert [c.client_id for c in listed.consumers] == ["10.0.0.1@1", "10.0.0.2@2"]
         first = listed.consumers[0]
-        assert first.connected_since_ms > 0 and first.subscriptions[0].topic == "T"
+        assert first.connected_since_ms == value.connected_since_ms
+        assert first.subscriptions[0].topic == "T"
 
         reply = await h.stub.NotifyConsumers(
             ps.NotifyConsumersRequest(group="G", command=rebalance(), client_ids=["10.0.0.9@9"])
@@ -344,10 +346,13 @@ async def test_list_and_notify_reach_consumers_across_two_pull_services(
         on_1 = Consumer(h.stubs[0], "c1")
         on_2a = Consumer(h.stubs[1], "c2a")
         on_2b = Consumer(h.stubs[1], "c2b", answer=lambda c: (False, "busy"))
+        opened_from_ms = int(time.time() * 1000)
         for c in (on_1, on_2a, on_2b):
             await c.open()
+        opened_by_ms = int(time.time() * 1000)
         assert await registered(h.meta) == {"c1": "ps-1", "c2a": "ps-2", "c2b": "ps-2"}
 
+        since: list[dict[str, int]] = []
         for stub in h.stubs:  # either pull-service lists the whole group
             listed = await stub.ListConsumers(ps.ListConsumersRequest(group="G"))
             assert [(c.client_id, c.pull_service_id) for c in listed.consumers] == [
@@ -355,6 +360,11 @@ async def test_list_and_notify_reach_consumers_across_two_pull_services(
                 ("c2a", "ps-2"),
                 ("c2b", "ps-2"),
             ]
+            since.append({c.client_id: c.connected_since_ms for c in listed.consumers})
+        # Each session's real start, the same whether the session is held by the
+        # answering pull-service or by the other one (read from etcd).
+        assert since[0] == since[1]
+        assert all(opened_from_ms <= t <= opened_by_ms for t in since[0].values()), since
         local = await h.stubs[1].ListConsumers(
             ps.ListConsumersRequest(group="G"), metadata=((SCOPE_KEY, SCOPE_LOCAL),)
         )
