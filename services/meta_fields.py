@@ -143,11 +143,10 @@ def prefixed(where: str, error: MetaValidationError) -> MetaValidationError:
     return MetaValidationError(f"{where}: {error}")
 
 
-def check_millis(value: object, where: str) -> None:
+def check_millis(value: object, name: str, where: str) -> None:
+    """Field ``name`` holds epoch milliseconds: an int >= 0 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise MetaValidationError(
-            f"{where}: started_at_ms must be epoch millis >= 0, got {value!r}"
-        )
+        raise MetaValidationError(f"{where}: {name} must be epoch millis >= 0, got {value!r}")
 
 
 def decode_object(raw: bytes | str, where: str, make: Callable[[dict[str, object]], T]) -> T:

@@ -246,7 +246,7 @@ class BrokerRegistration:
             raise prefixed(where, e) from None
         if not isinstance(self.store_root_id, str) or not self.store_root_id:
             raise MetaValidationError(f"{where}: store_root_id must be a non-empty string")
-        check_millis(self.started_at_ms, where)
+        check_millis(self.started_at_ms, "started_at_ms", where)
 
     def key_suffix(self) -> str:
         return f"brokers/{self.broker_name}"
@@ -285,7 +285,7 @@ class PullServiceRegistration:
             check_address(self.address, "address")
         except MetaValidationError as e:
             raise prefixed(where, e) from None
-        check_millis(self.started_at_ms, where)
+        check_millis(self.started_at_ms, "started_at_ms", where)
 
     def key_suffix(self) -> str:
         return f"pull-services/{self.pull_service_id}"
@@ -372,11 +372,7 @@ class ConsumerRegistration:
         object.__setattr__(self, "subscriptions", subs)
         if not isinstance(self.client_version, str):
             raise MetaValidationError(f"{where}: client_version must be a string")
-        since: object = self.connected_since_ms
-        if isinstance(since, bool) or not isinstance(since, int) or since < 0:
-            raise MetaValidationError(
-                f"{where}: connected_since_ms must be epoch millis >= 0, got {since!r}"
-            )
+        check_millis(self.connected_since_ms, "connected_since_ms", where)
 
     def key_suffix(self) -> str:
         return f"consumers/{self.group}/{self.client_id}"
