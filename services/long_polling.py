@@ -38,6 +38,8 @@ class HeldRead(Generic[T]):
     queue_id: int
     #: Where the read starts; moved forward past what a filtered read skipped.
     offset: int
+    #: Where the caller asked to read from (``offset`` before any move).
+    first_offset: int = field(init=False)
     #: The read itself, from an offset.
     pull: Callable[[int], T]
     #: Whether a result is worth answering at once.
@@ -46,6 +48,9 @@ class HeldRead(Generic[T]):
     next_offset: Callable[[T], int]
     #: The queue's max offset now.
     max_offset: Callable[[], int]
+
+    def __post_init__(self) -> None:
+        self.first_offset = self.offset
 
     def grew(self) -> bool:
         return self.max_offset() > self.offset

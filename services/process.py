@@ -17,6 +17,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -70,6 +72,49 @@ def grpc_server(max_message_bytes: int) -> grpc.aio.Server:
             ("grpc.max_send_message_length", max_message_bytes),
         )
     )
+
+
+_HANDLERS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def add_servicer(
+    server: grpc.aio.Server,
+    servicer: object,
+    service: ServiceDescriptor,
+    *,
+    may_answer_bytes: frozenset[str] = frozenset(),
+) -> None:
+    """Register ``servicer``'s methods for ``service``, as protoc's generated
+    ``add_<Service>Servicer_to_server`` does, except that the methods named in
+    ``may_answer_bytes`` may also return an already serialized answer (bytes,
+    e.g. a downstream answer passed through), sent as is."""
+    handlers = {}
+    for method in service.methods:
+        request_class = GetMessageClass(method.input_type)
+        serialize: Callable[[Any], bytes] = GetMessageClass(method.output_type).SerializeToString
+        if method.name in may_answer_bytes:
+            serialize = _bytes_or(serialize)
+        handlers[method.name] = _HANDLERS[method.client_streaming, method.server_streaming](
+            getattr(servicer, method.name),
+            request_deserializer=request_class.FromString,
+            response_serializer=serialize,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _bytes_or(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    def serialize_unless_bytes(answer: Any) -> bytes:
+        return answer if isinstance(answer, bytes) else serialize(answer)
+
+    return serialize_unless_bytes
 
 
 def add_health_and_reflection(server: grpc.aio.Server, service: str) -> health.aio.HealthServicer:

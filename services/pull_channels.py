@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import grpc
 
@@ -33,6 +34,8 @@ from services.errors import RESPONSE_CODE_KEY, Refusal
 
 log = logging.getLogger(__name__)
 
+#: StoreNode.GetMessages' method path, for the undecoded call.
+GET_MESSAGES = "/basalt.v1.StoreNode/GetMessages"
 #: How long an evicted channel lets its in-flight calls (held pulls) finish.
 _EVICT_GRACE_S = 30.0
 #: How long QueryRoute waits for a store-node to say its store host.
@@ -53,6 +56,7 @@ class ChannelPool:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._store_nodes: dict[str, sn_grpc.StoreNodeAsyncStub] = {}
         self._pull_services: dict[str, ps_grpc.PullServiceAsyncStub] = {}
+        self._raw_get_messages: dict[str, grpc.aio.UnaryUnaryMultiCallable[Any, bytes]] = {}
         #: Evicted channels still letting their calls finish, and the task doing it.
         self._evicted: dict[grpc.aio.Channel, asyncio.Task[None]] = {}
 
@@ -70,6 +74,19 @@ class ChannelPool:
             self._store_nodes[address] = stub
         return stub
 
+    def get_messages_raw(self, address: str) -> grpc.aio.UnaryUnaryMultiCallable[Any, bytes]:
+        """StoreNode.GetMessages answering its serialized PullBatchResponse,
+        undecoded (the pull-service passes it through)."""
+        call = self._raw_get_messages.get(address)
+        if call is None:
+            call = self._channel(address).unary_unary(
+                GET_MESSAGES,
+                request_serializer=sn.GetMessagesRequest.SerializeToString,
+                response_deserializer=None,
+            )
+            self._raw_get_messages[address] = call
+        return call
+
     def pull_service(self, address: str) -> ps_grpc.PullServiceAsyncStub:
         stub = self._pull_services.get(address)
         if stub is None:
@@ -82,6 +99,7 @@ class ChannelPool:
         background once in-flight calls finish (at most a grace period)."""
         channel = self._channels.pop(address, None)
         self._store_nodes.pop(address, None)
+        self._raw_get_messages.pop(address, None)
         self._pull_services.pop(address, None)
         if channel is not None:
             task = asyncio.get_running_loop().create_task(channel.close(_EVICT_GRACE_S))
@@ -94,6 +112,7 @@ class ChannelPool:
         channels = list(self._channels.values())
         self._channels.clear()
         self._store_nodes.clear()
+        self._raw_get_messages.clear()
         self._pull_services.clear()
         for channel, task in list(self._evicted.items()):
             # Stop waiting out the grace period; the close below finishes the job.

@@ -19,9 +19,11 @@ why). Step 3 asks whether the topic has an etcd config, not whether its
 (it auto-creates on send before the list is updated), so the pull-service is
 no stricter than the node that holds the data.
 
-After (:func:`pull_outcome`), the store's GetMessageStatus becomes the
-client's ResponseCode and PullStatus by RocketMQ's PullMessageProcessor and
-MQClientAPIImpl tables (common.proto)::
+After (:func:`pull_outcome`, :func:`pull_response`), the store's
+GetMessageStatus becomes the client's ResponseCode and PullStatus by
+RocketMQ's PullMessageProcessor and MQClientAPIImpl tables (common.proto);
+the store-node applies the same table to GetMessages, which answers in the
+client's terms::
 
     GetMessageStatus           ResponseCode            PullStatus
     FOUND                      SUCCESS                 FOUND
@@ -88,6 +90,33 @@ def pull_outcome(
             name = str(store_status)
         raise Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"the store-node answered status {name}")
     return code, _PULL_STATUS_OF_CODE[code]
+
+
+def pull_response(
+    store_status: pb.GetMessageStatus.ValueType,
+    offset: int,
+    *,
+    next_begin_offset: int,
+    min_offset: int,
+    max_offset: int,
+    records: pb.Records,
+    commit: pb.CommitResult | None,
+) -> pb.PullResponse:
+    """A store-node read of one queue from ``offset`` as the client sees it: code
+    and PullStatus by the module's table (a SYSTEM_ERROR Refusal for a status
+    it does not know). Built by the pull-service for Pull, and by the
+    store-node itself for each entry of GetMessages."""
+    code, status = pull_outcome(store_status, offset)
+    return pb.PullResponse(
+        code=code,
+        status=status,
+        store_status=store_status,
+        next_begin_offset=next_begin_offset,
+        min_offset=min_offset,
+        max_offset=max_offset,
+        records=records,
+        commit=commit,
+    )
 
 
 def check_pull(

@@ -28,12 +28,12 @@ import grpc
 from grpc_health.v1 import health
 
 from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2, pull_service_pb2_grpc
+from basalt.v1 import pull_service_pb2
 from services.meta_client import MetaClient
 from services.meta_lease import Registration
 from services.meta_model import BrokerRegistration, ConsumerRegistration, PullServiceRegistration
 from services.meta_watch import MetaChange, MetaWatcher
-from services.process import add_health_and_reflection, grpc_server, set_serving
+from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
 from services.pull_channels import ChannelPool
 from services.pull_service import ClusterView, PullServiceConfig, PullServiceServicer
 from services.pull_sessions import SessionRegistry, StreamRefusal
@@ -102,7 +102,12 @@ async def start_pull_service(
     view.consumers.subscribe(sessions.on_consumer_change)
     servicer = PullServiceServicer(config, meta, view, channels, sessions)
     server = grpc_server(config.max_message_bytes)
-    pull_service_pb2_grpc.add_PullServiceServicer_to_server(servicer, server)
+    add_servicer(
+        server,
+        servicer,
+        pull_service_pb2.DESCRIPTOR.services_by_name["PullService"],
+        may_answer_bytes=frozenset({"PullBatch"}),
+    )
     health_servicer = add_health_and_reflection(server, PULL_SERVICE)
     try:
         port = server.add_insecure_port(listen)

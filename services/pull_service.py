@@ -34,6 +34,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,7 @@ from services.meta_model import (
 )
 from services.meta_watch import MetaWatcher
 from services.pull_channels import ChannelPool, StoreHosts, call_timeout_s, downstream_refusal
-from services.pull_checks import check_pull, pull_outcome, topic_route
+from services.pull_checks import check_pull, pull_response, topic_route
 from services.pull_sessions import SessionRegistry, consumer_info
 from services.rpc import rpc_method
 
@@ -188,17 +189,16 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
     async def _call_store_node(
         self,
         broker: BrokerRegistration,
-        method: str,
+        rpc: Callable[[str], Callable[..., Awaitable[Any]]],
         request: Any,
         suspend_ms: int,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> Any:
-        """``method`` on the broker's store-node, given the suspend time plus the
-        margin (within the caller's deadline); a failure names the store-node."""
+        """``rpc(address)`` on the broker's store-node, given the suspend time plus
+        the margin (within the caller's deadline); a failure names the store-node."""
         timeout_s = call_timeout_s(context, (suspend_ms + self.config.downstream_margin_ms) / 1000)
-        stub = self.channels.store_node(broker.address)
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            return await rpc(broker.address)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             peer = f"store-node {broker.broker_name!r} at {broker.address}"
             raise downstream_refusal(e, peer, timeout_s) from None
@@ -206,17 +206,19 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
     @rpc_method
     async def Pull(
         self, request: ps.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> ps.PullResponse:
+    ) -> pb.PullResponse:
         broker = check_pull(request, self.view.brokers.get, self.view.topics.get)
         suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
         get = self._get_request(request, request.group, suspend_ms)
-        got = await self._call_store_node(broker, "GetMessage", get, suspend_ms, context)
+        got = await self._call_store_node(
+            broker, lambda a: self.channels.store_node(a).GetMessage, get, suspend_ms, context
+        )
         return _pull_response(got, request.offset)
 
     @rpc_method
-    async def PullBatch(
+    async def PullBatch(  # type: ignore[override]  # may answer serialized bytes
         self, request: ps.PullBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> ps.PullBatchResponse:
+    ) -> pb.PullBatchResponse | bytes:
         """Whole-call checks (pull_service.proto), then each entry's seed 001
         checks; the accepted entries go to the broker as one GetMessages, held
         as a whole unless an entry was refused (an answer worth sending now)."""
@@ -240,35 +242,39 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
                 raise invalid(f"queue {p.queue.topic}/{p.queue.queue_id} is pulled twice")
             queues.add((p.queue.topic, p.queue.queue_id))
             p.group = group  # the checks below read each entry's own group
-        answers: list[ps.PullResponse | None] = []
+        answers: list[pb.PullResponse | None] = []
         gets: list[sn.GetMessageRequest] = []
         broker: BrokerRegistration | None = None
         for p in pulls:
             try:
                 broker = check_pull(p, self.view.brokers.get, self.view.topics.get)
             except Refusal as r:
-                answers.append(ps.PullResponse(refused=refused(r)))
+                answers.append(pb.PullResponse(refused=refused(r)))
                 continue
             gets.append(self._get_request(p, group, 0))
             answers.append(None)
         if broker is None:
-            return ps.PullBatchResponse(results=[a for a in answers if a is not None])
+            return pb.PullBatchResponse(results=[a for a in answers if a is not None])
         suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
-        if len(gets) < len(pulls):
-            suspend_ms = 0
+        get_messages = sn.GetMessagesRequest(reads=gets, suspend_timeout_ms=suspend_ms)
+        if len(gets) == len(pulls):
+            # The store-node's answer is this call's, entry for entry: pass its
+            # bytes through undecoded (the registration in pull_server lets
+            # PullBatch answer with bytes). Decoding and re-encoding the
+            # records was most of a pull-service's work per byte.
+            raw: bytes = await self._call_store_node(
+                broker, self.channels.get_messages_raw, get_messages, suspend_ms, context
+            )
+            return raw
+        # Some entries were refused here: answer at once (nothing held), the
+        # store-node's answers slotted in between.
+        get_messages.suspend_timeout_ms = 0
         got = await self._call_store_node(
-            broker,
-            "GetMessages",
-            sn.GetMessagesRequest(reads=gets, suspend_timeout_ms=suspend_ms),
-            suspend_ms,
-            context,
+            broker, lambda a: self.channels.store_node(a).GetMessages, get_messages, 0, context
         )
         results = iter(got.results)
-        return ps.PullBatchResponse(
-            results=[
-                a if a is not None else _batch_entry(next(results), p.offset)
-                for a, p in zip(answers, pulls, strict=True)
-            ]
+        return pb.PullBatchResponse(
+            results=[a if a is not None else next(results) for a in answers]
         )
 
     # -- consumers --------------------------------------------------------------------
@@ -416,31 +422,16 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         return list(reply.acks)
 
 
-def _pull_response(got: sn.GetMessageResponse, offset: int) -> ps.PullResponse:
-    """A store-node read as the client sees it (the table in services.pull_checks)."""
-    code, status = pull_outcome(got.status, offset)
-    response = ps.PullResponse(
-        code=code,
-        status=status,
-        store_status=got.status,
+def _pull_response(got: sn.GetMessageResponse, offset: int) -> pb.PullResponse:
+    return pull_response(
+        got.status,
+        offset,
         next_begin_offset=got.next_begin_offset,
         min_offset=got.min_offset,
         max_offset=got.max_offset,
         records=got.records,
+        commit=got.commit if got.HasField("commit") else None,
     )
-    if got.HasField("commit"):
-        response.commit.CopyFrom(got.commit)
-    return response
-
-
-def _batch_entry(got: sn.GetMessageResponse, offset: int) -> ps.PullResponse:
-    """One PullBatch entry: refused by the store-node, or its read."""
-    if got.HasField("refused"):
-        return ps.PullResponse(refused=got.refused)
-    try:
-        return _pull_response(got, offset)
-    except Refusal as r:
-        return ps.PullResponse(refused=refused(r))
 
 
 def _local_scope(context: grpc.aio.ServicerContext[Any, Any]) -> bool:

@@ -39,6 +39,7 @@ from services.long_polling import HeldRead, PullRequestHoldService
 from services.meta_errors import MetaValidationError
 from services.meta_fields import check_topic_name
 from services.meta_model import TopicConfig
+from services.pull_checks import pull_response
 from services.rpc import as_refusal
 from services.rpc import rpc_method as _rpc
 from services.topics import TopicDirectory
@@ -371,7 +372,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     @_rpc
     async def GetMessages(
         self, request: sn.GetMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> sn.GetMessagesResponse:
+    ) -> pb.PullBatchResponse:
         """Each entry checked (and its commit stored) as GetMessage would; the
         accepted ones held together, unless an entry was refused: that is an
         answer worth sending at once."""
@@ -387,23 +388,25 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             if (entry.topic, entry.queue_id) in queues:
                 raise invalid(f"queue {entry.topic}/{entry.queue_id} is read twice")
             queues.add((entry.topic, entry.queue_id))
-        answers: list[sn.GetMessageResponse | None] = []
+        answers: list[pb.PullResponse | None] = []
         reads: list[tuple[HeldRead[GetMessageResult], pb.CommitResult | None]] = []
         for entry in entries:
             try:
                 reads.append(self._read(entry))
                 answers.append(None)
             except Exception as e:
-                answers.append(sn.GetMessageResponse(refused=refused(as_refusal(e, "GetMessages"))))
+                answers.append(pb.PullResponse(refused=refused(as_refusal(e, "GetMessages"))))
         if len(reads) < len(entries):
             timeout_s = 0.0
-        results = iter(await self.hold.hold([r for r, _ in reads], timeout_s) if reads else ())
-        commits = iter(c for _, c in reads)
-        return sn.GetMessagesResponse(
-            results=[
-                a if a is not None else _get_response(next(results), next(commits)) for a in answers
-            ]
-        )
+        results = await self.hold.hold([r for r, _ in reads], timeout_s) if reads else []
+        read = iter(zip(reads, results, strict=True))
+        out = []
+        for answer in answers:
+            if answer is None:
+                (held, commit), result = next(read)
+                answer = _pull_entry(result, commit, held.first_offset)
+            out.append(answer)
+        return pb.PullBatchResponse(results=out)
 
     @_rpc
     async def GetMinMaxOffset(
@@ -552,6 +555,25 @@ def _get_response(
         records=pb.Records(data=result.records, count=result.message_count),
         commit=commit,
     )
+
+
+def _pull_entry(
+    result: GetMessageResult, commit: pb.CommitResult | None, offset: int
+) -> pb.PullResponse:
+    """One GetMessages entry, in the client's terms (services.pull_checks' table);
+    refused when the table does not know the status."""
+    try:
+        return pull_response(
+            pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name),
+            offset,
+            next_begin_offset=result.next_begin_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+            records=pb.Records(data=result.records, count=result.message_count),
+            commit=commit,
+        )
+    except Refusal as r:
+        return pb.PullResponse(refused=refused(r))
 
 
 def _check_topic_name(topic: str) -> None:

@@ -305,7 +305,7 @@ def test_optional_commit_offset_tells_zero_from_unset() -> None:
 
 
 def test_pull_response_round_trip() -> None:
-    response = pull_service_pb2.PullResponse(
+    response = common_pb2.PullResponse(
         code=common_pb2.RESPONSE_CODE_PULL_OFFSET_MOVED,
         status=common_pb2.PULL_STATUS_OFFSET_ILLEGAL,
         store_status=common_pb2.GET_MESSAGE_STATUS_OFFSET_TOO_SMALL,
@@ -316,11 +316,11 @@ def test_pull_response_round_trip() -> None:
             code=common_pb2.RESPONSE_CODE_STALE_RESET_EPOCH, reset_epoch=4
         ),
     )
-    again = pull_service_pb2.PullResponse.FromString(response.SerializeToString())
+    again = common_pb2.PullResponse.FromString(response.SerializeToString())
     assert again == response
     assert again.commit.reset_epoch == 4
     # An unset code reads as SUCCESS, as in RocketMQ.
-    assert pull_service_pb2.PullResponse().code == common_pb2.RESPONSE_CODE_SUCCESS
+    assert common_pb2.PullResponse().code == common_pb2.RESPONSE_CODE_SUCCESS
 
 
 def test_session_frames_round_trip() -> None:

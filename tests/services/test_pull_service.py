@@ -174,7 +174,7 @@ def pull_request(
     )
 
 
-def bodies(response: ps.PullResponse) -> list[bytes]:
+def bodies(response: pb.PullResponse) -> list[bytes]:
     return [decode_record(r).body for r in split_records(response.records.data)]
 
 

@@ -142,13 +142,15 @@ def test_get_messages_reads_every_queue_and_refuses_entries_one_by_one(tmp_path:
             )
             r = got.results
             assert len(r) == 6
-            assert r[0].status == pb.GET_MESSAGE_STATUS_FOUND
+            assert r[0].store_status == pb.GET_MESSAGE_STATUS_FOUND
+            assert (r[0].code, r[0].status) == (pb.RESPONSE_CODE_SUCCESS, pb.PULL_STATUS_FOUND)
             assert [decode_record(x).body for x in split_records(r[0].records.data)] == [
                 b"q0-1",
                 b"q0-2",
             ]
             assert r[0].commit.code == pb.RESPONSE_CODE_SUCCESS
-            assert r[1].status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
+            assert r[1].store_status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
+            assert r[1].status == pb.PULL_STATUS_NO_NEW_MSG  # an empty queue at offset 0
             assert r[2].records.count == 1 and r[2].next_begin_offset == 1
             assert r[3].refused.code == pb.RESPONSE_CODE_INVALID_PARAMETER
             assert "queue id 9 is out of range" in r[3].refused.message
@@ -206,6 +208,6 @@ def test_get_messages_refuses_malformed_calls_and_keeps_serving(tmp_path: Path) 
                 assert code == pb.RESPONSE_CODE_INVALID_PARAMETER
                 assert words in message
             ok = await stub.GetMessages(sn.GetMessagesRequest(reads=[get(0)]))
-            assert ok.results[0].status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
+            assert ok.results[0].store_status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
 
     run(scenario)

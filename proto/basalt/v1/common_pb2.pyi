@@ -744,6 +744,102 @@ class Records(_message.Message):
 Global___Records: _TypeAlias = Records  # noqa: Y015
 
 @_typing.final
+class PullResponse(_message.Message):
+    """The answer to a pull of one queue (PullService.Pull, and each entry of
+    PullService.PullBatch and StoreNode.GetMessages).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    STORE_STATUS_FIELD_NUMBER: _builtins.int
+    NEXT_BEGIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    code: Global___ResponseCode.ValueType
+    """SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY or PULL_OFFSET_MOVED,
+    from store_status by RocketMQ's PullMessageProcessor table (see
+    GetMessageStatus).
+    """
+    status: Global___PullStatus.ValueType
+    """The same outcome as the client API names it (see PullStatus)."""
+    store_status: Global___GetMessageStatus.ValueType
+    """The store-node's own status, for diagnostics."""
+    next_begin_offset: _builtins.int
+    """Where the next pull of this queue starts."""
+    min_offset: _builtins.int
+    """The queue's min and max offsets at the time of the read."""
+    max_offset: _builtins.int
+    @_builtins.property
+    def records(self) -> Global___Records:
+        """The matched records, as stored (see Records). The
+        store-node has already applied the subscription, TAG and SQL92 alike: no
+        client-side tag check is needed.
+        """
+
+    @_builtins.property
+    def commit(self) -> Global___CommitResult:
+        """Set when the request carried commit_offset."""
+
+    @_builtins.property
+    def refused(self) -> Global___Refused:
+        """In a PullBatch or GetMessages answer only: this entry was refused (the
+        other fields unset).
+        """
+
+    def __init__(
+        self,
+        *,
+        code: Global___ResponseCode.ValueType = ...,
+        status: Global___PullStatus.ValueType = ...,
+        store_status: Global___GetMessageStatus.ValueType = ...,
+        next_begin_offset: _builtins.int = ...,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+        records: Global___Records | None = ...,
+        commit: Global___CommitResult | None = ...,
+        refused: Global___Refused | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records", "refused", b"refused"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "refused", b"refused", "status", b"status", "store_status", b"store_status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
+
+@_typing.final
+class PullBatchResponse(_message.Message):
+    """The answer to PullService.PullBatch and StoreNode.GetMessages: the
+    store-node answers in the client's terms, so that a pull-service can pass
+    its answer through without decoding it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullResponse]:
+        """One per entry of the request, in its order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___PullResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullBatchResponse: _TypeAlias = PullBatchResponse  # noqa: Y015
+
+@_typing.final
 class CommitResult(_message.Message):
     """The outcome of storing a consumer offset (RocketMQ's commitOffset, fenced
     by Basalt's reset epoch; see store/consumer_offsets.py).

@@ -135,7 +135,8 @@ class PullRequest(_message.Message):
     """
     commit_offset: _builtins.int
     """When set, the group's offset of this queue to store (the consumer's
-    progress), fenced by reset_epoch; outcome in PullResponse.commit.
+    progress), fenced by reset_epoch; outcome in PullResponse.commit
+    (common.proto).
     """
     reset_epoch: _builtins.int
     """The reset epoch the consumer last learned for (group, topic) on this
@@ -177,69 +178,6 @@ class PullRequest(_message.Message):
 Global___PullRequest: _TypeAlias = PullRequest  # noqa: Y015
 
 @_typing.final
-class PullResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CODE_FIELD_NUMBER: _builtins.int
-    STATUS_FIELD_NUMBER: _builtins.int
-    STORE_STATUS_FIELD_NUMBER: _builtins.int
-    NEXT_BEGIN_OFFSET_FIELD_NUMBER: _builtins.int
-    MIN_OFFSET_FIELD_NUMBER: _builtins.int
-    MAX_OFFSET_FIELD_NUMBER: _builtins.int
-    RECORDS_FIELD_NUMBER: _builtins.int
-    COMMIT_FIELD_NUMBER: _builtins.int
-    REFUSED_FIELD_NUMBER: _builtins.int
-    code: _common_pb2.ResponseCode.ValueType
-    """SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY or PULL_OFFSET_MOVED,
-    from store_status by RocketMQ's PullMessageProcessor table (see
-    GetMessageStatus).
-    """
-    status: _common_pb2.PullStatus.ValueType
-    """The same outcome as the client API names it (see PullStatus)."""
-    store_status: _common_pb2.GetMessageStatus.ValueType
-    """The store-node's own status, for diagnostics."""
-    next_begin_offset: _builtins.int
-    """Where the next pull of this queue starts."""
-    min_offset: _builtins.int
-    """The queue's min and max offsets at the time of the read."""
-    max_offset: _builtins.int
-    @_builtins.property
-    def records(self) -> _common_pb2.Records:
-        """The matched records, as stored (see Records in common.proto). The
-        store-node has already applied the subscription, TAG and SQL92 alike: no
-        client-side tag check is needed.
-        """
-
-    @_builtins.property
-    def commit(self) -> _common_pb2.CommitResult:
-        """Set when the request carried commit_offset."""
-
-    @_builtins.property
-    def refused(self) -> _common_pb2.Refused:
-        """In a PullBatch answer only: this entry was refused (the other fields unset)."""
-
-    def __init__(
-        self,
-        *,
-        code: _common_pb2.ResponseCode.ValueType = ...,
-        status: _common_pb2.PullStatus.ValueType = ...,
-        store_status: _common_pb2.GetMessageStatus.ValueType = ...,
-        next_begin_offset: _builtins.int = ...,
-        min_offset: _builtins.int = ...,
-        max_offset: _builtins.int = ...,
-        records: _common_pb2.Records | None = ...,
-        commit: _common_pb2.CommitResult | None = ...,
-        refused: _common_pb2.Refused | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records", "refused", b"refused"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "refused", b"refused", "status", b"status", "store_status", b"store_status"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
-
-@_typing.final
 class PullBatchRequest(_message.Message):
     """The whole call fails INVALID_ARGUMENT, INVALID_PARAMETER for: an invalid
     group, no entries or more than PullServiceConfig.max_queues_per_pull (32
@@ -275,28 +213,6 @@ class PullBatchRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PullBatchRequest: _TypeAlias = PullBatchRequest  # noqa: Y015
-
-@_typing.final
-class PullBatchResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    RESULTS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullResponse]:
-        """One per entry of the request, in its order."""
-
-    def __init__(
-        self,
-        *,
-        results: _abc.Iterable[Global___PullResponse] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___PullBatchResponse: _TypeAlias = PullBatchResponse  # noqa: Y015
 
 @_typing.final
 class SessionRequest(_message.Message):

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from basalt.v1 import common_pb2 as basalt_dot_v1_dot_common__pb2
 from basalt.v1 import pull_service_pb2 as basalt_dot_v1_dot_pull__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -43,12 +44,12 @@ class PullServiceStub:
         self.Pull = channel.unary_unary(
                 '/basalt.v1.PullService/Pull',
                 request_serializer=basalt_dot_v1_dot_pull__service__pb2.PullRequest.SerializeToString,
-                response_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullResponse.FromString,
+                response_deserializer=basalt_dot_v1_dot_common__pb2.PullResponse.FromString,
                 _registered_method=True)
         self.PullBatch = channel.unary_unary(
                 '/basalt.v1.PullService/PullBatch',
                 request_serializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchRequest.SerializeToString,
-                response_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchResponse.FromString,
+                response_deserializer=basalt_dot_v1_dot_common__pb2.PullBatchResponse.FromString,
                 _registered_method=True)
         self.Session = channel.stream_stream(
                 '/basalt.v1.PullService/Session',
@@ -135,12 +136,12 @@ def add_PullServiceServicer_to_server(servicer, server):
             'Pull': grpc.unary_unary_rpc_method_handler(
                     servicer.Pull,
                     request_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullRequest.FromString,
-                    response_serializer=basalt_dot_v1_dot_pull__service__pb2.PullResponse.SerializeToString,
+                    response_serializer=basalt_dot_v1_dot_common__pb2.PullResponse.SerializeToString,
             ),
             'PullBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.PullBatch,
                     request_deserializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchRequest.FromString,
-                    response_serializer=basalt_dot_v1_dot_pull__service__pb2.PullBatchResponse.SerializeToString,
+                    response_serializer=basalt_dot_v1_dot_common__pb2.PullBatchResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -212,7 +213,7 @@ class PullService:
             target,
             '/basalt.v1.PullService/Pull',
             basalt_dot_v1_dot_pull__service__pb2.PullRequest.SerializeToString,
-            basalt_dot_v1_dot_pull__service__pb2.PullResponse.FromString,
+            basalt_dot_v1_dot_common__pb2.PullResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -239,7 +240,7 @@ class PullService:
             target,
             '/basalt.v1.PullService/PullBatch',
             basalt_dot_v1_dot_pull__service__pb2.PullBatchRequest.SerializeToString,
-            basalt_dot_v1_dot_pull__service__pb2.PullBatchResponse.FromString,
+            basalt_dot_v1_dot_common__pb2.PullBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

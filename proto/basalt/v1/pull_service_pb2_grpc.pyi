@@ -9,6 +9,7 @@ it so they can be reached (reset offset, rebalance).
 Errors: see common.proto.
 """
 
+from basalt.v1 import common_pb2 as _common_pb2
 from basalt.v1 import pull_service_pb2 as _pull_service_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -43,11 +44,11 @@ class PullServiceStub:
     """Where a topic lives: its brokers, their addresses, queue counts and
     perms (RocketMQ's GET_ROUTEINFO_BY_TOPIC). Producers use it too.
     """
-    Pull: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.PullRequest, _pull_service_pb2.PullResponse]
+    Pull: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.PullRequest, _common_pb2.PullResponse]
     """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
     seed 001): checks, then a GetMessage on the owning store-node.
     """
-    PullBatch: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _pull_service_pb2.PullBatchResponse]
+    PullBatch: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _common_pb2.PullBatchResponse]
     """Pull several queues of one broker in one call (Kafka's fetch request;
     RocketMQ's pull, batched): each entry is checked and answered as Pull
     would, in one GetMessages on the store-node. Long polling covers the
@@ -78,11 +79,11 @@ class PullServiceAsyncStub(PullServiceStub):
     """Where a topic lives: its brokers, their addresses, queue counts and
     perms (RocketMQ's GET_ROUTEINFO_BY_TOPIC). Producers use it too.
     """
-    Pull: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullRequest, _pull_service_pb2.PullResponse]  # type: ignore[assignment]
+    Pull: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullRequest, _common_pb2.PullResponse]  # type: ignore[assignment]
     """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
     seed 001): checks, then a GetMessage on the owning store-node.
     """
-    PullBatch: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _pull_service_pb2.PullBatchResponse]  # type: ignore[assignment]
+    PullBatch: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _common_pb2.PullBatchResponse]  # type: ignore[assignment]
     """Pull several queues of one broker in one call (Kafka's fetch request;
     RocketMQ's pull, batched): each entry is checked and answered as Pull
     would, in one GetMessages on the store-node. Long polling covers the
@@ -122,7 +123,7 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _pull_service_pb2.PullRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_pull_service_pb2.PullResponse, _abc.Awaitable[_pull_service_pb2.PullResponse]]:
+    ) -> _typing.Union[_common_pb2.PullResponse, _abc.Awaitable[_common_pb2.PullResponse]]:
         """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
         seed 001): checks, then a GetMessage on the owning store-node.
         """
@@ -132,7 +133,7 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _pull_service_pb2.PullBatchRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_pull_service_pb2.PullBatchResponse, _abc.Awaitable[_pull_service_pb2.PullBatchResponse]]:
+    ) -> _typing.Union[_common_pb2.PullBatchResponse, _abc.Awaitable[_common_pb2.PullBatchResponse]]:
         """Pull several queues of one broker in one call (Kafka's fetch request;
         RocketMQ's pull, batched): each entry is checked and answered as Pull
         would, in one GetMessages on the store-node. Long polling covers the

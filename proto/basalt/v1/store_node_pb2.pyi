@@ -222,7 +222,8 @@ class GetMessagesRequest(_message.Message):
     default), no two on the same (topic, queue_id), each with
     suspend_timeout_ms 0 (the call's own applies to all): else the call fails
     INVALID_ARGUMENT, INVALID_PARAMETER. An entry that GetMessage would refuse
-    is answered with its `refused` set; the others are served.
+    is answered with its `refused` set; the others are served. The answer is a
+    PullBatchResponse, one entry per read, in order.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -246,28 +247,6 @@ class GetMessagesRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetMessagesRequest: _TypeAlias = GetMessagesRequest  # noqa: Y015
-
-@_typing.final
-class GetMessagesResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    RESULTS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetMessageResponse]:
-        """One per entry of the request, in its order."""
-
-    def __init__(
-        self,
-        *,
-        results: _abc.Iterable[Global___GetMessageResponse] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___GetMessagesResponse: _TypeAlias = GetMessagesResponse  # noqa: Y015
 
 @_typing.final
 class GetMessageRequest(_message.Message):
@@ -355,7 +334,6 @@ class GetMessageResponse(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
-    REFUSED_FIELD_NUMBER: _builtins.int
     status: _common_pb2.GetMessageStatus.ValueType
     next_begin_offset: _builtins.int
     """Where the next read of this queue should start: past the last unit
@@ -375,10 +353,6 @@ class GetMessageResponse(_message.Message):
     def commit(self) -> _common_pb2.CommitResult:
         """Set when the request carried commit_offset."""
 
-    @_builtins.property
-    def refused(self) -> _common_pb2.Refused:
-        """In a GetMessages answer only: this entry was refused (the other fields unset)."""
-
     def __init__(
         self,
         *,
@@ -388,11 +362,10 @@ class GetMessageResponse(_message.Message):
         max_offset: _builtins.int = ...,
         records: _common_pb2.Records | None = ...,
         commit: _common_pb2.CommitResult | None = ...,
-        refused: _common_pb2.Refused | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records", "refused", b"refused"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "refused", b"refused", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from basalt.v1 import common_pb2 as basalt_dot_v1_dot_common__pb2
 from basalt.v1 import store_node_pb2 as basalt_dot_v1_dot_store__node__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -58,7 +59,7 @@ class StoreNodeStub:
         self.GetMessages = channel.unary_unary(
                 '/basalt.v1.StoreNode/GetMessages',
                 request_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.SerializeToString,
-                response_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesResponse.FromString,
+                response_deserializer=basalt_dot_v1_dot_common__pb2.PullBatchResponse.FromString,
                 _registered_method=True)
         self.GetMinMaxOffset = channel.unary_unary(
                 '/basalt.v1.StoreNode/GetMinMaxOffset',
@@ -148,10 +149,11 @@ class StoreNodeServicer:
 
     def GetMessages(self, request, context):
         """GetMessage on several queues in one call (Kafka's fetch request): each
-        entry is read as GetMessage reads it, commit included. Long polling covers
-        the whole call: when no entry has anything to return, the call is held
-        until an arrival on any of its queues or `suspend_timeout_ms`, then every
-        entry is read again.
+        entry is read as GetMessage reads it, commit included, and answered as
+        PullService.Pull answers (code and PullStatus by its table, store_status
+        the GetMessageStatus). Long polling covers the whole call: when no entry
+        has anything to return, the call is held until an arrival on any of its
+        queues or `suspend_timeout_ms`, then every entry is read again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -242,7 +244,7 @@ def add_StoreNodeServicer_to_server(servicer, server):
             'GetMessages': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMessages,
                     request_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.FromString,
-                    response_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesResponse.SerializeToString,
+                    response_serializer=basalt_dot_v1_dot_common__pb2.PullBatchResponse.SerializeToString,
             ),
             'GetMinMaxOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMinMaxOffset,
@@ -420,7 +422,7 @@ class StoreNode:
             target,
             '/basalt.v1.StoreNode/GetMessages',
             basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.SerializeToString,
-            basalt_dot_v1_dot_store__node__pb2.GetMessagesResponse.FromString,
+            basalt_dot_v1_dot_common__pb2.PullBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

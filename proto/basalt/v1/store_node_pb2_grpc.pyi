@@ -11,6 +11,7 @@ send when auto_create_topic_enable is on (the topic is then created).
 A store that is not running answers SERVICE_NOT_AVAILABLE (UNAVAILABLE).
 """
 
+from basalt.v1 import common_pb2 as _common_pb2
 from basalt.v1 import store_node_pb2 as _store_node_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
@@ -64,12 +65,13 @@ class StoreNodeStub:
     """Read matching records of one queue from an offset, optionally waiting
     for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
     """
-    GetMessages: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _store_node_pb2.GetMessagesResponse]
+    GetMessages: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _common_pb2.PullBatchResponse]
     """GetMessage on several queues in one call (Kafka's fetch request): each
-    entry is read as GetMessage reads it, commit included. Long polling covers
-    the whole call: when no entry has anything to return, the call is held
-    until an arrival on any of its queues or `suspend_timeout_ms`, then every
-    entry is read again.
+    entry is read as GetMessage reads it, commit included, and answered as
+    PullService.Pull answers (code and PullStatus by its table, store_status
+    the GetMessageStatus). Long polling covers the whole call: when no entry
+    has anything to return, the call is held until an arrival on any of its
+    queues or `suspend_timeout_ms`, then every entry is read again.
     """
     GetMinMaxOffset: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMinMaxOffsetRequest, _store_node_pb2.GetMinMaxOffsetResponse]
     """A queue's min and max offsets (RocketMQ's GET_MIN_OFFSET / GET_MAX_OFFSET)."""
@@ -122,12 +124,13 @@ class StoreNodeAsyncStub(StoreNodeStub):
     """Read matching records of one queue from an offset, optionally waiting
     for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
     """
-    GetMessages: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _store_node_pb2.GetMessagesResponse]  # type: ignore[assignment]
+    GetMessages: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _common_pb2.PullBatchResponse]  # type: ignore[assignment]
     """GetMessage on several queues in one call (Kafka's fetch request): each
-    entry is read as GetMessage reads it, commit included. Long polling covers
-    the whole call: when no entry has anything to return, the call is held
-    until an arrival on any of its queues or `suspend_timeout_ms`, then every
-    entry is read again.
+    entry is read as GetMessage reads it, commit included, and answered as
+    PullService.Pull answers (code and PullStatus by its table, store_status
+    the GetMessageStatus). Long polling covers the whole call: when no entry
+    has anything to return, the call is held until an arrival on any of its
+    queues or `suspend_timeout_ms`, then every entry is read again.
     """
     GetMinMaxOffset: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMinMaxOffsetRequest, _store_node_pb2.GetMinMaxOffsetResponse]  # type: ignore[assignment]
     """A queue's min and max offsets (RocketMQ's GET_MIN_OFFSET / GET_MAX_OFFSET)."""
@@ -207,12 +210,13 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _store_node_pb2.GetMessagesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_store_node_pb2.GetMessagesResponse, _abc.Awaitable[_store_node_pb2.GetMessagesResponse]]:
+    ) -> _typing.Union[_common_pb2.PullBatchResponse, _abc.Awaitable[_common_pb2.PullBatchResponse]]:
         """GetMessage on several queues in one call (Kafka's fetch request): each
-        entry is read as GetMessage reads it, commit included. Long polling covers
-        the whole call: when no entry has anything to return, the call is held
-        until an arrival on any of its queues or `suspend_timeout_ms`, then every
-        entry is read again.
+        entry is read as GetMessage reads it, commit included, and answered as
+        PullService.Pull answers (code and PullStatus by its table, store_status
+        the GetMessageStatus). Long polling covers the whole call: when no entry
+        has anything to return, the call is held until an arrival on any of its
+        queues or `suspend_timeout_ms`, then every entry is read again.
         """
 
     @_abc_1.abstractmethod
