@@ -21,8 +21,13 @@ stream with it so that admin can reach them. The RPCs:
   pull-service (a forwarded NotifyConsumers). A call carrying the request
   metadata ``basalt-scope: local`` is limited to this pull-service's own
   sessions (what a forwarded call uses, so forwarding never loops; admin
-  may use it too). ListConsumers' ``connected_since_ms`` is known for
-  sessions held here and 0 for the others (etcd does not keep it).
+  may use it too). ListConsumers' ``connected_since_ms`` is the session's
+  start wherever it is held (the registration in etcd carries it; 0 only for
+  a registration written before it did). Cluster-wide, a group with no live
+  consumer at all is refused CONSUMER_NOT_ONLINE, as RocketMQ's broker
+  answers consumerConnection and a reset (so admin can take the offline
+  path); a group is otherwise not registered anywhere: a pull or commit of a
+  group never seen creates its offsets (RocketMQ's autoCreateSubscriptionGroup).
 
 Refusals go through :mod:`services.errors`, caught by
 :func:`services.rpc.rpc_method`. Concurrency: one event loop.
@@ -296,6 +301,8 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         if not _local_scope(context):
             for client_id, registration in (await self._registered(request.group)).items():
                 local.setdefault(client_id, consumer_info(registration))
+            if not local:
+                raise _not_online(request.group)
         return ps.ListConsumersResponse(consumers=[local[c] for c in sorted(local)])
 
     @rpc_method
@@ -358,6 +365,8 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         owners = {c: r.pull_service_id for c, r in (await self._registered(group)).items()}
         # A session opened here whose key is not in etcd yet is still live.
         owners.update({s.client_id: me for s in self.sessions.of_group(group)})
+        if not owners and not client_ids:
+            raise _not_online(group)
         acks: list[ps.ConsumerAck] = []
         by_owner: dict[str, list[str]] = {}
         for client_id in sorted(set(client_ids)) or sorted(owners):
@@ -431,6 +440,14 @@ def _pull_response(got: sn.GetMessageResponse, offset: int) -> pb.PullResponse:
         max_offset=got.max_offset,
         records=got.records,
         commit=got.commit if got.HasField("commit") else None,
+    )
+
+
+def _not_online(group: str) -> Refusal:
+    """RocketMQ's answer for a group with no live consumer (consumerConnection,
+    and the reset that then takes the offline path)."""
+    return Refusal(
+        pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE, f"consumer group {group!r} has no live consumer"
     )
 
 

@@ -30,7 +30,7 @@ from services.etcd_process import EtcdProcess, free_port
 from services.meta import BrokerRegistration, MetaClient, MetaConfig, Perm, TopicConfig
 from services.pull_checks import pull_outcome
 from services.pull_server import RunningPullService, start_pull_service
-from services.pull_service import PullServiceConfig
+from services.pull_service import SCOPE_KEY, SCOPE_LOCAL, PullServiceConfig
 from services.server import RunningStoreNode, start_store_node
 from services.store_node import StoreNodeConfig
 from services.store_node_main import EtcdTopics
@@ -531,8 +531,26 @@ async def test_bad_consumer_admin_requests_are_refused_clearly(
             status, got_code, details = await refused(call)
             assert (status, got_code) == (grpc.StatusCode.INVALID_ARGUMENT, code), details
             assert words in details, details
-            listed = await h.stub.ListConsumers(ps.ListConsumersRequest(group="G"))
-            assert list(listed.consumers) == []
+            # The service keeps serving; a group with no live consumer is not online.
+            status, got_code, details = await refused(
+                h.stub.ListConsumers(ps.ListConsumersRequest(group="G"))
+            )
+            assert (status, got_code) == (
+                grpc.StatusCode.NOT_FOUND,
+                pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+            )
+            assert "consumer group 'G' has no live consumer" in details
+        status, got_code, details = await refused(
+            h.stub.NotifyConsumers(ps.NotifyConsumersRequest(group="G", command=rebalance))
+        )
+        assert (status, got_code) == (
+            grpc.StatusCode.NOT_FOUND,
+            pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+        )
+        local = await h.stub.ListConsumers(
+            ps.ListConsumersRequest(group="G"), metadata=((SCOPE_KEY, SCOPE_LOCAL),)
+        )
+        assert list(local.consumers) == []
 
 
 @async_test
@@ -590,5 +608,7 @@ async def test_with_etcd_away_pulls_and_routes_serve_from_the_caches(
         )
         assert "etcd" in details and "unreachable" in details
         await asyncio.to_thread(private_etcd.start)
-        listed = await h.stub.ListConsumers(ps.ListConsumersRequest(group="G"), timeout=10)
-        assert list(listed.consumers) == []
+        status, code, _ = await refused(
+            h.stub.ListConsumers(ps.ListConsumersRequest(group="G"), timeout=10)
+        )
+        assert code == pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE  # etcd answers again

@@ -110,7 +110,9 @@ class PullRequest(_message.Message):
       5. 0 <= queue_id < read_queue_nums: else INVALID_ARGUMENT, INVALID_PARAMETER
       6. the subscription parses: else INVALID_ARGUMENT, SUBSCRIPTION_PARSE_FAILED
     Also INVALID_ARGUMENT, INVALID_PARAMETER for an empty group, a negative
-    offset, max_nums < 1 or a negative suspend_timeout_ms.
+    offset, max_nums < 1 or a negative suspend_timeout_ms. A group needs no
+    registration: a pull or commit of a group never seen creates its offsets
+    (RocketMQ's autoCreateSubscriptionGroup, on by default).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -497,6 +499,11 @@ Global___CommandAck: _TypeAlias = CommandAck  # noqa: Y015
 
 @_typing.final
 class ListConsumersRequest(_message.Message):
+    """A group with no live consumer in the cluster: NOT_FOUND, CONSUMER_NOT_ONLINE
+    (RocketMQ's "the consumer group not online"); with `basalt-scope: local`
+    an empty list instead.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUP_FIELD_NUMBER: _builtins.int
@@ -523,7 +530,7 @@ class ListConsumersResponse(_message.Message):
     @_builtins.property
     def consumers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ConsumerInfo]:
         """The group's live consumers (only this pull-service's with
-        `basalt-scope: local`); empty when none.
+        `basalt-scope: local`).
         """
 
     def __init__(
@@ -541,6 +548,12 @@ Global___ListConsumersResponse: _TypeAlias = ListConsumersResponse  # noqa: Y015
 
 @_typing.final
 class NotifyConsumersRequest(_message.Message):
+    """Without client_ids, a group with no live consumer in the cluster is
+    NOT_FOUND, CONSUMER_NOT_ONLINE (RocketMQ's Broker2Client answer, after which
+    a reset takes the offline path); named client_ids that are not connected
+    are answered NOT_CONNECTED each.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUP_FIELD_NUMBER: _builtins.int
