@@ -1,22 +1,34 @@
-"""etcd stopped for 10 s under load, as real processes: sends and pulls continue;
+"""etcd away for 10 s under load, as real processes: sends and pulls continue;
 registrations return when etcd does.
 
-2 store-nodes and 1 pull-service run as processes on a private etcd, which is
-stopped (SIGTERM, the process exits) for longer than the lease TTL and then
-started again on the same ports and data dir. Throughout, one coroutine sends
-batches through the raw StoreNode stubs to every queue of both store-nodes,
-another pulls every queue through the pull-service (committing as it goes),
-and a consumer keeps a Session there. During the outage both keep working
-without one failure; once etcd is back, every registration (both brokers,
-the pull-service, the consumer) is in etcd again and still there two lease
-TTLs later (etcd renews its leases when it starts, so only keepalives that
-resumed keep them); every acknowledged message was pulled exactly once, in
-order, per queue.
+2 store-nodes and 1 pull-service run as processes on a private etcd, which
+goes away for longer than the lease TTL in one of two ways:
+
+* stopped: SIGTERM (the process exits), then started again on the same ports
+  and data dir. Clients are refused at once; etcd renews every lease when it
+  starts, so the old leases may live on if their keepalives resume;
+* frozen: SIGSTOP, then SIGCONT (a stalled etcd: a long GC pause, a stuck
+  disk). Calls hang rather than fail, and on waking etcd finds every lease
+  past its TTL: it deletes every registration, which must come back under a
+  new lease while the load runs.
+
+Throughout, one coroutine sends batches through the raw StoreNode stubs to
+every queue of both store-nodes, another pulls every queue through the
+pull-service (committing as it goes), and a consumer keeps a Session there.
+During and after the outage both keep working without one failure; once etcd
+is back, every registration (both brokers, the pull-service, the consumer) is
+in etcd again and still there two lease TTLs later (so only keepalives that
+resumed keep them; after a freeze, each under a new lease); every
+acknowledged message was pulled exactly once, in order, per queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,6 +53,7 @@ from tests.services.test_pull_process import (
     consume,
     create_topic,
     registered,
+    start_processes,
 )
 from tests.services.test_pull_service import bodies, pull_request
 from tests.services.test_pull_sessions import Consumer
@@ -50,7 +63,7 @@ pytestmark = pytest.mark.slow
 #: The fixture that kills, at teardown, every process a test left running.
 processes = test_pull_process.processes
 
-#: How long etcd stays down: longer than the lease TTL.
+#: How long etcd stays away: longer than the lease TTL.
 OUTAGE_S = 10.0
 LEASE_TTL_S = 3
 GROUP = "G"
@@ -85,6 +98,50 @@ class Load:
 
     def caught_up(self, offsets: dict[Queue, int]) -> bool:
         return all(offsets[k] >= len(self.sent[k]) for k in QUEUE_IDS)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A way for etcd to go away and come back; both block until done."""
+
+    name: str
+    begin: Callable[[EtcdProcess], None]
+    end: Callable[[EtcdProcess], None]
+    #: etcd expires every lease on its return: each registration is put again.
+    leases_expire: bool
+
+
+def _stop(etcd: EtcdProcess) -> None:
+    etcd.stop()  # returns once the process has exited
+
+
+def _start(etcd: EtcdProcess) -> None:
+    etcd.start()  # same ports, same data dir
+
+
+def _freeze(etcd: EtcdProcess) -> None:
+    assert etcd.pid is not None, "etcd is not running"
+    os.kill(etcd.pid, signal.SIGSTOP)
+
+
+def _thaw(etcd: EtcdProcess) -> None:
+    assert etcd.pid is not None, "etcd is not running"
+    os.kill(etcd.pid, signal.SIGCONT)
+    etcd.wait_healthy()
+
+
+STOPPED = Outage("stopped", _stop, _start, leases_expire=False)
+FROZEN = Outage("frozen", _freeze, _thaw, leases_expire=True)
+
+
+def leases(etcd: EtcdProcess, cluster: str) -> dict[str, int]:
+    """The lease of every leased key of ``cluster`` (its registrations)."""
+    out = etcd.etcdctl("get", "--prefix", f"/basalt/{cluster}/", "-w", "json")
+    return {
+        base64.b64decode(kv["key"]).decode(): kv["lease"]
+        for kv in json.loads(out).get("kvs", [])
+        if kv.get("lease")
+    }
 
 
 def inside(calls: list[tuple[float, float]], window: tuple[float, float]) -> int:
@@ -160,13 +217,15 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 async def load_through_outage(
     etcd: EtcdProcess,
+    outage: Outage,
     stub: ps_grpc.PullServiceAsyncStub,
     node_stubs: dict[str, sn_grpc.StoreNodeAsyncStub],
     all_registered: Callable[[], Awaitable[bool]],
 ) -> tuple[Load, tuple[float, float]]:
-    """Run the load, stop etcd for OUTAGE_S, start it again, wait for every
-    registration, keep the load on for two lease TTLs more, then stop sending and
-    let the puller drain. Returns what the load saw and the outage's window."""
+    """Run the load, take etcd away by ``outage`` for OUTAGE_S, bring it back, wait
+    for every registration, keep the load on for two lease TTLs more, then stop
+    sending and let the puller drain. Returns what the load saw and the outage's
+    window."""
     load = Load()
     tasks = [
         asyncio.ensure_future(send_continuously(node_stubs, load)),
@@ -178,15 +237,18 @@ async def load_through_outage(
 
     try:
         await eventually(warmed_up, "sends and pulls before the outage")
-        await asyncio.to_thread(etcd.stop)  # returns once the process has exited
-        stopped = time.monotonic()
-        await asyncio.sleep(OUTAGE_S)
-        outage = (stopped, time.monotonic())
-        await asyncio.to_thread(etcd.start)  # same ports, same data dir
+        await asyncio.to_thread(outage.begin, etcd)
+        away = time.monotonic()
+        try:
+            await asyncio.sleep(OUTAGE_S)
+        finally:
+            window = (away, time.monotonic())
+            await asyncio.to_thread(outage.end, etcd)
         back = time.monotonic()
         await eventually(all_registered, "every registration after etcd is back")
-        # etcd renews every lease when it starts, so the keys above may be the kept
-        # ones: keep going for two TTLs, after which only kept-alive leases remain.
+        # The keys above may still be the old ones (renewed by a restarted etcd, or
+        # not yet expired by a thawed one): keep going for two TTLs, after which
+        # only kept-alive leases remain.
         while time.monotonic() < back + 2 * LEASE_TTL_S:
             await asyncio.sleep(0.1)
     finally:
@@ -199,39 +261,16 @@ async def load_through_outage(
     assert not late, "the puller did not catch up with the acknowledged sends"
     for task in tasks:
         task.result()  # a load coroutine's own error, if it had one
-    return load, outage
+    return load, window
 
 
-def test_etcd_stopped_under_load_sends_and_pulls_continue_registrations_return(
-    tmp_path: Path, private_etcd: EtcdProcess, processes: list[ServiceProcess]
+@pytest.mark.parametrize("outage", [STOPPED, FROZEN], ids=lambda o: o.name)
+def test_etcd_away_under_load_sends_and_pulls_continue_registrations_return(
+    tmp_path: Path, private_etcd: EtcdProcess, processes: list[ServiceProcess], outage: Outage
 ) -> None:
     etcd, cluster = private_etcd, unique_cluster()
     asyncio.run(create_topic(etcd, cluster))
-    common = ("--etcd", etcd.endpoint, "--cluster", cluster, "--lease-ttl-s", str(LEASE_TTL_S))
-    nodes = {
-        name: ServiceProcess(
-            tmp_path / f"{name}.log",
-            "services.store_node_main",
-            "--name",
-            name,
-            "--data-dir",
-            str(tmp_path / name),
-            *common,
-        )
-        for name in BROKERS
-    }
-    pull = ServiceProcess(
-        tmp_path / "ps-1.log",
-        "services.pull_service_main",
-        "--id",
-        "ps-1",
-        "--heartbeat-interval-ms",
-        "1000",
-        *common,
-    )
-    processes.extend([*nodes.values(), pull])
-    for p in (*nodes.values(), pull):
-        p.wait_serving()
+    nodes, pull = start_processes(tmp_path, etcd, cluster, LEASE_TTL_S, processes)
     everyone = ({*BROKERS}, {"ps-1"}, {CLIENT_ID})
 
     async def all_registered() -> bool:
@@ -257,25 +296,37 @@ def test_etcd_stopped_under_load_sends_and_pulls_continue_registrations_return(
             consumer = Consumer(stub, CLIENT_ID, group=GROUP)
             await consumer.open()
             await eventually(all_registered, "every registration before the outage")
+            leased = await asyncio.to_thread(leases, etcd, cluster)
+            assert len(leased) == len(BROKERS) + 2, leased  # and the pull-service, the consumer
 
             try:
-                load, outage = await load_through_outage(etcd, stub, node_stubs, all_registered)
+                load, window = await load_through_outage(
+                    etcd, outage, stub, node_stubs, all_registered
+                )
                 assert load.failures == [], [
-                    (round(started - outage[0], 2), round(failed - outage[0], 2), what)
+                    (round(started - window[0], 2), round(failed - window[0], 2), what)
                     for started, failed, what in load.failures
                 ]
-                assert inside(load.sends, outage) > 0
-                assert inside(load.pulls, outage) > 0
+                assert inside(load.sends, window) > 0
+                assert inside(load.pulls, window) > 0
                 assert not consumer.ended.done()  # the session lived through the outage
                 # Every acknowledged message pulled exactly once, in queue order, by
                 # the committing puller and by a fresh group reading from the start.
                 assert load.received == load.sent
                 assert await consume(stub, "GAll") == load.sent
                 assert await all_registered()  # still there, two TTLs after etcd's return
+                if outage.leases_expire:  # ... each put again under a new lease
+                    now = await asyncio.to_thread(leases, etcd, cluster)
+                    assert now.keys() == leased.keys()
+                    assert all(now[k] != leased[k] for k in now), (leased, now)
             finally:
                 await consumer.cancel()
 
-    asyncio.run(asyncio.wait_for(scenario(), ASYNC_TEST_TIMEOUT_S))
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), ASYNC_TEST_TIMEOUT_S))
+    finally:
+        if etcd.pid is not None:  # never leave a frozen etcd behind (SIGCONT is harmless)
+            os.kill(etcd.pid, signal.SIGCONT)
     assert pull.stop() == 0
     for p in nodes.values():
         assert p.stop() == 0

@@ -149,14 +149,22 @@ async def consume(
     return got
 
 
-def test_produce_to_two_store_node_processes_and_consume_through_the_pull_service_process(
-    tmp_path: Path, etcd: EtcdProcess, processes: list[ServiceProcess]
-) -> None:
-    cluster = unique_cluster()
-    asyncio.run(create_topic(etcd, cluster))
-    common = ("--etcd", etcd.endpoint, "--cluster", cluster, "--lease-ttl-s", "2")
-    nodes = {
-        name: ServiceProcess(
+def start_processes(
+    tmp_path: Path,
+    etcd: EtcdProcess,
+    cluster: str,
+    lease_ttl_s: int,
+    started: list[ServiceProcess],
+) -> tuple[dict[str, ServiceProcess], ServiceProcess]:
+    """A store-node process per broker of BROKERS (data and logs under ``tmp_path``)
+    and pull-service ``ps-1`` (consumers heartbeat every second), on ``etcd`` as
+    ``cluster``; each is appended to ``started`` as soon as it is spawned (the
+    ``processes`` fixture's list, which kills leftovers). Returns once all of them
+    serve: the store-nodes by broker name, and the pull-service."""
+    common = ("--etcd", etcd.endpoint, "--cluster", cluster, "--lease-ttl-s", str(lease_ttl_s))
+    nodes: dict[str, ServiceProcess] = {}
+    for name in BROKERS:
+        nodes[name] = ServiceProcess(
             tmp_path / f"{name}.log",
             "services.store_node_main",
             "--name",
@@ -165,8 +173,7 @@ def test_produce_to_two_store_node_processes_and_consume_through_the_pull_servic
             str(tmp_path / name),
             *common,
         )
-        for name in BROKERS
-    }
+        started.append(nodes[name])
     pull = ServiceProcess(
         tmp_path / "ps-1.log",
         "services.pull_service_main",
@@ -176,10 +183,19 @@ def test_produce_to_two_store_node_processes_and_consume_through_the_pull_servic
         "1000",
         *common,
     )
-    processes.extend([*nodes.values(), pull])
+    started.append(pull)
     for p in nodes.values():
         p.wait_serving()
     assert pull.wait_serving() == f"pull-service ps-1 serving on {pull.address}"
+    return nodes, pull
+
+
+def test_produce_to_two_store_node_processes_and_consume_through_the_pull_service_process(
+    tmp_path: Path, etcd: EtcdProcess, processes: list[ServiceProcess]
+) -> None:
+    cluster = unique_cluster()
+    asyncio.run(create_topic(etcd, cluster))
+    nodes, pull = start_processes(tmp_path, etcd, cluster, 2, processes)
 
     async def scenario() -> None:
         async with grpc.aio.insecure_channel(pull.address) as channel:
