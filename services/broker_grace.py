@@ -109,7 +109,7 @@ class RegisteredBrokers:
         elif change.old is not None:
             self._departed[change.name] = _Departed(change.old, now_s)
             log.info(
-                "broker %r's registration was deleted; still routing to %s for %.1f s "
+                "broker %r: registration deleted; still routing to %s for %.1f s "
                 "in case it registers again",
                 change.name,
                 change.old.address,
