@@ -69,6 +69,7 @@ class RunningPullService:
         await self.servicer.sessions.close_all(stopping, grace_s)
         await self.server.stop(grace_s)
         await self.servicer.channels.close()
+        self.servicer.brokers.close()
         for cache in self.servicer.view.caches:
             await cache.close()
         log.info("pull-service %s stopped", self.config.pull_service_id)

@@ -49,6 +49,7 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
+from services.broker_grace import RegisteredBrokers
 from services.checks import check_group, no_such_topic
 from services.errors import Refusal, invalid, refused
 from services.meta_client import MetaClient
@@ -112,8 +113,9 @@ class PullServiceConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_suspend_timeout_ms < 0 or self.downstream_margin_ms < 0:
-            raise ValueError("max_suspend_timeout_ms and downstream_margin_ms must be >= 0")
+        for name in ("max_suspend_timeout_ms", "downstream_margin_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,11 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         self.channels = channels
         self.sessions = sessions
         self.store_hosts = StoreHosts(channels)
+        #: Broker look-ups for routes and pulls: a broker whose key etcd just
+        #: deleted (its lease expired while etcd stalled) stays routable while
+        #: it registers again - a lease TTL (the cluster's, as this service's
+        #: own) plus a second.
+        self.brokers = RegisteredBrokers(view.brokers, grace_s=meta.config.lease_ttl_s + 1)
         # Command ids are unique per pull-service life: its id, its start, a counter.
         self._command_ids = (
             f"{config.pull_service_id}-{int(time.time() * 1000):x}-{n}" for n in itertools.count()
@@ -165,10 +172,10 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         addresses = {
             name: broker.address
             for name in config.brokers
-            if (broker := self.view.brokers.get(name)) is not None
+            if (broker := self.brokers.get(name)) is not None
         }
         hosts = await self.store_hosts.of(addresses)
-        return ps.QueryRouteResponse(route=topic_route(config, self.view.brokers.get, hosts))
+        return ps.QueryRouteResponse(route=topic_route(config, self.brokers.get, hosts))
 
     def _get_request(
         self, request: ps.PullRequest, group: str, suspend_ms: int
@@ -212,7 +219,7 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
     async def Pull(
         self, request: ps.PullRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.PullResponse:
-        broker = check_pull(request, self.view.brokers.get, self.view.topics.get)
+        broker = check_pull(request, self.brokers.get, self.view.topics.get)
         suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
         get = self._get_request(request, request.group, suspend_ms)
         got = await self._call_store_node(
@@ -252,7 +259,7 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         broker: BrokerRegistration | None = None
         for p in pulls:
             try:
-                broker = check_pull(p, self.view.brokers.get, self.view.topics.get)
+                broker = check_pull(p, self.brokers.get, self.view.topics.get)
             except Refusal as r:
                 answers.append(pb.PullResponse(refused=refused(r)))
                 continue
