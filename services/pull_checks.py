@@ -99,13 +99,14 @@ def pull_response(
     next_begin_offset: int,
     min_offset: int,
     max_offset: int,
-    records: pb.Records,
+    records: pb.Records | None,
     commit: pb.CommitResult | None,
 ) -> pb.PullResponse:
     """A store-node read of one queue from ``offset`` as the client sees it: code
     and PullStatus by the module's table (a SYSTEM_ERROR Refusal for a status
     it does not know). Built by the pull-service for Pull, and by the
-    store-node itself for each entry of GetMessages."""
+    store-node itself for each entry of GetMessages (``records`` None: it
+    writes them into the answer itself, services.pull_wire)."""
     code, status = pull_outcome(store_status, offset)
     return pb.PullResponse(
         code=code,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health
 
-from basalt.v1 import store_node_pb2, store_node_pb2_grpc
+from basalt.v1 import store_node_pb2
 from services.long_polling import PullRequestHoldService
-from services.process import add_health_and_reflection, grpc_server, set_serving
+from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
 from services.store_node import StoreNodeConfig, StoreNodeServicer
 from services.topics import TopicDirectory
 from store import MessageStore, MessageStoreConfig
@@ -73,7 +73,12 @@ async def start_store_node(
     # a GetMessages up to max_queues_per_get_messages such reads.
     per_read = store_config.max_transfer_bytes_on_message_in_memory + store_config.max_message_size
     server = grpc_server(node.max_queues_per_get_messages * per_read + 1024 * 1024)
-    store_node_pb2_grpc.add_StoreNodeServicer_to_server(servicer, server)
+    add_servicer(
+        server,
+        servicer,
+        store_node_pb2.DESCRIPTOR.services_by_name["StoreNode"],
+        may_answer_bytes=frozenset({"GetMessages"}),
+    )
     health_servicer = add_health_and_reflection(server, STORE_NODE_SERVICE)
     try:
         port = server.add_insecure_port(listen)

@@ -40,6 +40,7 @@ from services.meta_errors import MetaValidationError
 from services.meta_fields import check_topic_name
 from services.meta_model import TopicConfig
 from services.pull_checks import pull_response
+from services.pull_wire import pull_batch_wire
 from services.rpc import as_refusal
 from services.rpc import rpc_method as _rpc
 from services.topics import TopicDirectory
@@ -370,9 +371,9 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         return _get_response(result, commit)
 
     @_rpc
-    async def GetMessages(
+    async def GetMessages(  # type: ignore[override]  # answers serialized bytes
         self, request: sn.GetMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.PullBatchResponse:
+    ) -> bytes:
         """Each entry checked (and its commit stored) as GetMessage would; the
         accepted ones held together, unless an entry was refused: that is an
         answer worth sending at once."""
@@ -400,13 +401,29 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             timeout_s = 0.0
         results = await self.hold.hold([r for r, _ in reads], timeout_s) if reads else []
         read = iter(zip(reads, results, strict=True))
-        out = []
+        out: list[tuple[pb.PullResponse, bytes | None, int]] = []
         for answer in answers:
-            if answer is None:
-                (held, commit), result = next(read)
-                answer = _pull_entry(result, commit, held.first_offset)
-            out.append(answer)
-        return pb.PullBatchResponse(results=out)
+            if answer is not None:
+                out.append((answer, None, 0))
+                continue
+            (held, commit), result = next(read)
+            try:
+                head = pull_response(
+                    _store_status(result),
+                    held.first_offset,
+                    next_begin_offset=result.next_begin_offset,
+                    min_offset=result.min_offset,
+                    max_offset=result.max_offset,
+                    records=None,
+                    commit=commit,
+                )
+            except Refusal as r:  # a status the client's table does not know
+                out.append((pb.PullResponse(refused=refused(r)), None, 0))
+                continue
+            out.append((head, result.records, result.message_count))
+        # Serialized here, the records copied once (services.pull_wire); the
+        # registration in services.server lets GetMessages answer bytes.
+        return pull_batch_wire(out)
 
     @_rpc
     async def GetMinMaxOffset(
@@ -548,7 +565,7 @@ def _get_response(
     result: GetMessageResult, commit: pb.CommitResult | None
 ) -> sn.GetMessageResponse:
     return sn.GetMessageResponse(
-        status=pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name),
+        status=_store_status(result),
         next_begin_offset=result.next_begin_offset,
         min_offset=result.min_offset,
         max_offset=result.max_offset,
@@ -557,23 +574,8 @@ def _get_response(
     )
 
 
-def _pull_entry(
-    result: GetMessageResult, commit: pb.CommitResult | None, offset: int
-) -> pb.PullResponse:
-    """One GetMessages entry, in the client's terms (services.pull_checks' table);
-    refused when the table does not know the status."""
-    try:
-        return pull_response(
-            pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name),
-            offset,
-            next_begin_offset=result.next_begin_offset,
-            min_offset=result.min_offset,
-            max_offset=result.max_offset,
-            records=pb.Records(data=result.records, count=result.message_count),
-            commit=commit,
-        )
-    except Refusal as r:
-        return pb.PullResponse(refused=refused(r))
+def _store_status(result: GetMessageResult) -> pb.GetMessageStatus.ValueType:
+    return pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name)
 
 
 def _check_topic_name(topic: str) -> None:
