@@ -257,6 +257,9 @@ class WorkerSpec:
     #: Producers: SendStream (``per_queue`` x queues requests in flight over one
     #: stream per channel) instead of unary calls.
     stream: bool = False
+    #: pull-batch: queues per PullBatch (a broker's queues split into calls of
+    #: this many, each with one call in flight); 0 = all of a broker's.
+    queues_per_pull: int = 0
 
 
 @dataclass(slots=True)
@@ -330,11 +333,15 @@ async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
             by_broker: dict[str, list[int]] = {}
             for i, q in enumerate(spec.queues):
                 by_broker.setdefault(q.broker, []).append(i)
+            per = spec.queues_per_pull or len(spec.queues)
+            groups = [
+                idx[j : j + per] for idx in by_broker.values() for j in range(0, len(idx), per)
+            ]
             coros = [
                 _pull_batch_loop(
                     spec, idx, channels[spec.pull_address][k % spec.channels], window, result
                 )
-                for k, idx in enumerate(by_broker.values())
+                for k, idx in enumerate(groups)
             ]
         elif spec.stream:
             coros = []

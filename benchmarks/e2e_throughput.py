@@ -573,6 +573,7 @@ class Settings:
     wake_samples: int
     wake_suspend_ms: int
     queues: int
+    queues_per_pull: int
 
 
 def _sum(results: Sequence[WorkerResult]) -> WorkerResult:
@@ -676,6 +677,7 @@ def pull_specs(
             group=group,
             max_nums=max_nums,
             suspend_ms=suspend_ms,
+            queues_per_pull=s.queues_per_pull,
         )
         for part in split(queues, procs)
     ]
@@ -698,8 +700,9 @@ async def consume_cell(
     rpc = "PullBatch" if batched else "Pull"
     label = f"consume {rpc} max_nums {max_nums}"
     brokers = len({q.broker for q in queues})
+    per_call = min(s.queues_per_pull or len(queues), len(queues) // brokers)
     in_flight = (
-        f"{brokers} brokers x 1 PullBatch of {len(queues) // brokers} queues in flight"
+        f"{len(queues) // per_call} PullBatch of {per_call} queues in flight"
         if batched
         else f"{len(queues)} queues x 1 in flight"
     )
@@ -861,8 +864,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--queues",
         type=int,
-        default=0,
-        help="queues per store-node of each topic (0: auto-create's default, 4)",
+        default=8,
+        help="queues per store-node of each topic, created in etcd first (mqadmin "
+        "updateTopic's default, 8); 0: auto-created by a first send (4)",
+    )
+    p.add_argument(
+        "--queues-per-pull",
+        type=int,
+        default=4,
+        help="queues per PullBatch (each broker's split into calls of this many; 0 = all)",
     )
     p.add_argument("--root", type=Path, help="cluster directory (default: a temp dir, removed)")
     args = p.parse_args(argv)
@@ -886,6 +896,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         wake_samples=args.wake_samples,
         wake_suspend_ms=args.wake_suspend_ms,
         queues=args.queues,
+        queues_per_pull=args.queues_per_pull,
     )
 
 
