@@ -445,18 +445,20 @@ async def _stream_loop(
     async def read_answers() -> None:
         k = 0
         while (reply := await call.read()) is not grpc.aio.EOF:
-            slots.release()
+            answers = sn.SendStreamResponse.FromString(cast(bytes, reply)).answers
             t = time.monotonic()
-            result.total_msgs += n
-            if window.inside(t):
-                result.msgs += n
-                result.calls += 1
-                result.last_done = max(result.last_done, t)
-            if k % CHECK_EVERY == 0:
-                got = sn.SendStreamResponse.FromString(cast(bytes, reply)).result
-                if got.status != pb.SEND_STATUS_SEND_OK or len(got.queue_offsets) != n:
-                    raise RuntimeError(f"send answered {got} ")
-            k += 1
+            for answer in answers:
+                slots.release()
+                result.total_msgs += n
+                if window.inside(t):
+                    result.msgs += n
+                    result.calls += 1
+                    result.last_done = max(result.last_done, t)
+                if k % CHECK_EVERY == 0:
+                    got = answer.result
+                    if got.status != pb.SEND_STATUS_SEND_OK or len(got.queue_offsets) != n:
+                        raise RuntimeError(f"send answered {answer}")
+                k += 1
 
     reader = asyncio.ensure_future(read_answers())
     i = 0

@@ -458,7 +458,8 @@ async def _timed_sends(
             if stream:
                 call = streams[id(channel)]
                 await call.write(sn.SendStreamRequest(opaque=i, message=req))
-                result = (await call.read()).result
+                (answer,) = (await call.read()).answers
+                result = answer.result
             else:
                 result = (await stub.SendMessage(req, timeout=10)).result
             elapsed = time.perf_counter_ns() - t

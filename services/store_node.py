@@ -263,7 +263,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         complete (grpc.aio allows one write at a time). At most
         ``max_in_flight_per_send_stream`` are in flight: past that the stream
         is not read, and HTTP/2 flow control holds the producer back."""
-        answers: asyncio.Queue[sn.SendStreamResponse | None] = asyncio.Queue()
+        answers: asyncio.Queue[sn.SendStreamAnswer | None] = asyncio.Queue()
         window = asyncio.Semaphore(self.config.max_in_flight_per_send_stream)
         tasks: set[asyncio.Task[None]] = set()
 
@@ -276,16 +276,27 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                     result = await self._send_batch(request.batch)
                 else:
                     raise invalid("a SendStream request carries neither message nor batch")
-                response = sn.SendStreamResponse(opaque=request.opaque, result=result)
+                done = sn.SendStreamAnswer(opaque=request.opaque, result=result)
             except Exception as e:
                 refusal = as_refusal(e, "SendStream")
-                response = sn.SendStreamResponse(opaque=request.opaque, refused=refused(refusal))
-            answers.put_nowait(response)
+                done = sn.SendStreamAnswer(opaque=request.opaque, refused=refused(refusal))
+            answers.put_nowait(done)
 
         async def write_answers() -> None:
-            while (response := await answers.get()) is not None:
-                await context.write(response)
-                window.release()
+            # Everything ready goes in one write: a group of sends the store
+            # appended together completes in one turn of the loop. None, put
+            # after the last answer, ends it.
+            ended = False
+            while not ended:
+                got = [await answers.get()]
+                while not answers.empty():
+                    got.append(answers.get_nowait())
+                ready = [a for a in got if a is not None]
+                ended = len(ready) < len(got)
+                if ready:
+                    await context.write(sn.SendStreamResponse(answers=ready))
+                for _ in ready:
+                    window.release()
 
         writer = asyncio.create_task(write_answers())
         try:

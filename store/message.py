@@ -13,6 +13,7 @@ SysFlag bits (RocketMQ ``MessageSysFlag``)::
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import os
@@ -104,8 +105,10 @@ def encode_host(address: str) -> bytes:
     return ip.packed + struct.pack(">i", int(port))
 
 
+@functools.lru_cache(maxsize=256)
 def decode_host(data: bytes) -> str:
-    """Inverse of :func:`encode_host`; IPv6 addresses come back bracketed."""
+    """Inverse of :func:`encode_host`; IPv6 addresses come back bracketed.
+    Cached: a store-node answers every send with its one store host."""
     ip = ipaddress.ip_address(data[:-4])
     port = struct.unpack(">i", data[-4:])[0]
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"

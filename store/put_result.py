@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from store.message import offset_msg_id
-
 
 class PutStatus(enum.Enum):
     """Outcome of a send (RocketMQ's PutMessageStatus)."""
@@ -46,7 +44,9 @@ class PutMessageResult(NamedTuple):
     @property
     def msg_ids(self) -> list[str]:
         """Offset message ids (store host + physical offset), one per message."""
-        return [offset_msg_id(self.store_host, p) for p in self.physical_offsets]
+        # offset_msg_id's hex, its store-host part written once per send.
+        host = self.store_host.hex().upper()
+        return [f"{host}{p:016X}" for p in self.physical_offsets]
 
 
 def refused(status: PutStatus, detail: str) -> PutMessageResult:

@@ -62,7 +62,7 @@ def test_send_stream_answers_every_request_by_opaque_refusals_included(tmp_path:
             for request in [*good[:10], *bad, batch, *good[10:]]:
                 await call.write(request)
             await call.done_writing()
-            answers = {a.opaque: a async for a in call}
+            answers = {a.opaque: a async for response in call for a in response.answers}
             assert len(answers) == 25
             assert await call.code() == grpc.StatusCode.OK
 
@@ -111,7 +111,7 @@ def test_send_stream_keeps_serving_after_a_client_goes_away(tmp_path: Path) -> N
                     opaque=9, message=sn.SendMessageRequest(message=wire(TOPIC, b"y"), queue_id=0)
                 )
             )
-            answer = await again.read()
+            (answer,) = (await again.read()).answers
             await again.done_writing()
             assert answer.opaque == 9
             assert answer.result.status == pb.SEND_STATUS_SEND_OK

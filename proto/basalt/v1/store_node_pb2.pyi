@@ -183,6 +183,30 @@ Global___SendStreamRequest: _TypeAlias = SendStreamRequest  # noqa: Y015
 
 @_typing.final
 class SendStreamResponse(_message.Message):
+    """The answers ready when the store-node wrote: one or more (sends appended
+    together complete together, and are answered in one message).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendStreamAnswer]: ...
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___SendStreamAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamResponse: _TypeAlias = SendStreamResponse  # noqa: Y015
+
+@_typing.final
+class SendStreamAnswer(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OPAQUE_FIELD_NUMBER: _builtins.int
@@ -214,7 +238,7 @@ class SendStreamResponse(_message.Message):
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
-Global___SendStreamResponse: _TypeAlias = SendStreamResponse  # noqa: Y015
+Global___SendStreamAnswer: _TypeAlias = SendStreamAnswer  # noqa: Y015
 
 @_typing.final
 class GetMessagesRequest(_message.Message):

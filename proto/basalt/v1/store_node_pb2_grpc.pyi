@@ -53,9 +53,11 @@ class StoreNodeStub:
     """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
     remoting multiplexes a producer's requests over one connection: each
     request carries an `opaque` chosen by the producer and is answered by one
-    response with the same `opaque`. Any number may be in flight; requests
-    are appended in the order they arrive, and answers come as each append
-    completes (so in that order, except that a refusal can overtake). A
+    SendStreamAnswer with the same `opaque` (several answers ready at once
+    share a response). Any number may be in flight; requests to a topic the
+    node serves are appended in the order they arrive, and answers come as
+    each append completes (so in that order, except that a refusal can
+    overtake). A
     refused request is answered with `refused` and the stream goes on; the
     stream itself fails only for the store-node stopping. Same checks,
     statuses and flush rules as the unary calls; it saves their per-call
@@ -112,9 +114,11 @@ class StoreNodeAsyncStub(StoreNodeStub):
     """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
     remoting multiplexes a producer's requests over one connection: each
     request carries an `opaque` chosen by the producer and is answered by one
-    response with the same `opaque`. Any number may be in flight; requests
-    are appended in the order they arrive, and answers come as each append
-    completes (so in that order, except that a refusal can overtake). A
+    SendStreamAnswer with the same `opaque` (several answers ready at once
+    share a response). Any number may be in flight; requests to a topic the
+    node serves are appended in the order they arrive, and answers come as
+    each append completes (so in that order, except that a refusal can
+    overtake). A
     refused request is answered with `refused` and the stream goes on; the
     stream itself fails only for the store-node stopping. Same checks,
     statuses and flush rules as the unary calls; it saves their per-call
@@ -186,9 +190,11 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
         """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
         remoting multiplexes a producer's requests over one connection: each
         request carries an `opaque` chosen by the producer and is answered by one
-        response with the same `opaque`. Any number may be in flight; requests
-        are appended in the order they arrive, and answers come as each append
-        completes (so in that order, except that a refusal can overtake). A
+        SendStreamAnswer with the same `opaque` (several answers ready at once
+        share a response). Any number may be in flight; requests to a topic the
+        node serves are appended in the order they arrive, and answers come as
+        each append completes (so in that order, except that a refusal can
+        overtake). A
         refused request is answered with `refused` and the stream goes on; the
         stream itself fails only for the store-node stopping. Same checks,
         statuses and flush rules as the unary calls; it saves their per-call
