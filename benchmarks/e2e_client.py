@@ -257,6 +257,8 @@ class WorkerSpec:
     #: Producers: SendStream (``per_queue`` x queues requests in flight over one
     #: stream per channel) instead of unary calls.
     stream: bool = False
+    #: Stream producers: msgs/s this process sends at most (0: as fast as it can).
+    rate: float = 0.0
     #: pull-batch: queues per PullBatch (a broker's queues split into calls of
     #: this many, each with one call in flight); 0 = all of a broker's.
     queues_per_pull: int = 0
@@ -356,9 +358,16 @@ async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
                 ]
                 for k, ch in enumerate(chans):
                     in_flight = max(1, spec.per_queue * len(mine) // len(chans))
+                    streams = len(chans) * len(channels)
                     coros.append(
                         _stream_loop(
-                            spec, ch, payloads[k:] + payloads[:k], in_flight, window, result
+                            spec,
+                            ch,
+                            payloads[k:] + payloads[:k],
+                            in_flight,
+                            streams,
+                            window,
+                            result,
                         )
                     )
         else:
@@ -434,10 +443,12 @@ async def _stream_loop(
     channel: grpc.aio.Channel,
     payloads: list[bytes],
     in_flight: int,
+    streams: int,
     window: _Window,
     result: WorkerResult,
 ) -> None:
-    """One SendStream with up to ``in_flight`` requests outstanding."""
+    """One SendStream (of ``streams`` in the process) with up to ``in_flight``
+    requests outstanding, paced to its share of ``spec.rate`` when set."""
     call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(SEND_STREAM)()
     n = 1 if spec.role == "send" else spec.batch
     slots = asyncio.Semaphore(in_flight)
@@ -462,11 +473,16 @@ async def _stream_loop(
 
     reader = asyncio.ensure_future(read_answers())
     i = 0
+    # With a rate, request i is due at start + i * n / (this stream's share).
+    share = spec.rate / streams if spec.rate else 0.0
+    start = time.monotonic()
     try:
         while time.monotonic() < window.end:
             await slots.acquire()
             if reader.done():
                 break
+            if share:
+                await asyncio.sleep(max(0.0, start + i * n / share - time.monotonic()))
             await call.write(payloads[i % len(payloads)])
             i += 1
         await call.done_writing()

@@ -4,31 +4,37 @@ Starts its own cluster with ``basalt cluster up --data-dir <root>/cluster``
 (etcd, two store-nodes, one pull-service: separate processes, ASYNC flush),
 drives it over loopback gRPC, prints one table, and always runs ``basalt
 cluster down``. Every message has a 1 KiB body, TAGS and a UNIQ_KEY property.
-Each topic is auto-created by a first send to each store-node (4 queues per
-store-node, 8 in all; ``--queues N`` creates it in etcd first with N per
-store-node) and its queues are read back with ``PullService.QueryRoute``.
-Rows:
+Each topic is created in etcd first with ``--queues`` (8, mqadmin
+updateTopic's default) queues on each store-node (``--queues 0``: auto-created
+by a first send, 4 per store-node) and its queues are read back with
+``PullService.QueryRoute``. Rows (targets on the streamed and batched forms;
+the unary forms are there to compare):
 
 * **produce** — msgs/s acked by the store-nodes, sends spread over every queue
-  of the topic on both store-nodes: batches of 1 (``SendMessage``) and of 100
-  (``SendBatch``, in its ``messages`` form — Message objects the store-node
-  encodes — and its ``records`` form — RocketMQ's MessageBatch, encoded by the
-  producer with ``store.batch.EncodedBatch``). Requests are serialized once
-  up front (a pool of 16 per queue, UNIQ_KEYs unique within the pool) so the
-  load processes spend their CPU on gRPC; one answer in 64 is decoded and
-  checked.
-* **consume** — msgs/s received through ``PullService.Pull`` with ``max_nums``
-  32 and 256, one pull in flight per queue (as a RocketMQ consumer), each
-  pull committing the offset it starts from (``commit_offset``), every queue
-  of the records-form topic read from offset 0 by a fresh group. The store
-  caps a pull at ``max_transfer_count_on_message_in_memory`` = 32 records (and
-  256 KiB): "also" shows the batch sizes actually received.
-* **both at once** — producers (``records`` batches of 100) and consumers
-  (``max_nums`` 32, long polling 1 s, committing) on one fresh topic at the
+  of the topic on both store-nodes: batches of 1 and of 100 on
+  ``StoreNode.SendStream`` (each stream many requests in flight), the batches
+  in their ``messages`` form (Message objects the store-node encodes) and
+  their ``records`` form (RocketMQ's MessageBatch, encoded by the producer
+  with ``store.batch.EncodedBatch``); then unary ``SendMessage`` and
+  ``SendBatch`` records. Requests are serialized once up front (a pool of 16
+  per queue, UNIQ_KEYs unique within the pool) so the load processes spend
+  their CPU on gRPC; one answer in 64 is checked.
+* **consume** — msgs/s received through ``PullService.PullBatch`` with
+  ``max_nums`` 32 and 256 per queue, each broker's queues split into calls of
+  ``--queues-per-pull`` (4), one call in flight per group of queues, each
+  entry committing the offset it starts from (``commit_offset``), every
+  queue of the records-form topic read from offset 0 by a fresh group; then
+  unary ``Pull`` (one per queue in flight, as a RocketMQ consumer). "also"
+  shows the batch sizes actually received.
+* **both at once** — producers (``records`` batches of 100 on SendStream,
+  paced at ``--both-rate`` msgs/s: flat out, they take every core and the
+  question is whether both directions hold at once) and PullBatch consumers
+  (``max_nums`` 256, long polling 1 s, committing) on one fresh topic at the
   same time: msgs/s each way, and the consumers' lag at the end.
-* **send latency** — sequential ``SendMessage`` round trips, one in flight,
-  round-robin over the queues of both store-nodes, after a warm-up; p99 (p50
-  and max in "also").
+* **send latency** — sequential sends, one in flight, round-robin over the
+  queues of both store-nodes, after a warm-up: on one SendStream per
+  store-node (the target), and unary ``SendMessage``; p99 (p50 and max in
+  "also").
 * **gRPC floor** (no target) — the same number of ``grpc.health.v1`` Check
   round trips to a store-node first: what a call costs on this machine with
   no store work at all.
@@ -575,6 +581,7 @@ class Settings:
     wake_suspend_ms: int
     queues: int
     queues_per_pull: int
+    both_rate: float
 
 
 def _sum(results: Sequence[WorkerResult]) -> WorkerResult:
@@ -740,6 +747,9 @@ async def both_cell(
     meter: CpuMeter,
     cpu: list[CpuRow],
 ) -> list[Row]:
+    """Producers paced at ``s.both_rate`` msgs/s (a flat-out producer takes every
+    core and starves the consumers: what counts is whether both directions
+    hold 100 k at once) and PullBatch consumers with long polling."""
     procs = s.procs
     producers = [
         WorkerSpec(
@@ -753,11 +763,12 @@ async def both_cell(
             batch=BATCH,
             body_size=BODY,
             stream=True,
+            rate=s.both_rate / procs,
         )
         for part in split(queues, procs)
     ]
     consumers = pull_specs(
-        s, TOPICS["both"], queues, pull_address, "e2e-both", 32, 1000, procs, batched=True
+        s, TOPICS["both"], queues, pull_address, "e2e-both", 256, 1000, procs, batched=True
     )
     label = "both at once"
     _progress(f"{label}: {len(producers)} producer + {len(consumers)} consumer procs")
@@ -767,8 +778,8 @@ async def both_cell(
     return [
         Row(
             "both at once",
-            f"produce batch {BATCH} records, SendStream; {len(producers)} procs x "
-            f"{s.batchers_per_queue * len(queues) // len(producers)} in flight",
+            f"produce batch {BATCH} records, SendStream, paced at {s.both_rate:,.0f} msgs/s; "
+            f"{len(producers)} procs",
             p.msgs / s.duration_s,
             "msgs/s",
             p.msgs,
@@ -778,7 +789,7 @@ async def both_cell(
         ),
         Row(
             "both at once",
-            f"consume PullBatch max_nums 32 per queue, 1 s long poll, commit; "
+            f"consume PullBatch max_nums 256 per queue, 1 s long poll, commit; "
             f"{len(consumers)} procs",
             c.msgs / s.duration_s,
             "msgs/s",
@@ -875,6 +886,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=4,
         help="queues per PullBatch (each broker's split into calls of this many; 0 = all)",
     )
+    p.add_argument(
+        "--both-rate",
+        type=float,
+        default=130_000,
+        help="msgs/s the producers of 'both at once' are paced at (0: flat out)",
+    )
     p.add_argument("--root", type=Path, help="cluster directory (default: a temp dir, removed)")
     args = p.parse_args(argv)
     if args.quick:
@@ -898,6 +915,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         wake_suspend_ms=args.wake_suspend_ms,
         queues=args.queues,
         queues_per_pull=args.queues_per_pull,
+        both_rate=args.both_rate,
     )
 
 
