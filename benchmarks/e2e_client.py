@@ -257,6 +257,9 @@ class WorkerSpec:
     #: Producers: SendStream (``per_queue`` x queues requests in flight over one
     #: stream per channel) instead of unary calls.
     stream: bool = False
+    #: Stream producers: sends (batches) per stream message, the store-node's
+    #: queues in turn (Kafka's produce request: a batch per partition).
+    items_per_write: int = 1
     #: Stream producers: msgs/s this process sends at most (0: as fast as it can).
     rate: float = 0.0
     #: pull-batch: queues per PullBatch (a broker's queues split into calls of
@@ -349,13 +352,15 @@ async def _worker(spec: WorkerSpec, conn: Connection) -> WorkerResult:
             coros = []
             for address, chans in channels.items():
                 mine = [q for q in spec.queues if q.address == address]
-                payloads = [
-                    p
-                    for q in mine
-                    for p in stream_payloads(
-                        spec.role, spec.topic, q, spec.batch, spec.body_size, spec.pool
-                    )
-                ]
+                payloads = stream_payloads(
+                    spec.role,
+                    spec.topic,
+                    mine,
+                    spec.batch,
+                    spec.body_size,
+                    spec.pool,
+                    spec.items_per_write,
+                )
                 for k, ch in enumerate(chans):
                     in_flight = max(1, spec.per_queue * len(mine) // len(chans))
                     streams = len(chans) * len(channels)
@@ -425,17 +430,25 @@ async def _send_loop(
 
 
 def stream_payloads(
-    kind: str, topic: str, queue: QueueRef, batch: int, body_size: int, pool: int
+    kind: str, topic: str, queues: list[QueueRef], batch: int, body_size: int, pool: int, per: int
 ) -> list[bytes]:
-    """:func:`send_payloads` as SendStream requests (``opaque`` = index in the pool)."""
-    out = []
-    for i, raw in enumerate(send_payloads(kind, topic, queue, batch, body_size, pool)):
-        if kind == "send":
-            req = sn.SendStreamRequest(opaque=i, message=sn.SendMessageRequest.FromString(raw))
-        else:
-            req = sn.SendStreamRequest(opaque=i, batch=sn.SendBatchRequest.FromString(raw))
-        out.append(req.SerializeToString())
-    return out
+    """:func:`send_payloads` of ``queues`` (one store-node's) as SendStream
+    requests of ``per`` items each, the queues taken in turn (``opaque`` = the
+    item's index)."""
+    items: list[sn.SendStreamItem] = []
+    by_queue = [send_payloads(kind, topic, q, batch, body_size, pool) for q in queues]
+    for j in range(pool):
+        for raws in by_queue:
+            if kind == "send":
+                item = sn.SendStreamItem(message=sn.SendMessageRequest.FromString(raws[j]))
+            else:
+                item = sn.SendStreamItem(batch=sn.SendBatchRequest.FromString(raws[j]))
+            item.opaque = len(items)
+            items.append(item)
+    return [
+        sn.SendStreamRequest(items=items[k : k + per]).SerializeToString()
+        for k in range(0, len(items) - per + 1, per)
+    ]
 
 
 async def _stream_loop(
@@ -448,7 +461,8 @@ async def _stream_loop(
     result: WorkerResult,
 ) -> None:
     """One SendStream (of ``streams`` in the process) with up to ``in_flight``
-    requests outstanding, paced to its share of ``spec.rate`` when set."""
+    sends outstanding (``spec.items_per_write`` per stream message), paced to
+    its share of ``spec.rate`` when set."""
     call: grpc.aio.StreamStreamCall[bytes, bytes] = channel.stream_stream(SEND_STREAM)()
     n = 1 if spec.role == "send" else spec.batch
     slots = asyncio.Semaphore(in_flight)
@@ -475,14 +489,16 @@ async def _stream_loop(
     i = 0
     # With a rate, request i is due at start + i * n / (this stream's share).
     share = spec.rate / streams if spec.rate else 0.0
+    per = spec.items_per_write
     start = time.monotonic()
     try:
         while time.monotonic() < window.end:
-            await slots.acquire()
+            for _ in range(per):  # slots count sends, answered one by one
+                await slots.acquire()
             if reader.done():
                 break
             if share:
-                await asyncio.sleep(max(0.0, start + i * n / share - time.monotonic()))
+                await asyncio.sleep(max(0.0, start + i * per * n / share - time.monotonic()))
             await call.write(payloads[i % len(payloads)])
             i += 1
         await call.done_writing()

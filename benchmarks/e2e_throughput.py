@@ -463,7 +463,8 @@ async def _timed_sends(
             t = time.perf_counter_ns()
             if stream:
                 call = streams[id(channel)]
-                await call.write(sn.SendStreamRequest(opaque=i, message=req))
+                item = sn.SendStreamItem(opaque=i, message=req)
+                await call.write(sn.SendStreamRequest(items=[item]))
                 (answer,) = (await call.read()).answers
                 result = answer.result
             else:
@@ -582,6 +583,7 @@ class Settings:
     queues: int
     queues_per_pull: int
     both_rate: float
+    items_per_write: int
 
 
 def _sum(results: Sequence[WorkerResult]) -> WorkerResult:
@@ -632,6 +634,7 @@ async def produce_cell(
             batch=batch,
             body_size=BODY,
             stream=stream,
+            items_per_write=s.items_per_write if batch > 1 else 1,
         )
         for part in split(queues, s.procs)
     ]
@@ -648,7 +651,8 @@ async def produce_cell(
     r = _sum(results)
     return Row(
         "produce",
-        f"{config}; {len(specs)} procs x {inflight // len(specs)} in flight",
+        f"{config}; {len(specs)} procs x {inflight // len(specs)} in flight"
+        + (f", {s.items_per_write} per message" if stream and batch > 1 else ""),
         r.msgs / s.duration_s,
         "msgs/s",
         r.msgs,
@@ -763,6 +767,7 @@ async def both_cell(
             batch=BATCH,
             body_size=BODY,
             stream=True,
+            items_per_write=s.items_per_write,
             rate=s.both_rate / procs,
         )
         for part in split(queues, procs)
@@ -892,6 +897,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=130_000,
         help="msgs/s the producers of 'both at once' are paced at (0: flat out)",
     )
+    p.add_argument(
+        "--items-per-write",
+        type=int,
+        default=4,
+        help="batches per SendStream message (each for another queue of the store-node)",
+    )
     p.add_argument("--root", type=Path, help="cluster directory (default: a temp dir, removed)")
     args = p.parse_args(argv)
     if args.quick:
@@ -916,6 +927,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         queues=args.queues,
         queues_per_pull=args.queues_per_pull,
         both_rate=args.both_rate,
+        items_per_write=args.items_per_write,
     )
 
 

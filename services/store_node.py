@@ -257,7 +257,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def SendStream(  # type: ignore[override]
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        """Each request becomes a task started in arrival order (so sends to a
+        """Each send (an item of a request) becomes a task started in arrival order (so sends to a
         topic this node serves reach the store in that order: a task runs up to
         the store's submit without yielding); one writer answers them as they
         complete (grpc.aio allows one write at a time). At most
@@ -267,7 +267,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         window = asyncio.Semaphore(self.config.max_in_flight_per_send_stream)
         tasks: set[asyncio.Task[None]] = set()
 
-        async def answer(request: sn.SendStreamRequest) -> None:
+        async def answer(request: sn.SendStreamItem) -> None:
             try:
                 form = request.WhichOneof("request")
                 if form == "message":
@@ -305,9 +305,14 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                 request = await context.read()
                 if request is grpc.aio.EOF:
                     break
-                task = asyncio.create_task(answer(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                for k, item in enumerate(request.items):
+                    if k:  # the window counts sends; the first was acquired above
+                        await window.acquire()
+                    task = asyncio.create_task(answer(item))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if not request.items:
+                    window.release()
             await asyncio.gather(*tasks)
             answers.put_nowait(None)
             await writer

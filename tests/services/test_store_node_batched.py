@@ -33,13 +33,13 @@ def test_send_stream_answers_every_request_by_opaque_refusals_included(tmp_path:
         async with node(tmp_path, auto_create=False) as (_, stub, _):
             call = stub.SendStream()
             good = [
-                sn.SendStreamRequest(
+                sn.SendStreamItem(
                     opaque=100 + i,
                     message=sn.SendMessageRequest(message=wire(TOPIC, b"m%d" % i), queue_id=1),
                 )
                 for i in range(20)
             ]
-            batch = sn.SendStreamRequest(
+            batch = sn.SendStreamItem(
                 opaque=7,
                 batch=sn.SendBatchRequest(
                     topic=TOPIC,
@@ -49,18 +49,21 @@ def test_send_stream_answers_every_request_by_opaque_refusals_included(tmp_path:
             )
             bad = [
                 # queue out of range, unknown topic, empty batch, neither form
-                sn.SendStreamRequest(
+                sn.SendStreamItem(
                     opaque=1, message=sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=9)
                 ),
-                sn.SendStreamRequest(
+                sn.SendStreamItem(
                     opaque=2, message=sn.SendMessageRequest(message=wire("Nope", b"x"))
                 ),
-                sn.SendStreamRequest(opaque=3, batch=sn.SendBatchRequest(topic=TOPIC)),
-                sn.SendStreamRequest(opaque=4),
+                sn.SendStreamItem(opaque=3, batch=sn.SendBatchRequest(topic=TOPIC)),
+                sn.SendStreamItem(opaque=4),
             ]
-            # All written before any answer is read: many in flight at once.
-            for request in [*good[:10], *bad, batch, *good[10:]]:
-                await call.write(request)
+            # All written before any answer is read: many in flight at once,
+            # one send per message and several in one.
+            for item in good[:10]:
+                await call.write(sn.SendStreamRequest(items=[item]))
+            await call.write(sn.SendStreamRequest(items=[*bad, batch]))
+            await call.write(sn.SendStreamRequest(items=good[10:]))
             await call.done_writing()
             answers = {a.opaque: a async for response in call for a in response.answers}
             assert len(answers) == 25
@@ -97,20 +100,17 @@ def test_send_stream_keeps_serving_after_a_client_goes_away(tmp_path: Path) -> N
         async with node(tmp_path) as (_, stub, _):
             call = stub.SendStream()
             for i in range(50):
-                await call.write(
-                    sn.SendStreamRequest(
-                        opaque=i,
-                        message=sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=0),
-                    )
+                item = sn.SendStreamItem(
+                    opaque=i, message=sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=0)
                 )
+                await call.write(sn.SendStreamRequest(items=[item]))
             call.cancel()  # gone without reading a single answer
             await asyncio.sleep(0.2)
             again = stub.SendStream()
-            await again.write(
-                sn.SendStreamRequest(
-                    opaque=9, message=sn.SendMessageRequest(message=wire(TOPIC, b"y"), queue_id=0)
-                )
+            item = sn.SendStreamItem(
+                opaque=9, message=sn.SendMessageRequest(message=wire(TOPIC, b"y"), queue_id=0)
             )
+            await again.write(sn.SendStreamRequest(items=[item]))
             (answer,) = (await again.read()).answers
             await again.done_writing()
             assert answer.opaque == 9

@@ -153,6 +153,30 @@ Global___SendBatchResponse: _TypeAlias = SendBatchResponse  # noqa: Y015
 
 @_typing.final
 class SendStreamRequest(_message.Message):
+    """One or more sends (Kafka's produce request carries a batch per partition
+    the same way): each is answered on its own. No items: nothing to answer.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendStreamItem]: ...
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___SendStreamItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamRequest: _TypeAlias = SendStreamRequest  # noqa: Y015
+
+@_typing.final
+class SendStreamItem(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OPAQUE_FIELD_NUMBER: _builtins.int
@@ -179,7 +203,7 @@ class SendStreamRequest(_message.Message):
     _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
 
-Global___SendStreamRequest: _TypeAlias = SendStreamRequest  # noqa: Y015
+Global___SendStreamItem: _TypeAlias = SendStreamItem  # noqa: Y015
 
 @_typing.final
 class SendStreamResponse(_message.Message):

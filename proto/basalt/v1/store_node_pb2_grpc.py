@@ -126,9 +126,10 @@ class StoreNodeServicer:
     def SendStream(self, request_iterator, context):
         """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
         remoting multiplexes a producer's requests over one connection: each
-        request carries an `opaque` chosen by the producer and is answered by one
-        SendStreamAnswer with the same `opaque` (several answers ready at once
-        share a response). Any number may be in flight; requests to a topic the
+        send (a SendStreamItem; a stream message may carry several, e.g. one
+        batch per queue) carries an `opaque` chosen by the producer and is
+        answered by one SendStreamAnswer with the same `opaque` (several answers
+        ready at once share a response). Any number may be in flight; requests to a topic the
         node serves are appended in the order they arrive, and answers come as
         each append completes (so in that order, except that a refusal can
         overtake). A

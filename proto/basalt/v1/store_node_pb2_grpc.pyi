@@ -52,9 +52,10 @@ class StoreNodeStub:
     SendStream: _grpc.StreamStreamMultiCallable[_store_node_pb2.SendStreamRequest, _store_node_pb2.SendStreamResponse]
     """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
     remoting multiplexes a producer's requests over one connection: each
-    request carries an `opaque` chosen by the producer and is answered by one
-    SendStreamAnswer with the same `opaque` (several answers ready at once
-    share a response). Any number may be in flight; requests to a topic the
+    send (a SendStreamItem; a stream message may carry several, e.g. one
+    batch per queue) carries an `opaque` chosen by the producer and is
+    answered by one SendStreamAnswer with the same `opaque` (several answers
+    ready at once share a response). Any number may be in flight; requests to a topic the
     node serves are appended in the order they arrive, and answers come as
     each append completes (so in that order, except that a refusal can
     overtake). A
@@ -113,9 +114,10 @@ class StoreNodeAsyncStub(StoreNodeStub):
     SendStream: _aio.StreamStreamMultiCallable[_store_node_pb2.SendStreamRequest, _store_node_pb2.SendStreamResponse]  # type: ignore[assignment]
     """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
     remoting multiplexes a producer's requests over one connection: each
-    request carries an `opaque` chosen by the producer and is answered by one
-    SendStreamAnswer with the same `opaque` (several answers ready at once
-    share a response). Any number may be in flight; requests to a topic the
+    send (a SendStreamItem; a stream message may carry several, e.g. one
+    batch per queue) carries an `opaque` chosen by the producer and is
+    answered by one SendStreamAnswer with the same `opaque` (several answers
+    ready at once share a response). Any number may be in flight; requests to a topic the
     node serves are appended in the order they arrive, and answers come as
     each append completes (so in that order, except that a refusal can
     overtake). A
@@ -189,9 +191,10 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_store_node_pb2.SendStreamResponse], _abc.AsyncIterator[_store_node_pb2.SendStreamResponse]]:
         """SendMessage and SendBatch on one long-lived stream, as RocketMQ's
         remoting multiplexes a producer's requests over one connection: each
-        request carries an `opaque` chosen by the producer and is answered by one
-        SendStreamAnswer with the same `opaque` (several answers ready at once
-        share a response). Any number may be in flight; requests to a topic the
+        send (a SendStreamItem; a stream message may carry several, e.g. one
+        batch per queue) carries an `opaque` chosen by the producer and is
+        answered by one SendStreamAnswer with the same `opaque` (several answers
+        ready at once share a response). Any number may be in flight; requests to a topic the
         node serves are appended in the order they arrive, and answers come as
         each append completes (so in that order, except that a refusal can
         overtake). A
