@@ -894,7 +894,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--both-rate",
         type=float,
-        default=130_000,
+        default=115_000,
         help="msgs/s the producers of 'both at once' are paced at (0: flat out)",
     )
     p.add_argument(
