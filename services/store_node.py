@@ -257,15 +257,34 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def SendStream(  # type: ignore[override]
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        """Each send (an item of a request) becomes a task started in arrival order (so sends to a
-        topic this node serves reach the store in that order: a task runs up to
-        the store's submit without yielding); one writer answers them as they
-        complete (grpc.aio allows one write at a time). At most
-        ``max_in_flight_per_send_stream`` are in flight: past that the stream
-        is not read, and HTTP/2 flow control holds the producer back."""
-        answers: asyncio.Queue[sn.SendStreamAnswer | None] = asyncio.Queue()
+        """Each send (an item of a request) is answered by a task started in
+        arrival order (so sends to a topic this node serves reach the store in
+        that order: a task runs up to the store's submit without yielding); a
+        send that arrives with nothing else in flight is answered inline,
+        sparing a one-at-a-time producer the task's hop. Answers go out as
+        they complete, everything ready in one write (grpc.aio allows one
+        write at a time: the task that finds no write going writes for all).
+        At most ``max_in_flight_per_send_stream`` are in flight: past that the
+        stream is not read, and HTTP/2 flow control holds the producer back."""
         window = asyncio.Semaphore(self.config.max_in_flight_per_send_stream)
         tasks: set[asyncio.Task[None]] = set()
+        ready: list[sn.SendStreamAnswer] = []
+        writing = False
+
+        async def write_ready() -> None:
+            nonlocal writing
+            if writing:
+                return  # the write under way takes ours next
+            writing = True
+            try:
+                while ready:
+                    batch = ready[:]
+                    ready.clear()
+                    await context.write(sn.SendStreamResponse(answers=batch))
+                    for _ in batch:
+                        window.release()
+            finally:
+                writing = False
 
         async def answer(request: sn.SendStreamItem) -> None:
             try:
@@ -276,48 +295,32 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                     result = await self._send_batch(request.batch)
                 else:
                     raise invalid("a SendStream request carries neither message nor batch")
-                done = sn.SendStreamAnswer(opaque=request.opaque, result=result)
+                ready.append(sn.SendStreamAnswer(opaque=request.opaque, result=result))
             except Exception as e:
-                refusal = as_refusal(e, "SendStream")
-                done = sn.SendStreamAnswer(opaque=request.opaque, refused=refused(refusal))
-            answers.put_nowait(done)
+                refusal = refused(as_refusal(e, "SendStream"))
+                ready.append(sn.SendStreamAnswer(opaque=request.opaque, refused=refusal))
+            await write_ready()
 
-        async def write_answers() -> None:
-            # Everything ready goes in one write: a group of sends the store
-            # appended together completes in one turn of the loop. None, put
-            # after the last answer, ends it.
-            ended = False
-            while not ended:
-                got = [await answers.get()]
-                while not answers.empty():
-                    got.append(answers.get_nowait())
-                ready = [a for a in got if a is not None]
-                ended = len(ready) < len(got)
-                if ready:
-                    await context.write(sn.SendStreamResponse(answers=ready))
-                for _ in ready:
-                    window.release()
-
-        writer = asyncio.create_task(write_answers())
         try:
             while True:
                 await window.acquire()
                 request = await context.read()
                 if request is grpc.aio.EOF:
                     break
-                for k, item in enumerate(request.items):
+                items = request.items
+                if len(items) == 1 and not tasks and not writing:
+                    await answer(items[0])
+                    continue
+                for k, item in enumerate(items):
                     if k:  # the window counts sends; the first was acquired above
                         await window.acquire()
                     task = asyncio.create_task(answer(item))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-                if not request.items:
+                if not items:
                     window.release()
             await asyncio.gather(*tasks)
-            answers.put_nowait(None)
-            await writer
         finally:
-            writer.cancel()
             for task in tasks:
                 task.cancel()
 
