@@ -259,10 +259,8 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     ) -> None:
         """Each send (an item of a request) is answered by a task started in
         arrival order (so sends to a topic this node serves reach the store in
-        that order: a task runs up to the store's submit without yielding); a
-        send that arrives with nothing else in flight is answered inline,
-        sparing a one-at-a-time producer the task's hop. Answers go out as
-        they complete, everything ready in one write (grpc.aio allows one
+        that order: a task runs up to the store's submit without yielding).
+        Answers go out as they complete, everything ready in one write (grpc.aio allows one
         write at a time: the task that finds no write going writes for all).
         At most ``max_in_flight_per_send_stream`` are in flight: past that the
         stream is not read, and HTTP/2 flow control holds the producer back."""
@@ -308,9 +306,6 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                 if request is grpc.aio.EOF:
                     break
                 items = request.items
-                if len(items) == 1 and not tasks and not writing:
-                    await answer(items[0])
-                    continue
                 for k, item in enumerate(items):
                     if k:  # the window counts sends; the first was acquired above
                         await window.acquire()
