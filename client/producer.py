@@ -1,0 +1,416 @@
+"""The Producer: RocketMQ's DefaultMQProducer over Basalt's gRPC contracts.
+
+Routes come from a pull-service's ``QueryRoute`` (refreshed every
+``poll_name_server_interval_ms`` and after a failed send); a send goes to the
+next writable queue, round robin (RocketMQ's selectOneMessageQueue), over
+one ``StoreNode.SendStream`` per store-node: every send carries an
+``opaque`` and many are in flight at once on one stream. A batch is encoded
+here (RocketMQ's MessageBatch, ``store.batch``) and sent as one item: the
+store-node never decodes it into objects.
+
+Failures: a refusal RocketMQ's producer retries (the broker unavailable,
+busy or failing, the topic or permission missing there) and a broken stream
+are retried on another broker, up to ``retry_times_when_send_failed`` more
+times; anything else (an illegal message, a bad argument) raises
+:class:`SendError` at once, with the store-node's code and message.
+
+Concurrency: one event loop; :meth:`Producer.send_async` may be called many
+times before awaiting any of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from store.batch import EncodedBatch
+from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_key
+from store.record import EncodedMessage
+
+log = logging.getLogger(__name__)
+
+#: Refusals RocketMQ's producer retries on another broker (DefaultMQProducer's
+#: retryResponseCodes, plus SYSTEM_BUSY: Basalt's flow control).
+RETRIED_CODES = frozenset(
+    {
+        pb.RESPONSE_CODE_TOPIC_NOT_EXIST,
+        pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+        pb.RESPONSE_CODE_SYSTEM_ERROR,
+        pb.RESPONSE_CODE_SYSTEM_BUSY,
+        pb.RESPONSE_CODE_NO_PERMISSION,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProducerConfig:
+    """RocketMQ's producer settings, by its names in snake_case."""
+
+    producer_group: str
+    #: More attempts after a failed send, each on another broker when there is one.
+    retry_times_when_send_failed: int = 2
+    #: A send's deadline, retries included.
+    send_msg_timeout_ms: int = 3000
+    #: Route refresh period (RocketMQ's pollNameServerInterval).
+    poll_name_server_interval_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if not self.producer_group:
+            raise ValueError("producer_group must not be empty")
+        if self.retry_times_when_send_failed < 0:
+            raise ValueError("retry_times_when_send_failed must be >= 0")
+        if self.send_msg_timeout_ms < 1 or self.poll_name_server_interval_ms < 1:
+            raise ValueError("send_msg_timeout_ms and poll_name_server_interval_ms must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueAddress:
+    """A writable queue and where its store-node is."""
+
+    broker_name: str
+    queue_id: int
+    address: str
+    store_host: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """One message's outcome (RocketMQ's SendResult)."""
+
+    status: int  # pb.SendStatus: SEND_OK, or FLUSH_DISK_TIMEOUT (written, fsync late)
+    #: The producer's message id (UNIQ_KEY).
+    msg_id: str
+    #: The store's id (ViewMessage takes it).
+    offset_msg_id: str
+    topic: str
+    broker_name: str
+    queue_id: int
+    queue_offset: int
+
+    @property
+    def ok(self) -> bool:
+        return self.status == pb.SEND_STATUS_SEND_OK
+
+
+class SendError(Exception):
+    """A send that failed for good: RocketMQ's response code and why."""
+
+    def __init__(self, code: int, message: str) -> None:
+        name = pb.ResponseCode.Name(pb.ResponseCode.ValueType(code)) if code in _CODES else code
+        super().__init__(f"{name}: {message}")
+        self.code = code
+        self.message = message
+
+
+_CODES = frozenset(pb.ResponseCode.values())
+
+
+class _Stream:
+    """One SendStream to a store-node: futures by opaque, answered by a reader
+    task; sends made while a write is under way go out together in the next."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.call = sn_grpc.StoreNodeStub(channel).SendStream()
+        self.waiting: dict[int, asyncio.Future[sn.SendStreamAnswer]] = {}
+        self.unsent: list[sn.SendStreamItem] = []
+        self.writing = False
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        error: BaseException | None = None
+        try:
+            async for response in self.call:
+                for answer in response.answers:
+                    future = self.waiting.pop(answer.opaque, None)
+                    if future is not None and not future.done():
+                        future.set_result(answer)
+        except grpc.aio.AioRpcError as e:
+            error = e
+        finally:
+            # The stream ended: whatever was not answered failed with it.
+            for future in self.waiting.values():
+                if not future.done():
+                    future.set_exception(
+                        error or grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None)
+                    )
+            self.waiting.clear()
+
+    @property
+    def broken(self) -> bool:
+        return self.reader.done()
+
+    async def send(self, item: sn.SendStreamItem) -> sn.SendStreamAnswer:
+        future: asyncio.Future[sn.SendStreamAnswer] = asyncio.get_running_loop().create_future()
+        self.waiting[item.opaque] = future
+        self.unsent.append(item)
+        await self._write_unsent()
+        return await future
+
+    async def _write_unsent(self) -> None:
+        """Write every send not yet written, in one message (grpc.aio allows one
+        write at a time: the caller that finds no write going writes for all)."""
+        if self.writing:
+            return
+        self.writing = True
+        try:
+            while self.unsent:
+                items = self.unsent[:]
+                self.unsent.clear()
+                await self.call.write(sn.SendStreamRequest(items=items))
+        finally:
+            self.writing = False
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.reader.cancel()
+
+
+class Producer:
+    """Sends messages to a Basalt cluster; ``async with Producer(...)`` or
+    :meth:`start` / :meth:`close`."""
+
+    def __init__(self, endpoints: str, *, group: str, config: ProducerConfig | None = None) -> None:
+        self.endpoints = endpoints
+        self.config = config or ProducerConfig(producer_group=group)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}
+        self._opaque = itertools.count(1)
+        self._turn = itertools.count()
+        self._pull: ps_grpc.PullServiceAsyncStub | None = None
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._pull = ps_grpc.PullServiceStub(self._channel(self.endpoints))
+
+    async def close(self) -> None:
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    # -- sending ----------------------------------------------------------------------
+
+    async def send(self, message: Message) -> SendResult:
+        """Send one message to the next writable queue of its topic."""
+        (result,) = await self._send([message])
+        return result
+
+    async def send_batch(self, messages: Sequence[Message]) -> list[SendResult]:
+        """Send messages of one topic as one batch (one queue, one append)."""
+        if not messages:
+            raise ValueError("a batch needs at least one message")
+        topics = {m.topic for m in messages}
+        if len(topics) > 1:
+            raise ValueError(f"a batch goes to one topic, not {sorted(topics)}")
+        return await self._send(messages)
+
+    def send_async(self, message: Message) -> asyncio.Future[SendResult]:
+        """:meth:`send` started now; await the future for its result."""
+        return asyncio.ensure_future(self.send(message))
+
+    async def _send(self, messages: Sequence[Message]) -> list[SendResult]:
+        topic = messages[0].topic
+        # One id per message for all attempts: a retried message keeps its UNIQ_KEY.
+        ids = [m.properties.get(PROPERTY_UNIQ_KEY) or new_uniq_key() for m in messages]
+        deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000
+        failed: set[str] = set()
+        last: SendError | None = None
+        for _attempt in range(1 + self.config.retry_times_when_send_failed):
+            if time.monotonic() >= deadline:
+                break
+            queue = await self._pick(topic, failed, refresh=last is not None)
+            try:
+                return await asyncio.wait_for(
+                    self._send_to(queue, messages, ids), deadline - time.monotonic()
+                )
+            except SendError as e:
+                if e.code not in RETRIED_CODES:
+                    raise
+                last = e
+            except (grpc.aio.AioRpcError, TimeoutError) as e:
+                self._drop_stream(queue.address)
+                last = SendError(
+                    pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, f"{queue.broker_name}: {e}"
+                )
+            failed.add(queue.broker_name)
+            log.info("send to %s failed (%s); retrying elsewhere", queue.broker_name, last)
+        raise last or SendError(pb.RESPONSE_CODE_SYSTEM_BUSY, "send timed out")
+
+    async def _send_to(
+        self, queue: QueueAddress, messages: Sequence[Message], ids: list[str]
+    ) -> list[SendResult]:
+        topic = messages[0].topic
+        opaque = next(self._opaque)
+        if len(messages) == 1:
+            m = messages[0]
+            item = sn.SendStreamItem(
+                opaque=opaque,
+                message=sn.SendMessageRequest(message=_wire(m, ids[0]), queue_id=queue.queue_id),
+            )
+        else:
+            host = encode_host(queue.store_host)
+            encoded = [
+                EncodedMessage(
+                    _with_queue(m, queue.queue_id, uniq), store_host=host, compute_crc=False
+                )
+                for m, uniq in zip(messages, ids, strict=True)
+            ]
+            item = sn.SendStreamItem(
+                opaque=opaque,
+                batch=sn.SendBatchRequest(
+                    topic=topic,
+                    queue_id=queue.queue_id,
+                    records=bytes(EncodedBatch.of_messages(encoded).data),
+                ),
+            )
+        answer = await self._stream(queue.address).send(item)
+        if answer.HasField("refused"):
+            raise SendError(answer.refused.code, answer.refused.message)
+        r = answer.result
+        return [
+            SendResult(
+                status=r.status,
+                msg_id=uniq,
+                offset_msg_id=r.offset_msg_ids[k],
+                topic=topic,
+                broker_name=queue.broker_name,
+                queue_id=queue.queue_id,
+                queue_offset=r.queue_offsets[k],
+            )
+            for k, uniq in enumerate(ids)
+        ]
+
+    # -- routes -----------------------------------------------------------------------
+
+    async def _pick(self, topic: str, avoid: set[str], *, refresh: bool) -> QueueAddress:
+        """The next writable queue of ``topic``, round robin, on a broker not in
+        ``avoid`` when there is one (RocketMQ's selectOneMessageQueue)."""
+        queues = await self.route(topic, refresh=refresh)
+        turn = next(self._turn)
+        for k in range(len(queues)):
+            queue = queues[(turn + k) % len(queues)]
+            if queue.broker_name not in avoid:
+                return queue
+        return queues[turn % len(queues)]
+
+    async def route(self, topic: str, *, refresh: bool = False) -> list[QueueAddress]:
+        """The topic's writable queues, from QueryRoute (cached; SendError
+        TOPIC_NOT_EXIST, or NO_PERMISSION when none is writable)."""
+        cached = self._routes.get(topic)
+        now = time.monotonic()
+        if cached is not None and not refresh and now < cached[0]:
+            return cached[1]
+        if self._pull is None:
+            raise RuntimeError("the producer is not started")
+        try:
+            reply = await self._pull.QueryRoute(
+                ps.QueryRouteRequest(topic=topic),
+                timeout=self.config.send_msg_timeout_ms / 1000,
+            )
+        except grpc.aio.AioRpcError as e:
+            if cached is not None:  # keep sending on what we had
+                return cached[1]
+            raise SendError(_code_of(e), e.details() or str(e.code())) from None
+        queues = writable_queues(reply.route)
+        if not queues:
+            raise SendError(
+                pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} has no writable queue"
+            )
+        self._routes[topic] = (now + self.config.poll_name_server_interval_ms / 1000, queues)
+        return queues
+
+    # -- channels ---------------------------------------------------------------------
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=(("grpc.max_send_message_length", 64 * 1024 * 1024),)
+            )
+        return channel
+
+    def _stream(self, address: str) -> _Stream:
+        stream = self._streams.get(address)
+        if stream is None or stream.broken:
+            stream = self._streams[address] = _Stream(self._channel(address))
+        return stream
+
+    def _drop_stream(self, address: str) -> None:
+        stream = self._streams.pop(address, None)
+        if stream is not None:
+            stream.close()
+
+
+def writable_queues(route: pb.TopicRoute) -> list[QueueAddress]:
+    """A TopicRoute's writable queues on registered brokers, by broker then queue
+    id (RocketMQ's topicRouteData2TopicPublishInfo)."""
+    brokers = {b.broker_name: b for b in route.broker_datas}
+    out = []
+    for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
+        broker = brokers.get(qd.broker_name)
+        if broker is None or not qd.perm & 2:  # PermName.PERM_WRITE
+            continue
+        out += [
+            QueueAddress(qd.broker_name, q, broker.address, broker.store_host)
+            for q in range(qd.write_queue_nums)
+        ]
+    return out
+
+
+def _wire(m: Message, uniq: str) -> pb.Message:
+    return pb.Message(
+        topic=m.topic,
+        tags=m.tags or "",
+        keys=list(m.keys),
+        properties={**m.properties, PROPERTY_UNIQ_KEY: uniq},
+        body=m.body,
+        flag=m.flag,
+        born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
+    )
+
+
+def _with_queue(m: Message, queue_id: int, uniq: str) -> Message:
+    return dataclasses.replace(
+        m,
+        queue_id=queue_id,
+        properties={**m.properties, PROPERTY_UNIQ_KEY: uniq},
+        born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
+    )
+
+
+def _code_of(error: grpc.aio.AioRpcError) -> int:
+    for key, value in error.trailing_metadata() or ():
+        if key == "basalt-response-code":
+            return int(value)
+    return pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
+
+
+__all__ = [
+    "Producer",
+    "ProducerConfig",
+    "QueueAddress",
+    "SendError",
+    "SendResult",
+    "writable_queues",
+]

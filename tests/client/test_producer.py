@@ -1,0 +1,89 @@
+"""client.Producer against real etcd, store-nodes and a pull-service (in-process
+servers on port 0; the harness of tests/services/test_pull_service.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from basalt.v1 import common_pb2 as pb
+from client import Producer, ProducerConfig, SendError
+from services.meta import MetaConfig
+from store.message import Message
+from tests.services.conftest import async_test
+from tests.services.test_pull_service import TOPIC, cluster, pull_queue
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="producer_group"):
+        ProducerConfig(producer_group="")
+    with pytest.raises(ValueError, match="retry_times_when_send_failed"):
+        ProducerConfig(producer_group="P", retry_times_when_send_failed=-1)
+
+
+@async_test
+async def test_sends_go_round_robin_over_every_writable_queue_and_read_back(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        address = h.services[0].address
+        async with Producer(address, group="P") as producer:
+            results = [
+                await producer.send(Message(TOPIC, f"m{i}".encode(), tags="TagA", keys=(f"k{i}",)))
+                for i in range(8)
+            ]
+            assert all(r.ok for r in results)
+            # 2 brokers x 4 queues: each queue once, each at offset 0.
+            assert sorted((r.broker_name, r.queue_id) for r in results) == [
+                (b, q) for b in ("broker-a", "broker-b") for q in range(4)
+            ]
+            assert {r.queue_offset for r in results} == {0}
+            assert len({r.msg_id for r in results}) == 8
+            got = {}
+            for r in results:
+                records = await pull_queue(h.stub, r.broker_name, r.queue_id)
+                got[r.msg_id] = records
+            assert sorted(b for bodies in got.values() for b in bodies) == sorted(
+                f"m{i}".encode() for i in range(8)
+            )
+
+            batch = await producer.send_batch(
+                [Message(TOPIC, b"b%d" % i, tags="TagB") for i in range(5)]
+            )
+            assert len({(r.broker_name, r.queue_id) for r in batch}) == 1  # one queue
+            assert [r.queue_offset for r in batch] == list(range(1, 6))
+            assert len({r.msg_id for r in batch}) == 5
+            bodies = await pull_queue(h.stub, batch[0].broker_name, batch[0].queue_id)
+            assert bodies[1:] == [b"b%d" % i for i in range(5)]
+
+            # Many in flight at once on the streams.
+            futures = [producer.send_async(Message(TOPIC, b"a%d" % i)) for i in range(200)]
+            many = await asyncio.gather(*futures)
+            placed = {(r.broker_name, r.queue_id, r.queue_offset) for r in many}
+            assert len(placed) == 200  # no two on the same offset of a queue
+
+
+@async_test
+async def test_a_failed_broker_is_retried_elsewhere_and_bad_sends_raise(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        address = h.services[0].address
+        async with Producer(address, group="P") as producer:
+            assert (await producer.send(Message(TOPIC, b"warm"))).ok
+            await h.nodes["broker-a"].stop(grace_s=0.5)  # down, still in the route
+            results = [await producer.send(Message(TOPIC, b"x%d" % i)) for i in range(6)]
+            assert {r.broker_name for r in results} == {"broker-b"}
+
+            with pytest.raises(SendError) as unknown:
+                await producer.send(Message("NoSuchTopic", b"x"))
+            assert unknown.value.code == pb.RESPONSE_CODE_TOPIC_NOT_EXIST
+            with pytest.raises(SendError) as illegal:
+                await producer.send(Message(TOPIC, b"x" * (4 * 1024 * 1024 + 1)))
+            assert illegal.value.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
+            with pytest.raises(ValueError, match="one topic"):
+                await producer.send_batch([Message(TOPIC, b"1"), Message("Other", b"2")])
+            assert (await producer.send(Message(TOPIC, b"still"))).broker_name == "broker-b"
+        # The harness stops broker-a again at exit: a second stop is harmless.
