@@ -3,6 +3,21 @@
 Records are decoded with ``store.record`` (one definition of the layout).
 """
 
-from client.producer import Producer, ProducerConfig, SendError, SendResult
+from client.lite_pull_consumer import (
+    ConsumeFromWhere,
+    LitePullConfig,
+    LitePullConsumer,
+    MessageQueue,
+)
+from client.producer import ClientError, Producer, ProducerConfig, SendResult
 
-__all__ = ["Producer", "ProducerConfig", "SendError", "SendResult"]
+__all__ = [
+    "ClientError",
+    "ConsumeFromWhere",
+    "LitePullConfig",
+    "LitePullConsumer",
+    "MessageQueue",
+    "Producer",
+    "ProducerConfig",
+    "SendResult",
+]

@@ -12,7 +12,7 @@ Failures: a refusal RocketMQ's producer retries (the broker unavailable,
 busy or failing, the topic or permission missing there) and a broken stream
 are retried on another broker, up to ``retry_times_when_send_failed`` more
 times; anything else (an illegal message, a bad argument) raises
-:class:`SendError` at once, with the store-node's code and message.
+:class:`ClientError` at once, with the store-node's code and message.
 
 Concurrency: one event loop; :meth:`Producer.send_async` may be called many
 times before awaiting any of them.
@@ -104,8 +104,9 @@ class SendResult:
         return self.status == pb.SEND_STATUS_SEND_OK
 
 
-class SendError(Exception):
-    """A send that failed for good: RocketMQ's response code and why."""
+class ClientError(Exception):
+    """A call that failed for good (a send after its retries, a pull, a commit):
+    RocketMQ's response code and why."""
 
     def __init__(self, code: int, message: str) -> None:
         name = pb.ResponseCode.Name(pb.ResponseCode.ValueType(code)) if code in _CODES else code
@@ -235,7 +236,7 @@ class Producer:
         ids = [m.properties.get(PROPERTY_UNIQ_KEY) or new_uniq_key() for m in messages]
         deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000
         failed: set[str] = set()
-        last: SendError | None = None
+        last: ClientError | None = None
         for _attempt in range(1 + self.config.retry_times_when_send_failed):
             if time.monotonic() >= deadline:
                 break
@@ -244,18 +245,18 @@ class Producer:
                 return await asyncio.wait_for(
                     self._send_to(queue, messages, ids), deadline - time.monotonic()
                 )
-            except SendError as e:
+            except ClientError as e:
                 if e.code not in RETRIED_CODES:
                     raise
                 last = e
             except (grpc.aio.AioRpcError, TimeoutError) as e:
                 self._drop_stream(queue.address)
-                last = SendError(
+                last = ClientError(
                     pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, f"{queue.broker_name}: {e}"
                 )
             failed.add(queue.broker_name)
             log.info("send to %s failed (%s); retrying elsewhere", queue.broker_name, last)
-        raise last or SendError(pb.RESPONSE_CODE_SYSTEM_BUSY, "send timed out")
+        raise last or ClientError(pb.RESPONSE_CODE_SYSTEM_BUSY, "send timed out")
 
     async def _send_to(
         self, queue: QueueAddress, messages: Sequence[Message], ids: list[str]
@@ -286,7 +287,7 @@ class Producer:
             )
         answer = await self._stream(queue.address).send(item)
         if answer.HasField("refused"):
-            raise SendError(answer.refused.code, answer.refused.message)
+            raise ClientError(answer.refused.code, answer.refused.message)
         r = answer.result
         return [
             SendResult(
@@ -315,7 +316,7 @@ class Producer:
         return queues[turn % len(queues)]
 
     async def route(self, topic: str, *, refresh: bool = False) -> list[QueueAddress]:
-        """The topic's writable queues, from QueryRoute (cached; SendError
+        """The topic's writable queues, from QueryRoute (cached; ClientError
         TOPIC_NOT_EXIST, or NO_PERMISSION when none is writable)."""
         cached = self._routes.get(topic)
         now = time.monotonic()
@@ -331,10 +332,10 @@ class Producer:
         except grpc.aio.AioRpcError as e:
             if cached is not None:  # keep sending on what we had
                 return cached[1]
-            raise SendError(_code_of(e), e.details() or str(e.code())) from None
+            raise ClientError(response_code(e), e.details() or str(e.code())) from None
         queues = writable_queues(reply.route)
         if not queues:
-            raise SendError(
+            raise ClientError(
                 pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} has no writable queue"
             )
         self._routes[topic] = (now + self.config.poll_name_server_interval_ms / 1000, queues)
@@ -399,7 +400,9 @@ def _with_queue(m: Message, queue_id: int, uniq: str) -> Message:
     )
 
 
-def _code_of(error: grpc.aio.AioRpcError) -> int:
+def response_code(error: grpc.aio.AioRpcError) -> int:
+    """RocketMQ's code of a failed call (its ``basalt-response-code`` trailer),
+    SERVICE_NOT_AVAILABLE when it carries none (the peer was not reached)."""
     for key, value in error.trailing_metadata() or ():
         if key == "basalt-response-code":
             return int(value)
@@ -407,10 +410,10 @@ def _code_of(error: grpc.aio.AioRpcError) -> int:
 
 
 __all__ = [
+    "ClientError",
     "Producer",
     "ProducerConfig",
     "QueueAddress",
-    "SendError",
     "SendResult",
     "writable_queues",
 ]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from basalt.v1 import common_pb2 as pb
-from client import Producer, ProducerConfig, SendError
+from client import ClientError, Producer, ProducerConfig
 from services.meta import MetaConfig
 from store.message import Message
 from tests.services.conftest import async_test
@@ -77,10 +77,10 @@ async def test_a_failed_broker_is_retried_elsewhere_and_bad_sends_raise(
             results = [await producer.send(Message(TOPIC, b"x%d" % i)) for i in range(6)]
             assert {r.broker_name for r in results} == {"broker-b"}
 
-            with pytest.raises(SendError) as unknown:
+            with pytest.raises(ClientError) as unknown:
                 await producer.send(Message("NoSuchTopic", b"x"))
             assert unknown.value.code == pb.RESPONSE_CODE_TOPIC_NOT_EXIST
-            with pytest.raises(SendError) as illegal:
+            with pytest.raises(ClientError) as illegal:
                 await producer.send(Message(TOPIC, b"x" * (4 * 1024 * 1024 + 1)))
             assert illegal.value.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
             with pytest.raises(ValueError, match="one topic"):

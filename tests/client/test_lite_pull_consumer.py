@@ -1,0 +1,100 @@
+"""client.LitePullConsumer (assign mode) against real etcd, store-nodes and a
+pull-service, fed by client.Producer."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from basalt.v1 import store_node_pb2 as sn
+from client import (
+    ClientError,
+    ConsumeFromWhere,
+    LitePullConfig,
+    LitePullConsumer,
+    MessageQueue,
+    Producer,
+)
+from services.meta import MetaConfig
+from store.message import Message
+from tests.services.conftest import async_test
+from tests.services.test_pull_service import TOPIC, cluster
+
+
+def config(**kw: object) -> LitePullConfig:
+    return LitePullConfig(
+        consumer_group="LG", consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, **kw
+    )
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="consumer_group"):
+        LitePullConfig(consumer_group="")
+    with pytest.raises(ValueError, match="pull_batch_size"):
+        LitePullConfig(consumer_group="G", pull_batch_size=0)
+
+
+@async_test
+async def test_poll_reads_every_assigned_queue_commit_resumes_seek_and_filters(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        address = h.services[0].address
+        async with Producer(address, group="P") as producer:
+            sent = [
+                await producer.send(Message(TOPIC, f"m{i}".encode(), tags="A" if i % 2 else "B"))
+                for i in range(40)
+            ]
+        async with LitePullConsumer(address, config=config(pull_batch_size=4)) as consumer:
+            queues = await consumer.queues_of(TOPIC)
+            assert len(queues) == 8 and queues[0] == MessageQueue(TOPIC, "broker-a", 0)
+            await consumer.assign(queues[:6])  # not the last two queues of broker-b
+            got: list[bytes] = []
+            while polled := await consumer.poll(timeout_ms=200):
+                got += [r.body for r in polled]
+            mine = {(q.broker_name, q.queue_id) for q in queues[:6]}
+            expected = [r for r in sent if (r.broker_name, r.queue_id) in mine]
+            assert sorted(got) == sorted(
+                f"m{i}".encode() for i, r in enumerate(sent) if r in expected
+            )
+            # Offsets are committed at close.
+        async with LitePullConsumer(address, config=config()) as again:
+            await again.assign(queues[:6])
+            assert await again.poll(timeout_ms=100) == []  # resumes where the first stopped
+            again.seek(queues[0], 0)
+            replay = await again.poll(timeout_ms=100)
+            assert [r.queue_id for r in replay] == [0] * len(replay) and replay
+            committed = await h.node_stubs["broker-a"].QueryConsumerOffset(
+                sn.QueryConsumerOffsetRequest(group="LG", topic=TOPIC, queue_id=1)
+            )
+            assert committed.offset == 5  # 40 sends over 8 queues
+        tagged = LitePullConsumer(address, config=config(subscription="A"))
+        async with tagged:
+            await tagged.assign(await tagged.queues_of(TOPIC))
+            bodies = [r.body for r in await tagged.poll(timeout_ms=100)]
+            assert bodies and all(int(b[1:]) % 2 == 1 for b in bodies)
+        bad = LitePullConsumer(address, config=config(subscription="a >", sql92=True))
+        async with bad:
+            with pytest.raises(ClientError, match="SUBSCRIPTION_PARSE_FAILED"):
+                await bad.assign(await bad.queues_of(TOPIC))
+                await bad.poll(timeout_ms=0)
+            with pytest.raises(ClientError, match="TOPIC_NOT_EXIST"):
+                await bad.queues_of("NoSuchTopic")
+
+
+@async_test
+async def test_poll_waits_for_a_message_that_arrives(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        address = h.services[0].address
+        async with LitePullConsumer(address, config=config()) as consumer:
+            await consumer.assign(await consumer.queues_of(TOPIC))
+            polling = asyncio.ensure_future(consumer.poll(timeout_ms=20_000))
+            await asyncio.sleep(0.3)
+            assert not polling.done()
+            await h.send("broker-b", 2, b"late")
+            got = await asyncio.wait_for(polling, 10)
+            assert [r.body for r in got] == [b"late"]
