@@ -49,6 +49,20 @@ def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
     return register
 
 
+def add_produce(parser: argparse.ArgumentParser) -> None:
+    """``basalt produce`` (client.quickstart)."""
+    from client import quickstart
+
+    quickstart.add_produce(parser)
+
+
+def add_consume(parser: argparse.ArgumentParser) -> None:
+    """``basalt consume`` (client.quickstart)."""
+    from client import quickstart
+
+    quickstart.add_consume(parser)
+
+
 add_store_node_command = _service_command("store_node_main")
 add_pull_service_command = _service_command("pull_service_main")
 
@@ -70,6 +84,8 @@ GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
         "run a pull-service: routes, pulls and consumer sessions in front of the store-nodes",
         add_pull_service_command,
     ),
+    ("produce", "send messages to a topic (RocketMQ's quickstart Producer)", add_produce),
+    ("consume", "read a topic as a consumer group (RocketMQ's quickstart Consumer)", add_consume),
 )
 
 

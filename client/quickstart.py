@@ -1,0 +1,158 @@
+"""``basalt produce`` and ``basalt consume``: RocketMQ's quickstart Producer and
+Consumer, on the SDK.
+
+::
+
+    basalt produce -t TopicTest -n 1000 [--tags a,b] [--size 1024] [--batch 100]
+    basalt consume -t TopicTest -g G [-s "tagA || tagB" | --sql "a > 5"] [--count N]
+
+Both reach the cluster through a pull-service: ``--endpoints host:port``, by
+default the one ``basalt cluster up`` started (``./.basalt/cluster.json``).
+``produce`` prints one line per send (or batch) and a summary; ``consume``
+reads every queue of the topic from the group's committed offsets (from the
+first offset for a new group), prints one line per message, commits, and
+stops after ``--count`` messages or ``--idle-ms`` of silence. Exit status 0,
+1 when a send or pull failed (the error on stderr), 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import IO, Any
+
+from client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
+from client.producer import ClientError, Producer
+from store.message import Message
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def default_endpoints(data_dir: Path = Path(".basalt")) -> str | None:
+    """The local cluster's pull-service address, when ``basalt cluster up`` ran here."""
+    try:
+        state = json.loads((data_dir / "cluster.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return next((p["address"] for p in state if p.get("role") == "pull-service"), None)
+
+
+def _endpoints(args: argparse.Namespace, stderr: IO[str]) -> str | None:
+    endpoints: str | None = args.endpoints or default_endpoints()
+    if endpoints is None:
+        print(
+            f"basalt {args.group}: no --endpoints, and no local cluster in ./.basalt "
+            "(run `basalt cluster up` first)",
+            file=stderr,
+        )
+    return endpoints
+
+
+async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int:
+    tags = [t for t in args.tags.split(",") if t] if args.tags else [""]
+    body = b"x" * args.size
+    started = time.monotonic()
+    sent = 0
+    async with Producer(endpoints, group=args.group_name) as producer:
+        while sent < args.count:
+            n = min(args.batch, args.count - sent)
+            messages = [
+                Message(
+                    args.topic,
+                    body,
+                    tags=tags[(sent + k) % len(tags)] or None,
+                    keys=(f"key-{sent + k}",),
+                )
+                for k in range(n)
+            ]
+            results = (
+                await producer.send_batch(messages) if n > 1 else [await producer.send(messages[0])]
+            )
+            for r in results if args.verbose else results[:1]:
+                print(
+                    f"SendResult [status={'SEND_OK' if r.ok else 'FLUSH_DISK_TIMEOUT'}, "
+                    f"msgId={r.msg_id}, offsetMsgId={r.offset_msg_id}, "
+                    f"queue={r.broker_name}/{r.queue_id}, queueOffset={r.queue_offset}]"
+                    + (f" (+{n - 1} in this batch)" if n > 1 and not args.verbose else ""),
+                    file=out,
+                )
+            sent += n
+    secs = time.monotonic() - started
+    print(f"sent {sent} messages to {args.topic} in {secs:.2f} s", file=out)
+    return 0
+
+
+async def consume(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int:
+    config = LitePullConfig(
+        consumer_group=args.consumer_group,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        subscription=args.sql or args.subscription,
+        sql92=args.sql is not None,
+    )
+    received = 0
+    async with LitePullConsumer(endpoints, config=config) as consumer:
+        await consumer.assign(await consumer.queues_of(args.topic))
+        while args.count is None or received < args.count:
+            records = await consumer.poll(timeout_ms=args.idle_ms)
+            if not records:
+                break
+            for r in records:
+                print(
+                    f"{r.topic} queue={r.queue_id} offset={r.queue_offset} tags={r.tags or ''} "
+                    f"msgId={r.uniq_key or ''} body={r.body[:64]!r}",
+                    file=out,
+                )
+            received += len(records)
+    print(f"received {received} messages from {args.topic}", file=out)
+    return 0
+
+
+def add_produce(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-t", "--topic", required=True)
+    parser.add_argument("-n", "--count", type=int, default=1000, help="messages to send")
+    parser.add_argument("--tags", help="tags, comma separated, used in turn")
+    parser.add_argument("--size", type=int, default=1024, help="body bytes")
+    parser.add_argument("--batch", type=int, default=1, help="messages per send (one queue)")
+    parser.add_argument("--group-name", default="quickstart-producer", help="producer group")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per message")
+    parser.add_argument("--endpoints", help="a pull-service host:port (default: the local cluster)")
+    parser.set_defaults(handler=_run(produce))
+
+
+def add_consume(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-t", "--topic", required=True)
+    parser.add_argument("-g", "--consumer-group", required=True)
+    parser.add_argument("-s", "--subscription", default="*", help='TAG expression, e.g. "a || b"')
+    parser.add_argument("--sql", help='an SQL92 filter instead, e.g. "a > 5"')
+    parser.add_argument("--count", type=int, help="stop after this many messages")
+    parser.add_argument("--idle-ms", type=int, default=3000, help="stop after this long idle")
+    parser.add_argument("--endpoints", help="a pull-service host:port (default: the local cluster)")
+    parser.set_defaults(handler=_run(consume))
+
+
+Command = Callable[[argparse.Namespace, str, IO[str]], Coroutine[Any, Any, int]]
+
+
+def _run(command: Command) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
+    def handler(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
+        if getattr(args, "count", 1) is not None and getattr(args, "count", 1) < 1:
+            print(f"basalt {args.group}: --count must be at least 1", file=stderr)
+            return EXIT_USAGE
+        if getattr(args, "batch", 1) < 1 or getattr(args, "size", 0) < 0:
+            print(f"basalt {args.group}: --batch must be >= 1 and --size >= 0", file=stderr)
+            return EXIT_USAGE
+        endpoints = _endpoints(args, stderr)
+        if endpoints is None:
+            return EXIT_USAGE
+        try:
+            return asyncio.run(command(args, endpoints, stdout))
+        except (ClientError, ValueError) as e:
+            print(f"basalt {args.group}: {e}", file=stderr)
+            return EXIT_FAILED
+
+    return handler

@@ -1,0 +1,68 @@
+"""``basalt produce`` / ``basalt consume`` run as a user would (``python -m admin``
+processes) against real etcd, store-nodes and a pull-service."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from services.meta import MetaConfig
+from tests.services.conftest import async_test
+from tests.services.test_pull_service import TOPIC, cluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+async def basalt(*argv: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "admin",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@async_test
+async def test_produce_then_consume_with_tags_sql_and_count(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        ep = ("--endpoints", h.services[0].address)
+        code, out, err = await basalt(
+            "produce", *ep, "-t", TOPIC, "-n", "30", "--batch", "5", "--tags", "a,b", "--size", "16"
+        )
+        assert code == 0, err
+        assert out.count("SendResult [status=SEND_OK") == 6  # one line per batch
+        assert "sent 30 messages" in out
+        code, out, err = await basalt("produce", *ep, "-t", TOPIC, "-n", "4", "-v")
+        assert (code, out.count("SendResult [status=SEND_OK")) == (0, 4), err
+
+        code, out, err = await basalt("consume", *ep, "-t", TOPIC, "-g", "Q1", "--idle-ms", "300")
+        assert code == 0, err
+        assert "received 34 messages" in out
+        code, out, _ = await basalt(
+            "consume", *ep, "-t", TOPIC, "-g", "Q2", "-s", "a", "--idle-ms", "300"
+        )
+        assert "received 15 messages" in out and "tags=b" not in out
+        code, out, _ = await basalt(
+            "consume", *ep, "-t", TOPIC, "-g", "Q3", "--count", "7", "--idle-ms", "300"
+        )
+        received = int(out.split("received ")[1].split()[0])
+        assert 7 <= received < 34  # stops once it has 7 (a poll may bring more)
+        # The first group committed: consuming again finds nothing new.
+        code, out, _ = await basalt("consume", *ep, "-t", TOPIC, "-g", "Q1", "--idle-ms", "200")
+        assert "received 0 messages" in out
+
+        code, _, err = await basalt("consume", *ep, "-t", "NoSuchTopic", "-g", "Q1")
+        assert code == 1 and "TOPIC_NOT_EXIST" in err
+        code, _, err = await basalt("consume", *ep, "-t", TOPIC, "-g", "Q1", "--sql", "a >")
+        assert code == 1 and "SUBSCRIPTION_PARSE_FAILED" in err
+        code, _, err = await basalt("produce", *ep, "-t", TOPIC, "-n", "0")
+        assert code == 2 and "--count" in err
