@@ -148,10 +148,12 @@ class LitePullConsumer:
 
     # -- polling and committing -------------------------------------------------------
 
-    async def poll(self, timeout_ms: int = 1000) -> list[MessageRecord]:
+    async def poll(
+        self, timeout_ms: int = 1000, max_records: int | None = None
+    ) -> list[MessageRecord]:
         """The next records of the assigned queues, waiting up to ``timeout_ms``
-        for some when none is there; each queue's in offset order. Positions
-        move past what is returned.
+        for some when none is there; each queue's in offset order, at most
+        ``max_records``. Positions move past what is returned, and only that.
 
         One PullBatch per store-node, concurrently; the first to bring records
         ends the poll and the others (held, with nothing yet) are cancelled,
@@ -163,26 +165,34 @@ class LitePullConsumer:
             asyncio.ensure_future(self._poll_broker(queues, timeout_ms))
             for queues in by_broker.values()
         }
-        out: list[MessageRecord] = []
+        reads: list[tuple[MessageQueue, list[MessageRecord], int]] = []
         try:
-            while pending and not out:
+            while pending and not any(records for _, records, _ in reads):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    out += task.result()
+                    reads += task.result()
         finally:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        out: list[MessageRecord] = []
+        room = max_records if max_records is not None else -1
+        for queue, records, next_offset in sorted(reads, key=lambda r: r[0]):
+            taken = records if room < 0 else records[: max(0, room - len(out))]
+            out += taken
+            # Past what was taken: the next read starts at the first record left.
+            left = records[len(taken) :]
+            self._positions[queue].offset = left[0].queue_offset if left else next_offset
         return out
 
     async def _poll_broker(
         self, queues: list[MessageQueue], timeout_ms: int
-    ) -> list[MessageRecord]:
+    ) -> list[tuple[MessageQueue, list[MessageRecord], int]]:
+        """One PullBatch of ``queues``: each queue's records and where it goes on."""
         subscription = pb.Subscription(
             type=pb.EXPRESSION_TYPE_SQL92 if self.config.sql92 else pb.EXPRESSION_TYPE_TAG,
             expression=self.config.subscription,
         )
-        positions = [self._positions[q] for q in queues]
         request = ps.PullBatchRequest(
             group=self.config.consumer_group,
             pulls=[
@@ -190,11 +200,11 @@ class LitePullConsumer:
                     queue=pb.MessageQueue(
                         topic=q.topic, broker_name=q.broker_name, queue_id=q.queue_id
                     ),
-                    offset=p.offset,
+                    offset=self._positions[q].offset,
                     max_nums=self.config.pull_batch_size,
                     subscription=subscription,
                 )
-                for q, p in zip(queues, positions, strict=True)
+                for q in queues
             ],
             suspend_timeout_ms=timeout_ms,
         )
@@ -202,14 +212,14 @@ class LitePullConsumer:
             reply = await self._stub().PullBatch(request, timeout=timeout_ms / 1000 + 10)
         except grpc.aio.AioRpcError as e:
             raise ClientError(response_code(e), e.details() or str(e.code())) from None
-        out: list[MessageRecord] = []
-        for q, p, entry in zip(queues, positions, reply.results, strict=True):
+        out = []
+        for q, entry in zip(queues, reply.results, strict=True):
             if entry.HasField("refused"):
                 raise ClientError(entry.refused.code, f"{q}: {entry.refused.message}")
-            out += [decode_record(raw) for raw in split_records(entry.records.data)]
+            records = [decode_record(raw) for raw in split_records(entry.records.data)]
             # OFFSET_ILLEGAL (the offset left the queue's range) moves on to the
             # corrected offset, as RocketMQ's consumers do.
-            p.offset = entry.next_begin_offset
+            out.append((q, records, entry.next_begin_offset))
         return out
 
     async def commit(self) -> None:

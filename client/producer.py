@@ -8,6 +8,9 @@ one ``StoreNode.SendStream`` per store-node: every send carries an
 here (RocketMQ's MessageBatch, ``store.batch``) and sent as one item: the
 store-node never decodes it into objects.
 
+A topic with no route yet is sent on the route of ``TBW102`` (RocketMQ's
+default topic: the store-nodes that create topics on first send).
+
 Failures: a refusal RocketMQ's producer retries (the broker unavailable,
 busy or failing, the topic or permission missing there) and a broken stream
 are retried on another broker, up to ``retry_times_when_send_failed`` more
@@ -40,6 +43,9 @@ from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_key
 from store.record import EncodedMessage
 
 log = logging.getLogger(__name__)
+
+#: RocketMQ's default topic, whose route takes a topic that does not exist yet.
+AUTO_CREATE_TOPIC = "TBW102"
 
 #: Refusals RocketMQ's producer retries on another broker (DefaultMQProducer's
 #: retryResponseCodes, plus SYSTEM_BUSY: Basalt's flow control).
@@ -154,6 +160,9 @@ class _Stream:
 
     async def send(self, item: sn.SendStreamItem) -> sn.SendStreamAnswer:
         future: asyncio.Future[sn.SendStreamAnswer] = asyncio.get_running_loop().create_future()
+        # A sender that gave up (its deadline) no longer awaits this future:
+        # mark a failure set on it as seen, or asyncio reports it as lost.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.waiting[item.opaque] = future
         self.unsent.append(item)
         await self._write_unsent()
@@ -332,7 +341,15 @@ class Producer:
         except grpc.aio.AioRpcError as e:
             if cached is not None:  # keep sending on what we had
                 return cached[1]
-            raise ClientError(response_code(e), e.details() or str(e.code())) from None
+            code = response_code(e)
+            if code != pb.RESPONSE_CODE_TOPIC_NOT_EXIST or topic == AUTO_CREATE_TOPIC:
+                raise ClientError(code, e.details() or str(e.code())) from None
+            # A new topic: send it where RocketMQ's producer does, on the default
+            # topic's route; the store-node taking the send creates it. Its own
+            # route is asked for again on the next send.
+            queues = await self.route(AUTO_CREATE_TOPIC, refresh=refresh)
+            self._routes[topic] = (now, queues)
+            return queues
         queues = writable_queues(reply.route)
         if not queues:
             raise ClientError(

@@ -98,7 +98,8 @@ async def consume(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
     async with LitePullConsumer(endpoints, config=config) as consumer:
         await consumer.assign(await consumer.queues_of(args.topic))
         while args.count is None or received < args.count:
-            records = await consumer.poll(timeout_ms=args.idle_ms)
+            left = None if args.count is None else args.count - received
+            records = await consumer.poll(timeout_ms=args.idle_ms, max_records=left)
             if not records:
                 break
             for r in records:

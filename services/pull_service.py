@@ -6,6 +6,9 @@ stream with it so that admin can reach them. The RPCs:
 
 * ``QueryRoute(topic)``: the topic's TopicRoute from the caches
   (:func:`services.pull_checks.topic_route`); TOPIC_NOT_EXIST if unknown.
+  ``TBW102`` (RocketMQ's default topic), unless configured in etcd, routes to
+  every registered writable store-node: producers send a new topic there,
+  and the store-node that takes the send creates it.
 * ``Pull``: seed 001's checks (:func:`services.pull_checks.check_pull`), then
   one ``GetMessage`` on the owning store-node carrying the subscription,
   ``suspend_timeout_ms`` (the store-node holds the call: long polling) and the
@@ -69,6 +72,9 @@ from services.rpc import rpc_method
 
 log = logging.getLogger(__name__)
 
+#: RocketMQ's default topic: its route is where a topic that does not exist yet
+#: is sent to be created (TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC).
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 #: Request metadata limiting ListConsumers / NotifyConsumers to local sessions.
 SCOPE_KEY = "basalt-scope"
 SCOPE_LOCAL = "local"
@@ -98,6 +104,8 @@ class PullServiceConfig:
     downstream_margin_ms: int = 5_000
     #: Most queues one PullBatch reads.
     max_queues_per_pull: int = 32
+    #: Queues per store-node in the TBW102 route (the store-nodes' auto-create default).
+    default_topic_queue_nums: int = 4
     #: gRPC message size limit, both ways (a pull answer carries records).
     max_message_bytes: int = 64 * 1024 * 1024
 
@@ -107,6 +115,7 @@ class PullServiceConfig:
             "heartbeat_interval_ms",
             "max_pull_nums",
             "max_queues_per_pull",
+            "default_topic_queue_nums",
             "default_command_timeout_ms",
             "max_command_timeout_ms",
             "max_message_bytes",
@@ -167,6 +176,8 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         self, request: ps.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ps.QueryRouteResponse:
         config = self.view.topics.get(request.topic)
+        if config is None and request.topic == AUTO_CREATE_TOPIC_KEY_TOPIC:
+            config = self._auto_create_route()
         if config is None:
             raise no_such_topic(request.topic)
         addresses = {
@@ -176,6 +187,23 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         }
         hosts = await self.store_hosts.of(addresses)
         return ps.QueryRouteResponse(route=topic_route(config, self.brokers.get, hosts))
+
+    def _auto_create_route(self) -> TopicConfig | None:
+        """RocketMQ's TBW102 route: every registered writable store-node with
+        ``default_topic_queue_nums`` queues. A producer sends a topic that does
+        not exist yet there; the store-node that takes the send creates it."""
+        brokers = tuple(
+            sorted(name for name, b in self.view.brokers.snapshot().items() if b.perm.writable)
+        )
+        if not brokers:
+            return None
+        n = self.config.default_topic_queue_nums
+        return TopicConfig(
+            topic_name=AUTO_CREATE_TOPIC_KEY_TOPIC,
+            read_queue_nums=n,
+            write_queue_nums=n,
+            brokers=brokers,
+        )
 
     def _get_request(
         self, request: ps.PullRequest, group: str, suspend_ms: int

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
 from client import ClientError, Producer, ProducerConfig
 from services.meta import MetaConfig
 from store.message import Message
@@ -77,9 +78,9 @@ async def test_a_failed_broker_is_retried_elsewhere_and_bad_sends_raise(
             results = [await producer.send(Message(TOPIC, b"x%d" % i)) for i in range(6)]
             assert {r.broker_name for r in results} == {"broker-b"}
 
-            with pytest.raises(ClientError) as unknown:
-                await producer.send(Message("NoSuchTopic", b"x"))
-            assert unknown.value.code == pb.RESPONSE_CODE_TOPIC_NOT_EXIST
+            with pytest.raises(ClientError) as bad_name:  # not retried
+                await producer.send(Message("bad topic!", b"x"))
+            assert bad_name.value.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
             with pytest.raises(ClientError) as illegal:
                 await producer.send(Message(TOPIC, b"x" * (4 * 1024 * 1024 + 1)))
             assert illegal.value.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
@@ -87,3 +88,21 @@ async def test_a_failed_broker_is_retried_elsewhere_and_bad_sends_raise(
                 await producer.send_batch([Message(TOPIC, b"1"), Message("Other", b"2")])
             assert (await producer.send(Message(TOPIC, b"still"))).broker_name == "broker-b"
         # The harness stops broker-a again at exit: a second stop is harmless.
+
+
+@async_test
+async def test_a_new_topic_is_sent_on_the_default_route_and_created(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        route = (await h.stub.QueryRoute(ps.QueryRouteRequest(topic="TBW102"))).route
+        assert sorted(b.broker_name for b in route.broker_datas) == ["broker-a", "broker-b"]
+        assert {q.write_queue_nums for q in route.queue_datas} == {4}
+        async with Producer(h.services[0].address, group="P") as producer:
+            first = await producer.send(Message("FreshTopic", b"first"))
+            assert first.ok
+            await h.seen(lambda s: s.servicer.view.topics.get("FreshTopic") is not None)
+            more = [await producer.send(Message("FreshTopic", b"x")) for _ in range(4)]
+            assert all(r.ok for r in more)
+        bodies = await pull_queue(h.stub, first.broker_name, first.queue_id, topic="FreshTopic")
+        assert bodies[0] == b"first"

@@ -66,7 +66,12 @@ class QueryRouteRequest(_message.Message):
 
     TOPIC_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
-    """A topic with no etcd config: NOT_FOUND, TOPIC_NOT_EXIST."""
+    """A topic with no etcd config: NOT_FOUND, TOPIC_NOT_EXIST. Except "TBW102"
+    (RocketMQ's AUTO_CREATE_TOPIC_KEY_TOPIC), which unless configured routes
+    to every registered writable store-node with 4 queues each: a producer
+    sends a topic that does not exist yet there, and the store-node taking
+    the send creates it (auto_create_topic_enable).
+    """
     def __init__(
         self,
         *,
