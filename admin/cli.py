@@ -49,6 +49,13 @@ def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
     return register
 
 
+def add_admin(parser: argparse.ArgumentParser) -> None:
+    """``basalt admin <verb>`` (admin.verbs)."""
+    from admin import verbs
+
+    verbs.add_commands(parser)
+
+
 def add_produce(parser: argparse.ArgumentParser) -> None:
     """``basalt produce`` (client.quickstart)."""
     from client import quickstart
@@ -84,6 +91,7 @@ GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
         "run a pull-service: routes, pulls and consumer sessions in front of the store-nodes",
         add_pull_service_command,
     ),
+    ("admin", "mqadmin's verbs: topics, routes, status, consumer progress", add_admin),
     ("produce", "send messages to a topic (RocketMQ's quickstart Producer)", add_produce),
     ("consume", "read a topic as a consumer group (RocketMQ's quickstart Consumer)", add_consume),
 )

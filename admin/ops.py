@@ -1,0 +1,247 @@
+"""The operator's operations (mqadmin's), over etcd and the store-nodes.
+
+Each function takes a connected :class:`services.meta.MetaClient` (topic
+configs and registrations) and reaches store-nodes over gRPC at their
+registered addresses; it returns plain rows for :mod:`admin.verbs` to print.
+Errors: :class:`AdminError` with a message naming what was wrong (an unknown
+topic, a store-node that did not answer); etcd being away surfaces as
+``services.meta.MetaUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from services.meta import BrokerRegistration, MetaClient, Perm, TopicConfig
+from store.record import store_timestamp_at
+
+T = TypeVar("T")
+
+#: The group name admin reads with (reads never commit).
+ADMIN_GROUP = "basalt-admin"
+CALL_TIMEOUT_S = 5.0
+
+
+class AdminError(Exception):
+    """An operation that cannot be done, and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """topicStatus' row: one queue on one store-node."""
+
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_update_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProgress:
+    """consumerProgress' row: a group's position in one queue."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.broker_offset - max(self.consumer_offset, 0))
+
+
+async def update_topic(
+    meta: MetaClient,
+    topic: str,
+    *,
+    read_queue_nums: int | None = None,
+    write_queue_nums: int | None = None,
+    perm: Perm | None = None,
+    brokers: Sequence[str] = (),
+) -> tuple[TopicConfig, bool]:
+    """mqadmin updateTopic: create the topic (on ``brokers``, or every
+    registered store-node; 8 read and 8 write queues unless given) or update
+    what is given, by compare-and-swap. Returns the config and whether it was
+    created."""
+    if brokers:
+        known = await meta.list_brokers()
+        unknown = sorted(set(brokers) - set(known))
+        if unknown:
+            raise AdminError(f"no registered store-node named {', '.join(unknown)}")
+
+    def changed(c: TopicConfig) -> TopicConfig:
+        return dataclasses.replace(
+            c,
+            read_queue_nums=c.read_queue_nums if read_queue_nums is None else read_queue_nums,
+            write_queue_nums=c.write_queue_nums if write_queue_nums is None else write_queue_nums,
+            perm=c.perm if perm is None else perm,
+            brokers=tuple(brokers) or c.brokers,
+        )
+
+    if await meta.get_topic(topic) is not None:
+        return await meta.update_topic(topic, changed), False
+    hosts = tuple(brokers) or tuple(sorted(await meta.list_brokers()))
+    if not hosts:
+        raise AdminError("no store-node is registered to host the topic")
+    config = TopicConfig(
+        topic_name=topic,
+        read_queue_nums=read_queue_nums if read_queue_nums is not None else 8,
+        write_queue_nums=write_queue_nums if write_queue_nums is not None else 8,
+        perm=perm if perm is not None else Perm.RW,
+        brokers=hosts,
+    )
+    return await meta.create_topic(config), True
+
+
+async def delete_topic(meta: MetaClient, topic: str) -> None:
+    """mqadmin deleteTopic: remove the topic's config (its files expire as usual)."""
+    if not await meta.delete_topic(topic):
+        raise AdminError(f"topic {topic!r} does not exist")
+
+
+async def topic_config(meta: MetaClient, topic: str) -> TopicConfig:
+    config = await meta.get_topic(topic)
+    if config is None:
+        raise AdminError(f"topic {topic!r} does not exist")
+    return config
+
+
+async def topic_status(meta: MetaClient, topic: str) -> list[QueueStatus]:
+    """mqadmin topicStatus: every read queue's min, max and last store time."""
+    config = await topic_config(meta, topic)
+    brokers = await meta.list_brokers()
+    rows: list[QueueStatus] = []
+    for name in config.brokers:
+        broker = _registered(brokers, name)
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            stub = sn_grpc.StoreNodeStub(channel)
+            rows += await asyncio.gather(
+                *(_queue_status(stub, name, topic, q) for q in range(config.read_queue_nums))
+            )
+    return rows
+
+
+async def _queue_status(
+    stub: sn_grpc.StoreNodeAsyncStub, broker: str, topic: str, queue_id: int
+) -> QueueStatus:
+    bounds = await _call(
+        broker,
+        stub.GetMinMaxOffset(
+            sn.GetMinMaxOffsetRequest(topic=topic, queue_id=queue_id), timeout=CALL_TIMEOUT_S
+        ),
+    )
+    last = 0
+    if bounds.max_offset > bounds.min_offset:
+        got = await _call(
+            broker,
+            stub.GetMessage(
+                sn.GetMessageRequest(
+                    group=ADMIN_GROUP,
+                    topic=topic,
+                    queue_id=queue_id,
+                    offset=bounds.max_offset - 1,
+                    max_msg_nums=1,
+                ),
+                timeout=CALL_TIMEOUT_S,
+            ),
+        )
+        if got.records.data:
+            last = store_timestamp_at(got.records.data)
+    return QueueStatus(broker, queue_id, bounds.min_offset, bounds.max_offset, last)
+
+
+async def consumer_progress(
+    meta: MetaClient, group: str, topic: str | None = None
+) -> list[QueueProgress]:
+    """mqadmin consumerProgress: per queue, the broker's max offset, the group's
+    committed offset and the lag; every topic the group has offsets in when
+    ``topic`` is None."""
+    topics = (
+        [await topic_config(meta, topic)] if topic else list((await meta.list_topics()).values())
+    )
+    brokers = await meta.list_brokers()
+    rows: list[QueueProgress] = []
+    for config in topics:
+        for name in config.brokers:
+            broker = _registered(brokers, name)
+            async with grpc.aio.insecure_channel(broker.address) as channel:
+                stub = sn_grpc.StoreNodeStub(channel)
+                rows += await asyncio.gather(
+                    *(
+                        _progress(stub, name, group, config.topic_name, q)
+                        for q in range(config.read_queue_nums)
+                    )
+                )
+    if topic is None:
+        touched = {r.topic for r in rows if r.consumer_offset >= 0}
+        rows = [r for r in rows if r.topic in touched]
+    if not rows:
+        raise AdminError(
+            f"consumer group {group!r} has no offsets" + (f" in {topic!r}" if topic else "")
+        )
+    return rows
+
+
+async def _progress(
+    stub: sn_grpc.StoreNodeAsyncStub, broker: str, group: str, topic: str, queue_id: int
+) -> QueueProgress:
+    bounds = await _call(
+        broker,
+        stub.GetMinMaxOffset(
+            sn.GetMinMaxOffsetRequest(topic=topic, queue_id=queue_id), timeout=CALL_TIMEOUT_S
+        ),
+    )
+    committed = await _call(
+        broker,
+        stub.QueryConsumerOffset(
+            sn.QueryConsumerOffsetRequest(group=group, topic=topic, queue_id=queue_id),
+            timeout=CALL_TIMEOUT_S,
+        ),
+    )
+    return QueueProgress(topic, broker, queue_id, bounds.max_offset, committed.offset)
+
+
+async def cluster_list(
+    meta: MetaClient,
+) -> list[tuple[BrokerRegistration, sn.GetRuntimeInfoResponse | None]]:
+    """mqadmin clusterList: every registered store-node and its runtime info
+    (None when it did not answer)."""
+    brokers = await meta.list_brokers()
+
+    async def info(b: BrokerRegistration) -> sn.GetRuntimeInfoResponse | None:
+        async with grpc.aio.insecure_channel(b.address) as channel:
+            try:
+                return await sn_grpc.StoreNodeStub(channel).GetRuntimeInfo(
+                    sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError:
+                return None
+
+    ordered = [brokers[name] for name in sorted(brokers)]
+    infos = await asyncio.gather(*(info(b) for b in ordered))
+    return list(zip(ordered, infos, strict=True))
+
+
+def _registered(brokers: dict[str, BrokerRegistration], name: str) -> BrokerRegistration:
+    broker = brokers.get(name)
+    if broker is None:
+        raise AdminError(f"store-node {name!r} is not registered (down?)")
+    return broker
+
+
+async def _call(broker: str, call: Awaitable[T]) -> T:
+    """``call``'s answer; its failure as an AdminError naming the store-node."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as e:
+        raise AdminError(f"store-node {broker!r}: {e.code().name}: {e.details()}") from None

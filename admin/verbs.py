@@ -1,0 +1,255 @@
+"""``basalt admin <verb>``: mqadmin's verbs and flags, over :mod:`admin.ops`.
+
+::
+
+    basalt admin updateTopic -t T [-r N] [-w N] [-p 6|4|2] [-b broker ...]
+    basalt admin deleteTopic -t T
+    basalt admin topicList
+    basalt admin topicRoute -t T
+    basalt admin topicStatus -t T
+    basalt admin consumerProgress -g G [-t T]
+    basalt admin clusterList
+
+Every verb takes ``--etcd host:port`` (default: the etcd ``basalt cluster up``
+started here, from ``./.basalt/cluster.json``), ``--cluster`` and ``--json``
+(one JSON document instead of an aligned table). Exit status 0, 1 when the
+operation failed (the reason on stderr: an unknown topic or group, a
+store-node or etcd that did not answer), 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from admin import ops
+from services.meta import MetaClient, MetaConfig, MetaError, Perm, parse_endpoints
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+Verb = Callable[
+    [MetaClient, argparse.Namespace], Coroutine[Any, Any, tuple[list[str], list[list[Any]]]]
+]
+
+
+def default_etcd(data_dir: Path = Path(".basalt")) -> str | None:
+    """The local cluster's etcd, when ``basalt cluster up`` ran here."""
+    try:
+        state = json.loads((data_dir / "cluster.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return next((p["address"] for p in state if p.get("role") == "etcd"), None)
+
+
+async def _update_topic(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    config, created = await ops.update_topic(
+        meta,
+        a.topic,
+        read_queue_nums=a.read_queue_nums,
+        write_queue_nums=a.write_queue_nums,
+        perm=Perm(a.perm) if a.perm is not None else None,
+        brokers=a.broker or (),
+    )
+    return _topic_rows(config, "created" if created else "updated")
+
+
+async def _delete_topic(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    await ops.delete_topic(meta, a.topic)
+    return ["topic", "result"], [[a.topic, "deleted"]]
+
+
+async def _topic_list(meta: MetaClient, a: argparse.Namespace) -> tuple[list[str], list[list[Any]]]:
+    return ["topic"], [[name] for name in sorted(await meta.list_topics())]
+
+
+async def _topic_route(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    config = await ops.topic_config(meta, a.topic)
+    brokers = await meta.list_brokers()
+    rows = [
+        [
+            name,
+            brokers[name].address if name in brokers else "(not registered)",
+            config.read_queue_nums,
+            config.write_queue_nums,
+            int(config.perm),
+        ]
+        for name in config.brokers
+    ]
+    return ["broker", "address", "read_queue_nums", "write_queue_nums", "perm"], rows
+
+
+async def _topic_status(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    rows = await ops.topic_status(meta, a.topic)
+    return ["broker", "queue", "min_offset", "max_offset", "last_update_ms"], [
+        [r.broker_name, r.queue_id, r.min_offset, r.max_offset, r.last_update_timestamp_ms]
+        for r in rows
+    ]
+
+
+async def _consumer_progress(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    rows = await ops.consumer_progress(meta, a.group, a.topic)
+    table = [
+        [r.topic, r.broker_name, r.queue_id, r.broker_offset, r.consumer_offset, r.lag]
+        for r in rows
+    ]
+    table.append(
+        ["(total)", "", "", sum(r.broker_offset for r in rows), "", sum(r.lag for r in rows)]
+    )
+    return ["topic", "broker", "queue", "broker_offset", "consumer_offset", "lag"], table
+
+
+async def _cluster_list(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    rows = []
+    for broker, info in await ops.cluster_list(meta):
+        rows.append(
+            [
+                broker.broker_name,
+                broker.address,
+                int(broker.perm),
+                f"{info.put_tps:.1f}" if info else "(no answer)",
+                f"{info.disk_use_ratio:.2f}" if info else "",
+                info.commit_log_max_offset if info else "",
+            ]
+        )
+    return ["broker", "address", "perm", "put_tps", "disk_ratio", "commit_log_max"], rows
+
+
+def _topic_rows(config: Any, result: str) -> tuple[list[str], list[list[Any]]]:
+    return ["topic", "read_queue_nums", "write_queue_nums", "perm", "brokers", "result"], [
+        [
+            config.topic_name,
+            config.read_queue_nums,
+            config.write_queue_nums,
+            int(config.perm),
+            ",".join(config.brokers),
+            result,
+        ]
+    ]
+
+
+#: verb -> (help, argument adder, operation)
+VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb]] = {
+    "updateTopic": (
+        "create a topic or update its queue counts, perm or store-nodes",
+        lambda p: (
+            p.add_argument("-t", "--topic", required=True),
+            p.add_argument("-r", "--read-queue-nums", type=int),
+            p.add_argument("-w", "--write-queue-nums", type=int),
+            p.add_argument("-p", "--perm", type=int, choices=[2, 4, 6]),
+            p.add_argument("-b", "--broker", action="append", help="a store-node (repeat)"),
+        ),
+        _update_topic,
+    ),
+    "deleteTopic": (
+        "delete a topic's config",
+        lambda p: p.add_argument("-t", "--topic", required=True),
+        _delete_topic,
+    ),
+    "topicList": ("every topic", lambda p: None, _topic_list),
+    "topicRoute": (
+        "a topic's store-nodes and queue counts",
+        lambda p: p.add_argument("-t", "--topic", required=True),
+        _topic_route,
+    ),
+    "topicStatus": (
+        "a topic's queues: min, max offset and last store time",
+        lambda p: p.add_argument("-t", "--topic", required=True),
+        _topic_status,
+    ),
+    "consumerProgress": (
+        "a group's offsets and lag, per queue",
+        lambda p: (
+            p.add_argument("-g", "--group", required=True),
+            p.add_argument("-t", "--topic"),
+        ),
+        _consumer_progress,
+    ),
+    "clusterList": (
+        "every registered store-node and its runtime figures",
+        lambda p: None,
+        _cluster_list,
+    ),
+}
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for name, (help_text, add_arguments, operation) in VERBS.items():
+        sub = verbs.add_parser(name, help=help_text, description=help_text)
+        add_arguments(sub)
+        sub.add_argument("--etcd", help="etcd host:port[,host:port] (default: the local cluster)")
+        sub.add_argument("--cluster", default="DefaultCluster")
+        sub.add_argument("--json", action="store_true", help="one JSON document")
+        sub.set_defaults(handler=_handler(operation))
+
+
+def _handler(operation: Verb) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
+    def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
+        etcd = args.etcd or default_etcd()
+        if etcd is None:
+            print(
+                f"basalt admin {args.verb}: no --etcd, and no local cluster in ./.basalt",
+                file=stderr,
+            )
+            return EXIT_USAGE
+        try:
+            header, rows = asyncio.run(_with_meta(etcd, args, operation))
+        except (ops.AdminError, MetaError, ValueError) as e:
+            print(f"basalt admin {args.verb}: {e}", file=stderr)
+            return EXIT_FAILED
+        if args.json:
+            json.dump([dict(zip(header, row, strict=True)) for row in rows], stdout, indent=2)
+            stdout.write("\n")
+        else:
+            stdout.write(format_table(header, rows))
+        return 0
+
+    return run
+
+
+async def _with_meta(
+    etcd: str, args: argparse.Namespace, operation: Verb
+) -> tuple[list[str], list[list[Any]]]:
+    config = MetaConfig(endpoints=parse_endpoints(etcd), cluster=args.cluster, op_timeout_s=3.0)
+    async with MetaClient(config) as meta:
+        return await operation(meta, args)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """An aligned table: numbers right-aligned, text left."""
+    cells = [list(header)] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [
+        all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(header))
+    ]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if num else c.ljust(w)
+            for c, w, num in zip(row, widths, numeric, strict=True)
+        ).rstrip()
+
+    return (
+        "\n".join([line(cells[0]), line(["-" * w for w in widths]), *map(line, cells[1:])]) + "\n"
+    )
+
+
+def _is_number(text: str) -> bool:
+    return text.lstrip("-").replace(".", "", 1).isdigit() or text == ""

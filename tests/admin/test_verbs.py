@@ -1,0 +1,79 @@
+"""``basalt admin <verb>`` run as a user would (``python -m admin`` processes)
+against real etcd, store-nodes and a pull-service."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from services.meta import MetaConfig
+from tests.client.test_quickstart import basalt
+from tests.services.conftest import async_test
+from tests.services.test_pull_service import cluster
+
+
+@async_test
+async def test_topics_status_progress_and_cluster_list(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, topic=None) as h:
+        etcd = ("--etcd", meta_config.endpoints[0], "--cluster", meta_config.cluster)
+        ep = ("--endpoints", h.services[0].address)
+
+        code, out, err = await basalt(
+            "admin", "updateTopic", "-t", "Orders", "-r", "4", "-w", "4", *etcd
+        )
+        assert code == 0, err
+        assert "Orders" in out and "created" in out and "broker-a,broker-b" in out
+        code, out, _ = await basalt("admin", "updateTopic", "-t", "Orders", "-w", "2", *etcd)
+        assert "updated" in out
+        code, out, _ = await basalt("admin", "topicRoute", "-t", "Orders", "--json", *etcd)
+        route = json.loads(out)
+        assert [(r["broker"], r["read_queue_nums"], r["write_queue_nums"]) for r in route] == [
+            ("broker-a", 4, 2),
+            ("broker-b", 4, 2),
+        ]
+        code, out, _ = await basalt("admin", "topicList", *etcd)
+        assert out.splitlines()[2:] == ["Orders"]
+
+        await h.seen(lambda s: s.servicer.view.topics.get("Orders") is not None)
+        code, _, err = await basalt("produce", *ep, "-t", "Orders", "-n", "20", "--size", "8")
+        assert code == 0, err
+        code, out, _ = await basalt("admin", "topicStatus", "-t", "Orders", "--json", *etcd)
+        status = json.loads(out)
+        assert len(status) == 8  # 2 store-nodes x 4 read queues
+        assert sum(r["max_offset"] for r in status) == 20
+        assert all(r["last_update_ms"] > 0 for r in status if r["max_offset"])
+        assert all(r["max_offset"] == 0 for r in status if r["queue"] >= 2)  # write 2
+
+        code, _, err = await basalt(
+            "consume", *ep, "-t", "Orders", "-g", "G1", "--count", "12", "--idle-ms", "300"
+        )
+        assert code == 0, err
+        code, out, err = await basalt("admin", "consumerProgress", "-g", "G1", *etcd)
+        assert code == 0, err
+        total = [line for line in out.splitlines() if line.startswith("(total)")]
+        assert total and total[0].split()[-2:] == ["20", "8"]  # 20 stored, 8 behind
+
+        code, out, _ = await basalt("admin", "clusterList", "--json", *etcd)
+        assert [b["broker"] for b in json.loads(out)] == ["broker-a", "broker-b"]
+
+        # Clear errors, exit status 1, for what does not exist.
+        code, _, err = await basalt("admin", "topicStatus", "-t", "Nope", *etcd)
+        assert code == 1 and "topic 'Nope' does not exist" in err
+        code, _, err = await basalt("admin", "consumerProgress", "-g", "Nobody", *etcd)
+        assert code == 1 and "has no offsets" in err
+        code, _, err = await basalt("admin", "updateTopic", "-t", "X", "-b", "broker-z", *etcd)
+        assert code == 1 and "broker-z" in err
+        code, out, _ = await basalt("admin", "deleteTopic", "-t", "Orders", *etcd)
+        assert code == 0 and "deleted" in out
+        code, _, err = await basalt("admin", "deleteTopic", "-t", "Orders", *etcd)
+        assert code == 1 and "does not exist" in err
+
+
+@async_test
+async def test_unreachable_etcd_is_a_clear_failure() -> None:
+    from services.etcd_process import free_port
+
+    code, _, err = await basalt("admin", "topicList", "--etcd", f"127.0.0.1:{free_port()}")
+    assert code == 1 and "etcd" in err
