@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
+import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from services.meta import BrokerRegistration, MetaClient, Perm, TopicConfig
@@ -245,3 +250,117 @@ async def _call(broker: str, call: Awaitable[T]) -> T:
         return await call
     except grpc.aio.AioRpcError as e:
         raise AdminError(f"store-node {broker!r}: {e.code().name}: {e.details()}") from None
+
+
+# -- reset offset by time (seed 004) ----------------------------------------------------
+
+#: mqadmin's date format for -s, yyyy-MM-dd#HH:mm:ss:SSS, local time.
+DATE_FORMAT = "%Y-%m-%d#%H:%M:%S:%f"
+
+
+def parse_timestamp(text: str, *, now_ms: int | None = None) -> int:
+    """mqadmin resetOffsetByTime's ``-s``: ``now``, milliseconds (-1: the max
+    offset) or ``yyyy-MM-dd#HH:mm:ss:SSS`` in local time. AdminError otherwise."""
+    text = text.strip()
+    if text == "now":
+        return now_ms if now_ms is not None else int(time.time() * 1000)
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return int(datetime.datetime.strptime(text, DATE_FORMAT).timestamp() * 1000)
+    except ValueError:
+        raise AdminError(
+            f"timestamp {text!r} is not now, milliseconds or yyyy-MM-dd#HH:mm:ss:SSS"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOutcome:
+    """What a reset did: the merged table, the store-nodes that failed, and the
+    consumers' answers (None: the group had no live consumer, the offline
+    path; the store-nodes' offsets are all there is)."""
+
+    offsets: list[pb.QueueOffset]
+    failed: dict[str, str]
+    acks: list[ps.ConsumerAck] | None
+    command_id: str = ""
+
+
+async def reset_offset_by_time(
+    meta: MetaClient,
+    group: str,
+    topic: str,
+    timestamp_ms: int,
+    *,
+    force: bool = True,
+    ack_timeout_ms: int = 5000,
+) -> ResetOutcome:
+    """ARCHITECTURE §5's reset: ``ResetOffset`` on every store-node hosting the
+    topic at once (a deadline each), the tables merged, then RESET_OFFSET to
+    the group's live consumers through a pull-service, waiting for their acks.
+    A store-node that fails is named in ``failed``; what succeeded stays reset."""
+    config = await topic_config(meta, topic)
+    brokers = await meta.list_brokers()
+
+    async def reset(name: str) -> sn.ResetOffsetResponse:
+        broker = _registered(brokers, name)
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            return await _call(
+                name,
+                sn_grpc.StoreNodeStub(channel).ResetOffset(
+                    sn.ResetOffsetRequest(
+                        topic=topic, group=group, timestamp_ms=timestamp_ms, force=force
+                    ),
+                    timeout=CALL_TIMEOUT_S,
+                ),
+            )
+
+    answers = await asyncio.gather(*(reset(n) for n in config.brokers), return_exceptions=True)
+    offsets: list[pb.QueueOffset] = []
+    failed: dict[str, str] = {}
+    for name, answer in zip(config.brokers, answers, strict=True):
+        if isinstance(answer, BaseException):
+            failed[name] = str(answer)
+            continue
+        offsets += [
+            pb.QueueOffset(
+                queue=pb.MessageQueue(topic=topic, broker_name=name, queue_id=q),
+                offset=offset,
+                reset_epoch=answer.reset_epoch,
+            )
+            for q, offset in sorted(answer.offsets.items())
+        ]
+    if not offsets:
+        return ResetOutcome(offsets, failed, None)
+    acks, command_id = await _notify_reset(meta, group, topic, offsets, ack_timeout_ms)
+    return ResetOutcome(offsets, failed, acks, command_id)
+
+
+async def _notify_reset(
+    meta: MetaClient, group: str, topic: str, offsets: list[pb.QueueOffset], ack_timeout_ms: int
+) -> tuple[list[ps.ConsumerAck] | None, str]:
+    """RESET_OFFSET to the group's consumers; (None, "") when none is live."""
+    services = await meta.list_pull_services()
+    if not services:
+        if await meta.list_consumers(group):
+            raise AdminError("the group has live consumers but no pull-service is registered")
+        return None, ""
+    address = services[sorted(services)[0]].address
+    command = ps.Command(
+        timeout_ms=ack_timeout_ms,
+        reset_offset=ps.ResetOffsetCommand(topic=topic, offsets=offsets),
+    )
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            reply = await ps_grpc.PullServiceStub(channel).NotifyConsumers(
+                ps.NotifyConsumersRequest(group=group, command=command),
+                timeout=ack_timeout_ms / 1000 + CALL_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as e:
+            codes = dict(e.trailing_metadata() or ())
+            if codes.get("basalt-response-code") == str(pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE):
+                return None, ""  # RocketMQ's offline path: the brokers' reset is all
+            raise AdminError(f"pull-service at {address}: {e.code().name}: {e.details()}") from None
+    return list(reply.acks), reply.command_id

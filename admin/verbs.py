@@ -9,12 +9,15 @@
     basalt admin topicStatus -t T
     basalt admin consumerProgress -g G [-t T]
     basalt admin clusterList
+    basalt admin resetOffsetByTime -g G -t T -s now|<millis>|yyyy-MM-dd#HH:mm:ss:SSS [-f true|false]
 
 Every verb takes ``--etcd host:port`` (default: the etcd ``basalt cluster up``
 started here, from ``./.basalt/cluster.json``), ``--cluster`` and ``--json``
 (one JSON document instead of an aligned table). Exit status 0, 1 when the
 operation failed (the reason on stderr: an unknown topic or group, a
-store-node or etcd that did not answer), 2 for bad usage.
+store-node or etcd that did not answer; for resetOffsetByTime, a store-node
+that failed or a consumer that did not confirm, with the table of what was
+done), 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from admin import ops
+from basalt.v1 import pull_service_pb2 as ps
 from services.meta import MetaClient, MetaConfig, MetaError, Perm, parse_endpoints
 
 EXIT_FAILED = 1
@@ -131,6 +135,41 @@ async def _cluster_list(
     return ["broker", "address", "perm", "put_tps", "disk_ratio", "commit_log_max"], rows
 
 
+async def _reset_offset_by_time(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    force = a.force.strip().lower() == "true"  # Java's Boolean.valueOf, as mqadmin
+    timestamp = ops.parse_timestamp(a.timestamp)
+    outcome = await ops.reset_offset_by_time(
+        meta, a.group, a.topic, timestamp, force=force, ack_timeout_ms=a.timeout_ms
+    )
+    rows: list[list[Any]] = [
+        [o.queue.broker_name, o.queue.queue_id, o.offset, o.reset_epoch, "reset"]
+        for o in outcome.offsets
+    ]
+    rows += [[name, "", "", "", f"FAILED: {why}"] for name, why in sorted(outcome.failed.items())]
+    if outcome.acks is None:
+        rows.append(["(consumers)", "", "", "", "no live consumer: reset on the store-nodes only"])
+    else:
+        rows += [
+            [f"consumer {ack.client_id}", "", "", "", ps.CommandOutcome.Name(ack.outcome)[16:]]
+            for ack in outcome.acks
+        ]
+    unconfirmed = [a.client_id for a in outcome.acks or () if a.outcome != ps.COMMAND_OUTCOME_OK]
+    if outcome.failed or unconfirmed:
+        raise _Partial(["broker", "queue", "offset", "reset_epoch", "result"], rows)
+    return ["broker", "queue", "offset", "reset_epoch", "result"], rows
+
+
+class _Partial(Exception):
+    """An operation that did part of its work: print the table, exit 1."""
+
+    def __init__(self, header: list[str], rows: list[list[Any]]) -> None:
+        super().__init__("partly failed")
+        self.header = header
+        self.rows = rows
+
+
 def _topic_rows(config: Any, result: str) -> tuple[list[str], list[list[Any]]]:
     return ["topic", "read_queue_nums", "write_queue_nums", "perm", "brokers", "result"], [
         [
@@ -186,6 +225,19 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb]] 
         lambda p: None,
         _cluster_list,
     ),
+    "resetOffsetByTime": (
+        "reset a group's offsets of a topic to a time, on the store-nodes and its live consumers",
+        lambda p: (
+            p.add_argument("-g", "--group", required=True),
+            p.add_argument("-t", "--topic", required=True),
+            p.add_argument(
+                "-s", "--timestamp", required=True, help="now | millis | yyyy-MM-dd#HH:mm:ss:SSS"
+            ),
+            p.add_argument("-f", "--force", default="true", help="true | false (default true)"),
+            p.add_argument("--timeout-ms", type=int, default=5000, help="consumers' ack wait"),
+        ),
+        _reset_offset_by_time,
+    ),
 }
 
 
@@ -209,8 +261,11 @@ def _handler(operation: Verb) -> Callable[[argparse.Namespace, IO[str], IO[str]]
                 file=stderr,
             )
             return EXIT_USAGE
+        status = 0
         try:
             header, rows = asyncio.run(_with_meta(etcd, args, operation))
+        except _Partial as partial:
+            header, rows, status = partial.header, partial.rows, EXIT_FAILED
         except (ops.AdminError, MetaError, ValueError) as e:
             print(f"basalt admin {args.verb}: {e}", file=stderr)
             return EXIT_FAILED
@@ -219,7 +274,7 @@ def _handler(operation: Verb) -> Callable[[argparse.Namespace, IO[str], IO[str]]
             stdout.write("\n")
         else:
             stdout.write(format_table(header, rows))
-        return 0
+        return status
 
     return run
 
