@@ -26,7 +26,9 @@ from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from services.meta import BrokerRegistration, MetaClient, Perm, TopicConfig
-from store.record import store_timestamp_at
+from store.get_message import split_records
+from store.message import MessageRecord, parse_offset_msg_id
+from store.record import decode_record, store_timestamp_at
 
 T = TypeVar("T")
 
@@ -364,3 +366,81 @@ async def _notify_reset(
                 return None, ""  # RocketMQ's offline path: the brokers' reset is all
             raise AdminError(f"pull-service at {address}: {e.code().name}: {e.details()}") from None
     return list(reply.acks), reply.command_id
+
+
+# -- consumers, messages, one store-node ------------------------------------------------
+
+
+async def consumer_connection(meta: MetaClient, group: str) -> list[pb.ConsumerInfo]:
+    """mqadmin consumerConnection: the group's live consumers, cluster-wide
+    (through a pull-service); AdminError when none is live."""
+    services = await meta.list_pull_services()
+    if not services:
+        raise AdminError("no pull-service is registered")
+    address = services[sorted(services)[0]].address
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            reply = await ps_grpc.PullServiceStub(channel).ListConsumers(
+                ps.ListConsumersRequest(group=group), timeout=CALL_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as e:
+            raise AdminError(e.details() or e.code().name) from None
+    return list(reply.consumers)
+
+
+async def query_msg_by_key(
+    meta: MetaClient, topic: str, key: str, max_num: int = 64
+) -> list[tuple[str, MessageRecord]]:
+    """mqadmin queryMsgByKey: the topic's messages with ``key`` (KEYS or
+    UNIQ_KEY) on every store-node hosting it, as (broker, record)."""
+    config = await topic_config(meta, topic)
+    brokers = await meta.list_brokers()
+    out: list[tuple[str, MessageRecord]] = []
+    for name in config.brokers:
+        broker = _registered(brokers, name)
+        async with grpc.aio.insecure_channel(broker.address) as channel:
+            got = await _call(
+                name,
+                sn_grpc.StoreNodeStub(channel).QueryMessage(
+                    sn.QueryMessageRequest(topic=topic, key=key, max_num=max_num),
+                    timeout=CALL_TIMEOUT_S,
+                ),
+            )
+        out += [(name, decode_record(raw)) for raw in split_records(got.records.data)]
+    return out
+
+
+async def query_msg_by_id(meta: MetaClient, offset_msg_id: str) -> tuple[str, MessageRecord]:
+    """mqadmin queryMsgById: the message an offset message id names, from the
+    store-node whose store host the id carries (asked in turn otherwise)."""
+    try:
+        host, _ = parse_offset_msg_id(offset_msg_id)
+    except ValueError:
+        raise AdminError(f"{offset_msg_id!r} is not an offset message id") from None
+    brokers = await meta.list_brokers()
+    for name in sorted(brokers):
+        async with grpc.aio.insecure_channel(brokers[name].address) as channel:
+            stub = sn_grpc.StoreNodeStub(channel)
+            try:
+                info = await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S)
+                if info.store_host != host:
+                    continue
+                got = await stub.ViewMessage(
+                    sn.ViewMessageRequest(offset_msg_id=offset_msg_id), timeout=CALL_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as e:
+                raise AdminError(f"store-node {name!r}: {e.details() or e.code().name}") from None
+            return name, decode_record(got.records.data)
+    raise AdminError(f"no registered store-node writes as {host} (the id's store host)")
+
+
+async def broker_status(meta: MetaClient, broker_name: str) -> sn.GetRuntimeInfoResponse:
+    """mqadmin brokerStatus: one store-node's runtime info."""
+    broker = _registered(await meta.list_brokers(), broker_name)
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        return await _call(
+            broker_name,
+            sn_grpc.StoreNodeStub(channel).GetRuntimeInfo(
+                sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S
+            ),
+        )

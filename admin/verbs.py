@@ -9,6 +9,10 @@
     basalt admin topicStatus -t T
     basalt admin consumerProgress -g G [-t T]
     basalt admin clusterList
+    basalt admin consumerConnection -g G
+    basalt admin queryMsgByKey -t T -k KEY
+    basalt admin queryMsgById -i OFFSET_MSG_ID
+    basalt admin brokerStatus -b BROKER
     basalt admin resetOffsetByTime -g G -t T -s now|<millis>|yyyy-MM-dd#HH:mm:ss:SSS [-f true|false]
 
 Every verb takes ``--etcd host:port`` (default: the etcd ``basalt cluster up``
@@ -161,6 +165,78 @@ async def _reset_offset_by_time(
     return ["broker", "queue", "offset", "reset_epoch", "result"], rows
 
 
+async def _consumer_connection(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    rows = [
+        [
+            c.client_id,
+            c.pull_service_id,
+            c.connected_since_ms,
+            "; ".join(f"{s.topic}: {s.subscription.expression or '*'}" for s in c.subscriptions),
+            c.client_version,
+        ]
+        for c in await ops.consumer_connection(meta, a.group)
+    ]
+    return ["client_id", "pull_service", "connected_since_ms", "subscriptions", "version"], rows
+
+
+def _message_rows(found: list[tuple[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    header = [
+        "broker",
+        "queue",
+        "queue_offset",
+        "msg_id",
+        "offset_msg_id",
+        "store_ms",
+        "tags",
+        "keys",
+    ]
+    return header, [
+        [
+            broker,
+            r.queue_id,
+            r.queue_offset,
+            r.uniq_key or "",
+            r.msg_id,
+            r.store_timestamp_ms,
+            r.tags or "",
+            " ".join(r.keys),
+        ]
+        for broker, r in found
+    ]
+
+
+async def _query_msg_by_key(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    return _message_rows(await ops.query_msg_by_key(meta, a.topic, a.key))
+
+
+async def _query_msg_by_id(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    return _message_rows([await ops.query_msg_by_id(meta, a.msg_id)])
+
+
+async def _broker_status(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    info = await ops.broker_status(meta, a.broker)
+    rows: list[list[Any]] = [
+        ["brokerName", info.broker_name],
+        ["storeHost", info.store_host],
+        ["bootTimestamp", info.boot_timestamp_ms],
+        ["putTps", f"{info.put_tps:.1f}"],
+        ["dispatchBehindBytes", info.dispatch_behind_bytes],
+        ["diskUseRatio", f"{info.disk_use_ratio:.3f}"],
+        ["commitLogMinOffset", info.commit_log_min_offset],
+        ["commitLogMaxOffset", info.commit_log_max_offset],
+    ]
+    rows += [[k, v] for k, v in sorted(info.extra.items())]
+    return ["key", "value"], rows
+
+
 class _Partial(Exception):
     """An operation that did part of its work: print the table, exit 1."""
 
@@ -224,6 +300,29 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb]] 
         "every registered store-node and its runtime figures",
         lambda p: None,
         _cluster_list,
+    ),
+    "consumerConnection": (
+        "a group's live consumers: their pull-service, subscriptions and connect time",
+        lambda p: p.add_argument("-g", "--group", required=True),
+        _consumer_connection,
+    ),
+    "queryMsgByKey": (
+        "a topic's messages by key (KEYS or the producer's message id)",
+        lambda p: (
+            p.add_argument("-t", "--topic", required=True),
+            p.add_argument("-k", "--key", required=True),
+        ),
+        _query_msg_by_key,
+    ),
+    "queryMsgById": (
+        "one message by its offset message id",
+        lambda p: p.add_argument("-i", "--msg-id", required=True),
+        _query_msg_by_id,
+    ),
+    "brokerStatus": (
+        "one store-node's runtime figures",
+        lambda p: p.add_argument("-b", "--broker", required=True),
+        _broker_status,
     ),
     "resetOffsetByTime": (
         "reset a group's offsets of a topic to a time, on the store-nodes and its live consumers",

@@ -3,13 +3,17 @@ against real etcd, store-nodes and a pull-service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+from basalt.v1 import common_pb2 as pb
 from services.meta import MetaConfig
 from tests.client.test_quickstart import basalt
+from tests.conftest import wait_indexed as store_wait_indexed
 from tests.services.conftest import async_test
-from tests.services.test_pull_service import cluster
+from tests.services.test_pull_service import TOPIC, cluster
+from tests.services.test_pull_sessions import Consumer
 
 
 @async_test
@@ -77,3 +81,48 @@ async def test_unreachable_etcd_is_a_clear_failure() -> None:
 
     code, _, err = await basalt("admin", "topicList", "--etcd", f"127.0.0.1:{free_port()}")
     assert code == 1 and "etcd" in err
+
+
+@async_test
+async def test_message_queries_consumer_connection_and_broker_status(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        etcd = ("--etcd", meta_config.endpoints[0], "--cluster", meta_config.cluster, "--json")
+        ep = ("--endpoints", h.services[0].address)
+        code, _, err = await basalt("produce", *ep, "-t", TOPIC, "-n", "10", "--tags", "T")
+        assert code == 0, err
+        await wait_indexed(h)
+        code, out, err = await basalt("admin", "queryMsgByKey", "-t", TOPIC, "-k", "key-3", *etcd)
+        assert code == 0, err
+        (found,) = json.loads(out)
+        assert found["keys"] == "key-3" and found["tags"] == "T"
+        code, out, err = await basalt("admin", "queryMsgById", "-i", found["offset_msg_id"], *etcd)
+        assert code == 0, err
+        assert json.loads(out) == [found]
+        code, _, err = await basalt("admin", "queryMsgById", "-i", "nothex", *etcd)
+        assert code == 1 and "not an offset message id" in err
+
+        code, out, _ = await basalt("admin", "brokerStatus", "-b", "broker-a", *etcd)
+        status = {r["key"]: r["value"] for r in json.loads(out)}
+        assert status["brokerName"] == "broker-a" and int(status["commitLogMaxOffset"]) > 0
+        code, _, err = await basalt("admin", "brokerStatus", "-b", "broker-z", *etcd)
+        assert code == 1 and "broker-z" in err
+
+        code, _, err = await basalt("admin", "consumerConnection", "-g", "G", *etcd)
+        assert code == 1 and "no live consumer" in err
+        consumer = Consumer(h.stub, "c1", group="G")
+        await consumer.open(pb.TopicSubscription(topic=TOPIC))
+        code, out, err = await basalt("admin", "consumerConnection", "-g", "G", *etcd)
+        assert code == 0, err
+        (row,) = json.loads(out)
+        assert (row["client_id"], row["pull_service"]) == ("c1", "ps-1")
+        assert row["connected_since_ms"] > 0 and TOPIC in row["subscriptions"]
+        await consumer.close()
+
+
+async def wait_indexed(h) -> None:  # type: ignore[no-untyped-def]
+    """Until both store-nodes' IndexFiles have caught up (tests.conftest's wait,
+    off the event loop that serves them)."""
+    for node in h.nodes.values():
+        await asyncio.to_thread(store_wait_indexed, node.store)
