@@ -10,6 +10,7 @@ from client.lite_pull_consumer import (
     MessageQueue,
 )
 from client.producer import ClientError, Producer, ProducerConfig, SendResult
+from client.sync import SyncLitePullConsumer, SyncProducer
 
 __all__ = [
     "ClientError",
@@ -20,4 +21,6 @@ __all__ = [
     "Producer",
     "ProducerConfig",
     "SendResult",
+    "SyncLitePullConsumer",
+    "SyncProducer",
 ]

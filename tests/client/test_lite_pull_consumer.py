@@ -16,6 +16,8 @@ from client import (
     LitePullConsumer,
     MessageQueue,
     Producer,
+    SyncLitePullConsumer,
+    SyncProducer,
 )
 from services.meta import MetaConfig
 from store.message import Message
@@ -98,3 +100,29 @@ async def test_poll_waits_for_a_message_that_arrives(
             await h.send("broker-b", 2, b"late")
             got = await asyncio.wait_for(polling, 10)
             assert [r.body for r in got] == [b"late"]
+
+
+@async_test
+async def test_the_blocking_wrappers_send_and_poll_from_plain_threads(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        address = h.services[0].address
+
+        def blocking() -> tuple[list[int], list[bytes]]:
+            with SyncProducer(address, group="P") as producer:
+                offsets = [producer.send(Message(TOPIC, b"s%d" % i)).queue_offset for i in range(4)]
+                batch = producer.send_batch([Message(TOPIC, b"b"), Message(TOPIC, b"c")])
+                offsets += [r.queue_offset for r in batch]
+                assert producer.send_async(Message(TOPIC, b"f")).result(10).ok
+            with SyncLitePullConsumer(address, config=config()) as consumer:
+                consumer.assign(consumer.queues_of(TOPIC))
+                bodies: list[bytes] = []
+                while records := consumer.poll(timeout_ms=200):
+                    bodies += [r.body for r in records]
+            return offsets, bodies
+
+        # The cluster serves on this loop: the blocking code runs on a thread.
+        offsets, bodies = await asyncio.to_thread(blocking)
+        assert len(offsets) == 6
+        assert sorted(bodies) == sorted([b"s0", b"s1", b"s2", b"s3", b"b", b"c", b"f"])
