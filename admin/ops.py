@@ -168,7 +168,7 @@ async def _queue_status(
 
 
 async def consumer_progress(
-    meta: MetaClient, group: str, topic: str | None = None
+    meta: MetaClient, group: str, topic: str | None = None, *, missing_ok: bool = False
 ) -> list[QueueProgress]:
     """mqadmin consumerProgress: per queue, the broker's max offset, the group's
     committed offset and the lag; every topic the group has offsets in when
@@ -192,7 +192,7 @@ async def consumer_progress(
     if topic is None:
         touched = {r.topic for r in rows if r.consumer_offset >= 0}
         rows = [r for r in rows if r.topic in touched]
-    if not rows:
+    if not rows and not missing_ok:
         raise AdminError(
             f"consumer group {group!r} has no offsets" + (f" in {topic!r}" if topic else "")
         )
@@ -444,3 +444,79 @@ async def broker_status(meta: MetaClient, broker_name: str) -> sn.GetRuntimeInfo
                 sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S
             ),
         )
+
+
+# -- changing a topic's queue count safely (seed 003) -----------------------------------
+
+
+async def subscribed_groups(meta: MetaClient, topic: str) -> set[str]:
+    """The groups with a live consumer subscribed to ``topic``."""
+    return {
+        r.group
+        for r in (await meta.list_all_consumers()).values()
+        if any(s.topic == topic for s in r.subscriptions)
+    }
+
+
+async def undrained(
+    meta: MetaClient, config: TopicConfig, first_queue: int, groups: set[str]
+) -> list[QueueProgress]:
+    """The queues ``first_queue <= q < read_queue_nums`` some of ``groups`` has
+    not consumed to the end yet."""
+    rows: list[QueueProgress] = []
+    for group in sorted(groups):
+        progress = await consumer_progress(meta, group, config.topic_name, missing_ok=True)
+        rows += [r for r in progress if r.queue_id >= first_queue and r.lag > 0]
+    return rows
+
+
+async def change_queue_nums(
+    meta: MetaClient,
+    topic: str,
+    queue_nums: int,
+    *,
+    wait_s: float = 0.0,
+    groups: Sequence[str] = (),
+    poll_s: float = 0.5,
+) -> list[str]:
+    """mqadmin's queue-count change done safely; the steps taken, as lines.
+
+    Growing: read then write (a queue is read before anything can be written
+    to it, so no consumer starting at its last offset skips what lands there).
+    Shrinking: write first; read only once every group that consumes the
+    topic - its live subscribers, and ``groups`` (offline ones) - has
+    consumed the removed queues to their end, waiting up to ``wait_s`` for
+    that. Until then read stays, and the removed queues are still pulled: no
+    message is stranded in a queue no consumer reads."""
+    if queue_nums < 1:
+        raise AdminError(f"queue count {queue_nums} must be at least 1")
+    config = await topic_config(meta, topic)
+    steps: list[str] = []
+    if queue_nums > config.read_queue_nums:
+        config, _ = await update_topic(meta, topic, read_queue_nums=queue_nums)
+        steps.append(f"read_queue_nums -> {queue_nums}")
+    if queue_nums != config.write_queue_nums:
+        config, _ = await update_topic(meta, topic, write_queue_nums=queue_nums)
+        steps.append(f"write_queue_nums -> {queue_nums}")
+    if queue_nums >= config.read_queue_nums:
+        return steps or [f"already {queue_nums} read and write queues"]
+    consumers = set(groups) | await subscribed_groups(meta, topic)
+    if not consumers:
+        raise AdminError(
+            f"no live consumer subscribes to {topic!r}: name the groups that read it "
+            f"(-g) before its read queues go; write_queue_nums is {queue_nums} now"
+        )
+    deadline = time.monotonic() + wait_s
+    while left := await undrained(meta, config, queue_nums, consumers):
+        if time.monotonic() >= deadline:
+            behind = ", ".join(f"{r.topic}/{r.broker_name}/{r.queue_id}" for r in left[:8])
+            steps.append(
+                f"read_queue_nums stays {config.read_queue_nums}: not drained yet ({behind}); "
+                "run again (with --wait) to finish"
+            )
+            return steps
+        await asyncio.sleep(poll_s)
+    await update_topic(meta, topic, read_queue_nums=queue_nums)
+    steps.append(f"queues >= {queue_nums} drained by {', '.join(sorted(consumers))}")
+    steps.append(f"read_queue_nums -> {queue_nums}")
+    return steps

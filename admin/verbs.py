@@ -13,6 +13,7 @@
     basalt admin queryMsgByKey -t T -k KEY
     basalt admin queryMsgById -i OFFSET_MSG_ID
     basalt admin brokerStatus -b BROKER
+    basalt admin shrinkTopic -t T -n N [--wait-s S] [-g offline-group ...]
     basalt admin resetOffsetByTime -g G -t T -s now|<millis>|yyyy-MM-dd#HH:mm:ss:SSS [-f true|false]
 
 Every verb takes ``--etcd host:port`` (default: the etcd ``basalt cluster up``
@@ -237,6 +238,18 @@ async def _broker_status(
     return ["key", "value"], rows
 
 
+async def _shrink_topic(
+    meta: MetaClient, a: argparse.Namespace
+) -> tuple[list[str], list[list[Any]]]:
+    steps = await ops.change_queue_nums(
+        meta, a.topic, a.queue_nums, wait_s=a.wait_s, groups=a.group or ()
+    )
+    rows: list[list[Any]] = [[step] for step in steps]
+    if any("stays" in step for step in steps):
+        raise _Partial(["step"], rows)
+    return ["step"], rows
+
+
 class _Partial(Exception):
     """An operation that did part of its work: print the table, exit 1."""
 
@@ -323,6 +336,16 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb]] 
         "one store-node's runtime figures",
         lambda p: p.add_argument("-b", "--broker", required=True),
         _broker_status,
+    ),
+    "shrinkTopic": (
+        "change a topic's queue count safely: write first, read once drained (growing: read first)",
+        lambda p: (
+            p.add_argument("-t", "--topic", required=True),
+            p.add_argument("-n", "--queue-nums", type=int, required=True),
+            p.add_argument("--wait-s", type=float, default=0.0, help="wait this long to drain"),
+            p.add_argument("-g", "--group", action="append", help="an offline group (repeat)"),
+        ),
+        _shrink_topic,
     ),
     "resetOffsetByTime": (
         "reset a group's offsets of a topic to a time, on the store-nodes and its live consumers",

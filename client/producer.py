@@ -48,7 +48,10 @@ log = logging.getLogger(__name__)
 AUTO_CREATE_TOPIC = "TBW102"
 
 #: Refusals RocketMQ's producer retries on another broker (DefaultMQProducer's
-#: retryResponseCodes, plus SYSTEM_BUSY: Basalt's flow control).
+#: retryResponseCodes, plus SYSTEM_BUSY: Basalt's flow control, and
+#: INVALID_PARAMETER: the producer picks queue ids from its route, so a queue
+#: id refused means the route is stale, e.g. write_queue_nums just lowered;
+#: RocketMQ's broker answers SYSTEM_ERROR there, which it retries).
 RETRIED_CODES = frozenset(
     {
         pb.RESPONSE_CODE_TOPIC_NOT_EXIST,
@@ -56,6 +59,7 @@ RETRIED_CODES = frozenset(
         pb.RESPONSE_CODE_SYSTEM_ERROR,
         pb.RESPONSE_CODE_SYSTEM_BUSY,
         pb.RESPONSE_CODE_NO_PERMISSION,
+        pb.RESPONSE_CODE_INVALID_PARAMETER,
     }
 )
 

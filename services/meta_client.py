@@ -228,6 +228,10 @@ class MetaClient:
             lambda name, raw: ConsumerRegistration.from_json(raw, group=group, client_id=name),
         )
 
+    async def list_all_consumers(self) -> dict[str, ConsumerRegistration]:
+        """Every group's live consumers, by ``group/client_id``."""
+        return await self._list(self.keys.consumers, decode_consumer)
+
     async def _list(self, prefix: str, decode: Callable[[str, bytes], V]) -> dict[str, V]:
         _, kvs = await self._session.get_prefix(prefix)
         return _decode_all(prefix, kvs, decode)
@@ -284,3 +288,9 @@ def _decode_all(
         except MetaError as e:
             log.warning("ignoring %s: %s", kv.key, e)
     return out
+
+
+def decode_consumer(name: str, raw: bytes) -> ConsumerRegistration:
+    """A registration under ``consumers/``, named ``group/client_id``."""
+    group, _, client_id = name.partition("/")
+    return ConsumerRegistration.from_json(raw, group=group, client_id=client_id)

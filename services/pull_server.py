@@ -29,7 +29,7 @@ from grpc_health.v1 import health
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2
-from services.meta_client import MetaClient
+from services.meta_client import MetaClient, decode_consumer
 from services.meta_lease import Registration
 from services.meta_model import BrokerRegistration, ConsumerRegistration, PullServiceRegistration
 from services.meta_watch import MetaChange, MetaWatcher
@@ -162,9 +162,6 @@ def _evict_departed(view: ClusterView, channels: ChannelPool) -> None:
 def _consumers(meta: MetaClient) -> MetaWatcher[ConsumerRegistration]:
     """A watch of every consumer registration, named ``group/client_id`` (MetaClient
     offers one group's; a session may move between pull-services in any group)."""
-
-    def decode(name: str, raw: bytes) -> ConsumerRegistration:
-        group, _, client_id = name.partition("/")
-        return ConsumerRegistration.from_json(raw, group=group, client_id=client_id)
-
-    return MetaWatcher(meta.config, meta.keys.consumers, decode, what="consumer registrations")
+    return MetaWatcher(
+        meta.config, meta.keys.consumers, decode_consumer, what="consumer registrations"
+    )
