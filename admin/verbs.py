@@ -31,11 +31,11 @@ import argparse
 import asyncio
 import json
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import IO, Any
 
 from admin import ops
 from basalt.v1 import pull_service_pb2 as ps
+from services.cluster import local_address
 from services.meta import MetaClient, MetaConfig, MetaError, Perm, parse_endpoints
 
 EXIT_FAILED = 1
@@ -44,15 +44,6 @@ EXIT_USAGE = 2
 Verb = Callable[
     [MetaClient, argparse.Namespace], Coroutine[Any, Any, tuple[list[str], list[list[Any]]]]
 ]
-
-
-def default_etcd(data_dir: Path = Path(".basalt")) -> str | None:
-    """The local cluster's etcd, when ``basalt cluster up`` ran here."""
-    try:
-        state = json.loads((data_dir / "cluster.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return next((p["address"] for p in state if p.get("role") == "etcd"), None)
 
 
 async def _update_topic(
@@ -376,7 +367,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 def _handler(operation: Verb) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
     def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
-        etcd = args.etcd or default_etcd()
+        etcd = args.etcd or local_address("etcd")
         if etcd is None:
             print(
                 f"basalt admin {args.verb}: no --etcd, and no local cluster in ./.basalt",

@@ -25,9 +25,9 @@ import grpc
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from client.channels import Client
 from client.producer import ClientError, response_code
 from store.get_message import split_records
 from store.message import MessageRecord
@@ -76,43 +76,29 @@ class _Position:
     committed: int
 
 
-class LitePullConsumer:
+class LitePullConsumer(Client):
     """Polls assigned queues through a pull-service; ``async with`` or
     :meth:`start` / :meth:`close` (close commits)."""
 
     def __init__(self, endpoints: str, *, config: LitePullConfig) -> None:
-        self.endpoints = endpoints
+        super().__init__(endpoints)
         self.config = config
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self._positions: dict[MessageQueue, _Position] = {}
         self._addresses: dict[str, str] = {}
-        self._pull: ps_grpc.PullServiceAsyncStub | None = None
-
-    async def __aenter__(self) -> LitePullConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> None:
-        self._pull = ps_grpc.PullServiceStub(self._channel(self.endpoints))
 
     async def close(self) -> None:
         try:
             if self._positions:
                 await self.commit()
         finally:
-            for channel in self._channels.values():
-                await channel.close()
-            self._channels.clear()
+            await super().close()
 
     # -- assignment -------------------------------------------------------------------
 
     async def queues_of(self, topic: str) -> list[MessageQueue]:
         """The topic's readable queues (QueryRoute); ClientError TOPIC_NOT_EXIST."""
         try:
-            route = (await self._stub().QueryRoute(ps.QueryRouteRequest(topic=topic))).route
+            route = (await self._pull_service().QueryRoute(ps.QueryRouteRequest(topic=topic))).route
         except grpc.aio.AioRpcError as e:
             raise ClientError(response_code(e), e.details() or str(e.code())) from None
         brokers = {b.broker_name: b.address for b in route.broker_datas}
@@ -209,7 +195,7 @@ class LitePullConsumer:
             suspend_timeout_ms=timeout_ms,
         )
         try:
-            reply = await self._stub().PullBatch(request, timeout=timeout_ms / 1000 + 10)
+            reply = await self._pull_service().PullBatch(request, timeout=timeout_ms / 1000 + 10)
         except grpc.aio.AioRpcError as e:
             raise ClientError(response_code(e), e.details() or str(e.code())) from None
         out = []
@@ -265,19 +251,6 @@ class LitePullConsumer:
         first = self.config.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
         start = bounds.min_offset if first else bounds.max_offset
         return _Position(start, got.reset_epoch, -1)
-
-    def _stub(self) -> ps_grpc.PullServiceAsyncStub:
-        if self._pull is None:
-            raise RuntimeError("the consumer is not started")
-        return self._pull
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=(("grpc.max_receive_message_length", 64 * 1024 * 1024),)
-            )
-        return channel
 
 
 __all__ = ["ConsumeFromWhere", "LitePullConfig", "LitePullConsumer", "MessageQueue"]

@@ -35,9 +35,9 @@ import grpc
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from client.channels import Client
 from store.batch import EncodedBatch
 from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_key
 from store.record import EncodedMessage
@@ -191,37 +191,23 @@ class _Stream:
         self.reader.cancel()
 
 
-class Producer:
+class Producer(Client):
     """Sends messages to a Basalt cluster; ``async with Producer(...)`` or
     :meth:`start` / :meth:`close`."""
 
     def __init__(self, endpoints: str, *, group: str, config: ProducerConfig | None = None) -> None:
-        self.endpoints = endpoints
+        super().__init__(endpoints)
         self.config = config or ProducerConfig(producer_group=group)
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, _Stream] = {}
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}
         self._opaque = itertools.count(1)
         self._turn = itertools.count()
-        self._pull: ps_grpc.PullServiceAsyncStub | None = None
-
-    async def __aenter__(self) -> Producer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> None:
-        self._pull = ps_grpc.PullServiceStub(self._channel(self.endpoints))
 
     async def close(self) -> None:
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await super().close()
 
     # -- sending ----------------------------------------------------------------------
 
@@ -335,10 +321,8 @@ class Producer:
         now = time.monotonic()
         if cached is not None and not refresh and now < cached[0]:
             return cached[1]
-        if self._pull is None:
-            raise RuntimeError("the producer is not started")
         try:
-            reply = await self._pull.QueryRoute(
+            reply = await self._pull_service().QueryRoute(
                 ps.QueryRouteRequest(topic=topic),
                 timeout=self.config.send_msg_timeout_ms / 1000,
             )
@@ -363,14 +347,6 @@ class Producer:
         return queues
 
     # -- channels ---------------------------------------------------------------------
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=(("grpc.max_send_message_length", 64 * 1024 * 1024),)
-            )
-        return channel
 
     def _stream(self, address: str) -> _Stream:
         stream = self._streams.get(address)

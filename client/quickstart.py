@@ -19,31 +19,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import IO, Any
 
 from client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from client.producer import ClientError, Producer
+from services.cluster import local_address
 from store.message import Message
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def default_endpoints(data_dir: Path = Path(".basalt")) -> str | None:
-    """The local cluster's pull-service address, when ``basalt cluster up`` ran here."""
-    try:
-        state = json.loads((data_dir / "cluster.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return next((p["address"] for p in state if p.get("role") == "pull-service"), None)
-
-
 def _endpoints(args: argparse.Namespace, stderr: IO[str]) -> str | None:
-    endpoints: str | None = args.endpoints or default_endpoints()
+    endpoints: str | None = args.endpoints or local_address("pull-service")
     if endpoints is None:
         print(
             f"basalt {args.group}: no --endpoints, and no local cluster in ./.basalt "

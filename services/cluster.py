@@ -157,6 +157,17 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
     return 0
 
 
+def local_address(role: str, data_dir: Path = Path(".basalt")) -> str | None:
+    """The address of the first ``role`` process (etcd, store-node,
+    pull-service) of the cluster ``basalt cluster up`` started in ``data_dir``;
+    None when there is none (the tools' default endpoint)."""
+    try:
+        processes = _load(data_dir / CLUSTER_FILE)
+    except (OSError, ValueError, TypeError):
+        return None
+    return next((p.address for p in processes if p.role == role), None)
+
+
 def _load(state: Path) -> list[ProcessInfo]:
     return [ProcessInfo(**p) for p in json.loads(state.read_text())]
 

@@ -1,0 +1,56 @@
+"""What every SDK client shares: its pull-service, one channel per address."""
+
+from __future__ import annotations
+
+from typing import Self
+
+import grpc
+
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+
+#: Room for a batch of large records either way (gRPC's default is 4 MiB).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class Client:
+    """A client of one pull-service (``endpoints``) that also reaches store-nodes;
+    ``async with`` it, or :meth:`start` / :meth:`close`. Channels are made on
+    first use, one per address, and belong to the event loop that made them."""
+
+    def __init__(self, endpoints: str) -> None:
+        self.endpoints = endpoints
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._pull: ps_grpc.PullServiceAsyncStub | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._pull = ps_grpc.PullServiceStub(self._channel(self.endpoints))
+
+    async def close(self) -> None:
+        """Close every channel (subclasses finish their own work first)."""
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    def _pull_service(self) -> ps_grpc.PullServiceAsyncStub:
+        if self._pull is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._pull
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address,
+                options=(
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ),
+            )
+        return channel
