@@ -111,11 +111,14 @@ class ExpiryService(ServiceThread):
         self._manual_runs = 0
         self._run_lock = threading.Lock()
 
-    def delete_manually(self) -> None:
+    def delete_manually(self, *, wake: bool = True) -> None:
         """An operator's request (mqadmin deleteExpiredCommitLog): expired files go
-        on the next runs whatever the hour."""
+        on the next runs whatever the hour; ``wake`` runs the service now (a
+        caller that runs the first round itself passes False: the woken service
+        would race it for the same files, and the caller's report miss them)."""
         self._manual_runs = MANUAL_DELETE_RUNS
-        self.wakeup()
+        if wake:
+            self.wakeup()
 
     def run(self) -> None:
         while True:

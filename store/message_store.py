@@ -494,7 +494,7 @@ class MessageStore(StoreReads):
         deleteExpiredCommitLog); later runs of the service keep going for a while."""
         if self.expiry is None or not self._running:
             raise StoreClosedError("the store is not running")
-        self.expiry.delete_manually()
+        self.expiry.delete_manually(wake=False)  # this call runs the first round
         return self.expiry.run_once()
 
     def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:

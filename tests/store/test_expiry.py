@@ -171,11 +171,7 @@ def test_a_file_held_by_a_reader_waits_until_released_or_forced(
     make_config: ConfigFactory, clock: ManualClock
 ) -> None:
     config = make_config(
-        delete_commit_log_files_interval_ms=0,
-        destroy_mapped_file_interval_forcibly_ms=60_000,
-        # Only this test's calls run expiry: the service's own round (every
-        # 10 s of real time) could take the forced delete between them.
-        clean_resource_interval_ms=3_600_000,
+        delete_commit_log_files_interval_ms=0, destroy_mapped_file_interval_forcibly_ms=60_000
     )
     with MessageStore.open(config, clock=clock) as store:
         fill(store, 4)
