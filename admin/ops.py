@@ -11,10 +11,11 @@ topic, a store-node that did not answer); etcd being away surfaces as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,6 +26,7 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from services.errors import response_code_of
 from services.meta import BrokerRegistration, MetaClient, Perm, TopicConfig
 from store.get_message import split_records
 from store.message import MessageRecord, parse_offset_msg_id
@@ -129,9 +131,7 @@ async def topic_status(meta: MetaClient, topic: str) -> list[QueueStatus]:
     brokers = await meta.list_brokers()
     rows: list[QueueStatus] = []
     for name in config.brokers:
-        broker = _registered(brokers, name)
-        async with grpc.aio.insecure_channel(broker.address) as channel:
-            stub = sn_grpc.StoreNodeStub(channel)
+        async with _store_node(brokers, name) as stub:
             rows += await asyncio.gather(
                 *(_queue_status(stub, name, topic, q) for q in range(config.read_queue_nums))
             )
@@ -180,9 +180,7 @@ async def consumer_progress(
     rows: list[QueueProgress] = []
     for config in topics:
         for name in config.brokers:
-            broker = _registered(brokers, name)
-            async with grpc.aio.insecure_channel(broker.address) as channel:
-                stub = sn_grpc.StoreNodeStub(channel)
+            async with _store_node(brokers, name) as stub:
                 rows += await asyncio.gather(
                     *(
                         _progress(stub, name, group, config.topic_name, q)
@@ -225,25 +223,36 @@ async def cluster_list(
     (None when it did not answer)."""
     brokers = await meta.list_brokers()
 
-    async def info(b: BrokerRegistration) -> sn.GetRuntimeInfoResponse | None:
-        async with grpc.aio.insecure_channel(b.address) as channel:
+    async def info(name: str) -> sn.GetRuntimeInfoResponse | None:
+        async with _store_node(brokers, name) as stub:
             try:
-                return await sn_grpc.StoreNodeStub(channel).GetRuntimeInfo(
-                    sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S
-                )
+                return await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError:
                 return None
 
     ordered = [brokers[name] for name in sorted(brokers)]
-    infos = await asyncio.gather(*(info(b) for b in ordered))
+    infos = await asyncio.gather(*(info(b.broker_name) for b in ordered))
     return list(zip(ordered, infos, strict=True))
 
 
-def _registered(brokers: dict[str, BrokerRegistration], name: str) -> BrokerRegistration:
+@contextlib.asynccontextmanager
+async def _store_node(
+    brokers: dict[str, BrokerRegistration], name: str
+) -> AsyncIterator[sn_grpc.StoreNodeAsyncStub]:
+    """A stub of registered store-node ``name`` (AdminError when it is not), on a
+    channel of its own for the block."""
     broker = brokers.get(name)
     if broker is None:
         raise AdminError(f"store-node {name!r} is not registered (down?)")
-    return broker
+    async with grpc.aio.insecure_channel(broker.address) as channel:
+        yield sn_grpc.StoreNodeStub(channel)
+
+
+async def _pull_service_address(meta: MetaClient) -> str | None:
+    """A registered pull-service (any: ListConsumers and NotifyConsumers are
+    cluster-wide), None when there is none."""
+    services = await meta.list_pull_services()
+    return services[min(services)].address if services else None
 
 
 async def _call(broker: str, call: Awaitable[T]) -> T:
@@ -307,11 +316,10 @@ async def reset_offset_by_time(
     brokers = await meta.list_brokers()
 
     async def reset(name: str) -> sn.ResetOffsetResponse:
-        broker = _registered(brokers, name)
-        async with grpc.aio.insecure_channel(broker.address) as channel:
+        async with _store_node(brokers, name) as stub:
             return await _call(
                 name,
-                sn_grpc.StoreNodeStub(channel).ResetOffset(
+                stub.ResetOffset(
                     sn.ResetOffsetRequest(
                         topic=topic, group=group, timestamp_ms=timestamp_ms, force=force
                     ),
@@ -344,12 +352,11 @@ async def _notify_reset(
     meta: MetaClient, group: str, topic: str, offsets: list[pb.QueueOffset], ack_timeout_ms: int
 ) -> tuple[list[ps.ConsumerAck] | None, str]:
     """RESET_OFFSET to the group's consumers; (None, "") when none is live."""
-    services = await meta.list_pull_services()
-    if not services:
+    address = await _pull_service_address(meta)
+    if address is None:
         if await meta.list_consumers(group):
             raise AdminError("the group has live consumers but no pull-service is registered")
         return None, ""
-    address = services[sorted(services)[0]].address
     command = ps.Command(
         timeout_ms=ack_timeout_ms,
         reset_offset=ps.ResetOffsetCommand(topic=topic, offsets=offsets),
@@ -361,8 +368,7 @@ async def _notify_reset(
                 timeout=ack_timeout_ms / 1000 + CALL_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as e:
-            codes = dict(e.trailing_metadata() or ())
-            if codes.get("basalt-response-code") == str(pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE):
+            if response_code_of(e) == pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE:
                 return None, ""  # RocketMQ's offline path: the brokers' reset is all
             raise AdminError(f"pull-service at {address}: {e.code().name}: {e.details()}") from None
     return list(reply.acks), reply.command_id
@@ -374,10 +380,9 @@ async def _notify_reset(
 async def consumer_connection(meta: MetaClient, group: str) -> list[pb.ConsumerInfo]:
     """mqadmin consumerConnection: the group's live consumers, cluster-wide
     (through a pull-service); AdminError when none is live."""
-    services = await meta.list_pull_services()
-    if not services:
+    address = await _pull_service_address(meta)
+    if address is None:
         raise AdminError("no pull-service is registered")
-    address = services[sorted(services)[0]].address
     async with grpc.aio.insecure_channel(address) as channel:
         try:
             reply = await ps_grpc.PullServiceStub(channel).ListConsumers(
@@ -397,11 +402,10 @@ async def query_msg_by_key(
     brokers = await meta.list_brokers()
     out: list[tuple[str, MessageRecord]] = []
     for name in config.brokers:
-        broker = _registered(brokers, name)
-        async with grpc.aio.insecure_channel(broker.address) as channel:
+        async with _store_node(brokers, name) as stub:
             got = await _call(
                 name,
-                sn_grpc.StoreNodeStub(channel).QueryMessage(
+                stub.QueryMessage(
                     sn.QueryMessageRequest(topic=topic, key=key, max_num=max_num),
                     timeout=CALL_TIMEOUT_S,
                 ),
@@ -419,8 +423,7 @@ async def query_msg_by_id(meta: MetaClient, offset_msg_id: str) -> tuple[str, Me
         raise AdminError(f"{offset_msg_id!r} is not an offset message id") from None
     brokers = await meta.list_brokers()
     for name in sorted(brokers):
-        async with grpc.aio.insecure_channel(brokers[name].address) as channel:
-            stub = sn_grpc.StoreNodeStub(channel)
+        async with _store_node(brokers, name) as stub:
             try:
                 info = await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S)
                 if info.store_host != host:
@@ -436,13 +439,10 @@ async def query_msg_by_id(meta: MetaClient, offset_msg_id: str) -> tuple[str, Me
 
 async def broker_status(meta: MetaClient, broker_name: str) -> sn.GetRuntimeInfoResponse:
     """mqadmin brokerStatus: one store-node's runtime info."""
-    broker = _registered(await meta.list_brokers(), broker_name)
-    async with grpc.aio.insecure_channel(broker.address) as channel:
+    async with _store_node(await meta.list_brokers(), broker_name) as stub:
         return await _call(
             broker_name,
-            sn_grpc.StoreNodeStub(channel).GetRuntimeInfo(
-                sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S
-            ),
+            stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S),
         )
 
 

@@ -38,6 +38,7 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from client.channels import Client
+from services.errors import response_code_of
 from store.batch import EncodedBatch
 from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_key
 from store.record import EncodedMessage
@@ -400,10 +401,8 @@ def _with_queue(m: Message, queue_id: int, uniq: str) -> Message:
 def response_code(error: grpc.aio.AioRpcError) -> int:
     """RocketMQ's code of a failed call (its ``basalt-response-code`` trailer),
     SERVICE_NOT_AVAILABLE when it carries none (the peer was not reached)."""
-    for key, value in error.trailing_metadata() or ():
-        if key == "basalt-response-code":
-            return int(value)
-    return pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
+    code = response_code_of(error)
+    return pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE if code is None else code
 
 
 __all__ = [

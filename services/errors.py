@@ -51,6 +51,15 @@ class Refusal(Exception):
         return GRPC_STATUS.get(self.code, grpc.StatusCode.INTERNAL)
 
 
+def response_code_of(error: grpc.aio.AioRpcError) -> int | None:
+    """The RocketMQ code a failed call carried in ``basalt-response-code``; None
+    when it carries none (the peer was not reached, or is not Basalt)."""
+    raw = dict(error.trailing_metadata() or ()).get(RESPONSE_CODE_KEY)
+    if isinstance(raw, str) and raw.lstrip("-").isdigit():
+        return int(raw)
+    return None
+
+
 def invalid(message: str) -> Refusal:
     return Refusal(pb.RESPONSE_CODE_INVALID_PARAMETER, message)
 

@@ -30,7 +30,7 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.errors import RESPONSE_CODE_KEY, Refusal
+from services.errors import Refusal, response_code_of
 
 log = logging.getLogger(__name__)
 
@@ -169,11 +169,10 @@ def downstream_refusal(error: grpc.aio.AioRpcError, peer: str, timeout_s: float)
     SERVICE_NOT_AVAILABLE (UNAVAILABLE);
     anything else is SYSTEM_ERROR.
     """
-    codes = dict(error.trailing_metadata() or ())
-    raw = codes.get(RESPONSE_CODE_KEY)
+    code = response_code_of(error)
     details = error.details() or error.code().name
-    if isinstance(raw, str) and raw.lstrip("-").isdigit():
-        return Refusal(int(raw), f"{peer}: {details}")
+    if code is not None:
+        return Refusal(code, f"{peer}: {details}")
     status = error.code()
     if status is grpc.StatusCode.UNAVAILABLE:
         return Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, f"{peer} is unreachable: {details}")
