@@ -7,6 +7,8 @@ input with the same status and code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from basalt.v1 import common_pb2 as pb
 from services.errors import Refusal, invalid
 from services.meta_errors import MetaValidationError
@@ -41,3 +43,22 @@ def subscription_filter(sub: pb.Subscription) -> MessageFilter:
         return build_filter(kind, sub.expression)
     except (Sql92ParseError, UnknownFilterTypeError) as e:
         raise Refusal(pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED, str(e)) from e
+
+
+def check_batch_entries(
+    call: str, noun: str, verb: str, limit: int, entries: Sequence[tuple[str, int, int]]
+) -> None:
+    """The whole-call checks of a batched read (StoreNode.GetMessages,
+    PullService.PullBatch), one INVALID_PARAMETER each: 1..``limit`` entries,
+    none with a suspend_timeout_ms of its own (the call's applies), no queue
+    twice. ``entries`` are (topic, queue id, suspend_timeout_ms); ``noun`` and
+    ``verb`` name them in messages ("reads", "read")."""
+    if not 1 <= len(entries) <= limit:
+        raise invalid(f"{len(entries)} {noun}: a {call} reads 1..{limit} queues")
+    queues: set[tuple[str, int]] = set()
+    for topic, queue_id, suspend_timeout_ms in entries:
+        if suspend_timeout_ms:
+            raise invalid(f"a {call} entry has no suspend_timeout_ms: the call's applies")
+        if (topic, queue_id) in queues:
+            raise invalid(f"queue {topic}/{queue_id} is {verb} twice")
+        queues.add((topic, queue_id))

@@ -53,7 +53,7 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from services.broker_grace import RegisteredBrokers
-from services.checks import check_group, no_such_topic
+from services.checks import check_batch_entries, check_group, no_such_topic
 from services.errors import Refusal, invalid, refused
 from services.meta_client import MetaClient
 from services.meta_errors import MetaUnavailableError
@@ -264,23 +264,23 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         as a whole unless an entry was refused (an answer worth sending now)."""
         group, pulls = request.group, request.pulls
         check_group(group)
-        limit = self.config.max_queues_per_pull
-        if not 1 <= len(pulls) <= limit:
-            raise invalid(f"{len(pulls)} pulls: a PullBatch reads 1..{limit} queues")
-        if request.suspend_timeout_ms < 0:
-            raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
+        # One broker first: a queue id repeats across brokers, and that is the
+        # mistake to name, not a duplicate queue.
         brokers = sorted({p.queue.broker_name for p in pulls})
         if len(brokers) > 1:
             raise invalid(f"a PullBatch reads one broker, not {', '.join(map(repr, brokers))}")
-        queues: set[tuple[str, int]] = set()
+        check_batch_entries(
+            "PullBatch",
+            "pulls",
+            "pulled",
+            self.config.max_queues_per_pull,
+            [(p.queue.topic, p.queue.queue_id, p.suspend_timeout_ms) for p in pulls],
+        )
+        if request.suspend_timeout_ms < 0:
+            raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
         for p in pulls:
             if p.group and p.group != group:
                 raise invalid(f"an entry's group {p.group!r} is not the call's {group!r}")
-            if p.suspend_timeout_ms:
-                raise invalid("a PullBatch entry has no suspend_timeout_ms: the call's applies")
-            if (p.queue.topic, p.queue.queue_id) in queues:
-                raise invalid(f"queue {p.queue.topic}/{p.queue.queue_id} is pulled twice")
-            queues.add((p.queue.topic, p.queue.queue_id))
             p.group = group  # the checks below read each entry's own group
         answers: list[pb.PullResponse | None] = []
         gets: list[sn.GetMessageRequest] = []

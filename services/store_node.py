@@ -33,7 +33,12 @@ import grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.checks import check_group, no_such_topic, subscription_filter
+from services.checks import (
+    check_batch_entries,
+    check_group,
+    no_such_topic,
+    subscription_filter,
+)
 from services.errors import Refusal, invalid, put_refusal, refused
 from services.long_polling import HeldRead, PullRequestHoldService
 from services.meta_errors import MetaValidationError
@@ -393,16 +398,13 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         answer worth sending at once."""
         timeout_s = self._suspend_s(request.suspend_timeout_ms)
         entries = request.reads
-        limit = self.config.max_queues_per_get_messages
-        if not 1 <= len(entries) <= limit:
-            raise invalid(f"{len(entries)} reads: a GetMessages reads 1..{limit} queues")
-        queues: set[tuple[str, int]] = set()
-        for entry in entries:
-            if entry.suspend_timeout_ms:
-                raise invalid("a GetMessages entry has no suspend_timeout_ms: the call's applies")
-            if (entry.topic, entry.queue_id) in queues:
-                raise invalid(f"queue {entry.topic}/{entry.queue_id} is read twice")
-            queues.add((entry.topic, entry.queue_id))
+        check_batch_entries(
+            "GetMessages",
+            "reads",
+            "read",
+            self.config.max_queues_per_get_messages,
+            [(e.topic, e.queue_id, e.suspend_timeout_ms) for e in entries],
+        )
         answers: list[pb.PullResponse | None] = []
         reads: list[tuple[HeldRead[GetMessageResult], pb.CommitResult | None]] = []
         for entry in entries:
