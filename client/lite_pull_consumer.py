@@ -17,28 +17,23 @@ Concurrency: one event loop; not for concurrent ``poll`` calls.
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
 
-from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import store_node_pb2 as sn
-from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from client.channels import Client
+from client.consumer_base import (
+    ConsumeFromWhere,
+    ConsumerClient,
+    MessageQueue,
+    Position,
+    subscription_of,
+)
 from client.producer import ClientError, response_code
 from store.get_message import split_records
 from store.message import MessageRecord
 from store.record import decode_record
-
-
-class ConsumeFromWhere(enum.Enum):
-    """Where a group with no committed offset starts (RocketMQ's names)."""
-
-    CONSUME_FROM_LAST_OFFSET = "last"
-    CONSUME_FROM_FIRST_OFFSET = "first"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,31 +55,18 @@ class LitePullConfig:
             raise ValueError(f"pull_batch_size {self.pull_batch_size} is not within 1..1024")
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class MessageQueue:
-    """One queue of a topic on one store-node."""
-
-    topic: str
-    broker_name: str
-    queue_id: int
-
-
-@dataclass(slots=True)
-class _Position:
-    offset: int
-    reset_epoch: int
-    committed: int
-
-
-class LitePullConsumer(Client):
+class LitePullConsumer(ConsumerClient):
     """Polls assigned queues through a pull-service; ``async with`` or
     :meth:`start` / :meth:`close` (close commits)."""
 
     def __init__(self, endpoints: str, *, config: LitePullConfig) -> None:
-        super().__init__(endpoints)
+        super().__init__(
+            endpoints,
+            consumer_group=config.consumer_group,
+            consume_from_where=config.consume_from_where,
+        )
         self.config = config
-        self._positions: dict[MessageQueue, _Position] = {}
-        self._addresses: dict[str, str] = {}
+        self._positions: dict[MessageQueue, Position] = {}
 
     async def close(self) -> None:
         try:
@@ -94,21 +76,6 @@ class LitePullConsumer(Client):
             await super().close()
 
     # -- assignment -------------------------------------------------------------------
-
-    async def queues_of(self, topic: str) -> list[MessageQueue]:
-        """The topic's readable queues (QueryRoute); ClientError TOPIC_NOT_EXIST."""
-        try:
-            route = (await self._pull_service().QueryRoute(ps.QueryRouteRequest(topic=topic))).route
-        except grpc.aio.AioRpcError as e:
-            raise ClientError(response_code(e), e.details() or str(e.code())) from None
-        brokers = {b.broker_name: b.address for b in route.broker_datas}
-        self._addresses.update(brokers)
-        return sorted(
-            MessageQueue(topic, qd.broker_name, q)
-            for qd in route.queue_datas
-            if qd.broker_name in brokers and qd.perm & 4  # PermName.PERM_READ
-            for q in range(qd.read_queue_nums)
-        )
 
     async def assign(self, queues: Sequence[MessageQueue]) -> None:
         """Own exactly ``queues`` from now on, each starting at the group's
@@ -175,17 +142,12 @@ class LitePullConsumer(Client):
         self, queues: list[MessageQueue], timeout_ms: int
     ) -> list[tuple[MessageQueue, list[MessageRecord], int]]:
         """One PullBatch of ``queues``: each queue's records and where it goes on."""
-        subscription = pb.Subscription(
-            type=pb.EXPRESSION_TYPE_SQL92 if self.config.sql92 else pb.EXPRESSION_TYPE_TAG,
-            expression=self.config.subscription,
-        )
+        subscription = subscription_of(self.config.subscription, self.config.sql92)
         request = ps.PullBatchRequest(
             group=self.config.consumer_group,
             pulls=[
                 ps.PullRequest(
-                    queue=pb.MessageQueue(
-                        topic=q.topic, broker_name=q.broker_name, queue_id=q.queue_id
-                    ),
+                    queue=q.to_proto(),
                     offset=self._positions[q].offset,
                     max_nums=self.config.pull_batch_size,
                     subscription=subscription,
@@ -214,43 +176,15 @@ class LitePullConsumer(Client):
             *(self._commit(q, p) for q, p in self._positions.items() if p.offset != p.committed)
         )
 
-    async def _commit(self, queue: MessageQueue, position: _Position) -> None:
-        stub = sn_grpc.StoreNodeStub(self._channel(self._addresses[queue.broker_name]))
+    async def _commit(self, queue: MessageQueue, position: Position) -> None:
         offset = position.offset
-        reply = await stub.UpdateConsumerOffset(
-            sn.UpdateConsumerOffsetRequest(
-                group=self.config.consumer_group,
-                topic=queue.topic,
-                queue_id=queue.queue_id,
-                offset=offset,
-                reset_epoch=position.reset_epoch,
-            ),
-            timeout=10,
-        )
-        if reply.commit.code == pb.RESPONSE_CODE_STALE_RESET_EPOCH:
-            # Reset since we learned our offsets: adopt the reset, do not undo it.
-            fresh = await self._start_position(queue)
-            position.offset, position.reset_epoch = fresh.offset, fresh.reset_epoch
-            position.committed = fresh.committed
+        if await self._store_offset(queue, offset, position.reset_epoch):
+            position.committed = offset
             return
-        position.committed = offset
-
-    async def _start_position(self, queue: MessageQueue) -> _Position:
-        stub = sn_grpc.StoreNodeStub(self._channel(self._addresses[queue.broker_name]))
-        got = await stub.QueryConsumerOffset(
-            sn.QueryConsumerOffsetRequest(
-                group=self.config.consumer_group, topic=queue.topic, queue_id=queue.queue_id
-            ),
-            timeout=10,
-        )
-        if got.offset >= 0:
-            return _Position(got.offset, got.reset_epoch, got.offset)
-        bounds = await stub.GetMinMaxOffset(
-            sn.GetMinMaxOffsetRequest(topic=queue.topic, queue_id=queue.queue_id), timeout=10
-        )
-        first = self.config.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-        start = bounds.min_offset if first else bounds.max_offset
-        return _Position(start, got.reset_epoch, -1)
+        # Reset since we learned our offsets: adopt the reset, do not undo it.
+        fresh = await self._start_position(queue)
+        position.offset, position.reset_epoch = fresh.offset, fresh.reset_epoch
+        position.committed = fresh.committed
 
 
 __all__ = ["ConsumeFromWhere", "LitePullConfig", "LitePullConsumer", "MessageQueue"]

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from services.meta_errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from services.meta_fields import check_topic_name
+from services.meta_fields import check_name, check_topic_name
 from services.meta_lease import Registration
 from services.meta_model import (
     DEFAULT_TOPIC_QUEUE_NUMS,
@@ -46,6 +46,8 @@ from services.meta_watch import MetaWatcher
 log = logging.getLogger(__name__)
 
 V = TypeVar("V")
+#: A queue as the lock keys name it: (topic, broker name, queue id).
+QueueKey = tuple[str, str, int]
 
 #: Longest pause between two compare-and-swap attempts (jittered, doubling from 1 ms).
 _CAS_BACKOFF_MAX_S = 0.05
@@ -231,6 +233,36 @@ class MetaClient:
     async def list_all_consumers(self) -> dict[str, ConsumerRegistration]:
         """Every group's live consumers, by ``group/client_id``."""
         return await self._list(self.keys.consumers, decode_consumer)
+
+    # -- queue locks ------------------------------------------------------------------------
+
+    async def lock_queues(
+        self, group: str, client_id: str, queues: Sequence[QueueKey], lease_id: int
+    ) -> list[bool]:
+        """Lock each of ``queues`` for ``client_id`` under ``lease_id`` (concurrently);
+        True where the consumer holds it now, False where another one does.
+        MetaValidationError for a bad name, MetaUnavailableError when etcd is away."""
+        owner = check_name(client_id, "client id").encode()
+        keys = [self.keys.queue_lock(group, *q) for q in queues]
+        return list(await asyncio.gather(*(self._session.hold(k, owner, lease_id) for k in keys)))
+
+    async def unlock_queues(
+        self, group: str, client_id: str, queues: Sequence[QueueKey]
+    ) -> list[bool]:
+        """Release each of ``queues`` that ``client_id`` holds; True where it did."""
+        owner = check_name(client_id, "client id").encode()
+        keys = [self.keys.queue_lock(group, *q) for q in queues]
+        return list(await asyncio.gather(*(self._session.release(k, owner) for k in keys)))
+
+    async def queue_lock_owners(self, group: str) -> dict[QueueKey, str]:
+        """Who holds each locked queue of ``group`` now: (topic, broker, queue id) -> client id."""
+        prefix = self.keys.queue_locks(group)
+        _, kvs = await self._session.get_prefix(prefix)
+        owners: dict[QueueKey, str] = {}
+        for kv in kvs:
+            topic, broker, queue_id = kv.key[len(prefix) :].split("/")
+            owners[(topic, broker, int(queue_id))] = kv.value.decode()
+        return owners
 
     async def _list(self, prefix: str, decode: Callable[[str, bytes], V]) -> dict[str, V]:
         _, kvs = await self._session.get_prefix(prefix)

@@ -129,3 +129,16 @@ class MetaKeys:
 
     def consumer(self, group: str, client_id: str) -> str:
         return self.consumer_group(group) + check_name(client_id, "client id")
+
+    def queue_locks(self, group: str) -> str:
+        """Prefix of one group's queue locks (ends with ``/``)."""
+        return f"{self.root}locks/{check_group_name(group)}/"
+
+    def queue_lock(self, group: str, topic: str, broker_name: str, queue_id: int) -> str:
+        """The lock of one queue for one group (held by a consumer's client id)."""
+        if queue_id < 0:
+            raise MetaValidationError(f"queue id {queue_id} is negative")
+        return (
+            f"{self.queue_locks(group)}{check_topic_name(topic)}/"
+            f"{check_name(broker_name, 'broker name')}/{queue_id}"
+        )

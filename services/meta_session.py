@@ -243,6 +243,37 @@ class EtcdSession:
 
         return await self._call(f"update {key}", op)
 
+    async def hold(self, key: str, owner: bytes, lease: int) -> bool:
+        """Make ``key`` = ``owner`` under ``lease`` if it is absent or already
+        ``owner``'s (re-bound to ``lease``: the owner's lease may have been
+        re-granted); False when another owner holds it."""
+
+        async def op(c: Any) -> bool:
+            t = c.transactions
+            k = key.encode()
+            for compare in (t.create(k) == 0, t.value(k) == owner):
+                ok, _ = await c.transaction(
+                    compare=[compare], success=[t.put(k, owner, lease=lease)], failure=[]
+                )
+                if ok:
+                    return True
+            return False
+
+        return await self._call(f"lock {key}", op)
+
+    async def release(self, key: str, owner: bytes) -> bool:
+        """Delete ``key`` if ``owner`` holds it; False otherwise."""
+
+        async def op(c: Any) -> bool:
+            t = c.transactions
+            k = key.encode()
+            ok, _ = await c.transaction(
+                compare=[t.value(k) == owner], success=[t.delete(k)], failure=[]
+            )
+            return bool(ok)
+
+        return await self._call(f"unlock {key}", op)
+
     async def delete(self, key: str) -> bool:
         """Delete ``key``; False if it did not exist."""
 

@@ -101,6 +101,7 @@ async def start_pull_service(
         register_timeout_s=meta.config.op_timeout_s,
     )
     view.consumers.subscribe(sessions.on_consumer_change)
+    view.topics.subscribe(sessions.on_topic_change)
     servicer = PullServiceServicer(config, meta, view, channels, sessions)
     server = grpc_server(config.max_message_bytes)
     add_servicer(

@@ -42,7 +42,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,7 @@ from basalt.v1 import store_node_pb2 as sn
 from services.broker_grace import RegisteredBrokers
 from services.checks import check_batch_entries, check_group, no_such_topic
 from services.errors import Refusal, invalid, refused
-from services.meta_client import MetaClient
+from services.meta_client import MetaClient, QueueKey
 from services.meta_errors import MetaUnavailableError
 from services.meta_fields import check_name
 from services.meta_model import (
@@ -357,6 +357,28 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
             acks = await self._notify_cluster(request.group, command, client_ids, wait_s, context)
         return ps.NotifyConsumersResponse(command_id=command.command_id, acks=acks)
 
+    @rpc_method
+    async def LockQueues(
+        self, request: ps.LockQueuesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.LockQueuesResponse:
+        queues = _lock_keys(request.queues)
+        held = await self.sessions.lock_queues(request.group, request.client_id, queues)
+        return ps.LockQueuesResponse(
+            locked=[q for q, ok in zip(request.queues, held, strict=True) if ok]
+        )
+
+    @rpc_method
+    async def UnlockQueues(
+        self, request: ps.UnlockQueuesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.UnlockQueuesResponse:
+        queues = _lock_keys(request.queues)
+        released = await self.sessions.lock_queues(
+            request.group, request.client_id, queues, release=True
+        )
+        return ps.UnlockQueuesResponse(
+            unlocked=[q for q, ok in zip(request.queues, released, strict=True) if ok]
+        )
+
     def _command(self, given: ps.Command) -> ps.Command:
         """The command to push: ``given`` with its id assigned and its timeout
         defaulted and capped. INVALID_PARAMETER without a body or with a negative timeout."""
@@ -476,6 +498,21 @@ def _pull_response(got: sn.GetMessageResponse, offset: int) -> pb.PullResponse:
         records=got.records,
         commit=got.commit if got.HasField("commit") else None,
     )
+
+
+#: Most queues one LockQueues / UnlockQueues names.
+MAX_LOCK_QUEUES = 1024
+
+
+def _lock_keys(queues: Sequence[pb.MessageQueue]) -> list[QueueKey]:
+    """The lock keys' parts of ``queues``; INVALID_PARAMETER for too many or a
+    negative queue id (names are checked as the keys are built)."""
+    if len(queues) > MAX_LOCK_QUEUES:
+        raise invalid(f"{len(queues)} queues in one call; at most {MAX_LOCK_QUEUES}")
+    for q in queues:
+        if q.queue_id < 0:
+            raise invalid(f"queue id {q.queue_id} of {q.topic}@{q.broker_name} is negative")
+    return [(q.topic, q.broker_name, q.queue_id) for q in queues]
 
 
 def _not_online(group: str) -> Refusal:

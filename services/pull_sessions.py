@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from typing import Any
@@ -53,10 +54,10 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from services.checks import check_group
 from services.errors import Refusal, invalid
-from services.meta_client import MetaClient
+from services.meta_client import MetaClient, QueueKey
 from services.meta_errors import MetaUnavailableError, MetaValidationError
 from services.meta_lease import Registration
-from services.meta_model import ConsumerRegistration, ExpressionType, Subscription
+from services.meta_model import ConsumerRegistration, ExpressionType, Subscription, TopicConfig
 from services.meta_watch import MetaChange
 from services.pull_checks import check_subscription
 
@@ -189,7 +190,9 @@ class SessionRegistry:
         self._meta = meta
         self._register_timeout_s = register_timeout_s
         self._sessions: dict[tuple[str, str], ConsumerSession] = {}
-        self._checks: set[asyncio.Task[None]] = set()
+        #: Background work: take-over checks and rebalance pushes.
+        self._checks: set[asyncio.Task[Any]] = set()
+        self._rebalance_ids = itertools.count()
 
     # -- look-ups -------------------------------------------------------------------
 
@@ -413,13 +416,86 @@ class SessionRegistry:
 
         return list(await asyncio.gather(*(one(c) for c in targets)))
 
+    def request_rebalance(self, sessions: list[ConsumerSession], topics: list[str]) -> None:
+        """Push a RebalanceCommand (of ``topics``; empty = all) to each of
+        ``sessions`` without waiting: the ack only ends the delivery."""
+        loop = asyncio.get_running_loop()
+        timeout_s = self.session_timeout_ms / 1000
+        for session in sessions:
+            command = ps.Command(
+                command_id=f"{self.pull_service_id}-rebalance-{next(self._rebalance_ids)}",
+                timeout_ms=int(timeout_s * 1000),
+                rebalance=ps.RebalanceCommand(topics=topics),
+            )
+            task = loop.create_task(self.deliver(session, command, timeout_s))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    def on_topic_change(self, change: MetaChange[TopicConfig]) -> None:
+        """Listener of the topic cache: a topic whose queues changed (counts, perm,
+        brokers) or that went away makes its subscribers here rebalance now."""
+        old, new = change.old, change.new
+        if old is not None and new is not None and _queues_of(old) == _queues_of(new):
+            return
+        config = new if new is not None else old
+        assert config is not None  # a change has one side at least
+        topic = config.topic_name
+        subscribers = [
+            s
+            for s in self._sessions.values()
+            if any(sub.topic == topic for sub in s.value.subscriptions)
+        ]
+        self.request_rebalance(subscribers, [topic])
+
+    # -- queue locks ----------------------------------------------------------------
+
+    async def lock_queues(
+        self, group: str, client_id: str, queues: list[QueueKey], *, release: bool = False
+    ) -> list[bool]:
+        """Lock (or with ``release`` unlock) ``queues`` for the consumer whose session
+        is here, under its registration's lease; per queue, True where it holds
+        (released) it. CONSUMER_NOT_ONLINE without a session here,
+        SERVICE_NOT_AVAILABLE while etcd is away or the session not yet registered."""
+        check_group(group)
+        session = self.get(group, client_id)
+        if session is None:
+            raise Refusal(
+                pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+                f"consumer {group}/{client_id} has no session on pull-service "
+                f"{self.pull_service_id}: open one here before locking queues",
+            )
+        lease_id = None if session.registration is None else session.registration.lease_id
+        try:
+            if release:
+                return await self._meta.unlock_queues(group, client_id, queues)
+            if lease_id is None:
+                raise Refusal(
+                    pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+                    f"consumer {group}/{client_id} is not registered in etcd yet; retry",
+                )
+            return await self._meta.lock_queues(group, client_id, queues, lease_id)
+        except MetaValidationError as e:
+            raise invalid(str(e)) from None
+        except MetaUnavailableError as e:
+            raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(e)) from None
+
     # -- sessions replaced on another pull-service ------------------------------------
 
     def on_consumer_change(self, change: MetaChange[ConsumerRegistration]) -> None:
-        """Listener of a watch on ``consumers/``: a consumer that has a session here
-        and was just registered by another pull-service may have opened a newer
+        """Listener of a watch on ``consumers/``.
+
+        A consumer that joined or left its group makes the group's other
+        sessions here rebalance now (a RebalanceCommand) rather than at their
+        next periodic rebalance. A consumer that has a session here and was
+        just registered by another pull-service may have opened a newer
         session there; if etcd confirms it, the session here ends (ABORTED)."""
-        new = change.new
+        old, new = change.old, change.new
+        if (old is None) != (new is None):
+            member = new or old
+            assert member is not None
+            self.request_rebalance(
+                [s for s in self.of_group(member.group) if s.client_id != member.client_id], []
+            )
         if new is None or new.pull_service_id == self.pull_service_id:
             return
         session = self._sessions.get((new.group, new.client_id))
@@ -465,3 +541,8 @@ class SessionRegistry:
                 await asyncio.wait_for(
                     asyncio.gather(*(s.closed.wait() for s in sessions)), timeout_s
                 )
+
+
+def _queues_of(config: TopicConfig) -> tuple[object, ...]:
+    """What of a topic's config decides which queues its consumers read."""
+    return (config.read_queue_nums, config.perm, tuple(config.brokers))

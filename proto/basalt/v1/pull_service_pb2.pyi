@@ -643,3 +643,111 @@ class NotifyConsumersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NotifyConsumersResponse: _TypeAlias = NotifyConsumersResponse  # noqa: Y015
+
+@_typing.final
+class LockQueuesRequest(_message.Message):
+    """Refused as a whole: INVALID_ARGUMENT, INVALID_PARAMETER for an invalid
+    group, client id, topic or broker name, a negative queue id, or more than
+    1024 queues; NOT_FOUND, CONSUMER_NOT_ONLINE when the consumer has no
+    session on this pull-service; UNAVAILABLE, SERVICE_NOT_AVAILABLE when the
+    session is not registered in etcd yet or etcd does not answer.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    client_id: _builtins.str
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.MessageQueue]: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        queues: _abc.Iterable[_common_pb2.MessageQueue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "group", b"group", "queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LockQueuesRequest: _TypeAlias = LockQueuesRequest  # noqa: Y015
+
+@_typing.final
+class LockQueuesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOCKED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def locked(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.MessageQueue]:
+        """The requested queues this consumer holds now (newly locked or already
+        its own, re-bound to its current session), in request order. A queue
+        missing here is held by another consumer of the group.
+        """
+
+    def __init__(
+        self,
+        *,
+        locked: _abc.Iterable[_common_pb2.MessageQueue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["locked", b"locked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LockQueuesResponse: _TypeAlias = LockQueuesResponse  # noqa: Y015
+
+@_typing.final
+class UnlockQueuesRequest(_message.Message):
+    """Refused as LockQueuesRequest is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    client_id: _builtins.str
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.MessageQueue]: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        queues: _abc.Iterable[_common_pb2.MessageQueue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "group", b"group", "queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnlockQueuesRequest: _TypeAlias = UnlockQueuesRequest  # noqa: Y015
+
+@_typing.final
+class UnlockQueuesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNLOCKED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def unlocked(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.MessageQueue]:
+        """The requested queues whose lock this consumer held and released."""
+
+    def __init__(
+        self,
+        *,
+        unlocked: _abc.Iterable[_common_pb2.MessageQueue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["unlocked", b"unlocked"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnlockQueuesResponse: _TypeAlias = UnlockQueuesResponse  # noqa: Y015

@@ -66,6 +66,16 @@ class PullServiceStub:
                 request_serializer=basalt_dot_v1_dot_pull__service__pb2.NotifyConsumersRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_pull__service__pb2.NotifyConsumersResponse.FromString,
                 _registered_method=True)
+        self.LockQueues = channel.unary_unary(
+                '/basalt.v1.PullService/LockQueues',
+                request_serializer=basalt_dot_v1_dot_pull__service__pb2.LockQueuesRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_pull__service__pb2.LockQueuesResponse.FromString,
+                _registered_method=True)
+        self.UnlockQueues = channel.unary_unary(
+                '/basalt.v1.PullService/UnlockQueues',
+                request_serializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class PullServiceServicer:
@@ -125,6 +135,26 @@ class PullServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LockQueues(self, request, context):
+        """Lock queues of a group for one consumer (RocketMQ's LOCK_BATCH_MQ), so
+        that no two consumers of the group process a queue at once. A lock is
+        the etcd key `locks/<group>/<topic>/<broker>/<queue_id>` holding the
+        client id, bound to the lease of the consumer's session registration:
+        it goes when the session ends (close, kill -9, timeout) or is unlocked.
+        Call it on the pull-service holding the consumer's session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnlockQueues(self, request, context):
+        """Release locks this consumer holds (RocketMQ's UNLOCK_BATCH_MQ); a queue
+        locked by another consumer, or not locked, is left as it is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PullServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +187,16 @@ def add_PullServiceServicer_to_server(servicer, server):
                     servicer.NotifyConsumers,
                     request_deserializer=basalt_dot_v1_dot_pull__service__pb2.NotifyConsumersRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_pull__service__pb2.NotifyConsumersResponse.SerializeToString,
+            ),
+            'LockQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.LockQueues,
+                    request_deserializer=basalt_dot_v1_dot_pull__service__pb2.LockQueuesRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_pull__service__pb2.LockQueuesResponse.SerializeToString,
+            ),
+            'UnlockQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnlockQueues,
+                    request_deserializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -322,6 +362,60 @@ class PullService:
             '/basalt.v1.PullService/NotifyConsumers',
             basalt_dot_v1_dot_pull__service__pb2.NotifyConsumersRequest.SerializeToString,
             basalt_dot_v1_dot_pull__service__pb2.NotifyConsumersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LockQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.PullService/LockQueues',
+            basalt_dot_v1_dot_pull__service__pb2.LockQueuesRequest.SerializeToString,
+            basalt_dot_v1_dot_pull__service__pb2.LockQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnlockQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.PullService/UnlockQueues',
+            basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesRequest.SerializeToString,
+            basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

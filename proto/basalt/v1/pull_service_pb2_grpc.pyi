@@ -69,6 +69,18 @@ class PullServiceStub:
     this pull-service, through the owning pull-service (called with
     `basalt-scope: local`, so forwarding never loops) for the others.
     """
+    LockQueues: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.LockQueuesRequest, _pull_service_pb2.LockQueuesResponse]
+    """Lock queues of a group for one consumer (RocketMQ's LOCK_BATCH_MQ), so
+    that no two consumers of the group process a queue at once. A lock is
+    the etcd key `locks/<group>/<topic>/<broker>/<queue_id>` holding the
+    client id, bound to the lease of the consumer's session registration:
+    it goes when the session ends (close, kill -9, timeout) or is unlocked.
+    Call it on the pull-service holding the consumer's session.
+    """
+    UnlockQueues: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.UnlockQueuesRequest, _pull_service_pb2.UnlockQueuesResponse]
+    """Release locks this consumer holds (RocketMQ's UNLOCK_BATCH_MQ); a queue
+    locked by another consumer, or not locked, is left as it is.
+    """
 
 @_typing.type_check_only
 class PullServiceAsyncStub(PullServiceStub):
@@ -103,6 +115,18 @@ class PullServiceAsyncStub(PullServiceStub):
     acknowledgements (admin's way to reach consumers): directly to sessions on
     this pull-service, through the owning pull-service (called with
     `basalt-scope: local`, so forwarding never loops) for the others.
+    """
+    LockQueues: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.LockQueuesRequest, _pull_service_pb2.LockQueuesResponse]  # type: ignore[assignment]
+    """Lock queues of a group for one consumer (RocketMQ's LOCK_BATCH_MQ), so
+    that no two consumers of the group process a queue at once. A lock is
+    the etcd key `locks/<group>/<topic>/<broker>/<queue_id>` holding the
+    client id, bound to the lease of the consumer's session registration:
+    it goes when the session ends (close, kill -9, timeout) or is unlocked.
+    Call it on the pull-service holding the consumer's session.
+    """
+    UnlockQueues: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.UnlockQueuesRequest, _pull_service_pb2.UnlockQueuesResponse]  # type: ignore[assignment]
+    """Release locks this consumer holds (RocketMQ's UNLOCK_BATCH_MQ); a queue
+    locked by another consumer, or not locked, is left as it is.
     """
 
 class PullServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -171,6 +195,30 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
         acknowledgements (admin's way to reach consumers): directly to sessions on
         this pull-service, through the owning pull-service (called with
         `basalt-scope: local`, so forwarding never loops) for the others.
+        """
+
+    @_abc_1.abstractmethod
+    def LockQueues(
+        self,
+        request: _pull_service_pb2.LockQueuesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pull_service_pb2.LockQueuesResponse, _abc.Awaitable[_pull_service_pb2.LockQueuesResponse]]:
+        """Lock queues of a group for one consumer (RocketMQ's LOCK_BATCH_MQ), so
+        that no two consumers of the group process a queue at once. A lock is
+        the etcd key `locks/<group>/<topic>/<broker>/<queue_id>` holding the
+        client id, bound to the lease of the consumer's session registration:
+        it goes when the session ends (close, kill -9, timeout) or is unlocked.
+        Call it on the pull-service holding the consumer's session.
+        """
+
+    @_abc_1.abstractmethod
+    def UnlockQueues(
+        self,
+        request: _pull_service_pb2.UnlockQueuesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pull_service_pb2.UnlockQueuesResponse, _abc.Awaitable[_pull_service_pb2.UnlockQueuesResponse]]:
+        """Release locks this consumer holds (RocketMQ's UNLOCK_BATCH_MQ); a queue
+        locked by another consumer, or not locked, is left as it is.
         """
 
 def add_PullServiceServicer_to_server(servicer: PullServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
