@@ -3,23 +3,23 @@
 Records are decoded with ``store.record`` (one definition of the layout).
 """
 
-from client.lite_pull_consumer import (
-    ConsumeFromWhere,
-    LitePullConfig,
-    LitePullConsumer,
-    MessageQueue,
-)
+from client.consumer_base import ConsumeFromWhere, MessageQueue
+from client.lite_pull_consumer import LitePullConfig, LitePullConsumer
 from client.producer import ClientError, Producer, ProducerConfig, SendResult
+from client.push_consumer import ConsumeStatus, PushConsumer, PushConsumerConfig
 from client.sync import SyncLitePullConsumer, SyncProducer
 
 __all__ = [
     "ClientError",
     "ConsumeFromWhere",
+    "ConsumeStatus",
     "LitePullConfig",
     "LitePullConsumer",
     "MessageQueue",
     "Producer",
     "ProducerConfig",
+    "PushConsumer",
+    "PushConsumerConfig",
     "SendResult",
     "SyncLitePullConsumer",
     "SyncProducer",

@@ -1,0 +1,236 @@
+"""client.PushConsumer against real etcd, store-nodes and pull-services: the
+listener sees every message, the group shares the queues without overlap,
+commits resume, RECONSUME_LATER retries, orderly keeps order, a reset by time
+takes effect before its ack."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from admin import ops
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import store_node_pb2 as sn
+from client import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    MessageQueue,
+    Producer,
+    PushConsumer,
+    PushConsumerConfig,
+)
+from services.meta import MetaConfig
+from store.message import Message, MessageRecord
+from tests.services.conftest import async_test
+from tests.services.test_pull_service import TOPIC, cluster
+from tests.services.test_pull_sessions import eventually
+
+
+def config(client_id: str, **kw: object) -> PushConsumerConfig:
+    return PushConsumerConfig(
+        consumer_group="PG",
+        client_id=client_id,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        broker_suspend_max_time_ms=500,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@dataclass
+class Log:
+    """What the listeners saw: (client, queue, offset, body) and, per queue, the
+    intervals each client spent in a call (for the no-overlap check)."""
+
+    seen: list[tuple[str, MessageQueue, int, bytes]] = field(default_factory=list)
+    calls: dict[MessageQueue, list[tuple[float, float, str]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def listener(
+        self, client_id: str, pause_s: float = 0.0
+    ) -> Callable[[list[MessageRecord], MessageQueue], ConsumeStatus]:
+        def listen(messages: list[MessageRecord], queue: MessageQueue) -> ConsumeStatus:
+            start = time.monotonic()
+            time.sleep(pause_s)
+            with self.lock:
+                self.seen += [(client_id, queue, m.queue_offset, m.body) for m in messages]
+                self.calls.setdefault(queue, []).append((start, time.monotonic(), client_id))
+            return ConsumeStatus.CONSUME_SUCCESS
+
+        return listen
+
+    def bodies(self) -> set[bytes]:
+        with self.lock:
+            return {b for _, _, _, b in self.seen}
+
+    def overlaps(self) -> list[tuple[MessageQueue, str, str]]:
+        """Calls of one queue by two clients that overlap in time."""
+        out = []
+        with self.lock:
+            for queue, calls in self.calls.items():
+                calls = sorted(calls)
+                for (_, end, who), (start, _, other) in itertools.pairwise(calls):
+                    if who != other and start < end:
+                        out.append((queue, who, other))
+        return out
+
+
+async def wait_for(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    async def ok() -> bool:
+        return check()
+
+    await eventually(ok, timeout_s)
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="consumer_group"):
+        PushConsumerConfig(consumer_group="")
+    with pytest.raises(ValueError, match="pull_batch_size"):
+        PushConsumerConfig(consumer_group="G", pull_batch_size=0)
+    with pytest.raises(ValueError, match="consume_thread_nums"):
+        PushConsumerConfig(consumer_group="G", consume_thread_nums=0)
+    assert (
+        PushConsumerConfig(consumer_group="G").client_id
+        != PushConsumerConfig(consumer_group="G").client_id
+    )
+
+
+@async_test
+async def test_a_group_shares_the_queues_without_overlap_and_every_message_is_consumed(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
+        address = h.services[0].address
+        log = Log()
+        async with Producer(address, group="P") as producer:
+            bodies = {f"m{i}".encode() for i in range(200)}
+            await producer.send_batch([Message(TOPIC, b) for b in sorted(bodies)][:100])
+            a = PushConsumer(address, config=config("A"), listener=log.listener("A", 0.001))
+            a.subscribe(TOPIC)
+            await a.start()
+            await wait_for(lambda: len(a.assignment()) == 8)
+            b = PushConsumer(address, config=config("B"), listener=log.listener("B", 0.001))
+            b.subscribe(TOPIC)
+            await b.start()
+            # A gives half of the queues to B, each released before B takes it.
+            await wait_for(lambda: len(a.assignment()) == 4 and len(b.assignment()) == 4)
+            assert not set(a.assignment()) & set(b.assignment())
+            for body in sorted(bodies)[100:]:
+                await producer.send(Message(TOPIC, body))
+            await wait_for(lambda: log.bodies() == bodies)
+            await a.close()  # commits and unlocks first: B takes every queue
+            await wait_for(lambda: len(b.assignment()) == 8)
+            await producer.send(Message(TOPIC, b"after"))
+            await wait_for(lambda: b"after" in log.bodies())
+            await b.close()
+        assert log.overlaps() == []
+        # Everything consumed is committed: nothing is left for the group.
+        lag = 0
+        for stub in h.node_stubs.values():
+            for qid in range(4):
+                top = await stub.GetMinMaxOffset(
+                    sn.GetMinMaxOffsetRequest(topic=TOPIC, queue_id=qid)
+                )
+                got = await stub.QueryConsumerOffset(
+                    sn.QueryConsumerOffsetRequest(group="PG", topic=TOPIC, queue_id=qid)
+                )
+                lag += top.max_offset - got.offset
+        assert lag == 0
+
+
+@async_test
+async def test_reconsume_later_runs_again_and_orderly_keeps_offset_order(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
+        address = h.services[0].address
+        async with Producer(address, group="P") as producer:
+            for i in range(40):
+                await producer.send(Message(TOPIC, f"m{i}".encode()))
+        tries: dict[bytes, int] = {}
+        order: dict[MessageQueue, list[int]] = {}
+
+        async def listener(messages: list[MessageRecord], queue: MessageQueue) -> ConsumeStatus:
+            (m,) = messages
+            tries[m.body] = tries.get(m.body, 0) + 1
+            if m.body == b"m7" and tries[m.body] < 3:
+                return ConsumeStatus.RECONSUME_LATER
+            if m.body == b"m9" and tries[m.body] < 2:
+                raise RuntimeError("a failing listener counts as RECONSUME_LATER")
+            order.setdefault(queue, []).append(m.queue_offset)
+            return ConsumeStatus.CONSUME_SUCCESS
+
+        c = PushConsumer(
+            address,
+            config=config("O", orderly=True, suspend_current_queue_time_ms=10),
+            listener=listener,
+        )
+        c.subscribe(TOPIC)
+        async with c:
+            await wait_for(lambda: sum(len(v) for v in order.values()) == 40)
+        assert tries[b"m7"] == 3 and tries[b"m9"] == 2
+        for offsets in order.values():
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+
+
+@async_test
+async def test_reset_offset_command_takes_effect_before_the_ack(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
+        address = h.services[0].address
+        log = Log()
+        async with Producer(address, group="P") as producer:
+            await producer.send_batch([Message(TOPIC, f"old{i}".encode()) for i in range(40)])
+            consumers = []
+            for name in ("R1", "R2", "R3"):
+                c = PushConsumer(address, config=config(name), listener=log.listener(name))
+                c.subscribe(TOPIC)
+                await c.start()
+                consumers.append(c)
+            await wait_for(lambda: sum(len(c.assignment()) for c in consumers) == 8)
+            await wait_for(lambda: len(log.bodies()) == 40)
+            # Mark the point, send more (to every queue, round robin), and reset
+            # the group to the point: by RocketMQ's rule the message nearest in
+            # time, so the old ones are kept well before it.
+            await asyncio.sleep(0.3)
+            point_ms = int(time.time() * 1000)
+            for i in range(40):
+                await producer.send(Message(TOPIC, f"new{i}".encode()))
+            await wait_for(lambda: len(log.bodies()) == 80)
+            with log.lock:
+                log.seen.clear()
+            outcome = await ops.reset_offset_by_time(h.meta, "PG", TOPIC, point_ms)
+        assert outcome.failed == {}
+        assert outcome.acks is not None
+        assert sorted(a.client_id for a in outcome.acks) == ["R1", "R2", "R3"]
+        assert all(a.outcome == ps.COMMAND_OUTCOME_OK for a in outcome.acks), outcome.acks
+        reset_to = {MessageQueue.of(o.queue): o.offset for o in outcome.offsets}
+        # Every queue is consumed again from exactly its reset point.
+        await wait_for(
+            lambda: (
+                {b for b in log.bodies() if b.startswith(b"new")}
+                == {f"new{i}".encode() for i in range(40)}
+            )
+        )
+        with log.lock:
+            first: dict[MessageQueue, int] = {}
+            for _, queue, offset, body in log.seen:
+                first[queue] = min(first.get(queue, offset), offset)
+                assert not body.startswith(b"old"), "a message from before the point came again"
+        for queue, offset in first.items():
+            assert offset == reset_to[queue]
+        await asyncio.gather(*(c.close() for c in consumers))
+        # The epoch fence: the consumers' commits are at or past the reset points.
+        for broker, stub in h.node_stubs.items():
+            for qid in range(4):
+                got = await stub.QueryConsumerOffset(
+                    sn.QueryConsumerOffsetRequest(group="PG", topic=TOPIC, queue_id=qid)
+                )
+                assert got.offset >= reset_to[MessageQueue(TOPIC, broker, qid)]
