@@ -7,7 +7,7 @@ from client.consumer_base import ConsumeFromWhere, MessageQueue
 from client.lite_pull_consumer import LitePullConfig, LitePullConsumer
 from client.producer import ClientError, Producer, ProducerConfig, SendResult
 from client.push_consumer import ConsumeStatus, PushConsumer, PushConsumerConfig
-from client.sync import SyncLitePullConsumer, SyncProducer
+from client.sync import SyncLitePullConsumer, SyncProducer, SyncPushConsumer
 
 __all__ = [
     "ClientError",
@@ -23,4 +23,5 @@ __all__ = [
     "SendResult",
     "SyncLitePullConsumer",
     "SyncProducer",
+    "SyncPushConsumer",
 ]

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from client.lite_pull_consumer import LitePullConfig, LitePullConsumer, MessageQueue
 from client.producer import Producer, ProducerConfig, SendResult
+from client.push_consumer import Listener, PushConsumer, PushConsumerConfig
 from store.message import Message, MessageRecord
 
 T = TypeVar("T")
@@ -112,6 +113,40 @@ class SyncLitePullConsumer:
             self._loop.stop()
 
     def __enter__(self) -> SyncLitePullConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncPushConsumer:
+    """:class:`client.PushConsumer`, blocking: ``subscribe``, then ``start``; the
+    listener runs on the consumer's thread pool as with the async one (a
+    coroutine listener would run on the private loop)."""
+
+    def __init__(self, endpoints: str, *, config: PushConsumerConfig, listener: Listener) -> None:
+        self._loop = _LoopThread("basalt-push-consumer")
+        self._consumer = PushConsumer(endpoints, config=config, listener=listener)
+
+    def subscribe(self, topic: str, expression: str = "*", *, sql92: bool = False) -> None:
+        self._consumer.subscribe(topic, expression, sql92=sql92)
+
+    def start(self) -> None:
+        self._loop.run(self._consumer.start())
+
+    def assignment(self) -> list[MessageQueue]:
+        async def get() -> list[MessageQueue]:
+            return self._consumer.assignment()
+
+        return self._loop.run(get())
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._consumer.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncPushConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -25,6 +25,8 @@ from client import (
     Producer,
     PushConsumer,
     PushConsumerConfig,
+    SyncProducer,
+    SyncPushConsumer,
 )
 from services.meta import MetaConfig
 from store.message import Message, MessageRecord
@@ -300,3 +302,27 @@ async def test_reset_under_continuous_production_resumes_every_queue_at_its_rese
                     sn.QueryConsumerOffsetRequest(group="PG", topic=TOPIC, queue_id=qid)
                 )
                 assert got.offset >= reset_to[MessageQueue(TOPIC, broker, qid)]
+
+
+@async_test
+async def test_sync_push_consumer_runs_without_an_event_loop_of_its_own(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
+        address = h.services[0].address
+        log = Log()
+
+        def blocking() -> None:
+            with SyncProducer(address, group="P") as producer:
+                producer.send_batch([Message(TOPIC, f"s{i}".encode()) for i in range(20)])
+            consumer = SyncPushConsumer(address, config=config("S"), listener=log.listener("S"))
+            consumer.subscribe(TOPIC, "*")
+            with consumer:
+                consumer.start()
+                deadline = time.monotonic() + 30
+                while len(log.bodies()) < 20 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert len(consumer.assignment()) == 8
+
+        await asyncio.to_thread(blocking)
+        assert log.bodies() == {f"s{i}".encode() for i in range(20)}
