@@ -2,21 +2,14 @@
 
 RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
 
-* **Session.** One ``PullService.Session`` stream, opened on :meth:`start`:
-  heartbeats at the interval the service asks, commands answered by acks.
-  If the stream breaks, every queue is dropped at once (its locks went with
-  the session's lease) and the session is opened again with a backoff.
-* **Rebalance.** Per subscribed topic, AllocateMessageQueueAveragely over the
-  group's live client ids (``ListConsumers``, sorted) and the topic's read
-  queues (``QueryRoute``, sorted): on start, when the service pushes a
-  RebalanceCommand (a member joined or left, the topic's queues changed), and
-  every ``rebalance_interval_ms``. A queue is processed only under its lock
-  (``LockQueues``, bound to the session): queues this consumer no longer gets
-  are dropped, their offsets committed, and then unlocked, so the next owner
-  starts where this one stopped; queues still locked by their previous owner
-  are retried every ``lock_retry_interval_ms`` until it lets go. So no queue is
-  processed by two consumers of the group at once, short of a listener
+* **Membership** (:class:`client.membership.GroupMember`): a Session stream
+  with heartbeats and commands; AllocateMessageQueueAveragely rebalances on
+  start, on a pushed RebalanceCommand and every ``rebalance_interval_ms``;
+  a queue is processed only under its lock (``LockQueues``, bound to the
+  session), given up (dropped, committed) before it is unlocked, so no queue
+  is processed by two consumers of the group at once, short of a listener
   running past ``drop_await_termination_ms`` after its queue was dropped.
+  A session that breaks drops every queue at once, uncommitted.
 * **ProcessQueue.** One per owned queue: a long-poll pull loop (``Pull``, the
   commit offset riding along), the pulled messages not yet consumed (at most
   ``pull_threshold_for_queue``: the loop waits for room, no sleep), and the
@@ -44,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import enum
 import inspect
 import itertools
@@ -52,7 +44,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -64,17 +56,15 @@ from client.consumer_base import (
     ConsumeFromWhere,
     ConsumerClient,
     MessageQueue,
+    Position,
     subscription_of,
 )
-from client.producer import ClientError
-from client.rebalance import allocate_averagely
+from client.membership import GroupMember, TopicSubscription
 from store.get_message import split_records
 from store.message import MessageRecord
 from store.record import decode_record
 
 log = logging.getLogger(__name__)
-
-CLIENT_VERSION = "basalt-py 0.1.0"
 
 
 class ConsumeStatus(enum.Enum):
@@ -151,18 +141,6 @@ class PushConsumerConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-@dataclass(frozen=True, slots=True)
-class TopicSubscription:
-    topic: str
-    expression: str
-    sql92: bool
-
-    def to_proto(self) -> pb.TopicSubscription:
-        return pb.TopicSubscription(
-            topic=self.topic, subscription=subscription_of(self.expression, self.sql92)
-        )
-
-
 class ProcessQueue:
     """One owned queue: where its pulls are, what was pulled and not yet consumed
     (by offset, in offset order), the listener calls in flight, and the tasks
@@ -223,27 +201,24 @@ class PushConsumer(ConsumerClient):
         self._async_listener = inspect.iscoroutinefunction(listener)
         self._subscriptions: dict[str, TopicSubscription] = {}
         self._queues: dict[MessageQueue, ProcessQueue] = {}
-        #: Serializes rebalances, resets and the session's drop-everything.
-        self._lock = asyncio.Lock()
-        self._rebalance_now = asyncio.Event()
-        #: Some queue this consumer should own is still locked by another.
-        self._locks_pending = False
-        self._session_up = asyncio.Event()
-        self._closing = False
-        self._session_task: asyncio.Task[None] | None = None
-        #: The rebalancer, the offset persister, and commands being carried out.
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._member = GroupMember(
+            self,
+            self,
+            client_id=config.client_id,
+            subscriptions=self._subscriptions,
+            rebalance_interval_ms=config.rebalance_interval_ms,
+            lock_retry_interval_ms=config.lock_retry_interval_ms,
+            retry_delay_ms=config.pull_time_delay_ms_when_exception,
+        )
         self._calls = asyncio.Semaphore(config.consume_thread_nums)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._call: grpc.aio.StreamStreamCall[ps.SessionRequest, ps.SessionResponse] | None = None
-        self._write_lock = asyncio.Lock()
 
     # -- set-up -----------------------------------------------------------------------
 
     def subscribe(self, topic: str, expression: str = "*", *, sql92: bool = False) -> None:
         """Consume ``topic`` filtered by a TAG expression (``*``, ``a || b``) or,
         with ``sql92``, an SQL92 filter. Before :meth:`start`."""
-        if self._session_task is not None:
+        if self._member.started:
             raise RuntimeError("subscribe before start")
         self._subscriptions[topic] = TopicSubscription(topic, expression, sql92)
 
@@ -255,42 +230,14 @@ class PushConsumer(ConsumerClient):
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self.config.consume_thread_nums, thread_name_prefix="basalt-consume"
             )
-        self._session_task = asyncio.get_running_loop().create_task(
-            self._keep_session(), name="basalt-session"
-        )
-        self._background(self._rebalancer())
-        self._background(self._persister())
-
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._member.start()
+        self._member.background(self._persister())
 
     async def close(self) -> None:
         """Stop pulling, wait for the running listener calls, commit, release the
-        queues, then end the session (so the locks are released before the
-        group sees this consumer leave and rebalances)."""
-        self._closing = True
-        self._rebalance_now.set()
+        queues, then end the session."""
         try:
-            async with self._lock:
-                for task in list(self._tasks):
-                    task.cancel()
-                queues = list(self._queues.values())
-                self._queues.clear()
-                await asyncio.gather(*(self._drop(pq, commit=True) for pq in queues))
-                if queues and self._session_up.is_set():
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        await self._unlock([pq.queue for pq in queues])
-            if self._call is not None:
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    await self._write_done()
-            if self._session_task is not None:
-                with contextlib.suppress(TimeoutError):
-                    # The service ends the stream once we half-close it.
-                    await asyncio.wait_for(asyncio.shield(self._session_task), 5)
-                self._session_task.cancel()
-                await asyncio.gather(self._session_task, return_exceptions=True)
+            await self._member.close()
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
@@ -300,202 +247,33 @@ class PushConsumer(ConsumerClient):
         """The queues this consumer owns now."""
         return sorted(self._queues)
 
-    # -- the session ------------------------------------------------------------------
-
-    async def _keep_session(self) -> None:
-        """Hold a Session open, opening it again whenever it ends."""
-        delay = self._backoff()
-        while not self._closing:
-            try:
-                if await self._run_session():
-                    delay = self._backoff()
-            except grpc.aio.AioRpcError as e:
-                if not self._closing:
-                    log.warning("%s: session ended: %s %s", self.client_id, e.code(), e.details())
-            except Exception:  # a bug must not end the consumer's session for good
-                log.exception("%s: session failed", self.client_id)
-            finally:
-                await self._session_lost()
-            if not self._closing:
-                await asyncio.sleep(next(delay))
-
-    def _backoff(self) -> Iterator[float]:
-        base = self.config.pull_time_delay_ms_when_exception / 1000
-        n = 0
-        while True:
-            yield min(base * 2**n, 30 * base)
-            n += 1
-
-    async def _run_session(self) -> bool:
-        """One session, to its end; False if it never opened."""
-        call = self._call = self._pull_service().Session()
-        await call.write(
-            ps.SessionRequest(
-                open=ps.OpenSession(
-                    group=self.consumer_group,
-                    client_id=self.client_id,
-                    subscriptions=[s.to_proto() for s in self._subscriptions.values()],
-                    client_version=CLIENT_VERSION,
-                )
-            )
-        )
-        first = await call.read()
-        if not isinstance(first, ps.SessionResponse) or first.WhichOneof("frame") != "opened":
-            return False
-        interval_s = first.opened.heartbeat_interval_ms / 1000
-        self._session_up.set()
-        self._rebalance_now.set()
-        beats = asyncio.get_running_loop().create_task(self._heartbeats(interval_s))
-        try:
-            while True:
-                frame = await call.read()
-                if not isinstance(frame, ps.SessionResponse):
-                    return True  # EOF: the service ended the stream
-                if frame.WhichOneof("frame") == "command":
-                    self._background(self._on_command(frame.command))
-        finally:
-            beats.cancel()
-
-    async def _heartbeats(self, interval_s: float) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            while True:
-                await asyncio.sleep(interval_s)
-                await self._write(ps.SessionRequest(heartbeat=ps.Heartbeat()))
-
-    async def _write_done(self) -> None:
-        async with self._write_lock:
-            if self._call is not None:
-                await self._call.done_writing()
-
-    async def _write(self, frame: ps.SessionRequest) -> None:
-        # grpc.aio allows one write at a time on a stream.
-        async with self._write_lock:
-            if self._call is not None:
-                await self._call.write(frame)
-
-    async def _session_lost(self) -> None:
-        """The session ended, and with it the locks: stop processing every queue
-        now, without committing (another consumer may own them already)."""
-        self._session_up.clear()
-        async with self._lock:
-            queues = list(self._queues.values())
-            self._queues.clear()
-            await asyncio.gather(*(self._drop(pq, commit=False) for pq in queues))
-
-    async def _on_command(self, command: ps.Command) -> None:
-        kind = command.WhichOneof("body")
-        ok, detail = True, ""
-        try:
-            if kind == "reset_offset":
-                detail = await self._reset(command.reset_offset)
-            elif kind == "rebalance":
-                self._rebalance_now.set()
-                detail = "rebalance scheduled"
-            else:
-                ok, detail = False, f"unknown command {kind!r}; this client is {CLIENT_VERSION}"
-        except (grpc.aio.AioRpcError, OSError) as e:
-            ok, detail = False, f"{type(e).__name__}: {e}"
-        ack = ps.CommandAck(command_id=command.command_id, ok=ok, detail=detail)
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await self._write(ps.SessionRequest(ack=ack))
-
-    # -- reset ------------------------------------------------------------------------
-
-    async def _reset(self, command: ps.ResetOffsetCommand) -> str:
-        """Seed 004's resetOffset, client side, without its 10 s sleep."""
-        table = {MessageQueue.of(o.queue): o for o in command.offsets}
-        async with self._lock:
-            affected = [pq for q, pq in self._queues.items() if q in table]
-            await asyncio.gather(*(self._drop(pq, commit=False) for pq in affected))
-            for pq in affected:
-                new = table[pq.queue]
-                self._own(ProcessQueue(pq.queue, new.offset, new.reset_epoch, new.offset))
-        return f"{len(affected)} queue(s) of {command.topic} resumed from the reset offsets"
-
-    # -- rebalance --------------------------------------------------------------------
-
-    async def _rebalancer(self) -> None:
-        """Rebalance when asked, when locks are pending, and on the interval."""
-        while not self._closing:
-            wait_ms = (
-                self.config.lock_retry_interval_ms
-                if self._locks_pending
-                else self.config.rebalance_interval_ms
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rebalance_now.wait(), wait_ms / 1000)
-            self._rebalance_now.clear()
-            if self._closing or not self._session_up.is_set():
-                continue
-            try:
-                await self.rebalance()
-            except (grpc.aio.AioRpcError, ClientError, OSError) as e:
-                log.warning("%s: rebalance failed: %s", self.client_id, e)
-                self._locks_pending = True  # try again soon
-
     async def rebalance(self) -> None:
-        """One rebalance of every subscribed topic (see the module docstring)."""
-        async with self._lock:
-            pending = False
-            members = await self._pull_service().ListConsumers(
-                ps.ListConsumersRequest(group=self.consumer_group), timeout=10
-            )
-            client_ids = sorted(c.client_id for c in members.consumers)
-            for topic in self._subscriptions:
-                pending |= await self._rebalance_topic(topic, client_ids)
-            self._locks_pending = pending
+        """Rebalance now (it also happens by itself; see the module docstring)."""
+        await self._member.rebalance()
 
-    async def _rebalance_topic(self, topic: str, client_ids: list[str]) -> bool:
-        """Rebalance ``topic``; True when some queue of ours is still locked elsewhere."""
-        if self.client_id not in client_ids:
-            return True  # our registration is not visible yet: again soon
-        queues = await self.queues_of(topic)
-        mine = set(allocate_averagely(queues, client_ids, self.client_id))
-        owned = {q for q in self._queues if q.topic == topic}
-        leaving = [self._queues.pop(q) for q in sorted(owned - mine)]
-        if leaving:
-            await asyncio.gather(*(self._drop(pq, commit=True) for pq in leaving))
-            await self._unlock([pq.queue for pq in leaving])
-        if not mine:
-            return False
-        held = await self._lock_queues(sorted(mine))
-        for q in sorted(owned & mine - held):  # our lock went (etcd lost the lease)
-            await self._drop(self._queues.pop(q), commit=False)
-        new = sorted(held - owned)
-        positions = await asyncio.gather(*(self._start_position(q) for q in new))
-        for q, p in zip(new, positions, strict=True):
+    # -- QueueOwner: what the membership gives and takes ------------------------------
+
+    def owned(self) -> set[MessageQueue]:
+        return set(self._queues)
+
+    async def take(self, queues: dict[MessageQueue, Position]) -> None:
+        for q, p in queues.items():
             self._own(ProcessQueue(q, p.offset, p.reset_epoch, p.committed))
-        if leaving or new:
-            log.info(
-                "%s: %s rebalanced: %d queue(s) owned, +%d -%d",
-                self.client_id,
-                topic,
-                len(held),
-                len(new),
-                len(leaving),
-            )
-        return held != mine
 
-    async def _lock_queues(self, queues: Sequence[MessageQueue]) -> set[MessageQueue]:
-        reply = await self._pull_service().LockQueues(
-            ps.LockQueuesRequest(
-                group=self.consumer_group,
-                client_id=self.client_id,
-                queues=[q.to_proto() for q in queues],
-            ),
-            timeout=10,
-        )
-        return {MessageQueue.of(q) for q in reply.locked}
+    async def give_up(self, queues: Sequence[MessageQueue], *, commit: bool) -> None:
+        dropped = [self._queues.pop(q) for q in queues if q in self._queues]
+        await asyncio.gather(*(self._drop(pq, commit=commit) for pq in dropped))
 
-    async def _unlock(self, queues: Sequence[MessageQueue]) -> None:
-        await self._pull_service().UnlockQueues(
-            ps.UnlockQueuesRequest(
-                group=self.consumer_group,
-                client_id=self.client_id,
-                queues=[q.to_proto() for q in queues],
-            ),
-            timeout=10,
-        )
+    async def reset(self, table: dict[MessageQueue, pb.QueueOffset]) -> int:
+        """Seed 004's resetOffset, client side, without its 10 s sleep: the
+        affected queues stop, their running calls end, and they start again
+        from the new offsets before this returns (and the command is acked)."""
+        affected = [q for q in self._queues if q in table]
+        await self.give_up(affected, commit=False)
+        for q in affected:
+            new = table[q]
+            self._own(ProcessQueue(q, new.offset, new.reset_epoch, new.offset))
+        return len(affected)
 
     # -- process queues ---------------------------------------------------------------
 
@@ -553,14 +331,13 @@ class PushConsumer(ConsumerClient):
         pq.dropped = True
 
         async def again() -> None:
-            async with self._lock:
+            async with self._member.lock:
                 if self._queues.get(pq.queue) is not pq:
                     return  # dropped or replaced meanwhile
-                await self._drop(self._queues.pop(pq.queue), commit=False)
-                p = await self._start_position(pq.queue)
-                self._own(ProcessQueue(pq.queue, p.offset, p.reset_epoch, p.committed))
+                await self.give_up([pq.queue], commit=False)
+                await self.take({pq.queue: await self._start_position(pq.queue)})
 
-        self._background(again())
+        self._member.background(again())
 
     async def _persister(self) -> None:
         while True:
@@ -573,7 +350,7 @@ class PushConsumer(ConsumerClient):
         sub = self._subscriptions[pq.queue.topic]
         subscription = subscription_of(sub.expression, sub.sql92)
         suspend_ms = self.config.broker_suspend_max_time_ms
-        delay = self._backoff()
+        delay = self._member.backoff()
         while not pq.dropped:
             await pq.room.wait()
             request = ps.PullRequest(
@@ -594,7 +371,7 @@ class PushConsumer(ConsumerClient):
                 log.warning("%s: pull of %s failed: %s", self.client_id, pq.queue, e.details())
                 await asyncio.sleep(next(delay))
                 continue
-            delay = self._backoff()
+            delay = self._member.backoff()
             if reply.HasField("commit"):
                 if reply.commit.code == pb.RESPONSE_CODE_STALE_RESET_EPOCH:
                     self._adopt_reset(pq)
