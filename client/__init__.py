@@ -5,6 +5,7 @@ Records are decoded with ``store.record`` (one definition of the layout).
 
 from client.consumer_base import ConsumeFromWhere, MessageQueue
 from client.lite_pull_consumer import LitePullConfig, LitePullConsumer
+from client.membership import TopicSubscription
 from client.producer import ClientError, Producer, ProducerConfig, SendResult
 from client.push_consumer import ConsumeStatus, PushConsumer, PushConsumerConfig
 from client.sync import SyncLitePullConsumer, SyncProducer, SyncPushConsumer
@@ -24,4 +25,5 @@ __all__ = [
     "SyncLitePullConsumer",
     "SyncProducer",
     "SyncPushConsumer",
+    "TopicSubscription",
 ]

@@ -10,6 +10,9 @@ it (the store-node answers STALE_RESET_EPOCH and stores nothing).
 from __future__ import annotations
 
 import enum
+import os
+import socket
+import uuid
 from dataclasses import dataclass
 
 import grpc
@@ -23,6 +26,11 @@ from client.producer import ClientError, response_code
 
 #: Deadline of the small unary calls a consumer makes to store-nodes.
 CALL_TIMEOUT_S = 10.0
+
+
+def default_client_id() -> str:
+    """RocketMQ's ``ip@pid`` (host name here), made unique per consumer object."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
 class ConsumeFromWhere(enum.Enum):

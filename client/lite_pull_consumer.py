@@ -1,8 +1,18 @@
-"""LitePullConsumer in assign mode: the application names the queues and polls.
+"""LitePullConsumer: the application polls; it names the queues, or the group shares them.
 
-RocketMQ's DefaultLitePullConsumer with ``assign``: no rebalance, the
-application owns the queues it assigned (batch jobs, the Spark pipeline).
-Each :meth:`LitePullConsumer.poll` reads every assigned queue with one
+RocketMQ's DefaultLitePullConsumer, in one of two modes (not both):
+
+* **assign** (:meth:`LitePullConsumer.assign`): no rebalance, the application
+  owns the queues it assigned (batch jobs, the Spark pipeline);
+* **subscribe** (:meth:`LitePullConsumer.subscribe` before :meth:`start`):
+  the consumer is a member of its group like a PushConsumer
+  (:class:`client.membership.GroupMember`: session, AllocateMessageQueueAveragely
+  rebalance under queue locks, RESET_OFFSET); a queue given up to another
+  member has its position committed first, so what :meth:`poll` returned
+  counts as consumed (RocketMQ's auto-commit), and :meth:`poll` drops what
+  it read of a queue given up or reset meanwhile.
+
+Each :meth:`LitePullConsumer.poll` reads every owned queue with one
 ``PullService.PullBatch`` per store-node, concurrently, and long-polls when
 nothing is new; records come back decoded by ``store.record`` (the one
 definition of the layout). Positions start at the group's committed offset
@@ -17,23 +27,30 @@ Concurrency: one event loop; not for concurrent ``poll`` calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
+from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from client.consumer_base import (
     ConsumeFromWhere,
     ConsumerClient,
     MessageQueue,
     Position,
+    default_client_id,
     subscription_of,
 )
+from client.membership import GroupMember, TopicSubscription
 from client.producer import ClientError, response_code
 from store.get_message import split_records
 from store.message import MessageRecord
 from store.record import decode_record
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,20 +61,34 @@ class LitePullConfig:
     #: Records per queue per pull (RocketMQ's pullBatchSize).
     pull_batch_size: int = 32
     consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
-    #: TAG expression ("*", "a || b") or, with ``sql92``, an SQL92 filter.
+    #: Assign mode's filter: TAG expression ("*", "a || b") or, with ``sql92``, SQL92.
     subscription: str = "*"
     sql92: bool = False
+    #: Subscribe mode: the member's id, rebalance and retry settings (as PushConsumer's).
+    client_id: str = field(default_factory=default_client_id)
+    rebalance_interval_ms: int = 20_000
+    lock_retry_interval_ms: int = 200
+    pull_time_delay_ms_when_exception: int = 100
 
     def __post_init__(self) -> None:
         if not self.consumer_group:
             raise ValueError("consumer_group must not be empty")
+        if not self.client_id:
+            raise ValueError("client_id must not be empty")
         if not 1 <= self.pull_batch_size <= 1024:
             raise ValueError(f"pull_batch_size {self.pull_batch_size} is not within 1..1024")
+        for name in (
+            "rebalance_interval_ms",
+            "lock_retry_interval_ms",
+            "pull_time_delay_ms_when_exception",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 class LitePullConsumer(ConsumerClient):
-    """Polls assigned queues through a pull-service; ``async with`` or
-    :meth:`start` / :meth:`close` (close commits)."""
+    """Polls its queues through a pull-service; ``async with`` or :meth:`start` /
+    :meth:`close` (close commits; in subscribe mode it also leaves the group)."""
 
     def __init__(self, endpoints: str, *, config: LitePullConfig) -> None:
         super().__init__(
@@ -66,20 +97,84 @@ class LitePullConsumer(ConsumerClient):
             consume_from_where=config.consume_from_where,
         )
         self.config = config
+        #: Each owned queue's position; a reset or a new owner replaces the object,
+        #: which is how a poll in flight knows its reads are stale.
         self._positions: dict[MessageQueue, Position] = {}
+        self._subscriptions: dict[str, TopicSubscription] = {}
+        self._member: GroupMember | None = None
+        #: Set when the group gives this consumer queues (a waiting poll reads them).
+        self._taken = asyncio.Event()
+
+    async def start(self) -> None:
+        await super().start()
+        if self._subscriptions:
+            self._member = GroupMember(
+                self,
+                self,
+                client_id=self.config.client_id,
+                subscriptions=self._subscriptions,
+                rebalance_interval_ms=self.config.rebalance_interval_ms,
+                lock_retry_interval_ms=self.config.lock_retry_interval_ms,
+                retry_delay_ms=self.config.pull_time_delay_ms_when_exception,
+            )
+            self._member.start()
 
     async def close(self) -> None:
         try:
-            if self._positions:
+            if self._member is not None:
+                await self._member.close()  # commits what it gives up
+            elif self._positions:
                 await self.commit()
         finally:
             await super().close()
+
+    # -- subscribe mode ---------------------------------------------------------------
+
+    def subscribe(self, topic: str, expression: str = "*", *, sql92: bool = False) -> None:
+        """Share ``topic``'s queues with the group, filtered by a TAG expression or,
+        with ``sql92``, an SQL92 filter. Before :meth:`start`; not with :meth:`assign`."""
+        if self._member is not None:
+            raise RuntimeError("subscribe before start")
+        if self._positions:
+            raise RuntimeError("a consumer that assigned queues cannot subscribe")
+        self._subscriptions[topic] = TopicSubscription(topic, expression, sql92)
+
+    async def rebalance(self) -> None:
+        """Subscribe mode: rebalance now (it also happens by itself)."""
+        if self._member is None:
+            raise RuntimeError("rebalance is for a started consumer in subscribe mode")
+        await self._member.rebalance()
+
+    def owned(self) -> set[MessageQueue]:
+        return set(self._positions)
+
+    async def take(self, queues: dict[MessageQueue, Position]) -> None:
+        self._positions.update(queues)
+        if queues:
+            self._taken.set()
+
+    async def give_up(self, queues: Sequence[MessageQueue], *, commit: bool) -> None:
+        gone = {q: self._positions.pop(q) for q in queues if q in self._positions}
+        if commit:
+            await asyncio.gather(
+                *(self._commit(q, p) for q, p in gone.items() if p.offset != p.committed),
+                return_exceptions=True,  # a failed commit only means a re-read
+            )
+
+    async def reset(self, table: dict[MessageQueue, pb.QueueOffset]) -> int:
+        affected = [q for q in self._positions if q in table]
+        for q in affected:
+            new = table[q]
+            self._positions[q] = Position(new.offset, new.reset_epoch, new.offset)
+        return len(affected)
 
     # -- assignment -------------------------------------------------------------------
 
     async def assign(self, queues: Sequence[MessageQueue]) -> None:
         """Own exactly ``queues`` from now on, each starting at the group's
-        committed offset, else by ``consume_from_where``."""
+        committed offset, else by ``consume_from_where``. Not in subscribe mode."""
+        if self._subscriptions:
+            raise RuntimeError("a subscribing consumer's queues come from its group")
         for topic in {q.topic for q in queues} - {q.topic for q in self._positions}:
             await self.queues_of(topic)  # learn the store-nodes' addresses
         keep = {q: p for q, p in self._positions.items() if q in queues}
@@ -111,16 +206,22 @@ class LitePullConsumer(ConsumerClient):
         One PullBatch per store-node, concurrently; the first to bring records
         ends the poll and the others (held, with nothing yet) are cancelled,
         so that a quiet store-node does not hold back a busy one."""
-        by_broker: dict[str, list[MessageQueue]] = {}
-        for q in sorted(self._positions):
-            by_broker.setdefault(q.broker_name, []).append(q)
+        if not self._positions:
+            # Subscribe mode before the group gave us queues: wait for some.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._taken.wait(), timeout_ms / 1000)
+            self._taken.clear()
+            return []
+        by_broker: dict[str, list[tuple[MessageQueue, Position]]] = {}
+        for q, position in sorted(self._positions.items()):
+            by_broker.setdefault(q.broker_name, []).append((q, position))
         pending = {
             asyncio.ensure_future(self._poll_broker(queues, timeout_ms))
             for queues in by_broker.values()
         }
-        reads: list[tuple[MessageQueue, list[MessageRecord], int]] = []
+        reads: list[tuple[MessageQueue, Position, list[MessageRecord], int]] = []
         try:
-            while pending and not any(records for _, records, _ in reads):
+            while pending and not any(records for _, _, records, _ in reads):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     reads += task.result()
@@ -130,29 +231,30 @@ class LitePullConsumer(ConsumerClient):
             await asyncio.gather(*pending, return_exceptions=True)
         out: list[MessageRecord] = []
         room = max_records if max_records is not None else -1
-        for queue, records, next_offset in sorted(reads, key=lambda r: r[0]):
+        for queue, position, records, next_offset in sorted(reads, key=lambda r: r[0]):
+            if self._positions.get(queue) is not position:
+                continue  # given up or reset while we read: what we read is stale
             taken = records if room < 0 else records[: max(0, room - len(out))]
             out += taken
             # Past what was taken: the next read starts at the first record left.
             left = records[len(taken) :]
-            self._positions[queue].offset = left[0].queue_offset if left else next_offset
+            position.offset = left[0].queue_offset if left else next_offset
         return out
 
     async def _poll_broker(
-        self, queues: list[MessageQueue], timeout_ms: int
-    ) -> list[tuple[MessageQueue, list[MessageRecord], int]]:
+        self, queues: list[tuple[MessageQueue, Position]], timeout_ms: int
+    ) -> list[tuple[MessageQueue, Position, list[MessageRecord], int]]:
         """One PullBatch of ``queues``: each queue's records and where it goes on."""
-        subscription = subscription_of(self.config.subscription, self.config.sql92)
         request = ps.PullBatchRequest(
             group=self.config.consumer_group,
             pulls=[
                 ps.PullRequest(
                     queue=q.to_proto(),
-                    offset=self._positions[q].offset,
+                    offset=position.offset,
                     max_nums=self.config.pull_batch_size,
-                    subscription=subscription,
+                    subscription=self._subscription(q.topic),
                 )
-                for q in queues
+                for q, position in queues
             ],
             suspend_timeout_ms=timeout_ms,
         )
@@ -161,14 +263,26 @@ class LitePullConsumer(ConsumerClient):
         except grpc.aio.AioRpcError as e:
             raise ClientError(response_code(e), e.details() or str(e.code())) from None
         out = []
-        for q, entry in zip(queues, reply.results, strict=True):
+        for (q, position), entry in zip(queues, reply.results, strict=True):
             if entry.HasField("refused"):
-                raise ClientError(entry.refused.code, f"{q}: {entry.refused.message}")
+                if self._member is None:
+                    raise ClientError(entry.refused.code, f"{q}: {entry.refused.message}")
+                # Subscribe mode: the queue left the topic's read queues (a
+                # shrink) or its broker went; the group's next rebalance says.
+                log.warning("%s: %s", q, entry.refused.message)
+                self._member.request_rebalance()
+                continue
             records = [decode_record(raw) for raw in split_records(entry.records.data)]
             # OFFSET_ILLEGAL (the offset left the queue's range) moves on to the
             # corrected offset, as RocketMQ's consumers do.
-            out.append((q, records, entry.next_begin_offset))
+            out.append((q, position, records, entry.next_begin_offset))
         return out
+
+    def _subscription(self, topic: str) -> pb.Subscription:
+        sub = self._subscriptions.get(topic)
+        if sub is None:
+            return subscription_of(self.config.subscription, self.config.sql92)
+        return subscription_of(sub.expression, sub.sql92)
 
     async def commit(self) -> None:
         """Store every queue's position as the group's offset (those that moved)."""

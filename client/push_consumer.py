@@ -41,9 +41,6 @@ import enum
 import inspect
 import itertools
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -57,6 +54,7 @@ from client.consumer_base import (
     ConsumerClient,
     MessageQueue,
     Position,
+    default_client_id,
     subscription_of,
 )
 from client.membership import GroupMember, TopicSubscription
@@ -76,11 +74,6 @@ class ConsumeStatus(enum.Enum):
 
 
 Listener = Callable[[list[MessageRecord], MessageQueue], ConsumeStatus | Awaitable[ConsumeStatus]]
-
-
-def default_client_id() -> str:
-    """RocketMQ's ``ip@pid`` (host name here), made unique per consumer object."""
-    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from client.lite_pull_consumer import LitePullConfig, LitePullConsumer, MessageQueue
+from client.membership import TopicSubscription
 from client.producer import Producer, ProducerConfig, SendResult
 from client.push_consumer import Listener, PushConsumer, PushConsumerConfig
 from store.message import Message, MessageRecord
@@ -81,11 +82,20 @@ class SyncProducer:
 class SyncLitePullConsumer:
     """:class:`client.LitePullConsumer`, blocking."""
 
-    def __init__(self, endpoints: str, *, config: LitePullConfig) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        *,
+        config: LitePullConfig,
+        subscriptions: Sequence[TopicSubscription] = (),
+    ) -> None:
+        """Started here; with ``subscriptions`` in subscribe mode (see LitePullConsumer)."""
         self._loop = _LoopThread("basalt-consumer")
 
         async def start() -> LitePullConsumer:
             consumer = LitePullConsumer(endpoints, config=config)
+            for s in subscriptions:
+                consumer.subscribe(s.topic, s.expression, sql92=s.sql92)
             await consumer.start()
             return consumer
 

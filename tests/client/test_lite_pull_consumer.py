@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from admin import ops
+from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from client import (
     ClientError,
@@ -23,6 +25,7 @@ from services.meta import MetaConfig
 from store.message import Message
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster
+from tests.services.test_pull_sessions import eventually
 
 
 def config(**kw: object) -> LitePullConfig:
@@ -126,3 +129,44 @@ async def test_the_blocking_wrappers_send_and_poll_from_plain_threads(
         offsets, bodies = await asyncio.to_thread(blocking)
         assert len(offsets) == 6
         assert sorted(bodies) == sorted([b"s0", b"s1", b"s2", b"s3", b"b", b"c", b"f"])
+
+
+@async_test
+async def test_subscribe_mode_shares_the_queues_with_the_group_and_follows_a_reset(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
+        address = h.services[0].address
+        async with Producer(address, group="P") as producer:
+            for i in range(40):
+                await producer.send(Message(TOPIC, f"m{i}".encode()))
+        a = LitePullConsumer(address, config=config(client_id="A"))
+        a.subscribe(TOPIC)
+        b = LitePullConsumer(address, config=config(client_id="B"))
+        b.subscribe(TOPIC)
+        with pytest.raises(RuntimeError, match="subscribing"):
+            await b.assign([MessageQueue(TOPIC, "broker-a", 0)])
+        got: dict[str, list[bytes]] = {"A": [], "B": []}
+        async with a, b:
+
+            async def shared() -> bool:
+                return len(a.assignment()) == len(b.assignment()) == 4
+
+            await eventually(shared)
+            assert not set(a.assignment()) & set(b.assignment())
+            for _ in range(20):
+                got["A"] += [r.body for r in await a.poll(timeout_ms=50)]
+                got["B"] += [r.body for r in await b.poll(timeout_ms=50)]
+            assert sorted(got["A"] + got["B"]) == sorted(f"m{i}".encode() for i in range(40))
+            assert got["A"] and got["B"]
+            # A reset to the start reaches both through their sessions.
+            outcome = await ops.reset_offset_by_time(h.meta, "LG", TOPIC, 0)
+            assert [x.outcome for x in outcome.acks or []] == [ps.COMMAND_OUTCOME_OK] * 2
+            again = [r.body for r in await a.poll(timeout_ms=200)]
+            again += [r.body for r in await b.poll(timeout_ms=200)]
+            assert again
+        # Both left; their last positions were committed as they gave the queues up.
+        async with LitePullConsumer(address, config=config(client_id="C")) as c:
+            await c.assign(await c.queues_of(TOPIC))
+            left = await c.poll(timeout_ms=100)
+        assert len(left) == 40 - len(again)
