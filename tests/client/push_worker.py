@@ -1,6 +1,6 @@
 """A PushConsumer in its own process, for the tests that kill one with -9.
 
-Usage: ``python -m tests.client.push_worker ENDPOINT GROUP TOPIC CLIENT_ID LOG``.
+Usage: ``python -m tests.client.push_worker ENDPOINT GROUP TOPIC CLIENT_ID LOG [orderly]``.
 Each finished listener call appends one line to LOG per message,
 ``start end client_id broker queue_id offset body`` (start and end from
 ``time.monotonic()``, which is system-wide on Linux, so calls of different
@@ -20,7 +20,9 @@ from client import ConsumeFromWhere, ConsumeStatus, MessageQueue, PushConsumer, 
 from store.message import MessageRecord
 
 
-async def main(endpoint: str, group: str, topic: str, client_id: str, log_path: str) -> None:
+async def main(
+    endpoint: str, group: str, topic: str, client_id: str, log_path: str, mode: str = ""
+) -> None:
     out = open(log_path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
     lock = threading.Lock()
 
@@ -44,6 +46,7 @@ async def main(endpoint: str, group: str, topic: str, client_id: str, log_path: 
             consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
             broker_suspend_max_time_ms=1000,
             consume_thread_nums=4,
+            orderly=mode == "orderly",
         ),
         listener=listener,
     )
@@ -57,4 +60,4 @@ async def main(endpoint: str, group: str, topic: str, client_id: str, log_path: 
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:6]))
+    asyncio.run(main(*sys.argv[1:7]))

@@ -67,17 +67,19 @@ def overlaps(log: Path) -> list[tuple[Call, Call]]:
 
 @contextlib.asynccontextmanager
 async def worker(
-    address: str, client_id: str, log: Path
+    address: str, client_id: str, log: Path, group: str = GROUP, topic: str = TOPIC, mode: str = ""
 ) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A push_worker process, once it reports its consumer started; killed at exit."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "tests.client.push_worker",
         address,
-        GROUP,
-        TOPIC,
+        group,
+        topic,
         client_id,
         str(log),
+        mode,
         stdout=asyncio.subprocess.PIPE,
         cwd=REPO_ROOT,
     )

@@ -1,0 +1,129 @@
+"""``basalt admin resetOffsetByTime`` on a ``basalt cluster up`` cluster (real
+etcd, store-node and pull-service processes) with three push consumers in
+their own processes and a producer sending all along: the command returns once
+every consumer confirmed, and each queue is consumed again from exactly the
+reset point the table shows, which is what SearchOffset gives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from client import Producer
+from services.cluster import CLUSTER_NAME
+from services.meta import MetaClient, MetaConfig, TopicConfig
+from store.message import Message
+from tests.client.test_push_rebalance_e2e import calls, worker
+from tests.client.test_quickstart import REPO_ROOT, basalt
+from tests.services.conftest import async_test
+from tests.services.test_pull_sessions import eventually
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "ResetE2E"
+GROUP = "RG"
+
+
+@contextlib.asynccontextmanager
+async def cluster_up(data: Path) -> AsyncIterator[dict[str, dict[str, str]]]:
+    async def run(*args: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "admin", "cluster", *args, "--data-dir", str(data),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO_ROOT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(proc.communicate(), 180)
+        return proc.returncode or 0, out.decode()
+
+    code, out = await run("up")
+    try:
+        assert code == 0, out
+        procs = json.loads((data / "cluster.json").read_text())
+        yield {p["name"]: p for p in procs} | {p["role"]: p for p in procs}
+    finally:
+        code, out = await run("down")
+        assert code == 0, out
+
+
+@async_test
+async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path: Path) -> None:
+    log = tmp_path / "consumed.log"
+    async with cluster_up(tmp_path / "cluster") as procs:
+        address = procs["pull-service"]["address"]
+        etcd = procs["etcd"]["address"]
+        meta_config = MetaConfig(endpoints=(etcd,), cluster=CLUSTER_NAME)
+        async with MetaClient(meta_config) as meta:
+            await meta.create_topic(
+                TopicConfig(
+                    topic_name=TOPIC,
+                    read_queue_nums=4,
+                    write_queue_nums=4,
+                    brokers=("broker-a", "broker-b"),
+                )
+            )
+            sending = True
+
+            async def produce() -> None:
+                async with Producer(address, group="P") as producer:
+                    for i in itertools.count():
+                        if not sending:
+                            return
+                        await producer.send(Message(TOPIC, f"m{i}".encode()))
+                        await asyncio.sleep(0.003)
+
+            producing = asyncio.ensure_future(produce())
+            stack = contextlib.AsyncExitStack()
+            stack.push_async_callback(lambda: asyncio.gather(producing, return_exceptions=True))
+            stack.callback(producing.cancel)
+            async with (
+                stack,
+                worker(address, "C1", log, GROUP, TOPIC, "orderly"),
+                worker(address, "C2", log, GROUP, TOPIC, "orderly"),
+                worker(address, "C3", log, GROUP, TOPIC, "orderly"),
+            ):
+
+                async def spread() -> bool:
+                    owners = await meta.queue_lock_owners(GROUP)
+                    return len(owners) == 8 and set(owners.values()) == {"C1", "C2", "C3"}
+
+                await eventually(spread, 30)
+                await asyncio.sleep(1.0)
+                point = int(time.time() * 1000) - 500
+                code, out, err = await basalt(
+                    "admin", "resetOffsetByTime", "-g", GROUP, "-t", TOPIC, "-s", str(point),
+                    "--etcd", etcd, "--cluster", CLUSTER_NAME, "--json",
+                )  # fmt: skip
+                assert code == 0, err
+                result = json.loads(out)
+                await asyncio.sleep(1.0)  # consumption goes on from the reset points
+                sending = False
+                await producing
+            reset_to = {(r["broker"], r["queue"]): r["offset"] for r in result if r["queue"] != ""}
+            assert len(reset_to) == 8
+            confirmed = {r["broker"] for r in result if r["result"] == "OK"}
+            assert confirmed == {"consumer C1", "consumer C2", "consumer C3"}, result
+            for (broker, qid), offset in reset_to.items():
+                async with grpc.aio.insecure_channel(procs[broker]["address"]) as channel:
+                    search = await sn_grpc.StoreNodeStub(channel).SearchOffset(
+                        sn.SearchOffsetRequest(topic=TOPIC, queue_id=qid, timestamp_ms=point)
+                    )
+                assert offset == search.offset
+        # Orderly listeners: each queue's offsets, by call start, only go up except
+        # for one jump back, to the queue's reset point.
+        by_queue: dict[tuple[str, int], list[int]] = {}
+        for call in sorted(calls(log), key=lambda c: c.start):
+            by_queue.setdefault(call.queue, []).append(call.offset)
+        assert set(by_queue) == set(reset_to)
+        for queue, offsets in by_queue.items():
+            jumps = [b for a, b in itertools.pairwise(offsets) if b <= a]
+            assert jumps == [reset_to[queue]], (queue, offsets)
