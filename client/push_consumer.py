@@ -10,10 +10,9 @@ RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
   is processed by two consumers of the group at once, short of a listener
   running past ``drop_await_termination_ms`` after its queue was dropped.
   A session that breaks drops every queue at once, uncommitted.
-* **ProcessQueue.** One per owned queue: a long-poll pull loop (``Pull``, the
-  commit offset riding along), the pulled messages not yet consumed (at most
-  ``pull_threshold_for_queue``: the loop waits for room, no sleep), and the
-  listener calls in flight.
+* **ProcessQueue.** One per owned queue: a long-poll pull loop (``Pull``),
+  the pulled messages not yet consumed (at most ``pull_threshold_for_queue``:
+  the loop waits for room, no sleep), and the listener calls in flight.
 * **Listener.** ``listener(messages, queue) -> ConsumeStatus``, a plain
   function run on a pool of ``consume_thread_nums`` threads, or a coroutine
   function run on the loop (at most ``consume_thread_nums`` at once).
@@ -23,8 +22,8 @@ RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
   the batch again after ``suspend_current_queue_time_ms``: Basalt has no retry
   topic, so the retry is local and holds the queue's commit back meanwhile.
 * **Commit.** The lowest offset not yet consumed (or, with none pending, the
-  next to pull): with every pull, every ``persist_consumer_offset_interval_ms``
-  and when a queue is dropped or the consumer closes.
+  next to pull): every ``persist_consumer_offset_interval_ms`` and when a
+  queue is given up or the consumer closes, one at a time per queue.
 * **RESET_OFFSET.** The affected ProcessQueues are dropped (their pulls
   cancelled), the listener calls already running are awaited (at most
   ``drop_await_termination_ms``), the new offsets and reset epochs adopted,
@@ -157,6 +156,8 @@ class ProcessQueue:
         #: Orderly: the offsets a listener call or a retry holds.
         self.taken = 0
         self.calls: set[asyncio.Future[object]] = set()
+        #: One commit of the queue at a time (see PushConsumer._commit).
+        self.commit_lock = asyncio.Lock()
         self.tasks: set[asyncio.Task[None]] = set()
 
     def commit_offset(self) -> int:
@@ -301,21 +302,29 @@ class PushConsumer(ConsumerClient):
                     self.config.drop_await_termination_ms,
                 )
         if commit:
-            await self._commit(pq)
+            await self._commit(pq, final=True)
 
-    async def _commit(self, pq: ProcessQueue) -> None:
-        offset = pq.commit_offset()
-        if offset == pq.committed:
-            return
-        try:
-            stored = await self._store_offset(pq.queue, offset, pq.reset_epoch)
-        except grpc.aio.AioRpcError as e:
-            log.warning("%s: commit of %s failed: %s", self.client_id, pq.queue, e.details())
-            return
-        if stored:
-            pq.committed = offset
-        elif not pq.dropped:
-            self._adopt_reset(pq)
+    async def _commit(self, pq: ProcessQueue, *, final: bool = False) -> None:
+        """Store ``pq``'s commit offset, one commit of a queue at a time and each
+        awaited, so that commits reach the store-node in the order they were made
+        (an older offset landing after a newer one would make the queue's next
+        owner consume again what this one did). After a drop only the ``final``
+        commit (the drop's own) goes."""
+        async with pq.commit_lock:
+            if pq.dropped and not final:
+                return
+            offset = pq.commit_offset()
+            if offset == pq.committed:
+                return
+            try:
+                stored = await self._store_offset(pq.queue, offset, pq.reset_epoch)
+            except grpc.aio.AioRpcError as e:
+                log.warning("%s: commit of %s failed: %s", self.client_id, pq.queue, e.details())
+                return
+            if stored:
+                pq.committed = offset
+            elif not pq.dropped:
+                self._adopt_reset(pq)
 
     def _adopt_reset(self, pq: ProcessQueue) -> None:
         """A commit was refused STALE_RESET_EPOCH: a reset happened that this
@@ -338,8 +347,10 @@ class PushConsumer(ConsumerClient):
             await asyncio.gather(*(self._commit(pq) for pq in list(self._queues.values())))
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
-        """Pull ``pq``'s queue until it is dropped: long polls, the commit offset
-        riding along, waiting for room when the backlog is full."""
+        """Pull ``pq``'s queue until it is dropped: long polls, waiting for room
+        when the backlog is full. No commit rides along (RocketMQ's does): a
+        pull cancelled by a drop may still reach the store-node after the
+        drop's own commit and store an older offset over it."""
         sub = self._subscriptions[pq.queue.topic]
         subscription = subscription_of(sub.expression, sub.sql92)
         suspend_ms = self.config.broker_suspend_max_time_ms
@@ -355,9 +366,6 @@ class PushConsumer(ConsumerClient):
                 suspend_timeout_ms=suspend_ms,
                 reset_epoch=pq.reset_epoch,
             )
-            commit = pq.commit_offset()
-            if commit != pq.committed:
-                request.commit_offset = commit
             try:
                 reply = await self._pull_service().Pull(request, timeout=suspend_ms / 1000 + 10)
             except grpc.aio.AioRpcError as e:
@@ -365,11 +373,6 @@ class PushConsumer(ConsumerClient):
                 await asyncio.sleep(next(delay))
                 continue
             delay = self._member.backoff()
-            if reply.HasField("commit"):
-                if reply.commit.code == pb.RESPONSE_CODE_STALE_RESET_EPOCH:
-                    self._adopt_reset(pq)
-                    return
-                pq.committed = commit
             pq.next_offset = reply.next_begin_offset
             if reply.status == pb.PULL_STATUS_FOUND:
                 records = [decode_record(raw) for raw in split_records(reply.records.data)]
@@ -388,7 +391,6 @@ class PushConsumer(ConsumerClient):
     async def _consume_batch(self, pq: ProcessQueue, batch: list[MessageRecord]) -> None:
         while not pq.dropped:
             if await self._call_listener(pq, batch) is ConsumeStatus.CONSUME_SUCCESS:
-                pq.consumed(batch, self.config.pull_threshold_for_queue)
                 return
             await asyncio.sleep(self.config.suspend_current_queue_time_ms / 1000)
 
@@ -401,15 +403,17 @@ class PushConsumer(ConsumerClient):
             if not batch:
                 pq.ready.clear()
                 continue
-            if await self._call_listener(pq, batch) is ConsumeStatus.CONSUME_SUCCESS:
-                pq.consumed(batch, self.config.pull_threshold_for_queue)
-            else:
+            if await self._call_listener(pq, batch) is not ConsumeStatus.CONSUME_SUCCESS:
                 await asyncio.sleep(self.config.suspend_current_queue_time_ms / 1000)
 
     async def _call_listener(self, pq: ProcessQueue, batch: list[MessageRecord]) -> ConsumeStatus:
         """Run the listener on ``batch``; an exception counts as RECONSUME_LATER.
+
         The call is tracked in ``pq.calls`` until it really ends (a thread runs
-        on after its awaiting task is cancelled), so a drop can wait for it."""
+        on after its awaiting task is cancelled), so a drop can wait for it, and
+        its success marks the batch consumed when the call ends, not when this
+        coroutine resumes: a drop cancels the coroutine, and the commit that
+        follows must still count a batch whose call succeeded."""
         async with self._calls:
             if pq.dropped:
                 return ConsumeStatus.RECONSUME_LATER
@@ -420,8 +424,16 @@ class PushConsumer(ConsumerClient):
                 call = asyncio.ensure_future(awaitable)
             else:
                 call = loop.run_in_executor(self._pool, self._listener, batch, pq.queue)
+            threshold = self.config.pull_threshold_for_queue
+
+            def ended(call: asyncio.Future[object]) -> None:
+                pq.calls.discard(call)
+                succeeded = not call.cancelled() and call.exception() is None
+                if succeeded and call.result() is ConsumeStatus.CONSUME_SUCCESS:
+                    pq.consumed(batch, threshold)
+
             pq.calls.add(call)
-            call.add_done_callback(pq.calls.discard)
+            call.add_done_callback(ended)  # before shield's: it runs first
             try:
                 status = await asyncio.shield(call)
             except Exception:
