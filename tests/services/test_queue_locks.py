@@ -116,7 +116,7 @@ async def test_a_member_joining_or_leaving_makes_the_others_rebalance(
         await b.open()
 
         def rebalances(c: Consumer) -> int:
-            return sum(1 for m in c.commands if m.WhichOneof("body") == "rebalance")
+            return sum(1 for m in c.rebalances if m.WhichOneof("body") == "rebalance")
 
         async def a_told(n: int) -> bool:
             return rebalances(a) >= n
@@ -131,7 +131,7 @@ async def test_a_member_joining_or_leaving_makes_the_others_rebalance(
         await h.update_topic(TOPIC, read_queue_nums=2)
 
         async def sub_told() -> bool:
-            return any(list(m.rebalance.topics) == [TOPIC] for m in sub.commands)
+            return any(list(m.rebalance.topics) == [TOPIC] for m in sub.rebalances)
 
         await eventually(sub_told)
         await asyncio.gather(a.close(), sub.close())
