@@ -33,7 +33,8 @@ import json
 from collections.abc import Callable, Coroutine, Sequence
 from typing import IO, Any
 
-from admin import ops
+from admin import ops, topics
+from admin.errors import AdminError
 from basalt.v1 import pull_service_pb2 as ps
 from services.cluster import local_address
 from services.meta import MetaClient, MetaConfig, MetaError, Perm, parse_endpoints
@@ -49,7 +50,7 @@ Verb = Callable[
 async def _update_topic(
     meta: MetaClient, a: argparse.Namespace
 ) -> tuple[list[str], list[list[Any]]]:
-    config, created = await ops.update_topic(
+    write = await topics.update_topic(
         meta,
         a.topic,
         read_queue_nums=a.read_queue_nums,
@@ -57,24 +58,24 @@ async def _update_topic(
         perm=Perm(a.perm) if a.perm is not None else None,
         brokers=a.broker or (),
     )
-    return _topic_rows(config, "created" if created else "updated")
+    return _topic_rows(write.config, "created" if write.created else "updated")
 
 
 async def _delete_topic(
     meta: MetaClient, a: argparse.Namespace
 ) -> tuple[list[str], list[list[Any]]]:
-    await ops.delete_topic(meta, a.topic)
+    await topics.delete_topic(meta, a.topic)
     return ["topic", "result"], [[a.topic, "deleted"]]
 
 
 async def _topic_list(meta: MetaClient, a: argparse.Namespace) -> tuple[list[str], list[list[Any]]]:
-    return ["topic"], [[name] for name in sorted(await meta.list_topics())]
+    return ["topic"], [[name] for name in await topics.topic_names(meta)]
 
 
 async def _topic_route(
     meta: MetaClient, a: argparse.Namespace
 ) -> tuple[list[str], list[list[Any]]]:
-    config = await ops.topic_config(meta, a.topic)
+    config = await topics.topic_config(meta, a.topic)
     brokers = await meta.list_brokers()
     rows = [
         [
@@ -144,7 +145,9 @@ async def _reset_offset_by_time(
         for o in outcome.offsets
     ]
     rows += [[name, "", "", "", f"FAILED: {why}"] for name, why in sorted(outcome.failed.items())]
-    if outcome.acks is None:
+    if outcome.failed:
+        rows.append(["(consumers)", "", "", "", "not told: a store-node failed; run it again"])
+    elif outcome.acks is None:
         rows.append(["(consumers)", "", "", "", "no live consumer: reset on the store-nodes only"])
     else:
         rows += [
@@ -379,7 +382,7 @@ def _handler(operation: Verb) -> Callable[[argparse.Namespace, IO[str], IO[str]]
             header, rows = asyncio.run(_with_meta(etcd, args, operation))
         except _Partial as partial:
             header, rows, status = partial.header, partial.rows, EXIT_FAILED
-        except (ops.AdminError, MetaError, ValueError) as e:
+        except (AdminError, MetaError, ValueError) as e:
             print(f"basalt admin {args.verb}: {e}", file=stderr)
             return EXIT_FAILED
         if args.json:
