@@ -24,7 +24,7 @@ from typing import TypeVar
 import grpc
 
 from admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
-from admin.topics import topic_config, update_topic
+from admin.topics import TopicChange, topic_config, update_topic
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -457,10 +457,10 @@ async def change_queue_nums(
     config = await topic_config(meta, topic)
     steps: list[str] = []
     if queue_nums > config.read_queue_nums:
-        config = (await update_topic(meta, topic, read_queue_nums=queue_nums)).config
+        config = (await update_topic(meta, topic, TopicChange(read_queue_nums=queue_nums))).config
         steps.append(f"read_queue_nums -> {queue_nums}")
     if queue_nums != config.write_queue_nums:
-        config = (await update_topic(meta, topic, write_queue_nums=queue_nums)).config
+        config = (await update_topic(meta, topic, TopicChange(write_queue_nums=queue_nums))).config
         steps.append(f"write_queue_nums -> {queue_nums}")
     if queue_nums >= config.read_queue_nums:
         return steps or [f"already {queue_nums} read and write queues"]
@@ -480,7 +480,7 @@ async def change_queue_nums(
             )
             return steps
         await asyncio.sleep(poll_s)
-    await update_topic(meta, topic, read_queue_nums=queue_nums)
+    await update_topic(meta, topic, TopicChange(read_queue_nums=queue_nums))
     steps.append(f"queues >= {queue_nums} drained by {', '.join(sorted(consumers))}")
     steps.append(f"read_queue_nums -> {queue_nums}")
     return steps

@@ -28,8 +28,10 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from admin.errors import BrokerNotRegisteredError, RevisionMismatchError
+from basalt.v1 import common_pb2 as pb
 from services.meta import (
     MetaClient,
     MetaValidationError,
@@ -42,6 +44,8 @@ from services.meta_session import EtcdSession, KeyValue
 
 log = logging.getLogger(__name__)
 
+V = TypeVar("V")
+
 #: mqadmin updateTopic's queue counts for a new topic when none are given.
 NEW_TOPIC_QUEUE_NUMS = 8
 
@@ -51,11 +55,52 @@ _Change = Callable[[TopicConfig], TopicConfig]
 _Fresh = Callable[[], Awaitable[TopicConfig]]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicChange:
+    """What an updateTopic sets; a field left None (``brokers`` empty) keeps
+    the stored value, or takes mqadmin's default for a new topic (8 read and 8
+    write queues, perm RW, not ordered, every registered store-node)."""
+
+    read_queue_nums: int | None = None
+    write_queue_nums: int | None = None
+    perm: Perm | None = None
+    brokers: tuple[str, ...] = ()
+    order: bool | None = None
+
+    def apply(self, config: TopicConfig) -> TopicConfig:
+        """``config`` with the fields given (pure: a compare-and-swap may call it
+        more than once); MetaValidationError if a value is out of range."""
+        return dataclasses.replace(
+            config,
+            read_queue_nums=_given(self.read_queue_nums, config.read_queue_nums),
+            write_queue_nums=_given(self.write_queue_nums, config.write_queue_nums),
+            perm=_given(self.perm, config.perm),
+            brokers=self.brokers or config.brokers,
+            order=_given(self.order, config.order),
+        )
+
+    def new_topic(self, topic: str, hosts: Sequence[str] = ()) -> TopicConfig:
+        """A new topic's config: mqadmin's defaults with the fields given, on
+        ``brokers`` or else ``hosts`` (empty: the writer's choice)."""
+        return self.apply(
+            TopicConfig(
+                topic_name=topic,
+                read_queue_nums=NEW_TOPIC_QUEUE_NUMS,
+                write_queue_nums=NEW_TOPIC_QUEUE_NUMS,
+                brokers=tuple(hosts),
+            )
+        )
+
+
+def _given(value: V | None, stored: V) -> V:
+    return stored if value is None else value
+
+
 @dataclass(frozen=True, slots=True)
 class TopicWrite:
-    """What :func:`update_topic` did: the config stored, whether the call
-    created the topic, and the key's mod revision after the write (0: the topic
-    was deleted again before it could be read back)."""
+    """A topic's config as stored and its etcd key's mod revision; from
+    :func:`update_topic`, also whether the call created the topic (a
+    mod_revision of 0: deleted again before it could be read back)."""
 
     config: TopicConfig
     created: bool
@@ -68,6 +113,16 @@ async def topic_config(meta: MetaClient, topic: str) -> TopicConfig:
     if config is None:
         raise TopicNotFoundError(topic)
     return config
+
+
+async def get_topic(meta: MetaClient, topic: str) -> TopicWrite:
+    """The topic's config and mod revision now (``created`` False);
+    TopicNotFoundError if it has none."""
+    async with _etcd(meta) as etcd:
+        kv = await etcd.get(meta.keys.topic(topic))
+    if kv is None:
+        raise TopicNotFoundError(topic)
+    return TopicWrite(TopicConfig.from_json(kv.value, topic_name=topic), False, kv.mod_revision)
 
 
 async def topic_names(meta: MetaClient) -> list[str]:
@@ -85,22 +140,14 @@ async def delete_topic(meta: MetaClient, topic: str) -> None:
 async def update_topic(
     meta: MetaClient,
     topic: str,
+    change: TopicChange,
     *,
-    read_queue_nums: int | None = None,
-    write_queue_nums: int | None = None,
-    perm: Perm | None = None,
-    brokers: Sequence[str] = (),
-    order: bool | None = None,
     expected_mod_revision: int | None = None,
 ) -> TopicWrite:
-    """mqadmin updateTopic: create the topic or change the fields given (None
-    and empty ``brokers``: keep what is stored), in the write mode
-    ``expected_mod_revision`` names (module docstring).
+    """mqadmin updateTopic: create the topic or apply ``change`` to it, in the
+    write mode ``expected_mod_revision`` names (module docstring).
 
-    A new topic lives on ``brokers``, or on every registered store-node, with
-    8 read and 8 write queues and perm RW unless given.
-
-    Raises BrokerNotRegisteredError (a store-node in ``brokers`` is not
+    Raises BrokerNotRegisteredError (a store-node in ``change.brokers`` is not
     registered, or none is to host a new topic), MetaValidationError (a value
     out of range), TopicExistsError (create only, and it exists),
     RevisionMismatchError, MetaConflictError (concurrent writers kept
@@ -111,42 +158,25 @@ async def update_topic(
         raise MetaValidationError(
             f"expected_mod_revision {expected_mod_revision}: 0 (create only) or a revision"
         )
-    if brokers:
-        unknown = sorted(set(brokers) - set(await meta.list_brokers()))
+    if change.brokers:
+        unknown = sorted(set(change.brokers) - set(await meta.list_brokers()))
         if unknown:
             raise BrokerNotRegisteredError(unknown)
 
-    def changed(c: TopicConfig) -> TopicConfig:
-        return dataclasses.replace(
-            c,
-            read_queue_nums=c.read_queue_nums if read_queue_nums is None else read_queue_nums,
-            write_queue_nums=c.write_queue_nums if write_queue_nums is None else write_queue_nums,
-            perm=c.perm if perm is None else perm,
-            brokers=tuple(brokers) or c.brokers,
-            order=c.order if order is None else order,
-        )
-
     async def fresh() -> TopicConfig:
-        hosts = tuple(brokers) or tuple(sorted(await meta.list_brokers()))
+        hosts = change.brokers or tuple(sorted(await meta.list_brokers()))
         if not hosts:
             raise BrokerNotRegisteredError((), "no store-node is registered to host the topic")
-        return changed(
-            TopicConfig(
-                topic_name=topic,
-                read_queue_nums=NEW_TOPIC_QUEUE_NUMS,
-                write_queue_nums=NEW_TOPIC_QUEUE_NUMS,
-                brokers=hosts,
-            )
-        )
+        return change.new_topic(topic, hosts)
 
     key = meta.keys.topic(topic)
     async with _etcd(meta) as etcd:
         if expected_mod_revision is None:
-            config, created = await _write_any(meta, topic, changed, fresh)
+            config, created = await _write_any(meta, topic, change.apply, fresh)
         elif expected_mod_revision == 0:
             config, created = await meta.create_topic(await fresh()), True
         else:
-            config, created = await _write_at(etcd, key, topic, changed, expected_mod_revision)
+            config, created = await _write_at(etcd, key, topic, change.apply, expected_mod_revision)
         return _read_back(await etcd.get(key), config, created)
 
 
@@ -203,3 +233,28 @@ async def _etcd(meta: MetaClient) -> AsyncIterator[EtcdSession]:
         yield session
     finally:
         await session.close()
+
+
+def topic_config_pb(config: TopicConfig) -> pb.TopicConfig:
+    """A stored config as admin.proto's TopicConfig."""
+    return pb.TopicConfig(
+        topic=config.topic_name,
+        read_queue_nums=config.read_queue_nums,
+        write_queue_nums=config.write_queue_nums,
+        perm=int(config.perm),
+        brokers=config.brokers,
+        order=config.order,
+    )
+
+
+def topic_config_from_pb(message: pb.TopicConfig) -> TopicConfig:
+    """admin.proto's TopicConfig as the stored config; MetaValidationError if a
+    field is out of range."""
+    return TopicConfig(
+        topic_name=message.topic,
+        read_queue_nums=message.read_queue_nums,
+        write_queue_nums=message.write_queue_nums,
+        perm=Perm.parse(message.perm),
+        brokers=tuple(message.brokers),
+        order=message.order,
+    )

@@ -53,10 +53,12 @@ async def _update_topic(
     write = await topics.update_topic(
         meta,
         a.topic,
-        read_queue_nums=a.read_queue_nums,
-        write_queue_nums=a.write_queue_nums,
-        perm=Perm(a.perm) if a.perm is not None else None,
-        brokers=a.broker or (),
+        topics.TopicChange(
+            read_queue_nums=a.read_queue_nums,
+            write_queue_nums=a.write_queue_nums,
+            perm=Perm(a.perm) if a.perm is not None else None,
+            brokers=tuple(a.broker or ()),
+        ),
     )
     return _topic_rows(write.config, "created" if write.created else "updated")
 
