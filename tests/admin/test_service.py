@@ -35,18 +35,24 @@ Status = grpc.StatusCode
 
 
 @asynccontextmanager
-async def admin_service(meta_config: MetaConfig) -> AsyncIterator[adm_grpc.AdminAsyncStub]:
+async def admin_server(meta_config: MetaConfig) -> AsyncIterator[str]:
     """The admin service on a port of its own, with its own MetaClient (as its
-    process has), and a stub to it."""
+    process has); yields its address."""
     meta = MetaClient(meta_config)
     await meta.connect()
     running = await start_admin_service(meta)
     try:
-        async with grpc.aio.insecure_channel(running.address) as channel:
-            yield adm_grpc.AdminStub(channel)
+        yield running.address
     finally:
         await running.stop(grace_s=1)
         await meta.close()
+
+
+@asynccontextmanager
+async def admin_service(meta_config: MetaConfig) -> AsyncIterator[adm_grpc.AdminAsyncStub]:
+    """:func:`admin_server`, and a stub to it."""
+    async with admin_server(meta_config) as address, grpc.aio.insecure_channel(address) as channel:
+        yield adm_grpc.AdminStub(channel)
 
 
 def topic_config(
