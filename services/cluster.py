@@ -106,51 +106,37 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
     assert etcd.pid is not None
     procs = [ProcessInfo("etcd", "etcd", etcd.pid, etcd.endpoint, str(logs / "etcd.log"))]
     children: list[subprocess.Popen[bytes]] = []
-    for i in range(store_nodes):
-        name = f"broker-{chr(ord('a') + i)}"
+
+    def start_service(role: str, name: str, module: str, *args: str) -> None:
+        """``python -m module`` on a free loopback port, on this cluster's etcd."""
         address = f"127.0.0.1:{free_port()}"
         proc, log = _spawn(
             name,
             [
-                "services.store_node_main",
-                "--name", name,
-                "--data-dir", str(data_dir / name),
+                module,
+                *args,
                 "--listen", address,
                 "--etcd", etcd.endpoint,
                 "--cluster", CLUSTER_NAME,
-                "--flush-disk-type", flush_disk_type,
             ],
             logs,
         )  # fmt: skip
         children.append(proc)
-        procs.append(ProcessInfo("store-node", name, proc.pid, address, log))
-    address = f"127.0.0.1:{free_port()}"
-    proc, log = _spawn(
-        "pull-service-1",
-        [
-            "services.pull_service_main",
-            "--id", "pull-service-1",
-            "--listen", address,
-            "--etcd", etcd.endpoint,
-            "--cluster", CLUSTER_NAME,
-        ],
-        logs,
-    )  # fmt: skip
-    children.append(proc)
-    procs.append(ProcessInfo("pull-service", "pull-service-1", proc.pid, address, log))
-    address = f"127.0.0.1:{free_port()}"
-    proc, log = _spawn(
-        "admin",
-        [
-            "admin.service_main",
-            "--listen", address,
-            "--etcd", etcd.endpoint,
-            "--cluster", CLUSTER_NAME,
-        ],
-        logs,
-    )  # fmt: skip
-    children.append(proc)
-    procs.append(ProcessInfo("admin", "admin", proc.pid, address, log))
+        procs.append(ProcessInfo(role, name, proc.pid, address, log))
+
+    for i in range(store_nodes):
+        name = f"broker-{chr(ord('a') + i)}"
+        start_service(
+            "store-node",
+            name,
+            "services.store_node_main",
+            "--name", name,
+            "--data-dir", str(data_dir / name),
+            "--flush-disk-type", flush_disk_type,
+        )  # fmt: skip
+    pull_service = "pull-service-1"
+    start_service("pull-service", pull_service, "services.pull_service_main", "--id", pull_service)
+    start_service("admin", "admin", "admin.service_main")
     state.write_text(json.dumps([asdict(p) for p in procs], indent=2))
     deadline = time.monotonic() + 60
     pending = [p for p in procs if p.role != "etcd"]
