@@ -34,6 +34,7 @@ from admin.errors import BrokerNotRegisteredError, RevisionMismatchError
 from basalt.v1 import common_pb2 as pb
 from services.meta import (
     MetaClient,
+    MetaConflictError,
     MetaValidationError,
     Perm,
     TopicConfig,
@@ -193,7 +194,7 @@ async def _write_any(
         with contextlib.suppress(TopicNotFoundError):  # deleted meanwhile: create it
             return await meta.update_topic(topic, changed), False
     # Only a topic created and deleted over and over by others gets here.
-    raise TopicNotFoundError(topic)
+    raise MetaConflictError(meta.keys.topic(topic), meta.config.max_cas_attempts)
 
 
 async def _write_at(
