@@ -34,15 +34,15 @@ def add_cluster(parser: argparse.ArgumentParser) -> None:
 
 
 def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
-    """``basalt <service> …``: run a service process until SIGTERM; ``module`` (under
-    ``services``) supplies ``add_arguments`` and ``serve``."""
+    """``basalt <service> …``: run a service process until SIGTERM; ``module`` (a
+    dotted name) supplies ``add_arguments`` and ``serve``."""
 
     def register(parser: argparse.ArgumentParser) -> None:
         import importlib
 
         from services import process
 
-        service = importlib.import_module(f"services.{module}")
+        service = importlib.import_module(module)
         service.add_arguments(parser)
         parser.set_defaults(handler=lambda args, stdout, stderr: process.run(service.serve, args))
 
@@ -70,8 +70,9 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
     quickstart.add_consume(parser)
 
 
-add_store_node_command = _service_command("store_node_main")
-add_pull_service_command = _service_command("pull_service_main")
+add_store_node_command = _service_command("services.store_node_main")
+add_pull_service_command = _service_command("services.pull_service_main")
+add_admin_service_command = _service_command("admin.service_main")
 
 
 #: Adds a group's subcommands to the group's parser.
@@ -80,7 +81,11 @@ GroupRegistrar = Callable[[argparse.ArgumentParser], None]
 #: The command groups, in help order.
 GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
     ("store", "inspect a store root on local disk (read-only)", add_store_commands),
-    ("cluster", "a local cluster on loopback: etcd, store-nodes, a pull-service", add_cluster),
+    (
+        "cluster",
+        "a local cluster on loopback: etcd, store-nodes, a pull-service, the admin service",
+        add_cluster,
+    ),
     (
         "store-node",
         "run a store-node: one store behind the StoreNode gRPC service",
@@ -90,6 +95,11 @@ GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
         "pull-service",
         "run a pull-service: routes, pulls and consumer sessions in front of the store-nodes",
         add_pull_service_command,
+    ),
+    (
+        "admin-service",
+        "run the admin service: the Admin gRPC API (topics, reset offset by time) over etcd",
+        add_admin_service_command,
     ),
     ("admin", "mqadmin's verbs: topics, routes, status, consumer progress", add_admin),
     ("produce", "send messages to a topic (RocketMQ's quickstart Producer)", add_produce),

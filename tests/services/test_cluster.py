@@ -12,6 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from basalt.v1 import admin_pb2 as adm
+from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -37,16 +39,35 @@ def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) 
     started = basalt("up", "--data-dir", str(data))
     try:
         assert started.returncode == 0, started.stdout + started.stderr
-        assert "store-node" in started.stdout and "pull-service" in started.stdout
+        assert all(r in started.stdout for r in ("store-node", "pull-service", "admin"))
         procs = json.loads((data / "cluster.json").read_text())
-        assert [p["role"] for p in procs] == ["etcd", "store-node", "store-node", "pull-service"]
+        assert [p["role"] for p in procs] == [
+            "etcd",
+            "store-node",
+            "store-node",
+            "pull-service",
+            "admin",
+        ]
         status = basalt("status", "--data-dir", str(data))
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("registered") == 3
+        (admin_line,) = [line for line in status.stdout.splitlines() if line.startswith("admin")]
+        assert "alive" in admin_line and "SERVING" in admin_line
         broker = next(p for p in procs if p["name"] == "broker-a")
         pull_service = next(p for p in procs if p["role"] == "pull-service")
         bodies = asyncio.run(send_and_pull(broker["address"], pull_service["address"]))
         assert bodies == [b"hello cluster"]
+        # The admin service answers, over the cluster's etcd: the topic the send created.
+        admin = next(p for p in procs if p["role"] == "admin")
+        assert asyncio.run(topic_list(admin["address"])) == ["Hello"]
+        listed = subprocess.run(
+            [sys.executable, "-m", "admin", "admin", "topicList", "--server", admin["address"]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.splitlines()[2:] == ["Hello"]
         again = basalt("up", "--data-dir", str(data))
         assert again.returncode == 2  # one cluster per data dir
     finally:
@@ -56,6 +77,12 @@ def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) 
         with pytest.raises(ProcessLookupError):
             os.kill(p["pid"], 0)
     assert not (data / "broker-a" / "abort").exists()  # stopped cleanly
+
+
+async def topic_list(admin: str) -> list[str]:
+    async with grpc.aio.insecure_channel(admin) as channel:
+        listed = await adm_grpc.AdminStub(channel).TopicList(adm.TopicListRequest())
+    return list(listed.topics)
 
 
 async def send_and_pull(broker: str, pull_service: str) -> list[bytes]:

@@ -26,7 +26,7 @@ from basalt.v1 import common_pb2 as basalt_dot_v1_dot_common__pb2
 from basalt.v1 import pull_service_pb2 as basalt_dot_v1_dot_pull__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61salt/v1/admin.proto\x12\tbasalt.v1\x1a\x16\x62\x61salt/v1/common.proto\x1a\x1c\x62\x61salt/v1/pull_service.proto\"z\n\x12UpdateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\"\n\x15\x65xpected_mod_revision\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x18\n\x16_expected_mod_revision\"S\n\x13UpdateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\x14\n\x0cmod_revision\x18\x02 \x01(\x03\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"\x12\n\x10TopicListRequest\"#\n\x11TopicListResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t\"]\n\x18ResetOffsetByTimeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"s\n\x19ResetOffsetByTimeResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.basalt.v1.QueueOffset\x12-\n\rconsumer_acks\x18\x02 \x03(\x0b\x32\x16.basalt.v1.ConsumerAck2\xcb\x02\n\x05\x41\x64min\x12L\n\x0bUpdateTopic\x12\x1d.basalt.v1.UpdateTopicRequest\x1a\x1e.basalt.v1.UpdateTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.basalt.v1.DeleteTopicRequest\x1a\x1e.basalt.v1.DeleteTopicResponse\x12\x46\n\tTopicList\x12\x1b.basalt.v1.TopicListRequest\x1a\x1c.basalt.v1.TopicListResponse\x12^\n\x11ResetOffsetByTime\x12#.basalt.v1.ResetOffsetByTimeRequest\x1a$.basalt.v1.ResetOffsetByTimeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61salt/v1/admin.proto\x12\tbasalt.v1\x1a\x16\x62\x61salt/v1/common.proto\x1a\x1c\x62\x61salt/v1/pull_service.proto\"z\n\x12UpdateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\"\n\x15\x65xpected_mod_revision\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x18\n\x16_expected_mod_revision\"S\n\x13UpdateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\x14\n\x0cmod_revision\x18\x02 \x01(\x03\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"\x12\n\x10TopicListRequest\"#\n\x11TopicListResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t\" \n\x0fGetTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"P\n\x10GetTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\x14\n\x0cmod_revision\x18\x02 \x01(\x03\"u\n\x18ResetOffsetByTimeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x16\n\x0e\x61\x63k_timeout_ms\x18\x05 \x01(\x05\"s\n\x19ResetOffsetByTimeResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.basalt.v1.QueueOffset\x12-\n\rconsumer_acks\x18\x02 \x03(\x0b\x32\x16.basalt.v1.ConsumerAck2\x90\x03\n\x05\x41\x64min\x12L\n\x0bUpdateTopic\x12\x1d.basalt.v1.UpdateTopicRequest\x1a\x1e.basalt.v1.UpdateTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.basalt.v1.DeleteTopicRequest\x1a\x1e.basalt.v1.DeleteTopicResponse\x12\x46\n\tTopicList\x12\x1b.basalt.v1.TopicListRequest\x1a\x1c.basalt.v1.TopicListResponse\x12\x43\n\x08GetTopic\x12\x1a.basalt.v1.GetTopicRequest\x1a\x1b.basalt.v1.GetTopicResponse\x12^\n\x11ResetOffsetByTime\x12#.basalt.v1.ResetOffsetByTimeRequest\x1a$.basalt.v1.ResetOffsetByTimeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,10 +45,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICLISTREQUEST']._serialized_end=377
   _globals['_TOPICLISTRESPONSE']._serialized_start=379
   _globals['_TOPICLISTRESPONSE']._serialized_end=414
-  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_start=416
-  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_end=509
-  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_start=511
-  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_end=626
-  _globals['_ADMIN']._serialized_start=629
-  _globals['_ADMIN']._serialized_end=960
+  _globals['_GETTOPICREQUEST']._serialized_start=416
+  _globals['_GETTOPICREQUEST']._serialized_end=448
+  _globals['_GETTOPICRESPONSE']._serialized_start=450
+  _globals['_GETTOPICRESPONSE']._serialized_end=530
+  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_start=532
+  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_end=649
+  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_start=651
+  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_end=766
+  _globals['_ADMIN']._serialized_start=769
+  _globals['_ADMIN']._serialized_end=1169
 # @@protoc_insertion_point(module_scope)

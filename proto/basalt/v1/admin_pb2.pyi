@@ -7,7 +7,15 @@ store-nodes, consumers are reached through their pull-service sessions.
 Only methods whose contract is settled are here; the admin issue adds more.
 
 Errors: see common.proto. etcd unreachable: UNAVAILABLE,
-SERVICE_NOT_AVAILABLE (config writes never fall back to a cache).
+SERVICE_NOT_AVAILABLE (config writes never fall back to a cache). A
+malformed topic name: INVALID_ARGUMENT, MESSAGE_ILLEGAL, in every request.
+A compare-and-swap that did not hold: ABORTED, with SYSTEM_BUSY in
+`basalt-response-code` (RocketMQ has no code of its own for it; read the
+topic again and retry).
+
+Run it with `basalt admin-service --listen HOST:PORT --etcd HOST:PORT`
+(`basalt cluster up` starts one); `basalt admin <verb> --server HOST:PORT`
+goes through it.
 """
 
 from basalt.v1 import common_pb2 as _common_pb2
@@ -37,13 +45,19 @@ class UpdateTopicRequest(_message.Message):
     """Compare-and-swap on the etcd key's mod revision: unset = write
     whatever is there; 0 = only if the topic does not exist (else
     ALREADY_EXISTS, TOPIC_EXIST_ALREADY); > 0 = only if the key is still at
-    that revision (else ABORTED).
+    that revision (else ABORTED, also when the topic is gone); < 0 =
+    INVALID_ARGUMENT, INVALID_PARAMETER. Nothing is written when it fails.
     """
     @_builtins.property
     def config(self) -> _common_pb2.TopicConfig:
         """Validated: topic name (INVALID_ARGUMENT, MESSAGE_ILLEGAL), queue counts
         >= 1 and perm in 0..7 (INVALID_ARGUMENT, INVALID_PARAMETER), brokers
         registered (UNAVAILABLE, BROKER_NOT_EXIST).
+
+        The config as it is to be stored: queue counts, perm and order are
+        written as given. `brokers` empty keeps the stored topic's store-nodes,
+        or, creating it, puts it on every registered store-node (UNAVAILABLE,
+        BROKER_NOT_EXIST when none is); queue counts are at most 1024.
         """
 
     def __init__(
@@ -69,7 +83,10 @@ class UpdateTopicResponse(_message.Message):
     CONFIG_FIELD_NUMBER: _builtins.int
     MOD_REVISION_FIELD_NUMBER: _builtins.int
     mod_revision: _builtins.int
-    """The etcd key's mod revision after the write."""
+    """The etcd key's mod revision after the write (read back after it: should
+    another writer change the key in between, config and mod_revision both
+    describe that newer state).
+    """
     @_builtins.property
     def config(self) -> _common_pb2.TopicConfig:
         """The config as stored."""
@@ -161,6 +178,50 @@ class TopicListResponse(_message.Message):
 Global___TopicListResponse: _TypeAlias = TopicListResponse  # noqa: Y015
 
 @_typing.final
+class GetTopicRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Unknown: NOT_FOUND, TOPIC_NOT_EXIST."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTopicRequest: _TypeAlias = GetTopicRequest  # noqa: Y015
+
+@_typing.final
+class GetTopicResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_FIELD_NUMBER: _builtins.int
+    MOD_REVISION_FIELD_NUMBER: _builtins.int
+    mod_revision: _builtins.int
+    """The etcd key's mod revision (see UpdateTopicRequest.expected_mod_revision)."""
+    @_builtins.property
+    def config(self) -> _common_pb2.TopicConfig: ...
+    def __init__(
+        self,
+        *,
+        config: _common_pb2.TopicConfig | None = ...,
+        mod_revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "mod_revision", b"mod_revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTopicResponse: _TypeAlias = GetTopicResponse  # noqa: Y015
+
+@_typing.final
 class ResetOffsetByTimeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -168,15 +229,22 @@ class ResetOffsetByTimeRequest(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
+    ACK_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     group: _builtins.str
+    """Empty or malformed: INVALID_ARGUMENT, INVALID_PARAMETER."""
     topic: _builtins.str
     """Unknown: NOT_FOUND, TOPIC_NOT_EXIST."""
     timestamp_ms: _builtins.int
-    """Unix ms, or -1 for the max offset (see StoreNode ResetOffsetRequest). The
-    CLI's "now" and "yyyy-MM-dd#HH:mm:ss:SSS" forms are resolved by the CLI.
+    """Unix ms, or -1 for the max offset (see StoreNode ResetOffsetRequest); any
+    other negative value is INVALID_ARGUMENT, INVALID_PARAMETER. The CLI's
+    "now" and "yyyy-MM-dd#HH:mm:ss:SSS" forms are resolved by the CLI.
     """
     force: _builtins.bool
     """See StoreNode ResetOffsetRequest.force."""
+    ack_timeout_ms: _builtins.int
+    """How long each consumer has to acknowledge the ResetOffsetCommand; 0 =
+    5000. At most 60000 (else INVALID_ARGUMENT, INVALID_PARAMETER).
+    """
     def __init__(
         self,
         *,
@@ -184,10 +252,11 @@ class ResetOffsetByTimeRequest(_message.Message):
         topic: _builtins.str = ...,
         timestamp_ms: _builtins.int = ...,
         force: _builtins.bool = ...,
+        ack_timeout_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "group", b"group", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_ms", b"ack_timeout_ms", "force", b"force", "group", b"group", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -204,7 +273,10 @@ class ResetOffsetByTimeResponse(_message.Message):
         """The merged table of every store-node hosting the topic: one entry per
         queue, with its broker's new reset epoch. If any store-node fails, no
         consumer is told and the call fails with that store-node's error naming
-        it; the resets already done stay, and retrying the same request is safe.
+        it (its gRPC status and code; one that was not reached: UNAVAILABLE,
+        SERVICE_NOT_AVAILABLE; one not registered: UNAVAILABLE,
+        BROKER_NOT_EXIST); the resets already done stay, and retrying the same
+        request is safe.
         """
 
     @_builtins.property

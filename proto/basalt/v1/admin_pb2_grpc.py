@@ -50,6 +50,11 @@ class AdminStub:
                 request_serializer=basalt_dot_v1_dot_admin__pb2.TopicListRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_admin__pb2.TopicListResponse.FromString,
                 _registered_method=True)
+        self.GetTopic = channel.unary_unary(
+                '/basalt.v1.Admin/GetTopic',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.GetTopicRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.GetTopicResponse.FromString,
+                _registered_method=True)
         self.ResetOffsetByTime = channel.unary_unary(
                 '/basalt.v1.Admin/ResetOffsetByTime',
                 request_serializer=basalt_dot_v1_dot_admin__pb2.ResetOffsetByTimeRequest.SerializeToString,
@@ -83,6 +88,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTopic(self, request, context):
+        """One topic's config and the etcd key's mod revision, the revision to give
+        UpdateTopic's compare-and-swap (read, change, write at that revision).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ResetOffsetByTime(self, request, context):
         """Reset a group's offsets of a topic by time on every store-node hosting
         it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
@@ -108,6 +121,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.TopicList,
                     request_deserializer=basalt_dot_v1_dot_admin__pb2.TopicListRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_admin__pb2.TopicListResponse.SerializeToString,
+            ),
+            'GetTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTopic,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.GetTopicRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.GetTopicResponse.SerializeToString,
             ),
             'ResetOffsetByTime': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetOffsetByTime,
@@ -197,6 +215,33 @@ class Admin:
             '/basalt.v1.Admin/TopicList',
             basalt_dot_v1_dot_admin__pb2.TopicListRequest.SerializeToString,
             basalt_dot_v1_dot_admin__pb2.TopicListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/GetTopic',
+            basalt_dot_v1_dot_admin__pb2.GetTopicRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.GetTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,15 @@ store-nodes, consumers are reached through their pull-service sessions.
 Only methods whose contract is settled are here; the admin issue adds more.
 
 Errors: see common.proto. etcd unreachable: UNAVAILABLE,
-SERVICE_NOT_AVAILABLE (config writes never fall back to a cache).
+SERVICE_NOT_AVAILABLE (config writes never fall back to a cache). A
+malformed topic name: INVALID_ARGUMENT, MESSAGE_ILLEGAL, in every request.
+A compare-and-swap that did not hold: ABORTED, with SYSTEM_BUSY in
+`basalt-response-code` (RocketMQ has no code of its own for it; read the
+topic again and retry).
+
+Run it with `basalt admin-service --listen HOST:PORT --etcd HOST:PORT`
+(`basalt cluster up` starts one); `basalt admin <verb> --server HOST:PORT`
+goes through it.
 """
 
 from basalt.v1 import admin_pb2 as _admin_pb2
@@ -48,6 +56,10 @@ class AdminStub:
     """
     TopicList: _grpc.UnaryUnaryMultiCallable[_admin_pb2.TopicListRequest, _admin_pb2.TopicListResponse]
     """Every configured topic (mqadmin topicList)."""
+    GetTopic: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetTopicRequest, _admin_pb2.GetTopicResponse]
+    """One topic's config and the etcd key's mod revision, the revision to give
+    UpdateTopic's compare-and-swap (read, change, write at that revision).
+    """
     ResetOffsetByTime: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetByTimeRequest, _admin_pb2.ResetOffsetByTimeResponse]
     """Reset a group's offsets of a topic by time on every store-node hosting
     it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
@@ -66,6 +78,10 @@ class AdminAsyncStub(AdminStub):
     """
     TopicList: _aio.UnaryUnaryMultiCallable[_admin_pb2.TopicListRequest, _admin_pb2.TopicListResponse]  # type: ignore[assignment]
     """Every configured topic (mqadmin topicList)."""
+    GetTopic: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetTopicRequest, _admin_pb2.GetTopicResponse]  # type: ignore[assignment]
+    """One topic's config and the etcd key's mod revision, the revision to give
+    UpdateTopic's compare-and-swap (read, change, write at that revision).
+    """
     ResetOffsetByTime: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetByTimeRequest, _admin_pb2.ResetOffsetByTimeResponse]  # type: ignore[assignment]
     """Reset a group's offsets of a topic by time on every store-node hosting
     it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
@@ -99,6 +115,16 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.TopicListResponse, _abc.Awaitable[_admin_pb2.TopicListResponse]]:
         """Every configured topic (mqadmin topicList)."""
+
+    @_abc_1.abstractmethod
+    def GetTopic(
+        self,
+        request: _admin_pb2.GetTopicRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GetTopicResponse, _abc.Awaitable[_admin_pb2.GetTopicResponse]]:
+        """One topic's config and the etcd key's mod revision, the revision to give
+        UpdateTopic's compare-and-swap (read, change, write at that revision).
+        """
 
     @_abc_1.abstractmethod
     def ResetOffsetByTime(

@@ -1,0 +1,271 @@
+"""The Admin gRPC service (``proto/basalt/v1/admin.proto``): the operator's
+API, a thin adapter over :mod:`admin.topics` and :mod:`admin.ops`.
+
+Each method validates its request as admin.proto states (refusals before any
+etcd or store-node call), runs the operation, and encodes the answer. What
+the operations raise becomes a refusal here, and :func:`services.rpc.rpc_method`
+fails the call with it (status, message, ``basalt-response-code``)::
+
+    raised                      gRPC status          basalt-response-code
+    --------------------------  -------------------  ------------------------------
+    TopicNotFoundError          NOT_FOUND            TOPIC_NOT_EXIST
+    TopicExistsError            ALREADY_EXISTS       TOPIC_EXIST_ALREADY
+    RevisionMismatchError,      ABORTED              SYSTEM_BUSY (re-read, retry)
+    MetaConflictError
+    BrokerNotRegisteredError    UNAVAILABLE          BROKER_NOT_EXIST
+    PeerCallError               the peer's status    the peer's code; none:
+                                                     SERVICE_NOT_AVAILABLE when
+                                                     UNAVAILABLE, else SYSTEM_ERROR
+    MetaUnavailableError        UNAVAILABLE          SERVICE_NOT_AVAILABLE
+    any other AdminError        INTERNAL             SYSTEM_ERROR
+    anything else               INTERNAL             SYSTEM_ERROR (logged, traceback)
+
+The service holds nothing but a connected MetaClient: every call reads etcd
+afresh (config writes never trust a cache), so one etcd outage fails the
+calls made during it and nothing after. :func:`start_admin_service` serves
+it with health and reflection; :meth:`RunningAdminService.stop` is the
+SIGTERM path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health
+
+from admin import ops, topics
+from admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError, RevisionMismatchError
+from basalt.v1 import admin_pb2 as adm
+from basalt.v1 import common_pb2 as pb
+from services.checks import check_group
+from services.errors import Refusal, invalid
+from services.meta import (
+    MetaClient,
+    MetaConflictError,
+    MetaValidationError,
+    Perm,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+from services.meta_fields import check_topic_name
+from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
+from services.pull_sessions import StreamRefusal
+from services.rpc import rpc_method
+
+log = logging.getLogger(__name__)
+
+ADMIN_SERVICE = adm.DESCRIPTOR.services_by_name["Admin"].full_name
+#: Answers are small (a topic list is the largest); this leaves room for many topics.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: ResetOffsetByTimeRequest.ack_timeout_ms: 0 means this, more than the max is refused.
+DEFAULT_ACK_TIMEOUT_MS = 5000
+MAX_ACK_TIMEOUT_MS = 60_000
+
+R = TypeVar("R")
+Method = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]
+
+
+def admin_refusal(error: Exception) -> Refusal | None:
+    """The refusal an operation's error answers (the module docstring's table);
+    None for what :func:`services.rpc.as_refusal` maps itself (etcd
+    unreachable, and the unexpected)."""
+    if isinstance(error, TopicNotFoundError):
+        return Refusal(pb.RESPONSE_CODE_TOPIC_NOT_EXIST, str(error))
+    if isinstance(error, TopicExistsError):
+        return Refusal(pb.RESPONSE_CODE_TOPIC_EXIST_ALREADY, str(error))
+    if isinstance(error, (RevisionMismatchError, MetaConflictError)):
+        # gRPC's ABORTED is "retry the read-modify-write"; RocketMQ has no code
+        # for it, and SYSTEM_BUSY is its "try again" (admin.proto says so).
+        return StreamRefusal(grpc.StatusCode.ABORTED, pb.RESPONSE_CODE_SYSTEM_BUSY, str(error))
+    if isinstance(error, BrokerNotRegisteredError):
+        return Refusal(pb.RESPONSE_CODE_BROKER_NOT_EXIST, str(error))
+    if isinstance(error, PeerCallError):
+        code = error.response_code
+        if code is None:  # the peer was not reached, or did not say
+            code = (
+                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
+                if error.status == grpc.StatusCode.UNAVAILABLE
+                else pb.RESPONSE_CODE_SYSTEM_ERROR
+            )
+        return StreamRefusal(error.status, code, str(error))
+    if isinstance(error, AdminError):
+        return Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, str(error))
+    return None
+
+
+def _admin_rpc(method: Method[R]) -> Method[R]:
+    """:func:`services.rpc.rpc_method` around ``method``, its operations' errors
+    first turned into their refusals (:func:`admin_refusal`)."""
+
+    @functools.wraps(method)
+    async def refusing(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
+        try:
+            return await method(self, request, context)
+        except (AdminError, TopicNotFoundError, TopicExistsError, MetaConflictError) as e:
+            refusal = admin_refusal(e)
+            assert refusal is not None  # every class caught has its row
+            raise refusal from None
+
+    return rpc_method(refusing)
+
+
+def check_topic(topic: str) -> None:
+    """MESSAGE_ILLEGAL unless ``topic`` is a topic name (the store's rule), as
+    the store-node answers a send to it."""
+    try:
+        check_topic_name(topic)
+    except MetaValidationError as e:
+        raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, str(e)) from None
+
+
+def topic_change(config: pb.TopicConfig) -> topics.TopicChange:
+    """UpdateTopicRequest.config as the change to write: every field as given,
+    ``brokers`` empty = keep (or every registered store-node for a new topic).
+    MESSAGE_ILLEGAL for a bad topic name, INVALID_PARAMETER for a queue count,
+    perm or broker name out of range."""
+    check_topic(config.topic)
+    if not 0 <= config.perm <= 7:
+        raise invalid(f"perm {config.perm}: RocketMQ's PermName bits, 0..7 (6 = read and write)")
+    change = topics.TopicChange(
+        read_queue_nums=config.read_queue_nums,
+        write_queue_nums=config.write_queue_nums,
+        perm=Perm(config.perm),
+        brokers=tuple(config.brokers),
+        order=config.order,
+    )
+    try:
+        change.new_topic(config.topic)  # the stored config's own checks, on every field
+    except MetaValidationError as e:
+        raise invalid(str(e)) from None
+    return change
+
+
+class AdminServicer:
+    """The Admin service's methods over one connected MetaClient; any number of
+    calls may run at once on the server's event loop (each reads etcd afresh)."""
+
+    def __init__(self, meta: MetaClient) -> None:
+        self.meta = meta
+
+    @_admin_rpc
+    async def UpdateTopic(
+        self, request: adm.UpdateTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adm.UpdateTopicResponse:
+        change = topic_change(request.config)
+        expected = (
+            request.expected_mod_revision if request.HasField("expected_mod_revision") else None
+        )
+        if expected is not None and expected < 0:
+            raise invalid(f"expected_mod_revision {expected}: 0 (create only) or a mod revision")
+        write = await topics.update_topic(
+            self.meta, request.config.topic, change, expected_mod_revision=expected
+        )
+        return adm.UpdateTopicResponse(
+            config=topics.topic_config_pb(write.config), mod_revision=write.mod_revision
+        )
+
+    @_admin_rpc
+    async def DeleteTopic(
+        self, request: adm.DeleteTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adm.DeleteTopicResponse:
+        check_topic(request.topic)
+        await topics.delete_topic(self.meta, request.topic)
+        return adm.DeleteTopicResponse()
+
+    @_admin_rpc
+    async def TopicList(
+        self, request: adm.TopicListRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adm.TopicListResponse:
+        return adm.TopicListResponse(topics=await topics.topic_names(self.meta))
+
+    @_admin_rpc
+    async def GetTopic(
+        self, request: adm.GetTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adm.GetTopicResponse:
+        check_topic(request.topic)
+        got = await topics.get_topic(self.meta, request.topic)
+        return adm.GetTopicResponse(
+            config=topics.topic_config_pb(got.config), mod_revision=got.mod_revision
+        )
+
+    @_admin_rpc
+    async def ResetOffsetByTime(
+        self, request: adm.ResetOffsetByTimeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> adm.ResetOffsetByTimeResponse:
+        check_group(request.group)
+        check_topic(request.topic)
+        if request.timestamp_ms < -1:
+            raise invalid(f"timestamp_ms {request.timestamp_ms}: a time in ms, or -1 for the max")
+        if not 0 <= request.ack_timeout_ms <= MAX_ACK_TIMEOUT_MS:
+            raise invalid(
+                f"ack_timeout_ms {request.ack_timeout_ms}: 0 (the default, "
+                f"{DEFAULT_ACK_TIMEOUT_MS}) to {MAX_ACK_TIMEOUT_MS}"
+            )
+        outcome = await ops.reset_offset_by_time(
+            self.meta,
+            request.group,
+            request.topic,
+            request.timestamp_ms,
+            force=request.force,
+            ack_timeout_ms=request.ack_timeout_ms or DEFAULT_ACK_TIMEOUT_MS,
+        )
+        if outcome.failed:
+            raise reset_failure(outcome)
+        return adm.ResetOffsetByTimeResponse(
+            offsets=outcome.offsets, consumer_acks=outcome.acks or ()
+        )
+
+
+def reset_failure(outcome: ops.ResetOutcome) -> Refusal:
+    """The refusal of a reset some store-node failed: the status and code of the
+    first failure by name, a message naming every failed store-node and the ones
+    whose reset was done (it stays; no consumer was told)."""
+    failed = sorted(outcome.failed.items())
+    first = failed[0][1]
+    refusal = admin_refusal(first) or Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, str(first))
+    done = sorted({o.queue.broker_name for o in outcome.offsets})
+    message = "; ".join(str(e) for _, e in failed) + (
+        f". Reset done on {', '.join(done)} (it stays; no consumer was told; retrying is safe)"
+        if done
+        else ". Nothing was reset"
+    )
+    return StreamRefusal(refusal.grpc_status, refusal.code, message)
+
+
+@dataclass(slots=True)
+class RunningAdminService:
+    """A started admin service; :meth:`stop` it exactly once."""
+
+    server: grpc.aio.Server
+    port: int
+    address: str
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Graceful stop: NOT_SERVING, no new calls, in-flight ones finish (up to
+        ``grace_s``: a reset waiting for its consumers' acks may take that long).
+        The MetaClient belongs to the caller, who closes it afterwards."""
+        await set_serving(self.health, ADMIN_SERVICE, False)
+        await self.server.stop(grace_s)
+        log.info("admin service stopped")
+
+
+async def start_admin_service(
+    meta: MetaClient, *, listen: str = "127.0.0.1:0", advertise_host: str = "127.0.0.1"
+) -> RunningAdminService:
+    """Serve Admin, ``grpc.health.v1`` (SERVING once started) and reflection on
+    ``listen`` (port 0 picks a free port); ``meta`` must be connected."""
+    server = grpc_server(MAX_MESSAGE_BYTES)
+    add_servicer(server, AdminServicer(meta), adm.DESCRIPTOR.services_by_name["Admin"])
+    health_servicer = add_health_and_reflection(server, ADMIN_SERVICE)
+    port = server.add_insecure_port(listen)
+    await server.start()
+    await set_serving(health_servicer, ADMIN_SERVICE, True)
+    address = f"{advertise_host}:{port}"
+    log.info("admin service serving on %s", address)
+    return RunningAdminService(server, port, address, health_servicer)

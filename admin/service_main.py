@@ -1,0 +1,88 @@
+"""``basalt admin-service`` / ``python -m admin.service_main``: run the admin service.
+
+::
+
+    basalt admin-service --listen 127.0.0.1:8090 --etcd 127.0.0.1:2379 \\
+        [--cluster DefaultCluster] [--op-timeout-s 3]
+
+The first line on stdout is ``admin-service serving on <host:port>``
+(scripts and tests wait for it; ``--listen`` port 0 picks a free port, and
+the line gives it). The service holds nothing durable and keeps no cache:
+every call reads etcd, so it registers nowhere either; tools find the local
+cluster's instance in ``.basalt/cluster.json`` (``basalt cluster up`` starts
+one). etcd must answer at start (a wrong ``--etcd`` fails at once, exit 1);
+later outages fail only the calls made during them (UNAVAILABLE). SIGTERM or
+SIGINT stops it gracefully: NOT_SERVING, no new calls, in-flight ones finish.
+Logs go to stderr, one line per event: ``time level logger message``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from admin.service import start_admin_service
+from services import process
+from services.meta import MetaClient, MetaConfig, MetaError, parse_endpoints
+
+log = logging.getLogger("admin.service")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default="127.0.0.1:8090", help="host:port to serve on")
+    parser.add_argument("--etcd", required=True, help="etcd endpoints host:port[,host:port]")
+    parser.add_argument("--cluster", default="DefaultCluster", help="etcd key prefix's cluster")
+    parser.add_argument(
+        "--op-timeout-s",
+        type=float,
+        default=3.0,
+        help="how long an etcd operation may take before the call fails UNAVAILABLE",
+    )
+
+
+def _reachable_host(listen: str) -> str:
+    host = listen.rpartition(":")[0]
+    # A wildcard bind is reachable on loopback at least.
+    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+
+async def serve(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit status (1: etcd did not answer
+    at start, or the address could not be bound)."""
+    stop = process.stop_signal()
+    try:
+        config = MetaConfig(
+            endpoints=parse_endpoints(args.etcd),
+            cluster=args.cluster,
+            op_timeout_s=args.op_timeout_s,
+        )
+    except MetaError as e:
+        print(f"basalt admin-service: {e}", file=sys.stderr)
+        return 2
+    meta = MetaClient(config)
+    try:
+        try:
+            await meta.connect()
+            running = await start_admin_service(
+                meta, listen=args.listen, advertise_host=_reachable_host(args.listen)
+            )
+        except (MetaError, RuntimeError) as e:  # grpc raises RuntimeError for a bad bind
+            print(f"basalt admin-service: {e}", file=sys.stderr)
+            return 1
+        print(f"admin-service serving on {running.address}", flush=True)
+        await stop.wait()
+        log.info("stopping")
+        await running.stop()
+    finally:
+        await meta.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return process.main("basalt admin-service", __doc__.split("\n")[0], add_arguments, serve, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
