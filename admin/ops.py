@@ -465,6 +465,16 @@ async def change_queue_nums(
     if queue_nums >= config.read_queue_nums:
         return steps or [f"already {queue_nums} read and write queues"]
     consumers = set(groups) | await subscribed_groups(meta, topic)
+    if not consumers and all(
+        q.min_offset == q.max_offset
+        for q in await topic_status(meta, topic)
+        if q.queue_id >= queue_nums
+    ):
+        # Nobody reads it, and the removed queues hold nothing: nothing to strand.
+        await update_topic(meta, topic, TopicChange(read_queue_nums=queue_nums))
+        steps.append(f"queues >= {queue_nums} hold no message")
+        steps.append(f"read_queue_nums -> {queue_nums}")
+        return steps
     if not consumers:
         raise AdminError(
             f"no live consumer subscribes to {topic!r}: name the groups that read it "

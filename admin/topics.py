@@ -67,13 +67,20 @@ class TopicChange:
     perm: Perm | None = None
     brokers: tuple[str, ...] = ()
     order: bool | None = None
+    #: Never lower an existing topic's read_queue_nums: a read queue removed
+    #: before every group consumed it strands its messages. ``shrinkTopic``
+    #: lowers it once the removed queues are drained.
+    keep_read_queues: bool = False
 
     def apply(self, config: TopicConfig) -> TopicConfig:
         """``config`` with the fields given (pure: a compare-and-swap may call it
         more than once); MetaValidationError if a value is out of range."""
+        read = _given(self.read_queue_nums, config.read_queue_nums)
+        if self.keep_read_queues and read >= 1:  # an invalid count still fails validation
+            read = max(read, config.read_queue_nums)
         return dataclasses.replace(
             config,
-            read_queue_nums=_given(self.read_queue_nums, config.read_queue_nums),
+            read_queue_nums=read,
             write_queue_nums=_given(self.write_queue_nums, config.write_queue_nums),
             perm=_given(self.perm, config.perm),
             brokers=self.brokers or config.brokers,
@@ -83,7 +90,7 @@ class TopicChange:
     def new_topic(self, topic: str, hosts: Sequence[str] = ()) -> TopicConfig:
         """A new topic's config: mqadmin's defaults with the fields given, on
         ``brokers`` or else ``hosts`` (empty: the writer's choice)."""
-        return self.apply(
+        return dataclasses.replace(self, keep_read_queues=False).apply(
             TopicConfig(
                 topic_name=topic,
                 read_queue_nums=NEW_TOPIC_QUEUE_NUMS,

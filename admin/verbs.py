@@ -78,9 +78,18 @@ async def _update_topic(admin: TopicAdmin, a: argparse.Namespace) -> Table:
             write_queue_nums=a.write_queue_nums,
             perm=Perm(a.perm) if a.perm is not None else None,
             brokers=tuple(a.broker or ()),
+            keep_read_queues=True,
         ),
     )
-    return _topic_rows(write.config, "created" if write.created else "updated")
+    result = "created" if write.created else "updated"
+    kept = write.config.read_queue_nums
+    if a.read_queue_nums is not None and kept > a.read_queue_nums:
+        # The safe shrink (seed 003): the read queues go only once drained.
+        result += (
+            f"; read_queue_nums kept at {kept} until queues >= {a.read_queue_nums} are "
+            f"drained: basalt admin shrinkTopic -t {a.topic} -n {a.read_queue_nums} --wait-s 60"
+        )
+    return _topic_rows(write.config, result)
 
 
 async def _delete_topic(admin: TopicAdmin, a: argparse.Namespace) -> Table:

@@ -30,11 +30,6 @@ async def test_shrink_8_to_4_under_load_strands_and_loses_nothing(
         await h.seen(lambda s: s.servicer.view.topics.get("Shrink") is not None)
         code, out, err = await basalt("admin", "shrinkTopic", "-t", "Shrink", "-n", "8", *etcd)
         assert code == 0 and "already 8" in out, err
-        # No live subscriber yet: write goes down, read is not lowered blindly.
-        code, out, err = await basalt("admin", "shrinkTopic", "-t", "Shrink", "-n", "6", *etcd)
-        assert code == 1 and "no live consumer subscribes" in err and "(-g)" in err
-        code, out, _ = await basalt("admin", "topicRoute", "-t", "Shrink", "--json", *etcd)
-        assert {(r["read_queue_nums"], r["write_queue_nums"]) for r in json.loads(out)} == {(8, 6)}
 
         session = Consumer(h.stub, "c1", group="G")
         await session.open(pb.TopicSubscription(topic="Shrink"))
@@ -83,3 +78,42 @@ async def test_shrink_8_to_4_under_load_strands_and_loses_nothing(
         assert sorted(got) == sorted(acked)  # every acknowledged message, once
         code, out, _ = await basalt("admin", "topicRoute", "-t", "Shrink", "--json", *etcd)
         assert {(r["read_queue_nums"], r["write_queue_nums"]) for r in json.loads(out)} == {(4, 4)}
+
+
+@async_test
+async def test_update_topic_never_strands_and_an_unread_empty_topic_shrinks_at_once(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, topic=None) as h:
+        etcd = ("--etcd", meta_config.endpoints[0], "--cluster", meta_config.cluster)
+        for topic in ("Keep", "Empty"):
+            code, _, err = await basalt(
+                "admin", "updateTopic", "-t", topic, "-r", "4", "-w", "4", *etcd
+            )
+            assert code == 0, err
+        await h.seen(lambda s: s.servicer.view.topics.get("Keep") is not None)
+        ep = ("--endpoints", h.services[0].address)
+        code, _, err = await basalt("produce", *ep, "-t", "Keep", "-n", "16", "--size", "8")
+        assert code == 0, err
+
+        # updateTopic lowers write at once but keeps read while the removed
+        # queues hold what no group was seen to consume, and says how to finish.
+        code, out, err = await basalt(
+            "admin", "updateTopic", "-t", "Keep", "-r", "2", "-w", "2", *etcd
+        )
+        assert code == 0, err
+        assert "read_queue_nums kept at 4" in out and "shrinkTopic -t Keep -n 2" in out
+        config = await h.meta.get_topic("Keep")
+        assert config is not None
+        assert (config.read_queue_nums, config.write_queue_nums) == (4, 2)
+        # shrinkTopic will not guess: nobody subscribes, and the queues hold messages.
+        code, _, err = await basalt("admin", "shrinkTopic", "-t", "Keep", "-n", "2", *etcd)
+        assert code == 1 and "no live consumer subscribes" in err and "(-g)" in err
+
+        # A topic nobody reads whose removed queues never held a message shrinks.
+        code, out, err = await basalt("admin", "shrinkTopic", "-t", "Empty", "-n", "2", *etcd)
+        assert code == 0, err
+        assert "hold no message" in out
+        config = await h.meta.get_topic("Empty")
+        assert config is not None
+        assert (config.read_queue_nums, config.write_queue_nums) == (2, 2)
