@@ -224,6 +224,8 @@ def test_services_and_methods() -> None:
         "Session": (True, True),
         "ListConsumers": unary,
         "NotifyConsumers": unary,
+        "LockQueues": unary,
+        "UnlockQueues": unary,
     }
     for stub in (
         store_node_pb2_grpc.StoreNodeStub,

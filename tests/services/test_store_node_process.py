@@ -136,7 +136,7 @@ def test_kill_9_under_sync_flush_then_restart_keeps_every_ack_and_re_registers(
     assert (node.data_dir / "abort").exists()  # the crash left it
     node.start()
     assert asyncio.run(brokers(etcd, cluster)) == {"broker-a"} or _eventually(
-        lambda: asyncio.run(brokers(etcd, cluster)) == {"broker-a"}
+        lambda: asyncio.run(brokers(etcd, cluster)) == {"broker-a"}, timeout_s=30
     )
     assert asyncio.run(pull_all(node.address)) == [b"%d" % i for i in range(50)]
     assert node.stop(signal.SIGTERM) == 0
