@@ -13,7 +13,7 @@ import enum
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -38,6 +38,41 @@ class ConsumeFromWhere(enum.Enum):
 
     CONSUME_FROM_LAST_OFFSET = "last"
     CONSUME_FROM_FIRST_OFFSET = "first"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerConfig:
+    """The settings every consumer has, by RocketMQ's names in snake_case."""
+
+    consumer_group: str
+    #: The member's id in its group (RocketMQ's clientId).
+    client_id: str = field(default_factory=default_client_id)
+    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    #: Most records per queue per pull (RocketMQ's pullBatchSize).
+    pull_batch_size: int = 32
+    #: The periodic rebalance (RocketMQ's 20 s); subscribing consumers only.
+    rebalance_interval_ms: int = 20_000
+    #: How soon a queue still locked by its previous owner is tried again.
+    lock_retry_interval_ms: int = 200
+    #: The pause after a failed pull or session, doubling up to 30x this.
+    pull_time_delay_ms_when_exception: int = 100
+
+    def __post_init__(self) -> None:
+        if not self.consumer_group:
+            raise ValueError("consumer_group must not be empty")
+        if not self.client_id:
+            raise ValueError("client_id must not be empty")
+        if not 1 <= self.pull_batch_size <= 1024:
+            raise ValueError(f"pull_batch_size {self.pull_batch_size} is not within 1..1024")
+        self.check_positive(
+            "rebalance_interval_ms", "lock_retry_interval_ms", "pull_time_delay_ms_when_exception"
+        )
+
+    def check_positive(self, *names: str) -> None:
+        """ValueError naming the first of ``names`` that is not >= 1."""
+        for name in names:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True, order=True)

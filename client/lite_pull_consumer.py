@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
@@ -39,9 +39,9 @@ from basalt.v1 import pull_service_pb2 as ps
 from client.consumer_base import (
     ConsumeFromWhere,
     ConsumerClient,
+    ConsumerConfig,
     MessageQueue,
     Position,
-    default_client_id,
     subscription_of,
 )
 from client.membership import GroupMember, TopicSubscription
@@ -54,36 +54,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LitePullConfig:
-    """RocketMQ's lite pull settings, by its names in snake_case."""
+class LitePullConfig(ConsumerConfig):
+    """RocketMQ's lite pull settings, by its names in snake_case (subscribe mode
+    uses the membership settings of :class:`ConsumerConfig` too)."""
 
-    consumer_group: str
-    #: Records per queue per pull (RocketMQ's pullBatchSize).
-    pull_batch_size: int = 32
-    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
     #: Assign mode's filter: TAG expression ("*", "a || b") or, with ``sql92``, SQL92.
     subscription: str = "*"
     sql92: bool = False
-    #: Subscribe mode: the member's id, rebalance and retry settings (as PushConsumer's).
-    client_id: str = field(default_factory=default_client_id)
-    rebalance_interval_ms: int = 20_000
-    lock_retry_interval_ms: int = 200
-    pull_time_delay_ms_when_exception: int = 100
-
-    def __post_init__(self) -> None:
-        if not self.consumer_group:
-            raise ValueError("consumer_group must not be empty")
-        if not self.client_id:
-            raise ValueError("client_id must not be empty")
-        if not 1 <= self.pull_batch_size <= 1024:
-            raise ValueError(f"pull_batch_size {self.pull_batch_size} is not within 1..1024")
-        for name in (
-            "rebalance_interval_ms",
-            "lock_retry_interval_ms",
-            "pull_time_delay_ms_when_exception",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 class LitePullConsumer(ConsumerClient):
@@ -108,15 +85,7 @@ class LitePullConsumer(ConsumerClient):
     async def start(self) -> None:
         await super().start()
         if self._subscriptions:
-            self._member = GroupMember(
-                self,
-                self,
-                client_id=self.config.client_id,
-                subscriptions=self._subscriptions,
-                rebalance_interval_ms=self.config.rebalance_interval_ms,
-                lock_retry_interval_ms=self.config.lock_retry_interval_ms,
-                retry_delay_ms=self.config.pull_time_delay_ms_when_exception,
-            )
+            self._member = GroupMember(self, self, self.config, self._subscriptions)
             self._member.start()
 
     async def close(self) -> None:

@@ -38,7 +38,13 @@ import grpc
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from client.consumer_base import ConsumerClient, MessageQueue, Position, subscription_of
+from client.consumer_base import (
+    ConsumerClient,
+    ConsumerConfig,
+    MessageQueue,
+    Position,
+    subscription_of,
+)
 from client.producer import ClientError
 from client.rebalance import allocate_averagely
 
@@ -95,21 +101,18 @@ class GroupMember:
         self,
         client: ConsumerClient,
         owner: QueueOwner,
-        *,
-        client_id: str,
+        config: ConsumerConfig,
         subscriptions: dict[str, TopicSubscription],
-        rebalance_interval_ms: int,
-        lock_retry_interval_ms: int,
-        retry_delay_ms: int,
     ) -> None:
+        """``subscriptions`` is the consumer's own dict (filled before :meth:`start`)."""
         self.client = client
         self.owner = owner
-        self.client_id = client_id
-        self.group = client.consumer_group
+        self.client_id = config.client_id
+        self.group = config.consumer_group
         self.subscriptions = subscriptions
-        self.rebalance_interval_ms = rebalance_interval_ms
-        self.lock_retry_interval_ms = lock_retry_interval_ms
-        self.retry_delay_ms = retry_delay_ms
+        self.rebalance_interval_ms = config.rebalance_interval_ms
+        self.lock_retry_interval_ms = config.lock_retry_interval_ms
+        self.retry_delay_ms = config.pull_time_delay_ms_when_exception
         #: Serializes rebalances, resets, session loss and the owner's own changes.
         self.lock = asyncio.Lock()
         self._rebalance_now = asyncio.Event()

@@ -41,7 +41,7 @@ import inspect
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -49,11 +49,10 @@ import grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from client.consumer_base import (
-    ConsumeFromWhere,
     ConsumerClient,
+    ConsumerConfig,
     MessageQueue,
     Position,
-    default_client_id,
     subscription_of,
 )
 from client.membership import GroupMember, TopicSubscription
@@ -76,54 +75,34 @@ Listener = Callable[[list[MessageRecord], MessageQueue], ConsumeStatus | Awaitab
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PushConsumerConfig:
-    """RocketMQ's DefaultMQPushConsumer settings, by its names in snake_case."""
+class PushConsumerConfig(ConsumerConfig):
+    """RocketMQ's DefaultMQPushConsumer settings, by its names in snake_case
+    (with :class:`ConsumerConfig`'s)."""
 
-    consumer_group: str
-    client_id: str = field(default_factory=default_client_id)
-    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
     #: Listener calls at once (RocketMQ's consumeThreadMax).
     consume_thread_nums: int = 20
     #: Most messages per listener call.
     consume_message_batch_max_size: int = 1
-    #: Most records per pull.
-    pull_batch_size: int = 32
     #: Most pulled-but-unconsumed messages per queue before its pulls wait.
     pull_threshold_for_queue: int = 1000
     #: Long-poll hold asked of the store-node (RocketMQ's brokerSuspendMaxTimeMillis).
     broker_suspend_max_time_ms: int = 15_000
-    #: The periodic rebalance (RocketMQ's 20 s).
-    rebalance_interval_ms: int = 20_000
-    #: How soon a queue still locked by its previous owner is tried again.
-    lock_retry_interval_ms: int = 200
     persist_consumer_offset_interval_ms: int = 5_000
     #: The pause before a batch answered RECONSUME_LATER runs again.
     suspend_current_queue_time_ms: int = 1_000
     #: How long a dropped queue waits for its running listener calls.
     drop_await_termination_ms: int = 10_000
-    #: The pause after a failed pull or session, doubling up to 30x this.
-    pull_time_delay_ms_when_exception: int = 100
     #: One batch of a queue at a time, in offset order (MessageListenerOrderly).
     orderly: bool = False
 
     def __post_init__(self) -> None:
-        if not self.consumer_group:
-            raise ValueError("consumer_group must not be empty")
-        if not self.client_id:
-            raise ValueError("client_id must not be empty")
-        for name in (
+        super(PushConsumerConfig, self).__post_init__()
+        self.check_positive(
             "consume_thread_nums",
             "consume_message_batch_max_size",
             "pull_threshold_for_queue",
-            "rebalance_interval_ms",
-            "lock_retry_interval_ms",
             "persist_consumer_offset_interval_ms",
-            "pull_time_delay_ms_when_exception",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 1 <= self.pull_batch_size <= 1024:
-            raise ValueError(f"pull_batch_size {self.pull_batch_size} is not within 1..1024")
+        )
         for name in (
             "broker_suspend_max_time_ms",
             "suspend_current_queue_time_ms",
@@ -195,15 +174,7 @@ class PushConsumer(ConsumerClient):
         self._async_listener = inspect.iscoroutinefunction(listener)
         self._subscriptions: dict[str, TopicSubscription] = {}
         self._queues: dict[MessageQueue, ProcessQueue] = {}
-        self._member = GroupMember(
-            self,
-            self,
-            client_id=config.client_id,
-            subscriptions=self._subscriptions,
-            rebalance_interval_ms=config.rebalance_interval_ms,
-            lock_retry_interval_ms=config.lock_retry_interval_ms,
-            retry_delay_ms=config.pull_time_delay_ms_when_exception,
-        )
+        self._member = GroupMember(self, self, config, self._subscriptions)
         self._calls = asyncio.Semaphore(config.consume_thread_nums)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import sys
 import time
@@ -20,10 +19,9 @@ import pytest
 
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from client import Producer
 from services.cluster import CLUSTER_NAME
 from services.meta import MetaClient, MetaConfig, TopicConfig
-from store.message import Message
+from tests.client.helpers import assert_one_jump_back, producing
 from tests.client.test_push_rebalance_e2e import calls, worker
 from tests.client.test_quickstart import REPO_ROOT, basalt
 from tests.services.conftest import async_test
@@ -71,22 +69,8 @@ async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path
                     brokers=("broker-a", "broker-b"),
                 )
             )
-            sending = True
-
-            async def produce() -> None:
-                async with Producer(address, group="P") as producer:
-                    for i in itertools.count():
-                        if not sending:
-                            return
-                        await producer.send(Message(TOPIC, f"m{i}".encode()))
-                        await asyncio.sleep(0.003)
-
-            producing = asyncio.ensure_future(produce())
-            stack = contextlib.AsyncExitStack()
-            stack.push_async_callback(lambda: asyncio.gather(producing, return_exceptions=True))
-            stack.callback(producing.cancel)
             async with (
-                stack,
+                producing(address, TOPIC, pause_s=0.003),
                 worker(address, "C1", log, GROUP, TOPIC, "orderly"),
                 worker(address, "C2", log, GROUP, TOPIC, "orderly"),
                 worker(address, "C3", log, GROUP, TOPIC, "orderly"),
@@ -106,8 +90,6 @@ async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path
                 assert code == 0, err
                 result = json.loads(out)
                 await asyncio.sleep(1.0)  # consumption goes on from the reset points
-                sending = False
-                await producing
             reset_to = {(r["broker"], r["queue"]): r["offset"] for r in result if r["queue"] != ""}
             assert len(reset_to) == 8
             confirmed = {r["broker"] for r in result if r["result"] == "OK"}
@@ -118,17 +100,9 @@ async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path
                         sn.SearchOffsetRequest(topic=TOPIC, queue_id=qid, timestamp_ms=point)
                     )
                 assert offset == search.offset
-        # Orderly listeners: each queue's offsets, by call start, only go up except
-        # for one jump back, to the queue's reset point.
-        # A queue handed over between consumers goes on at the offset after the
-        # last one consumed: the giver commits the calls that ended, even those
-        # whose awaiting task its drop cancelled.
+        # Orderly listeners, so by call start each queue's offsets only go up
+        # (a queue handed over goes on after the last offset consumed: the giver
+        # commits the calls that ended, even those whose awaiting task its drop
+        # cancelled) but for one jump back, to the queue's reset point.
         ordered = sorted(calls(log), key=lambda c: c.start)
-        by_queue: dict[tuple[str, int], list[int]] = {}
-        for call in ordered:
-            by_queue.setdefault(call.queue, []).append(call.offset)
-        assert set(by_queue) == set(reset_to)
-        for queue, offsets in by_queue.items():
-            jumps = [b for a, b in itertools.pairwise(offsets) if b <= a]
-            history = [(c.client, c.offset) for c in ordered if c.queue == queue]
-            assert jumps == [reset_to[queue]], (queue, history)
+        assert_one_jump_back(((c.queue, c.offset) for c in ordered), reset_to)

@@ -30,6 +30,11 @@ from client import (
 )
 from services.meta import MetaConfig
 from store.message import Message, MessageRecord
+from tests.client.helpers import (
+    assert_committed_at_least,
+    assert_one_jump_back,
+    producing,
+)
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster
 from tests.services.test_pull_sessions import eventually
@@ -229,13 +234,7 @@ async def test_reset_offset_command_takes_effect_before_the_ack(
         for queue, offset in first.items():
             assert offset == reset_to[queue]
         await asyncio.gather(*(c.close() for c in consumers))
-        # The epoch fence: the consumers' commits are at or past the reset points.
-        for broker, stub in h.node_stubs.items():
-            for qid in range(4):
-                got = await stub.QueryConsumerOffset(
-                    sn.QueryConsumerOffsetRequest(group="PG", topic=TOPIC, queue_id=qid)
-                )
-                assert got.offset >= reset_to[MessageQueue(TOPIC, broker, qid)]
+        await assert_committed_at_least(h.node_stubs, "PG", reset_to)
 
 
 @async_test
@@ -248,60 +247,38 @@ async def test_reset_under_continuous_production_resumes_every_queue_at_its_rese
     async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
         address = h.services[0].address
         seen: list[tuple[MessageQueue, int]] = []
-        sending = True
 
         async def listener(messages: list[MessageRecord], queue: MessageQueue) -> ConsumeStatus:
             seen.extend((queue, m.queue_offset) for m in messages)
             return ConsumeStatus.CONSUME_SUCCESS
 
-        async def produce() -> None:
-            async with Producer(address, group="P") as producer:
-                for i in itertools.count():
-                    if not sending:
-                        return
-                    await producer.send(Message(TOPIC, f"m{i}".encode()))
-                    await asyncio.sleep(0.002)
-
-        producing = asyncio.ensure_future(produce())
         consumers = []
-        for name in ("R1", "R2", "R3"):
-            c = PushConsumer(address, config=config(name, orderly=True), listener=listener)
-            c.subscribe(TOPIC)
-            await c.start()
-            consumers.append(c)
-        await wait_for(lambda: sum(len(c.assignment()) for c in consumers) == 8)
-        await asyncio.sleep(0.6)
-        point_ms = int(time.time() * 1000) - 300
-        before = len(seen)
-        outcome = await ops.reset_offset_by_time(h.meta, "PG", TOPIC, point_ms)
-        assert outcome.failed == {} and outcome.acks is not None
-        assert [a.outcome for a in outcome.acks] == [ps.COMMAND_OUTCOME_OK] * 3, outcome.acks
-        reset_to = {MessageQueue.of(o.queue): o.offset for o in outcome.offsets}
-        for queue, offset in reset_to.items():
-            search = await h.node_stubs[queue.broker_name].SearchOffset(
-                sn.SearchOffsetRequest(topic=TOPIC, queue_id=queue.queue_id, timestamp_ms=point_ms)
-            )
-            assert offset == search.offset
-        await asyncio.sleep(0.5)  # production and consumption go on
-        sending = False
-        await producing
-        await asyncio.gather(*(c.close() for c in consumers))
-
-        # Each queue's offsets, in call order: they only go up (the group hands a
-        # queue over at its committed offset), except one jump back: the reset.
-        by_queue: dict[MessageQueue, list[int]] = {}
-        for queue, offset in seen:
-            by_queue.setdefault(queue, []).append(offset)
-        assert {q for q, _ in seen[before:]} == set(reset_to)
-        for queue, offsets in by_queue.items():
-            jumps = [b for a, b in itertools.pairwise(offsets) if b <= a]
-            assert jumps == [reset_to[queue]], (queue, offsets)
-        for broker, stub in h.node_stubs.items():
-            for qid in range(4):
-                got = await stub.QueryConsumerOffset(
-                    sn.QueryConsumerOffsetRequest(group="PG", topic=TOPIC, queue_id=qid)
+        async with producing(address, TOPIC):
+            for name in ("R1", "R2", "R3"):
+                c = PushConsumer(address, config=config(name, orderly=True), listener=listener)
+                c.subscribe(TOPIC)
+                await c.start()
+                consumers.append(c)
+            await wait_for(lambda: sum(len(c.assignment()) for c in consumers) == 8)
+            await asyncio.sleep(0.6)
+            point_ms = int(time.time() * 1000) - 300
+            before = len(seen)
+            outcome = await ops.reset_offset_by_time(h.meta, "PG", TOPIC, point_ms)
+            assert outcome.failed == {} and outcome.acks is not None
+            assert [a.outcome for a in outcome.acks] == [ps.COMMAND_OUTCOME_OK] * 3, outcome.acks
+            reset_to = {MessageQueue.of(o.queue): o.offset for o in outcome.offsets}
+            for queue, offset in reset_to.items():
+                search = await h.node_stubs[queue.broker_name].SearchOffset(
+                    sn.SearchOffsetRequest(
+                        topic=TOPIC, queue_id=queue.queue_id, timestamp_ms=point_ms
+                    )
                 )
-                assert got.offset >= reset_to[MessageQueue(TOPIC, broker, qid)]
+                assert offset == search.offset
+            await asyncio.sleep(0.5)  # production and consumption go on
+        await asyncio.gather(*(c.close() for c in consumers))
+        assert {q for q, _ in seen[before:]} == set(reset_to)
+        assert_one_jump_back(seen, reset_to)
+        await assert_committed_at_least(h.node_stubs, "PG", reset_to)
 
 
 @async_test

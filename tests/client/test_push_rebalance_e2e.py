@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from client import Producer
 from services.meta import MetaConfig
-from store.message import Message
+from tests.client.helpers import producing
 from tests.client.test_quickstart import REPO_ROOT
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster
@@ -101,16 +99,6 @@ async def test_join_leave_and_kill_9_during_consumption(
     async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
         address = h.services[0].address
         acked: set[str] = set()
-        sending = True
-
-        async def produce() -> None:
-            async with Producer(address, group="P") as producer:
-                for i in itertools.count():
-                    if not sending:
-                        return
-                    await producer.send(Message(TOPIC, f"m{i}".encode()))
-                    acked.add(f"m{i}")
-                    await asyncio.sleep(0.002)
 
         async def owners_are(clients: set[str]) -> None:
             """Every queue locked, by exactly ``clients`` (each its fair share)."""
@@ -126,13 +114,12 @@ async def test_join_leave_and_kill_9_during_consumption(
 
             await eventually(check, 30)
 
-        producer = asyncio.ensure_future(produce())
-        async with (
-            worker(address, "W1", log) as w1,
-            worker(address, "W2", log) as w2,
-        ):
-            await owners_are({"W1", "W2"})
-            async with worker(address, "W3", log):
+        async with contextlib.AsyncExitStack() as workers:
+            w1 = await workers.enter_async_context(worker(address, "W1", log))
+            w2 = await workers.enter_async_context(worker(address, "W2", log))
+            async with producing(address, TOPIC, acked=acked):
+                await owners_are({"W1", "W2"})
+                await workers.enter_async_context(worker(address, "W3", log))
                 await owners_are({"W1", "W2", "W3"})
                 w1.send_signal(signal.SIGKILL)  # no commit, no unlock: the session breaks
                 await w1.wait()
@@ -140,16 +127,11 @@ async def test_join_leave_and_kill_9_during_consumption(
                 w2.send_signal(signal.SIGTERM)  # a clean leave: commit, unlock, close
                 assert await asyncio.wait_for(w2.wait(), 30) == 0
                 await owners_are({"W3"})
-                sending = False
-                await producer
 
-                def consumed() -> set[str]:
-                    return {c.body for c in calls(log)}
+            async def all_consumed() -> bool:
+                return {c.body for c in calls(log)} >= acked
 
-                async def all_consumed() -> bool:
-                    return consumed() >= acked
-
-                await eventually(all_consumed, 60)
+            await eventually(all_consumed, 60)
         assert len(acked) > 100
         assert overlaps(log) == []
         by = {c.client for c in calls(log)}

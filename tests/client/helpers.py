@@ -1,0 +1,69 @@
+"""What the consumer tests share: a producer that keeps sending, and the checks
+of a reset's effect on what consumers saw and committed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
+from typing import TypeVar
+
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from client import MessageQueue, Producer
+from store.message import Message
+
+Q = TypeVar("Q", bound=Hashable)
+
+
+@contextlib.asynccontextmanager
+async def producing(
+    address: str, topic: str, *, acked: set[str] | None = None, pause_s: float = 0.002
+) -> AsyncIterator[None]:
+    """Send ``m0``, ``m1``, ... to ``topic`` one at a time until the block ends
+    (adding each acknowledged body to ``acked``); a send that fails fails the block."""
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        async with Producer(address, group="P") as producer:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                await producer.send(Message(topic, f"m{i}".encode()))
+                if acked is not None:
+                    acked.add(f"m{i}")
+                await asyncio.sleep(pause_s)
+
+    task = asyncio.ensure_future(run())
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+def assert_one_jump_back(calls: Iterable[tuple[Q, int]], reset_to: Mapping[Q, int]) -> None:
+    """``calls`` are (queue, offset) in call order, of orderly listeners: every
+    queue's offsets only go up (a queue changes hands at its committed offset)
+    except one jump back, the reset, to exactly the queue's reset point."""
+    by_queue: dict[Q, list[int]] = {}
+    for queue, offset in calls:
+        by_queue.setdefault(queue, []).append(offset)
+    assert set(by_queue) == set(reset_to)
+    for queue, offsets in by_queue.items():
+        jumps = [b for a, b in itertools.pairwise(offsets) if b <= a]
+        assert jumps == [reset_to[queue]], (queue, offsets)
+
+
+async def assert_committed_at_least(
+    stubs: Mapping[str, sn_grpc.StoreNodeAsyncStub],
+    group: str,
+    reset_to: Mapping[MessageQueue, int],
+) -> None:
+    """The epoch fence: no commit of ``group`` below its reset points landed."""
+    for queue, offset in reset_to.items():
+        got = await stubs[queue.broker_name].QueryConsumerOffset(
+            sn.QueryConsumerOffsetRequest(group=group, topic=queue.topic, queue_id=queue.queue_id)
+        )
+        assert got.offset >= offset, queue
