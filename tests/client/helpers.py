@@ -43,6 +43,13 @@ async def producing(
         await task
 
 
+async def send_each(address: str, topic: str, bodies: Iterable[str]) -> None:
+    """Send each of ``bodies`` on its own (round robin over the writable queues)."""
+    async with Producer(address, group="P") as producer:
+        for body in bodies:
+            await producer.send(Message(topic, body.encode()))
+
+
 def assert_one_jump_back(calls: Iterable[tuple[Q, int]], reset_to: Mapping[Q, int]) -> None:
     """``calls`` are (queue, offset) in call order, of orderly listeners: every
     queue's offsets only go up (a queue changes hands at its committed offset)

@@ -23,6 +23,7 @@ from client import (
 )
 from services.meta import MetaConfig
 from store.message import Message
+from tests.client.helpers import send_each
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster
 from tests.services.test_pull_sessions import eventually
@@ -137,9 +138,7 @@ async def test_subscribe_mode_shares_the_queues_with_the_group_and_follows_a_res
 ) -> None:
     async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
         address = h.services[0].address
-        async with Producer(address, group="P") as producer:
-            for i in range(40):
-                await producer.send(Message(TOPIC, f"m{i}".encode()))
+        await send_each(address, TOPIC, (f"m{i}" for i in range(40)))
         a = LitePullConsumer(address, config=config(client_id="A"))
         a.subscribe(TOPIC)
         b = LitePullConsumer(address, config=config(client_id="B"))

@@ -34,6 +34,7 @@ from tests.client.helpers import (
     assert_committed_at_least,
     assert_one_jump_back,
     producing,
+    send_each,
 )
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster
@@ -157,9 +158,7 @@ async def test_reconsume_later_runs_again_and_orderly_keeps_offset_order(
 ) -> None:
     async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
         address = h.services[0].address
-        async with Producer(address, group="P") as producer:
-            for i in range(40):
-                await producer.send(Message(TOPIC, f"m{i}".encode()))
+        await send_each(address, TOPIC, (f"m{i}" for i in range(40)))
         tries: dict[bytes, int] = {}
         order: dict[MessageQueue, list[int]] = {}
 
