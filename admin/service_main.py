@@ -19,15 +19,12 @@ Logs go to stderr, one line per event: ``time level logger message``.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
 from admin.service import start_admin_service
 from services import process
 from services.meta import MetaClient, MetaConfig, MetaError, parse_endpoints
-
-log = logging.getLogger("admin.service")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,10 +68,7 @@ async def serve(args: argparse.Namespace) -> int:
         except (MetaError, RuntimeError) as e:  # grpc raises RuntimeError for a bad bind
             print(f"basalt admin-service: {e}", file=sys.stderr)
             return 1
-        print(f"admin-service serving on {running.address}", flush=True)
-        await stop.wait()
-        log.info("stopping")
-        await running.stop()
+        await process.serve_until_stopped("admin-service", running, stop)
     finally:
         await meta.close()
     return 0

@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -27,6 +27,9 @@ from grpc_reflection.v1alpha import reflection
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+log = logging.getLogger(__name__)
 
 
 def configure_logging() -> None:
@@ -97,6 +100,24 @@ def stop_signal() -> asyncio.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+class Running(Protocol):
+    """A started service: where it serves, and its graceful stop."""
+
+    @property
+    def address(self) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
+async def serve_until_stopped(label: str, running: Running, stop: asyncio.Event) -> None:
+    """Say where ``running`` serves (the first line on stdout, which ``basalt
+    cluster up`` and the tests read), wait for ``stop`` and stop it gracefully."""
+    print(f"{label} serving on {running.address}", flush=True)
+    await stop.wait()
+    log.info("stopping")
+    await running.stop()
 
 
 def grpc_server(max_message_bytes: int) -> grpc.aio.Server:

@@ -18,15 +18,12 @@ per event: ``time level logger message``.
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Sequence
 
 from services import process
 from services.meta import MetaClient, MetaConfig, parse_endpoints
 from services.pull_server import start_pull_service
 from services.pull_service import PullServiceConfig
-
-log = logging.getLogger("services.pull_service")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +70,7 @@ async def serve(args: argparse.Namespace) -> int:
             listen=args.listen,
             advertise_host=_advertise_host(args.listen, args.advertise_host),
         )
-        print(f"pull-service {args.id} serving on {running.address}", flush=True)
-        await stop.wait()
-        log.info("stopping")
-        await running.stop()
+        await process.serve_until_stopped(f"pull-service {args.id}", running, stop)
     finally:
         await meta.close()
     return 0
