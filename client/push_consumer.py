@@ -132,8 +132,6 @@ class ProcessQueue:
         self.room.set()
         #: Set while there are messages no listener call has taken (orderly).
         self.ready = asyncio.Event()
-        #: Orderly: the offsets a listener call or a retry holds.
-        self.taken = 0
         self.calls: set[asyncio.Future[object]] = set()
         #: One commit of the queue at a time (see PushConsumer._commit).
         self.commit_lock = asyncio.Lock()
@@ -315,7 +313,13 @@ class PushConsumer(ConsumerClient):
     async def _persister(self) -> None:
         while True:
             await asyncio.sleep(self.config.persist_consumer_offset_interval_ms / 1000)
-            await asyncio.gather(*(self._commit(pq) for pq in list(self._queues.values())))
+            outcomes = await asyncio.gather(
+                *(self._commit(pq) for pq in list(self._queues.values())),
+                return_exceptions=True,
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, Exception):  # one queue's failure stops no other
+                    log.warning("%s: commit failed: %r", self.client_id, outcome)
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
         """Pull ``pq``'s queue until it is dropped: long polls, waiting for room
