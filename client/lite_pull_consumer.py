@@ -31,9 +31,8 @@ from client.consumer_base import (
     subscription_of,
 )
 from client.producer import ClientError, response_code
-from store.get_message import split_records
 from store.message import MessageRecord
-from store.record import decode_record
+from store.record import decode_records
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,7 +163,7 @@ class LitePullConsumer(ConsumerClient):
         for q, entry in zip(queues, reply.results, strict=True):
             if entry.HasField("refused"):
                 raise ClientError(entry.refused.code, f"{q}: {entry.refused.message}")
-            records = [decode_record(raw) for raw in split_records(entry.records.data)]
+            records = decode_records(entry.records.data)
             # OFFSET_ILLEGAL (the offset left the queue's range) moves on to the
             # corrected offset, as RocketMQ's consumers do.
             out.append((q, records, entry.next_begin_offset))

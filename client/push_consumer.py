@@ -68,9 +68,8 @@ from client.consumer_base import (
 )
 from client.producer import ClientError
 from client.rebalance import allocate_averagely
-from store.get_message import split_records
 from store.message import MessageRecord
-from store.record import decode_record
+from store.record import decode_records
 
 log = logging.getLogger(__name__)
 
@@ -602,7 +601,7 @@ class PushConsumer(ConsumerClient):
                 pq.committed = commit
             pq.next_offset = reply.next_begin_offset
             if reply.status == pb.PULL_STATUS_FOUND:
-                records = [decode_record(raw) for raw in split_records(reply.records.data)]
+                records = decode_records(reply.records.data)
                 pq.add(records, self.config.pull_threshold_for_queue)
                 if not self.config.orderly:
                     self._dispatch(pq, records)

@@ -1,6 +1,11 @@
 """Type stub for the C extension store/_records.c (see its header comment)."""
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from store.record import Buffer
+
+_R = TypeVar("_R")
 
 #: What dispatch() returns: (pos, kind, reason, consumed, last_store_ts, runs, records, need).
 DispatchResult = tuple[
@@ -26,6 +31,9 @@ INDEX_DONE: int
 INDEX_FULL: int
 INDEX_BLANK: int
 INDEX_CORRUPT: int
+
+#: MessageRecord's field names, in the order decode_records fills them.
+RECORD_FIELDS: tuple[str, ...]
 
 #: IndexFile header fields: begin ts, end ts, begin phy, end phy, hash slot count, index count.
 IndexState = tuple[int, int, int, int, int, int]
@@ -91,3 +99,10 @@ def index_put(
     skip_keys: int,
     /,
 ) -> tuple[int, int, IndexState, int, str]: ...
+def decode_records(
+    data: Buffer,
+    record_type: type[_R],
+    decode_host: Callable[[bytes], str],
+    error_type: Callable[[int, str], BaseException],
+    /,
+) -> list[_R]: ...
