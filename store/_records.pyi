@@ -1,8 +1,9 @@
 """Type stub for the C extension store/_records.c (see its header comment)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from store.message import Message
 from store.record import Buffer
 
 _R = TypeVar("_R")
@@ -105,4 +106,17 @@ def decode_records(
     decode_host: Callable[[bytes], str],
     error_type: Callable[[int, str], BaseException],
     /,
+) -> list[_R]: ...
+def encode_batch(
+    messages: Sequence[Message],
+    uniq_keys: Sequence[str],
+    queue_id: int,
+    store_host: bytes,
+    born_timestamp_ms: int,
+    message_type: type[Message],
+    host_parts: Callable[[str], tuple[bytes, int]],
+    /,
+) -> bytes | None: ...
+def slotted(
+    cls: type[_R], fields: tuple[str, ...], columns: tuple[Sequence[object], ...], /
 ) -> list[_R]: ...

@@ -1,8 +1,10 @@
-"""The SDK's record decoder in C (store._records) against its Python reference.
+"""The SDK's codec in C (store._records) against its Python references.
 
 decode_records must return what decode_records_py (check_record, then
 decode_record) returns on every input, valid or not: the same records field for
-field, or the same CorruptRecordError (position and reason).
+field, or the same CorruptRecordError (position and reason). encode_batch must
+return encode_batch_py's bytes (EncodedMessage's), and hand what it cannot
+vouch for to it. slotted must build what the dataclass's __init__ builds.
 """
 
 from __future__ import annotations
@@ -10,28 +12,38 @@ from __future__ import annotations
 import dataclasses
 import gc
 import mmap
+import re
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from client.producer import _SEND_RESULT_FIELDS, SendResult
 from store import _records
+from store.batch import encode_batch, encode_batch_py
 from store.errors import CorruptRecordError
 from store.message import (
+    BORNHOST_V6_FLAG,
     Message,
     MessageRecord,
     decode_host,
     decode_properties,
     encode_host,
+    new_uniq_key,
+    new_uniq_keys,
 )
 from store.record import (
     BLANK_MAGIC_CODE,
     EncodedMessage,
+    _host_parts,
+    decode_record,
     decode_records,
     decode_records_py,
 )
-from tests.store.test_record import hosts, messages
+from tests.store.test_record import INT32, INT64, hosts, messages, property_text, utf8_at_most
+
+STORE_HOST = encode_host("127.0.0.1:10911")
 
 
 def outcome(decode: object, data: bytes | bytearray | memoryview) -> object:
@@ -184,3 +196,179 @@ def test_decode_records_refuses_a_class_without_the_slots() -> None:
 
     with pytest.raises(TypeError, match="slot"):
         _records.decode_records(_one_record(), NoSlots, decode_host, CorruptRecordError)
+
+
+# -- encode_batch -----------------------------------------------------------------------
+
+any_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
+batch_properties = st.dictionaries(
+    st.one_of(st.sampled_from(["UNIQ_KEY", "TAGS", "KEYS"]), property_text.filter(bool)),
+    any_text,
+    max_size=6,
+)
+
+
+@st.composite
+def batch_messages(draw: st.DrawFn) -> Message:
+    """Messages as applications build them: what the C encoder takes itself."""
+    return Message(
+        topic=draw(utf8_at_most(127)),
+        body=draw(st.binary(max_size=300)),
+        queue_id=draw(INT32),
+        tags=draw(st.one_of(st.none(), any_text)),
+        keys=draw(st.one_of(st.lists(any_text, max_size=3), st.lists(any_text).map(tuple))),
+        properties=draw(batch_properties),
+        flag=draw(INT32),
+        sys_flag=draw(INT32),
+        born_timestamp_ms=draw(st.one_of(st.just(0), INT64)),
+        born_host=draw(hosts),
+        reconsume_times=draw(INT32),
+        prepared_transaction_offset=draw(INT64),
+    )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(batch_messages(), any_text), max_size=6), hosts, INT32, INT64)
+@example(
+    [(Message("T", b"b", tags="A", keys=["k"], properties={"x": "1", "TAGS": "old"}), "u")],
+    "[::1]:10911",
+    3,
+    1,
+)
+def test_encode_batch_equals_the_python_reference(
+    batch_and_keys: list[tuple[Message, str]], store_host: str, queue_id: int, born_ts: int
+) -> None:
+    batch = [m for m, _ in batch_and_keys]
+    uniq_keys = [u for _, u in batch_and_keys]
+    args = (batch, uniq_keys, queue_id, encode_host(store_host), born_ts, Message, _host_parts)
+    fast = _records.encode_batch(*args)
+    assert fast is not None, "the C encoder handed a common batch to Python"
+    want = encode_batch_py(
+        batch,
+        uniq_keys,
+        queue_id=queue_id,
+        store_host=encode_host(store_host),
+        born_timestamp_ms=born_ts,
+    )
+    assert fast == want
+
+
+def test_an_encoded_batch_decodes_to_what_was_sent() -> None:
+    batch = [
+        Message("T", b"one", tags="A", keys=["k"], properties={"p": "v"}),
+        Message(
+            "T", b"two", born_host="[::1]:5", born_timestamp_ms=42, properties={"UNIQ_KEY": "x"}
+        ),
+    ]
+    raw = encode_batch(batch, ["u1", "x"], queue_id=2, store_host=STORE_HOST, born_timestamp_ms=7)
+    records = decode_records(raw)
+    assert [r.properties for r in records] == [
+        {"p": "v", "UNIQ_KEY": "u1", "TAGS": "A", "KEYS": "k"},
+        {"UNIQ_KEY": "x"},
+    ]
+    assert [(r.queue_id, r.born_timestamp_ms, r.born_host) for r in records] == [
+        (2, 7, "127.0.0.1:0"),
+        (2, 42, "[::1]:5"),
+    ]
+    assert records[1].sys_flag & BORNHOST_V6_FLAG
+
+
+class Subclassed(Message):
+    pass
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message("T", b"b", properties={"n": 1}),  # type: ignore[dict-item]
+        Message("T", bytearray(b"b")),  # type: ignore[arg-type]
+        Message("T", b"b", keys="ab"),
+        Message("T", b"b", flag=2**31),
+        Message("T", b"b", properties={"P": "v" * 40_000}),
+        Message("T", b"b", properties={"P": "\ud800"}),
+        Message("t" * 300, b"b"),
+        Subclassed("T", b"b"),
+    ],
+    ids=[
+        "int property",
+        "bytearray body",
+        "str keys",
+        "flag out of range",
+        "properties too long",
+        "surrogate",
+        "topic too long",
+        "subclass",
+    ],
+)
+def test_what_the_c_encoder_declines_the_reference_encodes_or_refuses(message: Message) -> None:
+    args = ([message], ["u"], 1, STORE_HOST, 5, Message, _host_parts)
+    fast = _records.encode_batch(*args)
+    kwargs = {"queue_id": 1, "store_host": STORE_HOST, "born_timestamp_ms": 5}
+    try:
+        want: object = encode_batch_py([message], ["u"], **kwargs)  # type: ignore[arg-type]
+    except Exception as e:
+        want = type(e)
+    try:
+        got: object = encode_batch([message], ["u"], **kwargs)  # type: ignore[arg-type]
+    except Exception as e:
+        got = type(e)
+    assert got == want
+    if fast is not None:  # a long topic: the reference keeps TOPICLEN's low byte too
+        assert fast == want
+
+
+def test_encode_batch_wants_one_uniq_key_per_message() -> None:
+    with pytest.raises(ValueError):
+        encode_batch(
+            [Message("T")] * 2, ["u"], queue_id=0, store_host=STORE_HOST, born_timestamp_ms=1
+        )
+
+
+def test_an_encoded_batch_is_what_the_store_accepts() -> None:
+    batch = [Message("T", b"%d" % k, tags="A") for k in range(3)]
+    raw = bytearray(
+        encode_batch(
+            batch, new_uniq_keys(3), queue_id=1, store_host=STORE_HOST, born_timestamp_ms=9
+        )
+    )
+    _, phys, qoffs, _, _ = _records.stamp(
+        raw, 0, len(raw), 500, 10, 123, STORE_HOST, b"T", 1, 1 << 20, True
+    )
+    assert qoffs == (10, 11, 12)
+    assert [decode_record(raw, p - 500).body for p in phys] == [b"0", b"1", b"2"]
+
+
+# -- uniq keys and slotted --------------------------------------------------------------
+
+
+def test_new_uniq_keys_are_shaped_as_new_uniq_key_and_unique() -> None:
+    one = new_uniq_key()
+    keys = new_uniq_keys(70_000)  # past the 16-bit counter's wrap within one second
+    assert all(re.fullmatch(r"[0-9A-F]{32}", k) for k in keys)
+    assert all(k[:12] == one[:12] for k in keys)  # ip, pid, random
+    assert len(set(keys[:65536])) == 65536
+    assert new_uniq_keys(0) == []
+
+
+def test_send_result_fields_are_its_dataclass_fields() -> None:
+    assert tuple(f.name for f in dataclasses.fields(SendResult)) == _SEND_RESULT_FIELDS
+
+
+def test_slotted_builds_what_init_builds() -> None:
+    values = [(0, f"id{k}", f"off{k}", "T", "broker-a", 3, 100 + k) for k in range(4)]
+    columns = tuple(list(column) for column in zip(*values, strict=True))
+    built = _records.slotted(SendResult, _SEND_RESULT_FIELDS, columns)
+    assert built == [SendResult(*v) for v in values]
+    assert all(type(r) is SendResult for r in built)
+    assert _records.slotted(SendResult, _SEND_RESULT_FIELDS, ((),) * 7) == []
+
+
+def test_slotted_refuses_what_it_cannot_fill() -> None:
+    with pytest.raises(ValueError, match="has 1 values, not 2"):
+        _records.slotted(SendResult, ("status", "msg_id"), ([0, 0], ["x"]))
+    with pytest.raises(ValueError, match="twice"):
+        _records.slotted(SendResult, ("status", "status"), ([0], [0]))
+    with pytest.raises(TypeError, match="slot"):
+        _records.slotted(SendResult, ("ok",), ([0],))
+    with pytest.raises(ValueError, match="one column per field"):
+        _records.slotted(SendResult, ("status",), ())
