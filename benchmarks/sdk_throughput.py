@@ -5,14 +5,18 @@ directory, creates a topic with ``--queues`` queues per store-node, then in
 this process (one event loop):
 
 * **produce** — ``--senders`` coroutines, each ``Producer.send_batch`` of
-  ``--batch`` 1 KiB messages after another (the SDK encodes every batch:
+  ``--batch`` new 1 KiB messages after another (the SDK encodes every batch:
   UNIQ_KEYs, properties, RocketMQ's MessageBatch) for ``--duration`` s;
 * **consume** — ``LitePullConsumer`` assigned every queue, ``poll`` in a loop
   with ``pull_batch_size`` 256 until everything produced is read; every
   record is decoded into a ``MessageRecord`` (what an application gets).
 
 Compare with ``e2e_throughput.py``'s raw-stub rows (pre-serialized requests,
-nothing decoded). Prints one table; always runs ``basalt cluster down``.
+nothing decoded). "also" gives this process's CPU time per message (all its
+threads: the SDK, gRPC, the event loop, and the benchmark's own Message
+objects): the cluster shares the machine's cores, so the rates move with
+whatever else runs, and the CPU a message costs here is what the SDK
+decides. Prints one table; always runs ``basalt cluster down``.
 
 Usage::
 
@@ -59,9 +63,9 @@ async def produce(address: str, senders: int, batch: int, duration_s: float) -> 
                 sent += len(results)
                 calls += 1
 
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         await asyncio.gather(*(sender() for _ in range(senders)))
-        secs = time.monotonic() - started
+        secs, cpu = time.monotonic() - started, time.process_time() - cpu
     return Row(
         "sdk produce",
         f"Producer.send_batch of {batch}, {senders} in flight",
@@ -70,7 +74,7 @@ async def produce(address: str, senders: int, batch: int, duration_s: float) -> 
         sent,
         secs,
         None,
-        f"{calls / secs:,.0f} batches/s",
+        f"{calls / secs:,.0f} batches/s, {cpu_us_per_message(cpu, sent)} CPU/msg",
     )
 
 
@@ -84,14 +88,14 @@ async def consume(address: str, expected: int) -> Row:
     polls = 0
     async with LitePullConsumer(address, config=config) as consumer:
         await consumer.assign(await consumer.queues_of(TOPIC))
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.process_time()
         while got < expected:
             records = await consumer.poll(timeout_ms=1000)
             if not records:
                 break
             got += len(records)
             polls += 1
-        secs = time.monotonic() - started
+        secs, cpu = time.monotonic() - started, time.process_time() - cpu
     return Row(
         "sdk consume",
         "LitePullConsumer.poll, pull_batch_size 256, records decoded",
@@ -100,8 +104,14 @@ async def consume(address: str, expected: int) -> Row:
         got,
         secs,
         None,
-        f"{polls / secs:,.0f} polls/s, {got / max(polls, 1):.0f} records/poll",
+        f"{polls / secs:,.0f} polls/s, {got / max(polls, 1):.0f} records/poll, "
+        f"{cpu_us_per_message(cpu, got)} CPU/msg",
     )
+
+
+def cpu_us_per_message(cpu_s: float, count: int) -> str:
+    """This process's CPU seconds spread over ``count`` messages, as µs each."""
+    return f"{cpu_s / max(count, 1) * 1e6:.1f} µs"
 
 
 async def run(args: argparse.Namespace, root: Path) -> list[Row]:

@@ -46,9 +46,8 @@ from client.consumer_base import (
 )
 from client.membership import GroupMember, TopicSubscription
 from client.producer import ClientError, response_code
-from store.get_message import split_records
 from store.message import MessageRecord
-from store.record import decode_record
+from store.record import decode_records
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +240,7 @@ class LitePullConsumer(ConsumerClient):
                 log.warning("%s: %s", q, entry.refused.message)
                 self._member.request_rebalance()
                 continue
-            records = [decode_record(raw) for raw in split_records(entry.records.data)]
+            records = decode_records(entry.records.data)
             # OFFSET_ILLEGAL (the offset left the queue's range) moves on to the
             # corrected offset, as RocketMQ's consumers do.
             out.append((q, position, records, entry.next_begin_offset))

@@ -5,8 +5,8 @@ Routes come from a pull-service's ``QueryRoute`` (refreshed every
 next writable queue, round robin (RocketMQ's selectOneMessageQueue), over
 one ``StoreNode.SendStream`` per store-node: every send carries an
 ``opaque`` and many are in flight at once on one stream. A batch is encoded
-here (RocketMQ's MessageBatch, ``store.batch``) and sent as one item: the
-store-node never decodes it into objects.
+here (RocketMQ's MessageBatch: ``store.batch.encode_batch``, one C call) and
+sent as one item: the store-node never decodes it into objects.
 
 A topic with no route yet is sent on the route of ``TBW102`` (RocketMQ's
 default topic: the store-nodes that create topics on first send).
@@ -24,7 +24,7 @@ times before awaiting any of them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -39,9 +39,9 @@ from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from client.channels import Client
 from services.errors import response_code_of
-from store.batch import EncodedBatch
-from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_key
-from store.record import EncodedMessage
+from store import _records
+from store.batch import encode_batch
+from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,16 @@ class ClientError(Exception):
 
 
 _CODES = frozenset(pb.ResponseCode.values())
+#: SendResult's fields in the order _send_to passes their values.
+_SEND_RESULT_FIELDS = (
+    "status",
+    "msg_id",
+    "offset_msg_id",
+    "topic",
+    "broker_name",
+    "queue_id",
+    "queue_offset",
+)
 
 
 class _Stream:
@@ -233,7 +243,7 @@ class Producer(Client):
     async def _send(self, messages: Sequence[Message]) -> list[SendResult]:
         topic = messages[0].topic
         # One id per message for all attempts: a retried message keeps its UNIQ_KEY.
-        ids = [m.properties.get(PROPERTY_UNIQ_KEY) or new_uniq_key() for m in messages]
+        ids = _uniq_keys(messages)
         deadline = time.monotonic() + self.config.send_msg_timeout_ms / 1000
         failed: set[str] = set()
         last: ClientError | None = None
@@ -270,37 +280,37 @@ class Producer(Client):
                 message=sn.SendMessageRequest(message=_wire(m, ids[0]), queue_id=queue.queue_id),
             )
         else:
-            host = encode_host(queue.store_host)
-            encoded = [
-                EncodedMessage(
-                    _with_queue(m, queue.queue_id, uniq), store_host=host, compute_crc=False
-                )
-                for m, uniq in zip(messages, ids, strict=True)
-            ]
+            records = encode_batch(
+                messages,
+                ids,
+                queue_id=queue.queue_id,
+                store_host=_store_host_bytes(queue.store_host),
+                born_timestamp_ms=int(time.time() * 1000),
+            )
             item = sn.SendStreamItem(
                 opaque=opaque,
-                batch=sn.SendBatchRequest(
-                    topic=topic,
-                    queue_id=queue.queue_id,
-                    records=bytes(EncodedBatch.of_messages(encoded).data),
-                ),
+                batch=sn.SendBatchRequest(topic=topic, queue_id=queue.queue_id, records=records),
             )
         answer = await self._stream(queue.address).send(item)
         if answer.HasField("refused"):
             raise ClientError(answer.refused.code, answer.refused.message)
         r = answer.result
-        return [
-            SendResult(
-                status=r.status,
-                msg_id=uniq,
-                offset_msg_id=r.offset_msg_ids[k],
-                topic=topic,
-                broker_name=queue.broker_name,
-                queue_id=queue.queue_id,
-                queue_offset=r.queue_offsets[k],
-            )
-            for k, uniq in enumerate(ids)
-        ]
+        n = len(ids)
+        # SendResult's fields in order (_SEND_RESULT_FIELDS); built in C, one
+        # frozen dataclass __init__ per message costing more than its encoding.
+        return _records.slotted(
+            SendResult,
+            _SEND_RESULT_FIELDS,
+            (
+                [r.status] * n,
+                ids,
+                r.offset_msg_ids,
+                [topic] * n,
+                [queue.broker_name] * n,
+                [queue.queue_id] * n,
+                r.queue_offsets,
+            ),
+        )
 
     # -- routes -----------------------------------------------------------------------
 
@@ -389,13 +399,19 @@ def _wire(m: Message, uniq: str) -> pb.Message:
     )
 
 
-def _with_queue(m: Message, queue_id: int, uniq: str) -> Message:
-    return dataclasses.replace(
-        m,
-        queue_id=queue_id,
-        properties={**m.properties, PROPERTY_UNIQ_KEY: uniq},
-        born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
-    )
+def _uniq_keys(messages: Sequence[Message]) -> list[str]:
+    """Each message's UNIQ_KEY: its own when it has one, else a new one."""
+    own = [m.properties.get(PROPERTY_UNIQ_KEY) for m in messages]
+    if not any(own):  # the common case: all new, in one call
+        return new_uniq_keys(len(own))
+    fresh = iter(new_uniq_keys(sum(1 for uniq in own if not uniq)))
+    return [uniq or next(fresh) for uniq in own]
+
+
+@functools.lru_cache(maxsize=64)
+def _store_host_bytes(store_host: str) -> bytes:
+    """A route's store host as STOREHOSTADDRESS bytes (parsed once, not per batch)."""
+    return encode_host(store_host)
 
 
 def response_code(error: grpc.aio.AioRpcError) -> int:

@@ -56,9 +56,8 @@ from client.consumer_base import (
     subscription_of,
 )
 from client.membership import GroupMember, TopicSubscription
-from store.get_message import split_records
 from store.message import MessageRecord
-from store.record import decode_record
+from store.record import decode_records
 
 log = logging.getLogger(__name__)
 
@@ -350,7 +349,7 @@ class PushConsumer(ConsumerClient):
             delay = self._member.backoff()
             pq.next_offset = reply.next_begin_offset
             if reply.status == pb.PULL_STATUS_FOUND:
-                records = [decode_record(raw) for raw in split_records(reply.records.data)]
+                records = decode_records(reply.records.data)
                 pq.add(records, self.config.pull_threshold_for_queue)
                 if not self.config.orderly:
                     self._dispatch(pq, records)

@@ -19,6 +19,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX, READONLY: the slots of decode_records' objects */
+#include <limits.h>
 #include <stdint.h>
 #include <errno.h>
 #include <string.h>
@@ -1260,6 +1262,660 @@ done:
     return result;
 }
 
+/* ---- the SDK's codec: decode_records and encode_batch ------------------------ *
+ * The client's side of the layout. A consumer turns a pull's records (stored
+ * records back to back) into MessageRecord objects with decode_records; a
+ * producer encodes a batch of Messages into the records a store-node stamps
+ * (store.batch) with encode_batch. Per message, Python would spend ~9 us on
+ * either; here it is well under one. Each has a Python reference that the tests
+ * hold it to, byte for byte and field for field: store.record.decode_records_py
+ * (check_record, then decode_record) and store.batch.encode_batch_py
+ * (EncodedMessage). Both run holding the GIL: they build Python objects.
+ */
+
+/* MessageRecord's fields in store.message's order (exported; a test compares). */
+static const char *const RECORD_FIELDS[] = {
+    "store_size",
+    "body_crc",
+    "queue_id",
+    "flag",
+    "queue_offset",
+    "commit_log_offset",
+    "sys_flag",
+    "born_timestamp_ms",
+    "born_host",
+    "store_timestamp_ms",
+    "store_host",
+    "reconsume_times",
+    "prepared_transaction_offset",
+    "body",
+    "topic",
+    "properties",
+};
+#define N_RECORD_FIELDS ((int)(sizeof RECORD_FIELDS / sizeof RECORD_FIELDS[0]))
+
+/*
+ * Where each named slot of a __slots__ class (a dataclass with slots=True) lives
+ * in its instances: the member descriptors' offsets. Reading or filling a slot
+ * through its offset is what the descriptor itself does, minus an attribute
+ * lookup per field per message. TypeError unless every name is an object slot
+ * of `type` or a base.
+ */
+static int slot_offsets(PyTypeObject *type, const char *const *names, int n, Py_ssize_t *out) {
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttrString((PyObject *)type, names[i]);
+        if (d == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        int ok = d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
+                 !(((PyMemberDescrObject *)d)->d_member->flags & READONLY) &&
+                 PyType_IsSubtype(type, ((PyDescrObject *)d)->d_type);
+        if (ok) out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_XDECREF(d);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* A few recently seen short byte strings and their str (property names, hosts,
+ * topics): a pull's records repeat them, and a cached str keeps its hash. */
+#define SMALL_CACHE 8
+#define SMALL_CACHE_BYTES 32
+#define SHORT_VALUE 16 /* property values that decode_props caches */
+typedef struct {
+    struct {
+        uint8_t raw[SMALL_CACHE_BYTES];
+        Py_ssize_t len;
+        PyObject *str;
+    } e[SMALL_CACHE];
+    int n, next;
+} str_cache_t;
+
+static void str_cache_clear(str_cache_t *c) {
+    for (int i = 0; i < c->n; i++) Py_CLEAR(c->e[i].str);
+    c->n = 0;
+}
+
+/* New reference to the cached str of raw[0:len], or NULL (no error set) on a miss. */
+static PyObject *str_cache_get(str_cache_t *c, const uint8_t *raw, Py_ssize_t len) {
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].len == len && memcmp(c->e[i].raw, raw, (size_t)len) == 0) {
+            Py_INCREF(c->e[i].str);
+            return c->e[i].str;
+        }
+    return NULL;
+}
+
+static void str_cache_put(str_cache_t *c, const uint8_t *raw, Py_ssize_t len, PyObject *str) {
+    if (len > SMALL_CACHE_BYTES) return;
+    int i = c->n < SMALL_CACHE ? c->n++ : (c->next++ % SMALL_CACHE);
+    Py_XSETREF(c->e[i].str, Py_NewRef(str));
+    memcpy(c->e[i].raw, raw, (size_t)len);
+    c->e[i].len = len;
+}
+
+/* UTF-8 with errors="replace" (what decode_properties does), through the cache. */
+static PyObject *cached_text(str_cache_t *c, const uint8_t *s, Py_ssize_t n) {
+    PyObject *str = str_cache_get(c, s, n);
+    if (str != NULL) return str;
+    str = PyUnicode_DecodeUTF8((const char *)s, n, "replace");
+    if (str != NULL) str_cache_put(c, s, n, str);
+    return str;
+}
+
+/* A host field (ip + port, 8 or 20 bytes) as store.message.decode_host words it:
+ * Python keeps the one definition of the text; the cache keeps it off the path. */
+static PyObject *host_text(str_cache_t *c, PyObject *decode_host, const uint8_t *raw,
+                           Py_ssize_t len) {
+    PyObject *str = str_cache_get(c, raw, len);
+    if (str != NULL) return str;
+    PyObject *b = PyBytes_FromStringAndSize((const char *)raw, len);
+    if (b == NULL) return NULL;
+    str = PyObject_CallOneArg(decode_host, b);
+    Py_DECREF(b);
+    if (str != NULL && !PyUnicode_Check(str)) {
+        PyErr_SetString(PyExc_TypeError, "decode_host must return str");
+        Py_CLEAR(str);
+    }
+    if (str != NULL) str_cache_put(c, raw, len, str);
+    return str;
+}
+
+/*
+ * decode_properties: pairs split at \x02, each at its first \x01; a pair with no
+ * \x01 (e.g. the empty one after the last \x02) is skipped, a later name wins.
+ * Splitting the bytes before decoding equals decoding before splitting, since
+ * the replace handler never swallows an ASCII byte.
+ */
+static PyObject *decode_props(const uint8_t *s, Py_ssize_t n, str_cache_t *names,
+                              str_cache_t *values) {
+    PyObject *d = PyDict_New();
+    if (d == NULL || n == 0) return d;
+    const uint8_t *end = s + n;
+    for (;;) {
+        const uint8_t *e = memchr(s, 2, (size_t)(end - s));
+        if (e == NULL) e = end;
+        const uint8_t *sep = memchr(s, 1, (size_t)(e - s));
+        if (sep != NULL) {
+            PyObject *name = cached_text(names, s, sep - s);
+            /* Values repeat less: only short ones (a tag, not a UNIQ_KEY) go through a
+             * cache, so that unique ones neither evict them nor pay for the lookup. */
+            Py_ssize_t vlen = e - sep - 1;
+            PyObject *value = vlen <= SHORT_VALUE
+                                  ? cached_text(values, sep + 1, vlen)
+                                  : PyUnicode_DecodeUTF8((const char *)sep + 1, vlen, "replace");
+            int rc = (name == NULL || value == NULL) ? -1 : PyDict_SetItem(d, name, value);
+            Py_XDECREF(name);
+            Py_XDECREF(value);
+            if (rc < 0) {
+                Py_DECREF(d);
+                return NULL;
+            }
+        }
+        if (e == end) return d;
+        s = e + 1;
+    }
+}
+
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t off[sizeof RECORD_FIELDS / sizeof RECORD_FIELDS[0]];
+    PyObject *decode_host;
+    str_cache_t hosts, topics, names, values;
+} decoder_t;
+
+/* The MessageRecord of the valid record at p (parse_record filled r). */
+static PyObject *record_object(decoder_t *dc, const uint8_t *p, const rec_t *r) {
+    Py_ssize_t bh = (r->sys_flag & BORNHOST_V6_FLAG) ? 20 : 8;
+    Py_ssize_t sh = (r->sys_flag & STOREHOSTADDRESS_V6_FLAG) ? 20 : 8;
+    const uint8_t *after_hosts = p + r->store_ts_off + 8 + sh;
+    PyObject *v[sizeof RECORD_FIELDS / sizeof RECORD_FIELDS[0]];
+    v[0] = PyLong_FromLong(r->size);
+    v[1] = PyLong_FromLong(r->crc);
+    v[2] = PyLong_FromLong(r->queue_id);
+    v[3] = PyLong_FromLong(get_i32(p + 16));
+    v[4] = PyLong_FromLongLong(r->queue_offset);
+    v[5] = PyLong_FromLongLong(r->phys);
+    v[6] = PyLong_FromLong(r->sys_flag);
+    v[7] = PyLong_FromLongLong(get_i64(p + 40));
+    v[8] = host_text(&dc->hosts, dc->decode_host, p + PREFIX_SIZE, bh);
+    v[9] = PyLong_FromLongLong(r->store_ts);
+    v[10] = host_text(&dc->hosts, dc->decode_host, p + r->store_ts_off + 8, sh);
+    v[11] = PyLong_FromLong(get_i32(after_hosts));
+    v[12] = PyLong_FromLongLong(get_i64(after_hosts + 4));
+    v[13] = PyBytes_FromStringAndSize((const char *)p + r->body_off, r->body_len);
+    v[14] = cached_text(&dc->topics, p + r->topic_off, r->topic_len); /* valid UTF-8 */
+    v[15] = decode_props(p + r->props_off, r->props_len, &dc->names, &dc->values);
+    PyObject *o = NULL;
+    int ok = 1;
+    for (int i = 0; i < N_RECORD_FIELDS; i++) ok &= v[i] != NULL;
+    if (ok) o = dc->type->tp_alloc(dc->type, 0);
+    if (o == NULL) {
+        for (int i = 0; i < N_RECORD_FIELDS; i++) Py_XDECREF(v[i]);
+        return NULL;
+    }
+    for (int i = 0; i < N_RECORD_FIELDS; i++) SLOT(o, dc->off[i]) = v[i]; /* steals */
+    /* Out of the cyclic GC, as CPython takes tuples of atomic values out: every
+     * field is an int, str, bytes or a dict of str (itself untracked), so no
+     * cycle can run through the record. Tracked, a pull's thousands of records
+     * survive to the oldest generation and trigger full collections: a fifth
+     * of a consumer's time. (Only a non-str value put into properties, which
+     * its type forbids, could close a cycle; the GC would not collect it.) */
+    if (PyObject_IS_GC(o)) PyObject_GC_UnTrack(o);
+    return o;
+}
+
+/*
+ * decode_records(data, record_type, decode_host, error_type) -> list
+ * Every record of data (stored records back to back, as a pull returns them)
+ * as a record_type (MessageRecord) instance, its slots filled directly (the
+ * dataclass's __init__ only assigns them). Each record must pass check_record's
+ * rules (CRC not checked); the first that does not raises
+ * error_type(position in data, reason) with decode_records_py's reason.
+ */
+static PyObject *py_decode_records(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    decoder_t dc;
+    memset(&dc, 0, sizeof dc);
+    PyObject *error_type;
+    if (!PyArg_ParseTuple(args, "y*O!OO", &b, &PyType_Type, &dc.type, &dc.decode_host,
+                          &error_type))
+        return NULL;
+    PyObject *list = NULL;
+    if (slot_offsets(dc.type, RECORD_FIELDS, N_RECORD_FIELDS, dc.off) < 0) goto done;
+    list = PyList_New(0);
+    const uint8_t *data = b.buf;
+    Py_ssize_t pos = 0;
+    while (list != NULL && pos < b.len) {
+        const uint8_t *p = data + pos;
+        rec_t r;
+        reason_t why;
+        int kind = parse_record(p, b.len - pos, &r, &why);
+        if (kind == KIND_MORE && !utf8_valid(p + r.topic_off, r.topic_len)) {
+            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
+            kind = KIND_CORRUPT;
+        }
+        if (kind != KIND_MORE) {
+            if (b.len - pos < 8)
+                snprintf(why.text, sizeof why.text, "%zd bytes left, too few for a record",
+                         b.len - pos);
+            else if (kind != KIND_CORRUPT) /* a blank or zeroes: not a message */
+                snprintf(why.text, sizeof why.text, "bad magic code 0x%08X", get_u32(p + 4));
+            PyObject *err = PyObject_CallFunction(error_type, "ns", pos, why.text);
+            if (err != NULL) {
+                PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+                Py_DECREF(err);
+            }
+            Py_CLEAR(list);
+            break;
+        }
+        PyObject *o = record_object(&dc, p, &r);
+        if (o == NULL || PyList_Append(list, o) < 0) Py_CLEAR(list);
+        Py_XDECREF(o);
+        pos += r.size;
+    }
+done:
+    str_cache_clear(&dc.hosts);
+    str_cache_clear(&dc.topics);
+    str_cache_clear(&dc.names);
+    str_cache_clear(&dc.values);
+    PyBuffer_Release(&b);
+    return list;
+}
+
+/* ---- encode_batch ------------------------------------------------------------- */
+
+/* The Message fields encode_batch reads (queue_id is the batch's). */
+enum {
+    M_TOPIC,
+    M_BODY,
+    M_TAGS,
+    M_KEYS,
+    M_PROPERTIES,
+    M_FLAG,
+    M_SYS_FLAG,
+    M_BORN_TS,
+    M_BORN_HOST,
+    M_RECONSUME,
+    M_PREPARED,
+    N_MESSAGE_FIELDS
+};
+static const char *const MESSAGE_FIELDS[N_MESSAGE_FIELDS] = {
+    "topic",     "body",     "tags",
+    "keys",      "properties", "flag",
+    "sys_flag",  "born_timestamp_ms", "born_host",
+    "reconsume_times", "prepared_transaction_offset",
+};
+
+
+/* A growable byte buffer (the batch's property blocks, back to back). */
+typedef struct {
+    uint8_t *p;
+    Py_ssize_t n, cap;
+} bytes_t;
+
+static int bytes_put(bytes_t *s, const void *src, Py_ssize_t n) {
+    if (s->n + n > s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap : 4096;
+        while (cap < s->n + n) cap *= 2;
+        uint8_t *p = PyMem_Realloc(s->p, (size_t)cap);
+        if (p == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->p = p;
+        s->cap = cap;
+    }
+    memcpy(s->p + s->n, src, (size_t)n);
+    s->n += n;
+    return 0;
+}
+
+/* Append str's UTF-8; -1 with no error set when it has none (lone surrogates), or
+ * with MemoryError set. */
+static int bytes_put_str(bytes_t *s, PyObject *str) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(str, &n);
+    if (u == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    return bytes_put(s, u, n);
+}
+
+typedef struct {
+    PyObject *body; /* new reference */
+    const char *topic;
+    Py_ssize_t topic_len, props_at, props_len;
+    int64_t size, born_ts, prepared, sys_flag;
+    int32_t flag, reconsume, born_port;
+    uint8_t born_ip[16];
+    int born_ip_len;
+} enc_t;
+
+/* An int the reference would pack into [lo, hi]; -1 (no error set) otherwise. */
+static int int_field(PyObject *o, long long lo, long long hi, long long *out) {
+    if (o == NULL || !(PyLong_CheckExact(o) || PyBool_Check(o))) return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+#define INT32_LO (-2147483647LL - 1)
+#define INT32_HI 2147483647LL
+
+enum { PROP_UNIQ = 1, PROP_TAGS = 2, PROP_KEYS = 4 };
+
+/*
+ * The properties block of one message: all_properties() of the message the
+ * producer sends, encoded. That message is the user's with UNIQ_KEY set
+ * ({**properties, UNIQ_KEY: uniq}); all_properties then sets TAGS and KEYS. A
+ * name already present keeps its place with the new value; a new one goes last,
+ * in that order. 0, or -1 when only the reference can encode it (a MemoryError
+ * is the one error left set).
+ */
+static int encode_props(bytes_t *s, PyObject *props, PyObject *uniq, PyObject *tags,
+                        PyObject *keys_text) {
+    static const char *const special[3] = {"UNIQ_KEY", "TAGS", "KEYS"};
+    PyObject *special_value[3] = {uniq, tags, keys_text};
+    int seen = 0;
+    Py_ssize_t i = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(props, &i, &k, &v)) {
+        if (!PyUnicode_CheckExact(k) || !PyUnicode_CheckExact(v)) return -1;
+        for (int j = 0; j < 3; j++)
+            if (special_value[j] != NULL && PyUnicode_CompareWithASCIIString(k, special[j]) == 0) {
+                v = special_value[j];
+                seen |= 1 << j;
+                break;
+            }
+        if (bytes_put_str(s, k) < 0 || bytes_put(s, "\x01", 1) < 0 || bytes_put_str(s, v) < 0 ||
+            bytes_put(s, "\x02", 1) < 0)
+            return -1;
+    }
+    for (int j = 0; j < 3; j++) {
+        if (special_value[j] == NULL || (seen & (1 << j))) continue;
+        if (bytes_put(s, special[j], (Py_ssize_t)strlen(special[j])) < 0 ||
+            bytes_put(s, "\x01", 1) < 0 || bytes_put_str(s, special_value[j]) < 0 ||
+            bytes_put(s, "\x02", 1) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/*
+ * Read one message into e (pass 1). 0, or -1 when only the reference can
+ * encode it; with an exception set only for MemoryError.
+ */
+static int encode_prepare(PyObject *m, PyObject *uniq, const Py_ssize_t *off,
+                          PyTypeObject *message_type, PyObject *host_parts,
+                          PyObject **last_born_host, enc_t *last_born, bytes_t *props,
+                          int64_t born_ts_default, int store_v6, enc_t *e) {
+    PyObject *f[N_MESSAGE_FIELDS];
+    if (Py_TYPE(m) != message_type || !PyUnicode_CheckExact(uniq)) return -1;
+    for (int i = 0; i < N_MESSAGE_FIELDS; i++) {
+        f[i] = SLOT(m, off[i]);
+        if (f[i] == NULL) return -1;
+    }
+    if (!PyUnicode_CheckExact(f[M_TOPIC]) || !PyBytes_CheckExact(f[M_BODY]) ||
+        !PyDict_CheckExact(f[M_PROPERTIES]))
+        return -1;
+    e->topic = PyUnicode_AsUTF8AndSize(f[M_TOPIC], &e->topic_len);
+    if (e->topic == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    long long flag, sys_flag, born_ts, reconsume, prepared;
+    if (int_field(f[M_FLAG], INT32_LO, INT32_HI, &flag) < 0 ||
+        int_field(f[M_SYS_FLAG], LLONG_MIN, LLONG_MAX, &sys_flag) < 0 ||
+        int_field(f[M_BORN_TS], LLONG_MIN, LLONG_MAX, &born_ts) < 0 ||
+        int_field(f[M_RECONSUME], INT32_LO, INT32_HI, &reconsume) < 0 ||
+        int_field(f[M_PREPARED], LLONG_MIN, LLONG_MAX, &prepared) < 0)
+        return -1;
+    /* Born host: (ip, port) from host_parts, which a producer calls with few strs. */
+    if (f[M_BORN_HOST] != *last_born_host) {
+        PyObject *parts = PyObject_CallOneArg(host_parts, f[M_BORN_HOST]);
+        long long port;
+        int ok = parts != NULL && PyTuple_CheckExact(parts) && PyTuple_GET_SIZE(parts) == 2 &&
+                 PyBytes_CheckExact(PyTuple_GET_ITEM(parts, 0)) &&
+                 (PyBytes_GET_SIZE(PyTuple_GET_ITEM(parts, 0)) == 4 ||
+                  PyBytes_GET_SIZE(PyTuple_GET_ITEM(parts, 0)) == 16) &&
+                 int_field(PyTuple_GET_ITEM(parts, 1), INT32_LO, INT32_HI, &port) == 0;
+        if (ok) {
+            last_born->born_ip_len = (int)PyBytes_GET_SIZE(PyTuple_GET_ITEM(parts, 0));
+            memcpy(last_born->born_ip, PyBytes_AS_STRING(PyTuple_GET_ITEM(parts, 0)),
+                   (size_t)last_born->born_ip_len);
+            last_born->born_port = (int32_t)port;
+            *last_born_host = f[M_BORN_HOST]; /* identity only; the message holds it */
+        }
+        Py_XDECREF(parts);
+        if (!ok) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    e->born_ip_len = last_born->born_ip_len;
+    memcpy(e->born_ip, last_born->born_ip, sizeof e->born_ip);
+    e->born_port = last_born->born_port;
+    /* SYSFLAG: the caller's, with the host bits set by the hosts' families. */
+    sys_flag &= ~(long long)(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG);
+    if (e->born_ip_len == 16) sys_flag |= BORNHOST_V6_FLAG;
+    if (store_v6) sys_flag |= STOREHOSTADDRESS_V6_FLAG;
+    if (sys_flag < INT32_LO || sys_flag > INT32_HI) return -1;
+    /* tags and keys count when truthy, as in all_properties. */
+    PyObject *tags = f[M_TAGS], *keys = f[M_KEYS], *keys_text = NULL;
+    if (tags == Py_None || (PyUnicode_CheckExact(tags) && PyUnicode_GET_LENGTH(tags) == 0))
+        tags = NULL;
+    else if (!PyUnicode_CheckExact(tags))
+        return -1;
+    if (!PyTuple_CheckExact(keys) && !PyList_CheckExact(keys)) return -1;
+    if (PySequence_Fast_GET_SIZE(keys) > 0) {
+        PyObject *sep = PyUnicode_FromOrdinal(' ');
+        keys_text = sep == NULL ? NULL : PyUnicode_Join(sep, keys);
+        Py_XDECREF(sep);
+        if (keys_text == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    e->props_at = props->n;
+    int rc = encode_props(props, f[M_PROPERTIES], uniq, tags, keys_text);
+    Py_XDECREF(keys_text);
+    if (rc < 0) return -1; /* with MemoryError set, or none: the reference's turn */
+    e->props_len = props->n - e->props_at;
+    if (e->props_len > 32767) return -1; /* PROPLEN is a short: the reference refuses */
+    e->body = Py_NewRef(f[M_BODY]);
+    e->flag = (int32_t)flag;
+    e->sys_flag = sys_flag;
+    e->born_ts = born_ts ? born_ts : born_ts_default;
+    e->reconsume = (int32_t)reconsume;
+    e->prepared = prepared;
+    e->size = PREFIX_SIZE + (e->born_ip_len == 16 ? 20 : 8) + 8 + (store_v6 ? 20 : 8) + 4 + 8 +
+              4 + PyBytes_GET_SIZE(e->body) + 1 + e->topic_len + 2 + e->props_len;
+    return e->size > INT32_HI ? -1 : 0;
+}
+
+/* One record in store.record's layout, the broker's fields zero (pass 2). */
+static uint8_t *encode_put(uint8_t *o, const enc_t *e, int32_t queue_id, const uint8_t *props,
+                           const uint8_t *store_host, Py_ssize_t store_host_len) {
+    memset(o, 0, PREFIX_SIZE);
+    put_i32(o, (int32_t)e->size);
+    put_i32(o + 4, (int32_t)MESSAGE_MAGIC_CODE);
+    /* BODYCRC 0: the store computes it (stamp) */
+    put_i32(o + 12, queue_id);
+    put_i32(o + 16, e->flag);
+    /* QUEUEOFFSET, PHYSICALOFFSET 0: the store assigns them */
+    put_i32(o + 36, (int32_t)e->sys_flag);
+    put_i64(o + 40, e->born_ts);
+    o += PREFIX_SIZE;
+    memcpy(o, e->born_ip, (size_t)e->born_ip_len);
+    put_i32(o + e->born_ip_len, e->born_port);
+    o += e->born_ip_len + 4;
+    put_i64(o, 0); /* STORETIMESTAMP: the store's */
+    o += 8;
+    memcpy(o, store_host, (size_t)store_host_len);
+    o += store_host_len;
+    put_i32(o, e->reconsume);
+    put_i64(o + 4, e->prepared);
+    Py_ssize_t body_len = PyBytes_GET_SIZE(e->body);
+    put_i32(o + 12, (int32_t)body_len);
+    o += 16;
+    memcpy(o, PyBytes_AS_STRING(e->body), (size_t)body_len);
+    o += body_len;
+    /* TOPICLEN's low byte, as the reference writes it: a long topic is the store's to refuse. */
+    *o++ = (uint8_t)(e->topic_len & 0xFF);
+    memcpy(o, e->topic, (size_t)e->topic_len);
+    o += e->topic_len;
+    o[0] = (uint8_t)(e->props_len >> 8);
+    o[1] = (uint8_t)e->props_len;
+    o += 2;
+    memcpy(o, props + e->props_at, (size_t)e->props_len);
+    return o + e->props_len;
+}
+
+/*
+ * encode_batch(messages, uniq_keys, queue_id, store_host, born_timestamp_ms,
+ *              message_type, host_parts) -> bytes | None
+ * store.batch.encode_batch_py's bytes, or None when this fast path cannot vouch
+ * for them: a message not exactly of message_type, a field of another type than
+ * the common ones (non-str property, non-bytes body, ...), or anything the
+ * reference would refuse (a PROPLEN past 32767, an int out of its field's range,
+ * a str with no UTF-8). The caller then runs the reference, which gives the
+ * result or raises the same error as always.
+ */
+static PyObject *py_encode_batch(PyObject *self, PyObject *args) {
+    PyObject *messages, *uniqs, *host_parts, *queue_id_obj, *born_ts_obj;
+    PyTypeObject *message_type;
+    long long queue_id, born_ts_default;
+    Py_buffer store_host;
+    if (!PyArg_ParseTuple(args, "OOOy*OO!O", &messages, &uniqs, &queue_id_obj, &store_host,
+                          &born_ts_obj, &PyType_Type, &message_type, &host_parts))
+        return NULL;
+    PyObject *result = NULL, *ms = NULL, *us = NULL;
+    enc_t *es = NULL;
+    Py_ssize_t n = 0, prepared = 0;
+    bytes_t props = {0};
+    Py_ssize_t off[N_MESSAGE_FIELDS];
+    if (slot_offsets(message_type, MESSAGE_FIELDS, N_MESSAGE_FIELDS, off) < 0) goto done;
+    ms = PySequence_Tuple(messages); /* holds every message while we point into them */
+    us = ms == NULL ? NULL : PySequence_Fast(uniqs, "uniq_keys must be a sequence");
+    if (us == NULL) goto done;
+    n = PySequence_Fast_GET_SIZE(ms);
+    if (n != PySequence_Fast_GET_SIZE(us) || (store_host.len != 8 && store_host.len != 20) ||
+        int_field(queue_id_obj, INT32_LO, INT32_HI, &queue_id) < 0 ||
+        int_field(born_ts_obj, LLONG_MIN, LLONG_MAX, &born_ts_default) < 0)
+        goto fallback;
+    es = PyMem_Calloc((size_t)(n ? n : 1), sizeof *es);
+    if (es == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *last_born_host = NULL;
+    enc_t last_born = {0};
+    int64_t total = 0;
+    for (; prepared < n; prepared++) {
+        if (encode_prepare(PySequence_Fast_GET_ITEM(ms, prepared),
+                           PySequence_Fast_GET_ITEM(us, prepared), off, message_type, host_parts,
+                           &last_born_host, &last_born, &props, born_ts_default,
+                           store_host.len == 20, &es[prepared]) < 0) {
+            if (PyErr_Occurred()) goto done;
+            goto fallback;
+        }
+        total += es[prepared].size;
+    }
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result == NULL) goto done;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < n; i++)
+        o = encode_put(o, &es[i], (int32_t)queue_id, props.p, store_host.buf, store_host.len);
+    goto done;
+fallback:
+    result = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t i = 0; i < prepared; i++) Py_XDECREF(es[i].body);
+    PyMem_Free(es);
+    PyMem_Free(props.p);
+    Py_XDECREF(ms);
+    Py_XDECREF(us);
+    PyBuffer_Release(&store_host);
+    return result;
+}
+
+/*
+ * slotted(cls, fields, columns) -> list
+ * Instances of a __slots__ class (a dataclass with slots=True whose __init__
+ * only assigns its fields: no __post_init__, no defaults to compute), built by
+ * filling the slots: instance k has fields[i] = columns[i][k]. Every column is a
+ * sequence of the same length. A producer's batch answers with a SendResult per
+ * message, which a frozen dataclass's __init__ builds in ~1 us; this, in ~0.1.
+ */
+static PyObject *py_slotted(PyObject *self, PyObject *args) {
+    PyTypeObject *type;
+    PyObject *fields, *columns;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &type, &PyTuple_Type, &fields,
+                          &PyTuple_Type, &columns))
+        return NULL;
+    Py_ssize_t nf = PyTuple_GET_SIZE(fields);
+    if (PyTuple_GET_SIZE(columns) != nf || nf > 64) {
+        PyErr_SetString(PyExc_ValueError, "one column per field, at most 64 fields");
+        return NULL;
+    }
+    const char *names[64];
+    Py_ssize_t off[64];
+    PyObject *cols[64] = {NULL};
+    PyObject *list = NULL;
+    Py_ssize_t n = -1;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        names[i] = PyUnicode_Check(PyTuple_GET_ITEM(fields, i))
+                       ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(fields, i))
+                       : NULL;
+        if (names[i] == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "field names are str");
+            goto done;
+        }
+        cols[i] = PySequence_Fast(PyTuple_GET_ITEM(columns, i), "columns are sequences");
+        if (cols[i] == NULL) goto done;
+        if (n >= 0 && PySequence_Fast_GET_SIZE(cols[i]) != n) {
+            PyErr_Format(PyExc_ValueError, "column %zd (%s) has %zd values, not %zd", i,
+                         names[i], PySequence_Fast_GET_SIZE(cols[i]), n);
+            goto done;
+        }
+        n = PySequence_Fast_GET_SIZE(cols[i]);
+    }
+    if (slot_offsets(type, names, (int)nf, off) < 0) goto done;
+    for (Py_ssize_t i = 0; i < nf; i++)
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (off[i] == off[j]) { /* a slot filled twice would leak its first value */
+                PyErr_Format(PyExc_ValueError, "field %s named twice", names[i]);
+                goto done;
+            }
+    list = PyList_New(n < 0 ? 0 : n);
+    for (Py_ssize_t k = 0; list != NULL && k < n; k++) {
+        PyObject *o = type->tp_alloc(type, 0);
+        if (o == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        for (Py_ssize_t i = 0; i < nf; i++)
+            SLOT(o, off[i]) = Py_NewRef(PySequence_Fast_GET_ITEM(cols[i], k));
+        PyList_SET_ITEM(list, k, o);
+    }
+done:
+    for (Py_ssize_t i = 0; i < nf; i++) Py_XDECREF(cols[i]);
+    return list;
+}
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> zlib-compatible CRC32."},
     {"crc32_portable", py_crc32_portable, METH_VARARGS,
@@ -1281,6 +1937,13 @@ static PyMethodDef methods[] = {
     {"index_put", py_index_put, METH_VARARGS,
      "index_put(log, pos, limit, base_phys, index_mm, hash_slot_num, index_num, state, "
      "skip_keys) -> (pos, keys_done, state, stop, reason)."},
+    {"decode_records", py_decode_records, METH_VARARGS,
+     "decode_records(data, record_type, decode_host, error_type) -> list of record_type."},
+    {"slotted", py_slotted, METH_VARARGS,
+     "slotted(cls, fields, columns) -> [cls instance k: fields[i] = columns[i][k]]."},
+    {"encode_batch", py_encode_batch, METH_VARARGS,
+     "encode_batch(messages, uniq_keys, queue_id, store_host, born_timestamp_ms, "
+     "message_type, host_parts) -> bytes, or None: use store.batch.encode_batch_py."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1307,6 +1970,17 @@ PyMODINIT_FUNC PyInit__records(void) {
         PyModule_AddIntConstant(m, "INDEX_FULL", INDEX_FULL) < 0 ||
         PyModule_AddIntConstant(m, "INDEX_BLANK", INDEX_BLANK) < 0 ||
         PyModule_AddIntConstant(m, "INDEX_CORRUPT", INDEX_CORRUPT) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *fields = PyTuple_New(N_RECORD_FIELDS);
+    for (int i = 0; fields != NULL && i < N_RECORD_FIELDS; i++) {
+        PyObject *name = PyUnicode_InternFromString(RECORD_FIELDS[i]);
+        if (name == NULL) Py_CLEAR(fields);
+        else PyTuple_SET_ITEM(fields, i, name);
+    }
+    if (fields == NULL || PyModule_AddObject(m, "RECORD_FIELDS", fields) < 0) {
+        Py_XDECREF(fields);
         Py_DECREF(m);
         return NULL;
     }

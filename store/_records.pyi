@@ -1,6 +1,12 @@
 """Type stub for the C extension store/_records.c (see its header comment)."""
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from store.message import Message
 from store.record import Buffer
+
+_R = TypeVar("_R")
 
 #: What dispatch() returns: (pos, kind, reason, consumed, last_store_ts, runs, records, need).
 DispatchResult = tuple[
@@ -26,6 +32,9 @@ INDEX_DONE: int
 INDEX_FULL: int
 INDEX_BLANK: int
 INDEX_CORRUPT: int
+
+#: MessageRecord's field names, in the order decode_records fills them.
+RECORD_FIELDS: tuple[str, ...]
 
 #: IndexFile header fields: begin ts, end ts, begin phy, end phy, hash slot count, index count.
 IndexState = tuple[int, int, int, int, int, int]
@@ -91,3 +100,23 @@ def index_put(
     skip_keys: int,
     /,
 ) -> tuple[int, int, IndexState, int, str]: ...
+def decode_records(
+    data: Buffer,
+    record_type: type[_R],
+    decode_host: Callable[[bytes], str],
+    error_type: Callable[[int, str], BaseException],
+    /,
+) -> list[_R]: ...
+def encode_batch(
+    messages: Sequence[Message],
+    uniq_keys: Sequence[str],
+    queue_id: int,
+    store_host: bytes,
+    born_timestamp_ms: int,
+    message_type: type[Message],
+    host_parts: Callable[[str], tuple[bytes, int]],
+    /,
+) -> bytes | None: ...
+def slotted(
+    cls: type[_R], fields: tuple[str, ...], columns: tuple[Sequence[object], ...], /
+) -> list[_R]: ...

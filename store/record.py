@@ -35,6 +35,7 @@ import zlib
 from dataclasses import dataclass
 from enum import Enum
 
+from store import _records
 from store.errors import CorruptRecordError
 from store.message import (
     BORNHOST_V6_FLAG,
@@ -324,6 +325,44 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
         topic=topic,
         properties=props,
     )
+
+
+def decode_records(data: Buffer) -> list[MessageRecord]:
+    """Every record of ``data``, stored records back to back (what a pull
+    returns), decoded: the consumer's per-record work, in one C call.
+
+    Returns exactly what :func:`decode_records_py` returns, and raises what it
+    raises: CorruptRecordError at the first record (its position in ``data``)
+    that fails :func:`check_record`'s rules (the CRC is not checked), or a
+    tail too short to be one. Tests hold the two to each other.
+    """
+    return _records.decode_records(data, MessageRecord, decode_host, CorruptRecordError)
+
+
+def decode_records_py(data: Buffer) -> list[MessageRecord]:
+    """The readable reference of :func:`decode_records`: each record validated by
+    :func:`check_record`, then decoded by :func:`decode_record`."""
+    out = []
+    pos = 0
+    end = len(data)
+    while pos < end:
+        info = check_record(data, pos, end, check_crc=False)
+        if info.kind is not RecordKind.MESSAGE:
+            raise CorruptRecordError(pos, _not_a_message(data, pos, end, info))
+        out.append(decode_record(data, pos))
+        pos += info.size
+    return out
+
+
+def _not_a_message(data: Buffer, pos: int, end: int, info: RecordInfo) -> str:
+    """Why the bytes at ``pos`` are not a record, in a run that holds only records."""
+    if end - pos < SIZE_AND_MAGIC.size:
+        return f"{end - pos} bytes left, too few for a record"
+    if info.kind is RecordKind.CORRUPT:
+        return info.reason
+    # A blank or zeroes: fine at the end of a CommitLog file, not in a run of records.
+    (_, magic) = SIZE_AND_MAGIC.unpack_from(data, pos)
+    return f"bad magic code 0x{magic:08X}"
 
 
 def store_timestamp_at(buf: Buffer, pos: int = 0) -> int:
