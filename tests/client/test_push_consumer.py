@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import pytest
 
 from admin import ops
+from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from client import (
@@ -29,6 +31,7 @@ from client import (
     SyncPushConsumer,
 )
 from services.meta import MetaConfig
+from services.pull_sessions import StreamRefusal
 from store.message import Message, MessageRecord
 from tests.client.helpers import (
     assert_committed_at_least,
@@ -302,3 +305,37 @@ async def test_sync_push_consumer_runs_without_an_event_loop_of_its_own(
 
         await asyncio.to_thread(blocking)
         assert log.bodies() == {f"s{i}".encode() for i in range(20)}
+
+
+@async_test
+async def test_a_lost_session_drops_every_queue_and_the_consumer_comes_back(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
+        address = h.services[0].address
+        log = Log()
+        c = PushConsumer(address, config=config("L"), listener=log.listener("L"))
+        c.subscribe(TOPIC)
+        async with c, producing(address, TOPIC):
+            await wait_for(lambda: len(c.assignment()) == 8 and len(log.bodies()) > 20)
+            # The service ends every session (as when it stops): the locks go
+            # with the session's lease, so the consumer lets every queue go...
+            before = list(c._queues.values())  # held: their ids stay unique
+            await h.services[0].servicer.sessions.close_all(
+                StreamRefusal(
+                    grpc.StatusCode.UNAVAILABLE, pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "bye"
+                ),
+                5,
+            )
+            # ...then opens a new session, locks them again and goes on, each
+            # queue in a new ProcessQueue.
+            await wait_for(
+                lambda: (
+                    len(c._queues) == 8
+                    and not {id(pq) for pq in c._queues.values()} & {id(pq) for pq in before}
+                )
+            )
+            seen = len(log.bodies())
+            await wait_for(lambda: len(log.bodies()) > seen + 20)
+        owners = await h.meta.queue_lock_owners("PG")
+        assert owners == {}  # closed: every lock released
