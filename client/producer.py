@@ -6,7 +6,10 @@ next writable queue, round robin (RocketMQ's selectOneMessageQueue), over
 one ``StoreNode.SendStream`` per store-node: every send carries an
 ``opaque`` and many are in flight at once on one stream. A batch is encoded
 here (RocketMQ's MessageBatch: ``store.batch.encode_batch``, one C call) and
-sent as one item: the store-node never decodes it into objects.
+sent as one item: the store-node never decodes it into objects. The stream's
+requests are serialized here (:func:`send_stream_batch`), the records
+framed rather than copied through protobuf objects, and the sends started in
+one loop turn share one write.
 
 A topic with no route yet is sent on the route of ``TBW102`` (RocketMQ's
 default topic: the store-nodes that create topics on first send).
@@ -151,7 +154,7 @@ class _Stream:
     """One SendStream to a store-node: futures by opaque, answered by a reader
     task; sends made while a write is under way go out together in the next.
 
-    The stream takes requests as bytes (see :func:`send_stream_item`): a
+    The stream takes requests as bytes (see :func:`send_stream_batch`): a
     SendStreamRequest is its items' serializations back to back, so a write
     is one ``b"".join`` of what was queued, not protobuf objects built around
     each 100 KB batch, copied into the request and serialized again."""
@@ -192,7 +195,7 @@ class _Stream:
 
     async def send(self, opaque: int, item: Sequence[bytes]) -> sn.SendStreamAnswer:
         """Send one serialized SendStreamItem (with its ``items`` field header,
-        in pieces: see :func:`send_stream_item`) and wait for its answer."""
+        in pieces: see :func:`send_stream_batch`) and wait for its answer."""
         future: asyncio.Future[sn.SendStreamAnswer] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_mark_seen)
         self.waiting[opaque] = future
@@ -318,7 +321,7 @@ class Producer(Client):
                 store_host=_store_host_bytes(queue.store_host),
                 born_timestamp_ms=int(time.time() * 1000),
             )
-            parts = send_stream_item(opaque, topic, queue.queue_id, records)
+            parts = send_stream_batch(opaque, topic, queue.queue_id, records)
         answer = await self._stream(queue.address).send(opaque, parts)
         if answer.HasField("refused"):
             raise ClientError(answer.refused.code, answer.refused.message)
@@ -449,6 +452,10 @@ def _uniq_keys(messages: Sequence[Message]) -> list[str]:
 # the bytes to protobuf's own.
 
 
+_VARINT = 0
+_LENGTH_DELIMITED = 2
+
+
 def _tag(
     message: type[sn.SendStreamRequest | sn.SendStreamItem | sn.SendBatchRequest],
     field: str,
@@ -457,12 +464,12 @@ def _tag(
     return varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
 
 
-_ITEMS = _tag(sn.SendStreamRequest, "items", 2)
-_ITEM_OPAQUE = _tag(sn.SendStreamItem, "opaque", 0)
-_ITEM_BATCH = _tag(sn.SendStreamItem, "batch", 2)
-_BATCH_TOPIC = _tag(sn.SendBatchRequest, "topic", 2)
-_BATCH_QUEUE_ID = _tag(sn.SendBatchRequest, "queue_id", 0)
-_BATCH_RECORDS = _tag(sn.SendBatchRequest, "records", 2)
+_ITEMS = _tag(sn.SendStreamRequest, "items", _LENGTH_DELIMITED)
+_ITEM_OPAQUE = _tag(sn.SendStreamItem, "opaque", _VARINT)
+_ITEM_BATCH = _tag(sn.SendStreamItem, "batch", _LENGTH_DELIMITED)
+_BATCH_TOPIC = _tag(sn.SendBatchRequest, "topic", _LENGTH_DELIMITED)
+_BATCH_QUEUE_ID = _tag(sn.SendBatchRequest, "queue_id", _VARINT)
+_BATCH_RECORDS = _tag(sn.SendBatchRequest, "records", _LENGTH_DELIMITED)
 
 
 def send_stream_message(opaque: int, request: sn.SendMessageRequest) -> list[bytes]:
@@ -473,7 +480,7 @@ def send_stream_message(opaque: int, request: sn.SendMessageRequest) -> list[byt
     return [_ITEMS + varint(len(item)), item]
 
 
-def send_stream_item(opaque: int, topic: str, queue_id: int, records: bytes) -> list[bytes]:
+def send_stream_batch(opaque: int, topic: str, queue_id: int, records: bytes) -> list[bytes]:
     """``SendStreamRequest(items=[SendStreamItem(opaque=opaque, batch=SendBatchRequest(
     topic=topic, queue_id=queue_id, records=records))]).SerializeToString()``, as
     pieces to join: ``records`` itself is the last, never copied here.

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
-from client.producer import send_stream_item, send_stream_message
+from client.producer import send_stream_batch, send_stream_message
 
 opaques = st.integers(min_value=0, max_value=2**64 - 1)
 queue_ids = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -24,7 +24,7 @@ def batch_item(opaque: int, topic: str, queue_id: int, records: bytes) -> sn.Sen
 def test_a_batch_item_is_protobufs_bytes(
     opaque: int, topic: str, queue_id: int, records: bytes
 ) -> None:
-    parts = send_stream_item(opaque, topic, queue_id, records)
+    parts = send_stream_batch(opaque, topic, queue_id, records)
     assert parts[-1] is records  # framed around, never copied
     expected = sn.SendStreamRequest(items=[batch_item(opaque, topic, queue_id, records)])
     assert b"".join(parts) == expected.SerializeToString()
@@ -33,7 +33,7 @@ def test_a_batch_item_is_protobufs_bytes(
 @given(st.lists(batches, max_size=5))
 def test_items_back_to_back_are_one_request(items: list[tuple[int, str, int, bytes]]) -> None:
     # What _Stream writes: the queued items' pieces joined.
-    wire = b"".join(b"".join(send_stream_item(*item)) for item in items)
+    wire = b"".join(b"".join(send_stream_batch(*item)) for item in items)
     expected = sn.SendStreamRequest(items=[batch_item(*item) for item in items])
     assert wire == expected.SerializeToString()
     assert sn.SendStreamRequest.FromString(wire) == expected
