@@ -6,7 +6,10 @@ next writable queue, round robin (RocketMQ's selectOneMessageQueue), over
 one ``StoreNode.SendStream`` per store-node: every send carries an
 ``opaque`` and many are in flight at once on one stream. A batch is encoded
 here (RocketMQ's MessageBatch: ``store.batch.encode_batch``, one C call) and
-sent as one item: the store-node never decodes it into objects.
+sent as one item: the store-node never decodes it into objects. The stream's
+requests are serialized here (:func:`send_stream_batch`), the records
+framed rather than copied through protobuf objects, and the sends started in
+one loop turn share one write.
 
 A topic with no route yet is sent on the route of ``TBW102`` (RocketMQ's
 default topic: the store-nodes that create topics on first send).
@@ -36,9 +39,9 @@ import grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from client.channels import Client
 from services.errors import response_code_of
+from services.pull_wire import varint
 from store import _records
 from store.batch import encode_batch
 from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
@@ -139,14 +142,31 @@ _SEND_RESULT_FIELDS = (
 )
 
 
+#: SendStream's method path (the generated stub's, from the descriptor).
+_SEND_STREAM = "/{}/{}".format(
+    *sn.DESCRIPTOR.services_by_name["StoreNode"]
+    .methods_by_name["SendStream"]
+    .full_name.rsplit(".", 1)
+)
+
+
 class _Stream:
     """One SendStream to a store-node: futures by opaque, answered by a reader
-    task; sends made while a write is under way go out together in the next."""
+    task; sends made while a write is under way go out together in the next.
+
+    The stream takes requests as bytes (see :func:`send_stream_batch`): a
+    SendStreamRequest is its items' serializations back to back, so a write
+    is one ``b"".join`` of what was queued, not protobuf objects built around
+    each 100 KB batch, copied into the request and serialized again."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.call = sn_grpc.StoreNodeStub(channel).SendStream()
+        self.call: grpc.aio.StreamStreamCall[bytes, sn.SendStreamResponse] = channel.stream_stream(
+            _SEND_STREAM,
+            request_serializer=None,  # requests are already serialized
+            response_deserializer=sn.SendStreamResponse.FromString,
+        )()
         self.waiting: dict[int, asyncio.Future[sn.SendStreamAnswer]] = {}
-        self.unsent: list[sn.SendStreamItem] = []
+        self.unsent: list[bytes] = []
         self.writing = False
         self.reader = asyncio.get_running_loop().create_task(self._read())
 
@@ -173,13 +193,13 @@ class _Stream:
     def broken(self) -> bool:
         return self.reader.done()
 
-    async def send(self, item: sn.SendStreamItem) -> sn.SendStreamAnswer:
+    async def send(self, opaque: int, item: Sequence[bytes]) -> sn.SendStreamAnswer:
+        """Send one serialized SendStreamItem (with its ``items`` field header,
+        in pieces: see :func:`send_stream_batch`) and wait for its answer."""
         future: asyncio.Future[sn.SendStreamAnswer] = asyncio.get_running_loop().create_future()
-        # A sender that gave up (its deadline) no longer awaits this future:
-        # mark a failure set on it as seen, or asyncio reports it as lost.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self.waiting[item.opaque] = future
-        self.unsent.append(item)
+        future.add_done_callback(_mark_seen)
+        self.waiting[opaque] = future
+        self.unsent += item
         await self._write_unsent()
         return await future
 
@@ -190,16 +210,30 @@ class _Stream:
             return
         self.writing = True
         try:
+            # Let the senders already runnable queue theirs first: answers come
+            # several to a response, their senders wake together, and each
+            # sends its next batch. Written at once, the first would go out
+            # alone and the rest in the next write (~2 batches a write); after
+            # this one loop turn they share one (each write costs gRPC and the
+            # kernel the same fixed work, whatever it carries).
+            await asyncio.sleep(0)
             while self.unsent:
-                items = self.unsent[:]
+                request = b"".join(self.unsent)
                 self.unsent.clear()
-                await self.call.write(sn.SendStreamRequest(items=items))
+                await self.call.write(request)
         finally:
             self.writing = False
 
     def close(self) -> None:
         self.call.cancel()
         self.reader.cancel()
+
+
+def _mark_seen(future: asyncio.Future[sn.SendStreamAnswer]) -> None:
+    """A sender that gave up (its deadline) no longer awaits its future: mark a
+    failure set on it as seen, or asyncio reports it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 class Producer(Client):
@@ -252,9 +286,10 @@ class Producer(Client):
                 break
             queue = await self._pick(topic, failed, refresh=last is not None)
             try:
-                return await asyncio.wait_for(
-                    self._send_to(queue, messages, ids), deadline - time.monotonic()
-                )
+                # A timer on this task, not wait_for's task around _send_to:
+                # the same deadline without a task per attempt.
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    return await self._send_to(queue, messages, ids)
             except ClientError as e:
                 if e.code not in RETRIED_CODES:
                     raise
@@ -275,9 +310,8 @@ class Producer(Client):
         opaque = next(self._opaque)
         if len(messages) == 1:
             m = messages[0]
-            item = sn.SendStreamItem(
-                opaque=opaque,
-                message=sn.SendMessageRequest(message=_wire(m, ids[0]), queue_id=queue.queue_id),
+            parts = send_stream_message(
+                opaque, sn.SendMessageRequest(message=_wire(m, ids[0]), queue_id=queue.queue_id)
             )
         else:
             records = encode_batch(
@@ -287,11 +321,8 @@ class Producer(Client):
                 store_host=_store_host_bytes(queue.store_host),
                 born_timestamp_ms=int(time.time() * 1000),
             )
-            item = sn.SendStreamItem(
-                opaque=opaque,
-                batch=sn.SendBatchRequest(topic=topic, queue_id=queue.queue_id, records=records),
-            )
-        answer = await self._stream(queue.address).send(item)
+            parts = send_stream_batch(opaque, topic, queue.queue_id, records)
+        answer = await self._stream(queue.address).send(opaque, parts)
         if answer.HasField("refused"):
             raise ClientError(answer.refused.code, answer.refused.message)
         r = answer.result
@@ -406,6 +437,66 @@ def _uniq_keys(messages: Sequence[Message]) -> list[str]:
         return new_uniq_keys(len(own))
     fresh = iter(new_uniq_keys(sum(1 for uniq in own if not uniq)))
     return [uniq or next(fresh) for uniq in own]
+
+
+# -- SendStreamRequest on the wire -------------------------------------------------------
+#
+# protobuf's encoding (its encoding guide): a length-delimited field is its tag
+# (number << 3 | 2), the length as a varint, then the bytes; a varint field
+# is its tag (number << 3 | 0) then the value (an int32 below 0 as its 64-bit
+# two's complement). proto3 leaves out a scalar at its default (0, "") but
+# writes a set oneof member whatever its value, and fields go out by number.
+# A repeated message field is one such field per element, so a request's
+# bytes are its items' (each with the ``items`` header) back to back. The
+# numbers come from the descriptors; tests/client/test_producer_wire.py holds
+# the bytes to protobuf's own.
+
+
+_VARINT = 0
+_LENGTH_DELIMITED = 2
+
+
+def _tag(
+    message: type[sn.SendStreamRequest | sn.SendStreamItem | sn.SendBatchRequest],
+    field: str,
+    wire_type: int,
+) -> bytes:
+    return varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+_ITEMS = _tag(sn.SendStreamRequest, "items", _LENGTH_DELIMITED)
+_ITEM_OPAQUE = _tag(sn.SendStreamItem, "opaque", _VARINT)
+_ITEM_BATCH = _tag(sn.SendStreamItem, "batch", _LENGTH_DELIMITED)
+_BATCH_TOPIC = _tag(sn.SendBatchRequest, "topic", _LENGTH_DELIMITED)
+_BATCH_QUEUE_ID = _tag(sn.SendBatchRequest, "queue_id", _VARINT)
+_BATCH_RECORDS = _tag(sn.SendBatchRequest, "records", _LENGTH_DELIMITED)
+
+
+def send_stream_message(opaque: int, request: sn.SendMessageRequest) -> list[bytes]:
+    """``SendStreamRequest(items=[SendStreamItem(opaque=opaque, message=request)])
+    .SerializeToString()``, as pieces to join (a single message is small: the
+    item is protobuf's own serialization, framed here)."""
+    item = sn.SendStreamItem(opaque=opaque, message=request).SerializeToString()
+    return [_ITEMS + varint(len(item)), item]
+
+
+def send_stream_batch(opaque: int, topic: str, queue_id: int, records: bytes) -> list[bytes]:
+    """``SendStreamRequest(items=[SendStreamItem(opaque=opaque, batch=SendBatchRequest(
+    topic=topic, queue_id=queue_id, records=records))]).SerializeToString()``, as
+    pieces to join: ``records`` itself is the last, never copied here.
+    ``opaque`` is a uint64, ``queue_id`` an int32 (protobuf's ranges)."""
+    head = _BATCH_RECORDS + varint(len(records))
+    if queue_id:
+        head = _BATCH_QUEUE_ID + varint(queue_id & 0xFFFF_FFFF_FFFF_FFFF) + head
+    if topic:
+        name = topic.encode()
+        head = _BATCH_TOPIC + varint(len(name)) + name + head
+    batch_len = len(head) + len(records)
+    item = _ITEM_BATCH + varint(batch_len)
+    if opaque:
+        item = _ITEM_OPAQUE + varint(opaque) + item
+    item_len = len(item) + batch_len
+    return [_ITEMS + varint(item_len) + item + head, records]
 
 
 @functools.lru_cache(maxsize=64)

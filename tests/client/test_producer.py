@@ -10,7 +10,9 @@ import pytest
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import store_node_pb2 as sn
 from client import ClientError, Producer, ProducerConfig
+from client.producer import _Stream
 from services.meta import MetaConfig
 from store.message import Message
 from tests.services.conftest import async_test
@@ -64,6 +66,46 @@ async def test_sends_go_round_robin_over_every_writable_queue_and_read_back(
             many = await asyncio.gather(*futures)
             placed = {(r.broker_name, r.queue_id, r.queue_offset) for r in many}
             assert len(placed) == 200  # no two on the same offset of a queue
+
+
+class _CountingCall:
+    """A SendStream call whose writes are recorded (the rest passes through)."""
+
+    def __init__(self, call: object) -> None:
+        self.call = call
+        self.writes: list[bytes] = []
+
+    async def write(self, request: bytes) -> None:
+        self.writes.append(request)
+        await self.call.write(request)  # type: ignore[attr-defined]
+
+    def cancel(self) -> bool:
+        return self.call.cancel()  # type: ignore[attr-defined,no-any-return]
+
+
+@async_test
+async def test_batches_sent_together_share_a_write(tmp_path: Path, meta_config: MetaConfig) -> None:
+    async with (
+        cluster(tmp_path, meta_config) as h,
+        Producer(h.services[0].address, group="P") as producer,
+    ):
+        for _ in range(8):  # round robin over the 2 x 4 queues: a stream to each node
+            assert (await producer.send(Message(TOPIC, b"warm"))).ok
+        streams: list[_Stream] = list(producer._streams.values())
+        assert len(streams) == 2
+        calls = [_CountingCall(s.call) for s in streams]
+        for stream, call in zip(streams, calls, strict=True):
+            stream.call = call  # type: ignore[assignment]
+        batches = [[Message(TOPIC, b"%d-%d" % (i, k)) for k in range(3)] for i in range(8)]
+        results = await asyncio.gather(*(producer.send_batch(b) for b in batches))
+        assert all(r.ok for rs in results for r in rs)
+        # Round robin: 4 batches a store-node, started in one loop turn, so
+        # written as one SendStreamRequest each.
+        assert [len(c.writes) for c in calls] == [1, 1]
+        for call in calls:
+            items = sn.SendStreamRequest.FromString(call.writes[0]).items
+            assert len(items) == 4
+            assert all(item.batch.topic == TOPIC for item in items)
 
 
 @async_test
