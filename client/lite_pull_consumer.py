@@ -21,8 +21,10 @@ fetcher task per store-node keeps a ``PullService.PullBatch`` (long polling,
 whose buffer has room for another ``pull_batch_size`` records; a queue
 holding ``pull_threshold_for_queue`` records (the bound: a fetch never asks
 for more than the room left) is left out until :meth:`poll` drains it,
-which wakes the fetcher (events, no polling loop). Records come decoded by
-``store.record`` (the one definition of the layout).
+which wakes the fetcher (events, no polling loop). A reply is filed as it
+came and the next PullBatch sent before :meth:`poll` runs: poll decodes the
+records it returns (``store.record``, the one definition of the layout), so
+decoding overlaps the next fetch and nothing dropped is ever decoded.
 
 A queue's buffer and its fetches in flight belong to one *read* of it;
 :meth:`seek`, :meth:`assign`, a reset, a take and a give-up start a new read
@@ -48,12 +50,15 @@ them; a stale epoch re-reads the offsets a reset stored and the queue is
 read again from there, so a reset is never undone). :meth:`close` stops the
 fetchers, then commits.
 
-Concurrency: one event loop; not for concurrent ``poll`` calls.
+Concurrency: one event loop (the fetchers are tasks on it; :meth:`seek` may
+also be called from another thread, see there); not for concurrent ``poll``
+calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -109,13 +114,17 @@ class LitePullConfig(ConsumerConfig):
 
 class _Read:
     """One read of an owned queue: its consume position, where its next fetch
-    starts, and the records fetched and not yet returned, in offset order.
+    starts, and the records fetched and not yet returned, in offset order:
+    ``records`` (decoded) then ``chunks`` (as fetched: poll decodes what it
+    returns, so the fetcher only files a reply and sends the next call).
 
     A new read replaces the object (seek, reset, take, assign); a fetch result
     is applied only if its read is still the queue's current one."""
 
     __slots__ = (
         "caught_up",
+        "chunks",
+        "count",
         "fetch_offset",
         "in_flight",
         "paused",
@@ -130,6 +139,10 @@ class _Read:
         self.position = position
         self.fetch_offset = position.offset
         self.records: list[MessageRecord] = []
+        #: Undecoded pulls: (records' bytes, how many, the offset the pull read from).
+        self.chunks: collections.deque[tuple[bytes, int, int]] = collections.deque()
+        #: Records buffered, decoded or not (the bound applies to this).
+        self.count = 0
         #: Part of a PullBatch in flight.
         self.in_flight = False
         #: The last fetch reached the queue's max offset: a PullBatch of only
@@ -307,7 +320,7 @@ class LitePullConsumer(ConsumerClient):
         if read.in_flight or read.paused:
             return False
         threshold = self.config.pull_threshold_for_queue
-        return threshold - len(read.records) >= min(self.config.pull_batch_size, threshold)
+        return threshold - read.count >= min(self.config.pull_batch_size, threshold)
 
     def _wake(self, broker: str) -> None:
         """Tell ``broker``'s fetcher to look again, starting it if needed (once started)."""
@@ -334,6 +347,7 @@ class LitePullConsumer(ConsumerClient):
         """``broker``'s fetcher (one task, until close): keeps a PullBatch in
         flight for its owned queues that want records, applies what comes back."""
         calls: dict[asyncio.Future[pb.PullBatchResponse | ClientError], list[_Read]] = {}
+        arrived = False
         failures = 0
         held = False  # after a failed call, until its pause ends
         loop = asyncio.get_running_loop()
@@ -348,6 +362,10 @@ class LitePullConsumer(ConsumerClient):
                 wake.clear()
                 if not held:
                     self._send(broker, calls)
+                if arrived:
+                    # Only now: the next PullBatch goes out before poll runs (and decodes).
+                    arrived = False
+                    self._arrived.set()
                 waiter = asyncio.ensure_future(wake.wait())
                 waiting: set[asyncio.Future[Any]] = {*calls, waiter}
                 try:
@@ -362,12 +380,12 @@ class LitePullConsumer(ConsumerClient):
                     try:
                         if isinstance(reply, ClientError):
                             raise reply
-                        self._apply(reads, reply)
+                        arrived |= self._apply(reads, reply)
                         failures = 0
                         continue
                     except ClientError as e:
                         self._failed(e)
-                    except Exception as e:  # a bug (or a record that does not decode)
+                    except Exception as e:  # a bug
                         log.exception("%s: fetch failed", broker)
                         self._failed(ClientError(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{broker}: {e!r}"))
                     # Pause this store-node's fetches (its other calls finish).
@@ -404,10 +422,12 @@ class LitePullConsumer(ConsumerClient):
             chunk = wanted[i : i + MAX_QUEUES_PER_PULL]
             for r in chunk:
                 r.in_flight = True
-            calls[asyncio.ensure_future(self._pull_batch(chunk))] = chunk
+            calls[self._pull_batch(chunk)] = chunk
 
-    async def _pull_batch(self, reads: list[_Read]) -> pb.PullBatchResponse | ClientError:
-        """One PullBatch of ``reads``; a gRPC error comes back as a ClientError."""
+    def _pull_batch(self, reads: list[_Read]) -> asyncio.Future[pb.PullBatchResponse | ClientError]:
+        """One PullBatch of ``reads``, started now (so that it is on its way
+        before poll runs and decodes); its reply, or a gRPC error as a
+        ClientError. Cancelling the future cancels the call."""
         threshold, batch = self.config.pull_threshold_for_queue, self.config.pull_batch_size
         suspend_ms = self.config.broker_suspend_max_time_ms
         request = ps.PullBatchRequest(
@@ -417,23 +437,31 @@ class LitePullConsumer(ConsumerClient):
                     queue=r.queue.to_proto(),
                     offset=r.fetch_offset,
                     # Never more than the room left: the buffer's bound is exact.
-                    max_nums=min(batch, threshold - len(r.records)),
+                    max_nums=min(batch, threshold - r.count),
                     subscription=self._subscription(r.queue.topic),
                 )
                 for r in reads
             ],
             suspend_timeout_ms=suspend_ms,
         )
-        try:
-            reply: pb.PullBatchResponse = await self._pull_service().PullBatch(
-                request, timeout=suspend_ms / 1000 + PULL_DEADLINE_MARGIN_S
-            )
-        except grpc.aio.AioRpcError as e:
-            return ClientError(response_code(e), e.details() or str(e.code()))
-        return reply
+        call = self._pull_service().PullBatch(
+            request, timeout=suspend_ms / 1000 + PULL_DEADLINE_MARGIN_S
+        )
 
-    def _apply(self, reads: list[_Read], reply: pb.PullBatchResponse) -> None:
-        """Buffer what one PullBatch brought, for the reads still current."""
+        async def reply() -> pb.PullBatchResponse | ClientError:
+            try:
+                got: pb.PullBatchResponse = await call
+            except grpc.aio.AioRpcError as e:
+                return ClientError(response_code(e), e.details() or str(e.code()))
+            return got
+
+        future = asyncio.ensure_future(reply())
+        future.add_done_callback(lambda _: call.cancel())  # a no-op once the call ended
+        return future
+
+    def _apply(self, reads: list[_Read], reply: pb.PullBatchResponse) -> bool:
+        """File what one PullBatch brought (undecoded) for the reads still
+        current; True if records came."""
         arrived = False
         for read, entry in zip(reads, reply.results, strict=True):
             q = read.queue
@@ -443,21 +471,21 @@ class LitePullConsumer(ConsumerClient):
                 self._refused(read, entry.refused)
                 continue
             read.refusals = 0
-            records = decode_records(entry.records.data)
+            data = entry.records.data
+            if data:
+                read.chunks.append((data, entry.records.count, read.fetch_offset))
+                read.count += entry.records.count
+                self._ready.setdefault(q, read)
+                arrived = True
             # OFFSET_ILLEGAL (the offset left the queue's range) moves on to the
             # corrected offset, as RocketMQ's consumers do.
             read.fetch_offset = entry.next_begin_offset
             read.caught_up = read.fetch_offset >= entry.max_offset
-            if records:
-                read.records += records
-                self._ready.setdefault(q, read)
-                arrived = True
-            elif not read.records:
+            if not read.count:
                 # Nothing held back from the application (filtered out, or a
                 # corrected offset): the consume position follows.
                 read.position.offset = read.fetch_offset
-        if arrived:
-            self._arrived.set()
+        return arrived
 
     def _refused(self, read: _Read, refused: pb.Refused) -> None:
         q = read.queue
@@ -522,29 +550,51 @@ class LitePullConsumer(ConsumerClient):
             raise error
 
     def _take(self, max_records: int | None) -> list[MessageRecord]:
-        """Up to ``max_records`` buffered records, queue by queue in the order
-        they arrived (a queue cut short goes last, so none starves)."""
+        """Up to ``max_records`` buffered records, decoded, queue by queue in the
+        order they arrived (a queue cut short goes last, so none starves).
+        A pull that does not decode stays buffered, and is raised when it is
+        the first record to return."""
         out: list[MessageRecord] = []
         room = max_records if max_records is not None else -1
+        broken: Exception | None = None
         for read in list(self._ready.values()):
-            if room >= 0 and len(out) >= room:
+            if broken is not None or 0 <= room <= len(out):
                 break
-            records, q = read.records, read.queue
-            n = len(records) if room < 0 else min(len(records), room - len(out))
-            if n == len(records):
-                out += records
-                read.records = []
-                del self._ready[q]
+            while read.count and (room < 0 or len(out) < room):
+                if not read.records:
+                    data, count, _ = read.chunks[0]
+                    try:
+                        read.records = decode_records(data)
+                    except Exception as e:  # corrupt records (store.errors), or a bug
+                        broken = e
+                        break
+                    read.chunks.popleft()
+                    read.count += len(read.records) - count  # (the count is the node's word)
+                records = read.records
+                n = len(records) if room < 0 else min(len(records), room - len(out))
+                if n == len(records):
+                    out += records
+                    read.records = []
+                else:
+                    out += records[:n]
+                    del records[:n]
+                read.count -= n
+            q = read.queue
+            del self._ready[q]
+            if read.records:
+                read.position.offset = read.records[0].queue_offset
+                self._ready[q] = read  # cut short: last in line
+            elif read.chunks:
+                # Past what was returned: the next pull's records start at or after this.
+                read.position.offset = read.chunks[0][2]
+                self._ready[q] = read
+            else:
                 # Past the last record fetched (and whatever the filter skipped).
                 read.position.offset = read.fetch_offset
-            else:
-                out += records[:n]
-                del records[:n]
-                read.position.offset = records[0].queue_offset
-                del self._ready[q]
-                self._ready[q] = read
             if self._wants_fetch(read):
                 self._wake(q.broker_name)  # its buffer has room again
+        if broken is not None and not out:
+            raise broken
         return out
 
     async def commit(self) -> None:

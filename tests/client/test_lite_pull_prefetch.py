@@ -14,6 +14,7 @@ from basalt.v1 import store_node_pb2 as sn
 from client import ClientError, LitePullConsumer, MessageQueue
 from services.meta import MetaConfig
 from store.message import MessageRecord
+from store.record import decode_records
 from tests.client.test_lite_pull_consumer import config
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, Harness, cluster
@@ -21,8 +22,13 @@ from tests.services.test_pull_sessions import eventually
 
 
 def buffered(consumer: LitePullConsumer) -> dict[MessageQueue, list[int]]:
-    """The offsets fetched and not yet returned, by queue (the consumer's insides)."""
-    return {q: [r.queue_offset for r in read.records] for q, read in consumer._reads.items()}
+    """The offsets fetched and not yet returned, by queue (the consumer's insides:
+    records decoded, then pulls not yet decoded)."""
+    return {
+        q: [r.queue_offset for r in read.records]
+        + [r.queue_offset for data, _, _ in read.chunks for r in decode_records(data)]
+        for q, read in consumer._reads.items()
+    }
 
 
 def offsets(records: list[MessageRecord]) -> dict[int, list[int]]:
