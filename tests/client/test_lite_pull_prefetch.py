@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from admin import ops
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -207,3 +209,10 @@ async def test_assign_mode_a_refused_queue_fails_one_poll_and_the_others_go_on(
             assert errors[0].message.startswith(f"{gone}: queue id 3 is out of range")
             assert got == [(0, 0), (0, 1), (0, 2)]  # the other queue's records: not lost
             await consumer.assign([good])  # (the store-node refuses a commit of queue 3)
+
+
+def test_the_prefetch_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="pull_threshold_for_queue"):
+        config(pull_threshold_for_queue=0)
+    with pytest.raises(ValueError, match="broker_suspend_max_time_ms"):
+        config(broker_suspend_max_time_ms=-1)
