@@ -8,8 +8,10 @@ this process (one event loop):
   ``--batch`` new 1 KiB messages after another (the SDK encodes every batch:
   UNIQ_KEYs, properties, RocketMQ's MessageBatch) for ``--duration`` s;
 * **consume** — ``LitePullConsumer`` assigned every queue, ``poll`` in a loop
-  with ``pull_batch_size`` 256 until everything produced is read; every
-  record is decoded into a ``MessageRecord`` (what an application gets).
+  with ``pull_batch_size`` 256 until everything produced is read (its
+  fetchers prefetch up to ``pull_threshold_for_queue``, 1000 records a
+  queue, while the loop runs); every record is decoded into a
+  ``MessageRecord`` (what an application gets).
 
 Compare with ``e2e_throughput.py``'s raw-stub rows (pre-serialized requests,
 nothing decoded). "also" gives this process's CPU time per message (all its
@@ -98,7 +100,7 @@ async def consume(address: str, expected: int) -> Row:
         secs, cpu = time.monotonic() - started, time.process_time() - cpu
     return Row(
         "sdk consume",
-        "LitePullConsumer.poll, pull_batch_size 256, records decoded",
+        "LitePullConsumer.poll, pull_batch_size 256, prefetched, decoded",
         got / secs,
         "msgs/s",
         got,
