@@ -68,6 +68,13 @@ class ConsumerConfig:
             "rebalance_interval_ms", "lock_retry_interval_ms", "pull_time_delay_ms_when_exception"
         )
 
+    def retry_delay_s(self, failures: int) -> float:
+        """The pause after the ``failures``-th failure in a row (>= 1), s: doubling
+        from ``pull_time_delay_ms_when_exception``, capped at 30 times it (the
+        exponent is capped too, so a long outage never overflows a float)."""
+        base = self.pull_time_delay_ms_when_exception / 1000
+        return float(min(base * 2 ** min(max(failures, 1) - 1, 5), 30 * base))
+
     def check_positive(self, *names: str) -> None:
         """ValueError naming the first of ``names`` that is not >= 1."""
         for name in names:

@@ -391,7 +391,7 @@ class LitePullConsumer(ConsumerClient):
                     # Pause this store-node's fetches (its other calls finish).
                     failures += 1
                     held = True
-                    loop.call_later(self._backoff_s(failures), resume)
+                    loop.call_later(self.config.retry_delay_s(failures), resume)
         finally:
             for call in calls:
                 call.cancel()
@@ -503,7 +503,7 @@ class LitePullConsumer(ConsumerClient):
             read.paused = False
             self._wake(q.broker_name)
 
-        asyncio.get_running_loop().call_later(self._backoff_s(read.refusals), resume)
+        asyncio.get_running_loop().call_later(self.config.retry_delay_s(read.refusals), resume)
 
     def _failed(self, error: ClientError) -> None:
         """Keep ``error`` for the next poll unless one is already waiting there."""
@@ -512,11 +512,6 @@ class LitePullConsumer(ConsumerClient):
         else:
             log.warning("fetch failed (an earlier error awaits poll): %s", error)
         self._arrived.set()
-
-    def _backoff_s(self, failures: int) -> float:
-        """The pause after the ``failures``-th failure in a row, s."""
-        base = self.config.pull_time_delay_ms_when_exception / 1000
-        return float(min(base * 2 ** (failures - 1), 30 * base))
 
     def _subscription(self, topic: str) -> pb.Subscription:
         sub = self._subscriptions.get(topic)

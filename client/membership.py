@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ class GroupMember:
         self.subscriptions = subscriptions
         self.rebalance_interval_ms = config.rebalance_interval_ms
         self.lock_retry_interval_ms = config.lock_retry_interval_ms
-        self.retry_delay_ms = config.pull_time_delay_ms_when_exception
+        self.config = config
         #: Serializes rebalances, resets, session loss and the owner's own changes.
         self.lock = asyncio.Lock()
         self._rebalance_now = asyncio.Event()
@@ -169,12 +170,8 @@ class GroupMember:
         self._rebalance_now.set()
 
     def backoff(self) -> Iterator[float]:
-        """Pauses after failures, s: doubling from ``retry_delay_ms``, capped at 30x it."""
-        base = self.retry_delay_ms / 1000
-        n = 0
-        while True:
-            yield min(base * 2**n, 30 * base)
-            n += 1
+        """The pauses after failures in a row, s (:meth:`ConsumerConfig.retry_delay_s`)."""
+        return map(self.config.retry_delay_s, itertools.count(1))
 
     # -- the session ------------------------------------------------------------------
 

@@ -339,3 +339,9 @@ async def test_a_lost_session_drops_every_queue_and_the_consumer_comes_back(
             await wait_for(lambda: len(log.bodies()) > seen + 20)
         owners = await h.meta.queue_lock_owners("PG")
         assert owners == {}  # closed: every lock released
+
+
+def test_retry_delays_double_and_stay_capped_however_long_the_failures_go_on() -> None:
+    c = PushConsumerConfig(consumer_group="G", pull_time_delay_ms_when_exception=100)
+    assert [c.retry_delay_s(n) for n in (1, 2, 3, 4, 5, 6)] == [0.1, 0.2, 0.4, 0.8, 1.6, 3.0]
+    assert c.retry_delay_s(10_000) == 3.0  # an hours-long outage: no float overflow
