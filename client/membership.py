@@ -111,8 +111,6 @@ class GroupMember:
         self.client_id = config.client_id
         self.group = config.consumer_group
         self.subscriptions = subscriptions
-        self.rebalance_interval_ms = config.rebalance_interval_ms
-        self.lock_retry_interval_ms = config.lock_retry_interval_ms
         self.config = config
         #: Serializes rebalances, resets, session loss and the owner's own changes.
         self.lock = asyncio.Lock()
@@ -267,7 +265,9 @@ class GroupMember:
         """Rebalance when asked, when locks are pending, and on the interval."""
         while not self._closing:
             wait_ms = (
-                self.lock_retry_interval_ms if self._locks_pending else self.rebalance_interval_ms
+                self.config.lock_retry_interval_ms
+                if self._locks_pending
+                else self.config.rebalance_interval_ms
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._rebalance_now.wait(), wait_ms / 1000)

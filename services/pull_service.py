@@ -505,13 +505,10 @@ MAX_LOCK_QUEUES = 1024
 
 
 def _lock_keys(queues: Sequence[pb.MessageQueue]) -> list[QueueKey]:
-    """The lock keys' parts of ``queues``; INVALID_PARAMETER for too many or a
-    negative queue id (names are checked as the keys are built)."""
+    """The lock keys' parts of ``queues``; INVALID_PARAMETER for too many (names
+    and queue ids are checked as the keys are built: MetaKeys.queue_lock)."""
     if len(queues) > MAX_LOCK_QUEUES:
         raise invalid(f"{len(queues)} queues in one call; at most {MAX_LOCK_QUEUES}")
-    for q in queues:
-        if q.queue_id < 0:
-            raise invalid(f"queue id {q.queue_id} of {q.topic}@{q.broker_name} is negative")
     return [(q.topic, q.broker_name, q.queue_id) for q in queues]
 
 
