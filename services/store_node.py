@@ -25,6 +25,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ from services.pull_checks import pull_response
 from services.pull_wire import pull_batch_wire
 from services.rpc import as_refusal
 from services.rpc import rpc_method as _rpc
+from services.send_stream import SendOutcome, SendRequest, serve_send_stream
 from services.topics import TopicDirectory
 from store import Message, MessageStore
 from store.batch import EncodedBatch
@@ -62,6 +64,8 @@ log = logging.getLogger(__name__)
 #: long polling waits on; an empty or unknown queue only at offset 0.
 _WAIT_STATUSES = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.OFFSET_FOUND_NULL})
 _WAIT_AT_ZERO = frozenset({GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})
+#: A send's store status on the wire.
+_PUT_STATUS = {s: pb.PutMessageStatus.Value("PUT_MESSAGE_STATUS_" + s.name) for s in PutStatus}
 
 
 def nothing_new(result: GetMessageResult, offset: int) -> bool:
@@ -156,7 +160,10 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
 
     # -- checks -----------------------------------------------------------------------
 
-    async def _writable_topic(self, topic: str, queue_id: int) -> TopicConfig:
+    def _writable_config(self, topic: str, queue_id: int) -> TopicConfig | None:
+        """The checks of a send that need no await: the topic's config, or None
+        when this node must create the topic first (:meth:`_writable_topic`).
+        Raises :class:`Refusal`."""
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
         broker = self.config.broker_name
@@ -173,13 +180,16 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                     pb.RESPONSE_CODE_NO_PERMISSION,
                     f"topic {topic!r} is not served by broker {broker!r}",
                 )
+            return None
+        _check_write_queue(config, queue_id)
+        return config
+
+    async def _writable_topic(self, topic: str, queue_id: int) -> TopicConfig:
+        config = self._writable_config(topic, queue_id)
+        if config is None:
             _check_topic_name(topic)
-            config = await self.topics.ensure_topic(topic, broker)
-        if not 0 <= queue_id < config.write_queue_nums:
-            raise invalid(
-                f"queue id {queue_id} is out of range: topic {topic!r} has "
-                f"{config.write_queue_nums} write queues"
-            )
+            config = await self.topics.ensure_topic(topic, self.config.broker_name)
+            _check_write_queue(config, queue_id)
         return config
 
     def _readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
@@ -205,7 +215,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         ok = result.status is PutStatus.PUT_OK
         return pb.SendResult(
             status=pb.SEND_STATUS_SEND_OK if ok else pb.SEND_STATUS_FLUSH_DISK_TIMEOUT,
-            put_status=pb.PutMessageStatus.Value("PUT_MESSAGE_STATUS_" + result.status.name),
+            put_status=_PUT_STATUS[result.status],
             queue=pb.MessageQueue(
                 topic=topic, broker_name=self.config.broker_name, queue_id=queue_id
             ),
@@ -216,113 +226,77 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             store_host=decode_host(result.store_host) if result.store_host else "",
         )
 
-    async def _send(self, request: sn.SendMessageRequest) -> pb.SendResult:
-        m = request.message
-        await self._writable_topic(m.topic, request.queue_id)
-        result = await self.store.put_messages_async([_store_message(m, m.topic, request.queue_id)])
-        return self._send_result(m.topic, request.queue_id, result)
-
-    async def _send_batch(self, request: sn.SendBatchRequest) -> pb.SendResult:
+    def _encode_send(self, request: SendRequest) -> EncodedBatch | PutMessageResult:
+        """A checked send's records, or the store's refusal; refusals of the request
+        itself (an empty batch, a message of another topic) raise."""
+        if isinstance(request, sn.SendMessageRequest):
+            m = request.message
+            return self.store.encode_messages([_store_message(m, m.topic, request.queue_id)])
         topic, queue_id = request.topic, request.queue_id
-        await self._writable_topic(topic, queue_id)
-        form = request.WhichOneof("batch")
-        if form == "records":
+        if request.WhichOneof("batch") == "records":
             if not request.records:
                 raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
-            batch = EncodedBatch.of_records(topic, queue_id, request.records)
-            result = await self.store.put_batch_async(batch)
+            return EncodedBatch.of_records(topic, queue_id, request.records)
+        messages = request.messages.messages
+        if not messages:
+            raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
+        for m in messages:
+            if m.topic and m.topic != topic:
+                raise Refusal(
+                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                    f"a batch goes to one topic: {m.topic!r} in a batch for {topic!r}",
+                )
+        return self.store.encode_messages([_store_message(m, topic, queue_id) for m in messages])
+
+    async def send(self, request: SendRequest) -> pb.SendResult:
+        """One send (a message or a batch), checked, stored and answered."""
+        topic, queue_id = _send_target(request)
+        await self._writable_topic(topic, queue_id)
+        encoded = self._encode_send(request)
+        if not isinstance(encoded, PutMessageResult):
+            encoded = await self.store.put_batch_async(encoded)
+        return self._send_result(topic, queue_id, encoded)
+
+    def start_send(self, request: SendRequest, on_done: Callable[[SendOutcome], None]) -> bool:
+        """:meth:`send` without a coroutine, for SendStream's sends: False (and
+        nothing done) when the send must await - its topic is created first -
+        and :meth:`send` must take it. ``on_done`` gets the result or refusal,
+        possibly before this returns. Refusals of the checks raise."""
+        topic, queue_id = _send_target(request)
+        if self._writable_config(topic, queue_id) is None:
+            return False
+        encoded = self._encode_send(request)
+
+        def settle(result: PutMessageResult) -> None:
+            try:
+                on_done(self._send_result(topic, queue_id, result))
+            except Refusal as refusal:
+                on_done(refusal)
+
+        if isinstance(encoded, PutMessageResult):
+            settle(encoded)
         else:
-            messages = request.messages.messages
-            if not messages:
-                raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
-            for m in messages:
-                if m.topic and m.topic != topic:
-                    raise Refusal(
-                        pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
-                        f"a batch goes to one topic: {m.topic!r} in a batch for {topic!r}",
-                    )
-            result = await self.store.put_messages_async(
-                [_store_message(m, topic, queue_id) for m in messages]
-            )
-        return self._send_result(topic, queue_id, result)
+            self.store.put_batch_then(encoded, settle)
+        return True
 
     @_rpc
     async def SendMessage(
         self, request: sn.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.SendMessageResponse:
-        return sn.SendMessageResponse(result=await self._send(request))
+        return sn.SendMessageResponse(result=await self.send(request))
 
     @_rpc
     async def SendBatch(
         self, request: sn.SendBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.SendBatchResponse:
-        return sn.SendBatchResponse(result=await self._send_batch(request))
+        return sn.SendBatchResponse(result=await self.send(request))
 
     @_rpc
     async def SendStream(  # type: ignore[override]
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        """Each send (an item of a request) is answered by a task started in
-        arrival order (so sends to a topic this node serves reach the store in
-        that order: a task runs up to the store's submit without yielding).
-        Answers go out as they complete, everything ready in one write (grpc.aio allows one
-        write at a time: the task that finds no write going writes for all).
-        At most ``max_in_flight_per_send_stream`` are in flight: past that the
-        stream is not read, and HTTP/2 flow control holds the producer back."""
-        window = asyncio.Semaphore(self.config.max_in_flight_per_send_stream)
-        tasks: set[asyncio.Task[None]] = set()
-        ready: list[sn.SendStreamAnswer] = []
-        writing = False
-
-        async def write_ready() -> None:
-            nonlocal writing
-            if writing:
-                return  # the write under way takes ours next
-            writing = True
-            try:
-                while ready:
-                    batch = ready[:]
-                    ready.clear()
-                    await context.write(sn.SendStreamResponse(answers=batch))
-                    for _ in batch:
-                        window.release()
-            finally:
-                writing = False
-
-        async def answer(request: sn.SendStreamItem) -> None:
-            try:
-                form = request.WhichOneof("request")
-                if form == "message":
-                    result = await self._send(request.message)
-                elif form == "batch":
-                    result = await self._send_batch(request.batch)
-                else:
-                    raise invalid("a SendStream request carries neither message nor batch")
-                ready.append(sn.SendStreamAnswer(opaque=request.opaque, result=result))
-            except Exception as e:
-                refusal = refused(as_refusal(e, "SendStream"))
-                ready.append(sn.SendStreamAnswer(opaque=request.opaque, refused=refusal))
-            await write_ready()
-
-        try:
-            while True:
-                await window.acquire()
-                request = await context.read()
-                if request is grpc.aio.EOF:
-                    break
-                items = request.items
-                for k, item in enumerate(items):
-                    if k:  # the window counts sends; the first was acquired above
-                        await window.acquire()
-                    task = asyncio.create_task(answer(item))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if not items:
-                    window.release()
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+        """Many sends in flight on one stream: see :mod:`services.send_stream`."""
+        await serve_send_stream(self, context, self.config.max_in_flight_per_send_stream)
 
     # -- reads ------------------------------------------------------------------------
 
@@ -594,6 +568,20 @@ def _store_status(result: GetMessageResult) -> pb.GetMessageStatus.ValueType:
     return pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name)
 
 
+def _send_target(request: SendRequest) -> tuple[str, int]:
+    if isinstance(request, sn.SendMessageRequest):
+        return request.message.topic, request.queue_id
+    return request.topic, request.queue_id
+
+
+def _check_write_queue(config: TopicConfig, queue_id: int) -> None:
+    if not 0 <= queue_id < config.write_queue_nums:
+        raise invalid(
+            f"queue id {queue_id} is out of range: topic {config.topic_name!r} has "
+            f"{config.write_queue_nums} write queues"
+        )
+
+
 def _check_topic_name(topic: str) -> None:
     try:
         check_topic_name(topic)
@@ -608,7 +596,6 @@ def _store_message(m: pb.Message, topic: str, queue_id: int) -> Message:
             pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
             f"delay_level {m.delay_level}: scheduled delivery is not supported",
         )
-    _check_topic_name(topic)
     return Message(
         topic,
         m.body,

@@ -414,6 +414,19 @@ class MessageStore(StoreReads):
             return encoded
         return await self._coalescer().submit(encoded)
 
+    def encode_messages(self, messages: Sequence[Message]) -> EncodedBatch | PutMessageResult:
+        """Messages as one batch of records to append, or why they are refused."""
+        return self._admission.encode(messages)
+
+    def put_batch_then(
+        self, batch: EncodedBatch, on_done: Callable[[PutMessageResult], None]
+    ) -> None:
+        """:meth:`put_batch_async` for a caller on the event loop that answers from a
+        callback: ``on_done`` gets the result on the loop, from the write's own
+        callback (one loop turn sooner than an awaiting coroutine resumes), or
+        at once when the batch is refused. It must not raise."""
+        self._coalescer().submit_then(batch, on_done)
+
     def _coalescer(self) -> SendCoalescer:
         loop = asyncio.get_running_loop()
         coalescer = self._coalescers.get(loop)

@@ -1,0 +1,154 @@
+"""``StoreNode.SendStream``, served: many sends in flight on one stream.
+
+Each item of a request is one send, taken in arrival order and answered as it
+completes (answers carry the item's ``opaque``). Everything answered while a
+write is under way goes out in the next write: grpc.aio allows one write at a
+time, and each costs the same fixed work whatever it carries.
+
+A send whose topic this node already serves is started right where it is read
+(:meth:`SendHandler.start_send`): checked, encoded and queued for the store's
+next append without a task, and answered from the append's own callback. On
+an idle node the loop turns between a request and its answer are most of a
+lone send's time, and a task per send would add one to start it and one to
+resume it. A send that must await (its topic is created first) runs as a task.
+
+At most ``max_in_flight`` sends are in flight on a stream: past that the
+stream is not read, and HTTP/2 flow control holds the producer back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import grpc
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+from services.errors import Refusal, invalid, refused
+from services.rpc import as_refusal
+
+#: What one item of a SendStream request asks for.
+SendRequest = sn.SendMessageRequest | sn.SendBatchRequest
+#: A send's answer: its result, or why it was refused.
+SendOutcome = pb.SendResult | Refusal
+
+
+class SendHandler(Protocol):
+    """The store-node's side of a send."""
+
+    def start_send(self, request: SendRequest, on_done: Callable[[SendOutcome], None]) -> bool:
+        """Start a send without awaiting; False (nothing done) when it must await."""
+        ...
+
+    async def send(self, request: SendRequest) -> pb.SendResult:
+        """A send, awaited."""
+        ...
+
+
+async def serve_send_stream(
+    handler: SendHandler, context: grpc.aio.ServicerContext[Any, Any], max_in_flight: int
+) -> None:
+    """Serve one SendStream until the client half-closes it and every send is answered."""
+    await _SendStream(handler, context, max_in_flight).run()
+
+
+class _SendStream:
+    def __init__(
+        self,
+        handler: SendHandler,
+        context: grpc.aio.ServicerContext[Any, Any],
+        max_in_flight: int,
+    ) -> None:
+        self.handler = handler
+        self.context = context
+        self.window = asyncio.Semaphore(max_in_flight)
+        #: Answers not written yet.
+        self.ready: list[sn.SendStreamAnswer] = []
+        #: Sends read whose answer is not written yet.
+        self.in_flight = 0
+        self.reading = True
+        #: Set when the writer waits for an answer (or for the end of the stream).
+        self.wake: asyncio.Future[None] | None = None
+
+    async def run(self) -> None:
+        # A failed write (the client went away) cancels the reading, and the
+        # other way round; the group also owns the sends that run as tasks.
+        async with asyncio.TaskGroup() as tasks:
+            self.tasks = tasks
+            tasks.create_task(self._write_answers())
+            try:
+                await self._read_sends()
+            finally:
+                self.reading = False
+                self._wake_writer()
+
+    async def _read_sends(self) -> None:
+        while True:
+            await self.window.acquire()
+            request = await self.context.read()
+            if request is grpc.aio.EOF:
+                return
+            items = request.items
+            if not items:
+                self.window.release()
+            for k, item in enumerate(items):
+                if k:  # the window counts sends; the first was acquired above
+                    await self.window.acquire()
+                self._take(item)
+
+    def _take(self, item: sn.SendStreamItem) -> None:
+        self.in_flight += 1
+        on_done = functools.partial(self._answer, item.opaque)
+        form = item.WhichOneof("request")
+        try:
+            if form == "message":
+                request: SendRequest = item.message
+            elif form == "batch":
+                request = item.batch
+            else:
+                raise invalid("a SendStream request carries neither message nor batch")
+            if self.handler.start_send(request, on_done):
+                return
+        except Exception as e:
+            on_done(as_refusal(e, "SendStream"))
+            return
+        self.tasks.create_task(self._send_awaiting(request, on_done))
+
+    async def _send_awaiting(
+        self, request: SendRequest, on_done: Callable[[SendOutcome], None]
+    ) -> None:
+        try:
+            outcome: SendOutcome = await self.handler.send(request)
+        except Exception as e:
+            outcome = as_refusal(e, "SendStream")
+        on_done(outcome)
+
+    def _answer(self, opaque: int, outcome: SendOutcome) -> None:
+        if isinstance(outcome, Refusal):
+            answer = sn.SendStreamAnswer(opaque=opaque, refused=refused(outcome))
+        else:
+            answer = sn.SendStreamAnswer(opaque=opaque, result=outcome)
+        self.ready.append(answer)
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+    async def _write_answers(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.ready:
+                if not self.reading and self.in_flight == 0:
+                    return
+                self.wake = loop.create_future()
+                await self.wake
+                continue
+            answers, self.ready = self.ready, []
+            await self.context.write(sn.SendStreamResponse(answers=answers))
+            self.in_flight -= len(answers)
+            for _ in answers:
+                self.window.release()
