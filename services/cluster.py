@@ -34,6 +34,7 @@ from typing import IO, Any, cast
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services import process
 from services.etcd_process import EtcdProcess, free_port
 from services.meta import MetaClient, MetaConfig
 
@@ -86,6 +87,7 @@ def _spawn(name: str, args: list[str], logs: Path) -> tuple[subprocess.Popen[byt
         stdout=out,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        env=process.service_env(),
         start_new_session=True,  # Ctrl-C in the shell that ran `up` must not stop it
     )
     out.close()

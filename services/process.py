@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import ctypes
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -27,6 +28,24 @@ from grpc_reflection.v1alpha import reflection
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+#: gRPC core settings the launcher (``basalt cluster up``) gives every service
+#: process, as RocketMQ's start scripts give the broker its JVM options; a value
+#: already in the environment wins. gRPC reads them once, when it is first
+#: imported, so a process cannot set them on itself.
+#:
+#: ``GRPC_EXPERIMENTS``: serve and dial through gRPC core's iomgr poller rather
+#: than the EventEngine's (the ``event_engine_listener`` and
+#: ``event_engine_client`` experiments, on by default in recent grpcio). Served
+#: by iomgr, a lone send's round trip on a SendStream took ~150 us less at the
+#: median on 2 vCPUs (BENCHMARKS.md, "gRPC transport"), and throughput held.
+SERVICE_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener"}
+
+
+def service_env() -> dict[str, str]:
+    """The environment to start a service process with: this process's own,
+    plus :data:`SERVICE_ENV` for what it does not set."""
+    return {**SERVICE_ENV, **os.environ}
 
 
 log = logging.getLogger(__name__)

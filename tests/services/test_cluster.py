@@ -19,6 +19,7 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from services.process import SERVICE_ENV
 from store.get_message import split_records
 from store.record import decode_record
 
@@ -48,6 +49,12 @@ def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) 
             "pull-service",
             "admin",
         ]
+        # Each service runs with the launcher's gRPC settings (the caller's own win).
+        for p in procs[1:]:
+            environ = Path(f"/proc/{p['pid']}/environ").read_bytes().split(b"\0")
+            for name, default in SERVICE_ENV.items():
+                wanted = os.environ.get(name, default)
+                assert f"{name}={wanted}".encode() in environ, (p["name"], name)
         status = basalt("status", "--data-dir", str(data))
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("registered") == 3

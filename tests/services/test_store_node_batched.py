@@ -95,6 +95,46 @@ def test_send_stream_answers_every_request_by_opaque_refusals_included(tmp_path:
     run(scenario)
 
 
+def test_send_stream_creates_topics_while_the_known_ones_keep_flowing(tmp_path: Path) -> None:
+    """Sends to a topic the node does not serve yet await its creation (a task);
+    sends to a served topic on the same stream are started where they are read.
+    Every send is answered, and each new topic holds its own, in order."""
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, topics):
+            call = stub.SendStream()
+            items = [
+                sn.SendStreamItem(
+                    opaque=i,
+                    message=sn.SendMessageRequest(
+                        message=wire(TOPIC if i % 2 else f"Fresh{i % 4}", b"s%d" % i)
+                    ),
+                )
+                for i in range(12)
+            ]
+            bad_name = sn.SendStreamItem(
+                opaque=99, message=sn.SendMessageRequest(message=wire("no spaces", b"x"))
+            )
+            await call.write(sn.SendStreamRequest(items=[*items[:6], bad_name]))
+            await call.write(sn.SendStreamRequest(items=items[6:]))
+            await call.done_writing()
+            answers = {a.opaque: a async for response in call for a in response.answers}
+            assert await call.code() == grpc.StatusCode.OK
+            assert sorted(answers) == [*range(12), 99]
+            assert answers[99].refused.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
+            assert all(answers[i].result.status == pb.SEND_STATUS_SEND_OK for i in range(12))
+            assert topics.topic("Fresh0") is not None and topics.topic("Fresh2") is not None
+            for fresh in ("Fresh0", "Fresh2"):
+                got = await stub.GetMessage(
+                    sn.GetMessageRequest(group="G", topic=fresh, queue_id=0, max_msg_nums=32)
+                )
+                bodies = [decode_record(r).body for r in split_records(got.records.data)]
+                first = int(fresh[-1])
+                assert bodies == [b"s%d" % i for i in range(first, 12, 4)]
+
+    run(scenario)
+
+
 def test_send_stream_keeps_serving_after_a_client_goes_away(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with node(tmp_path) as (_, stub, _):

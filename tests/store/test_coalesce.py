@@ -166,6 +166,43 @@ def test_each_send_of_a_group_gets_its_own_records(
         expect_all_own(store, list(zip(batches, results, strict=True)))
 
 
+@pytest.mark.parametrize("flush", list(FlushDiskType))
+def test_sends_answered_by_callback_share_the_group_of_awaited_ones(
+    make_config: ConfigFactory, clock: ManualClock, flush: FlushDiskType
+) -> None:
+    """put_batch_then: a refusal is answered before it returns; a queued send in the
+    same append as the awaited ones, answered by the drain (after fsync under SYNC)."""
+    with MessageStore(make_config(flush_disk_type=flush), clock=clock) as store:
+        appends = count_appends(store)
+
+        async def scenario() -> tuple[PutMessageResult, list[PutMessageResult]]:
+            settled: list[PutMessageResult] = []
+            store.put_batch_then(EncodedBatch(bytearray(), []), settled.append)
+            assert [r.status for r in settled] == [PutStatus.MESSAGE_ILLEGAL]
+            awaited = asyncio.ensure_future(store.put_messages_async([Message("Cb", b"a", 1)]))
+            await asyncio.sleep(0)  # the awaited send is queued first
+            batch = store.encode_messages([Message("Cb", b"b", 1), Message("Cb", b"c", 1)])
+            assert isinstance(batch, EncodedBatch)
+            store.put_batch_then(batch, settled.append)
+            assert len(settled) == 1, "answered before it was written"
+            return await awaited, settled
+
+        first, settled = asyncio.run(scenario())
+
+        assert appends() == 1
+        assert settled[1].status is PutStatus.PUT_OK, settled[1].detail
+        assert settled[1].queue_offsets == (first.queue_offsets[0] + 1, first.queue_offsets[0] + 2)
+        if flush is FlushDiskType.SYNC_FLUSH:
+            assert store.commitlog.files.flushed_where >= end_of(settled[1])
+        expect_all_own(
+            store,
+            [
+                ([Message("Cb", b"a", 1)], first),
+                ([Message("Cb", b"b", 1), Message("Cb", b"c", 1)], settled[1]),
+            ],
+        )
+
+
 def test_consecutive_groups_continue_the_queues(
     make_config: ConfigFactory, clock: ManualClock
 ) -> None:
