@@ -106,6 +106,7 @@ from benchmarks.e2e_client import (
 )
 from benchmarks.store_append import Target, _load, bench_root
 from benchmarks.store_read import Row, format_table
+from services import process
 
 BODY = 1024
 BATCH = 100
@@ -964,4 +965,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # This process and its load processes are gRPC clients of the cluster: they
+    # run on the gRPC settings `basalt cluster up` gives the services (gRPC
+    # reads them once, at import). GRPC_EXPERIMENTS= (empty) runs everything,
+    # services included, on gRPC's own defaults.
+    process.rerun_with_service_env()
     raise SystemExit(main())

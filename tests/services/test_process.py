@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+import sys
 
 import pytest
 
@@ -26,3 +29,29 @@ def test_service_env_adds_the_grpc_settings_and_the_callers_own_win(
     assert env["BASALT_TEST_MARK"] == "kept"
     monkeypatch.setenv("GRPC_EXPERIMENTS", "")  # an operator's choice, even "none"
     assert service_env()["GRPC_EXPERIMENTS"] == ""
+
+
+@pytest.mark.parametrize("preset", [None, ""])
+def test_rerun_with_service_env_runs_the_same_command_again_unless_set(
+    preset: str | None,
+) -> None:
+    code = (
+        "import os, sys\n"
+        "print('start', os.getpid(), flush=True)\n"
+        "from services.process import rerun_with_service_env\n"
+        "rerun_with_service_env()\n"
+        "print('run', os.getpid(), repr(os.environ['GRPC_EXPERIMENTS']), sys.argv[1:])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
+    if preset is not None:
+        env["GRPC_EXPERIMENTS"] = preset
+    done = subprocess.run(
+        [sys.executable, "-c", code, "an-arg"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    wanted = SERVICE_ENV["GRPC_EXPERIMENTS"] if preset is None else preset
+    pid = lines[0].split()[1]
+    # Run again (same pid: exec'd in place) with the same arguments, once.
+    assert lines[-1] == f"run {pid} {wanted!r} ['an-arg']"
+    assert len(lines) == (3 if preset is None else 2)
