@@ -11,9 +11,15 @@ protobuf); the benchmark process measures, one call in flight:
 These are the floors under ``e2e_throughput.py``'s send latency: a send
 cannot answer faster than a bare round trip on the same transport.
 
+The gRPC rows run twice, server and client each in its own process started
+for it: on gRPC's defaults (its EventEngine), and on the settings ``basalt
+cluster up`` gives the services (:data:`services.process.SERVICE_ENV`:
+gRPC core's iomgr poller). ``--rounds`` repeats the pair, alternating, as the
+two drift with the machine's load.
+
 Usage::
 
-    .venv/bin/python benchmarks/grpc_floor.py [--samples 5000]
+    .venv/bin/python benchmarks/grpc_floor.py [--samples 5000] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import socket
 import sys
 import time
@@ -33,6 +40,10 @@ if __package__ in (None, ""):
 import grpc
 
 from benchmarks.store_read import Row, format_table
+from services.process import SERVICE_ENV
+
+#: The transports compared: a label and the environment gRPC starts with.
+TRANSPORTS = {"gRPC defaults": {name: "" for name in SERVICE_ENV}, "Basalt services": SERVICE_ENV}
 
 
 def _identity(data: bytes) -> bytes:
@@ -84,7 +95,17 @@ def _row(path: str, config: str, us: list[float]) -> Row:
     return Row(path, config, p99, "us p99", len(us), sum(us) / 1e6, None, f"p50 {p50:.0f} us")
 
 
-async def _grpc_rows(address: str, warmup: int, samples: int) -> list[Row]:
+def _measure_grpc(
+    address: str,
+    warmup: int,
+    samples: int,
+    transport: str,
+    out: multiprocessing.Queue,  # type: ignore[type-arg]
+) -> None:
+    out.put(asyncio.run(_grpc_rows(address, warmup, samples, transport)))
+
+
+async def _grpc_rows(address: str, warmup: int, samples: int, transport: str) -> list[Row]:
     async with grpc.aio.insecure_channel(address) as channel:
         unary: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/f.F/Unary")
         unary_us: list[float] = []
@@ -103,8 +124,8 @@ async def _grpc_rows(address: str, warmup: int, samples: int) -> list[Row]:
                 stream_us.append((time.perf_counter_ns() - t) / 1000)
         await call.done_writing()
     return [
-        _row("gRPC unary", "grpc.aio client and server, 1 in flight, 1 byte", unary_us),
-        _row("gRPC stream", "one bidi stream, write then read, 1 in flight", stream_us),
+        _row("gRPC unary", f"grpc.aio, 1 in flight, 1 byte; {transport}", unary_us),
+        _row("gRPC stream", f"bidi stream, write then read; {transport}", stream_us),
     ]
 
 
@@ -124,22 +145,41 @@ def _tcp_row(port: int, warmup: int, samples: int) -> Row:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=1, help="times to run each transport")
     args = parser.parse_args(argv)
     warmup = max(100, args.samples // 10)
     ctx = multiprocessing.get_context("spawn")
-    ports: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
-    servers = [ctx.Process(target=_serve_grpc, args=(ports,), daemon=True)]
-    servers[0].start()
-    grpc_port = ports.get(timeout=30)
-    servers.append(ctx.Process(target=_serve_tcp, args=(ports,), daemon=True))
-    servers[1].start()
-    tcp_port = ports.get(timeout=30)
+    queue: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    rows: list[Row] = []
+    for _ in range(args.rounds):
+        for transport, env in TRANSPORTS.items():
+            # A spawned process starts a new interpreter with this environment, and
+            # gRPC reads its settings there, when it is first imported.
+            saved = dict(os.environ)
+            os.environ.update(env)
+            try:
+                server = ctx.Process(target=_serve_grpc, args=(queue,), daemon=True)
+                server.start()
+                address = f"127.0.0.1:{queue.get(timeout=30)}"
+                client = ctx.Process(
+                    target=_measure_grpc,
+                    args=(address, warmup, args.samples, transport, queue),
+                    daemon=True,
+                )
+                client.start()
+                rows.extend(queue.get(timeout=600))
+                client.join()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+                server.terminate()
+    tcp = ctx.Process(target=_serve_tcp, args=(queue,), daemon=True)
+    tcp.start()
     try:
-        rows = asyncio.run(_grpc_rows(f"127.0.0.1:{grpc_port}", warmup, args.samples))
-        rows.append(_tcp_row(tcp_port, warmup, args.samples))
+        rows.append(_tcp_row(queue.get(timeout=30), warmup, args.samples))
     finally:
-        for server in servers:
-            server.terminate()
+        tcp.terminate()
+    rows.sort(key=lambda r: r.path)
     print(format_table(rows))
     return 0
 
