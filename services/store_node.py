@@ -268,10 +268,13 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         encoded = self._encode_send(request)
 
         def settle(result: PutMessageResult) -> None:
+            # Called by the store's drain, which settles the rest of the group
+            # after this: nothing may escape.
             try:
-                on_done(self._send_result(topic, queue_id, result))
-            except Refusal as refusal:
-                on_done(refusal)
+                outcome: SendOutcome = self._send_result(topic, queue_id, result)
+            except Exception as e:
+                outcome = as_refusal(e, "SendStream")
+            on_done(outcome)
 
         if isinstance(encoded, PutMessageResult):
             settle(encoded)
