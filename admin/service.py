@@ -43,7 +43,7 @@ from admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError, Re
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import common_pb2 as pb
 from services.checks import check_group
-from services.errors import Refusal, invalid
+from services.errors import Refusal, StatusRefusal, invalid
 from services.meta import (
     MetaClient,
     MetaConflictError,
@@ -54,7 +54,6 @@ from services.meta import (
 )
 from services.meta_fields import check_topic_name
 from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
-from services.pull_sessions import StreamRefusal
 from services.rpc import rpc_method
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ def admin_refusal(error: Exception) -> Refusal | None:
     if isinstance(error, (RevisionMismatchError, MetaConflictError)):
         # gRPC's ABORTED is "retry the read-modify-write"; RocketMQ has no code
         # for it, and SYSTEM_BUSY is its "try again" (admin.proto says so).
-        return StreamRefusal(grpc.StatusCode.ABORTED, pb.RESPONSE_CODE_SYSTEM_BUSY, str(error))
+        return StatusRefusal(grpc.StatusCode.ABORTED, pb.RESPONSE_CODE_SYSTEM_BUSY, str(error))
     if isinstance(error, BrokerNotRegisteredError):
         return Refusal(pb.RESPONSE_CODE_BROKER_NOT_EXIST, str(error))
     if isinstance(error, PeerCallError):
@@ -92,7 +91,7 @@ def admin_refusal(error: Exception) -> Refusal | None:
                 if error.status == grpc.StatusCode.UNAVAILABLE
                 else pb.RESPONSE_CODE_SYSTEM_ERROR
             )
-        return StreamRefusal(error.status, code, str(error))
+        return StatusRefusal(error.status, code, str(error))
     if isinstance(error, AdminError):
         return Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, str(error))
     return None
@@ -234,7 +233,7 @@ def reset_failure(outcome: ops.ResetOutcome) -> Refusal:
         if done
         else ". Nothing was reset"
     )
-    return StreamRefusal(refusal.grpc_status, refusal.code, message)
+    return StatusRefusal(refusal.grpc_status, refusal.code, message)
 
 
 @dataclass(slots=True)

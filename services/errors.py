@@ -51,6 +51,21 @@ class Refusal(Exception):
         return GRPC_STATUS.get(self.code, grpc.StatusCode.INTERNAL)
 
 
+class StatusRefusal(Refusal):
+    """A refusal whose gRPC status is given, not looked up from its code: the
+    statuses the table above never gives (FAILED_PRECONDITION for a session
+    stream's protocol, DEADLINE_EXCEEDED, ABORTED for a lost compare-and-swap),
+    with the closest RocketMQ code."""
+
+    def __init__(self, status: grpc.StatusCode, code: int, message: str) -> None:
+        super().__init__(code, message)
+        self.status = status
+
+    @property
+    def grpc_status(self) -> grpc.StatusCode:
+        return self.status
+
+
 def response_code_of(error: grpc.aio.AioRpcError) -> int | None:
     """The RocketMQ code a failed call carried in ``basalt-response-code``; None
     when it carries none (the peer was not reached, or is not Basalt)."""

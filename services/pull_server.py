@@ -29,6 +29,7 @@ from grpc_health.v1 import health
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2
+from services.errors import StatusRefusal
 from services.meta_client import MetaClient, decode_consumer
 from services.meta_lease import Registration
 from services.meta_model import BrokerRegistration, ConsumerRegistration, PullServiceRegistration
@@ -36,7 +37,7 @@ from services.meta_watch import MetaChange, MetaWatcher
 from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
 from services.pull_channels import ChannelPool
 from services.pull_service import ClusterView, PullServiceConfig, PullServiceServicer
-from services.pull_sessions import SessionRegistry, StreamRefusal
+from services.pull_sessions import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class RunningPullService:
         if self.registration is not None:
             with contextlib.suppress(Exception):  # etcd away: the lease expires by itself
                 await self.registration.close()
-        stopping = StreamRefusal(
+        stopping = StatusRefusal(
             grpc.StatusCode.UNAVAILABLE,
             pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
             f"pull-service {self.config.pull_service_id} is stopping; reconnect to another",

@@ -53,7 +53,7 @@ import grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from services.checks import check_group
-from services.errors import Refusal, invalid
+from services.errors import Refusal, StatusRefusal, invalid
 from services.meta_client import MetaClient, QueueKey
 from services.meta_errors import MetaUnavailableError, MetaValidationError
 from services.meta_lease import Registration
@@ -62,20 +62,6 @@ from services.meta_watch import MetaChange
 from services.pull_checks import check_subscription
 
 log = logging.getLogger(__name__)
-
-
-class StreamRefusal(Refusal):
-    """A refusal whose gRPC status is not the one its code's table row gives:
-    the stream-only statuses of the module's table (FAILED_PRECONDITION,
-    DEADLINE_EXCEEDED, ABORTED) with the closest RocketMQ code."""
-
-    def __init__(self, status: grpc.StatusCode, code: int, message: str) -> None:
-        super().__init__(code, message)
-        self.status = status
-
-    @property
-    def grpc_status(self) -> grpc.StatusCode:
-        return self.status
 
 
 def consumer_info(registration: ConsumerRegistration) -> pb.ConsumerInfo:
@@ -218,7 +204,7 @@ class SessionRegistry:
             return  # closed before opening: nothing to undo
         kind = first.WhichOneof("frame")
         if kind != "open":
-            raise StreamRefusal(
+            raise StatusRefusal(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 pb.RESPONSE_CODE_INVALID_PARAMETER,
                 f"the first frame of a session must be open, got {kind or 'an empty frame'}",
@@ -251,9 +237,9 @@ class SessionRegistry:
         assert isinstance(frame, ps.SessionRequest)
         return frame
 
-    def _silent(self, session: ConsumerSession | None) -> StreamRefusal:
+    def _silent(self, session: ConsumerSession | None) -> StatusRefusal:
         who = "the consumer" if session is None else "consumer {}/{}".format(*session.key)
-        return StreamRefusal(
+        return StatusRefusal(
             grpc.StatusCode.DEADLINE_EXCEEDED,
             pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
             f"no frame from {who} for {self.session_timeout_ms} ms "
@@ -267,7 +253,7 @@ class SessionRegistry:
         replaced = self._sessions.get(session.key)
         if replaced is not None:
             replaced.end(
-                StreamRefusal(
+                StatusRefusal(
                     grpc.StatusCode.ABORTED,
                     pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
                     "consumer {}/{} opened a newer session".format(*session.key),
@@ -359,7 +345,7 @@ class SessionRegistry:
         if kind == "ack":
             session.acked(frame.ack)
         elif kind == "open":
-            raise StreamRefusal(
+            raise StatusRefusal(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 pb.RESPONSE_CODE_INVALID_PARAMETER,
                 "consumer {}/{}: the session is already open".format(*session.key),
@@ -518,7 +504,7 @@ class SessionRegistry:
             and self._sessions.get(session.key) is session
         ):
             session.end(
-                StreamRefusal(
+                StatusRefusal(
                     grpc.StatusCode.ABORTED,
                     pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
                     f"consumer {group}/{client_id} opened a newer session on "

@@ -30,8 +30,8 @@ from client import (
     SyncProducer,
     SyncPushConsumer,
 )
+from services.errors import StatusRefusal
 from services.meta import MetaConfig
-from services.pull_sessions import StreamRefusal
 from store.message import Message, MessageRecord
 from tests.client.helpers import (
     assert_committed_at_least,
@@ -322,7 +322,7 @@ async def test_a_lost_session_drops_every_queue_and_the_consumer_comes_back(
             # with the session's lease, so the consumer lets every queue go...
             before = list(c._queues.values())  # held: their ids stay unique
             await h.services[0].servicer.sessions.close_all(
-                StreamRefusal(
+                StatusRefusal(
                     grpc.StatusCode.UNAVAILABLE, pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "bye"
                 ),
                 5,
