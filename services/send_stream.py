@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,6 +30,8 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from services.errors import Refusal, invalid, refused
 from services.rpc import as_refusal
+
+log = logging.getLogger(__name__)
 
 #: What one item of a SendStream request asks for.
 SendRequest = sn.SendMessageRequest | sn.SendBatchRequest
@@ -46,6 +49,10 @@ class SendHandler(Protocol):
     async def send(self, request: SendRequest) -> pb.SendResult:
         """A send, awaited."""
         ...
+
+
+class _ClientGone(Exception):
+    """An answer could not be written: the call ended (the client went away)."""
 
 
 async def serve_send_stream(
@@ -74,16 +81,19 @@ class _SendStream:
         self.wake: asyncio.Future[None] | None = None
 
     async def run(self) -> None:
-        # A failed write (the client went away) cancels the reading, and the
-        # other way round; the group also owns the sends that run as tasks.
-        async with asyncio.TaskGroup() as tasks:
-            self.tasks = tasks
-            tasks.create_task(self._write_answers())
-            try:
-                await self._read_sends()
-            finally:
-                self.reading = False
-                self._wake_writer()
+        # A failed write cancels the reading, and the other way round; the group
+        # also owns the sends that run as tasks.
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self.tasks = tasks
+                tasks.create_task(self._write_answers())
+                try:
+                    await self._read_sends()
+                finally:
+                    self.reading = False
+                    self._wake_writer()
+        except* _ClientGone:
+            pass  # nobody is left to answer; every send read was stored or refused
 
     async def _read_sends(self) -> None:
         while True:
@@ -148,7 +158,14 @@ class _SendStream:
                 await self.wake
                 continue
             answers, self.ready = self.ready, []
-            await self.context.write(sn.SendStreamResponse(answers=answers))
+            try:
+                await self.context.write(sn.SendStreamResponse(answers=answers))
+            except Exception as e:
+                # A write on a server stream fails only once the call is over (the
+                # client cancelled it or went away): often before gRPC has told
+                # this handler so.
+                log.debug("SendStream ended with %d answers unwritten: %r", len(answers), e)
+                raise _ClientGone from e
             self.in_flight -= len(answers)
             for _ in answers:
                 self.window.release()
