@@ -183,6 +183,15 @@ class GroupMember:
             except grpc.aio.AioRpcError as e:
                 if not self._closing:
                     log.warning("%s: session ended: %s %s", self.client_id, e.code(), e.details())
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this task is being cancelled (close() or the loop stopping)
+                # grpc.aio raises CancelledError from a read on a call that was
+                # cancelled (by the service, or its channel closing): that session
+                # ended, and this task must not end with it.
+                if not self._closing:
+                    log.warning("%s: session ended: the call was cancelled", self.client_id)
             except Exception:  # a bug must not end the consumer's session for good
                 log.exception("%s: session failed", self.client_id)
             finally:

@@ -133,6 +133,44 @@ async def test_the_blocking_wrappers_send_and_poll_from_plain_threads(
 
 
 @async_test
+async def test_a_cancelled_session_call_is_opened_again_and_close_still_ends_cleanly(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    """grpc.aio raises CancelledError (not an RpcError) from a read on a cancelled
+    call: the session must come back, not end the member's session task."""
+    async with cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h:
+        address = h.services[0].address
+        consumer = LitePullConsumer(address, config=config(client_id="A"))
+        consumer.subscribe(TOPIC)
+        async with consumer:
+            member = consumer._member
+            assert member is not None
+
+            async def owns_all() -> bool:
+                return len(consumer.assignment()) == 8
+
+            await eventually(owns_all)
+            first = member._call
+            assert first is not None
+            first.cancel()
+
+            async def reopened() -> bool:
+                return member.session_up.is_set() and member._call is not first
+
+            await eventually(reopened)
+            assert member._session_task is not None and not member._session_task.done()
+            await send_each(address, TOPIC, ["after"])
+            await eventually(owns_all)
+            got: list[bytes] = []
+            for _ in range(20):
+                got += [r.body for r in await consumer.poll(timeout_ms=50)]
+                if got:
+                    break
+            assert got == [b"after"]
+        assert member._session_task.done() and not member._session_task.cancelled()
+
+
+@async_test
 async def test_subscribe_mode_shares_the_queues_with_the_group_and_follows_a_reset(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:
