@@ -1,16 +1,45 @@
-"""Build hook for the one C extension, store._records (store/_records.c).
+"""Build hook: the package mapping and the one C extension.
 
-Everything else about the distribution is in pyproject.toml. The extension
-needs only a C11 compiler and the Python headers; it uses no library beyond
-libc (the CRC32 is its own), so a fresh machine builds it with `pip install`.
+Everything else about the distribution is in pyproject.toml.
+
+**One package.** A wheel of Basalt installs one top-level package, ``basalt``,
+while the source stays in the folders the user laid out: ``proto/basalt`` is
+the package (with the generated ``basalt.v1``), and each folder of
+:data:`SOURCE_FOLDERS` is mapped under it (``store/`` is ``basalt.store``).
+Sub-packages are found, not listed, so a new one cannot be left out of the
+wheel. Editable installs use setuptools' strict mode (``scripts/*.sh``): a
+tree of links under ``build/`` that mypy and every other tool read as an
+ordinary package.
+
+**The extension.** ``basalt.store._records`` (``store/_records.c``) needs only
+a C11 compiler and the Python headers; it uses no library beyond libc (the
+CRC32 is its own), so a fresh machine builds it with ``pip install``.
 """
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
+
+#: Source folder -> the sub-package of ``basalt`` it becomes.
+SOURCE_FOLDERS = {"store": "store", "services": "services", "admin": "admin", "client": "client"}
+
+
+def _packages() -> tuple[list[str], dict[str, str]]:
+    packages = [f"basalt.{p}" for p in find_packages("proto/basalt")] + ["basalt"]
+    package_dir = {"basalt": "proto/basalt"}
+    for folder, name in SOURCE_FOLDERS.items():
+        package_dir[f"basalt.{name}"] = folder
+        packages.append(f"basalt.{name}")
+        packages += [f"basalt.{name}.{p}" for p in find_packages(folder)]
+    return sorted(packages), package_dir
+
+
+PACKAGES, PACKAGE_DIR = _packages()
 
 setup(
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
     ext_modules=[
         Extension(
-            "store._records",
+            "basalt.store._records",
             ["store/_records.c"],
             extra_compile_args=[
                 "-O3",
@@ -22,5 +51,5 @@ setup(
                 "-Wno-missing-field-initializers",
             ],
         )
-    ]
+    ],
 )

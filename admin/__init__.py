@@ -1,5 +1,5 @@
 """Basalt's operator side: the ``basalt`` command line (and, later, the admin service).
 
 Command groups live with the code they drive — ``basalt store …`` is built by
-:mod:`store.tools` — and :mod:`admin.cli` only wires them into one parser.
+:mod:`basalt.store.tools` — and :mod:`basalt.admin.cli` only wires them into one parser.
 """

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from admin.cli import main
+from basalt.admin.cli import main
 
 raise SystemExit(main())

@@ -2,7 +2,7 @@
 through the admin service (``--server``).
 
 :class:`TopicAdmin` is what those verbs need; :class:`DirectAdmin` runs it
-here (:mod:`admin.topics`, :mod:`admin.ops`), :class:`ServiceAdmin` asks an
+here (:mod:`basalt.admin.topics`, :mod:`basalt.admin.ops`), :class:`ServiceAdmin` asks an
 admin service (admin.proto). Both answer with the same values, so a verb
 builds one table whichever ran it. Two differences, both admin.proto's:
 
@@ -20,14 +20,14 @@ from __future__ import annotations
 from typing import Protocol
 
 import grpc
+from basalt.admin import ops, topics
+from basalt.admin.errors import AdminError
+from basalt.services.errors import response_code_of
+from basalt.services.meta import MetaClient
 
-from admin import ops, topics
-from admin.errors import AdminError
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb
-from services.errors import response_code_of
-from services.meta import MetaClient
 
 #: Read-change-write rounds an updateTopic through the service tries before
 #: giving up on a topic that other writers keep changing.

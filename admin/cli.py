@@ -7,7 +7,7 @@
 
 Each group is a ``(name, help, registrar)`` entry of :data:`GROUPS`; the
 registrar adds the group's subcommands and sets a ``handler`` (``args, stdout,
-stderr -> exit status``) on each. Later issues append ``admin``, ``cluster``
+stderr -> exit status``) on each. Later issues append ``basalt.admin``, ``cluster``
 and ``store-node`` groups there; this module only wires them.
 
 Exit statuses: 0 success, 1 the command ran and found a problem (e.g. an
@@ -23,12 +23,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from store.tools import EXIT_USAGE, CommandHandler, add_store_commands
+from basalt.store.tools import EXIT_USAGE, CommandHandler, add_store_commands
 
 
 def add_cluster(parser: argparse.ArgumentParser) -> None:
-    """``basalt cluster {up,down,status}`` (services.cluster)."""
-    from services import cluster
+    """``basalt cluster {up,down,status}`` (basalt.services.cluster.local)."""
+    from basalt.services.cluster import local as cluster
 
     cluster.add_commands(parser)
 
@@ -40,7 +40,7 @@ def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
     def register(parser: argparse.ArgumentParser) -> None:
         import importlib
 
-        from services import process
+        from basalt.services import process
 
         service = importlib.import_module(module)
         service.add_arguments(parser)
@@ -51,28 +51,28 @@ def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
 
 def add_admin(parser: argparse.ArgumentParser) -> None:
     """``basalt admin <verb>`` (admin.verbs)."""
-    from admin import verbs
+    from basalt.admin import verbs
 
     verbs.add_commands(parser)
 
 
 def add_produce(parser: argparse.ArgumentParser) -> None:
     """``basalt produce`` (client.quickstart)."""
-    from client import quickstart
+    from basalt.client import quickstart
 
     quickstart.add_produce(parser)
 
 
 def add_consume(parser: argparse.ArgumentParser) -> None:
     """``basalt consume`` (client.quickstart)."""
-    from client import quickstart
+    from basalt.client import quickstart
 
     quickstart.add_consume(parser)
 
 
-add_store_node_command = _service_command("services.store_node_main")
-add_pull_service_command = _service_command("services.pull_service_main")
-add_admin_service_command = _service_command("admin.service_main")
+add_store_node_command = _service_command("basalt.services.store_node.main")
+add_pull_service_command = _service_command("basalt.services.pull_service.main")
+add_admin_service_command = _service_command("basalt.admin.service_main")
 
 
 #: Adds a group's subcommands to the group's parser.

@@ -2,9 +2,9 @@
 
 :class:`AdminError` is the base; the subclasses carry typed fields so that the
 admin service can answer each with its own gRPC status and RocketMQ code
-(:mod:`admin.service`) while the CLI prints any of them as one line. The
+(:mod:`basalt.admin.service`) while the CLI prints any of them as one line. The
 metadata layer's own errors pass through unchanged:
-``services.meta.TopicNotFoundError`` (an unknown topic),
+``basalt.services.meta.TopicNotFoundError`` (an unknown topic),
 ``TopicExistsError`` (a create-only write found one),
 ``MetaConflictError`` (compare-and-swap kept losing) and
 ``MetaUnavailableError`` (etcd did not answer).

@@ -1,14 +1,14 @@
 """The operator's operations (mqadmin's), over etcd and the store-nodes.
 
-Each function takes a connected :class:`services.meta.MetaClient` (topic
+Each function takes a connected :class:`basalt.services.meta.MetaClient` (topic
 configs and registrations) and reaches store-nodes over gRPC at their
-registered addresses; it returns plain rows for :mod:`admin.verbs` to print
-and :mod:`admin.service` to answer. Topic config writes are in
-:mod:`admin.topics`. Errors (:mod:`admin.errors`): an unknown topic is
-``services.meta.TopicNotFoundError``; a store-node that is not registered,
+registered addresses; it returns plain rows for :mod:`basalt.admin.verbs` to print
+and :mod:`basalt.admin.service` to answer. Topic config writes are in
+:mod:`basalt.admin.topics`. Errors (:mod:`basalt.admin.errors`): an unknown topic is
+``basalt.services.meta.TopicNotFoundError``; a store-node that is not registered,
 BrokerNotRegisteredError; a store-node or pull-service that failed a call,
 PeerCallError naming it; anything else that cannot be done, AdminError; etcd
-being away surfaces as ``services.meta.MetaUnavailableError``.
+being away surfaces as ``basalt.services.meta.MetaUnavailableError``.
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
+from basalt.admin.topics import TopicChange, topic_config, update_topic
+from basalt.services.errors import response_code_of
+from basalt.services.meta import BrokerRegistration, MetaClient, TopicConfig
+from basalt.store.get_message import split_records
+from basalt.store.message import MessageRecord, parse_offset_msg_id
+from basalt.store.record import decode_record, store_timestamp_at
 
-from admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
-from admin.topics import TopicChange, topic_config, update_topic
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.errors import response_code_of
-from services.meta import BrokerRegistration, MetaClient, TopicConfig
-from store.get_message import split_records
-from store.message import MessageRecord, parse_offset_msg_id
-from store.record import decode_record, store_timestamp_at
 
 T = TypeVar("T")
 

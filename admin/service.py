@@ -1,9 +1,9 @@
 """The Admin gRPC service (``proto/basalt/v1/admin.proto``): the operator's
-API, a thin adapter over :mod:`admin.topics` and :mod:`admin.ops`.
+API, a thin adapter over :mod:`basalt.admin.topics` and :mod:`basalt.admin.ops`.
 
 Each method validates its request as admin.proto states (refusals before any
 etcd or store-node call), runs the operation, and encodes the answer. What
-the operations raise becomes a refusal here, and :func:`services.rpc.rpc_method`
+the operations raise becomes a refusal here, and :func:`basalt.services.rpc.rpc_method`
 fails the call with it (status, message, ``basalt-response-code``)::
 
     raised                      gRPC status          basalt-response-code
@@ -36,15 +36,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health
-
-from admin import ops, topics
-from admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError, RevisionMismatchError
-from basalt.v1 import admin_pb2 as adm
-from basalt.v1 import common_pb2 as pb
-from services.checks import check_group
-from services.errors import Refusal, StatusRefusal, invalid
-from services.meta import (
+from basalt.admin import ops, topics
+from basalt.admin.errors import (
+    AdminError,
+    BrokerNotRegisteredError,
+    PeerCallError,
+    RevisionMismatchError,
+)
+from basalt.services.checks import check_group
+from basalt.services.errors import Refusal, StatusRefusal, invalid
+from basalt.services.meta import (
     MetaClient,
     MetaConflictError,
     MetaValidationError,
@@ -52,9 +53,18 @@ from services.meta import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from services.meta_fields import check_topic_name
-from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
-from services.rpc import rpc_method
+from basalt.services.meta.fields import check_topic_name
+from basalt.services.process import (
+    add_health_and_reflection,
+    add_servicer,
+    grpc_server,
+    set_serving,
+)
+from basalt.services.rpc import rpc_method
+from grpc_health.v1 import health
+
+from basalt.v1 import admin_pb2 as adm
+from basalt.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +81,7 @@ Method = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]
 
 def admin_refusal(error: Exception) -> Refusal | None:
     """The refusal an operation's error answers (the module docstring's table);
-    None for what :func:`services.rpc.as_refusal` maps itself (etcd
+    None for what :func:`basalt.services.rpc.as_refusal` maps itself (etcd
     unreachable, and the unexpected)."""
     if isinstance(error, TopicNotFoundError):
         return Refusal(pb.RESPONSE_CODE_TOPIC_NOT_EXIST, str(error))
@@ -98,7 +108,7 @@ def admin_refusal(error: Exception) -> Refusal | None:
 
 
 def _admin_rpc(method: Method[R]) -> Method[R]:
-    """:func:`services.rpc.rpc_method` around ``method``, its operations' errors
+    """:func:`basalt.services.rpc.rpc_method` around ``method``, its operations' errors
     first turned into their refusals (:func:`admin_refusal`)."""
 
     @functools.wraps(method)

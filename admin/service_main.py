@@ -22,9 +22,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from admin.service import start_admin_service
-from services import process
-from services.meta import MetaClient, MetaConfig, MetaError, parse_endpoints
+from basalt.admin.service import start_admin_service
+from basalt.services import process
+from basalt.services.meta import MetaClient, MetaConfig, MetaError, parse_endpoints
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

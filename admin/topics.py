@@ -17,7 +17,7 @@ write modes of the admin service's UpdateTopic (``expected_mod_revision``):
 and answers the key's mod revision after the write, for the caller's next
 compare-and-swap. MetaClient keeps revisions to itself, so the revision reads
 and the compare-and-swap at a caller's revision go through an
-:class:`~services.meta_session.EtcdSession` of their own, one per write
+:class:`~basalt.services.meta.session.EtcdSession` of their own, one per write
 (operator writes are rare; a connection each costs nothing that matters).
 """
 
@@ -30,9 +30,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from admin.errors import BrokerNotRegisteredError, RevisionMismatchError
-from basalt.v1 import common_pb2 as pb
-from services.meta import (
+from basalt.admin.errors import BrokerNotRegisteredError, RevisionMismatchError
+from basalt.services.meta import (
     MetaClient,
     MetaConflictError,
     MetaValidationError,
@@ -41,7 +40,9 @@ from services.meta import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from services.meta_session import EtcdSession, KeyValue
+from basalt.services.meta.session import EtcdSession, KeyValue
+
+from basalt.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``basalt admin <verb>``: mqadmin's verbs and flags, over :mod:`admin.ops`.
+"""``basalt admin <verb>``: mqadmin's verbs and flags, over :mod:`basalt.admin.ops`.
 
 ::
 
@@ -30,7 +30,7 @@ service instead of over etcd from here (a bare ``--server``: the local
 cluster's, from ``./.basalt/cluster.json``). Same tables, same exit
 statuses; the one difference is admin.proto's: a reset some store-node
 failed prints the service's error naming it, not the partial table
-(:mod:`admin.backends`).
+(:mod:`basalt.admin.backends`).
 """
 
 from __future__ import annotations
@@ -43,14 +43,21 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import grpc
+from basalt.admin import ops, topics
+from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
+from basalt.admin.errors import AdminError
+from basalt.services.cluster.local import local_address
+from basalt.services.meta import (
+    MetaClient,
+    MetaConfig,
+    MetaError,
+    Perm,
+    TopicConfig,
+    parse_endpoints,
+)
+from basalt.store.message import MessageRecord
 
-from admin import ops, topics
-from admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
-from admin.errors import AdminError
 from basalt.v1 import pull_service_pb2 as ps
-from services.cluster import local_address
-from services.meta import MetaClient, MetaConfig, MetaError, Perm, TopicConfig, parse_endpoints
-from store.message import MessageRecord
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

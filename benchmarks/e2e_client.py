@@ -6,7 +6,7 @@
   :class:`QueueRef`\\ s (broker, its address and store host, queue id).
 * :func:`send_payloads` pre-serializes SendMessage / SendBatch requests
   (``messages`` form, or ``records`` the producer encoded with
-  :class:`store.batch.EncodedBatch`), so a load process spends its CPU on
+  :class:`basalt.store.batch.EncodedBatch`), so a load process spends its CPU on
   gRPC, not on building requests. Every message has 1 KiB of body (by
   default), TAGS, and a UNIQ_KEY property unique within the pool of requests
   a queue cycles through.
@@ -37,14 +37,14 @@ from pathlib import Path
 from typing import cast
 
 import grpc
+from basalt.store.batch import EncodedBatch
+from basalt.store.message import Message, encode_host
+from basalt.store.record import EncodedMessage
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
-from store.batch import EncodedBatch
-from store.message import Message, encode_host
-from store.record import EncodedMessage
 
 SEND_MESSAGE = "/basalt.v1.StoreNode/SendMessage"
 SEND_BATCH = "/basalt.v1.StoreNode/SendBatch"
@@ -80,7 +80,15 @@ class Cluster:
     def up(self) -> str:
         """Start it; returns ``up``'s output. RuntimeError when it does not come up."""
         done = subprocess.run(
-            [sys.executable, "-m", "admin", "cluster", "up", "--data-dir", str(self.data_dir)],
+            [
+                sys.executable,
+                "-m",
+                "basalt.admin",
+                "cluster",
+                "up",
+                "--data-dir",
+                str(self.data_dir),
+            ],
             capture_output=True,
             text=True,
             timeout=120,
@@ -96,7 +104,15 @@ class Cluster:
 
     def down(self) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "admin", "cluster", "down", "--data-dir", str(self.data_dir)],
+            [
+                sys.executable,
+                "-m",
+                "basalt.admin",
+                "cluster",
+                "down",
+                "--data-dir",
+                str(self.data_dir),
+            ],
             capture_output=True,
             text=True,
             timeout=180,

@@ -15,7 +15,7 @@ the unary forms are there to compare):
   ``StoreNode.SendStream`` (each stream many requests in flight), the batches
   in their ``messages`` form (Message objects the store-node encodes) and
   their ``records`` form (RocketMQ's MessageBatch, encoded by the producer
-  with ``store.batch.EncodedBatch``); then unary ``SendMessage`` and
+  with ``basalt.store.batch.EncodedBatch``); then unary ``SendMessage`` and
   ``SendBatch`` records. Requests are serialized once up front (a pool of 16
   per queue, UNIQ_KEYs unique within the pool) so the load processes spend
   their CPU on gRPC; one answer in 64 is checked.
@@ -86,6 +86,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
+from basalt.services import process
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.v1 import common_pb2 as pb
@@ -106,7 +107,6 @@ from benchmarks.e2e_client import (
 )
 from benchmarks.store_append import Target, _load, bench_root
 from benchmarks.store_read import Row, format_table
-from services import process
 
 BODY = 1024
 BATCH = 100
@@ -324,8 +324,8 @@ async def create_topics(
     first, as admin would, with that many queues on both store-nodes."""
     brokers = cluster.of_role("store-node")
     if queues_per_node:
-        from services.cluster import CLUSTER_NAME
-        from services.meta import MetaClient, MetaConfig, TopicConfig
+        from basalt.services.cluster.local import CLUSTER_NAME
+        from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 
         config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
         async with MetaClient(config) as meta:

@@ -13,7 +13,7 @@ cannot answer faster than a bare round trip on the same transport.
 
 The gRPC rows run twice, server and client each in its own process started
 for it: on gRPC's defaults (its EventEngine), and on the settings ``basalt
-cluster up`` gives the services (:data:`services.process.SERVICE_ENV`:
+cluster up`` gives the services (:data:`basalt.services.process.SERVICE_ENV`:
 gRPC core's iomgr poller). ``--rounds`` repeats the pair, alternating, as the
 two drift with the machine's load.
 
@@ -38,9 +38,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
+from basalt.services.process import SERVICE_ENV
 
 from benchmarks.store_read import Row, format_table
-from services.process import SERVICE_ENV
 
 #: The transports compared: a label and the environment gRPC starts with.
 TRANSPORTS = {"gRPC defaults": {name: "" for name in SERVICE_ENV}, "Basalt services": SERVICE_ENV}

@@ -5,7 +5,7 @@ directory, creates a topic of ``--queues`` queues per store-node, keeps a
 producer sending ``--rate`` messages/s, and runs ``--consumers`` PushConsumers
 of one group, each in its own process (a listener that only counts). Then:
 
-* **reset** — ``--resets`` times, ``admin.ops.reset_offset_by_time`` to a
+* **reset** — ``--resets`` times, ``basalt.admin.ops.reset_offset_by_time`` to a
   point a second back, forced: from the command to the last consumer's ack,
   which each sends only once its queues pull from the new offsets (seed
   004's flow, without RocketMQ's 10 s sleep). Every ack must be OK.
@@ -39,12 +39,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from admin import ops
-from basalt.v1 import pull_service_pb2 as ps
-from benchmarks.e2e_client import Cluster
-from benchmarks.store_append import Target
-from benchmarks.store_read import Row, format_table
-from client import (
+from basalt.admin import ops
+from basalt.client import (
     ConsumeFromWhere,
     ConsumeStatus,
     MessageQueue,
@@ -52,9 +48,14 @@ from client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from services.cluster import CLUSTER_NAME
-from services.meta import MetaClient, MetaConfig, TopicConfig
-from store.message import Message, MessageRecord
+from basalt.services.cluster.local import CLUSTER_NAME
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from basalt.store.message import Message, MessageRecord
+
+from basalt.v1 import pull_service_pb2 as ps
+from benchmarks.e2e_client import Cluster
+from benchmarks.store_append import Target
+from benchmarks.store_read import Row, format_table
 
 TOPIC = "ResetBench"
 GROUP = "reset-bench"

@@ -38,12 +38,13 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
+from basalt.services.cluster.local import CLUSTER_NAME
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from basalt.store.message import Message
+
 from benchmarks.e2e_client import Cluster
 from benchmarks.store_read import Row, format_table
-from client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
-from services.cluster import CLUSTER_NAME
-from services.meta import MetaClient, MetaConfig, TopicConfig
-from store.message import Message
 
 TOPIC = "SdkBench"
 BODY = 1024

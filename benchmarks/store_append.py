@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from store import (
+from basalt.store import (
     FlushDiskType,
     Message,
     MessageStore,
@@ -73,10 +73,10 @@ from store import (
     PutMessageResult,
     PutStatus,
 )
-from store.batch import EncodedBatch
-from store.message import new_uniq_key
-from store.record import EncodedMessage
-from store.recovery import RecoveryReport
+from basalt.store.batch import EncodedBatch
+from basalt.store.message import new_uniq_key
+from basalt.store.record import EncodedMessage
+from basalt.store.recovery import RecoveryReport
 
 KIB = 1024
 MIB = 1024 * 1024

@@ -16,13 +16,13 @@ import uuid
 from dataclasses import dataclass, field
 
 import grpc
+from basalt.client.channels import Client
+from basalt.client.producer import ClientError, response_code
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from client.channels import Client
-from client.producer import ClientError, response_code
 
 #: Deadline of the small unary calls a consumer makes to store-nodes.
 CALL_TIMEOUT_S = 10.0

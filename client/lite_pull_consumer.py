@@ -6,7 +6,7 @@ RocketMQ's DefaultLitePullConsumer, in one of two modes (not both):
   owns the queues it assigned (batch jobs, the Spark pipeline);
 * **subscribe** (:meth:`LitePullConsumer.subscribe` before :meth:`start`):
   the consumer is a member of its group like a PushConsumer
-  (:class:`client.membership.GroupMember`: session, AllocateMessageQueueAveragely
+  (:class:`basalt.client.membership.GroupMember`: session, AllocateMessageQueueAveragely
   rebalance under queue locks, RESET_OFFSET); a queue given up to another
   member has its position committed first, so what :meth:`poll` returned
   counts as consumed (RocketMQ's auto-commit).
@@ -23,7 +23,7 @@ holding ``pull_threshold_for_queue`` records (the bound: a fetch never asks
 for more than the room left) is left out until :meth:`poll` drains it,
 which wakes the fetcher (events, no polling loop). A reply is filed as it
 came and the next PullBatch sent before :meth:`poll` runs: poll decodes the
-records it returns (``store.record``, the one definition of the layout), so
+records it returns (``basalt.store.record``, the one definition of the layout), so
 decoding overlaps the next fetch and nothing dropped is ever decoded.
 
 A queue's buffer and its fetches in flight belong to one *read* of it;
@@ -66,10 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-
-from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2 as ps
-from client.consumer_base import (
+from basalt.client.consumer_base import (
     ConsumeFromWhere,
     ConsumerClient,
     ConsumerConfig,
@@ -77,10 +74,13 @@ from client.consumer_base import (
     Position,
     subscription_of,
 )
-from client.membership import GroupMember, TopicSubscription
-from client.producer import ClientError, response_code
-from store.message import MessageRecord
-from store.record import decode_records
+from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.client.producer import ClientError, response_code
+from basalt.store.message import MessageRecord
+from basalt.store.record import decode_records
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ class LitePullConsumer(ConsumerClient):
         KeyError if ``queue`` is not owned.
 
         Called from another thread than the consumer's loop (as
-        :class:`client.SyncLitePullConsumer` does), the seek is applied on
+        :class:`basalt.client.SyncLitePullConsumer` does), the seek is applied on
         that loop, before anything submitted to it afterwards (a poll)."""
         if offset < 0:
             raise ValueError(f"offset {offset} is negative")

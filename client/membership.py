@@ -1,6 +1,6 @@
 """Group membership: what a subscribing consumer does to share queues with its group.
 
-Both :class:`client.PushConsumer` and :class:`client.LitePullConsumer` in
+Both :class:`basalt.client.PushConsumer` and :class:`basalt.client.LitePullConsumer` in
 subscribe mode hold a :class:`GroupMember`, which:
 
 * keeps one ``PullService.Session`` stream open (heartbeats at the interval
@@ -36,18 +36,18 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
-
-from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2 as ps
-from client.consumer_base import (
+from basalt.client.consumer_base import (
     ConsumerClient,
     ConsumerConfig,
     MessageQueue,
     Position,
     subscription_of,
 )
-from client.producer import ClientError
-from client.rebalance import allocate_averagely
+from basalt.client.producer import ClientError
+from basalt.client.rebalance import allocate_averagely
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
 

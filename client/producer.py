@@ -5,7 +5,7 @@ Routes come from a pull-service's ``QueryRoute`` (refreshed every
 next writable queue, round robin (RocketMQ's selectOneMessageQueue), over
 one ``StoreNode.SendStream`` per store-node: every send carries an
 ``opaque`` and many are in flight at once on one stream. A batch is encoded
-here (RocketMQ's MessageBatch: ``store.batch.encode_batch``, one C call) and
+here (RocketMQ's MessageBatch: ``basalt.store.batch.encode_batch``, one C call) and
 sent as one item: the store-node never decodes it into objects. The stream's
 requests are serialized here (:func:`send_stream_batch`), the records
 framed rather than copied through protobuf objects, and the sends started in
@@ -35,16 +35,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+from basalt.client.channels import Client
+from basalt.services.errors import response_code_of
+from basalt.services.pull_service.wire import varint
+from basalt.store import _records
+from basalt.store.batch import encode_batch
+from basalt.store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from client.channels import Client
-from services.errors import response_code_of
-from services.pull_wire import varint
-from store import _records
-from store.batch import encode_batch
-from store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
 
-* **Membership** (:class:`client.membership.GroupMember`): a Session stream
+* **Membership** (:class:`basalt.client.membership.GroupMember`): a Session stream
   with heartbeats and commands; AllocateMessageQueueAveragely rebalances on
   start, on a pushed RebalanceCommand and every ``rebalance_interval_ms``;
   a queue is processed only under its lock (``LockQueues``, bound to the
@@ -45,19 +45,19 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
-
-from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2 as ps
-from client.consumer_base import (
+from basalt.client.consumer_base import (
     ConsumerClient,
     ConsumerConfig,
     MessageQueue,
     Position,
     subscription_of,
 )
-from client.membership import GroupMember, TopicSubscription
-from store.message import MessageRecord
-from store.record import decode_records
+from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.store.message import MessageRecord
+from basalt.store.record import decode_records
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import IO, Any
 
-from client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
-from client.producer import ClientError, Producer
-from services.cluster import local_address
-from store.message import Message
+from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
+from basalt.client.producer import ClientError, Producer
+from basalt.services.cluster.local import local_address
+from basalt.store.message import Message
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

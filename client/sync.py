@@ -15,11 +15,11 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from client.lite_pull_consumer import LitePullConfig, LitePullConsumer, MessageQueue
-from client.membership import TopicSubscription
-from client.producer import Producer, ProducerConfig, SendResult
-from client.push_consumer import Listener, PushConsumer, PushConsumerConfig
-from store.message import Message, MessageRecord
+from basalt.client.lite_pull_consumer import LitePullConfig, LitePullConsumer, MessageQueue
+from basalt.client.membership import TopicSubscription
+from basalt.client.producer import Producer, ProducerConfig, SendResult
+from basalt.client.push_consumer import Listener, PushConsumer, PushConsumerConfig
+from basalt.store.message import Message, MessageRecord
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ class _LoopThread:
 
 
 class SyncProducer:
-    """:class:`client.Producer`, blocking."""
+    """:class:`basalt.client.Producer`, blocking."""
 
     def __init__(self, endpoints: str, *, group: str, config: ProducerConfig | None = None) -> None:
         self._loop = _LoopThread("basalt-producer")
@@ -80,7 +80,7 @@ class SyncProducer:
 
 
 class SyncLitePullConsumer:
-    """:class:`client.LitePullConsumer`, blocking."""
+    """:class:`basalt.client.LitePullConsumer`, blocking."""
 
     def __init__(
         self,
@@ -130,7 +130,7 @@ class SyncLitePullConsumer:
 
 
 class SyncPushConsumer:
-    """:class:`client.PushConsumer`, blocking: ``subscribe``, then ``start``; the
+    """:class:`basalt.client.PushConsumer`, blocking: ``subscribe``, then ``start``; the
     listener runs on the consumer's thread pool as with the async one (a
     coroutine listener would run on the private loop)."""
 

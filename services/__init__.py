@@ -1,1 +1,1 @@
-"""Basalt's gRPC services: thin adapters from RPCs and etcd to :mod:`store`."""
+"""Basalt's gRPC services: thin adapters from RPCs and etcd to :mod:`basalt.store`."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from basalt.services.errors import Refusal, invalid
+from basalt.services.meta.errors import MetaValidationError
+from basalt.services.meta.fields import check_group_name
+from basalt.store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
+from basalt.store.sql92 import Sql92ParseError
+
 from basalt.v1 import common_pb2 as pb
-from services.errors import Refusal, invalid
-from services.meta_errors import MetaValidationError
-from services.meta_fields import check_group_name
-from store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
-from store.sql92 import Sql92ParseError
 
 _EXPRESSION_TYPES = {pb.EXPRESSION_TYPE_TAG: "TAG", pb.EXPRESSION_TYPE_SQL92: "SQL92"}
 

@@ -11,9 +11,9 @@ send whose fsync timed out) are not refusals: they travel in the response.
 from __future__ import annotations
 
 import grpc
+from basalt.store.put_result import PutMessageResult, PutStatus
 
 from basalt.v1 import common_pb2 as pb
-from store.put_result import PutMessageResult, PutStatus
 
 #: Trailing metadata key carrying the RocketMQ response code of a refusal.
 RESPONSE_CODE_KEY = "basalt-response-code"

@@ -1,8 +1,8 @@
 """The servicer-side wrapper every Basalt RPC method goes through.
 
 :func:`rpc_method` is the one place where a servicer's exceptions become gRPC
-statuses: a :class:`services.errors.Refusal` fails the call with its status,
-message and ``basalt-response-code`` (via :func:`services.errors.abort`); a
+statuses: a :class:`basalt.services.errors.Refusal` fails the call with its status,
+message and ``basalt-response-code`` (via :func:`basalt.services.errors.abort`); a
 store that is shut down, or an etcd write that cannot reach etcd, is
 SERVICE_NOT_AVAILABLE; anything unexpected is
 logged with its traceback and answered SYSTEM_ERROR with a one-line message
@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from basalt.services.errors import Refusal, abort
+from basalt.services.meta.errors import MetaUnavailableError
+from basalt.store import StoreClosedError
 
 from basalt.v1 import common_pb2 as pb
-from services.errors import Refusal, abort
-from services.meta_errors import MetaUnavailableError
-from store import StoreClosedError
 
 log = logging.getLogger(__name__)
 

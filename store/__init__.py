@@ -1,12 +1,12 @@
 """Basalt's storage engine: RocketMQ 4.x's CommitLog/ConsumeQueue layout as a library.
 
 No network imports live here; services are thin adapters around
-:class:`store.message_store.MessageStore`.
+:class:`basalt.store.message_store.MessageStore`.
 """
 
-from store.clock import Clock, ManualClock, SystemClock
-from store.config import FlushDiskType, MessageStoreConfig
-from store.errors import (
+from basalt.store.clock import Clock, ManualClock, SystemClock
+from basalt.store.config import FlushDiskType, MessageStoreConfig
+from basalt.store.errors import (
     CorruptFileError,
     CorruptRecordError,
     StoreClosedError,
@@ -14,10 +14,10 @@ from store.errors import (
     StoreError,
     StoreLockedError,
 )
-from store.message import Message, MessageRecord
-from store.message_store import MessageStore
-from store.put_result import PutMessageResult, PutStatus
-from store.recovery import RecoveryReport
+from basalt.store.message import Message, MessageRecord
+from basalt.store.message_store import MessageStore
+from basalt.store.put_result import PutMessageResult, PutStatus
+from basalt.store.recovery import RecoveryReport
 
 __all__ = [
     "Clock",

@@ -1947,7 +1947,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "store._records",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "basalt.store._records",
                                     "The CommitLog's per-record loops in C.", -1, methods};
 
 PyMODINIT_FUNC PyInit__records(void) {

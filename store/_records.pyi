@@ -3,8 +3,8 @@
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from store.message import Message
-from store.record import Buffer
+from basalt.store.message import Message
+from basalt.store.record import Buffer
 
 _R = TypeVar("_R")
 

@@ -1,11 +1,11 @@
 """A batch of records as a producer encodes it (RocketMQ's MessageBatch).
 
 The producer encodes every message in the CommitLog's own record layout
-(:mod:`store.record`), back to back, with the fields only the broker knows
+(:mod:`basalt.store.record`), back to back, with the fields only the broker knows
 left for it: BODYCRC, QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and
 STOREHOSTADDRESS. The store never decodes such a batch into objects: it
 validates every record and stamps those fields in place
-(:func:`store._records.stamp`), then writes the whole buffer with one
+(:func:`basalt.store._records.stamp`), then writes the whole buffer with one
 ``pwrite``. The CRC is always computed by the store, never taken from the
 producer, so a wrong one can never reach the log and fail a later recovery.
 
@@ -14,7 +14,7 @@ A batch from the wire (the store-node's ``SendBatch``) is one run, as in
 RocketMQ, where a batch goes to one queue of one topic.
 
 A producer builds that run with :func:`encode_batch`: the C encoder of
-``store._records``, with :func:`encode_batch_py` (the same bytes, from
+``basalt.store._records``, with :func:`encode_batch_py` (the same bytes, from
 :class:`~store.record.EncodedMessage`) as its reference and fallback.
 """
 
@@ -24,9 +24,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from store import _records
-from store.message import PROPERTY_UNIQ_KEY, Message
-from store.record import EncodedMessage, _host_parts
+from basalt.store import _records
+from basalt.store.message import PROPERTY_UNIQ_KEY, Message
+from basalt.store.record import EncodedMessage, _host_parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +91,14 @@ def encode_batch(
     born_timestamp_ms: int,
 ) -> bytes:
     """A producer's batch for one queue: each message as a record of
-    :mod:`store.record`'s layout, back to back, ready for the store to stamp.
+    :mod:`basalt.store.record`'s layout, back to back, ready for the store to stamp.
 
     Each message is encoded as sent: in queue ``queue_id``, with the UNIQ_KEY
     property set to its entry of ``uniq_keys`` (in place when the message has
     one, else after its own properties; then TAGS and KEYS as
     :meth:`Message.all_properties` adds them), born at ``born_timestamp_ms``
     unless it has a born timestamp, and the STOREHOSTADDRESS ``store_host``
-    (:func:`store.message.encode_host`'s bytes). BODYCRC, QUEUEOFFSET,
+    (:func:`basalt.store.message.encode_host`'s bytes). BODYCRC, QUEUEOFFSET,
     PHYSICALOFFSET and STORETIMESTAMP are 0: the store fills them.
 
     Returns exactly :func:`encode_batch_py`'s bytes and raises what it raises:

@@ -1,6 +1,6 @@
 """``basalt store check``: a read-only consistency verifier for a store root.
 
-:func:`check_store` opens the root through :mod:`store.readonly` (no lock, no
+:func:`check_store` opens the root through :mod:`basalt.store.readonly` (no lock, no
 ``abort``, nothing written, truncated or recovered), so it may run beside a
 live store or on a crashed root before recovery. It makes three passes:
 
@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-from store.checkpoint import StoreCheckpoint
-from store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
-from store.consume_queue import ConsumeQueue
-from store.hashing import tags_code
-from store.mapped_file import MappedFile
-from store.mapped_file_queue import MappedFileQueue
-from store.message import PROPERTY_TAGS, decode_properties, is_dispatchable
-from store.readonly import (
+from basalt.store.checkpoint import StoreCheckpoint
+from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
+from basalt.store.consume_queue import ConsumeQueue
+from basalt.store.hashing import tags_code
+from basalt.store.mapped_file import MappedFile
+from basalt.store.mapped_file_queue import MappedFileQueue
+from basalt.store.message import PROPERTY_TAGS, decode_properties, is_dispatchable
+from basalt.store.readonly import (
     StoreRootError,
     check_at,
     iso_ms,
@@ -47,7 +47,7 @@ from store.readonly import (
     open_data_files,
     store_layout,
 )
-from store.record import RecordInfo, RecordKind
+from basalt.store.record import RecordInfo, RecordKind
 
 __all__ = ["CheckCounts", "CheckReport", "Problem", "QueueReport", "StoreRootError", "check_store"]
 
@@ -189,7 +189,7 @@ class CheckReport:
 class _Findings:
     """Collects problems (keeping the first MAX_PROBLEMS) and info lines.
 
-    A :class:`store.readonly.Findings` sink.
+    A :class:`basalt.store.readonly.Findings` sink.
     """
 
     def __init__(self) -> None:

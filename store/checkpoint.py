@@ -21,7 +21,7 @@ import os
 import struct
 from pathlib import Path
 
-from store.errors import CorruptFileError
+from basalt.store.errors import CorruptFileError
 
 CHECKPOINT_FILE_SIZE = 4096
 #: Safety margin RocketMQ subtracts from the checkpoint minimum.

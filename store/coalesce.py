@@ -26,8 +26,8 @@ import asyncio
 import functools
 from collections.abc import Callable
 
-from store.batch import BatchRun, EncodedBatch
-from store.put_result import PutMessageResult, PutStatus
+from basalt.store.batch import BatchRun, EncodedBatch
+from basalt.store.put_result import PutMessageResult, PutStatus
 
 #: A group is cut at this many bytes so that it always fits a CommitLog file.
 MAX_GROUP_BYTES = 4 * 1024 * 1024

@@ -1,6 +1,6 @@
 """The CommitLog: every message of every topic, appended to one run of files.
 
-Record layout: see :mod:`store.record`. This module owns the single writer:
+Record layout: see :mod:`basalt.store.record`. This module owns the single writer:
 the put lock, the table of next queue offsets per (topic, queue id), rolling
 to a new file behind an end-of-file blank, and reads by physical offset.
 
@@ -16,14 +16,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from store import _records
-from store.batch import EncodedBatch
-from store.clock import Clock
-from store.config import MessageStoreConfig
-from store.errors import StoreClosedError
-from store.mapped_file_queue import MappedFileQueue
-from store.message import MessageRecord, encode_host
-from store.record import (
+from basalt.store import _records
+from basalt.store.batch import EncodedBatch
+from basalt.store.clock import Clock
+from basalt.store.config import MessageStoreConfig
+from basalt.store.errors import StoreClosedError
+from basalt.store.mapped_file_queue import MappedFileQueue
+from basalt.store.message import MessageRecord, encode_host
+from basalt.store.record import (
     BLANK,
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,

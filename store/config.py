@@ -10,7 +10,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.errors import StoreConfigError
+from basalt.store.errors import StoreConfigError
 
 #: Bytes of one ConsumeQueue unit: phyOffset(8) + size(4) + tagsCode(8).
 CQ_STORE_UNIT_SIZE = 20

@@ -29,9 +29,9 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from store.config import CQ_STORE_UNIT_SIZE
-from store.mapped_file import MappedFile
-from store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES, MappedFileQueue
+from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.mapped_file import MappedFile
+from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES, MappedFileQueue
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from store.consume_queue import ConsumeQueue
+from basalt.store.consume_queue import ConsumeQueue
 
 
 class ConsumeQueueTable:

@@ -100,10 +100,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from store.clock import Clock
-from store.errors import CorruptFileError, StoreConfigError, StoreError
-from store.files import fsync_dir, write_atomically
-from store.service_thread import ServiceThread
+from basalt.store.clock import Clock
+from basalt.store.errors import CorruptFileError, StoreConfigError, StoreError
+from basalt.store.files import fsync_dir, write_atomically
+from basalt.store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """``basalt store dump``: print a store root's records one per line, like ``kafka-dump-log``.
 
-:func:`dump_store` reads the root through :mod:`store.readonly` (no lock, no
+:func:`dump_store` reads the root through :mod:`basalt.store.readonly` (no lock, no
 ``abort``, nothing written), either walking the CommitLog by physical offset
 or iterating one ConsumeQueue by queue offset. Every record printed has passed
-:func:`store.record.check_record` with its CRC and was decoded by
-:func:`store.record.decode_record`; the first record that fails ends the dump
+:func:`basalt.store.record.check_record` with its CRC and was decoded by
+:func:`basalt.store.record.decode_record`; the first record that fails ends the dump
 with an error (:class:`DumpResult`). :func:`format_record` and
 :func:`body_preview` are pure functions of a decoded record.
 """
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from store.errors import CorruptRecordError
-from store.mapped_file import MappedFile
-from store.mapped_file_queue import MappedFileQueue
-from store.message import (
+from basalt.store.errors import CorruptRecordError
+from basalt.store.mapped_file import MappedFile
+from basalt.store.mapped_file_queue import MappedFileQueue
+from basalt.store.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     TRANSACTION_COMMIT_TYPE,
@@ -29,14 +29,14 @@ from store.message import (
     MessageRecord,
     transaction_type,
 )
-from store.readonly import (
+from basalt.store.readonly import (
     check_at,
     iso_ms,
     open_consume_queue,
     open_data_files,
     store_layout,
 )
-from store.record import RecordInfo, RecordKind, decode_record
+from basalt.store.record import RecordInfo, RecordKind, decode_record
 
 __all__ = [
     "DEFAULT_BODY_PREVIEW_BYTES",
@@ -109,7 +109,7 @@ def format_record(record: MessageRecord, *, body_bytes: int = DEFAULT_BODY_PREVI
 
 
 class _Warnings:
-    """A :class:`store.readonly.Findings` sink that prints problems as ``warning:`` lines."""
+    """A :class:`basalt.store.readonly.Findings` sink that prints problems as ``warning:`` lines."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out

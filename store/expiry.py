@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from store.clock import Clock
-from store.commitlog import CommitLog
-from store.config import MessageStoreConfig
-from store.consume_queue_table import ConsumeQueueTable
-from store.mapped_file import MappedFile
-from store.service_thread import ServiceThread
+from basalt.store.clock import Clock
+from basalt.store.commitlog import CommitLog
+from basalt.store.config import MessageStoreConfig
+from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.mapped_file import MappedFile
+from basalt.store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 

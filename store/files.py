@@ -6,7 +6,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from store.errors import StoreLockedError
+from basalt.store.errors import StoreLockedError
 
 
 class RootLock:

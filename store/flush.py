@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from store.checkpoint import StoreCheckpoint
-from store.commitlog import CommitLog
-from store.consume_queue_table import ConsumeQueueTable
-from store.service_thread import ServiceThread
+from basalt.store.checkpoint import StoreCheckpoint
+from basalt.store.commitlog import CommitLog
+from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 

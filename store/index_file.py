@@ -28,7 +28,7 @@ RocketMQ's defaults), everything big-endian::
            16      4     prevIndex  the slot's previous value: the next older entry
                                     of the same slot, 0 at the end of the chain
 
-Keys are ``topic#key`` (see :mod:`store.index_service`). A lookup reads the
+Keys are ``topic#key`` (see :mod:`basalt.store.index_service`). A lookup reads the
 slot and walks the chain of entries newest to oldest; it returns the offsets
 of entries with the same keyHash, so two keys with the same Java hash both
 match and the caller re-checks the key on the record, as RocketMQ does.
@@ -46,7 +46,7 @@ or :meth:`IndexFile.put_records`; any thread may call the readers
 (:meth:`select_phy_offsets`, :meth:`is_time_matched`, the header accessors)
 at the same time; :meth:`flush` may run on another thread. :meth:`close` and
 :meth:`destroy` need every other user to be done with the file
-(:class:`store.index_service.IndexService` guarantees that with its lock).
+(:class:`basalt.store.index_service.IndexService` guarantees that with its lock).
 
 The rule that keeps readers from seeing a torn header or a half-written
 entry: every entry is written before the slot that names it, and the slot
@@ -79,11 +79,11 @@ from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import NamedTuple
 
-from store import _records
-from store.errors import CorruptFileError
-from store.files import fsync_dir
-from store.hashing import java_string_hash
-from store.record import Buffer
+from basalt.store import _records
+from basalt.store.errors import CorruptFileError
+from basalt.store.files import fsync_dir
+from basalt.store.hashing import java_string_hash
+from basalt.store.record import Buffer
 
 log = logging.getLogger(__name__)
 

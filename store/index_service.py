@@ -1,6 +1,6 @@
 """IndexService: the IndexFiles of ``<root>/index/``, built from dispatched records.
 
-RocketMQ 4.x's ``store/index/IndexService``. Files (:mod:`store.index_file`)
+RocketMQ 4.x's ``store/index/IndexService``. Files (:mod:`basalt.store.index_file`)
 are ordered by name, which is their creation time; only the last one is
 written. For every dispatched record the service adds ``topic#uniqKey`` (when
 the record has a UNIQ_KEY property) and ``topic#key`` for each entry of the
@@ -28,7 +28,7 @@ close files (:meth:`delete_expired_file`, :meth:`shutdown`, :meth:`destroy`)
 and those that replace the file list (a roll, :meth:`load`). The list is
 replaced, never mutated in place, so the writer reads its last file without
 the lock; within a file, readers and the writer follow the rule in
-:mod:`store.index_file`. :meth:`flush` may run on a flush thread.
+:mod:`basalt.store.index_file`. :meth:`flush` may run on a flush thread.
 :meth:`shutdown` and :meth:`destroy` need the dispatcher stopped first.
 """
 
@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from store import _records
-from store.clock import Clock
-from store.commitlog import CommitLog
-from store.dispatcher import DispatchRequest
-from store.errors import StoreClosedError, StoreConfigError
-from store.index_file import (
+from basalt.store import _records
+from basalt.store.clock import Clock
+from basalt.store.commitlog import CommitLog
+from basalt.store.dispatcher import DispatchRequest
+from basalt.store.errors import StoreClosedError, StoreConfigError
+from basalt.store.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
     IndexFile,
@@ -56,7 +56,7 @@ from store.index_file import (
     is_index_file_name,
     next_index_file_name,
 )
-from store.message import TRANSACTION_ROLLBACK_TYPE, transaction_type
+from basalt.store.message import TRANSACTION_ROLLBACK_TYPE, transaction_type
 
 log = logging.getLogger(__name__)
 

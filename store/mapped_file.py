@@ -20,7 +20,7 @@ import os
 import threading
 from pathlib import Path
 
-from store.errors import CorruptFileError
+from basalt.store.errors import CorruptFileError
 
 FILE_NAME_DIGITS = 20
 _ZERO_CHUNK = bytes(64 * 1024)

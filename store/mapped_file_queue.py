@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from store.errors import CorruptFileError
-from store.files import fsync_dir
-from store.mapped_file import MappedFile, file_name, parse_file_name
+from basalt.store.errors import CorruptFileError
+from basalt.store.files import fsync_dir
+from basalt.store.mapped_file import MappedFile, file_name, parse_file_name
 
 #: How far past the last valid byte a torn append may have left bytes when the
 #: scan ended on empty space: appends are contiguous, so beyond one append's

@@ -6,7 +6,7 @@ first, exactly as RocketMQ's ``DefaultMessageStore.getMessage`` does:
 1. :meth:`MessageFilter.is_matched_by_consume_queue` with the entry's tagsCode
    (the 8-byte ``Tag HashCode`` of the 20-byte CQ unit): no CommitLog read.
 2. :meth:`MessageFilter.is_matched_by_commit_log` with the record's raw
-   properties block (``name\\x01value\\x02…``, see :mod:`store.message`), only
+   properties block (``name\\x01value\\x02…``, see :mod:`basalt.store.message`), only
    when :attr:`MessageFilter.needs_commit_log_check` is true; a ``*``
    subscription never pays for reading properties.
 
@@ -21,7 +21,7 @@ RocketMQ's broker skips that second check for TAG and leaves it to the client
 the store so no consumer has to. As in RocketMQ, an expression that names no
 tag (``"||"``) is not ``*``: it matches nothing.
 
-SQL92 (:mod:`store.sql92`): the CQ check always passes (RocketMQ narrows it
+SQL92 (:mod:`basalt.store.sql92`): the CQ check always passes (RocketMQ narrows it
 with a bloom filter kept in a ConsumeQueue extension, which Basalt does not
 have); the CommitLog check decodes the properties and evaluates the expression.
 
@@ -34,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from store.errors import StoreError
-from store.hashing import tags_code
-from store.message import PROPERTY_TAGS, decode_properties, property_value
-from store.sql92 import Sql92Expression, compile_sql92
+from basalt.store.errors import StoreError
+from basalt.store.hashing import tags_code
+from basalt.store.message import PROPERTY_TAGS, decode_properties, property_value
+from basalt.store.sql92 import Sql92Expression, compile_sql92
 
 __all__ = [
     "FILTER_TYPE_SQL92",
@@ -143,7 +143,7 @@ class TagFilter:
 
 
 class Sql92Filter:
-    """A SQL92 subscription; raises :class:`store.sql92.Sql92ParseError` when invalid."""
+    """A SQL92 subscription; raises :class:`basalt.store.sql92.Sql92ParseError` when invalid."""
 
     __slots__ = ("compiled",)
 
@@ -179,7 +179,7 @@ def build_filter(kind: str, expression: str) -> MessageFilter:
 
     ``""`` counts as TAG, as in RocketMQ's ``ExpressionType.isTagType``. Raises
     :class:`UnknownFilterTypeError` for any other type and
-    :class:`store.sql92.Sql92ParseError` for an invalid SQL92 expression.
+    :class:`basalt.store.sql92.Sql92ParseError` for an invalid SQL92 expression.
     """
     if kind in (FILTER_TYPE_TAG, ""):
         return TagFilter.parse(expression)

@@ -28,39 +28,39 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
 
-from store.admission import Admission
-from store.batch import EncodedBatch
-from store.checkpoint import StoreCheckpoint
-from store.clock import Clock, SystemClock
-from store.coalesce import MAX_GROUP_BYTES, SendCoalescer
-from store.commitlog import CommitLog
-from store.config import FlushDiskType, MessageStoreConfig
-from store.consume_queue_table import ConsumeQueueTable
-from store.consumer_offsets import (
+from basalt.store.admission import Admission
+from basalt.store.batch import EncodedBatch
+from basalt.store.checkpoint import StoreCheckpoint
+from basalt.store.clock import Clock, SystemClock
+from basalt.store.coalesce import MAX_GROUP_BYTES, SendCoalescer
+from basalt.store.commitlog import CommitLog
+from basalt.store.config import FlushDiskType, MessageStoreConfig
+from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.consumer_offsets import (
     CommitResult,
     ConsumerOffsetManager,
     OffsetPersistService,
     consumer_offset_path,
 )
-from store.dispatcher import DispatchListener, ReputMessageService
-from store.errors import CorruptFileError, StoreClosedError
-from store.expiry import ExpiryReport, ExpiryService
-from store.files import RootLock, create_abort_file, remove_abort_file
-from store.flush import (
+from basalt.store.dispatcher import DispatchListener, ReputMessageService
+from basalt.store.errors import CorruptFileError, StoreClosedError
+from basalt.store.expiry import ExpiryReport, ExpiryService
+from basalt.store.files import RootLock, create_abort_file, remove_abort_file
+from basalt.store.flush import (
     FlushCommitLogService,
     FlushConsumeQueueService,
     GroupCommitService,
     flush_commitlog,
 )
-from store.get_message import (
+from basalt.store.get_message import (
     TransferLimits,
 )
-from store.index_service import IndexService
-from store.message import Message
-from store.put_result import PutMessageResult, PutStatus
-from store.put_result import refused as _refused
-from store.recovery import RecoveryReport, recover
-from store.store_reads import StoreReads
+from basalt.store.index_service import IndexService
+from basalt.store.message import Message
+from basalt.store.put_result import PutMessageResult, PutStatus
+from basalt.store.put_result import refused as _refused
+from basalt.store.recovery import RecoveryReport, recover
+from basalt.store.store_reads import StoreReads
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class MessageStore(StoreReads):
         return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT, detail=why)
 
     def put_batch(self, batch: EncodedBatch) -> PutMessageResult:
-        """Append a producer-encoded batch (see :mod:`store.batch`); under SYNC flush,
+        """Append a producer-encoded batch (see :mod:`basalt.store.batch`); under SYNC flush,
         wait for fsync. The batch is stamped in place: do not reuse it.
 
         Blocks the calling thread under SYNC flush: from an event loop use
@@ -403,7 +403,7 @@ class MessageStore(StoreReads):
         """:meth:`put_batch` for an event loop: the fsync wait never blocks the loop.
 
         Sends made during the same turn of the loop share one append and one
-        fsync (see :mod:`store.coalesce`); each gets its own result.
+        fsync (see :mod:`basalt.store.coalesce`); each gets its own result.
         """
         return await self._coalescer().submit(batch)
 

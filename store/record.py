@@ -35,9 +35,9 @@ import zlib
 from dataclasses import dataclass
 from enum import Enum
 
-from store import _records
-from store.errors import CorruptRecordError
-from store.message import (
+from basalt.store import _records
+from basalt.store.errors import CorruptRecordError
+from basalt.store.message import (
     BORNHOST_V6_FLAG,
     STOREHOSTADDRESS_V6_FLAG,
     Message,
@@ -178,7 +178,7 @@ class EncodedMessage:
         compute_crc: bool = True,
     ) -> None:
         """``compute_crc=False`` leaves BODYCRC 0 for the store to fill in
-        (:func:`store._records.stamp` computes it for every record it appends)."""
+        (:func:`basalt.store._records.stamp` computes it for every record it appends)."""
         props = encode_properties(message.all_properties()) if properties is None else properties
         topic_bytes = message.topic.encode("utf-8")
         born_ip, born_port = _host_parts(message.born_host)

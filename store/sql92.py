@@ -10,8 +10,8 @@ was written from reading that source; no code is copied.
 
 The code is in three modules: this one holds the public API, the grammar and
 the transformer that maps each grammar rule to a builder;
-:mod:`store.sql92_nodes` holds the builders (each operator's parse-time checks
-and evaluation closure); :mod:`store.sql92_values` holds Java's value
+:mod:`basalt.store.sql92_nodes` holds the builders (each operator's parse-time checks
+and evaluation closure); :mod:`basalt.store.sql92_values` holds Java's value
 conversions and comparisons. Import from this module only.
 
 Parsing uses lark (a maintained parser library) with a LALR(1) grammar. The
@@ -103,12 +103,9 @@ from dataclasses import replace
 from functools import cache, lru_cache
 from typing import Any, Final, cast
 
-from lark import Lark, Token, Transformer
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
-
-from store import sql92_nodes as nodes
-from store.errors import StoreError
-from store.sql92_values import (
+from basalt.store import sql92_nodes as nodes
+from basalt.store.errors import StoreError
+from basalt.store.sql92_values import (
     INT_MAX,
     LONG_DIGITS,
     LONG_MAX,
@@ -116,6 +113,8 @@ from store.sql92_values import (
     JavaType,
     Sql92EvaluationError,
 )
+from lark import Lark, Token, Transformer
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 __all__ = [
     "Sql92EvaluationError",
@@ -293,7 +292,7 @@ class _Compiler(Transformer[Token, nodes.Node]):
     """Callbacks lark runs as each grammar rule reduces; each returns a compiled node.
 
     One method per rule alias of :data:`_GRAMMAR`, named after it; the work is
-    done by the builders in :mod:`store.sql92_nodes`. Stateless, so one
+    done by the builders in :mod:`basalt.store.sql92_nodes`. Stateless, so one
     instance serves every parse on every thread.
     """
 

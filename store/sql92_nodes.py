@@ -1,15 +1,15 @@
 """Compiled SQL92 nodes: one builder per operator, checked and specialised at parse time.
 
-The transformer in :mod:`store.sql92` calls these builders as each grammar rule
+The transformer in :mod:`basalt.store.sql92` calls these builders as each grammar rule
 reduces, so an expression compiles bottom-up during the parse. A builder runs
 RocketMQ's parse-time checks for its operator (the ``check*Operand`` methods of
 ``SelectorParser``), raising :class:`SemanticError`, which
-:func:`store.sql92.compile_sql92` reports as a ``Sql92ParseError``; it then
+:func:`basalt.store.sql92.compile_sql92` reports as a ``Sql92ParseError``; it then
 returns a :class:`Node` whose ``evaluate`` closure implements the operator's
 three-valued logic. Each closure is chosen for its operands' :class:`Kind` and
 :class:`~store.sql92_values.JavaType`, so evaluating tests no types; value
-conversions and comparisons come from :mod:`store.sql92_values`. The semantics
-are stated in :mod:`store.sql92`.
+conversions and comparisons come from :mod:`basalt.store.sql92_values`. The semantics
+are stated in :mod:`basalt.store.sql92`.
 
 Nodes are frozen and their closures capture only immutable values, so a
 compiled expression may be shared by any number of threads.
@@ -23,9 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, NoReturn
 
-from lark import Token
-
-from store.sql92_values import (
+from basalt.store.sql92_values import (
     FROM_STRING,
     INTEGRAL,
     NUMERIC,
@@ -38,6 +36,7 @@ from store.sql92_values import (
     compare_strings_as_doubles,
     java_double,
 )
+from lark import Token
 
 __all__ = [
     "Kind",

@@ -1,13 +1,13 @@
 """Java values for the SQL92 selector: RocketMQ's conversions and comparisons.
 
-The closures :mod:`store.sql92` compiles work on Java values, and this module
+The closures :mod:`basalt.store.sql92` compiles work on Java values, and this module
 holds what they call at evaluation time: the conversion of a property (always
 a ``String``) to the type of the value it is compared with (``Integer.valueOf``,
 ``Long.valueOf``, ``Double.valueOf``, ``Boolean.valueOf``), and the comparison
 of two values as RocketMQ's ``ComparisonExpression.__compare`` makes it
 (:func:`comparator`, chosen once per comparison at compile time from the two
 operands' :class:`JavaType`). The rules themselves are stated with the grammar
-in :mod:`store.sql92`; each function here names the Java method it follows.
+in :mod:`basalt.store.sql92`; each function here names the Java method it follows.
 
 A conversion that fails raises :class:`Sql92EvaluationError`, which aborts the
 whole evaluation as the Java exception does. Everything here is pure and may be
@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from store.errors import StoreError
+from basalt.store.errors import StoreError
 
 __all__ = [
     "FROM_STRING",
@@ -49,7 +49,7 @@ class Sql92EvaluationError(StoreError, ValueError):
 
     RocketMQ's ``evaluate`` throws here (a NumberFormatException, or a
     ClassCastException for ``TRUE = property``) and the message does not
-    match; :meth:`store.sql92.Sql92Expression.matches` returns False for it.
+    match; :meth:`basalt.store.sql92.Sql92Expression.matches` returns False for it.
     """
 
 

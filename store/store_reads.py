@@ -1,6 +1,6 @@
 """MessageStore's reads: the pull path, offsets and times, look-ups by offset and key.
 
-A mixin of :class:`store.message_store.MessageStore`, kept apart so that the
+A mixin of :class:`basalt.store.message_store.MessageStore`, kept apart so that the
 store's lifecycle and write path stay one readable module. Every method is
 thread-safe and reads only what is written (below write positions).
 """
@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from store.commitlog import CommitLog
-from store.consume_queue import ConsumeQueue
-from store.consume_queue_table import ConsumeQueueTable
-from store.dispatcher import ReputMessageService
-from store.errors import StoreClosedError
-from store.get_message import GetMessageResult, QueryMessageResult, TransferLimits, get_message
-from store.index_service import IndexService
-from store.message import MessageRecord
-from store.message_filter import MessageFilter
+from basalt.store.commitlog import CommitLog
+from basalt.store.consume_queue import ConsumeQueue
+from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.dispatcher import ReputMessageService
+from basalt.store.errors import StoreClosedError
+from basalt.store.get_message import (
+    GetMessageResult,
+    QueryMessageResult,
+    TransferLimits,
+    get_message,
+)
+from basalt.store.index_service import IndexService
+from basalt.store.message import MessageRecord
+from basalt.store.message_filter import MessageFilter
 
 
 class StoreReads:
@@ -68,7 +73,7 @@ class StoreReads:
         message_filter: MessageFilter | None = None,
     ) -> GetMessageResult:
         """Up to ``max_msg_nums`` records of a queue from ``offset`` that match the
-        filter, as stored (see :mod:`store.get_message` for statuses and caps).
+        filter, as stored (see :mod:`basalt.store.get_message` for statuses and caps).
 
         ``group`` names the consumer group for the caller's accounting; the read
         itself does not depend on it. Raises StoreClosedError when not running,

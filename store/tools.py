@@ -1,8 +1,8 @@
 """The ``basalt store`` command group: ``check`` and ``dump`` on a store root, read-only.
 
-The work lives in :mod:`store.check` (the consistency verifier) and
-:mod:`store.dump` (the record printer), both over the read-only loaders of
-:mod:`store.readonly`; this module only parses arguments, prints, and maps
+The work lives in :mod:`basalt.store.check` (the consistency verifier) and
+:mod:`basalt.store.dump` (the record printer), both over the read-only loaders of
+:mod:`basalt.store.readonly`; this module only parses arguments, prints, and maps
 outcomes to exit statuses: :data:`EXIT_OK` (0), :data:`EXIT_INCONSISTENT` (1:
 the store is inconsistent, or a dump stopped at a corrupt record) and
 :data:`EXIT_USAGE` (2: a bad root). ``check_store``, ``CheckReport``,
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from store.check import CheckReport, check_store
-from store.dump import DEFAULT_BODY_PREVIEW_BYTES, dump_store
-from store.readonly import StoreRootError
+from basalt.store.check import CheckReport, check_store
+from basalt.store.dump import DEFAULT_BODY_PREVIEW_BYTES, dump_store
+from basalt.store.readonly import StoreRootError
 
 __all__ = [
     "EXIT_INCONSISTENT",
@@ -57,7 +57,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def add_store_commands(parser: argparse.ArgumentParser) -> None:
-    """Add ``check`` and ``dump`` under ``parser`` (the ``store`` group).
+    """Add ``check`` and ``dump`` under ``parser`` (the ``basalt.store`` group).
 
     Each subcommand sets ``handler`` (a :data:`CommandHandler`) in the namespace.
     """

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from store import ManualClock, MessageStore, MessageStoreConfig
+from basalt.store import ManualClock, MessageStore, MessageStoreConfig
 
 #: Small files so tests roll files and fill queues quickly.
 SMALL_COMMITLOG_FILE = 64 * 1024

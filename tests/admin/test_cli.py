@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from basalt.admin.cli import GROUPS, main
+from basalt.store import ManualClock, MessageStore
 
-from admin.cli import GROUPS, main
-from store import ManualClock, MessageStore
 from tests.conftest import ConfigFactory
 from tests.store.test_tools import fill_store
 
@@ -66,7 +66,7 @@ def test_store_commands_in_process(root: Path, capsys: pytest.CaptureFixture[str
 
 def test_python_m_admin_runs_the_same_cli(root: Path, tmp_path: Path) -> None:
     ok = subprocess.run(
-        [sys.executable, "-m", "admin", "store", "check", str(root)],
+        [sys.executable, "-m", "basalt.admin", "store", "check", str(root)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -77,7 +77,7 @@ def test_python_m_admin_runs_the_same_cli(root: Path, tmp_path: Path) -> None:
     assert ok.stdout.rstrip().endswith("result: OK")
 
     missing = subprocess.run(
-        [sys.executable, "-m", "admin", "store", "check", str(tmp_path / "missing")],
+        [sys.executable, "-m", "basalt.admin", "store", "check", str(tmp_path / "missing")],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

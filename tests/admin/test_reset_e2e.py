@@ -16,11 +16,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.services.cluster.local import CLUSTER_NAME
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.cluster import CLUSTER_NAME
-from services.meta import MetaClient, MetaConfig, TopicConfig
 from tests.client.helpers import assert_one_jump_back, producing
 from tests.client.test_push_rebalance_e2e import calls, worker
 from tests.client.test_quickstart import REPO_ROOT, basalt
@@ -37,7 +37,7 @@ GROUP = "RG"
 async def cluster_up(data: Path) -> AsyncIterator[dict[str, dict[str, str]]]:
     async def run(*args: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "admin", "cluster", *args, "--data-dir", str(data),
+            sys.executable, "-m", "basalt.admin", "cluster", *args, "--data-dir", str(data),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO_ROOT,
         )  # fmt: skip
         out, _ = await asyncio.wait_for(proc.communicate(), 180)

@@ -9,8 +9,9 @@ import json
 import time
 from pathlib import Path
 
+from basalt.services.meta import MetaConfig
+
 from basalt.v1 import store_node_pb2 as sn
-from services.meta import MetaConfig
 from tests.client.test_quickstart import basalt
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.admin.service import start_admin_service
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 
-from admin.service import start_admin_service
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from services.etcd_process import EtcdProcess, free_port
-from services.meta import MetaClient, MetaConfig, TopicConfig
 from tests.services.conftest import async_test, unique_cluster
 from tests.services.test_pull_process import ServiceProcess
 from tests.services.test_pull_service import TOPIC, cluster
@@ -336,8 +336,8 @@ async def test_reset_offset_by_time_fans_out_tells_consumers_and_names_a_failed_
 def admin_process(tmp_path: Path, etcd: EtcdProcess) -> Iterator[tuple[ServiceProcess, str]]:
     cluster_name = unique_cluster()
     proc = ServiceProcess(
-        tmp_path / "admin.log",
-        "admin.service_main",
+        tmp_path / "basalt.admin.log",
+        "basalt.admin.service_main",
         "--etcd",
         etcd.endpoint,
         "--cluster",
@@ -371,8 +371,8 @@ def test_the_process_serves_until_sigterm(
 
 def test_the_process_exits_1_when_etcd_does_not_answer(tmp_path: Path) -> None:
     proc = ServiceProcess(
-        tmp_path / "admin.log",
-        "admin.service_main",
+        tmp_path / "basalt.admin.log",
+        "basalt.admin.service_main",
         "--etcd",
         f"127.0.0.1:{free_port()}",
         "--op-timeout-s",

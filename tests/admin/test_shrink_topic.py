@@ -7,10 +7,11 @@ import asyncio
 import json
 from pathlib import Path
 
+from basalt.client import ClientError, ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
+from basalt.services.meta import MetaConfig
+from basalt.store.message import Message
+
 from basalt.v1 import common_pb2 as pb
-from client import ClientError, ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
-from services.meta import MetaConfig
-from store.message import Message
 from tests.client.test_quickstart import basalt
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import cluster

@@ -7,8 +7,9 @@ import asyncio
 import json
 from pathlib import Path
 
+from basalt.services.meta import MetaConfig
+
 from basalt.v1 import common_pb2 as pb
-from services.meta import MetaConfig
 from tests.client.test_quickstart import basalt
 from tests.conftest import wait_indexed as store_wait_indexed
 from tests.services.conftest import async_test
@@ -77,7 +78,7 @@ async def test_topics_status_progress_and_cluster_list(
 
 @async_test
 async def test_unreachable_etcd_is_a_clear_failure() -> None:
-    from services.etcd_process import free_port
+    from basalt.services.cluster.etcd import free_port
 
     code, _, err = await basalt("admin", "topicList", "--etcd", f"127.0.0.1:{free_port()}")
     assert code == 1 and "etcd" in err

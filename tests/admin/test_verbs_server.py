@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from basalt.admin.cli import main
+from basalt.services.cluster.etcd import free_port
+from basalt.services.meta import MetaConfig
 
-from admin.cli import main
 from basalt.v1 import common_pb2 as pb
-from services.etcd_process import free_port
-from services.meta import MetaConfig
 from tests.admin.test_service import admin_server
 from tests.client.test_quickstart import basalt
 from tests.services.conftest import async_test

@@ -9,10 +9,11 @@ import itertools
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
 from typing import TypeVar
 
+from basalt.client import MessageQueue, Producer
+from basalt.store.message import Message
+
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from client import MessageQueue, Producer
-from store.message import Message
 
 Q = TypeVar("Q", bound=Hashable)
 

@@ -16,8 +16,14 @@ import sys
 import threading
 import time
 
-from client import ConsumeFromWhere, ConsumeStatus, MessageQueue, PushConsumer, PushConsumerConfig
-from store.message import MessageRecord
+from basalt.client import (
+    ConsumeFromWhere,
+    ConsumeStatus,
+    MessageQueue,
+    PushConsumer,
+    PushConsumerConfig,
+)
+from basalt.store.message import MessageRecord
 
 
 async def main(

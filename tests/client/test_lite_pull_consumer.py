@@ -7,11 +7,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
-from admin import ops
-from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import store_node_pb2 as sn
-from client import (
+from basalt.admin import ops
+from basalt.client import (
     ClientError,
     ConsumeFromWhere,
     LitePullConfig,
@@ -21,8 +18,11 @@ from client import (
     SyncLitePullConsumer,
     SyncProducer,
 )
-from services.meta import MetaConfig
-from store.message import Message
+from basalt.services.meta import MetaConfig
+from basalt.store.message import Message
+
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import store_node_pb2 as sn
 from tests.client.helpers import send_each
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster

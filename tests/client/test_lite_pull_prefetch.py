@@ -8,15 +8,15 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from basalt.admin import ops
+from basalt.client import ClientError, LitePullConsumer, MessageQueue
+from basalt.services.meta import MetaConfig
+from basalt.store.message import MessageRecord
+from basalt.store.record import decode_records
 
-from admin import ops
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from client import ClientError, LitePullConsumer, MessageQueue
-from services.meta import MetaConfig
-from store.message import MessageRecord
-from store.record import decode_records
 from tests.client.test_lite_pull_consumer import config
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, Harness, cluster

@@ -7,14 +7,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from basalt.client import ClientError, Producer, ProducerConfig
+from basalt.client.producer import _Stream
+from basalt.services.meta import MetaConfig
+from basalt.store.message import Message
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from client import ClientError, Producer, ProducerConfig
-from client.producer import _Stream
-from services.meta import MetaConfig
-from store.message import Message
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster, pull_queue
 

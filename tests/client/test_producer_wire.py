@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from basalt.client.producer import send_stream_batch, send_stream_message
 from hypothesis import given
 from hypothesis import strategies as st
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
-from client.producer import send_stream_batch, send_stream_message
 
 opaques = st.integers(min_value=0, max_value=2**64 - 1)
 queue_ids = st.integers(min_value=-(2**31), max_value=2**31 - 1)

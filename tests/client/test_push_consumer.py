@@ -15,12 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-
-from admin import ops
-from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import store_node_pb2 as sn
-from client import (
+from basalt.admin import ops
+from basalt.client import (
     ConsumeFromWhere,
     ConsumeStatus,
     MessageQueue,
@@ -30,9 +26,13 @@ from client import (
     SyncProducer,
     SyncPushConsumer,
 )
-from services.errors import StatusRefusal
-from services.meta import MetaConfig
-from store.message import Message, MessageRecord
+from basalt.services.errors import StatusRefusal
+from basalt.services.meta import MetaConfig
+from basalt.store.message import Message, MessageRecord
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import store_node_pb2 as sn
 from tests.client.helpers import (
     assert_committed_at_least,
     assert_one_jump_back,

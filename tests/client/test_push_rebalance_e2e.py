@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.meta import MetaConfig
+from basalt.services.meta import MetaConfig
+
 from tests.client.helpers import producing
 from tests.client.test_quickstart import REPO_ROOT
 from tests.services.conftest import async_test

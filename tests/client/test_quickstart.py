@@ -7,7 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from services.meta import MetaConfig
+from basalt.services.meta import MetaConfig
+
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster
 
@@ -18,7 +19,7 @@ async def basalt(*argv: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "admin",
+        "basalt.admin",
         *argv,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -10,6 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from basalt.store.consumer_offsets import CommitStatus
+from basalt.store.get_message import GetStatus, split_records
+from basalt.store.message import Message as StoreMessage
+from basalt.store.message import encode_host, offset_msg_id
+from basalt.store.message_filter import FILTER_TYPE_SQL92, FILTER_TYPE_TAG
+from basalt.store.put_result import PutStatus
+from basalt.store.record import EncodedMessage, decode_record
 
 from basalt.v1 import (
     admin_pb2_grpc,
@@ -19,13 +26,6 @@ from basalt.v1 import (
     store_node_pb2,
     store_node_pb2_grpc,
 )
-from store.consumer_offsets import CommitStatus
-from store.get_message import GetStatus, split_records
-from store.message import Message as StoreMessage
-from store.message import encode_host, offset_msg_id
-from store.message_filter import FILTER_TYPE_SQL92, FILTER_TYPE_TAG
-from store.put_result import PutStatus
-from store.record import EncodedMessage, decode_record
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "scripts" / "generate_protos.py"

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from services.etcd_process import EtcdProcess
-from services.meta import MetaConfig
+from basalt.services.cluster.etcd import EtcdProcess
+from basalt.services.meta import MetaConfig
 
 #: No async test may run longer than this (pytest-timeout is the outer net).
 ASYNC_TEST_TIMEOUT_S = 45.0

@@ -8,14 +8,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from basalt.services.cluster.etcd import EtcdProcess
+from basalt.services.errors import Refusal
+from basalt.services.meta import (
+    BrokerRegistration,
+    MetaClient,
+    MetaConfig,
+    MetaWatcher,
+    TopicConfig,
+)
+from basalt.services.pull_service.broker_grace import RegisteredBrokers
+from basalt.services.pull_service.checks import check_pull
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from services.broker_grace import RegisteredBrokers
-from services.errors import Refusal
-from services.etcd_process import EtcdProcess
-from services.meta import BrokerRegistration, MetaClient, MetaConfig, MetaWatcher, TopicConfig
-from services.pull_checks import check_pull
 from tests.services.conftest import async_test
 
 GRACE_S = 4.0

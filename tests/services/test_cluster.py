@@ -11,6 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.services.process import SERVICE_ENV
+from basalt.store.get_message import split_records
+from basalt.store.record import decode_record
 
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
@@ -19,16 +22,13 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.process import SERVICE_ENV
-from store.get_message import split_records
-from store.record import decode_record
 
 pytestmark = pytest.mark.slow
 
 
 def basalt(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "admin", "cluster", *args],
+        [sys.executable, "-m", "basalt.admin", "cluster", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -68,7 +68,15 @@ def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) 
         admin = next(p for p in procs if p["role"] == "admin")
         assert asyncio.run(topic_list(admin["address"])) == ["Hello"]
         listed = subprocess.run(
-            [sys.executable, "-m", "admin", "admin", "topicList", "--server", admin["address"]],
+            [
+                sys.executable,
+                "-m",
+                "basalt.admin",
+                "admin",
+                "topicList",
+                "--server",
+                admin["address"],
+            ],
             capture_output=True,
             text=True,
             timeout=120,

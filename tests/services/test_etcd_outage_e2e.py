@@ -36,13 +36,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.services.cluster.etcd import EtcdProcess
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.etcd_process import EtcdProcess
 from tests.services import test_pull_process
 from tests.services.conftest import ASYNC_TEST_TIMEOUT_S, unique_cluster
 from tests.services.test_pull_process import (

@@ -6,8 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
-
-from services.etcd_process import EtcdProcess, EtcdProcessError, etcd_binary, free_port
+from basalt.services.cluster.etcd import EtcdProcess, EtcdProcessError, etcd_binary, free_port
 
 
 def test_binary_ships_with_the_wheel() -> None:

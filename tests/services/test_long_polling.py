@@ -6,10 +6,10 @@ import asyncio
 import threading
 from collections.abc import Callable
 
-from services.long_polling import HeldRead, PullRequestHoldService
-from store import Message, MessageStore
-from store.get_message import GetMessageResult, GetStatus
-from store.message_filter import build_filter
+from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
+from basalt.store import Message, MessageStore
+from basalt.store.get_message import GetMessageResult, GetStatus
+from basalt.store.message_filter import build_filter
 
 TOPIC = "Held"
 

@@ -14,9 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-from services.etcd_process import EtcdProcess, free_port
-from services.meta import (
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import (
     BrokerRegistration,
     ConsumerRegistration,
     ExpressionType,
@@ -34,6 +33,7 @@ from services.meta import (
     TopicNotFoundError,
     parse_endpoints,
 )
+
 from tests.services.conftest import async_test, unique_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -448,7 +448,7 @@ async def _has(meta: MetaClient, pull_id: str) -> bool:
 
 CHILD = """
 import asyncio, sys
-from services.meta import BrokerRegistration, MetaClient, MetaConfig
+from basalt.services.meta import BrokerRegistration, MetaClient, MetaConfig
 
 async def main() -> None:
     meta = MetaClient(MetaConfig(endpoints=(sys.argv[1],), cluster=sys.argv[2], lease_ttl_s=2))

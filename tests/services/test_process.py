@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-from services.process import SERVICE_ENV, keep_large_buffers, service_env
+from basalt.services.process import SERVICE_ENV, keep_large_buffers, service_env
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")

@@ -11,11 +11,11 @@ import asyncio
 from pathlib import Path
 
 import grpc
+from basalt.services.meta import MetaConfig, Perm
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from services.meta import MetaConfig, Perm
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, bodies, cluster, pull_request
 from tests.services.test_store_node import refused

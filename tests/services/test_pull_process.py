@@ -19,14 +19,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.etcd_process import EtcdProcess, free_port
-from services.meta import MetaClient, MetaConfig, TopicConfig
 from tests.services.conftest import unique_cluster
 from tests.services.test_pull_service import bodies, pull_request
 from tests.services.test_pull_sessions import Consumer
@@ -166,7 +166,7 @@ def start_processes(
     for name in BROKERS:
         nodes[name] = ServiceProcess(
             tmp_path / f"{name}.log",
-            "services.store_node_main",
+            "basalt.services.store_node.main",
             "--name",
             name,
             "--data-dir",
@@ -176,7 +176,7 @@ def start_processes(
         started.append(nodes[name])
     pull = ServiceProcess(
         tmp_path / "ps-1.log",
-        "services.pull_service_main",
+        "basalt.services.pull_service.main",
         "--id",
         "ps-1",
         "--heartbeat-interval-ms",

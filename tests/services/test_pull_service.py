@@ -20,22 +20,22 @@ from typing import Any
 
 import grpc
 import pytest
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import BrokerRegistration, MetaClient, MetaConfig, Perm, TopicConfig
+from basalt.services.pull_service.checks import pull_outcome
+from basalt.services.pull_service.server import RunningPullService, start_pull_service
+from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL, PullServiceConfig
+from basalt.services.store_node.main import EtcdTopics
+from basalt.services.store_node.server import RunningStoreNode, start_store_node
+from basalt.services.store_node.service import StoreNodeConfig
+from basalt.store.get_message import split_records
+from basalt.store.record import decode_record
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.etcd_process import EtcdProcess, free_port
-from services.meta import BrokerRegistration, MetaClient, MetaConfig, Perm, TopicConfig
-from services.pull_checks import pull_outcome
-from services.pull_server import RunningPullService, start_pull_service
-from services.pull_service import SCOPE_KEY, SCOPE_LOCAL, PullServiceConfig
-from services.server import RunningStoreNode, start_store_node
-from services.store_node import StoreNodeConfig
-from services.store_node_main import EtcdTopics
-from store.get_message import split_records
-from store.record import decode_record
 from tests.services.conftest import async_test, unique_cluster
 from tests.services.test_store_node import config_for, refused
 
@@ -225,7 +225,7 @@ def test_store_status_maps_to_code_and_pull_status_by_rocketmqs_table(
 
 
 def test_an_unknown_store_status_is_a_system_error() -> None:
-    from services.errors import Refusal
+    from basalt.services.errors import Refusal
 
     with pytest.raises(Refusal) as e:
         pull_outcome(pb.GET_MESSAGE_STATUS_UNSPECIFIED, 0)

@@ -12,13 +12,13 @@ from typing import Any
 
 import grpc
 import pytest
+from basalt.services.errors import RESPONSE_CODE_KEY
+from basalt.services.meta import MetaClient, MetaConfig
+from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
-from services.errors import RESPONSE_CODE_KEY
-from services.meta import MetaClient, MetaConfig
-from services.pull_service import SCOPE_KEY, SCOPE_LOCAL
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import cluster
 

@@ -1,12 +1,12 @@
-"""services.pull_wire writes the same PullBatchResponse protobuf would build."""
+"""basalt.services.pull_service.wire writes the same PullBatchResponse protobuf would build."""
 
 from __future__ import annotations
 
+from basalt.services.pull_service.wire import pull_batch_wire, varint
 from hypothesis import given
 from hypothesis import strategies as st
 
 from basalt.v1 import common_pb2 as pb
-from services.pull_wire import pull_batch_wire, varint
 
 heads = st.builds(
     pb.PullResponse,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.services.errors import response_code_of
+from basalt.services.meta import MetaConfig
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from services.errors import response_code_of
-from services.meta import MetaConfig
 from tests.services.conftest import async_test
 from tests.services.test_pull_service import TOPIC, cluster
 from tests.services.test_pull_sessions import Consumer, eventually

@@ -15,20 +15,20 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+from basalt.services.errors import RESPONSE_CODE_KEY
+from basalt.services.meta.model import Perm, TopicConfig
+from basalt.services.store_node.server import RunningStoreNode, start_store_node
+from basalt.services.store_node.service import StoreNodeConfig
+from basalt.services.store_node.topics import LocalTopics
+from basalt.store import MessageStoreConfig
+from basalt.store.batch import EncodedBatch
+from basalt.store.message import Message
+from basalt.store.record import EncodedMessage, decode_record
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.errors import RESPONSE_CODE_KEY
-from services.meta_model import Perm, TopicConfig
-from services.server import RunningStoreNode, start_store_node
-from services.store_node import StoreNodeConfig
-from services.topics import LocalTopics
-from store import MessageStoreConfig
-from store.batch import EncodedBatch
-from store.message import Message
-from store.record import EncodedMessage, decode_record
 from tests.conftest import SMALL_INDEX
 
 T = TypeVar("T")
@@ -137,7 +137,7 @@ def test_send_batch_as_messages_and_as_producer_encoded_records(tmp_path: Path) 
 
 
 def _records(data: bytes) -> list[Any]:
-    from store.get_message import split_records
+    from basalt.store.get_message import split_records
 
     return [decode_record(r) for r in split_records(data)]
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.store.get_message import split_records
+from basalt.store.record import decode_record
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
-from store.get_message import split_records
-from store.record import decode_record
 from tests.services.test_store_node import TOPIC, node, refused, run, wire
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]

@@ -13,21 +13,21 @@ from pathlib import Path
 
 import grpc
 import pytest
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import MetaClient, MetaConfig
+from basalt.store.get_message import split_records
+from basalt.store.record import decode_record
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.etcd_process import EtcdProcess, free_port
-from services.meta import MetaClient, MetaConfig
-from store.get_message import split_records
-from store.record import decode_record
 from tests.services.conftest import unique_cluster
 
 pytestmark = pytest.mark.slow
 
 
 class NodeProcess:
-    """``python -m services.store_node_main`` in a child process."""
+    """``python -m basalt.services.store_node.main`` in a child process."""
 
     def __init__(self, data_dir: Path, etcd: EtcdProcess, cluster: str) -> None:
         self.data_dir = data_dir
@@ -35,7 +35,7 @@ class NodeProcess:
         self.args = [
             sys.executable,
             "-m",
-            "services.store_node_main",
+            "basalt.services.store_node.main",
             "--name",
             "broker-a",
             "--data-dir",

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from store import FlushDiskType, Message, MessageRecord, MessageStore, MessageStoreConfig
-from store.config import CQ_STORE_UNIT_SIZE
-from store.recovery import RecoveryReport
+from basalt.store import FlushDiskType, Message, MessageRecord, MessageStore, MessageStoreConfig
+from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.recovery import RecoveryReport
 
 THIS_FILE = Path(__file__).resolve()
 #: The repository root: where ``python -m admin`` finds the admin package.
@@ -328,7 +328,7 @@ def run_store_check_cli(root: Path) -> dict[str, Any]:
     report that is not ``ok``, or records left undispatched after a clean shutdown.
     """
     proc = subprocess.run(
-        [sys.executable, "-m", "admin", "store", "check", str(root), "--json"],
+        [sys.executable, "-m", "basalt.admin", "store", "check", str(root), "--json"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

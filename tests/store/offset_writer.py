@@ -31,8 +31,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from store.clock import SystemClock
-from store.consumer_offsets import (
+from basalt.store.clock import SystemClock
+from basalt.store.consumer_offsets import (
     CONSUMER_OFFSET_FILE_NAME,
     CommitStatus,
     ConsumerOffsetManager,

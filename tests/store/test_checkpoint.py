@@ -6,9 +6,8 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from store.checkpoint import CHECKPOINT_FILE_SIZE, RECOVERY_MARGIN_MS, StoreCheckpoint
-from store.errors import CorruptFileError
+from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE, RECOVERY_MARGIN_MS, StoreCheckpoint
+from basalt.store.errors import CorruptFileError
 
 PHYSIC, LOGICS, INDEX = 1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_789
 

@@ -1,7 +1,7 @@
 """Send coalescing: the async sends of one event loop turn share one append.
 
 Sends made during one turn of an asyncio loop are appended as one batch and,
-under SYNC flush, acknowledged after one fsync (:mod:`store.coalesce`); each
+under SYNC flush, acknowledged after one fsync (:mod:`basalt.store.coalesce`); each
 send still gets its own result. These tests check that every send's result
 describes exactly its own records (read back by physical and by queue
 offset), that a refused send is answered alone, and that a group larger than
@@ -21,12 +21,19 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
+from basalt.store import (
+    FlushDiskType,
+    ManualClock,
+    Message,
+    MessageStore,
+    PutMessageResult,
+    PutStatus,
+)
+from basalt.store.batch import EncodedBatch
+from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE
+from basalt.store.config import MessageStoreConfig
+from basalt.store.record import BLANK_MAGIC_CODE, EncodedMessage
 
-from store import FlushDiskType, ManualClock, Message, MessageStore, PutMessageResult, PutStatus
-from store.batch import EncodedBatch
-from store.checkpoint import CHECKPOINT_FILE_SIZE
-from store.config import MessageStoreConfig
-from store.record import BLANK_MAGIC_CODE, EncodedMessage
 from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 BLANK = struct.Struct(">iI")  # an end-of-file blank: its size, then BLANK_MAGIC_CODE

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from store.config import (
+from basalt.store.config import (
     CQ_STORE_UNIT_SIZE,
     DEFAULT_CQ_UNITS_PER_FILE,
     MAX_PROPERTIES_SIZE,
@@ -16,7 +15,7 @@ from store.config import (
     FlushDiskType,
     MessageStoreConfig,
 )
-from store.errors import StoreConfigError, StoreError
+from basalt.store.errors import StoreConfigError, StoreError
 
 
 def test_defaults_are_rocketmqs(tmp_path: Path) -> None:

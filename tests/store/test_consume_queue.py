@@ -9,6 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consume_queue import BLANK_UNIT, BLANK_UNIT_SIZE, UNIT, ConsumeQueue, CqEntry
+from basalt.store.mapped_file import file_name
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -18,10 +21,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
-from store.config import CQ_STORE_UNIT_SIZE
-from store.consume_queue import BLANK_UNIT, BLANK_UNIT_SIZE, UNIT, ConsumeQueue, CqEntry
-from store.mapped_file import file_name
 
 UNITS_PER_FILE = 8
 CQ_FILE_SIZE = UNITS_PER_FILE * CQ_STORE_UNIT_SIZE

@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from store.clock import ManualClock
-from store.consumer_offsets import (
+from basalt.store.clock import ManualClock
+from basalt.store.consumer_offsets import (
     CommitStatus,
     ConsumerOffsetManager,
     InvalidOffsetRequestError,
     OffsetPersistService,
     consumer_offset_path,
 )
-from store.errors import CorruptFileError, StoreConfigError
+from basalt.store.errors import CorruptFileError, StoreConfigError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.store import offset_writer
 from tests.store.test_flush import wait_until
 
@@ -460,7 +460,7 @@ def test_persist_failure_raises_and_is_retried(
     def refuse(p: Path, data: bytes) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("store.consumer_offsets.write_atomically", refuse)
+    monkeypatch.setattr("basalt.store.consumer_offsets.write_atomically", refuse)
     with pytest.raises(OSError, match="No space"):
         manager.persist()
     assert manager.dirty

@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 
 import pytest
+from basalt.store.tools import check_store
 
-from store.tools import check_store
 from tests.store.crash_writer import CrashLoop
 
 CYCLES = 24

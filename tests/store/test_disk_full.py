@@ -9,14 +9,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-from store import Message, MessageStore, MessageStoreConfig
+from basalt.store import Message, MessageStore, MessageStoreConfig
+
 from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, SMALL_INDEX
 
 _CHILD = textwrap.dedent(
     """
     import json, resource, signal, sys
     from pathlib import Path
-    from store import Message, MessageStore, MessageStoreConfig
+    from basalt.store import Message, MessageStore, MessageStoreConfig
 
     config = MessageStoreConfig(
         store_path_root_dir=Path(sys.argv[1]),

@@ -12,18 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-
-from store import ManualClock, Message, MessageStore
-from store.commitlog import HANDOFF_MAX_APPENDS
-from store.config import CQ_STORE_UNIT_SIZE
-from store.consume_queue import UNIT
-from store.dispatcher import DispatchRequest
-from store.hashing import tags_code
-from store.message import (
+from basalt.store import ManualClock, Message, MessageStore
+from basalt.store.commitlog import HANDOFF_MAX_APPENDS
+from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consume_queue import UNIT
+from basalt.store.dispatcher import DispatchRequest
+from basalt.store.hashing import tags_code
+from basalt.store.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
+
 from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 

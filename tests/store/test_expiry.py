@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from basalt.store import ManualClock, Message, MessageStore, PutStatus
+from basalt.store.get_message import GetStatus
 
-from store import ManualClock, Message, MessageStore, PutStatus
-from store.get_message import GetStatus
 from tests.conftest import ConfigFactory, wait_indexed
 
 TOPIC = "Expiring"
@@ -213,7 +213,7 @@ def test_reopened_store_ages_files_by_the_next_files_first_record(
 
 
 def test_bad_delete_when_is_refused(make_config: ConfigFactory) -> None:
-    from store.errors import StoreConfigError
+    from basalt.store.errors import StoreConfigError
 
     with pytest.raises(StoreConfigError, match="delete_when"):
         make_config(delete_when="4am")

@@ -14,10 +14,17 @@ import time
 from collections.abc import Callable
 
 import pytest
+from basalt.store import (
+    FlushDiskType,
+    ManualClock,
+    Message,
+    MessageStore,
+    PutMessageResult,
+    PutStatus,
+)
+from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE
+from basalt.store.config import MessageStoreConfig
 
-from store import FlushDiskType, ManualClock, Message, MessageStore, PutMessageResult, PutStatus
-from store.checkpoint import CHECKPOINT_FILE_SIZE
-from store.config import MessageStoreConfig
 from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 CHECKPOINT = struct.Struct(">qqq")  # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp

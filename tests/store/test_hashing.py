@@ -8,10 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from basalt.store.hashing import java_string_hash, tags_code
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from store.hashing import java_string_hash, tags_code
 
 # Values printed by OpenJDK 17's String.hashCode.
 KNOWN_JAVA_HASHES = [

@@ -10,12 +10,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from store.errors import CorruptFileError
-from store.hashing import java_string_hash
-from store.index_file import (
+from basalt.store.errors import CorruptFileError
+from basalt.store.hashing import java_string_hash
+from basalt.store.index_file import (
     ENTRY,
     HEADER,
     SLOT,
@@ -27,6 +24,8 @@ from store.index_file import (
     is_index_file_name,
     next_index_file_name,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 T0 = 1_700_000_000_000
 MakeFile = Callable[..., IndexFile]

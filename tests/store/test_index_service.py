@@ -8,13 +8,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-
-from store.clock import ManualClock
-from store.dispatcher import DispatchListener, DispatchRequest
-from store.errors import CorruptFileError, StoreClosedError, StoreConfigError
-from store.index_file import IndexFile, index_file_name, index_file_size
-from store.index_service import IndexService, QueryOffsetResult
-from store.message import (
+from basalt.store.clock import ManualClock
+from basalt.store.dispatcher import DispatchListener, DispatchRequest
+from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
+from basalt.store.index_file import IndexFile, index_file_name, index_file_size
+from basalt.store.index_service import IndexService, QueryOffsetResult
+from basalt.store.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,

@@ -6,14 +6,14 @@ import itertools
 from pathlib import Path
 
 import pytest
+from basalt.store import ManualClock, Message, MessageStore
+from basalt.store.dispatcher import DispatchRequest
+from basalt.store.index_service import IndexService
+from basalt.store.message import TRANSACTION_ROLLBACK_TYPE
+from basalt.store.record import decode_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import ManualClock, Message, MessageStore
-from store.dispatcher import DispatchRequest
-from store.index_service import IndexService
-from store.message import TRANSACTION_ROLLBACK_TYPE
-from store.record import decode_record
 from tests.conftest import ConfigFactory, wait_indexed
 
 TOPIC = "Indexed"
@@ -34,7 +34,7 @@ def requests_of(store: MessageStore) -> list[DispatchRequest]:
             if raw[4:8] != b"\xda\xa3\x20\xa7":
                 break  # the end-of-file blank
             r = decode_record(mf.read(pos, size))
-            from store.message import encode_properties
+            from basalt.store.message import encode_properties
 
             out.append(
                 DispatchRequest(
@@ -79,7 +79,7 @@ def test_the_c_bulk_path_writes_the_files_the_python_reference_writes(
     and files small enough to fill mid-record: byte-identical index files."""
     root = tmp_path_factory.mktemp("bulk")
     clock = ManualClock()
-    from store import MessageStoreConfig
+    from basalt.store import MessageStoreConfig
 
     config = MessageStoreConfig(
         store_path_root_dir=root / "store",

@@ -6,9 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from store.errors import CorruptFileError
-from store.mapped_file import FILE_NAME_DIGITS, MappedFile, file_name, parse_file_name
+from basalt.store.errors import CorruptFileError
+from basalt.store.mapped_file import FILE_NAME_DIGITS, MappedFile, file_name, parse_file_name
 
 SIZE = 4096
 

@@ -6,10 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from store.errors import CorruptFileError
-from store.mapped_file import MappedFile, file_name
-from store.mapped_file_queue import MappedFileQueue
+from basalt.store.errors import CorruptFileError
+from basalt.store.mapped_file import MappedFile, file_name
+from basalt.store.mapped_file_queue import MappedFileQueue
 
 SIZE = 4096
 

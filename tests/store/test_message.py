@@ -7,10 +7,7 @@ import re
 import struct
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from store.message import (
+from basalt.store.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
     MULTI_TAGS_FLAG,
@@ -32,6 +29,8 @@ from store.message import (
     property_value,
     transaction_type,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # RocketMQ's string2messageProperties drops pairs with an empty name or value, so
 # only non-empty names and values are guaranteed to survive a round trip.

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
-from store.errors import StoreError
-from store.hashing import java_string_hash, tags_code
-from store.message import Message, encode_properties
-from store.message_filter import (
+from basalt.store.errors import StoreError
+from basalt.store.hashing import java_string_hash, tags_code
+from basalt.store.message import Message, encode_properties
+from basalt.store.message_filter import (
     MessageFilter,
     Sql92Filter,
     TagFilter,
     UnknownFilterTypeError,
     build_filter,
 )
-from store.sql92 import Sql92ParseError
+from basalt.store.sql92 import Sql92ParseError
 
 
 def record_properties(tags: str | None = None, **extra: str) -> bytes:

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from store import (
+from basalt.store import (
     ManualClock,
     Message,
     MessageStore,
@@ -24,11 +23,17 @@ from store import (
     PutStatus,
     StoreLockedError,
 )
-from store.batch import BatchRun, EncodedBatch
-from store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
-from store.mapped_file import file_name
-from store.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
-from store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, EncodedMessage, record_size
+from basalt.store.batch import BatchRun, EncodedBatch
+from basalt.store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
+from basalt.store.mapped_file import file_name
+from basalt.store.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
+from basalt.store.record import (
+    BLANK_MAGIC_CODE,
+    END_FILE_MIN_BLANK_LENGTH,
+    EncodedMessage,
+    record_size,
+)
+
 from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -378,7 +383,7 @@ def test_put_before_start_and_after_shutdown_is_service_not_available(
 _OPEN_IN_CHILD = textwrap.dedent(
     """
     import sys
-    from store import MessageStore, MessageStoreConfig, StoreLockedError
+    from basalt.store import MessageStore, MessageStoreConfig, StoreLockedError
 
     config = MessageStoreConfig(
         store_path_root_dir=sys.argv[1],

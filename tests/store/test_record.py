@@ -7,11 +7,8 @@ import struct
 import zlib
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
-from store.errors import CorruptRecordError
-from store.message import (
+from basalt.store.errors import CorruptRecordError
+from basalt.store.message import (
     BORNHOST_V6_FLAG,
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
@@ -20,7 +17,7 @@ from store.message import (
     encode_properties,
     offset_msg_id,
 )
-from store.record import (
+from basalt.store.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
     EncodedMessage,
@@ -30,6 +27,8 @@ from store.record import (
     decode_record,
     record_size,
 )
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)

@@ -16,14 +16,11 @@ import re
 import struct
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
-from client.producer import _SEND_RESULT_FIELDS, SendResult
-from store import _records
-from store.batch import encode_batch, encode_batch_py
-from store.errors import CorruptRecordError
-from store.message import (
+from basalt.client.producer import _SEND_RESULT_FIELDS, SendResult
+from basalt.store import _records
+from basalt.store.batch import encode_batch, encode_batch_py
+from basalt.store.errors import CorruptRecordError
+from basalt.store.message import (
     BORNHOST_V6_FLAG,
     Message,
     MessageRecord,
@@ -33,7 +30,7 @@ from store.message import (
     new_uniq_key,
     new_uniq_keys,
 )
-from store.record import (
+from basalt.store.record import (
     BLANK_MAGIC_CODE,
     EncodedMessage,
     _host_parts,
@@ -41,6 +38,9 @@ from store.record import (
     decode_records,
     decode_records_py,
 )
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
 from tests.store.test_record import INT32, INT64, hosts, messages, property_text, utf8_at_most
 
 STORE_HOST = encode_host("127.0.0.1:10911")

@@ -20,13 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
-from store import ManualClock, MessageStore, PutStatus, _records
-from store.batch import EncodedBatch
-from store.hashing import tags_code
-from store.message import (
+from basalt.store import ManualClock, MessageStore, PutStatus, _records
+from basalt.store.batch import EncodedBatch
+from basalt.store.hashing import tags_code
+from basalt.store.message import (
     COMPRESSED_FLAG,
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
@@ -37,17 +34,20 @@ from store.message import (
     encode_host,
     is_dispatchable,
 )
-from store.record import (
+from basalt.store.record import (
     BLANK_MAGIC_CODE,
     EncodedMessage,
     RecordKind,
     check_record,
     decode_record,
 )
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
 from tests.conftest import ConfigFactory
 
 if TYPE_CHECKING:
-    from store._records import DispatchResult
+    from basalt.store._records import DispatchResult
 
 IPV4_HOST = "127.0.0.1:10911"
 IPV6_HOST = "[::1]:10911"

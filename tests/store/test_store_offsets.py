@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from store import ManualClock, Message, MessageStore
-from store.consumer_offsets import CommitStatus
+from basalt.store import ManualClock, Message, MessageStore
+from basalt.store.consumer_offsets import CommitStatus
+
 from tests.conftest import ConfigFactory
 
 TOPIC = "Offsets"

@@ -1,4 +1,5 @@
-"""``basalt store check`` and ``dump``: :mod:`store.check`, :mod:`store.dump`, :mod:`store.tools`.
+"""``basalt store check`` and ``dump``: :mod:`basalt.store.check`, :mod:`basalt.store.dump`,
+:mod:`basalt.store.tools`.
 
 Every test writes through a real :class:`MessageStore` on ``tmp_path`` with
 64 KiB CommitLog files and 16-unit ConsumeQueue files (so both roll), then
@@ -16,20 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from basalt.admin.cli import main
+from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
+from basalt.store.check import CheckReport, check_store
+from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consume_queue import BLANK_UNIT, UNIT
+from basalt.store.dump import body_preview, dump_store
+from basalt.store.hashing import tags_code
+from basalt.store.mapped_file import file_name
+from basalt.store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from basalt.store.readonly import StoreRootError
+from basalt.store.record import HEADERS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from admin.cli import main
-from store import ManualClock, Message, MessageStore, MessageStoreConfig
-from store.check import CheckReport, check_store
-from store.config import CQ_STORE_UNIT_SIZE
-from store.consume_queue import BLANK_UNIT, UNIT
-from store.dump import body_preview, dump_store
-from store.hashing import tags_code
-from store.mapped_file import file_name
-from store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
-from store.readonly import StoreRootError
-from store.record import HEADERS
 from tests.conftest import ConfigFactory
 
 CQ_FILE_SIZE = 16 * CQ_STORE_UNIT_SIZE

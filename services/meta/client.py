@@ -21,17 +21,17 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from services.meta_config import MetaConfig, MetaKeys
-from services.meta_errors import (
+from basalt.services.meta.config import MetaConfig, MetaKeys
+from basalt.services.meta.errors import (
     MetaConflictError,
     MetaError,
     MetaValidationError,
     TopicExistsError,
     TopicNotFoundError,
 )
-from services.meta_fields import check_name, check_topic_name
-from services.meta_lease import Registration
-from services.meta_model import (
+from basalt.services.meta.fields import check_name, check_topic_name
+from basalt.services.meta.lease import Registration
+from basalt.services.meta.model import (
     DEFAULT_TOPIC_QUEUE_NUMS,
     BrokerRegistration,
     ConsumerRegistration,
@@ -40,8 +40,8 @@ from services.meta_model import (
     Registrable,
     TopicConfig,
 )
-from services.meta_session import EtcdSession, KeyValue
-from services.meta_watch import MetaWatcher
+from basalt.services.meta.session import EtcdSession, KeyValue
+from basalt.services.meta.watch import MetaWatcher
 
 log = logging.getLogger(__name__)
 

@@ -49,17 +49,22 @@ import time
 from typing import Any
 
 import grpc
+from basalt.services.checks import check_group
+from basalt.services.errors import Refusal, StatusRefusal, invalid
+from basalt.services.meta.client import MetaClient, QueueKey
+from basalt.services.meta.errors import MetaUnavailableError, MetaValidationError
+from basalt.services.meta.lease import Registration
+from basalt.services.meta.model import (
+    ConsumerRegistration,
+    ExpressionType,
+    Subscription,
+    TopicConfig,
+)
+from basalt.services.meta.watch import MetaChange
+from basalt.services.pull_service.checks import check_subscription
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from services.checks import check_group
-from services.errors import Refusal, StatusRefusal, invalid
-from services.meta_client import MetaClient, QueueKey
-from services.meta_errors import MetaUnavailableError, MetaValidationError
-from services.meta_lease import Registration
-from services.meta_model import ConsumerRegistration, ExpressionType, Subscription, TopicConfig
-from services.meta_watch import MetaChange
-from services.pull_checks import check_subscription
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from services.meta_config import MetaConfig
-from services.meta_errors import MetaError, MetaUnavailableError
-from services.meta_session import EtcdSession, EventKind, KeyValue
+from basalt.services.meta.config import MetaConfig
+from basalt.services.meta.errors import MetaError, MetaUnavailableError
+from basalt.services.meta.session import EtcdSession, EventKind, KeyValue
 
 log = logging.getLogger(__name__)
 

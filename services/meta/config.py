@@ -1,6 +1,6 @@
 """How to reach etcd, and where Basalt's keys live in it (ARCHITECTURE §3).
 
-Key layout, all under ``/basalt/<cluster>/`` (values: services.meta_model):
+Key layout, all under ``/basalt/<cluster>/`` (values: basalt.services.meta.model):
 
 =================================  ============================  ============================
 key                                value (JSON)                  lifetime
@@ -16,8 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.meta_errors import MetaValidationError
-from services.meta_fields import check_address, check_group_name, check_name, check_topic_name
+from basalt.services.meta.errors import MetaValidationError
+from basalt.services.meta.fields import (
+    check_address,
+    check_group_name,
+    check_name,
+    check_topic_name,
+)
 
 #: etcd's smallest lease TTL with its default heartbeat/election settings (1.5 s, rounded up).
 MIN_LEASE_TTL_S = 2

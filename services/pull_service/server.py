@@ -25,19 +25,28 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from basalt.services.errors import StatusRefusal
+from basalt.services.meta.client import MetaClient, decode_consumer
+from basalt.services.meta.lease import Registration
+from basalt.services.meta.model import (
+    BrokerRegistration,
+    ConsumerRegistration,
+    PullServiceRegistration,
+)
+from basalt.services.meta.watch import MetaChange, MetaWatcher
+from basalt.services.process import (
+    add_health_and_reflection,
+    add_servicer,
+    grpc_server,
+    set_serving,
+)
+from basalt.services.pull_service.channels import ChannelPool
+from basalt.services.pull_service.service import ClusterView, PullServiceConfig, PullServiceServicer
+from basalt.services.pull_service.sessions import SessionRegistry
 from grpc_health.v1 import health
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2
-from services.errors import StatusRefusal
-from services.meta_client import MetaClient, decode_consumer
-from services.meta_lease import Registration
-from services.meta_model import BrokerRegistration, ConsumerRegistration, PullServiceRegistration
-from services.meta_watch import MetaChange, MetaWatcher
-from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
-from services.pull_channels import ChannelPool
-from services.pull_service import ClusterView, PullServiceConfig, PullServiceServicer
-from services.pull_sessions import SessionRegistry
 
 log = logging.getLogger(__name__)
 

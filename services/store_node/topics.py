@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.meta_model import TopicConfig
+from basalt.services.meta.model import TopicConfig
 
 
 class TopicDirectory(Protocol):
@@ -22,7 +22,7 @@ class TopicDirectory(Protocol):
     async def ensure_topic(self, name: str, broker: str) -> TopicConfig:
         """The topic's configuration, created with the default queue counts (and
         ``broker`` among its brokers) when it does not exist yet. Raises
-        ``services.meta_errors.MetaUnavailableError`` when it cannot be written."""
+        ``basalt.services.meta.errors.MetaUnavailableError`` when it cannot be written."""
 
 
 class LocalTopics:

@@ -28,9 +28,9 @@ The pieces live in ``services/meta_*.py``: values and their JSON
 
 from __future__ import annotations
 
-from services.meta_client import MetaClient
-from services.meta_config import MIN_LEASE_TTL_S, MetaConfig, MetaKeys, parse_endpoints
-from services.meta_errors import (
+from basalt.services.meta.client import MetaClient
+from basalt.services.meta.config import MIN_LEASE_TTL_S, MetaConfig, MetaKeys, parse_endpoints
+from basalt.services.meta.errors import (
     MetaConflictError,
     MetaError,
     MetaUnavailableError,
@@ -38,8 +38,8 @@ from services.meta_errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from services.meta_lease import Registration
-from services.meta_model import (
+from basalt.services.meta.lease import Registration
+from basalt.services.meta.model import (
     DEFAULT_QUEUE_NUMS,
     DEFAULT_TOPIC_QUEUE_NUMS,
     MAX_QUEUE_NUMS,
@@ -53,7 +53,7 @@ from services.meta_model import (
     TopicConfig,
     TopicFilterType,
 )
-from services.meta_watch import MetaChange, MetaWatcher
+from basalt.services.meta.watch import MetaChange, MetaWatcher
 
 #: The cache services keep of topic configs.
 TopicCache = MetaWatcher[TopicConfig]

@@ -1,7 +1,7 @@
 """The store-node: one MessageStore behind the StoreNode gRPC service.
 
-Every RPC is a thin adapter - decode, check, call :mod:`store`, encode - and
-refusals go through :mod:`services.errors`. What the store-node checks
+Every RPC is a thin adapter - decode, check, call :mod:`basalt.store`, encode - and
+refusals go through :mod:`basalt.services.errors`. What the store-node checks
 before the store sees a request (RocketMQ's SendMessageProcessor and
 PullMessageProcessor, broker side):
 
@@ -11,7 +11,7 @@ PullMessageProcessor, broker side):
   the subscription parses.
 
 Long polling: a GetMessage that finds nothing new with a ``suspend_timeout_ms``
-is parked (:class:`services.long_polling.PullRequestHoldService`) until the
+is parked (:class:`basalt.services.store_node.long_polling.PullRequestHoldService`) until the
 store reports an arrival on that queue, or the timeout.
 
 Concurrency: one asyncio loop. Store calls that may block on the disk (fsync,
@@ -30,33 +30,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-
-from basalt.v1 import common_pb2 as pb
-from basalt.v1 import store_node_pb2 as sn
-from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from services.checks import (
+from basalt.services.checks import (
     check_batch_entries,
     check_group,
     no_such_topic,
     subscription_filter,
 )
-from services.errors import Refusal, invalid, put_refusal, refused
-from services.long_polling import HeldRead, PullRequestHoldService
-from services.meta_errors import MetaValidationError
-from services.meta_fields import check_topic_name
-from services.meta_model import TopicConfig
-from services.pull_checks import pull_response
-from services.pull_wire import pull_batch_wire
-from services.rpc import as_refusal
-from services.rpc import rpc_method as _rpc
-from services.send_stream import SendOutcome, SendRequest, serve_send_stream
-from services.topics import TopicDirectory
-from store import Message, MessageStore
-from store.batch import EncodedBatch
-from store.consumer_offsets import CommitResult, CommitStatus
-from store.get_message import GetMessageResult, GetStatus
-from store.message import decode_host, parse_offset_msg_id
-from store.put_result import PutMessageResult, PutStatus
+from basalt.services.errors import Refusal, invalid, put_refusal, refused
+from basalt.services.meta.errors import MetaValidationError
+from basalt.services.meta.fields import check_topic_name
+from basalt.services.meta.model import TopicConfig
+from basalt.services.pull_service.checks import pull_response
+from basalt.services.pull_service.wire import pull_batch_wire
+from basalt.services.rpc import as_refusal
+from basalt.services.rpc import rpc_method as _rpc
+from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
+from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
+from basalt.services.store_node.topics import TopicDirectory
+from basalt.store import Message, MessageStore
+from basalt.store.batch import EncodedBatch
+from basalt.store.consumer_offsets import CommitResult, CommitStatus
+from basalt.store.get_message import GetMessageResult, GetStatus
+from basalt.store.message import decode_host, parse_offset_msg_id
+from basalt.store.put_result import PutMessageResult, PutStatus
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def SendStream(  # type: ignore[override]
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
-        """Many sends in flight on one stream: see :mod:`services.send_stream`."""
+        """Many sends in flight on one stream: see :mod:`basalt.services.store_node.send_stream`."""
         await serve_send_stream(self, context, self.config.max_in_flight_per_send_stream)
 
     # -- reads ------------------------------------------------------------------------
@@ -414,8 +414,8 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                 out.append((pb.PullResponse(refused=refused(r)), None, 0))
                 continue
             out.append((head, result.records, result.message_count))
-        # Serialized here, the records copied once (services.pull_wire); the
-        # registration in services.server lets GetMessages answer bytes.
+        # Serialized here, the records copied once (basalt.services.pull_service.wire); the
+        # registration in basalt.services.store_node.server lets GetMessages answer bytes.
         return pull_batch_wire(out)
 
     @_rpc

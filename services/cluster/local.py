@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import grpc
+from basalt.services import process
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import MetaClient, MetaConfig
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from services import process
-from services.etcd_process import EtcdProcess, free_port
-from services.meta import MetaClient, MetaConfig
 
 CLUSTER_FILE = "cluster.json"
 CLUSTER_NAME = "DefaultCluster"
@@ -131,14 +130,16 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
         start_service(
             "store-node",
             name,
-            "services.store_node_main",
+            "basalt.services.store_node.main",
             "--name", name,
             "--data-dir", str(data_dir / name),
             "--flush-disk-type", flush_disk_type,
         )  # fmt: skip
     pull_service = "pull-service-1"
-    start_service("pull-service", pull_service, "services.pull_service_main", "--id", pull_service)
-    start_service("admin", "admin", "admin.service_main")
+    start_service(
+        "pull-service", pull_service, "basalt.services.pull_service.main", "--id", pull_service
+    )
+    start_service("admin", "admin", "basalt.admin.service_main")
     state.write_text(json.dumps([asdict(p) for p in procs], indent=2))
     deadline = time.monotonic() + 60
     pending = [p for p in procs if p.role != "etcd"]

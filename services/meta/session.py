@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aetcd  # type: ignore[import-untyped]  # ships no type information
-
-from services.meta_config import MetaConfig
-from services.meta_errors import MetaError, MetaUnavailableError
+from basalt.services.meta.config import MetaConfig
+from basalt.services.meta.errors import MetaError, MetaUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +130,7 @@ class EtcdSession:
         return self._client
 
     def _fail_over(self, client: Any) -> None:
-        """Move to the next endpoint after ``client`` failed (if it is still current)."""
+        """Move to the next endpoint after ``basalt.client`` failed (if it is still current)."""
         if client is not self._client or len(self.config.endpoints) == 1:
             return
         self._index = (self._index + 1) % len(self.config.endpoints)

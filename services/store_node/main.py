@@ -1,4 +1,4 @@
-"""``basalt store-node`` / ``python -m services.store_node_main``: run one store-node.
+"""``basalt store-node`` / ``python -m basalt.services.store_node.main``: run one store-node.
 
 ::
 
@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from services import process
-from services.meta import (
+from basalt.services import process
+from basalt.services.meta import (
     BrokerRegistration,
     MetaClient,
     MetaConfig,
@@ -33,12 +33,12 @@ from services.meta import (
     TopicConfig,
     parse_endpoints,
 )
-from services.server import start_store_node
-from services.store_node import StoreNodeConfig
-from services.topics import LocalTopics, TopicDirectory
-from store import FlushDiskType, MessageStoreConfig
+from basalt.services.store_node.server import start_store_node
+from basalt.services.store_node.service import StoreNodeConfig
+from basalt.services.store_node.topics import LocalTopics, TopicDirectory
+from basalt.store import FlushDiskType, MessageStoreConfig
 
-log = logging.getLogger("services.store_node")
+log = logging.getLogger("basalt.services.store_node.service")
 
 
 class EtcdTopics:

@@ -5,18 +5,18 @@ caches; records and offsets from the store-nodes; consumers keep a Session
 stream with it so that admin can reach them. The RPCs:
 
 * ``QueryRoute(topic)``: the topic's TopicRoute from the caches
-  (:func:`services.pull_checks.topic_route`); TOPIC_NOT_EXIST if unknown.
+  (:func:`basalt.services.pull_service.checks.topic_route`); TOPIC_NOT_EXIST if unknown.
   ``TBW102`` (RocketMQ's default topic), unless configured in etcd, routes to
   every registered writable store-node: producers send a new topic there,
   and the store-node that takes the send creates it.
-* ``Pull``: seed 001's checks (:func:`services.pull_checks.check_pull`), then
+* ``Pull``: seed 001's checks (:func:`basalt.services.pull_service.checks.check_pull`), then
   one ``GetMessage`` on the owning store-node carrying the subscription,
   ``suspend_timeout_ms`` (the store-node holds the call: long polling) and the
   commit offset with its reset epoch (stored in the same round trip). The
   store's status becomes the client's code and PullStatus by the table in
-  :mod:`services.pull_checks`. A store-node that cannot be reached fails the
+  :mod:`basalt.services.pull_service.checks`. A store-node that cannot be reached fails the
   pull UNAVAILABLE naming it; nothing else is affected.
-* ``Session``: see :mod:`services.pull_sessions`.
+* ``Session``: see :mod:`basalt.services.pull_service.sessions`.
 * ``ListConsumers(group)`` and ``NotifyConsumers(group, command)``: by
   default cluster-wide. The group's consumers are read from etcd
   (``consumers/<group>/``), so consumers with a session on another
@@ -32,8 +32,8 @@ stream with it so that admin can reach them. The RPCs:
   path); a group is otherwise not registered anywhere: a pull or commit of a
   group never seen creates its offsets (RocketMQ's autoCreateSubscriptionGroup).
 
-Refusals go through :mod:`services.errors`, caught by
-:func:`services.rpc.rpc_method`. Concurrency: one event loop.
+Refusals go through :mod:`basalt.services.errors`, caught by
+:func:`basalt.services.rpc.rpc_method`. Concurrency: one event loop.
 """
 
 from __future__ import annotations
@@ -47,28 +47,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-
-from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import pull_service_pb2_grpc as ps_grpc
-from basalt.v1 import store_node_pb2 as sn
-from services.broker_grace import RegisteredBrokers
-from services.checks import check_batch_entries, check_group, no_such_topic
-from services.errors import Refusal, invalid, refused
-from services.meta_client import MetaClient, QueueKey
-from services.meta_errors import MetaUnavailableError
-from services.meta_fields import check_name
-from services.meta_model import (
+from basalt.services.checks import check_batch_entries, check_group, no_such_topic
+from basalt.services.errors import Refusal, invalid, refused
+from basalt.services.meta.client import MetaClient, QueueKey
+from basalt.services.meta.errors import MetaUnavailableError
+from basalt.services.meta.fields import check_name
+from basalt.services.meta.model import (
     BrokerRegistration,
     ConsumerRegistration,
     PullServiceRegistration,
     TopicConfig,
 )
-from services.meta_watch import MetaWatcher
-from services.pull_channels import ChannelPool, StoreHosts, call_timeout_s, downstream_refusal
-from services.pull_checks import check_pull, pull_response, topic_route
-from services.pull_sessions import SessionRegistry, consumer_info
-from services.rpc import rpc_method
+from basalt.services.meta.watch import MetaWatcher
+from basalt.services.pull_service.broker_grace import RegisteredBrokers
+from basalt.services.pull_service.channels import (
+    ChannelPool,
+    StoreHosts,
+    call_timeout_s,
+    downstream_refusal,
+)
+from basalt.services.pull_service.checks import check_pull, pull_response, topic_route
+from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
+from basalt.services.rpc import rpc_method
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from basalt.v1 import store_node_pb2 as sn
 
 log = logging.getLogger(__name__)
 

@@ -99,7 +99,8 @@ class EtcdProcess:
 
     @property
     def endpoint(self) -> str:
-        """``host:port`` of the client listener, as :class:`services.meta.MetaConfig` wants it."""
+        """``host:port`` of the client listener, as :class:`~basalt.services.meta.MetaConfig`
+        wants it."""
         return f"{self.host}:{self.client_port}"
 
     @property

@@ -1,4 +1,4 @@
-"""``basalt pull-service`` / ``python -m services.pull_service_main``: run one pull-service.
+"""``basalt pull-service`` / ``python -m basalt.services.pull_service.main``: run one pull-service.
 
 ::
 
@@ -11,7 +11,7 @@ The first line on stdout is ``pull-service <id> serving on <host:port>``
 and pull-services from watched etcd caches (serving from them while etcd is
 away) and registers each consumer session under ``consumers/``. etcd must
 answer at start (the caches need a first listing). SIGTERM or SIGINT stops
-it gracefully (see :mod:`services.pull_server`). Logs go to stderr, one line
+it gracefully (see :mod:`basalt.services.pull_service.server`). Logs go to stderr, one line
 per event: ``time level logger message``.
 """
 
@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from services import process
-from services.meta import MetaClient, MetaConfig, parse_endpoints
-from services.pull_server import start_pull_service
-from services.pull_service import PullServiceConfig
+from basalt.services import process
+from basalt.services.meta import MetaClient, MetaConfig, parse_endpoints
+from basalt.services.pull_service.server import start_pull_service
+from basalt.services.pull_service.service import PullServiceConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

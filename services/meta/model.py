@@ -41,8 +41,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
-from services.meta_errors import MetaValidationError
-from services.meta_fields import (
+from basalt.services.meta.errors import MetaValidationError
+from basalt.services.meta.fields import (
     check_address,
     check_group_name,
     check_millis,

@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.meta_model import BrokerRegistration
-from services.meta_watch import MetaChange, MetaWatcher
+from basalt.services.meta.model import BrokerRegistration
+from basalt.services.meta.watch import MetaChange, MetaWatcher
 
 log = logging.getLogger(__name__)
 

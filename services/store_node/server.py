@@ -15,14 +15,19 @@ import logging
 from dataclasses import dataclass
 
 import grpc
+from basalt.services.process import (
+    add_health_and_reflection,
+    add_servicer,
+    grpc_server,
+    set_serving,
+)
+from basalt.services.store_node.long_polling import PullRequestHoldService
+from basalt.services.store_node.service import StoreNodeConfig, StoreNodeServicer
+from basalt.services.store_node.topics import TopicDirectory
+from basalt.store import MessageStore, MessageStoreConfig
 from grpc_health.v1 import health
 
 from basalt.v1 import store_node_pb2
-from services.long_polling import PullRequestHoldService
-from services.process import add_health_and_reflection, add_servicer, grpc_server, set_serving
-from services.store_node import StoreNodeConfig, StoreNodeServicer
-from services.topics import TopicDirectory
-from store import MessageStore, MessageStoreConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,17 +25,17 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from services.meta_config import MetaKeys
-from services.meta_errors import MetaUnavailableError, MetaValidationError
-from services.meta_model import Registrable
-from services.meta_session import EtcdSession
+from basalt.services.meta.config import MetaKeys
+from basalt.services.meta.errors import MetaUnavailableError, MetaValidationError
+from basalt.services.meta.model import Registrable
+from basalt.services.meta.session import EtcdSession
 
 log = logging.getLogger(__name__)
 
 
 class Registration:
     """A leased key kept alive by a background task. Create with
-    :meth:`services.meta_client.MetaClient.register`; end with :meth:`close`.
+    :meth:`basalt.services.meta.client.MetaClient.register`; end with :meth:`close`.
 
     All methods run on the loop that created it.
     """

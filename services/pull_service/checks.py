@@ -43,11 +43,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from basalt.services.checks import check_group, no_such_topic, subscription_filter
+from basalt.services.errors import Refusal, invalid
+from basalt.services.meta.model import BrokerRegistration, TopicConfig
+
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from services.checks import check_group, no_such_topic, subscription_filter
-from services.errors import Refusal, invalid
-from services.meta_model import BrokerRegistration, TopicConfig
 
 #: GetMessageStatus -> ResponseCode, for the statuses that do not depend on the offset.
 _CODE_OF_STATUS: dict[int, pb.ResponseCode.ValueType] = {
@@ -106,7 +107,7 @@ def pull_response(
     and PullStatus by the module's table (a SYSTEM_ERROR Refusal for a status
     it does not know). Built by the pull-service for Pull, and by the
     store-node itself for each entry of GetMessages (``records`` None: it
-    writes them into the answer itself, services.pull_wire)."""
+    writes them into the answer itself, basalt.services.pull_service.wire)."""
     code, status = pull_outcome(store_status, offset)
     return pb.PullResponse(
         code=code,

@@ -1,0 +1,1 @@
+"""A whole Basalt cluster on loopback: ``basalt cluster up | down | status`` and its etcd."""

@@ -1,0 +1,1 @@
+"""The pull-service process: the consumers' front (routes, pulls, sessions, locks)."""

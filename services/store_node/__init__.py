@@ -1,0 +1,1 @@
+"""The store-node process: one MessageStore behind the StoreNode gRPC service."""
