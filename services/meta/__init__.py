@@ -20,10 +20,10 @@ Typical use, on the service's event loop::
     await meta.ensure_topic("T", broker="broker-a")   # auto-create on first send
     await meta.close()                    # revokes the lease: broker-a disappears
 
-The pieces live in ``services/meta_*.py``: values and their JSON
-(meta_model, meta_fields), config and key layout (meta_config), the aetcd seam
-(meta_session), leases (meta_lease), caches (meta_watch), the client
-(meta_client), errors (meta_errors).
+The pieces are this package's modules: values and their JSON (``model``,
+``fields``), config and key layout (``config``), the aetcd seam (``session``),
+leases (``lease``), caches (``watch``), the client (``client``), errors
+(``errors``).
 """
 
 from __future__ import annotations
