@@ -11,7 +11,8 @@ wheel. Editable installs use setuptools' strict mode (``scripts/*.sh``): a
 tree of links under ``build/`` that mypy and every other tool read as an
 ordinary package.
 
-**The extension.** ``basalt.store._records`` (``store/_records.c``) needs only
+**The extension.** ``basalt.common._records`` (``proto/basalt/common/_records.c``:
+the record codec the SDK and the engine share, and the engine's loops) needs only
 a C11 compiler and the Python headers; it uses no library beyond libc (the
 CRC32 is its own), so a fresh machine builds it with ``pip install``.
 """
@@ -39,8 +40,8 @@ setup(
     package_dir=PACKAGE_DIR,
     ext_modules=[
         Extension(
-            "basalt.store._records",
-            ["store/_records.c"],
+            "basalt.common._records",
+            ["proto/basalt/common/_records.c"],
             extra_compile_args=[
                 "-O3",
                 "-std=c11",

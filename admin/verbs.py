@@ -46,7 +46,6 @@ import grpc
 from basalt.admin import ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
-from basalt.services.cluster.local import local_address
 from basalt.services.meta import (
     MetaClient,
     MetaConfig,
@@ -55,8 +54,9 @@ from basalt.services.meta import (
     TopicConfig,
     parse_endpoints,
 )
-from basalt.store.message import MessageRecord
 
+from basalt.common.local_cluster import local_address
+from basalt.common.message import MessageRecord
 from basalt.v1 import pull_service_pb2 as ps
 
 EXIT_FAILED = 1

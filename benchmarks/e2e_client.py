@@ -38,9 +38,9 @@ from typing import cast
 
 import grpc
 from basalt.store.batch import EncodedBatch
-from basalt.store.message import Message, encode_host
-from basalt.store.record import EncodedMessage
 
+from basalt.common.message import Message, encode_host
+from basalt.common.record import EncodedMessage
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc

@@ -50,8 +50,8 @@ from basalt.client import (
 )
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
-from basalt.store.message import Message, MessageRecord
 
+from basalt.common.message import Message, MessageRecord
 from basalt.v1 import pull_service_pb2 as ps
 from benchmarks.e2e_client import Cluster
 from benchmarks.store_append import Target

@@ -41,8 +41,8 @@ if __package__ in (None, ""):
 from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
-from basalt.store.message import Message
 
+from basalt.common.message import Message
 from benchmarks.e2e_client import Cluster
 from benchmarks.store_read import Row, format_table
 

@@ -74,9 +74,10 @@ from basalt.store import (
     PutStatus,
 )
 from basalt.store.batch import EncodedBatch
-from basalt.store.message import new_uniq_key
-from basalt.store.record import EncodedMessage
 from basalt.store.recovery import RecoveryReport
+
+from basalt.common.message import new_uniq_key
+from basalt.common.record import EncodedMessage
 
 KIB = 1024
 MIB = 1024 * 1024

@@ -41,8 +41,8 @@ if __package__ in (None, ""):
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 from basalt.store.batch import EncodedBatch
 from basalt.store.message_filter import MessageFilter, build_filter
-from basalt.store.record import EncodedMessage
 
+from basalt.common.record import EncodedMessage
 from benchmarks.store_append import Target, _num, bench_root
 
 TOPIC = "ReadBench"

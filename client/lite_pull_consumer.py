@@ -23,7 +23,7 @@ holding ``pull_threshold_for_queue`` records (the bound: a fetch never asks
 for more than the room left) is left out until :meth:`poll` drains it,
 which wakes the fetcher (events, no polling loop). A reply is filed as it
 came and the next PullBatch sent before :meth:`poll` runs: poll decodes the
-records it returns (``basalt.store.record``, the one definition of the layout), so
+records it returns (``basalt.common.record``, the one definition of the layout), so
 decoding overlaps the next fetch and nothing dropped is ever decoded.
 
 A queue's buffer and its fetches in flight belong to one *read* of it;
@@ -76,9 +76,9 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.client.producer import ClientError, response_code
-from basalt.store.message import MessageRecord
-from basalt.store.record import decode_records
 
+from basalt.common.message import MessageRecord
+from basalt.common.record import decode_records
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 

@@ -5,7 +5,7 @@ Routes come from a pull-service's ``QueryRoute`` (refreshed every
 next writable queue, round robin (RocketMQ's selectOneMessageQueue), over
 one ``StoreNode.SendStream`` per store-node: every send carries an
 ``opaque`` and many are in flight at once on one stream. A batch is encoded
-here (RocketMQ's MessageBatch: ``basalt.store.batch.encode_batch``, one C call) and
+here (RocketMQ's MessageBatch: ``basalt.common.record.encode_batch``, one C call) and
 sent as one item: the store-node never decodes it into objects. The stream's
 requests are serialized here (:func:`send_stream_batch`), the records
 framed rather than copied through protobuf objects, and the sends started in
@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import grpc
 from basalt.client.channels import Client
-from basalt.services.errors import response_code_of
-from basalt.services.pull_service.wire import varint
-from basalt.store import _records
-from basalt.store.batch import encode_batch
-from basalt.store.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 
+from basalt.common import _records
+from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
+from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
+from basalt.common.record import encode_batch
+from basalt.common.status import response_code_of
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
@@ -441,35 +441,18 @@ def _uniq_keys(messages: Sequence[Message]) -> list[str]:
 
 # -- SendStreamRequest on the wire -------------------------------------------------------
 #
-# protobuf's encoding (its encoding guide): a length-delimited field is its tag
-# (number << 3 | 2), the length as a varint, then the bytes; a varint field
-# is its tag (number << 3 | 0) then the value (an int32 below 0 as its 64-bit
-# two's complement). proto3 leaves out a scalar at its default (0, "") but
-# writes a set oneof member whatever its value, and fields go out by number.
-# A repeated message field is one such field per element, so a request's
-# bytes are its items' (each with the ``items`` header) back to back. The
-# numbers come from the descriptors; tests/client/test_producer_wire.py holds
-# the bytes to protobuf's own.
+# Framed by hand (basalt.common.protowire): a repeated message field is one
+# field per element, so a request's bytes are its items' (each with the
+# ``items`` header) back to back, and fields go out by number as protobuf
+# writes them. tests/client/test_producer_wire.py holds the bytes to
+# protobuf's own.
 
-
-_VARINT = 0
-_LENGTH_DELIMITED = 2
-
-
-def _tag(
-    message: type[sn.SendStreamRequest | sn.SendStreamItem | sn.SendBatchRequest],
-    field: str,
-    wire_type: int,
-) -> bytes:
-    return varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
-
-
-_ITEMS = _tag(sn.SendStreamRequest, "items", _LENGTH_DELIMITED)
-_ITEM_OPAQUE = _tag(sn.SendStreamItem, "opaque", _VARINT)
-_ITEM_BATCH = _tag(sn.SendStreamItem, "batch", _LENGTH_DELIMITED)
-_BATCH_TOPIC = _tag(sn.SendBatchRequest, "topic", _LENGTH_DELIMITED)
-_BATCH_QUEUE_ID = _tag(sn.SendBatchRequest, "queue_id", _VARINT)
-_BATCH_RECORDS = _tag(sn.SendBatchRequest, "records", _LENGTH_DELIMITED)
+_ITEMS = tag(sn.SendStreamRequest.DESCRIPTOR, "items", LENGTH_DELIMITED)
+_ITEM_OPAQUE = tag(sn.SendStreamItem.DESCRIPTOR, "opaque", VARINT)
+_ITEM_BATCH = tag(sn.SendStreamItem.DESCRIPTOR, "batch", LENGTH_DELIMITED)
+_BATCH_TOPIC = tag(sn.SendBatchRequest.DESCRIPTOR, "topic", LENGTH_DELIMITED)
+_BATCH_QUEUE_ID = tag(sn.SendBatchRequest.DESCRIPTOR, "queue_id", VARINT)
+_BATCH_RECORDS = tag(sn.SendBatchRequest.DESCRIPTOR, "records", LENGTH_DELIMITED)
 
 
 def send_stream_message(opaque: int, request: sn.SendMessageRequest) -> list[bytes]:

@@ -53,9 +53,9 @@ from basalt.client.consumer_base import (
     subscription_of,
 )
 from basalt.client.membership import GroupMember, TopicSubscription
-from basalt.store.message import MessageRecord
-from basalt.store.record import decode_records
 
+from basalt.common.message import MessageRecord
+from basalt.common.record import decode_records
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 

@@ -25,8 +25,9 @@ from typing import IO, Any
 
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from basalt.client.producer import ClientError, Producer
-from basalt.services.cluster.local import local_address
-from basalt.store.message import Message
+
+from basalt.common.local_cluster import local_address
+from basalt.common.message import Message
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -13,10 +13,8 @@ from __future__ import annotations
 import grpc
 from basalt.store.put_result import PutMessageResult, PutStatus
 
+from basalt.common.status import RESPONSE_CODE_KEY
 from basalt.v1 import common_pb2 as pb
-
-#: Trailing metadata key carrying the RocketMQ response code of a refusal.
-RESPONSE_CODE_KEY = "basalt-response-code"
 
 #: ResponseCode -> the gRPC status a refusal with that code fails the call with.
 GRPC_STATUS: dict[int, grpc.StatusCode] = {
@@ -64,15 +62,6 @@ class StatusRefusal(Refusal):
     @property
     def grpc_status(self) -> grpc.StatusCode:
         return self.status
-
-
-def response_code_of(error: grpc.aio.AioRpcError) -> int | None:
-    """The RocketMQ code a failed call carried in ``basalt-response-code``; None
-    when it carries none (the peer was not reached, or is not Basalt)."""
-    raw = dict(error.trailing_metadata() or ()).get(RESPONSE_CODE_KEY)
-    if isinstance(raw, str) and raw.lstrip("-").isdigit():
-        return int(raw)
-    return None
 
 
 def invalid(message: str) -> Refusal:

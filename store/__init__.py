@@ -8,16 +8,17 @@ from basalt.store.clock import Clock, ManualClock, SystemClock
 from basalt.store.config import FlushDiskType, MessageStoreConfig
 from basalt.store.errors import (
     CorruptFileError,
-    CorruptRecordError,
     StoreClosedError,
     StoreConfigError,
     StoreError,
     StoreLockedError,
 )
-from basalt.store.message import Message, MessageRecord
 from basalt.store.message_store import MessageStore
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.recovery import RecoveryReport
+
+from basalt.common.message import Message, MessageRecord
+from basalt.common.record import CorruptRecordError
 
 __all__ = [
     "Clock",

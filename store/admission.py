@@ -4,7 +4,7 @@
 A refused batch gets a PutMessageResult saying why, and nothing is written.
 Producer-encoded batches are checked here only as a whole (runs, sizes,
 topics, queue ids); their records are checked one by one by the C stamp
-(:func:`basalt.store._records.stamp`) under the put lock.
+(:func:`basalt.common._records.stamp`) under the put lock.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
 from basalt.store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, MessageStoreConfig
-from basalt.store.message import Message
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
-from basalt.store.record import END_FILE_MIN_BLANK_LENGTH, EncodedMessage
+from basalt.store.record import END_FILE_MIN_BLANK_LENGTH
+
+from basalt.common.message import Message
+from basalt.common.record import EncodedMessage
 
 TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 

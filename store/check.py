@@ -38,7 +38,6 @@ from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.hashing import tags_code
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import MappedFileQueue
-from basalt.store.message import PROPERTY_TAGS, decode_properties, is_dispatchable
 from basalt.store.readonly import (
     StoreRootError,
     check_at,
@@ -47,7 +46,9 @@ from basalt.store.readonly import (
     open_data_files,
     store_layout,
 )
-from basalt.store.record import RecordInfo, RecordKind
+
+from basalt.common.message import PROPERTY_TAGS, decode_properties, is_dispatchable
+from basalt.common.record import RecordInfo, RecordKind
 
 __all__ = ["CheckCounts", "CheckReport", "Problem", "QueueReport", "StoreRootError", "check_store"]
 

@@ -1,6 +1,6 @@
 """The CommitLog: every message of every topic, appended to one run of files.
 
-Record layout: see :mod:`basalt.store.record`. This module owns the single writer:
+Record layout: see :mod:`basalt.common.record`. This module owns the single writer:
 the put lock, the table of next queue offsets per (topic, queue id), rolling
 to a new file behind an end-of-file blank, and reads by physical offset.
 
@@ -16,22 +16,21 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from basalt.store import _records
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
 from basalt.store.config import MessageStoreConfig
 from basalt.store.errors import StoreClosedError
 from basalt.store.mapped_file_queue import MappedFileQueue
-from basalt.store.message import MessageRecord, encode_host
-from basalt.store.record import (
-    BLANK,
+from basalt.store.record import BLANK, END_FILE_MIN_BLANK_LENGTH, store_timestamp_at
+
+from basalt.common import _records
+from basalt.common.message import MessageRecord, encode_host
+from basalt.common.record import (
     BLANK_MAGIC_CODE,
-    END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
     MIN_RECORD_SIZE,
     SIZE_AND_MAGIC,
     decode_record,
-    store_timestamp_at,
 )
 
 _INT = struct.Struct(">i")

@@ -3,8 +3,8 @@
 :func:`dump_store` reads the root through :mod:`basalt.store.readonly` (no lock, no
 ``abort``, nothing written), either walking the CommitLog by physical offset
 or iterating one ConsumeQueue by queue offset. Every record printed has passed
-:func:`basalt.store.record.check_record` with its CRC and was decoded by
-:func:`basalt.store.record.decode_record`; the first record that fails ends the dump
+:func:`basalt.common.record.check_record` with its CRC and was decoded by
+:func:`basalt.common.record.decode_record`; the first record that fails ends the dump
 with an error (:class:`DumpResult`). :func:`format_record` and
 :func:`body_preview` are pure functions of a decoded record.
 """
@@ -17,10 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import MappedFileQueue
-from basalt.store.message import (
+from basalt.store.readonly import (
+    check_at,
+    iso_ms,
+    open_consume_queue,
+    open_data_files,
+    store_layout,
+)
+
+from basalt.common.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     TRANSACTION_COMMIT_TYPE,
@@ -29,14 +36,7 @@ from basalt.store.message import (
     MessageRecord,
     transaction_type,
 )
-from basalt.store.readonly import (
-    check_at,
-    iso_ms,
-    open_consume_queue,
-    open_data_files,
-    store_layout,
-)
-from basalt.store.record import RecordInfo, RecordKind, decode_record
+from basalt.common.record import CorruptRecordError, RecordInfo, RecordKind, decode_record
 
 __all__ = [
     "DEFAULT_BODY_PREVIEW_BYTES",

@@ -4,7 +4,9 @@ Expected outcomes (a message too large, an offset past the end) are enum
 statuses in result dataclasses, never exceptions. What is raised here means the
 caller misused the store or the disk holds something the store cannot trust.
 Every class subclasses a builtin so callers that know nothing of Basalt can
-still catch it sensibly.
+still catch it sensibly. A record that does not decode raises the record
+codec's own error, :class:`basalt.common.record.CorruptRecordError` (a
+ValueError): the layout and its codec are shared with the SDK.
 """
 
 from __future__ import annotations
@@ -41,13 +43,4 @@ class CorruptFileError(StoreError, OSError):
     def __init__(self, path: Path, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
-        self.reason = reason
-
-
-class CorruptRecordError(StoreError, ValueError):
-    """Bytes at a physical offset do not decode as a CommitLog record."""
-
-    def __init__(self, offset: int, reason: str) -> None:
-        super().__init__(f"commitlog offset {offset}: {reason}")
-        self.offset = offset
         self.reason = reason

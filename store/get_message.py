@@ -3,7 +3,7 @@
 Given a queue offset, the ConsumeQueue says where each record is; the
 matched records are copied out of the CommitLog as they are stored, back to
 back, never decoded or re-encoded (the client decodes the same layout, see
-:mod:`basalt.store.record`). What the loop does, in RocketMQ's order:
+:mod:`basalt.common.record`). What the loop does, in RocketMQ's order:
 
 1. Offset checks against the queue's min and max (seed 001): an empty queue
    is NO_MESSAGE_IN_QUEUE, below the min OFFSET_TOO_SMALL, exactly the max
@@ -22,7 +22,7 @@ back, never decoded or re-encoded (the client decodes the same layout, see
 3. ``next_begin_offset`` is the offset past the last unit scanned, so a
    filtered pull that matched nothing still moves the consumer forward.
 
-The per-unit loop runs in C (:func:`basalt.store._records.gather`): it stops for
+The per-unit loop runs in C (:func:`basalt.common._records.gather`): it stops for
 Python only where a decision needs Python - a record in another CommitLog
 file, or a candidate whose properties a filter must check.
 
@@ -39,14 +39,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from basalt.store import _records
 from basalt.store.commitlog import CommitLog
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import BLANK_UNIT_SIZE, UNIT, ConsumeQueue
 from basalt.store.mapped_file import MappedFile
-from basalt.store.message import MessageRecord
 from basalt.store.message_filter import MessageFilter
-from basalt.store.record import SIZE_AND_MAGIC, Buffer, decode_record, record_properties
+from basalt.store.record import record_properties
+
+from basalt.common import _records
+from basalt.common.message import MessageRecord
+from basalt.common.record import SIZE_AND_MAGIC, Buffer, decode_record
 
 #: RocketMQ scans at least this many ConsumeQueue bytes per call (800 units).
 MIN_SCAN_BYTES = 16000

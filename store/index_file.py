@@ -79,11 +79,12 @@ from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import NamedTuple
 
-from basalt.store import _records
 from basalt.store.errors import CorruptFileError
 from basalt.store.files import fsync_dir
 from basalt.store.hashing import java_string_hash
-from basalt.store.record import Buffer
+
+from basalt.common import _records
+from basalt.common.record import Buffer
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from basalt.store import _records
 from basalt.store.clock import Clock
 from basalt.store.commitlog import CommitLog
 from basalt.store.dispatcher import DispatchRequest
@@ -56,7 +55,9 @@ from basalt.store.index_file import (
     is_index_file_name,
     next_index_file_name,
 )
-from basalt.store.message import TRANSACTION_ROLLBACK_TYPE, transaction_type
+
+from basalt.common import _records
+from basalt.common.message import TRANSACTION_ROLLBACK_TYPE, transaction_type
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ first, exactly as RocketMQ's ``DefaultMessageStore.getMessage`` does:
 1. :meth:`MessageFilter.is_matched_by_consume_queue` with the entry's tagsCode
    (the 8-byte ``Tag HashCode`` of the 20-byte CQ unit): no CommitLog read.
 2. :meth:`MessageFilter.is_matched_by_commit_log` with the record's raw
-   properties block (``name\\x01value\\x02…``, see :mod:`basalt.store.message`), only
+   properties block (``name\\x01value\\x02…``, see :mod:`basalt.common.message`), only
    when :attr:`MessageFilter.needs_commit_log_check` is true; a ``*``
    subscription never pays for reading properties.
 
@@ -36,8 +36,9 @@ from typing import Final, Protocol
 
 from basalt.store.errors import StoreError
 from basalt.store.hashing import tags_code
-from basalt.store.message import PROPERTY_TAGS, decode_properties, property_value
 from basalt.store.sql92 import Sql92Expression, compile_sql92
+
+from basalt.common.message import PROPERTY_TAGS, decode_properties, property_value
 
 __all__ = [
     "FILTER_TYPE_SQL92",

@@ -56,11 +56,12 @@ from basalt.store.get_message import (
     TransferLimits,
 )
 from basalt.store.index_service import IndexService
-from basalt.store.message import Message
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.recovery import RecoveryReport, recover
 from basalt.store.store_reads import StoreReads
+
+from basalt.common.message import Message
 
 log = logging.getLogger(__name__)
 

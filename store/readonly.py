@@ -29,7 +29,8 @@ from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.errors import StoreError
 from basalt.store.mapped_file import MappedFile, parse_file_name
 from basalt.store.mapped_file_queue import MappedFileQueue
-from basalt.store.record import RecordInfo, check_record
+
+from basalt.common.record import RecordInfo, check_record
 
 
 class StoreRootError(StoreError, FileNotFoundError):

@@ -21,15 +21,15 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from basalt.store import _records
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.dispatcher import ReputMessageService
-from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
-from basalt.store.record import RecordKind, check_record
+
+from basalt.common import _records
+from basalt.common.record import CorruptRecordError, RecordKind, check_record
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def scan_commitlog(
 ) -> ScanResult:
     """Walk records from ``files[start_index]`` to the first invalid one.
 
-    The walk is :func:`basalt.store._records.scan`: check_record's rules in C, with
+    The walk is :func:`basalt.common._records.scan`: check_record's rules in C, with
     the GIL released, because recovery reads every byte of up to three (or,
     after a crash, more) 1 GiB files.
     """

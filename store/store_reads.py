@@ -21,8 +21,9 @@ from basalt.store.get_message import (
     get_message,
 )
 from basalt.store.index_service import IndexService
-from basalt.store.message import MessageRecord
 from basalt.store.message_filter import MessageFilter
+
+from basalt.common.message import MessageRecord
 
 
 class StoreReads:

@@ -9,7 +9,8 @@ check (etcd: a KV round trip), writes ``<data-dir>/cluster.json`` (pids,
 ports) and prints the endpoints. ``down`` stops them in reverse order
 (SIGTERM, then SIGKILL after a grace period), ``status`` shows each process,
 its health and its etcd registration (the admin service registers nowhere:
-tools find it here, through :func:`local_address`).
+tools find it in cluster.json, through
+:func:`basalt.common.local_cluster.local_address`).
 
 The processes outlive the command (their own sessions): ``up`` returns once
 the cluster serves, and ``down`` may run from another shell.
@@ -20,14 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -37,19 +36,15 @@ from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-CLUSTER_FILE = "cluster.json"
+from basalt.common.local_cluster import (
+    CLUSTER_FILE,
+    DEFAULT_DATA_DIR,
+    ProcessInfo,
+    load_processes,
+    write_processes,
+)
+
 CLUSTER_NAME = "DefaultCluster"
-
-
-@dataclass(slots=True)
-class ProcessInfo:
-    """One process of the cluster, as recorded in cluster.json."""
-
-    role: str  # etcd | store-node | pull-service | admin
-    name: str
-    pid: int
-    address: str
-    log: str
 
 
 def _alive(pid: int) -> bool:
@@ -97,7 +92,7 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
     """Start the cluster; returns the exit status (2 when one is already running)."""
     data_dir = data_dir.resolve()
     state = data_dir / CLUSTER_FILE
-    if state.exists() and any(_alive(p.pid) for p in _load(state)):
+    if state.exists() and any(_alive(p.pid) for p in load_processes(state)):
         print(f"a cluster is already running from {data_dir} (basalt cluster down)", file=out)
         return 2
     logs = data_dir / "logs"
@@ -140,7 +135,7 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
         "pull-service", pull_service, "basalt.services.pull_service.main", "--id", pull_service
     )
     start_service("admin", "admin", "basalt.admin.service_main")
-    state.write_text(json.dumps([asdict(p) for p in procs], indent=2))
+    write_processes(state, procs)
     deadline = time.monotonic() + 60
     pending = [p for p in procs if p.role != "etcd"]
     while pending and time.monotonic() < deadline:
@@ -161,28 +156,13 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
     return 0
 
 
-def local_address(role: str, data_dir: Path = Path(".basalt")) -> str | None:
-    """The address of the first ``role`` process (etcd, store-node,
-    pull-service, admin) of the cluster ``basalt cluster up`` started in ``data_dir``;
-    None when there is none (the tools' default endpoint)."""
-    try:
-        processes = _load(data_dir / CLUSTER_FILE)
-    except (OSError, ValueError, TypeError):
-        return None
-    return next((p.address for p in processes if p.role == role), None)
-
-
-def _load(state: Path) -> list[ProcessInfo]:
-    return [ProcessInfo(**p) for p in json.loads(state.read_text())]
-
-
 def down(data_dir: Path, out: IO[str], grace_s: float = 20.0) -> int:
     """Stop every process of the cluster: SIGTERM, then SIGKILL past ``grace_s``."""
     state = data_dir.resolve() / CLUSTER_FILE
     if not state.exists():
         print(f"no cluster in {data_dir}", file=out)
         return 0
-    procs = _load(state)
+    procs = load_processes(state)
     # Services first (they deregister from etcd and flush), etcd last; admin
     # before the pull-services, which it may be reaching consumers through.
     for group in (
@@ -220,7 +200,7 @@ def status(data_dir: Path, out: IO[str]) -> int:
     if not state.exists():
         print(f"no cluster in {data_dir}", file=out)
         return 1
-    procs = _load(state)
+    procs = load_processes(state)
     etcd = next(p for p in procs if p.role == "etcd")
     try:
         brokers, pull_services = asyncio.run(_registrations(etcd.address))
@@ -257,7 +237,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         ("status", "each process, its health and its etcd registration"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--data-dir", type=Path, default=Path(".basalt"))
+        sub.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
         if name == "up":
             sub.add_argument("--store-nodes", type=int, default=2)
             sub.add_argument(

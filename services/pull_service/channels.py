@@ -25,8 +25,9 @@ import logging
 from typing import Any
 
 import grpc
-from basalt.services.errors import Refusal, response_code_of
+from basalt.services.errors import Refusal
 
+from basalt.common.status import response_code_of
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn

@@ -8,44 +8,22 @@ per answer those copies were a third of a store-node's work per pull.
 and writes the ``records`` field around the records bytes by hand, so one
 ``b"".join`` copies them into the answer. The field numbers come from the
 descriptors; a test checks that the bytes parse to the message protobuf
-would have built.
-
-The wire format (protobuf's encoding guide): a length-delimited field is its
-tag ``(number << 3) | 2``, the length as a varint, then the bytes; a varint
-field is its tag ``(number << 3) | 0`` then the value. Fields may come in any
-order, so an entry's records after its other fields parse the same.
+would have built. The framing is :mod:`basalt.common.protowire`'s (fields may
+come in any order, so an entry's records after its other fields parse the
+same).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from google.protobuf.descriptor import Descriptor
-
+from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
 from basalt.v1 import common_pb2 as pb
 
-_LENGTH_DELIMITED = 2
-_VARINT = 0
-
-
-def _tag(message: Descriptor, field: str, wire_type: int) -> bytes:
-    return varint(message.fields_by_name[field].number << 3 | wire_type)
-
-
-def varint(value: int) -> bytes:
-    """Protobuf's base-128 varint of a non-negative int."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_RESULTS = _tag(pb.PullBatchResponse.DESCRIPTOR, "results", _LENGTH_DELIMITED)
-_RECORDS = _tag(pb.PullResponse.DESCRIPTOR, "records", _LENGTH_DELIMITED)
-_DATA = _tag(pb.Records.DESCRIPTOR, "data", _LENGTH_DELIMITED)
-_COUNT = _tag(pb.Records.DESCRIPTOR, "count", _VARINT)
+_RESULTS = tag(pb.PullBatchResponse.DESCRIPTOR, "results", LENGTH_DELIMITED)
+_RECORDS = tag(pb.PullResponse.DESCRIPTOR, "records", LENGTH_DELIMITED)
+_DATA = tag(pb.Records.DESCRIPTOR, "data", LENGTH_DELIMITED)
+_COUNT = tag(pb.Records.DESCRIPTOR, "count", VARINT)
 
 
 def pull_batch_wire(entries: Sequence[tuple[pb.PullResponse, bytes | None, int]]) -> bytes:

@@ -51,9 +51,9 @@ from basalt.store import Message, MessageStore
 from basalt.store.batch import EncodedBatch
 from basalt.store.consumer_offsets import CommitResult, CommitStatus
 from basalt.store.get_message import GetMessageResult, GetStatus
-from basalt.store.message import decode_host, parse_offset_msg_id
 from basalt.store.put_result import PutMessageResult, PutStatus
 
+from basalt.common.message import decode_host, parse_offset_msg_id
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc

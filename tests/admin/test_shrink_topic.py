@@ -9,8 +9,8 @@ from pathlib import Path
 
 from basalt.client import ClientError, ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
 from basalt.services.meta import MetaConfig
-from basalt.store.message import Message
 
+from basalt.common.message import Message
 from basalt.v1 import common_pb2 as pb
 from tests.client.test_quickstart import basalt
 from tests.services.conftest import async_test

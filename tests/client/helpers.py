@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
 from typing import TypeVar
 
 from basalt.client import MessageQueue, Producer
-from basalt.store.message import Message
 
+from basalt.common.message import Message
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 

@@ -23,7 +23,8 @@ from basalt.client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from basalt.store.message import MessageRecord
+
+from basalt.common.message import MessageRecord
 
 
 async def main(

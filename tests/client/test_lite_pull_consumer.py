@@ -19,8 +19,8 @@ from basalt.client import (
     SyncProducer,
 )
 from basalt.services.meta import MetaConfig
-from basalt.store.message import Message
 
+from basalt.common.message import Message
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from tests.client.helpers import send_each

@@ -10,8 +10,8 @@ import pytest
 from basalt.client import ClientError, Producer, ProducerConfig
 from basalt.client.producer import _Stream
 from basalt.services.meta import MetaConfig
-from basalt.store.message import Message
 
+from basalt.common.message import Message
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

@@ -28,8 +28,8 @@ from basalt.client import (
 )
 from basalt.services.errors import StatusRefusal
 from basalt.services.meta import MetaConfig
-from basalt.store.message import Message, MessageRecord
 
+from basalt.common.message import Message, MessageRecord
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

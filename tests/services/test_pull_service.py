@@ -29,8 +29,8 @@ from basalt.services.store_node.main import EtcdTopics
 from basalt.services.store_node.server import RunningStoreNode, start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.store.get_message import split_records
-from basalt.store.record import decode_record
 
+from basalt.common.record import decode_record
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from basalt.services.pull_service.wire import pull_batch_wire, varint
+from basalt.services.pull_service.wire import pull_batch_wire
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,9 +52,3 @@ def test_the_bytes_parse_to_what_protobuf_builds(entries: list) -> None:  # type
     assert [r.HasField("records") for r in parsed.results] == [
         e[1] is not None for e in wire_entries
     ]
-
-
-def test_varint_matches_protobuf() -> None:
-    for n in (1, 127, 128, 300, 16383, 16384, 2**31 - 1):
-        assert pb.Records(count=n).SerializeToString() == b"\x10" + varint(n)
-    assert varint(0) == b"\x00"

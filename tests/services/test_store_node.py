@@ -15,17 +15,17 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
-from basalt.services.errors import RESPONSE_CODE_KEY
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.store_node.server import RunningStoreNode, start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics
 from basalt.store import MessageStoreConfig
 from basalt.store.batch import EncodedBatch
-from basalt.store.message import Message
-from basalt.store.record import EncodedMessage, decode_record
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from basalt.common.message import Message
+from basalt.common.record import EncodedMessage, decode_record
+from basalt.common.status import RESPONSE_CODE_KEY
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc

@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 from basalt.store.get_message import split_records
-from basalt.store.record import decode_record
 
+from basalt.common.record import decode_record
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from tests.services.test_store_node import TOPIC, node, refused, run, wire

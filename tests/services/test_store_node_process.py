@@ -16,8 +16,8 @@ import pytest
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.store.get_message import split_records
-from basalt.store.record import decode_record
 
+from basalt.common.record import decode_record
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc

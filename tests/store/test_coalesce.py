@@ -32,8 +32,8 @@ from basalt.store import (
 from basalt.store.batch import EncodedBatch
 from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE
 from basalt.store.config import MessageStoreConfig
-from basalt.store.record import BLANK_MAGIC_CODE, EncodedMessage
 
+from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage
 from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 BLANK = struct.Struct(">iI")  # an end-of-file blank: its size, then BLANK_MAGIC_CODE

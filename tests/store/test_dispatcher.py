@@ -18,12 +18,12 @@ from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consume_queue import UNIT
 from basalt.store.dispatcher import DispatchRequest
 from basalt.store.hashing import tags_code
-from basalt.store.message import (
+
+from basalt.common.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
-
 from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 

@@ -15,9 +15,9 @@ import pytest
 from basalt.store import ManualClock, Message, MessageStore, PutMessageResult
 from basalt.store.get_message import GetStatus
 from basalt.store.hashing import tags_code
-from basalt.store.message import decode_properties
 from basalt.store.message_filter import build_filter
 
+from basalt.common.message import decode_properties
 from tests.conftest import ConfigFactory
 
 TOPIC = "PullTopic"

@@ -13,7 +13,8 @@ from basalt.store.dispatcher import DispatchListener, DispatchRequest
 from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
 from basalt.store.index_file import IndexFile, index_file_name, index_file_size
 from basalt.store.index_service import IndexService, QueryOffsetResult
-from basalt.store.message import (
+
+from basalt.common.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,

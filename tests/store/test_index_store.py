@@ -9,11 +9,11 @@ import pytest
 from basalt.store import ManualClock, Message, MessageStore
 from basalt.store.dispatcher import DispatchRequest
 from basalt.store.index_service import IndexService
-from basalt.store.message import TRANSACTION_ROLLBACK_TYPE
-from basalt.store.record import decode_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from basalt.common.message import TRANSACTION_ROLLBACK_TYPE
+from basalt.common.record import decode_record
 from tests.conftest import ConfigFactory, wait_indexed
 
 TOPIC = "Indexed"
@@ -34,7 +34,7 @@ def requests_of(store: MessageStore) -> list[DispatchRequest]:
             if raw[4:8] != b"\xda\xa3\x20\xa7":
                 break  # the end-of-file blank
             r = decode_record(mf.read(pos, size))
-            from basalt.store.message import encode_properties
+            from basalt.common.message import encode_properties
 
             out.append(
                 DispatchRequest(

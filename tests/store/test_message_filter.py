@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from basalt.store.errors import StoreError
 from basalt.store.hashing import java_string_hash, tags_code
-from basalt.store.message import Message, encode_properties
 from basalt.store.message_filter import (
     MessageFilter,
     Sql92Filter,
@@ -14,6 +13,8 @@ from basalt.store.message_filter import (
     build_filter,
 )
 from basalt.store.sql92 import Sql92ParseError
+
+from basalt.common.message import Message, encode_properties
 
 
 def record_properties(tags: str | None = None, **extra: str) -> bytes:

@@ -26,14 +26,10 @@ from basalt.store import (
 from basalt.store.batch import BatchRun, EncodedBatch
 from basalt.store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
 from basalt.store.mapped_file import file_name
-from basalt.store.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
-from basalt.store.record import (
-    BLANK_MAGIC_CODE,
-    END_FILE_MIN_BLANK_LENGTH,
-    EncodedMessage,
-    record_size,
-)
+from basalt.store.record import END_FILE_MIN_BLANK_LENGTH
 
+from basalt.common.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
+from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage, record_size
 from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

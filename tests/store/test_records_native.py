@@ -1,4 +1,4 @@
-"""store._records: the C loops agree with zlib and with store.record's Python reference.
+"""common._records: the C loops agree with zlib and with common.record's Python reference.
 
 crc32 must equal zlib's; scan must stop where a walk of check_record stops, with the
 same verdict; stamp must fill exactly the broker's fields and refuse malformed
@@ -20,10 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from basalt.store import ManualClock, MessageStore, PutStatus, _records
+from basalt.store import ManualClock, MessageStore, PutStatus
 from basalt.store.batch import EncodedBatch
 from basalt.store.hashing import tags_code
-from basalt.store.message import (
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from basalt.common import _records
+from basalt.common.message import (
     COMPRESSED_FLAG,
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
@@ -34,20 +38,17 @@ from basalt.store.message import (
     encode_host,
     is_dispatchable,
 )
-from basalt.store.record import (
+from basalt.common.record import (
     BLANK_MAGIC_CODE,
     EncodedMessage,
     RecordKind,
     check_record,
     decode_record,
 )
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
 from tests.conftest import ConfigFactory
 
 if TYPE_CHECKING:
-    from basalt.store._records import DispatchResult
+    from basalt.common._records import DispatchResult
 
 IPV4_HOST = "127.0.0.1:10911"
 IPV6_HOST = "[::1]:10911"

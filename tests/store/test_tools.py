@@ -25,12 +25,12 @@ from basalt.store.consume_queue import BLANK_UNIT, UNIT
 from basalt.store.dump import body_preview, dump_store
 from basalt.store.hashing import tags_code
 from basalt.store.mapped_file import file_name
-from basalt.store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from basalt.store.readonly import StoreRootError
-from basalt.store.record import HEADERS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from basalt.common.record import HEADERS
 from tests.conftest import ConfigFactory
 
 CQ_FILE_SIZE = 16 * CQ_STORE_UNIT_SIZE

@@ -1,4 +1,4 @@
-"""store.record: the CommitLog record layout, byte for byte, and corruption detection."""
+"""common.record: the CommitLog record layout, byte for byte, and corruption detection."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import struct
 import zlib
 
 import pytest
-from basalt.store.errors import CorruptRecordError
-from basalt.store.message import (
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from basalt.common.message import (
     BORNHOST_V6_FLAG,
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
@@ -17,9 +19,10 @@ from basalt.store.message import (
     encode_properties,
     offset_msg_id,
 )
-from basalt.store.record import (
+from basalt.common.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
+    CorruptRecordError,
     EncodedMessage,
     RecordKind,
     body_crc,
@@ -27,8 +30,6 @@ from basalt.store.record import (
     decode_record,
     record_size,
 )
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)

@@ -1,4 +1,4 @@
-"""The SDK's codec in C (store._records) against its Python references.
+"""The SDK's codec in C (common._records) against its Python references.
 
 decode_records must return what decode_records_py (check_record, then
 decode_record) returns on every input, valid or not: the same records field for
@@ -17,10 +17,11 @@ import struct
 
 import pytest
 from basalt.client.producer import _SEND_RESULT_FIELDS, SendResult
-from basalt.store import _records
-from basalt.store.batch import encode_batch, encode_batch_py
-from basalt.store.errors import CorruptRecordError
-from basalt.store.message import (
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from basalt.common import _records
+from basalt.common.message import (
     BORNHOST_V6_FLAG,
     Message,
     MessageRecord,
@@ -30,18 +31,18 @@ from basalt.store.message import (
     new_uniq_key,
     new_uniq_keys,
 )
-from basalt.store.record import (
+from basalt.common.record import (
     BLANK_MAGIC_CODE,
+    CorruptRecordError,
     EncodedMessage,
     _host_parts,
     decode_record,
     decode_records,
     decode_records_py,
+    encode_batch,
+    encode_batch_py,
 )
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
-from tests.store.test_record import INT32, INT64, hosts, messages, property_text, utf8_at_most
+from tests.common.test_record import INT32, INT64, hosts, messages, property_text, utf8_at_most
 
 STORE_HOST = encode_host("127.0.0.1:10911")
 

@@ -1,15 +1,17 @@
 /*
- * store._records: the CommitLog's per-record loops, in C.
+ * basalt.common._records: the CommitLog's per-record loops, in C.
  *
- * Every record of RocketMQ's layout (see store/record.py for the byte table)
- * is validated field by field, its body CRC computed, and - on the write
+ * Every record of RocketMQ's layout (see proto/basalt/common/record.py for the
+ * byte table) is validated field by field, its body CRC computed, and - on the write
  * side - its broker-assigned fields stamped. Python keeps per-batch work
  * (locks, file choice, ConsumeQueue writes); this module keeps the per-record
  * work, and releases the GIL while it walks bytes so the writer, the
  * dispatcher and the event loop overlap on two cores. On the read side,
- * gather() is the pull path's loop over ConsumeQueue units.
+ * gather() is the pull path's loop over ConsumeQueue units. The SDK uses only
+ * the codec (decode_records, encode_batch, slotted); the rest is the engine's,
+ * kept in one extension so the layout's constants are defined once in C too.
  *
- * The validation rules are exactly store.record.check_record's, which stays
+ * The validation rules are exactly basalt.common.record.check_record's, which stays
  * the readable reference: tests run both on the same (corrupted) bytes and
  * require the same verdict.
  *
@@ -37,7 +39,8 @@
 #define MIN_RECORD_SIZE 91
 #define MAX_TOPIC_BYTES 127
 
-/* Outcome of a walk, shared with store/native.py. */
+/* Outcome of a walk (scan, dispatch): exported as KIND_*, read by
+ * store/recovery.py and store/dispatcher.py. */
 enum { KIND_MORE = 0, KIND_END = 1, KIND_BLANK = 2, KIND_CORRUPT = 3 };
 
 /* ---- CRC32 (zlib's polynomial), slice-by-8 -------------------------------- */
@@ -734,7 +737,7 @@ done:
 /* ---- stamp(buf, start, end, base_phys, queue_offset, store_ts, store_host, ----
  *            topic, queue_id, max_body_size)
  * The write side: buf[start:end] holds records encoded by a producer
- * (store.batch) for one (topic, queue id). Validates each exactly as a read
+ * (common.record.encode_batch) for one (topic, queue id). Validates each exactly as a read
  * would, then writes what only the broker knows: BODYCRC (computed here, never
  * trusted from the client), QUEUEOFFSET, PHYSICALOFFSET (base_phys is the
  * offset of buf[start]), STORETIMESTAMP and STOREHOSTADDRESS.
@@ -1266,14 +1269,14 @@ done:
  * The client's side of the layout. A consumer turns a pull's records (stored
  * records back to back) into MessageRecord objects with decode_records; a
  * producer encodes a batch of Messages into the records a store-node stamps
- * (store.batch) with encode_batch. Per message, Python would spend ~9 us on
+ * (basalt.store.batch) with encode_batch. Per message, Python would spend ~9 us on
  * either; here it is well under one. Each has a Python reference that the tests
- * hold it to, byte for byte and field for field: store.record.decode_records_py
- * (check_record, then decode_record) and store.batch.encode_batch_py
+ * hold it to, byte for byte and field for field: common.record.decode_records_py
+ * (check_record, then decode_record) and common.record.encode_batch_py
  * (EncodedMessage). Both run holding the GIL: they build Python objects.
  */
 
-/* MessageRecord's fields in store.message's order (exported; a test compares). */
+/* MessageRecord's fields in common.message's order (exported; a test compares). */
 static const char *const RECORD_FIELDS[] = {
     "store_size",
     "body_crc",
@@ -1368,7 +1371,7 @@ static PyObject *cached_text(str_cache_t *c, const uint8_t *s, Py_ssize_t n) {
     return str;
 }
 
-/* A host field (ip + port, 8 or 20 bytes) as store.message.decode_host words it:
+/* A host field (ip + port, 8 or 20 bytes) as common.message.decode_host words it:
  * Python keeps the one definition of the text; the cache keeps it off the path. */
 static PyObject *host_text(str_cache_t *c, PyObject *decode_host, const uint8_t *raw,
                            Py_ssize_t len) {
@@ -1746,7 +1749,7 @@ static int encode_prepare(PyObject *m, PyObject *uniq, const Py_ssize_t *off,
     return e->size > INT32_HI ? -1 : 0;
 }
 
-/* One record in store.record's layout, the broker's fields zero (pass 2). */
+/* One record in common.record's layout, the broker's fields zero (pass 2). */
 static uint8_t *encode_put(uint8_t *o, const enc_t *e, int32_t queue_id, const uint8_t *props,
                            const uint8_t *store_host, Py_ssize_t store_host_len) {
     memset(o, 0, PREFIX_SIZE);
@@ -1787,7 +1790,7 @@ static uint8_t *encode_put(uint8_t *o, const enc_t *e, int32_t queue_id, const u
 /*
  * encode_batch(messages, uniq_keys, queue_id, store_host, born_timestamp_ms,
  *              message_type, host_parts) -> bytes | None
- * store.batch.encode_batch_py's bytes, or None when this fast path cannot vouch
+ * common.record.encode_batch_py's bytes, or None when this fast path cannot vouch
  * for them: a message not exactly of message_type, a field of another type than
  * the common ones (non-str property, non-bytes body, ...), or anything the
  * reference would refuse (a PROPLEN past 32767, an int out of its field's range,
@@ -1943,11 +1946,11 @@ static PyMethodDef methods[] = {
      "slotted(cls, fields, columns) -> [cls instance k: fields[i] = columns[i][k]]."},
     {"encode_batch", py_encode_batch, METH_VARARGS,
      "encode_batch(messages, uniq_keys, queue_id, store_host, born_timestamp_ms, "
-     "message_type, host_parts) -> bytes, or None: use store.batch.encode_batch_py."},
+     "message_type, host_parts) -> bytes, or None: use common.record.encode_batch_py."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "basalt.store._records",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "basalt.common._records",
                                     "The CommitLog's per-record loops in C.", -1, methods};
 
 PyMODINIT_FUNC PyInit__records(void) {

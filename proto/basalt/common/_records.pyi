@@ -1,10 +1,10 @@
-"""Type stub for the C extension store/_records.c (see its header comment)."""
+"""Type stub for the C extension proto/basalt/common/_records.c (see its header comment)."""
 
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from basalt.store.message import Message
-from basalt.store.record import Buffer
+from basalt.common.message import Message
+from basalt.common.record import Buffer
 
 _R = TypeVar("_R")
 

@@ -1,5 +1,9 @@
 """Messages as producers hand them to the store, and as the store hands them back.
 
+Shared by the SDK and the engine: the message types, the properties format,
+the sysflag bits, RocketMQ's host bytes and its message ids (the offset id a
+store assigns, the UNIQ_KEY a producer assigns).
+
 Property wire format (RocketMQ ``MessageDecoder.messageProperties2String``):
 ``name\\x01value\\x02name\\x01value\\x02…`` in UTF-8, every pair terminated by
 ``\\x02``. TAGS, KEYS (space-separated) and UNIQ_KEY are ordinary properties.

@@ -1,4 +1,4 @@
-"""store.message: properties, hosts, message ids, sysflag helpers."""
+"""common.message: properties, hosts, message ids, sysflag helpers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import re
 import struct
 
 import pytest
-from basalt.store.message import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from basalt.common.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
     MULTI_TAGS_FLAG,
@@ -29,8 +32,6 @@ from basalt.store.message import (
     property_value,
     transaction_type,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 # RocketMQ's string2messageProperties drops pairs with an empty name or value, so
 # only non-empty names and values are guaranteed to survive a round trip.

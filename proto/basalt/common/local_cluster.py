@@ -1,0 +1,59 @@
+"""The state file of a local cluster: ``<data-dir>/cluster.json``.
+
+``basalt cluster up`` (:mod:`basalt.services.cluster.local`) writes one entry
+per process it started; ``down`` and ``status`` read them back, and the tools
+that default to the local cluster (the quickstart, the admin CLI) find an
+address in it with :func:`local_address`. The file is a JSON list of
+:class:`ProcessInfo` objects::
+
+    [{"role": "etcd", "name": "etcd", "pid": 4242,
+      "address": "127.0.0.1:2379", "log": "/.../.basalt/logs/etcd.log"}, ...]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: The state file's name, in the cluster's data directory.
+CLUSTER_FILE = "cluster.json"
+#: Where ``basalt cluster up`` keeps its state unless told otherwise.
+DEFAULT_DATA_DIR = Path(".basalt")
+
+
+@dataclass(slots=True)
+class ProcessInfo:
+    """One process of the cluster, as recorded in cluster.json."""
+
+    role: str  # etcd | store-node | pull-service | admin
+    name: str
+    pid: int
+    address: str
+    log: str
+
+
+def write_processes(state: Path, processes: Sequence[ProcessInfo]) -> None:
+    """Write ``processes`` to the state file ``state``, replacing what it held."""
+    state.write_text(json.dumps([asdict(p) for p in processes], indent=2))
+
+
+def load_processes(state: Path) -> list[ProcessInfo]:
+    """The processes recorded in the state file ``state``.
+
+    Raises OSError when it cannot be read, ValueError when it is not JSON and
+    TypeError when an entry is not a :class:`ProcessInfo`.
+    """
+    return [ProcessInfo(**p) for p in json.loads(state.read_text())]
+
+
+def local_address(role: str, data_dir: Path = DEFAULT_DATA_DIR) -> str | None:
+    """The address of the first ``role`` process (etcd, store-node,
+    pull-service, admin) of the cluster ``basalt cluster up`` started in ``data_dir``;
+    None when there is none (the tools' default endpoint)."""
+    try:
+        processes = load_processes(data_dir / CLUSTER_FILE)
+    except (OSError, ValueError, TypeError):
+        return None
+    return next((p.address for p in processes if p.role == role), None)

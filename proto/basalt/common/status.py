@@ -1,0 +1,25 @@
+"""How a refused call carries RocketMQ's response code.
+
+A service fails a refused call with a gRPC status and a message, and puts the
+RocketMQ response code (common.proto's ``ResponseCode``) in the trailing
+metadata :data:`RESPONSE_CODE_KEY`, in decimal, so a client can tell, say,
+TOPIC_NOT_EXIST from SUBSCRIPTION_GROUP_NOT_EXIST without parsing text. The
+services write it (:func:`basalt.services.errors.abort`); the SDK, the admin
+tools and the pull-service read it with :func:`response_code_of`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+#: Trailing metadata key carrying the RocketMQ response code of a refusal.
+RESPONSE_CODE_KEY = "basalt-response-code"
+
+
+def response_code_of(error: grpc.aio.AioRpcError) -> int | None:
+    """The RocketMQ code a failed call carried in ``basalt-response-code``; None
+    when it carries none (the peer was not reached, or is not Basalt)."""
+    raw = dict(error.trailing_metadata() or ()).get(RESPONSE_CODE_KEY)
+    if isinstance(raw, str) and raw.lstrip("-").isdigit():
+        return int(raw)
+    return None

@@ -1,0 +1,39 @@
+"""common.local_cluster: the state file ``basalt cluster up`` writes and the tools read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from basalt.common.local_cluster import (
+    CLUSTER_FILE,
+    ProcessInfo,
+    load_processes,
+    local_address,
+    write_processes,
+)
+
+PROCESSES = [
+    ProcessInfo("etcd", "etcd", 101, "127.0.0.1:2379", "logs/etcd.log"),
+    ProcessInfo("store-node", "broker-a", 102, "127.0.0.1:40001", "logs/broker-a.log"),
+    ProcessInfo("store-node", "broker-b", 103, "127.0.0.1:40002", "logs/broker-b.log"),
+    ProcessInfo("pull-service", "pull-service-1", 104, "127.0.0.1:40003", "logs/ps.log"),
+]
+
+
+def test_the_state_file_round_trips(tmp_path: Path) -> None:
+    write_processes(tmp_path / CLUSTER_FILE, PROCESSES)
+    assert load_processes(tmp_path / CLUSTER_FILE) == PROCESSES
+
+
+def test_local_address_is_the_first_process_of_a_role(tmp_path: Path) -> None:
+    write_processes(tmp_path / CLUSTER_FILE, PROCESSES)
+    assert local_address("store-node", tmp_path) == "127.0.0.1:40001"
+    assert local_address("pull-service", tmp_path) == "127.0.0.1:40003"
+    assert local_address("admin", tmp_path) is None
+
+
+def test_no_cluster_or_an_unreadable_file_is_no_address(tmp_path: Path) -> None:
+    assert local_address("etcd", tmp_path) is None
+    for content in ("not json", '[{"role": "etcd"}]', "[1, 2]"):
+        (tmp_path / CLUSTER_FILE).write_text(content)
+        assert local_address("etcd", tmp_path) is None
