@@ -13,12 +13,21 @@ import enum
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 from basalt.client.channels import Client
 from basalt.client.producer import ClientError, response_code
 
+from basalt.common.settings import (
+    between,
+    config_dataclass,
+    non_empty,
+    one_of,
+    positive,
+    setting,
+    validate,
+)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
@@ -40,33 +49,47 @@ class ConsumeFromWhere(enum.Enum):
     CONSUME_FROM_FIRST_OFFSET = "first"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@config_dataclass
 class ConsumerConfig:
-    """The settings every consumer has, by RocketMQ's names in snake_case."""
+    """The settings every consumer has, by RocketMQ's names in snake_case.
+    Validated at construction (its subclasses' fields too): ValueError names
+    the first bad field."""
 
-    consumer_group: str
-    #: The member's id in its group (RocketMQ's clientId).
-    client_id: str = field(default_factory=default_client_id)
-    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
-    #: Most records per queue per pull (RocketMQ's pullBatchSize).
-    pull_batch_size: int = 32
-    #: The periodic rebalance (RocketMQ's 20 s); subscribing consumers only.
-    rebalance_interval_ms: int = 20_000
-    #: How soon a queue still locked by its previous owner is tried again.
-    lock_retry_interval_ms: int = 200
-    #: The pause after a failed pull or session, doubling up to 30x this.
-    pull_time_delay_ms_when_exception: int = 100
+    consumer_group: str = setting(check=non_empty, doc="RocketMQ's consumerGroup.")
+    client_id: str = setting(
+        default_factory=default_client_id,
+        check=non_empty,
+        doc="The member's id in its group (RocketMQ's clientId); unique per consumer object.",
+    )
+    consume_from_where: ConsumeFromWhere = setting(
+        default=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+        check=one_of(*ConsumeFromWhere),
+        doc="Where a group with no committed offset starts.",
+    )
+    pull_batch_size: int = setting(
+        default=32,
+        check=between(1, 1024),
+        doc="Most records per queue per pull (RocketMQ's pullBatchSize).",
+    )
+    rebalance_interval_ms: int = setting(
+        default=20_000,
+        check=positive,
+        doc="The periodic rebalance (RocketMQ's 20 s); subscribing consumers only.",
+    )
+    lock_retry_interval_ms: int = setting(
+        default=200,
+        check=positive,
+        doc="How soon a queue still locked by its previous owner is tried again.",
+    )
+    pull_time_delay_ms_when_exception: int = setting(
+        default=100,
+        check=positive,
+        unit="ms",
+        doc="The pause after a failed pull or session, doubling up to 30x this.",
+    )
 
     def __post_init__(self) -> None:
-        if not self.consumer_group:
-            raise ValueError("consumer_group must not be empty")
-        if not self.client_id:
-            raise ValueError("client_id must not be empty")
-        if not 1 <= self.pull_batch_size <= 1024:
-            raise ValueError(f"pull_batch_size {self.pull_batch_size} is not within 1..1024")
-        self.check_positive(
-            "rebalance_interval_ms", "lock_retry_interval_ms", "pull_time_delay_ms_when_exception"
-        )
+        validate(self, ValueError)
 
     def retry_delay_s(self, failures: int) -> float:
         """The pause after the ``failures``-th failure in a row (>= 1), s: doubling
@@ -74,12 +97,6 @@ class ConsumerConfig:
         exponent is capped too, so a long outage never overflows a float)."""
         base = self.pull_time_delay_ms_when_exception / 1000
         return float(min(base * 2 ** min(max(failures, 1) - 1, 5), 30 * base))
-
-    def check_positive(self, *names: str) -> None:
-        """ValueError naming the first of ``names`` that is not >= 1."""
-        for name in names:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True, order=True)

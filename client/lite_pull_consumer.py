@@ -62,7 +62,6 @@ import collections
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -79,6 +78,14 @@ from basalt.client.producer import ClientError, response_code
 
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
+from basalt.common.settings import (
+    boolean,
+    config_dataclass,
+    instance_of,
+    non_negative,
+    positive,
+    setting,
+)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
@@ -90,26 +97,28 @@ MAX_QUEUES_PER_PULL = 32
 PULL_DEADLINE_MARGIN_S = 10.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@config_dataclass
 class LitePullConfig(ConsumerConfig):
     """RocketMQ's lite pull settings, by its names in snake_case (subscribe mode
-    uses the membership settings of :class:`ConsumerConfig` too)."""
+    uses the membership settings of :class:`ConsumerConfig` too, which
+    validates them all)."""
 
-    #: Assign mode's filter: TAG expression ("*", "a || b") or, with ``sql92``, SQL92.
-    subscription: str = "*"
-    sql92: bool = False
-    #: Most records fetched and not yet returned by poll, per queue.
-    pull_threshold_for_queue: int = 1000
-    #: Long-poll hold asked of the store-node (RocketMQ's brokerSuspendMaxTimeMillis).
-    broker_suspend_max_time_ms: int = 15_000
-
-    def __post_init__(self) -> None:
-        super(LitePullConfig, self).__post_init__()
-        self.check_positive("pull_threshold_for_queue")
-        if self.broker_suspend_max_time_ms < 0:
-            raise ValueError(
-                f"broker_suspend_max_time_ms must be >= 0, got {self.broker_suspend_max_time_ms}"
-            )
+    subscription: str = setting(
+        default="*",
+        check=instance_of(str, "a string"),
+        doc="Assign mode's filter: TAG expression ('*', 'a || b') or, with sql92, SQL92.",
+    )
+    sql92: bool = setting(default=False, check=boolean, doc="subscription is an SQL92 expression.")
+    pull_threshold_for_queue: int = setting(
+        default=1000,
+        check=positive,
+        doc="Most records fetched and not yet returned by poll, per queue.",
+    )
+    broker_suspend_max_time_ms: int = setting(
+        default=15_000,
+        check=non_negative,
+        doc="Long-poll hold asked of the store-node (RocketMQ's brokerSuspendMaxTimeMillis).",
+    )
 
 
 class _Read:

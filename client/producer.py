@@ -41,6 +41,14 @@ from basalt.common import _records
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
 from basalt.common.record import encode_batch
+from basalt.common.settings import (
+    config_dataclass,
+    non_empty,
+    non_negative,
+    positive,
+    setting,
+    validate,
+)
 from basalt.common.status import response_code_of
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -68,25 +76,28 @@ RETRIED_CODES = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@config_dataclass
 class ProducerConfig:
-    """RocketMQ's producer settings, by its names in snake_case."""
+    """RocketMQ's producer settings, by its names in snake_case. Validated at
+    construction: ValueError names the first bad field."""
 
-    producer_group: str
-    #: More attempts after a failed send, each on another broker when there is one.
-    retry_times_when_send_failed: int = 2
-    #: A send's deadline, retries included.
-    send_msg_timeout_ms: int = 3000
-    #: Route refresh period (RocketMQ's pollNameServerInterval).
-    poll_name_server_interval_ms: int = 30_000
+    producer_group: str = setting(check=non_empty, doc="RocketMQ's producerGroup.")
+    retry_times_when_send_failed: int = setting(
+        default=2,
+        check=non_negative,
+        doc="More attempts after a failed send, each on another broker when there is one.",
+    )
+    send_msg_timeout_ms: int = setting(
+        default=3000, check=positive, doc="A send's deadline, retries included."
+    )
+    poll_name_server_interval_ms: int = setting(
+        default=30_000,
+        check=positive,
+        doc="Route refresh period (RocketMQ's pollNameServerInterval).",
+    )
 
     def __post_init__(self) -> None:
-        if not self.producer_group:
-            raise ValueError("producer_group must not be empty")
-        if self.retry_times_when_send_failed < 0:
-            raise ValueError("retry_times_when_send_failed must be >= 0")
-        if self.send_msg_timeout_ms < 1 or self.poll_name_server_interval_ms < 1:
-            raise ValueError("send_msg_timeout_ms and poll_name_server_interval_ms must be >= 1")
+        validate(self, ValueError)
 
 
 @dataclass(frozen=True, slots=True)

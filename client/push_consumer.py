@@ -41,7 +41,6 @@ import inspect
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -56,6 +55,7 @@ from basalt.client.membership import GroupMember, TopicSubscription
 
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
+from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
@@ -73,42 +73,45 @@ class ConsumeStatus(enum.Enum):
 Listener = Callable[[list[MessageRecord], MessageQueue], ConsumeStatus | Awaitable[ConsumeStatus]]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@config_dataclass
 class PushConsumerConfig(ConsumerConfig):
     """RocketMQ's DefaultMQPushConsumer settings, by its names in snake_case
-    (with :class:`ConsumerConfig`'s)."""
+    (with :class:`ConsumerConfig`'s, which validates them all)."""
 
-    #: Listener calls at once (RocketMQ's consumeThreadMax).
-    consume_thread_nums: int = 20
-    #: Most messages per listener call.
-    consume_message_batch_max_size: int = 1
-    #: Most pulled-but-unconsumed messages per queue before its pulls wait.
-    pull_threshold_for_queue: int = 1000
-    #: Long-poll hold asked of the store-node (RocketMQ's brokerSuspendMaxTimeMillis).
-    broker_suspend_max_time_ms: int = 15_000
-    persist_consumer_offset_interval_ms: int = 5_000
-    #: The pause before a batch answered RECONSUME_LATER runs again.
-    suspend_current_queue_time_ms: int = 1_000
-    #: How long a dropped queue waits for its running listener calls.
-    drop_await_termination_ms: int = 10_000
-    #: One batch of a queue at a time, in offset order (MessageListenerOrderly).
-    orderly: bool = False
-
-    def __post_init__(self) -> None:
-        super(PushConsumerConfig, self).__post_init__()
-        self.check_positive(
-            "consume_thread_nums",
-            "consume_message_batch_max_size",
-            "pull_threshold_for_queue",
-            "persist_consumer_offset_interval_ms",
-        )
-        for name in (
-            "broker_suspend_max_time_ms",
-            "suspend_current_queue_time_ms",
-            "drop_await_termination_ms",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+    consume_thread_nums: int = setting(
+        default=20, check=positive, doc="Listener calls at once (RocketMQ's consumeThreadMax)."
+    )
+    consume_message_batch_max_size: int = setting(
+        default=1, check=positive, doc="Most messages per listener call."
+    )
+    pull_threshold_for_queue: int = setting(
+        default=1000,
+        check=positive,
+        doc="Most pulled-but-unconsumed messages per queue before its pulls wait.",
+    )
+    broker_suspend_max_time_ms: int = setting(
+        default=15_000,
+        check=non_negative,
+        doc="Long-poll hold asked of the store-node (RocketMQ's brokerSuspendMaxTimeMillis).",
+    )
+    persist_consumer_offset_interval_ms: int = setting(
+        default=5_000, check=positive, doc="How often consumed offsets are committed."
+    )
+    suspend_current_queue_time_ms: int = setting(
+        default=1_000,
+        check=non_negative,
+        doc="The pause before a batch answered RECONSUME_LATER runs again.",
+    )
+    drop_await_termination_ms: int = setting(
+        default=10_000,
+        check=non_negative,
+        doc="How long a dropped queue waits for its running listener calls.",
+    )
+    orderly: bool = setting(
+        default=False,
+        check=boolean,
+        doc="One batch of a queue at a time, in offset order (MessageListenerOrderly).",
+    )
 
 
 class ProcessQueue:

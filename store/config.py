@@ -7,10 +7,25 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from dataclasses import dataclass
 from pathlib import Path
 
 from basalt.store.errors import StoreConfigError
+
+from basalt.common.settings import (
+    at_least,
+    boolean,
+    check,
+    config_dataclass,
+    from_validator,
+    instance_of,
+    multiple_of,
+    non_negative,
+    one_of,
+    percentage,
+    positive,
+    setting,
+    validate,
+)
 
 #: Bytes of one ConsumeQueue unit: phyOffset(8) + size(4) + tagsCode(8).
 CQ_STORE_UNIT_SIZE = 20
@@ -40,121 +55,202 @@ class FlushDiskType(enum.Enum):
     SYNC_FLUSH = "SYNC_FLUSH"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MessageStoreConfig:
-    """Everything the storage engine can be told. Validated at construction."""
+def _is_ip_port(store_host: object) -> bool:
+    """``ip:port``: an IPv4 or bracketed IPv6 address, a port in 0..65535."""
+    if not isinstance(store_host, str):
+        return False
+    host, sep, port = store_host.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return bool(sep) and port.isdigit() and 0 <= int(port) < 65536
 
-    store_path_root_dir: Path
-    mapped_file_size_commit_log: int = 1 << 30
-    mapped_file_size_consume_queue: int = DEFAULT_CQ_UNITS_PER_FILE * CQ_STORE_UNIT_SIZE
-    flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
-    flush_interval_commit_log_ms: int = 500
-    flush_commit_log_least_pages: int = 4
-    flush_commit_log_thorough_interval_ms: int = 10_000
-    flush_interval_consume_queue_ms: int = 1000
-    flush_consume_queue_least_pages: int = 2
-    flush_consume_queue_thorough_interval_ms: int = 60_000
-    sync_flush_timeout_ms: int = 5000
-    max_message_size: int = 4 * 1024 * 1024
-    check_crc_on_recover: bool = True
-    #: Host:port written into every record's STOREHOST and every offset msg id.
-    store_host: str = "127.0.0.1:10911"
-    #: Upper bound on CommitLog bytes the dispatcher reads per step.
-    reput_batch_size_bytes: int = 4 * 1024 * 1024
-    #: Pull caps (RocketMQ's names): a pull returns at most this many bytes and
-    #: messages, always at least one message; records more than
-    #: ``access_message_in_memory_max_ratio`` % of RAM behind the CommitLog's end
-    #: are "in disk" and get the smaller caps.
-    max_transfer_bytes_on_message_in_memory: int = 256 * 1024
-    max_transfer_count_on_message_in_memory: int = 32
-    max_transfer_bytes_on_message_in_disk: int = 64 * 1024
-    max_transfer_count_on_message_in_disk: int = 8
-    access_message_in_memory_max_ratio: int = 40
-    #: IndexFile (RocketMQ's names): keys and UNIQ_KEY of every message, looked up by
-    #: query_message; a file holds max_index_num - 1 entries in max_hash_slot_num slots.
-    message_index_enable: bool = True
-    max_hash_slot_num: int = 5_000_000
-    max_index_num: int = 20_000_000
-    #: The most records one query_message returns.
-    max_msgs_num_batch: int = 64
-    #: Consumer offsets are written to config/consumerOffset.json this often (if changed).
-    flush_consumer_offset_interval_ms: int = 5000
-    #: Expiry (RocketMQ's CleanCommitLogService): CommitLog files whose last write
-    #: is older than this are deleted at the ``delete_when`` hours ("04", or
-    #: "04;16"), or at any hour once disk use passes ``disk_max_used_space_ratio``
-    #: percent; past ``disk_space_clean_forcibly_ratio`` even young files go, and
-    #: past ``disk_space_warning_level_ratio`` sends are refused.
-    file_reserved_time_hours: int = 72
-    delete_when: str = "04"
-    disk_max_used_space_ratio: int = 75
-    disk_space_clean_forcibly_ratio: int = 85
-    disk_space_warning_level_ratio: int = 90
-    clean_file_forcibly_enable: bool = True
-    #: How often the expiry service looks, and the pause between two deleted files.
-    clean_resource_interval_ms: int = 10_000
-    delete_commit_log_files_interval_ms: int = 100
-    #: A file a reader still holds is deleted anyway this long after the first try.
-    destroy_mapped_file_interval_forcibly_ms: int = 120_000
+
+_store_host = check("'ip:port'", _is_ip_port)
+_delete_when = instance_of(str, "a string") & from_validator(
+    "hours 00-23 separated by ';'", parse_delete_hours
+)
+
+
+@config_dataclass
+class MessageStoreConfig:
+    """Everything the storage engine can be told. Validated at construction:
+    :class:`StoreConfigError` names the first bad field."""
+
+    store_path_root_dir: Path = setting(
+        check=instance_of(Path, "a path"),
+        doc="The store's root directory (a str is taken too); everything lives below it.",
+    )
+    mapped_file_size_commit_log: int = setting(
+        default=1 << 30, check=at_least(4096), unit="bytes", doc="Bytes of one CommitLog file."
+    )
+    mapped_file_size_consume_queue: int = setting(
+        default=DEFAULT_CQ_UNITS_PER_FILE * CQ_STORE_UNIT_SIZE,
+        check=positive & multiple_of(CQ_STORE_UNIT_SIZE),
+        unit="bytes",
+        doc="Bytes of one ConsumeQueue file: a whole number of 20-byte units.",
+    )
+    flush_disk_type: FlushDiskType = setting(
+        default=FlushDiskType.ASYNC_FLUSH,
+        check=one_of(*FlushDiskType),
+        doc="SYNC_FLUSH acknowledges a send after its fsync; ASYNC_FLUSH before.",
+    )
+    flush_interval_commit_log_ms: int = setting(
+        default=500, check=positive, doc="How often the CommitLog flusher looks (ASYNC_FLUSH)."
+    )
+    flush_commit_log_least_pages: int = setting(
+        default=4,
+        check=non_negative,
+        doc="Dirty 4 KiB pages the CommitLog flusher waits for (0: flush whatever there is).",
+    )
+    flush_commit_log_thorough_interval_ms: int = setting(
+        default=10_000,
+        check=non_negative,
+        doc="The CommitLog is flushed whatever its dirty pages once this long has passed.",
+    )
+    flush_interval_consume_queue_ms: int = setting(
+        default=1000, check=positive, doc="How often the ConsumeQueue flusher looks."
+    )
+    flush_consume_queue_least_pages: int = setting(
+        default=2,
+        check=non_negative,
+        doc=(
+            "RocketMQ's flushConsumeQueueLeastPages, taken for its name: Basalt's "
+            "ConsumeQueue flusher flushes whatever is dirty every "
+            "flush_interval_consume_queue_ms."
+        ),
+    )
+    flush_consume_queue_thorough_interval_ms: int = setting(
+        default=60_000,
+        check=non_negative,
+        doc="RocketMQ's flushConsumeQueueThoroughInterval, taken for its name (as above).",
+    )
+    sync_flush_timeout_ms: int = setting(
+        default=5000,
+        check=positive,
+        doc="A SYNC_FLUSH send waits this long for its fsync (then FLUSH_DISK_TIMEOUT).",
+    )
+    max_message_size: int = setting(
+        default=4 * 1024 * 1024,
+        check=positive,
+        unit="bytes",
+        doc="The largest message body a send may carry.",
+    )
+    check_crc_on_recover: bool = setting(
+        default=True,
+        check=boolean,
+        doc="Recovery checks every record's CRC and stops at a bad one.",
+    )
+    store_host: str = setting(
+        default="127.0.0.1:10911",
+        check=_store_host,
+        doc="Host:port written into every record's STOREHOST and every offset msg id.",
+    )
+    reput_batch_size_bytes: int = setting(
+        default=4 * 1024 * 1024,
+        check=positive,
+        doc="Upper bound on CommitLog bytes the dispatcher reads per step.",
+    )
+    max_transfer_bytes_on_message_in_memory: int = setting(
+        default=256 * 1024,
+        check=positive,
+        unit="bytes",
+        doc=(
+            "Pull caps (RocketMQ's names): a pull returns at most this many bytes and "
+            "messages, always at least one message; records more than "
+            "access_message_in_memory_max_ratio % of RAM behind the CommitLog's end "
+            "are 'in disk' and get the smaller caps."
+        ),
+    )
+    max_transfer_count_on_message_in_memory: int = setting(
+        default=32, check=positive, doc="The most messages a pull from memory returns."
+    )
+    max_transfer_bytes_on_message_in_disk: int = setting(
+        default=64 * 1024,
+        check=positive,
+        unit="bytes",
+        doc="The most bytes a pull of records 'in disk' returns.",
+    )
+    max_transfer_count_on_message_in_disk: int = setting(
+        default=8, check=positive, doc="The most messages a pull of records 'in disk' returns."
+    )
+    access_message_in_memory_max_ratio: int = setting(
+        default=40,
+        check=percentage,
+        doc="Records within this % of RAM of the CommitLog's end count as in memory.",
+    )
+    message_index_enable: bool = setting(
+        default=True,
+        check=boolean,
+        doc=(
+            "IndexFile (RocketMQ's names): keys and UNIQ_KEY of every message, looked up "
+            "by query_message."
+        ),
+    )
+    max_hash_slot_num: int = setting(
+        default=5_000_000, check=positive, doc="Hash slots of one IndexFile."
+    )
+    max_index_num: int = setting(
+        default=20_000_000,
+        check=positive,
+        doc="An IndexFile holds max_index_num - 1 entries.",
+    )
+    max_msgs_num_batch: int = setting(
+        default=64, check=positive, doc="The most records one query_message returns."
+    )
+    flush_consumer_offset_interval_ms: int = setting(
+        default=5000,
+        check=positive,
+        doc="Consumer offsets are written to config/consumerOffset.json this often (if changed).",
+    )
+    file_reserved_time_hours: int = setting(
+        default=72,
+        check=non_negative,
+        doc=(
+            "Expiry (RocketMQ's CleanCommitLogService): CommitLog files whose last write "
+            "is older than this are deleted at the delete_when hours, or at any hour "
+            "once disk use passes disk_max_used_space_ratio."
+        ),
+    )
+    delete_when: str = setting(
+        default="04",
+        check=_delete_when,
+        doc="The hours old CommitLog files are deleted at: '04', or '04;16'.",
+    )
+    disk_max_used_space_ratio: int = setting(
+        default=75,
+        check=percentage,
+        doc="Past this disk use, expired files are deleted at any hour.",
+    )
+    disk_space_clean_forcibly_ratio: int = setting(
+        default=85,
+        check=percentage,
+        doc="Past this disk use, files are deleted even before they expire.",
+    )
+    disk_space_warning_level_ratio: int = setting(
+        default=90, check=percentage, doc="Past this disk use, sends are refused."
+    )
+    clean_file_forcibly_enable: bool = setting(
+        default=True,
+        check=boolean,
+        doc="Whether files are deleted before they expire past disk_space_clean_forcibly_ratio.",
+    )
+    clean_resource_interval_ms: int = setting(
+        default=10_000, check=positive, doc="How often the expiry service looks."
+    )
+    delete_commit_log_files_interval_ms: int = setting(
+        default=100, check=non_negative, doc="The pause between two deleted CommitLog files."
+    )
+    destroy_mapped_file_interval_forcibly_ms: int = setting(
+        default=120_000,
+        check=non_negative,
+        doc="A file a reader still holds is deleted anyway this long after the first try.",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path_root_dir", Path(self.store_path_root_dir))
-        if self.mapped_file_size_commit_log < 4096:
-            raise StoreConfigError("mapped_file_size_commit_log must be at least 4096 bytes")
-        cq = self.mapped_file_size_consume_queue
-        if cq < CQ_STORE_UNIT_SIZE or cq % CQ_STORE_UNIT_SIZE:
-            raise StoreConfigError(
-                f"mapped_file_size_consume_queue must be a positive multiple of "
-                f"{CQ_STORE_UNIT_SIZE}, got {cq}"
-            )
-        for name in (
-            "flush_interval_commit_log_ms",
-            "flush_interval_consume_queue_ms",
-            "sync_flush_timeout_ms",
-            "max_message_size",
-            "reput_batch_size_bytes",
-            "flush_consumer_offset_interval_ms",
-            "max_hash_slot_num",
-            "max_index_num",
-            "max_msgs_num_batch",
-            "max_transfer_bytes_on_message_in_memory",
-            "max_transfer_count_on_message_in_memory",
-            "max_transfer_bytes_on_message_in_disk",
-            "max_transfer_count_on_message_in_disk",
-            "clean_resource_interval_ms",
-        ):
-            if getattr(self, name) <= 0:
-                raise StoreConfigError(f"{name} must be positive")
-        for name in (
-            "flush_commit_log_least_pages",
-            "flush_consume_queue_least_pages",
-            "file_reserved_time_hours",
-            "delete_commit_log_files_interval_ms",
-            "destroy_mapped_file_interval_forcibly_ms",
-        ):
-            if getattr(self, name) < 0:
-                raise StoreConfigError(f"{name} must not be negative")
-        for name in (
-            "access_message_in_memory_max_ratio",
-            "disk_max_used_space_ratio",
-            "disk_space_clean_forcibly_ratio",
-            "disk_space_warning_level_ratio",
-        ):
-            if not 0 <= getattr(self, name) <= 100:
-                raise StoreConfigError(f"{name} must be a percentage (0..100)")
-        try:
-            parse_delete_hours(self.delete_when)
-        except ValueError:
-            raise StoreConfigError(
-                f"delete_when must be hours 00-23 separated by ';', got {self.delete_when!r}"
-            ) from None
-        host, sep, port = self.store_host.rpartition(":")
-        try:
-            ipaddress.ip_address(host.strip("[]"))
-            valid = bool(sep) and port.isdigit() and 0 <= int(port) < 65536
-        except ValueError:
-            valid = False
-        if not valid:
-            raise StoreConfigError(f"store_host must be 'ip:port', got {self.store_host!r}")
+        validate(self, StoreConfigError)
 
     @property
     def delete_hours(self) -> frozenset[int]:

@@ -18,10 +18,22 @@ from dataclasses import dataclass
 
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.fields import (
+    MAX_NAME_LENGTH,
+    NAME_CHARS,
     check_address,
     check_group_name,
     check_name,
     check_topic_name,
+)
+
+from basalt.common.settings import (
+    Check,
+    at_least,
+    config_dataclass,
+    from_validator,
+    positive,
+    setting,
+    validate,
 )
 
 #: etcd's smallest lease TTL with its default heartbeat/election settings (1.5 s, rounded up).
@@ -40,49 +52,73 @@ def parse_endpoints(text: str) -> tuple[str, ...]:
     return tuple(endpoints)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MetaConfig:
-    """Connection and behaviour of the metadata client. Validated at construction."""
+def name_rule(what: str) -> Check:
+    """:func:`check_name`'s rule (one etcd key segment) as a setting's check."""
+    return from_validator(
+        f"a {what}: 1-{MAX_NAME_LENGTH} characters of {NAME_CHARS}", lambda v: check_name(v, what)
+    )
 
-    #: etcd client endpoints as ``host:port``; tried in order, failing over on
-    #: connection errors.
-    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    #: The cluster's name: every key lives under ``/basalt/<cluster>/``
-    #: (RocketMQ's brokerClusterName default).
-    cluster: str = "DefaultCluster"
-    #: TTL of registration leases: a killed process's keys vanish this long after
-    #: its last keepalive (which it sends every third of it).
-    lease_ttl_s: int = 10
-    #: Deadline of one etcd request; past it the endpoint counts as unreachable.
-    op_timeout_s: float = 3.0
-    #: Read-modify-write attempts before a compare-and-swap gives up.
-    max_cas_attempts: int = 16
-    #: Longest pause between reconnection attempts of watchers and registrations.
-    reconnect_backoff_max_s: float = 1.0
+
+def _check_endpoints(endpoints: tuple[str, ...]) -> None:
+    if not endpoints:
+        raise MetaValidationError("no etcd endpoint")
+    for endpoint in endpoints:
+        check_address(endpoint, "etcd endpoint")
+
+
+@config_dataclass
+class MetaConfig:
+    """Connection and behaviour of the metadata client. Validated at construction:
+    MetaValidationError names the first bad field."""
+
+    endpoints: tuple[str, ...] = setting(
+        default=("127.0.0.1:2379",),
+        check=from_validator(
+            "one or more etcd endpoints (each etcd endpoint must be host:port)", _check_endpoints
+        ),
+        doc=(
+            "etcd client endpoints as host:port (one 'h1:2379,h2:2379' string is taken "
+            "too); tried in order, failing over on connection errors."
+        ),
+    )
+    cluster: str = setting(
+        default="DefaultCluster",
+        check=name_rule("cluster name"),
+        doc=(
+            "The cluster's name: every key lives under /basalt/<cluster>/ "
+            "(RocketMQ's brokerClusterName default)."
+        ),
+    )
+    lease_ttl_s: int = setting(
+        default=10,
+        check=at_least(MIN_LEASE_TTL_S),
+        doc=(
+            "TTL of registration leases: a killed process's keys vanish this long after "
+            "its last keepalive (which it sends every third of it); etcd's minimum is 2."
+        ),
+    )
+    op_timeout_s: float = setting(
+        default=3.0,
+        check=positive,
+        doc="Deadline of one etcd request; past it the endpoint counts as unreachable.",
+    )
+    max_cas_attempts: int = setting(
+        default=16,
+        check=positive,
+        doc="Read-modify-write attempts before a compare-and-swap gives up.",
+    )
+    reconnect_backoff_max_s: float = setting(
+        default=1.0,
+        check=positive,
+        doc="Longest pause between reconnection attempts of watchers and registrations.",
+    )
 
     def __post_init__(self) -> None:
         given: object = self.endpoints
         # A single "h1:2379,h2:2379" string (a flag or env value) is accepted too.
         endpoints = parse_endpoints(given) if isinstance(given, str) else tuple(self.endpoints)
-        if not endpoints:
-            raise MetaValidationError("endpoints must name at least one etcd host:port")
-        for e in endpoints:
-            check_address(e, "etcd endpoint")
         object.__setattr__(self, "endpoints", endpoints)
-        check_name(self.cluster, "cluster name")
-        if self.lease_ttl_s < MIN_LEASE_TTL_S:
-            raise MetaValidationError(
-                f"lease_ttl_s must be at least {MIN_LEASE_TTL_S} (etcd's minimum), "
-                f"got {self.lease_ttl_s}"
-            )
-        if self.op_timeout_s <= 0:
-            raise MetaValidationError(f"op_timeout_s must be positive, got {self.op_timeout_s}")
-        if self.max_cas_attempts < 1:
-            raise MetaValidationError(
-                f"max_cas_attempts must be at least 1, got {self.max_cas_attempts}"
-            )
-        if self.reconnect_backoff_max_s <= 0:
-            raise MetaValidationError("reconnect_backoff_max_s must be positive")
+        validate(self, MetaValidationError)
 
 
 @dataclass(frozen=True, slots=True)

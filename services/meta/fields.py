@@ -23,6 +23,8 @@ MAX_GROUP_LENGTH = 255
 #: no '/' (it would change the key's depth) and no whitespace.
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:@#%|\[\]-]+")
 MAX_NAME_LENGTH = 255
+#: NAME_PATTERN in words, for messages and settings' rules.
+NAME_CHARS = "[A-Za-z0-9_.:@#%|[]-] (no '/', no spaces)"
 
 
 # -- name rules -------------------------------------------------------------------
@@ -50,8 +52,7 @@ def check_group_name(group: object) -> str:
 
 def check_name(name: object, what: str) -> str:
     """A broker name, pull-service id, client id or cluster name: one key segment."""
-    chars = "[A-Za-z0-9_.:@#%|[]-] (no '/', no spaces)"
-    return _check_pattern(name, what, NAME_PATTERN, MAX_NAME_LENGTH, chars)
+    return _check_pattern(name, what, NAME_PATTERN, MAX_NAME_LENGTH, NAME_CHARS)
 
 
 def check_address(address: object, what: str) -> str:

@@ -59,6 +59,18 @@ from basalt.services.meta.fields import (
     prefixed,
 )
 
+from basalt.common.settings import (
+    between,
+    boolean,
+    config_dataclass,
+    from_validator,
+    instance_of,
+    integer,
+    one_of,
+    setting,
+    validate,
+)
+
 #: RocketMQ's defaultTopicQueueNums: queues of an automatically created topic.
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 #: RocketMQ's TopicConfig defaults (defaultReadQueueNums / defaultWriteQueueNums).
@@ -131,7 +143,20 @@ class Registrable(Protocol):
     def to_json(self) -> bytes: ...
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+def _broker_names(brokers: object, where: str = "topic") -> tuple[str, ...]:
+    """A topic's ``brokers`` as a tuple: any iterable of broker names but a
+    string, none twice. Raises MetaValidationError naming ``where``."""
+    if isinstance(brokers, str) or not isinstance(brokers, Iterable):
+        raise MetaValidationError(f"{where}: brokers must be a list of names, got {brokers!r}")
+    names = tuple(brokers)
+    for name in names:
+        check_name(name, f"{where}: broker name")
+    if len(set(names)) != len(names):
+        raise MetaValidationError(f"{where}: brokers lists a name twice: {list(names)}")
+    return names
+
+
+@config_dataclass
 class TopicConfig:
     """One topic's configuration (RocketMQ's TopicConfig), key ``topics/<topic_name>``.
 
@@ -140,42 +165,52 @@ class TopicConfig:
     the removed queues drain (RocketMQ's way to shrink a topic).
     """
 
-    topic_name: str
-    read_queue_nums: int = DEFAULT_QUEUE_NUMS
-    write_queue_nums: int = DEFAULT_QUEUE_NUMS
-    perm: Perm = Perm.RW
-    #: Names of the store-nodes hosting the topic (their ``brokers/<name>`` keys).
-    brokers: tuple[str, ...] = ()
-    order: bool = False
-    filter: TopicFilterType = TopicFilterType.SINGLE_TAG
+    topic_name: str = setting(
+        check=from_validator("a topic name: 1-127 characters of [%|a-zA-Z0-9_-]", check_topic_name),
+        doc="The topic (its topics/<topic_name> key).",
+    )
+    read_queue_nums: int = setting(
+        default=DEFAULT_QUEUE_NUMS,
+        check=integer & between(1, MAX_QUEUE_NUMS),
+        doc="Queues 0 <= q < read_queue_nums serve pulls.",
+    )
+    write_queue_nums: int = setting(
+        default=DEFAULT_QUEUE_NUMS,
+        check=integer & between(1, MAX_QUEUE_NUMS),
+        doc="Queues 0 <= q < write_queue_nums take sends.",
+    )
+    perm: Perm = setting(
+        default=Perm.RW,
+        check=instance_of(Perm, "RocketMQ PermName bits 0..15"),
+        doc="RocketMQ's PermName bits (a number, or RW, R, W, DENY).",
+    )
+    brokers: tuple[str, ...] = setting(
+        default=(),
+        check=from_validator("broker names, none listed twice", _broker_names),
+        doc="Names of the store-nodes hosting the topic (their brokers/<name> keys).",
+    )
+    order: bool = setting(default=False, check=boolean, doc="RocketMQ's order flag.")
+    filter: TopicFilterType = setting(
+        default=TopicFilterType.SINGLE_TAG,
+        check=one_of(*TopicFilterType),
+        doc="Whether a message carries one tag or several (RocketMQ's topicFilterType).",
+    )
 
     def __post_init__(self) -> None:
+        # The identity and the broker names first, by the services' name rules,
+        # whose messages name the value ("broker name 'a/b' is not ..."; admin
+        # clients see them), so that every later message can name the topic.
         check_topic_name(self.topic_name)
         where = f"topic {self.topic_name!r}"
-        for name in ("read_queue_nums", "write_queue_nums"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise MetaValidationError(f"{where}: {name} must be an integer, got {value!r}")
-            if not 1 <= value <= MAX_QUEUE_NUMS:
-                raise MetaValidationError(
-                    f"{where}: {name} must be 1..{MAX_QUEUE_NUMS}, got {value}"
-                )
+        # The other forms the fields are given in: perm as a number or "RW", the
+        # filter as its value, brokers as any iterable of names.
         try:
             object.__setattr__(self, "perm", Perm.parse(self.perm))
             object.__setattr__(self, "filter", TopicFilterType(self.filter))
         except (MetaValidationError, ValueError) as e:
             raise MetaValidationError(f"{where}: {e}") from None
-        given: object = self.brokers
-        if isinstance(given, str):
-            raise MetaValidationError(f"{where}: brokers must be a list of names, not a string")
-        brokers = tuple(self.brokers)
-        for b in brokers:
-            check_name(b, f"{where}: broker name")
-        if len(set(brokers)) != len(brokers):
-            raise MetaValidationError(f"{where}: brokers lists a name twice: {list(brokers)}")
-        object.__setattr__(self, "brokers", brokers)
-        if not isinstance(self.order, bool):
-            raise MetaValidationError(f"{where}: order must be true or false, got {self.order!r}")
+        object.__setattr__(self, "brokers", _broker_names(self.brokers, where))
+        validate(self, MetaValidationError, where=where)
 
     @property
     def readable(self) -> bool:

@@ -50,8 +50,8 @@ import grpc
 from basalt.services.checks import check_batch_entries, check_group, no_such_topic
 from basalt.services.errors import Refusal, invalid, refused
 from basalt.services.meta.client import MetaClient, QueueKey
+from basalt.services.meta.config import name_rule
 from basalt.services.meta.errors import MetaUnavailableError
-from basalt.services.meta.fields import check_name
 from basalt.services.meta.model import (
     BrokerRegistration,
     ConsumerRegistration,
@@ -70,6 +70,7 @@ from basalt.services.pull_service.checks import check_pull, pull_response, topic
 from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
 from basalt.services.rpc import rpc_method
 
+from basalt.common.settings import config_dataclass, non_negative, positive, setting, validate
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -88,48 +89,65 @@ SCOPE_LOCAL = "local"
 _ANSWER_MARGIN_S = 0.1
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@config_dataclass
 class PullServiceConfig:
-    """What a pull-service is told at start. Validated at construction."""
+    """What a pull-service is told at start. Validated at construction:
+    ValueError names the first bad field."""
 
-    #: Its key under etcd ``pull-services/`` and the ``pull_service_id`` of its sessions.
-    pull_service_id: str
-    #: Consumers heartbeat at least this often; 3x this of silence ends a session.
-    heartbeat_interval_ms: int = 10_000
-    #: The longest a pull may be held (a larger suspend_timeout_ms is capped).
-    max_suspend_timeout_ms: int = 30_000
-    #: The most records asked of a store-node per pull (a larger max_nums is cut:
-    #: the proto lets a pull return fewer). The store-node's own default cap.
-    max_pull_nums: int = 1024
-    #: A command's ack wait when its timeout_ms is 0, and the cap on it.
-    default_command_timeout_ms: int = 5_000
-    max_command_timeout_ms: int = 60_000
-    #: A downstream call may take this much longer than the wait it asks for
-    #: (suspend time, ack time) before its peer counts as not answering.
-    downstream_margin_ms: int = 5_000
-    #: Most queues one PullBatch reads.
-    max_queues_per_pull: int = 32
-    #: Queues per store-node in the TBW102 route (the store-nodes' auto-create default).
-    default_topic_queue_nums: int = 4
-    #: gRPC message size limit, both ways (a pull answer carries records).
-    max_message_bytes: int = 64 * 1024 * 1024
+    pull_service_id: str = setting(
+        check=name_rule("pull-service id"),
+        doc="Its key under etcd pull-services/ and the pull_service_id of its sessions.",
+    )
+    heartbeat_interval_ms: int = setting(
+        default=10_000,
+        check=positive,
+        doc="Consumers heartbeat at least this often; 3x this of silence ends a session.",
+    )
+    max_suspend_timeout_ms: int = setting(
+        default=30_000,
+        check=non_negative,
+        doc="The longest a pull may be held (a larger suspend_timeout_ms is capped).",
+    )
+    max_pull_nums: int = setting(
+        default=1024,
+        check=positive,
+        doc=(
+            "The most records asked of a store-node per pull (a larger max_nums is cut: "
+            "the proto lets a pull return fewer). The store-node's own default cap."
+        ),
+    )
+    default_command_timeout_ms: int = setting(
+        default=5_000,
+        check=positive,
+        doc="A command's ack wait when its timeout_ms is 0.",
+    )
+    max_command_timeout_ms: int = setting(
+        default=60_000, check=positive, doc="The cap on a command's ack wait."
+    )
+    downstream_margin_ms: int = setting(
+        default=5_000,
+        check=non_negative,
+        doc=(
+            "A downstream call may take this much longer than the wait it asks for "
+            "(suspend time, ack time) before its peer counts as not answering."
+        ),
+    )
+    max_queues_per_pull: int = setting(
+        default=32, check=positive, doc="Most queues one PullBatch reads."
+    )
+    default_topic_queue_nums: int = setting(
+        default=4,
+        check=positive,
+        doc="Queues per store-node in the TBW102 route (the store-nodes' auto-create default).",
+    )
+    max_message_bytes: int = setting(
+        default=64 * 1024 * 1024,
+        check=positive,
+        doc="gRPC message size limit, both ways (a pull answer carries records).",
+    )
 
     def __post_init__(self) -> None:
-        check_name(self.pull_service_id, "pull-service id")
-        for name in (
-            "heartbeat_interval_ms",
-            "max_pull_nums",
-            "max_queues_per_pull",
-            "default_topic_queue_nums",
-            "default_command_timeout_ms",
-            "max_command_timeout_ms",
-            "max_message_bytes",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("max_suspend_timeout_ms", "downstream_margin_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        validate(self, ValueError)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,6 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -54,6 +53,15 @@ from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.put_result import PutMessageResult, PutStatus
 
 from basalt.common.message import decode_host, parse_offset_msg_id
+from basalt.common.settings import (
+    boolean,
+    config_dataclass,
+    non_empty,
+    non_negative,
+    positive,
+    setting,
+    validate,
+)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
@@ -84,34 +92,38 @@ def nothing_new(result: GetMessageResult, offset: int) -> bool:
     return status is GetStatus.NO_MATCHED_MESSAGE and result.next_begin_offset >= result.max_offset
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@config_dataclass
 class StoreNodeConfig:
-    """What a store-node is told at start (RocketMQ's BrokerConfig, in part)."""
+    """What a store-node is told at start (RocketMQ's BrokerConfig, in part).
+    Validated at construction: ValueError names the first bad field."""
 
-    broker_name: str
-    #: A send to an unknown topic creates it (RocketMQ's autoCreateTopicEnable).
-    auto_create_topic_enable: bool = True
-    #: The longest a GetMessage may be held (a larger suspend_timeout_ms is capped).
-    max_suspend_timeout_ms: int = 30_000
-    #: Largest max_msg_nums served per GetMessage.
-    max_msg_nums_per_pull: int = 1024
-    #: Most queues one GetMessages reads.
-    max_queues_per_get_messages: int = 32
-    #: Sends in flight on one SendStream before the node stops reading it.
-    max_in_flight_per_send_stream: int = 256
+    broker_name: str = setting(
+        check=non_empty, doc="The store-node's name in the cluster (its brokers/<name> key)."
+    )
+    auto_create_topic_enable: bool = setting(
+        default=True,
+        check=boolean,
+        doc="A send to an unknown topic creates it (RocketMQ's autoCreateTopicEnable).",
+    )
+    max_suspend_timeout_ms: int = setting(
+        default=30_000,
+        check=non_negative,
+        doc="The longest a GetMessage may be held (a larger suspend_timeout_ms is capped).",
+    )
+    max_msg_nums_per_pull: int = setting(
+        default=1024, check=positive, doc="Largest max_msg_nums served per GetMessage."
+    )
+    max_queues_per_get_messages: int = setting(
+        default=32, check=positive, doc="Most queues one GetMessages reads."
+    )
+    max_in_flight_per_send_stream: int = setting(
+        default=256,
+        check=positive,
+        doc="Sends in flight on one SendStream before the node stops reading it.",
+    )
 
     def __post_init__(self) -> None:
-        if not self.broker_name:
-            raise ValueError("broker_name must not be empty")
-        if self.max_suspend_timeout_ms < 0:
-            raise ValueError(f"max_suspend_timeout_ms {self.max_suspend_timeout_ms} is negative")
-        for name in (
-            "max_msg_nums_per_pull",
-            "max_queues_per_get_messages",
-            "max_in_flight_per_send_stream",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        validate(self, ValueError)
 
 
 class _Stats:
