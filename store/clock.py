@@ -1,4 +1,15 @@
-"""Time as a seam: the store never calls ``time.time()`` directly."""
+"""Wall-clock time as a seam: every time the store stamps or compares comes from a :class:`Clock`.
+
+Store timestamps, born timestamps filled in by the store, expiry ages, the
+consumer-offset file's change time and IndexFile names all read
+:meth:`Clock.now_ms` of the clock the store was built with, so tests drive
+them with a :class:`ManualClock`. Two uses of time deliberately bypass it:
+the seconds field of a producer-side message id (UNIQ_KEY, made with the
+message by ``time.time()``, as RocketMQ's MessageClientIDSetter does), and
+durations and waits (flush intervals, recovery's duration, the background
+threads' pauses), which use ``time.monotonic``/``time.perf_counter`` or
+sleeps because a wall clock that jumps must not stretch or shorten them.
+"""
 
 from __future__ import annotations
 
