@@ -48,7 +48,7 @@ from typing import Any
 
 import grpc
 from basalt.services.checks import check_batch_entries, check_group, no_such_topic
-from basalt.services.errors import Refusal, invalid, refused
+from basalt.services.errors import Refusal, downstream_refusal, invalid, refused
 from basalt.services.meta.client import MetaClient, QueueKey
 from basalt.services.meta.errors import MetaUnavailableError
 from basalt.services.meta.fields import check_name
@@ -60,12 +60,7 @@ from basalt.services.meta.model import (
 )
 from basalt.services.meta.watch import MetaWatcher
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
-from basalt.services.pull_service.channels import (
-    ChannelPool,
-    StoreHosts,
-    call_timeout_s,
-    downstream_refusal,
-)
+from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_timeout_s
 from basalt.services.pull_service.checks import check_pull, pull_response, topic_route
 from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
 from basalt.services.rpc import rpc_method
