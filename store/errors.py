@@ -3,8 +3,12 @@
 Expected outcomes (a message too large, an offset past the end) are enum
 statuses in result dataclasses, never exceptions. What is raised here means the
 caller misused the store or the disk holds something the store cannot trust.
-Every class subclasses a builtin so callers that know nothing of Basalt can
-still catch it sensibly.
+:class:`StoreError` is the base of every exception class in ``store/``, these
+and the ones that live beside the code raising them (``Sql92ParseError``,
+``UnknownFilterTypeError``, ``InvalidOffsetRequestError``, ``StoreRootError``,
+…); each also subclasses a builtin where one fits, so callers that know
+nothing of Basalt can still catch it sensibly. What each answers a remote
+caller is in the services' one table, ``basalt.services.errors``.
 """
 
 from __future__ import annotations
