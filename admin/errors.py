@@ -54,6 +54,12 @@ class PeerCallError(AdminError):
         self.details = details
         super().__init__(f"{peer}: {status.name}: {details}")
 
+    @classmethod
+    def unreachable(cls, peer: str, details: str) -> PeerCallError:
+        """``peer`` could not be called at all (none is registered, say): what a
+        call that did not reach it fails with, UNAVAILABLE and no code."""
+        return cls(peer, grpc.StatusCode.UNAVAILABLE, None, details)
+
 
 class RevisionMismatchError(AdminError):
     """A compare-and-swap on a topic's etcd key found it elsewhere than the

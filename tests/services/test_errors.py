@@ -169,6 +169,11 @@ def test_a_refused_entry_carries_the_status_code_and_message() -> None:
             pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
         ),
         (
+            PeerCallError.unreachable("pull-service", "none is registered"),
+            S.UNAVAILABLE,
+            pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+        ),
+        (
             PeerCallError("pull-service", S.DEADLINE_EXCEEDED, None, ""),
             S.DEADLINE_EXCEEDED,
             pb.RESPONSE_CODE_SYSTEM_ERROR,
