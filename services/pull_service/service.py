@@ -14,7 +14,7 @@ stream with it so that admin can reach them. The RPCs:
   ``suspend_timeout_ms`` (the store-node holds the call: long polling) and the
   commit offset with its reset epoch (stored in the same round trip). The
   store's status becomes the client's code and PullStatus by the table in
-  :mod:`basalt.services.pull_service.checks`. A store-node that cannot be reached fails the
+  :mod:`basalt.services.errors` (``pull_outcome``). A store-node that cannot be reached fails the
   pull UNAVAILABLE naming it; nothing else is affected.
 * ``Session``: see :mod:`basalt.services.pull_service.sessions`.
 * ``ListConsumers(group)`` and ``NotifyConsumers(group, command)``: by
