@@ -2,7 +2,9 @@
 
 :class:`AdminError` is the base; the subclasses carry typed fields so that the
 admin service can answer each with its own gRPC status and RocketMQ code
-(:mod:`basalt.admin.service`) while the CLI prints any of them as one line. The
+(by the one table, :mod:`basalt.services.errors`) while the CLI prints any of
+them as one line. This module imports nothing of Basalt's, so that table can
+import it. The
 metadata layer's own errors pass through unchanged:
 ``basalt.services.meta.TopicNotFoundError`` (an unknown topic),
 ``TopicExistsError`` (a create-only write found one),
@@ -51,6 +53,12 @@ class PeerCallError(AdminError):
         self.response_code = response_code
         self.details = details
         super().__init__(f"{peer}: {status.name}: {details}")
+
+    @classmethod
+    def unreachable(cls, peer: str, details: str) -> PeerCallError:
+        """``peer`` could not be called at all (none is registered, say): what a
+        call that did not reach it fails with, UNAVAILABLE and no code."""
+        return cls(peer, grpc.StatusCode.UNAVAILABLE, None, details)
 
 
 class RevisionMismatchError(AdminError):

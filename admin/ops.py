@@ -315,11 +315,8 @@ async def _notify_reset(
     address = await _pull_service_address(meta)
     if address is None:
         if await meta.list_consumers(group):
-            raise PeerCallError(
-                "pull-service",
-                grpc.StatusCode.UNAVAILABLE,
-                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
-                "none is registered, and the group has live consumers to tell",
+            raise PeerCallError.unreachable(
+                "pull-service", "none is registered, and the group has live consumers to tell"
             )
         return None, ""
     command = ps.Command(

@@ -3,22 +3,12 @@ API, a thin adapter over :mod:`basalt.admin.topics` and :mod:`basalt.admin.ops`.
 
 Each method validates its request as admin.proto states (refusals before any
 etcd or store-node call), runs the operation, and encodes the answer. What
-the operations raise becomes a refusal here, and :func:`basalt.services.rpc.rpc_method`
-fails the call with it (status, message, ``basalt-response-code``)::
-
-    raised                      gRPC status          basalt-response-code
-    --------------------------  -------------------  ------------------------------
-    TopicNotFoundError          NOT_FOUND            TOPIC_NOT_EXIST
-    TopicExistsError            ALREADY_EXISTS       TOPIC_EXIST_ALREADY
-    RevisionMismatchError,      ABORTED              SYSTEM_BUSY (re-read, retry)
-    MetaConflictError
-    BrokerNotRegisteredError    UNAVAILABLE          BROKER_NOT_EXIST
-    PeerCallError               the peer's status    the peer's code; none:
-                                                     SERVICE_NOT_AVAILABLE when
-                                                     UNAVAILABLE, else SYSTEM_ERROR
-    MetaUnavailableError        UNAVAILABLE          SERVICE_NOT_AVAILABLE
-    any other AdminError        INTERNAL             SYSTEM_ERROR
-    anything else               INTERNAL             SYSTEM_ERROR (logged, traceback)
+the operations raise (basalt.admin.errors, the metadata layer's errors) is
+answered by :mod:`basalt.services.errors`' table, through
+:func:`basalt.services.rpc.rpc_method` (status, message,
+``basalt-response-code``): an unknown topic NOT_FOUND / TOPIC_NOT_EXIST, a
+lost compare-and-swap ABORTED / SYSTEM_BUSY, a store-node that failed its
+status and code, and so on.
 
 The service holds nothing but a connected MetaClient: every call reads etcd
 afresh (config writes never trust a cache), so one etcd outage fails the
@@ -29,31 +19,15 @@ SIGTERM path.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from basalt.admin import ops, topics
-from basalt.admin.errors import (
-    AdminError,
-    BrokerNotRegisteredError,
-    PeerCallError,
-    RevisionMismatchError,
-)
-from basalt.services.checks import check_group
-from basalt.services.errors import Refusal, StatusRefusal, invalid
-from basalt.services.meta import (
-    MetaClient,
-    MetaConflictError,
-    MetaValidationError,
-    Perm,
-    TopicExistsError,
-    TopicNotFoundError,
-)
-from basalt.services.meta.fields import check_topic_name
+from basalt.services.checks import check_group, check_topic
+from basalt.services.errors import Refusal, as_refusal, invalid
+from basalt.services.meta import MetaClient, MetaValidationError, Perm
 from basalt.services.process import (
     add_health_and_reflection,
     add_servicer,
@@ -74,62 +48,6 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: ResetOffsetByTimeRequest.ack_timeout_ms: 0 means this, more than the max is refused.
 DEFAULT_ACK_TIMEOUT_MS = 5000
 MAX_ACK_TIMEOUT_MS = 60_000
-
-R = TypeVar("R")
-Method = Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]
-
-
-def admin_refusal(error: Exception) -> Refusal | None:
-    """The refusal an operation's error answers (the module docstring's table);
-    None for what :func:`basalt.services.rpc.as_refusal` maps itself (etcd
-    unreachable, and the unexpected)."""
-    if isinstance(error, TopicNotFoundError):
-        return Refusal(pb.RESPONSE_CODE_TOPIC_NOT_EXIST, str(error))
-    if isinstance(error, TopicExistsError):
-        return Refusal(pb.RESPONSE_CODE_TOPIC_EXIST_ALREADY, str(error))
-    if isinstance(error, (RevisionMismatchError, MetaConflictError)):
-        # gRPC's ABORTED is "retry the read-modify-write"; RocketMQ has no code
-        # for it, and SYSTEM_BUSY is its "try again" (admin.proto says so).
-        return StatusRefusal(grpc.StatusCode.ABORTED, pb.RESPONSE_CODE_SYSTEM_BUSY, str(error))
-    if isinstance(error, BrokerNotRegisteredError):
-        return Refusal(pb.RESPONSE_CODE_BROKER_NOT_EXIST, str(error))
-    if isinstance(error, PeerCallError):
-        code = error.response_code
-        if code is None:  # the peer was not reached, or did not say
-            code = (
-                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
-                if error.status == grpc.StatusCode.UNAVAILABLE
-                else pb.RESPONSE_CODE_SYSTEM_ERROR
-            )
-        return StatusRefusal(error.status, code, str(error))
-    if isinstance(error, AdminError):
-        return Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, str(error))
-    return None
-
-
-def _admin_rpc(method: Method[R]) -> Method[R]:
-    """:func:`basalt.services.rpc.rpc_method` around ``method``, its operations' errors
-    first turned into their refusals (:func:`admin_refusal`)."""
-
-    @functools.wraps(method)
-    async def refusing(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
-        try:
-            return await method(self, request, context)
-        except (AdminError, TopicNotFoundError, TopicExistsError, MetaConflictError) as e:
-            refusal = admin_refusal(e)
-            assert refusal is not None  # every class caught has its row
-            raise refusal from None
-
-    return rpc_method(refusing)
-
-
-def check_topic(topic: str) -> None:
-    """MESSAGE_ILLEGAL unless ``topic`` is a topic name (the store's rule), as
-    the store-node answers a send to it."""
-    try:
-        check_topic_name(topic)
-    except MetaValidationError as e:
-        raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, str(e)) from None
 
 
 def topic_change(config: pb.TopicConfig) -> topics.TopicChange:
@@ -161,7 +79,7 @@ class AdminServicer:
     def __init__(self, meta: MetaClient) -> None:
         self.meta = meta
 
-    @_admin_rpc
+    @rpc_method
     async def UpdateTopic(
         self, request: adm.UpdateTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adm.UpdateTopicResponse:
@@ -178,7 +96,7 @@ class AdminServicer:
             config=topics.topic_config_pb(write.config), mod_revision=write.mod_revision
         )
 
-    @_admin_rpc
+    @rpc_method
     async def DeleteTopic(
         self, request: adm.DeleteTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adm.DeleteTopicResponse:
@@ -186,13 +104,13 @@ class AdminServicer:
         await topics.delete_topic(self.meta, request.topic)
         return adm.DeleteTopicResponse()
 
-    @_admin_rpc
+    @rpc_method
     async def TopicList(
         self, request: adm.TopicListRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adm.TopicListResponse:
         return adm.TopicListResponse(topics=await topics.topic_names(self.meta))
 
-    @_admin_rpc
+    @rpc_method
     async def GetTopic(
         self, request: adm.GetTopicRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adm.GetTopicResponse:
@@ -202,7 +120,7 @@ class AdminServicer:
             config=topics.topic_config_pb(got.config), mod_revision=got.mod_revision
         )
 
-    @_admin_rpc
+    @rpc_method
     async def ResetOffsetByTime(
         self, request: adm.ResetOffsetByTimeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> adm.ResetOffsetByTimeResponse:
@@ -235,15 +153,14 @@ def reset_failure(outcome: ops.ResetOutcome) -> Refusal:
     first failure by name, a message naming every failed store-node and the ones
     whose reset was done (it stays; no consumer was told)."""
     failed = sorted(outcome.failed.items())
-    first = failed[0][1]
-    refusal = admin_refusal(first) or Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, str(first))
+    refusal = as_refusal(failed[0][1], "ResetOffsetByTime")
     done = sorted({o.queue.broker_name for o in outcome.offsets})
     message = "; ".join(str(e) for _, e in failed) + (
         f". Reset done on {', '.join(done)} (it stays; no consumer was told; retrying is safe)"
         if done
         else ". Nothing was reset"
     )
-    return StatusRefusal(refusal.grpc_status, refusal.code, message)
+    return refusal.with_message(message)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 from basalt.client.channels import Client
-from basalt.client.producer import ClientError, response_code
+from basalt.client.errors import ClientError
 
 from basalt.common.settings import (
     between,
@@ -151,7 +151,7 @@ class ConsumerClient(Client):
         try:
             route = (await self._pull_service().QueryRoute(ps.QueryRouteRequest(topic=topic))).route
         except grpc.aio.AioRpcError as e:
-            raise ClientError(response_code(e), e.details() or str(e.code())) from None
+            raise ClientError.from_rpc_error(e) from None
         brokers = {b.broker_name: b.address for b in route.broker_datas}
         self._addresses.update(brokers)
         return sorted(

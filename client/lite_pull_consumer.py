@@ -73,8 +73,8 @@ from basalt.client.consumer_base import (
     Position,
     subscription_of,
 )
+from basalt.client.errors import ClientError
 from basalt.client.membership import GroupMember, TopicSubscription
-from basalt.client.producer import ClientError, response_code
 
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
@@ -396,7 +396,9 @@ class LitePullConsumer(ConsumerClient):
                         self._failed(e)
                     except Exception as e:  # a bug
                         log.exception("%s: fetch failed", broker)
-                        self._failed(ClientError(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{broker}: {e!r}"))
+                        self._failed(
+                            ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{broker}: {e!r}")
+                        )
                     # Pause this store-node's fetches (its other calls finish).
                     failures += 1
                     held = True
@@ -461,7 +463,7 @@ class LitePullConsumer(ConsumerClient):
             try:
                 got: pb.PullBatchResponse = await call
             except grpc.aio.AioRpcError as e:
-                return ClientError(response_code(e), e.details() or str(e.code()))
+                return ClientError.from_rpc_error(e)
             return got
 
         future = asyncio.ensure_future(reply())
@@ -499,7 +501,7 @@ class LitePullConsumer(ConsumerClient):
     def _refused(self, read: _Read, refused: pb.Refused) -> None:
         q = read.queue
         if self._member is None:
-            self._failed(ClientError(refused.code, f"{q}: {refused.message}"))
+            self._failed(ClientError.from_code(refused.code, f"{q}: {refused.message}"))
         else:
             # Subscribe mode: the queue left the topic's read queues (a
             # shrink) or its broker went; the group's next rebalance says.

@@ -43,7 +43,7 @@ from basalt.client.consumer_base import (
     Position,
     subscription_of,
 )
-from basalt.client.producer import ClientError
+from basalt.client.errors import ClientError
 from basalt.client.rebalance import allocate_averagely
 
 from basalt.v1 import common_pb2 as pb

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import grpc
 from basalt.client.channels import Client
+from basalt.client.errors import ClientError, TopicNotFoundError
 
 from basalt.common import _records
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
@@ -49,7 +50,6 @@ from basalt.common.settings import (
     setting,
     validate,
 )
-from basalt.common.status import response_code_of
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
@@ -129,18 +129,6 @@ class SendResult:
         return self.status == pb.SEND_STATUS_SEND_OK
 
 
-class ClientError(Exception):
-    """A call that failed for good (a send after its retries, a pull, a commit):
-    RocketMQ's response code and why."""
-
-    def __init__(self, code: int, message: str) -> None:
-        name = pb.ResponseCode.Name(pb.ResponseCode.ValueType(code)) if code in _CODES else code
-        super().__init__(f"{name}: {message}")
-        self.code = code
-        self.message = message
-
-
-_CODES = frozenset(pb.ResponseCode.values())
 #: SendResult's fields in the order _send_to passes their values.
 _SEND_RESULT_FIELDS = (
     "status",
@@ -307,12 +295,12 @@ class Producer(Client):
                 last = e
             except (grpc.aio.AioRpcError, TimeoutError) as e:
                 self._drop_stream(queue.address)
-                last = ClientError(
+                last = ClientError.from_code(
                     pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, f"{queue.broker_name}: {e}"
                 )
             failed.add(queue.broker_name)
             log.info("send to %s failed (%s); retrying elsewhere", queue.broker_name, last)
-        raise last or ClientError(pb.RESPONSE_CODE_SYSTEM_BUSY, "send timed out")
+        raise last or ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_BUSY, "send timed out")
 
     async def _send_to(
         self, queue: QueueAddress, messages: Sequence[Message], ids: list[str]
@@ -335,7 +323,7 @@ class Producer(Client):
             parts = send_stream_batch(opaque, topic, queue.queue_id, records)
         answer = await self._stream(queue.address).send(opaque, parts)
         if answer.HasField("refused"):
-            raise ClientError(answer.refused.code, answer.refused.message)
+            raise ClientError.from_code(answer.refused.code, answer.refused.message)
         r = answer.result
         n = len(ids)
         # SendResult's fields in order (_SEND_RESULT_FIELDS); built in C, one
@@ -382,9 +370,9 @@ class Producer(Client):
         except grpc.aio.AioRpcError as e:
             if cached is not None:  # keep sending on what we had
                 return cached[1]
-            code = response_code(e)
-            if code != pb.RESPONSE_CODE_TOPIC_NOT_EXIST or topic == AUTO_CREATE_TOPIC:
-                raise ClientError(code, e.details() or str(e.code())) from None
+            error = ClientError.from_rpc_error(e)
+            if not isinstance(error, TopicNotFoundError) or topic == AUTO_CREATE_TOPIC:
+                raise error from None
             # A new topic: send it where RocketMQ's producer does, on the default
             # topic's route; the store-node taking the send creates it. Its own
             # route is asked for again on the next send.
@@ -393,7 +381,7 @@ class Producer(Client):
             return queues
         queues = writable_queues(reply.route)
         if not queues:
-            raise ClientError(
+            raise ClientError.from_code(
                 pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} has no writable queue"
             )
         self._routes[topic] = (now + self.config.poll_name_server_interval_ms / 1000, queues)
@@ -499,15 +487,7 @@ def _store_host_bytes(store_host: str) -> bytes:
     return encode_host(store_host)
 
 
-def response_code(error: grpc.aio.AioRpcError) -> int:
-    """RocketMQ's code of a failed call (its ``basalt-response-code`` trailer),
-    SERVICE_NOT_AVAILABLE when it carries none (the peer was not reached)."""
-    code = response_code_of(error)
-    return pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE if code is None else code
-
-
 __all__ = [
-    "ClientError",
     "Producer",
     "ProducerConfig",
     "QueueAddress",

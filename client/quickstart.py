@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import IO, Any
 
+from basalt.client.errors import ClientError
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
-from basalt.client.producer import ClientError, Producer
+from basalt.client.producer import Producer
 
 from basalt.common.local_cluster import local_address
 from basalt.common.message import Message

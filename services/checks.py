@@ -1,17 +1,19 @@
-"""Request checks the store-node and the pull-service share, as Refusals.
+"""Request checks the store-node, the pull-service and the admin service share.
 
-One definition each of what a valid consumer group, an existing topic and a
-parsable subscription mean on the wire, so both services answer the same
-input with the same status and code.
+One definition each of what a valid consumer group, a valid topic name, an
+existing topic and a parsable subscription mean on the wire, so the services
+answer the same input with the same status and code. Each raises a
+:class:`basalt.services.errors.Refusal` naming why; its gRPC status comes
+from that module's table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from basalt.services.errors import Refusal, invalid
+from basalt.services.errors import Refusal, as_refusal, invalid
 from basalt.services.meta.errors import MetaValidationError
-from basalt.services.meta.fields import check_group_name
+from basalt.services.meta.fields import check_group_name, check_topic_name
 from basalt.store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
 from basalt.store.sql92 import Sql92ParseError
 
@@ -34,6 +36,15 @@ def check_group(group: str) -> None:
         raise invalid(str(e)) from None
 
 
+def check_topic(topic: str) -> None:
+    """MESSAGE_ILLEGAL unless ``topic`` is a topic name (the store's rule): what
+    the store-node answers a send to it, and admin a request naming it."""
+    try:
+        check_topic_name(topic)
+    except MetaValidationError as e:
+        raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, str(e)) from None
+
+
 def subscription_filter(sub: pb.Subscription) -> MessageFilter:
     """The store's filter for a subscription; SUBSCRIPTION_PARSE_FAILED when it
     does not parse (the message names the position)."""
@@ -43,7 +54,7 @@ def subscription_filter(sub: pb.Subscription) -> MessageFilter:
             raise UnknownFilterTypeError(str(sub.type))
         return build_filter(kind, sub.expression)
     except (Sql92ParseError, UnknownFilterTypeError) as e:
-        raise Refusal(pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED, str(e)) from e
+        raise as_refusal(e, "subscription_filter") from e
 
 
 def check_batch_entries(

@@ -1,31 +1,22 @@
 """The servicer-side wrapper every Basalt RPC method goes through.
 
-:func:`rpc_method` is the one place where a servicer's exceptions become gRPC
-statuses: a :class:`basalt.services.errors.Refusal` fails the call with its status,
-message and ``basalt-response-code`` (via :func:`basalt.services.errors.abort`); a
-store that is shut down, or an etcd write that cannot reach etcd, is
-SERVICE_NOT_AVAILABLE; anything unexpected is
-logged with its traceback and answered SYSTEM_ERROR with a one-line message
-(a client never sees a stack trace). Shared by the store-node and the
-pull-service.
+:func:`rpc_method` fails a call whose method raised with what the error
+answers by :mod:`basalt.services.errors`' table (status, message and
+``basalt-response-code``, via :func:`basalt.services.errors.abort`); anything
+the table does not know is logged there with its traceback and answered
+SYSTEM_ERROR with a one-line message (a client never sees a stack trace).
+Shared by the store-node, the pull-service and the admin service.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from basalt.services.errors import Refusal, abort
-from basalt.services.meta.errors import MetaUnavailableError
-from basalt.store import StoreClosedError
-
-from basalt.v1 import common_pb2 as pb
-
-log = logging.getLogger(__name__)
+from basalt.services.errors import abort, as_refusal
 
 R = TypeVar("R")
 
@@ -53,17 +44,3 @@ def rpc_method(
         raise AssertionError("unreachable: abort raises")
 
     return wrapper
-
-
-def as_refusal(error: Exception, where: str) -> Refusal:
-    """What ``error``, raised serving a request in ``where``, answers: a Refusal
-    as is; a store shut down, or an etcd write that cannot reach etcd (a
-    topic's auto-creation), SERVICE_NOT_AVAILABLE (retry later, elsewhere);
-    anything else is logged with its traceback and answered SYSTEM_ERROR with
-    one line. Also used for each entry of a batched call."""
-    if isinstance(error, Refusal):
-        return error
-    if isinstance(error, (StoreClosedError, MetaUnavailableError)):
-        return Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(error))
-    log.error("%s failed", where, exc_info=error)
-    return Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{type(error).__name__}: {error}")

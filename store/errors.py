@@ -3,10 +3,15 @@
 Expected outcomes (a message too large, an offset past the end) are enum
 statuses in result dataclasses, never exceptions. What is raised here means the
 caller misused the store or the disk holds something the store cannot trust.
-Every class subclasses a builtin so callers that know nothing of Basalt can
-still catch it sensibly. A record that does not decode raises the record
-codec's own error, :class:`basalt.common.record.CorruptRecordError` (a
-ValueError): the layout and its codec are shared with the SDK.
+:class:`StoreError` is the base of every exception class in ``store/``, these
+and the ones that live beside the code raising them (``Sql92ParseError``,
+``UnknownFilterTypeError``, ``InvalidOffsetRequestError``, ``StoreRootError``,
+…); each also subclasses a builtin where one fits, so callers that know
+nothing of Basalt can still catch it sensibly. What each answers a remote
+caller is in the services' one table, ``basalt.services.errors``.
+One error is not here: a record that does not decode raises the record codec's
+own :class:`basalt.common.record.CorruptRecordError` (a ValueError), because
+the layout and its codec are shared with the SDK, which knows no store.
 """
 
 from __future__ import annotations

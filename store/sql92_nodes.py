@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, NoReturn
 
+from basalt.store.errors import StoreError
 from basalt.store.sql92_values import (
     FROM_STRING,
     INTEGRAL,
@@ -97,8 +98,10 @@ class Node:
     operands: tuple[Evaluator, ...] = ()
 
 
-class SemanticError(Exception):
-    """Raised inside the parse; compile_sql92 turns it into a Sql92ParseError.
+class SemanticError(StoreError):
+    """Raised inside the parse; compile_sql92 turns it into a Sql92ParseError
+    (a StoreError like every exception class of the engine; it never leaves
+    compile_sql92).
 
     ``reason`` may contain ``{text}``, replaced by the source of [start, end).
     """

@@ -2,8 +2,11 @@
 
 Every class subclasses a builtin, so a caller that knows nothing of Basalt can
 still catch it sensibly; the one module in ``services/`` that maps errors to
-gRPC status codes maps these (UNAVAILABLE, ABORTED, ALREADY_EXISTS, NOT_FOUND,
-INVALID_ARGUMENT). Reads from a watch cache never raise.
+gRPC status codes, :mod:`basalt.services.errors`, maps these (UNAVAILABLE,
+ABORTED, ALREADY_EXISTS, NOT_FOUND; a MetaValidationError is refused
+INVALID_ARGUMENT by the request check that catches it). This module imports
+nothing of Basalt's, so that table can import it. Reads from a watch cache
+never raise.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ handshake each time. The channels retry connecting quickly (100 ms up to
 store-node should be readable again within a second, not minutes.
 
 A downstream failure is never passed through as the pull-service's own
-error: :func:`downstream_refusal` names the peer that failed, so a client
-reading "store-node 'broker-a' at 127.0.0.1:10911 is unreachable" knows the
-pull-service itself is fine.
+error: :func:`basalt.services.errors.downstream_refusal` names the peer that
+failed.
 
 Concurrency: one event loop; channels belong to it.
 """
@@ -25,10 +24,7 @@ import logging
 from typing import Any
 
 import grpc
-from basalt.services.errors import Refusal
 
-from basalt.common.status import response_code_of
-from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
@@ -158,32 +154,3 @@ def call_timeout_s(context: grpc.aio.ServicerContext[object, object], budget_s: 
     caller's own deadline so that the downstream call never outlives it."""
     remaining = context.time_remaining()
     return budget_s if remaining is None else max(0.0, min(budget_s, remaining))
-
-
-def downstream_refusal(error: grpc.aio.AioRpcError, peer: str, timeout_s: float) -> Refusal:
-    """What a failed call to ``peer`` (e.g. "store-node 'broker-a' at host:port")
-    means upstream.
-
-    A refusal by the peer (it sent a ``basalt-response-code``) keeps its code
-    and message, prefixed with the peer; a peer that cannot be reached or did
-    not answer within ``timeout_s`` or cancelled the call (it is stopping) is
-    SERVICE_NOT_AVAILABLE (UNAVAILABLE);
-    anything else is SYSTEM_ERROR.
-    """
-    code = response_code_of(error)
-    details = error.details() or error.code().name
-    if code is not None:
-        return Refusal(code, f"{peer}: {details}")
-    status = error.code()
-    if status is grpc.StatusCode.UNAVAILABLE:
-        return Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, f"{peer} is unreachable: {details}")
-    if status is grpc.StatusCode.CANCELLED:
-        # Our own cancellations surface as CancelledError, not here: the peer
-        # cancelled the call, which a server does when it stops.
-        return Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, f"{peer} cancelled the call")
-    if status is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return Refusal(
-            pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
-            f"{peer} did not answer within {timeout_s * 1000:.0f} ms",
-        )
-    return Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{peer} failed: {status.name}: {details}")

@@ -19,23 +19,11 @@ why). Step 3 asks whether the topic has an etcd config, not whether its
 (it auto-creates on send before the list is updated), so the pull-service is
 no stricter than the node that holds the data.
 
-After (:func:`pull_outcome`, :func:`pull_response`), the store's
-GetMessageStatus becomes the client's ResponseCode and PullStatus by
-RocketMQ's PullMessageProcessor and MQClientAPIImpl tables (common.proto);
-the store-node applies the same table to GetMessages, which answers in the
-client's terms::
-
-    GetMessageStatus           ResponseCode            PullStatus
-    FOUND                      SUCCESS                 FOUND
-    NO_MATCHED_MESSAGE         PULL_RETRY_IMMEDIATELY  NO_MATCHED_MSG
-    MESSAGE_WAS_REMOVING       PULL_RETRY_IMMEDIATELY  NO_MATCHED_MSG
-    OFFSET_FOUND_NULL          PULL_NOT_FOUND          NO_NEW_MSG
-    OFFSET_OVERFLOW_ONE        PULL_NOT_FOUND          NO_NEW_MSG
-    OFFSET_OVERFLOW_BADLY      PULL_OFFSET_MOVED       OFFSET_ILLEGAL
-    OFFSET_TOO_SMALL           PULL_OFFSET_MOVED       OFFSET_ILLEGAL
-    NO_MATCHED_LOGIC_QUEUE     offset 0: PULL_NOT_FOUND / NO_NEW_MSG,
-    NO_MESSAGE_IN_QUEUE        else PULL_OFFSET_MOVED / OFFSET_ILLEGAL
-    anything else              refused: INTERNAL, SYSTEM_ERROR
+After, :func:`pull_response` answers a store-node's read in the client's terms:
+the code and PullStatus of its GetMessageStatus by
+:func:`basalt.services.errors.pull_outcome` (RocketMQ's PullMessageProcessor
+and MQClientAPIImpl tables); the store-node does the same for each entry of
+GetMessages.
 """
 
 from __future__ import annotations
@@ -44,53 +32,11 @@ import functools
 from collections.abc import Callable
 
 from basalt.services.checks import check_group, no_such_topic, subscription_filter
-from basalt.services.errors import Refusal, invalid
+from basalt.services.errors import Refusal, invalid, pull_outcome
 from basalt.services.meta.model import BrokerRegistration, TopicConfig
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-
-#: GetMessageStatus -> ResponseCode, for the statuses that do not depend on the offset.
-_CODE_OF_STATUS: dict[int, pb.ResponseCode.ValueType] = {
-    pb.GET_MESSAGE_STATUS_FOUND: pb.RESPONSE_CODE_SUCCESS,
-    pb.GET_MESSAGE_STATUS_NO_MATCHED_MESSAGE: pb.RESPONSE_CODE_PULL_RETRY_IMMEDIATELY,
-    pb.GET_MESSAGE_STATUS_MESSAGE_WAS_REMOVING: pb.RESPONSE_CODE_PULL_RETRY_IMMEDIATELY,
-    pb.GET_MESSAGE_STATUS_OFFSET_FOUND_NULL: pb.RESPONSE_CODE_PULL_NOT_FOUND,
-    pb.GET_MESSAGE_STATUS_OFFSET_OVERFLOW_ONE: pb.RESPONSE_CODE_PULL_NOT_FOUND,
-    pb.GET_MESSAGE_STATUS_OFFSET_OVERFLOW_BADLY: pb.RESPONSE_CODE_PULL_OFFSET_MOVED,
-    pb.GET_MESSAGE_STATUS_OFFSET_TOO_SMALL: pb.RESPONSE_CODE_PULL_OFFSET_MOVED,
-}
-#: Statuses of a queue with nothing in it: "nothing new" at offset 0, "moved" elsewhere.
-_EMPTY_QUEUE_STATUSES = frozenset(
-    {pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE, pb.GET_MESSAGE_STATUS_NO_MESSAGE_IN_QUEUE}
-)
-#: ResponseCode -> the client's PullStatus (RocketMQ's MQClientAPIImpl.processPullResponse).
-_PULL_STATUS_OF_CODE: dict[int, pb.PullStatus.ValueType] = {
-    pb.RESPONSE_CODE_SUCCESS: pb.PULL_STATUS_FOUND,
-    pb.RESPONSE_CODE_PULL_NOT_FOUND: pb.PULL_STATUS_NO_NEW_MSG,
-    pb.RESPONSE_CODE_PULL_RETRY_IMMEDIATELY: pb.PULL_STATUS_NO_MATCHED_MSG,
-    pb.RESPONSE_CODE_PULL_OFFSET_MOVED: pb.PULL_STATUS_OFFSET_ILLEGAL,
-}
-
-
-def pull_outcome(
-    store_status: pb.GetMessageStatus.ValueType, offset: int
-) -> tuple[pb.ResponseCode.ValueType, pb.PullStatus.ValueType]:
-    """``(ResponseCode, PullStatus)`` of a read that answered ``store_status`` for a
-    pull at ``offset`` (the module's table). Raises a SYSTEM_ERROR Refusal for a
-    status the table does not know (a newer store-node, or UNSPECIFIED)."""
-    code = _CODE_OF_STATUS.get(store_status)
-    if code is None and store_status in _EMPTY_QUEUE_STATUSES:
-        code = (
-            pb.RESPONSE_CODE_PULL_NOT_FOUND if offset == 0 else pb.RESPONSE_CODE_PULL_OFFSET_MOVED
-        )
-    if code is None:
-        try:
-            name = pb.GetMessageStatus.Name(store_status)
-        except ValueError:
-            name = str(store_status)
-        raise Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"the store-node answered status {name}")
-    return code, _PULL_STATUS_OF_CODE[code]
 
 
 def pull_response(
@@ -104,10 +50,11 @@ def pull_response(
     commit: pb.CommitResult | None,
 ) -> pb.PullResponse:
     """A store-node read of one queue from ``offset`` as the client sees it: code
-    and PullStatus by the module's table (a SYSTEM_ERROR Refusal for a status
-    it does not know). Built by the pull-service for Pull, and by the
-    store-node itself for each entry of GetMessages (``records`` None: it
-    writes them into the answer itself, basalt.services.pull_service.wire)."""
+    and PullStatus by :func:`basalt.services.errors.pull_outcome` (a
+    SYSTEM_ERROR Refusal for a status it does not know). Built by the
+    pull-service for Pull, and by the store-node itself for each entry of
+    GetMessages (``records`` None: it writes them into the answer itself,
+    basalt.services.pull_service.wire)."""
     code, status = pull_outcome(store_status, offset)
     return pb.PullResponse(
         code=code,
@@ -165,19 +112,21 @@ def check_pull(
 
 def check_subscription(sub: pb.Subscription) -> None:
     """SUBSCRIPTION_PARSE_FAILED (naming the position) unless ``sub`` parses."""
-    error = _parse_error(sub.type, sub.expression)
-    if error is not None:
-        raise Refusal(pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED, error)
+    refusal = _parse_refusal(sub.type, sub.expression)
+    if refusal is not None:
+        # A new one each time: the cached one, raised again and again, would
+        # carry every earlier raise's traceback.
+        raise refusal.with_message(refusal.message)
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse_error(kind: pb.ExpressionType.ValueType, expression: str) -> str | None:
+def _parse_refusal(kind: pb.ExpressionType.ValueType, expression: str) -> Refusal | None:
     # Consumers send the same few expressions with every pull: parse each once
     # (the store-node parses again to filter, on its own cache of filters).
     try:
         subscription_filter(pb.Subscription(type=kind, expression=expression))
     except Refusal as r:
-        return r.message
+        return r
     return None
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from basalt.services.errors import StatusRefusal
+from basalt.services.errors import Refusal
 from basalt.services.meta.client import MetaClient, decode_consumer
 from basalt.services.meta.lease import Registration
 from basalt.services.meta.model import (
@@ -71,8 +71,7 @@ class RunningPullService:
         if self.registration is not None:
             with contextlib.suppress(Exception):  # etcd away: the lease expires by itself
                 await self.registration.close()
-        stopping = StatusRefusal(
-            grpc.StatusCode.UNAVAILABLE,
+        stopping = Refusal(
             pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
             f"pull-service {self.config.pull_service_id} is stopping; reconnect to another",
         )

@@ -14,7 +14,7 @@ stream with it so that admin can reach them. The RPCs:
   ``suspend_timeout_ms`` (the store-node holds the call: long polling) and the
   commit offset with its reset epoch (stored in the same round trip). The
   store's status becomes the client's code and PullStatus by the table in
-  :mod:`basalt.services.pull_service.checks`. A store-node that cannot be reached fails the
+  :mod:`basalt.services.errors` (``pull_outcome``). A store-node that cannot be reached fails the
   pull UNAVAILABLE naming it; nothing else is affected.
 * ``Session``: see :mod:`basalt.services.pull_service.sessions`.
 * ``ListConsumers(group)`` and ``NotifyConsumers(group, command)``: by
@@ -48,7 +48,7 @@ from typing import Any
 
 import grpc
 from basalt.services.checks import check_batch_entries, check_group, no_such_topic
-from basalt.services.errors import Refusal, invalid, refused
+from basalt.services.errors import Refusal, downstream_refusal, invalid, refused
 from basalt.services.meta.client import MetaClient, QueueKey
 from basalt.services.meta.config import name_rule
 from basalt.services.meta.errors import MetaUnavailableError
@@ -60,12 +60,7 @@ from basalt.services.meta.model import (
 )
 from basalt.services.meta.watch import MetaWatcher
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
-from basalt.services.pull_service.channels import (
-    ChannelPool,
-    StoreHosts,
-    call_timeout_s,
-    downstream_refusal,
-)
+from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_timeout_s
 from basalt.services.pull_service.checks import check_pull, pull_response, topic_route
 from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
 from basalt.services.rpc import rpc_method

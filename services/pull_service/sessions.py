@@ -50,7 +50,7 @@ from typing import Any
 
 import grpc
 from basalt.services.checks import check_group
-from basalt.services.errors import Refusal, StatusRefusal, invalid
+from basalt.services.errors import Outcome, Refusal, invalid
 from basalt.services.meta.client import MetaClient, QueueKey
 from basalt.services.meta.errors import MetaUnavailableError, MetaValidationError
 from basalt.services.meta.lease import Registration
@@ -209,9 +209,8 @@ class SessionRegistry:
             return  # closed before opening: nothing to undo
         kind = first.WhichOneof("frame")
         if kind != "open":
-            raise StatusRefusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                pb.RESPONSE_CODE_INVALID_PARAMETER,
+            raise Refusal.of(
+                Outcome.SESSION_OUT_OF_ORDER,
                 f"the first frame of a session must be open, got {kind or 'an empty frame'}",
             )
         session, replaced = self._begin(first.open)
@@ -242,11 +241,10 @@ class SessionRegistry:
         assert isinstance(frame, ps.SessionRequest)
         return frame
 
-    def _silent(self, session: ConsumerSession | None) -> StatusRefusal:
+    def _silent(self, session: ConsumerSession | None) -> Refusal:
         who = "the consumer" if session is None else "consumer {}/{}".format(*session.key)
-        return StatusRefusal(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+        return Refusal.of(
+            Outcome.SESSION_SILENT,
             f"no frame from {who} for {self.session_timeout_ms} ms "
             f"(heartbeat interval {self.heartbeat_interval_ms} ms): session closed",
         )
@@ -258,9 +256,8 @@ class SessionRegistry:
         replaced = self._sessions.get(session.key)
         if replaced is not None:
             replaced.end(
-                StatusRefusal(
-                    grpc.StatusCode.ABORTED,
-                    pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+                Refusal.of(
+                    Outcome.SESSION_REPLACED,
                     "consumer {}/{} opened a newer session".format(*session.key),
                 )
             )
@@ -350,9 +347,8 @@ class SessionRegistry:
         if kind == "ack":
             session.acked(frame.ack)
         elif kind == "open":
-            raise StatusRefusal(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                pb.RESPONSE_CODE_INVALID_PARAMETER,
+            raise Refusal.of(
+                Outcome.SESSION_OUT_OF_ORDER,
                 "consumer {}/{}: the session is already open".format(*session.key),
             )
         # A heartbeat (or an empty frame) only proves the consumer is there.
@@ -465,10 +461,8 @@ class SessionRegistry:
                     f"consumer {group}/{client_id} is not registered in etcd yet; retry",
                 )
             return await self._meta.lock_queues(group, client_id, queues, lease_id)
-        except MetaValidationError as e:
+        except MetaValidationError as e:  # a queue's name: the request's own
             raise invalid(str(e)) from None
-        except MetaUnavailableError as e:
-            raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, str(e)) from None
 
     # -- sessions replaced on another pull-service ------------------------------------
 
@@ -509,9 +503,8 @@ class SessionRegistry:
             and self._sessions.get(session.key) is session
         ):
             session.end(
-                StatusRefusal(
-                    grpc.StatusCode.ABORTED,
-                    pb.RESPONSE_CODE_CONSUMER_NOT_ONLINE,
+                Refusal.of(
+                    Outcome.SESSION_REPLACED,
                     f"consumer {group}/{client_id} opened a newer session on "
                     f"pull-service {current.pull_service_id}",
                 )

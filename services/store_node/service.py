@@ -32,23 +32,27 @@ import grpc
 from basalt.services.checks import (
     check_batch_entries,
     check_group,
+    check_topic,
     no_such_topic,
     subscription_filter,
 )
-from basalt.services.errors import Refusal, invalid, put_refusal, refused
-from basalt.services.meta.errors import MetaValidationError
-from basalt.services.meta.fields import check_topic_name
+from basalt.services.errors import (
+    Refusal,
+    as_refusal,
+    commit_response,
+    invalid,
+    put_refusal,
+    refused,
+)
 from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.checks import pull_response
 from basalt.services.pull_service.wire import pull_batch_wire
-from basalt.services.rpc import as_refusal
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.store import Message, MessageStore
 from basalt.store.batch import EncodedBatch
-from basalt.store.consumer_offsets import CommitResult, CommitStatus
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.put_result import PutMessageResult, PutStatus
 
@@ -140,16 +144,6 @@ class _Stats:
         return (count - before) / (now - then) if now > then else 0.0
 
 
-def commit_response(result: CommitResult) -> pb.CommitResult:
-    code = {
-        CommitStatus.OK: pb.RESPONSE_CODE_SUCCESS,
-        CommitStatus.STALE_RESET_EPOCH: pb.RESPONSE_CODE_STALE_RESET_EPOCH,
-    }.get(result.status)
-    if code is None:
-        raise invalid(result.detail or result.status.name)
-    return pb.CommitResult(code=code, reset_epoch=result.reset_epoch)
-
-
 class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     """The StoreNode RPCs over one running store."""
 
@@ -199,7 +193,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def _writable_topic(self, topic: str, queue_id: int) -> TopicConfig:
         config = self._writable_config(topic, queue_id)
         if config is None:
-            _check_topic_name(topic)
+            check_topic(topic)
             config = await self.topics.ensure_topic(topic, self.config.broker_name)
             _check_write_queue(config, queue_id)
         return config
@@ -595,13 +589,6 @@ def _check_write_queue(config: TopicConfig, queue_id: int) -> None:
             f"queue id {queue_id} is out of range: topic {config.topic_name!r} has "
             f"{config.write_queue_nums} write queues"
         )
-
-
-def _check_topic_name(topic: str) -> None:
-    try:
-        check_topic_name(topic)
-    except MetaValidationError as e:
-        raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, str(e)) from None
 
 
 def _store_message(m: pb.Message, topic: str, queue_id: int) -> Message:

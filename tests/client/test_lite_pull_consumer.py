@@ -15,12 +15,15 @@ from basalt.client import (
     LitePullConsumer,
     MessageQueue,
     Producer,
+    SubscriptionError,
     SyncLitePullConsumer,
     SyncProducer,
+    TopicNotFoundError,
 )
 from basalt.services.meta import MetaConfig
 
 from basalt.common.message import Message
+from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from tests.client.helpers import send_each
@@ -207,3 +210,22 @@ async def test_subscribe_mode_shares_the_queues_with_the_group_and_follows_a_res
             await c.assign(await c.queues_of(TOPIC))
             left = await c.poll(timeout_ms=100)
         assert len(left) == 40 - len(again)
+
+
+@async_test
+async def test_refusals_reach_the_user_as_their_typed_errors(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        bad = LitePullConsumer(h.services[0].address, config=config(subscription="a >", sql92=True))
+        async with bad:
+            # QueryRoute's refusal, read from its basalt-response-code trailer.
+            with pytest.raises(TopicNotFoundError) as unknown:
+                await bad.queues_of("NoSuchTopic")
+            assert unknown.value.code == pb.RESPONSE_CODE_TOPIC_NOT_EXIST
+            assert isinstance(unknown.value, LookupError)
+            # A PullBatch entry the pull-service refused, raised by the next poll.
+            await bad.assign(await bad.queues_of(TOPIC))
+            with pytest.raises(SubscriptionError, match="position") as unparsed:
+                await bad.poll(timeout_ms=10_000)
+            assert unparsed.value.code == pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED

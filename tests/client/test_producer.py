@@ -7,9 +7,15 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from basalt.client import ClientError, Producer, ProducerConfig
+from basalt.client import (
+    ClientError,
+    IllegalMessageError,
+    NoPermissionError,
+    Producer,
+    ProducerConfig,
+)
 from basalt.client.producer import _Stream
-from basalt.services.meta import MetaConfig
+from basalt.services.meta import MetaConfig, Perm
 
 from basalt.common.message import Message
 from basalt.v1 import common_pb2 as pb
@@ -148,3 +154,21 @@ async def test_a_new_topic_is_sent_on_the_default_route_and_created(
             assert all(r.ok for r in more)
         bodies = await pull_queue(h.stub, first.broker_name, first.queue_id, topic="FreshTopic")
         assert bodies[0] == b"first"
+
+
+@async_test
+async def test_refusals_reach_the_user_as_their_typed_errors(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        await h.update_topic(TOPIC, perm=Perm.READ)
+        await h.seen(lambda s: not s.servicer.view.topics.get(TOPIC).writable)
+        async with Producer(h.services[0].address, group="P") as producer:
+            with pytest.raises(NoPermissionError, match="no writable queue") as forbidden:
+                await producer.send(Message(TOPIC, b"x"))
+            assert forbidden.value.code == pb.RESPONSE_CODE_NO_PERMISSION
+            # The store-node's refusal, through the SendStream's answer.
+            with pytest.raises(IllegalMessageError) as illegal:
+                await producer.send(Message("bad topic!", b"x"))
+            assert illegal.value.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
+            assert isinstance(illegal.value, ClientError) and isinstance(illegal.value, ValueError)

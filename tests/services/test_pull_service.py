@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 import pytest
 from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.errors import pull_outcome
 from basalt.services.meta import BrokerRegistration, MetaClient, MetaConfig, Perm, TopicConfig
-from basalt.services.pull_service.checks import pull_outcome
 from basalt.services.pull_service.server import RunningPullService, start_pull_service
 from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL, PullServiceConfig
 from basalt.services.store_node.main import EtcdTopics
