@@ -36,11 +36,12 @@ from basalt.services.meta.errors import (
     TopicNotFoundError,
 )
 from basalt.store.consumer_offsets import CommitResult, CommitStatus, InvalidOffsetRequestError
-from basalt.store.errors import CorruptFileError, CorruptRecordError, StoreClosedError
+from basalt.store.errors import CorruptFileError, StoreClosedError
 from basalt.store.message_filter import UnknownFilterTypeError
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.sql92 import Sql92ParseError
 
+from basalt.common.record import CorruptRecordError
 from basalt.v1 import common_pb2 as pb
 
 S = grpc.StatusCode
