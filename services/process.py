@@ -82,7 +82,7 @@ def keep_large_buffers() -> bool:
     with their own mmap and returns them on free, so each answer page-faults
     its memory in again: on a 2-vCPU VM that was a third of a pull-service's
     time, and consumption through it ran at ~190 k msgs/s against ~280 k with
-    the thresholds raised (BENCHMARKS.md). The cost: up to
+    the thresholds raised (docs/benchmarks-history.md). The cost: up to
     TRIM_THRESHOLD_BYTES of freed memory stays with the process. Returns
     False where there is no glibc (nothing changed)."""
     try:

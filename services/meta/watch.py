@@ -213,7 +213,7 @@ class MetaWatcher(Generic[T]):
                 self._available = False
                 log.exception("%s: watch failed; retrying", self.what)
                 outage = True
-            # A fresh channel and watch stream for the next attempt (see meta_session).
+            # A fresh channel and watch stream for the next attempt (see services.meta.session).
             await self._session.reset()
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, self._config.reconnect_backoff_max_s)
