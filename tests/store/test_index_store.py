@@ -14,7 +14,7 @@ from basalt.store.record import decode_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ConfigFactory, wait_indexed
+from tests.support.stores import ConfigFactory, wait_indexed
 
 TOPIC = "Indexed"
 

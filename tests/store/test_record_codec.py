@@ -41,7 +41,7 @@ from basalt.store.record import (
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.store.test_record import INT32, INT64, hosts, messages, property_text, utf8_at_most
+from tests.support.strategies import INT32, INT64, hosts, messages, property_text, utf8_at_most
 
 STORE_HOST = encode_host("127.0.0.1:10911")
 

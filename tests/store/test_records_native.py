@@ -44,7 +44,7 @@ from basalt.store.record import (
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ConfigFactory
+from tests.support.stores import ConfigFactory
 
 if TYPE_CHECKING:
     from basalt.store._records import DispatchResult
