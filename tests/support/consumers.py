@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from basalt.client import ConsumeFromWhere, LitePullConfig, MessageQueue, Producer
 from basalt.store.message import Message
@@ -19,7 +19,7 @@ from basalt.v1 import store_node_pb2_grpc as sn_grpc
 Q = TypeVar("Q", bound=Hashable)
 
 
-def lite_pull_config(**kw: object) -> LitePullConfig:
+def lite_pull_config(**kw: Any) -> LitePullConfig:
     """Group ``LG`` from the first offset; ``kw`` sets the rest."""
     return LitePullConfig(
         consumer_group="LG", consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, **kw
