@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/crash_loop.py [--cycles 200] [--seed N] [--root DIR] [--no-check]
 
-Each cycle starts ``tests/store/crash_writer.py`` (SYNC flush, several writer
+Each cycle starts ``tests/support/crash_writer.py`` (SYNC flush, several writer
 threads), kills it with SIGKILL after a seeded random while, then opens the
 store in this process (abnormal recovery), checks every acknowledged message
 so far, shuts down cleanly and runs ``basalt store check``. Every
@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CRASH_WRITER = REPO_ROOT / "tests" / "store" / "crash_writer.py"
+CRASH_WRITER = REPO_ROOT / "tests" / "support" / "crash_writer.py"
 
 
 def _load_crash_writer() -> ModuleType:
@@ -44,7 +44,7 @@ def _load_crash_writer() -> ModuleType:
 
 
 if TYPE_CHECKING:
-    from tests.store import crash_writer
+    from tests.support import crash_writer
 else:
     crash_writer = _load_crash_writer()
 

@@ -7,18 +7,14 @@ here only that the commands are reachable and behave as a CLI should.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from basalt.admin.cli import GROUPS, main
 from basalt.store import ManualClock, MessageStore
 
-from tests.conftest import ConfigFactory
-from tests.store.test_tools import fill_store
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import run_basalt_sync
+from tests.support.stores import ConfigFactory, fill_store
 
 
 @pytest.fixture
@@ -65,24 +61,10 @@ def test_store_commands_in_process(root: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_python_m_admin_runs_the_same_cli(root: Path, tmp_path: Path) -> None:
-    ok = subprocess.run(
-        [sys.executable, "-m", "basalt.admin", "store", "check", str(root)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    ok = run_basalt_sync("store", "check", str(root))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.rstrip().endswith("result: OK")
 
-    missing = subprocess.run(
-        [sys.executable, "-m", "basalt.admin", "store", "check", str(tmp_path / "missing")],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    missing = run_basalt_sync("store", "check", str(tmp_path / "missing"))
     assert missing.returncode == 2
     assert "no such store root" in missing.stderr and "Traceback" not in missing.stderr

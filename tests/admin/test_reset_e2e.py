@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,11 +20,12 @@ from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.client.helpers import assert_one_jump_back, producing
-from tests.client.test_push_rebalance_e2e import calls, worker
-from tests.client.test_quickstart import REPO_ROOT, basalt
-from tests.services.conftest import async_test
-from tests.services.test_pull_sessions import eventually
+from tests.support.aio import async_test
+from tests.support.consumers import assert_one_jump_back, every_queue_jumped_back, producing
+from tests.support.polling import eventually
+from tests.support.processes import run_basalt as basalt
+from tests.support.push_worker import calls, worker
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +36,8 @@ GROUP = "RG"
 @contextlib.asynccontextmanager
 async def cluster_up(data: Path) -> AsyncIterator[dict[str, dict[str, str]]]:
     async def run(*args: str) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "basalt.admin", "cluster", *args, "--data-dir", str(data),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO_ROOT,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 180)
-        return proc.returncode or 0, out.decode()
+        code, out, err = await basalt("cluster", *args, "--data-dir", str(data))
+        return code, out + err
 
     code, out = await run("up")
     try:
@@ -53,7 +49,7 @@ async def cluster_up(data: Path) -> AsyncIterator[dict[str, dict[str, str]]]:
         assert code == 0, out
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path: Path) -> None:
     log = tmp_path / "consumed.log"
     async with cluster_up(tmp_path / "cluster") as procs:
@@ -80,7 +76,7 @@ async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path
                     owners = await meta.queue_lock_owners(GROUP)
                     return len(owners) == 8 and set(owners.values()) == {"C1", "C2", "C3"}
 
-                await eventually(spread, 30)
+                await eventually(spread, timeout_s=30)
                 await asyncio.sleep(1.0)
                 point = int(time.time() * 1000) - 500
                 code, out, err = await basalt(
@@ -89,8 +85,15 @@ async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path
                 )  # fmt: skip
                 assert code == 0, err
                 result = json.loads(out)
-                await asyncio.sleep(1.0)  # consumption goes on from the reset points
-            reset_to = {(r["broker"], r["queue"]): r["offset"] for r in result if r["queue"] != ""}
+                reset_to = {
+                    (r["broker"], r["queue"]): r["offset"] for r in result if r["queue"] != ""
+                }
+
+                def resumed() -> bool:  # consumption goes on from the reset points
+                    ordered = sorted(calls(log), key=lambda c: c.start)
+                    return every_queue_jumped_back(((c.queue, c.offset) for c in ordered), reset_to)
+
+                await eventually(resumed, timeout_s=30, interval_s=0.1)
             assert len(reset_to) == 8
             confirmed = {r["broker"] for r in result if r["result"] == "OK"}
             assert confirmed == {"consumer C1", "consumer C2", "consumer C3"}, result

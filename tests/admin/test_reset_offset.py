@@ -12,10 +12,11 @@ from pathlib import Path
 from basalt.services.meta import MetaConfig
 
 from basalt.v1 import store_node_pb2 as sn
-from tests.client.test_quickstart import basalt
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, cluster
-from tests.services.test_pull_sessions import Consumer
+from tests.support.aio import async_test
+from tests.support.nodes import TOPIC, cluster
+from tests.support.processes import run_basalt as basalt
+from tests.support.sessions import Consumer
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
 
 async def search_offsets(h, t_ms: int) -> dict[tuple[str, int], int]:  # type: ignore[no-untyped-def]
@@ -33,7 +34,7 @@ def table(out: str) -> dict[tuple[str, int], int]:
     return {(r["broker"], r["queue"]): r["offset"] for r in json.loads(out) if r["queue"] != ""}
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_reset_by_time_offline_live_forced_formats_and_a_failed_store_node(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:

@@ -1,6 +1,6 @@
 """The Admin gRPC service on a real grpc.aio server (port 0) over real etcd,
-store-nodes and a pull-service (tests.services.test_pull_service's in-process
-cluster), and as a real process.
+store-nodes and a pull-service (:func:`tests.support.nodes.cluster`), and as a
+real process.
 
 Every refusal is checked for its gRPC status, its RocketMQ code and a message
 saying what was wrong, and the service must answer the next call after each.
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from basalt.admin.service import start_admin_service
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 
@@ -25,27 +24,16 @@ from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from tests.services.conftest import async_test, unique_cluster
-from tests.services.test_pull_process import ServiceProcess
-from tests.services.test_pull_service import TOPIC, cluster
-from tests.services.test_pull_sessions import Consumer
-from tests.services.test_store_node import refused
+from tests.support.aio import async_test
+from tests.support.etcd import unique_cluster
+from tests.support.nodes import TOPIC, admin_server, cluster
+from tests.support.polling import eventually
+from tests.support.processes import ServiceProcess
+from tests.support.rpc import refused
+from tests.support.sessions import Consumer
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 Status = grpc.StatusCode
-
-
-@asynccontextmanager
-async def admin_server(meta_config: MetaConfig) -> AsyncIterator[str]:
-    """The admin service on a port of its own, with its own MetaClient (as its
-    process has); yields its address."""
-    meta = MetaClient(meta_config)
-    await meta.connect()
-    running = await start_admin_service(meta)
-    try:
-        yield running.address
-    finally:
-        await running.stop(grace_s=1)
-        await meta.close()
 
 
 @asynccontextmanager
@@ -249,13 +237,18 @@ async def test_malformed_topic_names_and_unreachable_etcd_then_serving_again(
             assert f"etcd at {private_etcd.endpoint} unreachable" in message
 
         await asyncio.to_thread(private_etcd.start)
-        while True:  # until the client's channel has found etcd again
+        listed = adm.TopicListResponse()
+
+        async def answered() -> bool:  # once the client's channel has found etcd again
+            nonlocal listed
             try:
                 listed = await stub.TopicList(adm.TopicListRequest())
-                break
             except grpc.aio.AioRpcError as e:
                 assert e.code() == Status.UNAVAILABLE, e
-                await asyncio.sleep(0.1)
+                return False
+            return True
+
+        await eventually(answered, interval_s=0.1)
         assert list(listed.topics) == []
 
 
@@ -378,5 +371,5 @@ def test_the_process_exits_1_when_etcd_does_not_answer(tmp_path: Path) -> None:
         "--op-timeout-s",
         "0.5",
     )
-    assert proc.proc.wait(timeout=60) == 1
+    assert proc.proc.wait(timeout=SUBPROCESS_TIMEOUT_S) == 1
     assert "unreachable" in proc.log.read_text()

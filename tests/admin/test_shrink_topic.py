@@ -12,13 +12,14 @@ from basalt.services.meta import MetaConfig
 
 from basalt.common.message import Message
 from basalt.v1 import common_pb2 as pb
-from tests.client.test_quickstart import basalt
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import cluster
-from tests.services.test_pull_sessions import Consumer
+from tests.support.aio import async_test
+from tests.support.nodes import cluster
+from tests.support.processes import run_basalt as basalt
+from tests.support.sessions import Consumer
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_shrink_8_to_4_under_load_strands_and_loses_nothing(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:
@@ -81,7 +82,7 @@ async def test_shrink_8_to_4_under_load_strands_and_loses_nothing(
         assert {(r["read_queue_nums"], r["write_queue_nums"]) for r in json.loads(out)} == {(4, 4)}
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_update_topic_never_strands_and_an_unread_empty_topic_shrinks_at_once(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:

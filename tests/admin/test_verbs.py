@@ -10,14 +10,15 @@ from pathlib import Path
 from basalt.services.meta import MetaConfig
 
 from basalt.v1 import common_pb2 as pb
-from tests.client.test_quickstart import basalt
-from tests.conftest import wait_indexed as store_wait_indexed
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, cluster
-from tests.services.test_pull_sessions import Consumer
+from tests.support.aio import async_test
+from tests.support.nodes import TOPIC, cluster
+from tests.support.processes import run_basalt as basalt
+from tests.support.sessions import Consumer
+from tests.support.stores import wait_indexed as store_wait_indexed
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_topics_status_progress_and_cluster_list(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:
@@ -76,7 +77,7 @@ async def test_topics_status_progress_and_cluster_list(
         assert code == 1 and "does not exist" in err
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_unreachable_etcd_is_a_clear_failure() -> None:
     from basalt.services.cluster.etcd import free_port
 
@@ -84,7 +85,7 @@ async def test_unreachable_etcd_is_a_clear_failure() -> None:
     assert code == 1 and "etcd" in err
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_message_queries_consumer_connection_and_broker_status(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:
@@ -123,7 +124,7 @@ async def test_message_queries_consumer_connection_and_broker_status(
 
 
 async def wait_indexed(h) -> None:  # type: ignore[no-untyped-def]
-    """Until both store-nodes' IndexFiles have caught up (tests.conftest's wait,
+    """Until both store-nodes' IndexFiles have caught up (tests.support.stores' wait,
     off the event loop that serves them)."""
     for node in h.nodes.values():
         await asyncio.to_thread(store_wait_indexed, node.store)

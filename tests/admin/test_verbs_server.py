@@ -13,16 +13,16 @@ from basalt.services.cluster.etcd import free_port
 from basalt.services.meta import MetaConfig
 
 from basalt.v1 import common_pb2 as pb
-from tests.admin.test_service import admin_server
-from tests.client.test_quickstart import basalt
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import BROKERS, TOPIC, cluster
-from tests.services.test_pull_sessions import Consumer
+from tests.support.aio import async_test
+from tests.support.nodes import BROKERS, TOPIC, admin_server, cluster
+from tests.support.processes import run_basalt as basalt
+from tests.support.sessions import Consumer
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
 BOTH = ",".join(BROKERS)
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_topic_verbs_through_the_service_print_what_the_direct_run_prints(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:
@@ -80,7 +80,7 @@ async def test_topic_verbs_through_the_service_print_what_the_direct_run_prints(
         assert (await basalt("admin", "topicList", *etcd))[1].splitlines()[2:] == ["Orders"]
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_reset_offset_by_time_through_the_service(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:
@@ -119,7 +119,7 @@ async def test_reset_offset_by_time_through_the_service(
         await consumer.close()
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_an_admin_service_that_does_not_answer_is_named() -> None:
     address = f"127.0.0.1:{free_port()}"
     code, out, err = await basalt("admin", "topicList", "--server", address)

@@ -10,7 +10,6 @@ import pytest
 from basalt.admin import ops
 from basalt.client import (
     ClientError,
-    ConsumeFromWhere,
     LitePullConfig,
     LitePullConsumer,
     MessageQueue,
@@ -26,16 +25,11 @@ from basalt.common.message import Message
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from tests.client.helpers import send_each
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, cluster
-from tests.services.test_pull_sessions import eventually
-
-
-def config(**kw: object) -> LitePullConfig:
-    return LitePullConfig(
-        consumer_group="LG", consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, **kw
-    )
+from tests.support.aio import async_test
+from tests.support.consumers import lite_pull_config as config
+from tests.support.consumers import send_each
+from tests.support.nodes import TOPIC, cluster
+from tests.support.polling import eventually
 
 
 def test_config_is_checked() -> None:

@@ -17,10 +17,10 @@ from basalt.common.record import decode_records
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from tests.client.test_lite_pull_consumer import config
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, Harness, cluster
-from tests.services.test_pull_sessions import eventually
+from tests.support.aio import async_test
+from tests.support.consumers import lite_pull_config as config
+from tests.support.nodes import TOPIC, Harness, cluster
+from tests.support.polling import eventually
 
 
 def buffered(consumer: LitePullConsumer) -> dict[MessageQueue, list[int]]:

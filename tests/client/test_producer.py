@@ -21,8 +21,9 @@ from basalt.common.message import Message
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, cluster, pull_queue
+from tests.support.aio import async_test
+from tests.support.nodes import TOPIC, cluster
+from tests.support.rpc import pull_queue
 
 
 def test_config_is_checked() -> None:

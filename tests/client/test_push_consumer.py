@@ -33,15 +33,16 @@ from basalt.common.message import Message, MessageRecord
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from tests.client.helpers import (
+from tests.support.aio import async_test
+from tests.support.consumers import (
     assert_committed_at_least,
     assert_one_jump_back,
+    every_queue_jumped_back,
     producing,
     send_each,
 )
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, cluster
-from tests.services.test_pull_sessions import eventually
+from tests.support.nodes import TOPIC, cluster
+from tests.support.polling import eventually, eventually_sync
 
 
 def config(client_id: str, **kw: object) -> PushConsumerConfig:
@@ -92,13 +93,6 @@ class Log:
         return out
 
 
-async def wait_for(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    async def ok() -> bool:
-        return check()
-
-    await eventually(ok, timeout_s)
-
-
 def test_config_is_checked() -> None:
     with pytest.raises(ValueError, match="consumer_group"):
         PushConsumerConfig(consumer_group="")
@@ -125,20 +119,20 @@ async def test_a_group_shares_the_queues_without_overlap_and_every_message_is_co
             a = PushConsumer(address, config=config("A"), listener=log.listener("A", 0.001))
             a.subscribe(TOPIC)
             await a.start()
-            await wait_for(lambda: len(a.assignment()) == 8)
+            await eventually(lambda: len(a.assignment()) == 8)
             b = PushConsumer(address, config=config("B"), listener=log.listener("B", 0.001))
             b.subscribe(TOPIC)
             await b.start()
             # A gives half of the queues to B, each released before B takes it.
-            await wait_for(lambda: len(a.assignment()) == 4 and len(b.assignment()) == 4)
+            await eventually(lambda: len(a.assignment()) == 4 and len(b.assignment()) == 4)
             assert not set(a.assignment()) & set(b.assignment())
             for body in sorted(bodies)[100:]:
                 await producer.send(Message(TOPIC, body))
-            await wait_for(lambda: log.bodies() == bodies)
+            await eventually(lambda: log.bodies() == bodies)
             await a.close()  # commits and unlocks first: B takes every queue
-            await wait_for(lambda: len(b.assignment()) == 8)
+            await eventually(lambda: len(b.assignment()) == 8)
             await producer.send(Message(TOPIC, b"after"))
-            await wait_for(lambda: b"after" in log.bodies())
+            await eventually(lambda: b"after" in log.bodies())
             await b.close()
         assert log.overlaps() == []
         # Everything consumed is committed: nothing is left for the group.
@@ -182,7 +176,7 @@ async def test_reconsume_later_runs_again_and_orderly_keeps_offset_order(
         )
         c.subscribe(TOPIC)
         async with c:
-            await wait_for(lambda: sum(len(v) for v in order.values()) == 40)
+            await eventually(lambda: sum(len(v) for v in order.values()) == 40)
         assert tries[b"m7"] == 3 and tries[b"m9"] == 2
         for offsets in order.values():
             assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
@@ -203,8 +197,8 @@ async def test_reset_offset_command_takes_effect_before_the_ack(
                 c.subscribe(TOPIC)
                 await c.start()
                 consumers.append(c)
-            await wait_for(lambda: sum(len(c.assignment()) for c in consumers) == 8)
-            await wait_for(lambda: len(log.bodies()) == 40)
+            await eventually(lambda: sum(len(c.assignment()) for c in consumers) == 8)
+            await eventually(lambda: len(log.bodies()) == 40)
             # Mark the point, send more (to every queue, round robin), and reset
             # the group to the point: by RocketMQ's rule the message nearest in
             # time, so the old ones are kept well before it.
@@ -212,7 +206,7 @@ async def test_reset_offset_command_takes_effect_before_the_ack(
             point_ms = int(time.time() * 1000)
             for i in range(40):
                 await producer.send(Message(TOPIC, f"new{i}".encode()))
-            await wait_for(lambda: len(log.bodies()) == 80)
+            await eventually(lambda: len(log.bodies()) == 80)
             with log.lock:
                 log.seen.clear()
             outcome = await ops.reset_offset_by_time(h.meta, "PG", TOPIC, point_ms)
@@ -222,7 +216,7 @@ async def test_reset_offset_command_takes_effect_before_the_ack(
         assert all(a.outcome == ps.COMMAND_OUTCOME_OK for a in outcome.acks), outcome.acks
         reset_to = {MessageQueue.of(o.queue): o.offset for o in outcome.offsets}
         # Every queue is consumed again from exactly its reset point.
-        await wait_for(
+        await eventually(
             lambda: (
                 {b for b in log.bodies() if b.startswith(b"new")}
                 == {f"new{i}".encode() for i in range(40)}
@@ -261,7 +255,7 @@ async def test_reset_under_continuous_production_resumes_every_queue_at_its_rese
                 c.subscribe(TOPIC)
                 await c.start()
                 consumers.append(c)
-            await wait_for(lambda: sum(len(c.assignment()) for c in consumers) == 8)
+            await eventually(lambda: sum(len(c.assignment()) for c in consumers) == 8)
             await asyncio.sleep(0.6)
             point_ms = int(time.time() * 1000) - 300
             before = len(seen)
@@ -276,7 +270,8 @@ async def test_reset_under_continuous_production_resumes_every_queue_at_its_rese
                     )
                 )
                 assert offset == search.offset
-            await asyncio.sleep(0.5)  # production and consumption go on
+            # Production and consumption go on, from the reset points.
+            await eventually(lambda: every_queue_jumped_back(seen, reset_to))
         await asyncio.gather(*(c.close() for c in consumers))
         assert {q for q, _ in seen[before:]} == set(reset_to)
         assert_one_jump_back(seen, reset_to)
@@ -298,9 +293,7 @@ async def test_sync_push_consumer_runs_without_an_event_loop_of_its_own(
             consumer.subscribe(TOPIC, "*")
             with consumer:
                 consumer.start()
-                deadline = time.monotonic() + 30
-                while len(log.bodies()) < 20 and time.monotonic() < deadline:
-                    time.sleep(0.01)
+                eventually_sync(lambda: len(log.bodies()) >= 20, timeout_s=30)
                 assert len(consumer.assignment()) == 8
 
         await asyncio.to_thread(blocking)
@@ -317,7 +310,7 @@ async def test_a_lost_session_drops_every_queue_and_the_consumer_comes_back(
         c = PushConsumer(address, config=config("L"), listener=log.listener("L"))
         c.subscribe(TOPIC)
         async with c, producing(address, TOPIC):
-            await wait_for(lambda: len(c.assignment()) == 8 and len(log.bodies()) > 20)
+            await eventually(lambda: len(c.assignment()) == 8 and len(log.bodies()) > 20)
             # The service ends every session (as when it stops): the locks go
             # with the session's lease, so the consumer lets every queue go...
             before = list(c._queues.values())  # held: their ids stay unique
@@ -329,14 +322,14 @@ async def test_a_lost_session_drops_every_queue_and_the_consumer_comes_back(
             )
             # ...then opens a new session, locks them again and goes on, each
             # queue in a new ProcessQueue.
-            await wait_for(
+            await eventually(
                 lambda: (
                     len(c._queues) == 8
                     and not {id(pq) for pq in c._queues.values()} & {id(pq) for pq in before}
                 )
             )
             seen = len(log.bodies())
-            await wait_for(lambda: len(log.bodies()) > seen + 20)
+            await eventually(lambda: len(log.bodies()) > seen + 20)
         owners = await h.meta.queue_lock_owners("PG")
         assert owners == {}  # closed: every lock released
 

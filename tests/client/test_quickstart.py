@@ -3,34 +3,17 @@ processes) against real etcd, store-nodes and a pull-service."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 from pathlib import Path
 
 from basalt.services.meta import MetaConfig
 
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, cluster
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-async def basalt(*argv: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "basalt.admin",
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=REPO_ROOT,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+from tests.support.aio import async_test
+from tests.support.nodes import TOPIC, cluster
+from tests.support.processes import run_basalt as basalt
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
 
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_produce_then_consume_with_tags_sql_and_count(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:

@@ -42,7 +42,7 @@ from basalt.common.record import (
     encode_batch,
     encode_batch_py,
 )
-from tests.common.test_record import INT32, INT64, hosts, messages, property_text, utf8_at_most
+from tests.support.strategies import INT32, INT64, hosts, messages, property_text, utf8_at_most
 
 STORE_HOST = encode_host("127.0.0.1:10911")
 

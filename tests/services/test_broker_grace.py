@@ -22,7 +22,7 @@ from basalt.services.pull_service.checks import check_pull
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from tests.services.conftest import async_test
+from tests.support.aio import async_test
 
 GRACE_S = 4.0
 #: How long a real etcd change may take to reach the watcher.

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -22,17 +21,15 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from tests.support.polling import eventually
+from tests.support.processes import run_basalt_sync
 
 pytestmark = pytest.mark.slow
 
 
 def basalt(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "basalt.admin", "cluster", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``basalt cluster ARGS...``."""
+    return run_basalt_sync("cluster", *args)
 
 
 def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) -> None:
@@ -67,20 +64,7 @@ def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) 
         # The admin service answers, over the cluster's etcd: the topic the send created.
         admin = next(p for p in procs if p["role"] == "admin")
         assert asyncio.run(topic_list(admin["address"])) == ["Hello"]
-        listed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "basalt.admin",
-                "admin",
-                "topicList",
-                "--server",
-                admin["address"],
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        listed = run_basalt_sync("admin", "topicList", "--server", admin["address"])
         assert listed.returncode == 0, listed.stderr
         assert listed.stdout.splitlines()[2:] == ["Hello"]
         again = basalt("up", "--data-dir", str(data))
@@ -108,7 +92,10 @@ async def send_and_pull(broker: str, pull_service: str) -> list[bytes]:
         assert sent.result.status == pb.SEND_STATUS_SEND_OK
     async with grpc.aio.insecure_channel(pull_service) as channel:
         stub = ps_grpc.PullServiceStub(channel)
-        for _ in range(100):  # the topic reaches the pull-service's etcd cache
+        pulled = pb.PullResponse()
+
+        async def topic_known() -> bool:  # the topic reaches the pull-service's etcd cache
+            nonlocal pulled
             try:
                 pulled = await stub.Pull(
                     ps.PullRequest(
@@ -117,9 +104,11 @@ async def send_and_pull(broker: str, pull_service: str) -> list[bytes]:
                         max_nums=32,
                     )
                 )
-                return [decode_record(r).body for r in split_records(pulled.records.data)]
             except grpc.aio.AioRpcError as e:
                 if e.code() != grpc.StatusCode.NOT_FOUND:
                     raise
-                await asyncio.sleep(0.05)
-    raise AssertionError("topic never reached the pull-service")
+                return False
+            return True
+
+        await eventually(topic_known, interval_s=0.05, what="the topic reaching the pull-service")
+        return [decode_record(r).body for r in split_records(pulled.records.data)]

@@ -43,9 +43,9 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.services import test_pull_process
-from tests.services.conftest import ASYNC_TEST_TIMEOUT_S, unique_cluster
-from tests.services.test_pull_process import (
+from tests.support.etcd import unique_cluster
+from tests.support.polling import eventually
+from tests.support.processes import (
     BROKERS,
     QUEUES,
     TOPIC,
@@ -55,13 +55,11 @@ from tests.services.test_pull_process import (
     registered,
     start_processes,
 )
-from tests.services.test_pull_service import bodies, pull_request
-from tests.services.test_pull_sessions import Consumer
+from tests.support.rpc import bodies, pull_request
+from tests.support.sessions import Consumer
+from tests.support.timeouts import ASYNC_TEST_TIMEOUT_S
 
 pytestmark = pytest.mark.slow
-
-#: The fixture that kills, at teardown, every process a test left running.
-processes = test_pull_process.processes
 
 #: How long etcd stays away: longer than the lease TTL.
 OUTAGE_S = 10.0
@@ -207,14 +205,6 @@ async def pull_continuously(stub: ps_grpc.PullServiceAsyncStub, load: Load) -> N
                 load.failures.append((started, time.monotonic(), f"pull {broker}/{q}: {r}"))
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Poll ``check`` until true; fail naming ``what`` after WAIT_S."""
-    deadline = time.monotonic() + WAIT_S
-    while not await check():
-        assert time.monotonic() < deadline, f"{what}: not true within {WAIT_S} s"
-        await asyncio.sleep(0.1)
-
-
 async def load_through_outage(
     etcd: EtcdProcess,
     outage: Outage,
@@ -236,7 +226,9 @@ async def load_through_outage(
         return bool(load.sends and load.pulls)
 
     try:
-        await eventually(warmed_up, "sends and pulls before the outage")
+        await eventually(
+            warmed_up, timeout_s=WAIT_S, interval_s=0.1, what="sends and pulls before the outage"
+        )
         await asyncio.to_thread(outage.begin, etcd)
         away = time.monotonic()
         try:
@@ -245,7 +237,12 @@ async def load_through_outage(
             window = (away, time.monotonic())
             await asyncio.to_thread(outage.end, etcd)
         back = time.monotonic()
-        await eventually(all_registered, "every registration after etcd is back")
+        await eventually(
+            all_registered,
+            timeout_s=WAIT_S,
+            interval_s=0.1,
+            what="every registration after etcd is back",
+        )
         # The keys above may still be the old ones (renewed by a restarted etcd, or
         # not yet expired by a thawed one): keep going for two TTLs, after which
         # only kept-alive leases remain.
@@ -292,10 +289,20 @@ def test_etcd_away_under_load_sends_and_pulls_continue_registrations_return(
                 route = (await stub.QueryRoute(ps.QueryRouteRequest(topic=TOPIC))).route
                 return len(route.broker_datas) == len(BROKERS)
 
-            await eventually(routed, "both store-nodes in the pull-service's route")
+            await eventually(
+                routed,
+                timeout_s=WAIT_S,
+                interval_s=0.1,
+                what="both store-nodes in the pull-service's route",
+            )
             consumer = Consumer(stub, CLIENT_ID, group=GROUP)
             await consumer.open()
-            await eventually(all_registered, "every registration before the outage")
+            await eventually(
+                all_registered,
+                timeout_s=WAIT_S,
+                interval_s=0.1,
+                what="every registration before the outage",
+            )
             leased = await asyncio.to_thread(leases, etcd, cluster)
             assert len(leased) == len(BROKERS) + 2, leased  # and the pull-service, the consumer
 

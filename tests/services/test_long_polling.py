@@ -11,6 +11,8 @@ from basalt.store import Message, MessageStore
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import build_filter
 
+from tests.support.polling import eventually
+
 TOPIC = "Held"
 
 
@@ -56,8 +58,7 @@ def test_a_held_pull_returns_the_message_sent_after_it(store: MessageStore) -> N
         store.add_arrival_listener(service.notify_arrival)
         started = loop.time()
         pending = asyncio.ensure_future(held_pull(store, service, 0, 30.0))
-        await asyncio.sleep(0.05)
-        assert service.held == 1
+        await eventually(lambda: service.held == 1)
         # Sent from another thread, as a store-node's writer would.
         sender = threading.Thread(
             target=lambda: store.put_message(Message(TOPIC, b"late", tags="t"))
@@ -96,7 +97,7 @@ def test_an_arrival_that_does_not_match_the_filter_keeps_the_pull_held(
         service = PullRequestHoldService(loop)
         store.add_arrival_listener(service.notify_arrival)
         pending = asyncio.ensure_future(held_pull(store, service, 0, 30.0, tags="wanted"))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: service.held == 1)
         await loop.run_in_executor(None, store.put_message, Message(TOPIC, b"no", tags="other"))
         await asyncio.sleep(0.1)
         assert not pending.done()
@@ -157,7 +158,7 @@ def test_many_held_pulls_on_many_queues_wake_only_where_messages_arrive(
             return result.message_count
 
         tasks = [asyncio.ensure_future(one(q)) for q in range(50)]
-        await asyncio.sleep(0.05)
+        await eventually(lambda: service.held == 50)
         for q in range(0, 50, 10):
             await loop.run_in_executor(None, store.put_message, Message(TOPIC, b"x", queue_id=q))
         counts = await asyncio.gather(*tasks)
@@ -178,7 +179,7 @@ def test_one_call_held_on_several_queues_wakes_on_an_arrival_on_any(store: Messa
             for q in (0, 1, 2)
         ]
         pending = asyncio.ensure_future(service.hold(reads, 30.0))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: service.held >= 1)
         held = service.held  # one call, parked under three queues
         await loop.run_in_executor(None, store.put_message, Message(TOPIC, b"x", queue_id=1))
         results = await asyncio.wait_for(pending, 10.0)

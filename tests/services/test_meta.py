@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from basalt.services.cluster.etcd import EtcdProcess, free_port
@@ -34,9 +33,11 @@ from basalt.services.meta import (
     parse_endpoints,
 )
 
-from tests.services.conftest import async_test, unique_cluster
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.aio import async_test
+from tests.support.etcd import unique_cluster
+from tests.support.polling import eventually
+from tests.support.processes import REPO_ROOT
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S, SUBPROCESS_TIMEOUT_S
 
 
 def broker(name: str = "broker-a", **overrides: object) -> BrokerRegistration:
@@ -52,16 +53,6 @@ def broker(name: str = "broker-a", **overrides: object) -> BrokerRegistration:
 
 def raw_value(etcd: EtcdProcess, key: str) -> str:
     return etcd.etcdctl("get", key, "--print-value-only").strip()
-
-
-async def eventually(probe, timeout_s: float, interval_s: float = 0.05) -> float:  # type: ignore[no-untyped-def]
-    """Poll the async ``probe()`` until truthy; returns the seconds it took."""
-    start = time.monotonic()
-    while not await probe():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"not true within {timeout_s} s")
-        await asyncio.sleep(interval_s)
-    return time.monotonic() - start
 
 
 # -- values and validation (no etcd) ---------------------------------------------------
@@ -462,7 +453,7 @@ asyncio.run(main())
 
 
 @pytest.mark.slow
-@async_test
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_killed_registrant_disappears_within_its_ttl(meta_config: MetaConfig) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     child = subprocess.Popen(
@@ -473,7 +464,9 @@ async def test_killed_registrant_disappears_within_its_ttl(meta_config: MetaConf
     )
     try:
         assert child.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 20)
+        line = await asyncio.wait_for(
+            asyncio.to_thread(child.stdout.readline), SUBPROCESS_TIMEOUT_S
+        )
         assert line.strip() == b"REGISTERED"
         async with MetaClient(meta_config) as meta:
             assert "doomed" in await meta.list_brokers()
@@ -546,7 +539,8 @@ async def test_etcd_outage_cache_serves_writes_fail_then_everything_returns(
             config_now = cache.get("T")
             assert config_now is not None and config_now.write_queue_nums == 8
             await asyncio.sleep(0.2)
-        assert not cache.available and not reg.alive
+        # The cache and the registration both know etcd is gone.
+        await eventually(lambda: not cache.available and not reg.alive)
         assert set(cache.snapshot()) == {"T", "Gone"}
         with pytest.raises(MetaUnavailableError, match=f"etcd at {etcd.endpoint} unreachable"):
             await admin.update_topic("T", lambda c: with_queues(c, 4))
@@ -560,7 +554,9 @@ async def test_etcd_outage_cache_serves_writes_fail_then_everything_returns(
 
         await asyncio.to_thread(etcd.start)
         # Changes made after the restart, deletes included, reach the cache.
-        await eventually(lambda: _try(admin.update_topic("T", lambda c: with_queues(c, 4))), 5.0)
+        await eventually(
+            lambda: _try(admin.update_topic("T", lambda c: with_queues(c, 4))), timeout_s=5.0
+        )
         await admin.delete_topic("Gone")
         assert await cache.wait_until(
             lambda s: s["T"].write_queue_nums == 4 and "Gone" not in s, timeout_s=3.0

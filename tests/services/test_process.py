@@ -10,6 +10,8 @@ import sys
 import pytest
 from basalt.services.process import SERVICE_ENV, keep_large_buffers, service_env
 
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
+
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_large_buffers_are_kept_in_the_heap_on_glibc() -> None:
@@ -37,7 +39,7 @@ def test_rerun_with_service_env_runs_the_same_command_again_unless_set(
     code = (
         "import os, sys\n"
         "print('start', os.getpid(), flush=True)\n"
-        "from services.process import rerun_with_service_env\n"
+        "from basalt.services.process import rerun_with_service_env\n"
         "rerun_with_service_env()\n"
         "print('run', os.getpid(), repr(os.environ['GRPC_EXPERIMENTS']), sys.argv[1:])\n"
     )
@@ -45,7 +47,11 @@ def test_rerun_with_service_env_runs_the_same_command_again_unless_set(
     if preset is not None:
         env["GRPC_EXPERIMENTS"] = preset
     done = subprocess.run(
-        [sys.executable, "-c", code, "an-arg"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, "an-arg"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

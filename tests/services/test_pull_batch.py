@@ -16,9 +16,10 @@ from basalt.services.meta import MetaConfig, Perm
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, bodies, cluster, pull_request
-from tests.services.test_store_node import refused
+from tests.support.aio import async_test
+from tests.support.nodes import TOPIC, cluster
+from tests.support.polling import eventually
+from tests.support.rpc import bodies, pull_request, refused
 
 
 def entry(queue_id: int, offset: int = 0, **kw: object) -> ps.PullRequest:
@@ -80,8 +81,7 @@ async def test_pull_batch_is_held_until_any_queue_gets_a_message(
             )
         )
         node = h.nodes["broker-a"]
-        while node.servicer.hold.held < 1:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: node.servicer.hold.held >= 1)
         await h.send("broker-a", 3, b"late")
         got = await asyncio.wait_for(held, 10)
         assert [bodies(x) for x in got.results] == [[], [], [], [b"late"]]

@@ -9,91 +9,34 @@ session there; SIGTERM then stops everything cleanly.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from basalt.services.cluster.etcd import EtcdProcess, free_port
-from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from basalt.services.cluster.etcd import EtcdProcess
 
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.services.conftest import unique_cluster
-from tests.services.test_pull_service import bodies, pull_request
-from tests.services.test_pull_sessions import Consumer
+from tests.support.etcd import unique_cluster
+from tests.support.polling import eventually
+from tests.support.processes import (
+    BROKERS,
+    QUEUES,
+    TOPIC,
+    ServiceProcess,
+    consume,
+    create_topic,
+    registered,
+    start_processes,
+)
+from tests.support.rpc import bodies, pull_request
+from tests.support.sessions import Consumer
 
 pytestmark = pytest.mark.slow
-
-TOPIC = "E2E"
-BROKERS = ("broker-a", "broker-b")
-QUEUES = 2
-
-
-class ServiceProcess:
-    """``python -m <module> ...`` whose first stdout line says where it serves."""
-
-    def __init__(self, log: Path, module: str, *args: str) -> None:
-        self.port = free_port()
-        self.log = log
-        self.args = [sys.executable, "-m", module, "--listen", f"127.0.0.1:{self.port}", *args]
-        with log.open("wb") as stderr:
-            self.proc = subprocess.Popen(
-                self.args, stdout=subprocess.PIPE, stderr=stderr, cwd=os.getcwd()
-            )
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def wait_serving(self) -> str:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        assert f"serving on {self.address}" in line, line
-        return line.strip()
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ServiceProcess]]:
-    started: list[ServiceProcess] = []
-    try:
-        yield started
-    finally:
-        for p in started:
-            if p.proc.poll() is None:
-                p.stop(signal.SIGKILL)
-
-
-async def create_topic(etcd: EtcdProcess, cluster: str) -> None:
-    async with MetaClient(MetaConfig(endpoints=(etcd.endpoint,), cluster=cluster)) as meta:
-        await meta.create_topic(
-            TopicConfig(
-                topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, brokers=BROKERS
-            )
-        )
-
-
-async def registered(etcd: EtcdProcess, cluster: str) -> tuple[set[str], set[str], set[str]]:
-    """Live brokers, pull-services and consumers of group G in etcd."""
-    async with MetaClient(MetaConfig(endpoints=(etcd.endpoint,), cluster=cluster)) as meta:
-        return (
-            set(await meta.list_brokers()),
-            set(await meta.list_pull_services()),
-            set(await meta.list_consumers("G")),
-        )
 
 
 async def produce(addresses: dict[str, str]) -> dict[tuple[str, int], list[tuple[bytes, str, int]]]:
@@ -129,67 +72,6 @@ async def produce(addresses: dict[str, str]) -> dict[tuple[str, int], list[tuple
     return sent
 
 
-async def consume(
-    stub: ps_grpc.PullServiceAsyncStub, group: str, subscription: pb.Subscription | None = None
-) -> dict[tuple[str, int], list[bytes]]:
-    """Everything every queue returns through Pull, in the order returned."""
-    got: dict[tuple[str, int], list[bytes]] = {}
-    for broker in BROKERS:
-        for q in range(QUEUES):
-            offset, out = 0, got.setdefault((broker, q), [])
-            while True:
-                request = pull_request(broker, q, offset, topic=TOPIC, group=group)
-                if subscription is not None:
-                    request.subscription.CopyFrom(subscription)
-                r = await stub.Pull(request)
-                if r.status == pb.PULL_STATUS_NO_NEW_MSG:
-                    break
-                out += bodies(r)
-                offset = r.next_begin_offset
-    return got
-
-
-def start_processes(
-    tmp_path: Path,
-    etcd: EtcdProcess,
-    cluster: str,
-    lease_ttl_s: int,
-    started: list[ServiceProcess],
-) -> tuple[dict[str, ServiceProcess], ServiceProcess]:
-    """A store-node process per broker of BROKERS (data and logs under ``tmp_path``)
-    and pull-service ``ps-1`` (consumers heartbeat every second), on ``etcd`` as
-    ``cluster``; each is appended to ``started`` as soon as it is spawned (the
-    ``processes`` fixture's list, which kills leftovers). Returns once all of them
-    serve: the store-nodes by broker name, and the pull-service."""
-    common = ("--etcd", etcd.endpoint, "--cluster", cluster, "--lease-ttl-s", str(lease_ttl_s))
-    nodes: dict[str, ServiceProcess] = {}
-    for name in BROKERS:
-        nodes[name] = ServiceProcess(
-            tmp_path / f"{name}.log",
-            "basalt.services.store_node.main",
-            "--name",
-            name,
-            "--data-dir",
-            str(tmp_path / name),
-            *common,
-        )
-        started.append(nodes[name])
-    pull = ServiceProcess(
-        tmp_path / "ps-1.log",
-        "basalt.services.pull_service.main",
-        "--id",
-        "ps-1",
-        "--heartbeat-interval-ms",
-        "1000",
-        *common,
-    )
-    started.append(pull)
-    for p in nodes.values():
-        p.wait_serving()
-    assert pull.wait_serving() == f"pull-service ps-1 serving on {pull.address}"
-    return nodes, pull
-
-
 def test_produce_to_two_store_node_processes_and_consume_through_the_pull_service_process(
     tmp_path: Path, etcd: EtcdProcess, processes: list[ServiceProcess]
 ) -> None:
@@ -200,13 +82,14 @@ def test_produce_to_two_store_node_processes_and_consume_through_the_pull_servic
     async def scenario() -> None:
         async with grpc.aio.insecure_channel(pull.address) as channel:
             stub = ps_grpc.PullServiceStub(channel)
-            deadline = time.monotonic() + 15
-            while True:  # the store-nodes register in the background
+            route = pb.TopicRoute()
+
+            async def routed() -> bool:  # the store-nodes register in the background
+                nonlocal route
                 route = (await stub.QueryRoute(ps.QueryRouteRequest(topic=TOPIC))).route
-                if len(route.broker_datas) == 2:
-                    break
-                assert time.monotonic() < deadline, route
-                await asyncio.sleep(0.05)
+                return len(route.broker_datas) == 2
+
+            await eventually(routed, interval_s=0.05, what="both store-nodes in the route")
             assert {b.broker_name: b.address for b in route.broker_datas} == {
                 n: p.address for n, p in nodes.items()
             }

@@ -5,16 +5,14 @@ and register in etcd as the store-node process does; pull-services run
 in-process too. Every refusal is checked for its gRPC status, its RocketMQ
 code and a message that says what was wrong, and the service must keep
 serving after each. Sessions have their own file (test_pull_sessions.py),
-real processes theirs (test_pull_process.py).
+real processes theirs (test_pull_process.py). The cluster is
+:func:`tests.support.nodes.cluster`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -22,177 +20,17 @@ import grpc
 import pytest
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.errors import pull_outcome
-from basalt.services.meta import BrokerRegistration, MetaClient, MetaConfig, Perm, TopicConfig
-from basalt.services.pull_service.server import RunningPullService, start_pull_service
-from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL, PullServiceConfig
-from basalt.services.store_node.main import EtcdTopics
-from basalt.services.store_node.server import RunningStoreNode, start_store_node
-from basalt.services.store_node.service import StoreNodeConfig
-from basalt.store.get_message import split_records
+from basalt.services.meta import MetaConfig, Perm, TopicConfig
+from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL
 
-from basalt.common.record import decode_record
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
-from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.services.conftest import async_test, unique_cluster
-from tests.services.test_store_node import config_for, refused
-
-TOPIC = "PullTopic"
-BROKERS = ("broker-a", "broker-b")
-DEFAULT_TOPIC = TopicConfig(
-    topic_name=TOPIC, read_queue_nums=4, write_queue_nums=4, brokers=BROKERS
-)
-
-
-@dataclass
-class Harness:
-    """A small cluster in one process: etcd metadata, store-nodes, pull-services."""
-
-    meta: MetaClient
-    nodes: dict[str, RunningStoreNode] = field(default_factory=dict)
-    node_stubs: dict[str, sn_grpc.StoreNodeAsyncStub] = field(default_factory=dict)
-    services: list[RunningPullService] = field(default_factory=list)
-    stubs: list[ps_grpc.PullServiceAsyncStub] = field(default_factory=list)
-    channels: list[grpc.aio.Channel] = field(default_factory=list)
-
-    @property
-    def stub(self) -> ps_grpc.PullServiceAsyncStub:
-        return self.stubs[0]
-
-    async def create_topic(self, config: TopicConfig) -> None:
-        await self.meta.create_topic(config)
-        await self.seen(lambda s: s.servicer.view.topics.get(config.topic_name) == config)
-
-    async def update_topic(self, topic: str, **changes: Any) -> TopicConfig:
-        return await self.meta.update_topic(topic, lambda c: replace(c, **changes))
-
-    async def register_broker(self, name: str, address: str, perm: Perm = Perm.RW) -> None:
-        await self.meta.register(
-            BrokerRegistration(
-                broker_name=name,
-                address=address,
-                store_root_id=f"root-{name}",
-                started_at_ms=int(time.time() * 1000),
-                perm=perm,
-            )
-        )
-        await self.seen(lambda s: name in s.servicer.view.brokers)
-
-    async def seen(self, check: Any, timeout_s: float = 5.0) -> None:
-        """Wait until every pull-service's caches satisfy ``check(service)``."""
-        deadline = time.monotonic() + timeout_s
-        while not all(check(s) for s in self.services):
-            assert time.monotonic() < deadline, "the pull-service caches did not catch up"
-            await asyncio.sleep(0.01)
-
-    async def send(
-        self, broker: str, queue_id: int, body: bytes, topic: str = TOPIC, **kw: Any
-    ) -> int:
-        r = await self.node_stubs[broker].SendMessage(
-            sn.SendMessageRequest(
-                message=pb.Message(topic=topic, body=body, **kw), queue_id=queue_id
-            )
-        )
-        return r.result.queue_offsets[0]
-
-
-@asynccontextmanager
-async def cluster(
-    tmp_path: Path,
-    meta_config: MetaConfig,
-    *,
-    brokers: Sequence[str] = BROKERS,
-    pull_services: Sequence[str] = ("ps-1",),
-    heartbeat_interval_ms: int = 10_000,
-    topic: TopicConfig | None = DEFAULT_TOPIC,
-) -> AsyncIterator[Harness]:
-    meta = MetaClient(meta_config)
-    await meta.connect()
-    h = Harness(meta)
-    topic_cache = meta.topic_cache()
-    await topic_cache.start()
-    try:
-        for name in pull_services:
-            running = await start_pull_service(
-                PullServiceConfig(
-                    pull_service_id=name, heartbeat_interval_ms=heartbeat_interval_ms
-                ),
-                meta,
-            )
-            h.services.append(running)
-            channel = grpc.aio.insecure_channel(running.address)
-            h.channels.append(channel)
-            h.stubs.append(ps_grpc.PullServiceStub(channel))
-        for name in brokers:
-            node = await start_store_node(
-                StoreNodeConfig(broker_name=name),
-                config_for(tmp_path / name),
-                EtcdTopics(meta, topic_cache, 4),
-            )
-            h.nodes[name] = node
-            channel = grpc.aio.insecure_channel(node.address)
-            h.channels.append(channel)
-            h.node_stubs[name] = sn_grpc.StoreNodeStub(channel)
-            await h.register_broker(name, node.address)
-        await h.seen(lambda s: set(pull_services) <= set(s.servicer.view.pull_services.snapshot()))
-        if topic is not None:
-            await h.create_topic(topic)
-            await topic_cache.wait_until(lambda d: topic.topic_name in d, 5)
-        yield h
-    finally:
-        for channel in h.channels:
-            await channel.close()
-        for running in h.services:
-            await running.stop(grace_s=1)
-        for node in h.nodes.values():
-            await node.stop(grace_s=1)
-        await meta.close()
-        # grpc.aio delivers the completions of calls cancelled during the close
-        # (lease keepalives, watches) a moment later; let them land on this loop
-        # rather than on the next test's, which logs "Event loop is closed".
-        await asyncio.sleep(0.05)
-
-
-def pull_request(
-    broker: str = "broker-a",
-    queue_id: int = 0,
-    offset: int = 0,
-    *,
-    topic: str = TOPIC,
-    group: str = "G",
-    max_nums: int = 32,
-    **kw: Any,
-) -> ps.PullRequest:
-    return ps.PullRequest(
-        group=group,
-        queue=pb.MessageQueue(topic=topic, broker_name=broker, queue_id=queue_id),
-        offset=offset,
-        max_nums=max_nums,
-        **kw,
-    )
-
-
-def bodies(response: pb.PullResponse) -> list[bytes]:
-    return [decode_record(r).body for r in split_records(response.records.data)]
-
-
-async def pull_queue(
-    stub: ps_grpc.PullServiceAsyncStub, broker: str, queue_id: int, **kw: Any
-) -> list[bytes]:
-    """Every matching body of one queue, pulling (and committing) until nothing is new."""
-    got: list[bytes] = []
-    offset = 0
-    while True:
-        r = await stub.Pull(pull_request(broker, queue_id, offset, commit_offset=offset, **kw))
-        if r.status == pb.PULL_STATUS_NO_NEW_MSG:
-            return got
-        assert r.status in (pb.PULL_STATUS_FOUND, pb.PULL_STATUS_NO_MATCHED_MSG), r
-        got += bodies(r)
-        assert r.next_begin_offset > offset
-        offset = r.next_begin_offset
-
+from tests.support.aio import async_test
+from tests.support.etcd import unique_cluster
+from tests.support.nodes import BROKERS, TOPIC, cluster
+from tests.support.polling import eventually
+from tests.support.rpc import bodies, pull_queue, pull_request, refused
 
 # -- the outcome table (no network) ---------------------------------------------------
 
@@ -350,16 +188,20 @@ async def test_queue_counts_changed_in_etcd_apply_without_restart(
     async with cluster(tmp_path, meta_config) as h:
         await h.send("broker-a", 3, b"before")
         await h.update_topic(TOPIC, write_queue_nums=2)
-        changed = time.monotonic()
-        while True:  # the store-node's watch cache picks the change up
+
+        async def send_refused() -> bool:  # once the store-node's watch cache has the change
             try:
                 await h.send("broker-a", 3, b"after")
             except grpc.aio.AioRpcError as e:
                 assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert "2 write queues" in (e.details() or "")
-                break
-            assert time.monotonic() - changed < 1.0, "a send to a removed queue still accepted"
-            await asyncio.sleep(0.01)
+                return True
+            return False
+
+        # Within a second: a send to a removed queue is not accepted past that.
+        await eventually(
+            send_refused, timeout_s=1.0, interval_s=0.01, what="a send to a removed queue refused"
+        )
         # Queue 3 is still readable (read_queue_nums 4): it drains.
         assert bodies(await h.stub.Pull(pull_request("broker-a", 3)))[0] == b"before"
 
@@ -369,15 +211,21 @@ async def test_queue_counts_changed_in_etcd_apply_without_restart(
             pb.RESPONSE_CODE_INVALID_PARAMETER,
         )
         await h.update_topic(TOPIC, read_queue_nums=8)
-        changed = time.monotonic()
-        while True:
+        r = pb.PullResponse()
+
+        async def pulled() -> bool:
+            nonlocal r
             try:
                 r = await h.stub.Pull(pull_request("broker-a", 6))
-                break
             except grpc.aio.AioRpcError as e:
                 assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert time.monotonic() - changed < 1.0, "a pull of a new read queue refused"
-                await asyncio.sleep(0.01)
+                return False
+            return True
+
+        # Within a second: a pull of a new read queue is not refused past that.
+        await eventually(
+            pulled, timeout_s=1.0, interval_s=0.01, what="a pull of a new read queue served"
+        )
         assert (r.status, r.code) == (pb.PULL_STATUS_NO_NEW_MSG, pb.RESPONSE_CODE_PULL_NOT_FOUND)
 
 

@@ -4,9 +4,8 @@ acks, every way a session ends, and commands across two pull-services."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,13 @@ import pytest
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL
 
-from basalt.common.status import RESPONSE_CODE_KEY
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from basalt.v1 import pull_service_pb2_grpc as ps_grpc
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import cluster
+from tests.support.aio import async_test
+from tests.support.nodes import cluster
+from tests.support.polling import eventually
+from tests.support.rpc import status_of
+from tests.support.sessions import Consumer
 
 #: Short, so that a silent session ends quickly (the timeout is 3 x this).
 HEARTBEAT_MS = 300
@@ -38,112 +38,9 @@ def sessions(tmp_path: Path, meta_config: MetaConfig, *pull_services: str) -> An
     )
 
 
-class Consumer:
-    """A consumer's side of a Session: opens it, heartbeats, answers commands."""
-
-    def __init__(
-        self,
-        stub: ps_grpc.PullServiceAsyncStub,
-        client_id: str,
-        *,
-        group: str = "G",
-        answer: Callable[[ps.Command], tuple[bool, str] | None] = lambda c: (True, "done"),
-        heartbeat: bool = True,
-    ) -> None:
-        self.stub = stub
-        self.group = group
-        self.client_id = client_id
-        self.answer = answer
-        self.heartbeat = heartbeat
-        self.commands: list[ps.Command] = []
-        self.rebalances: list[ps.Command] = []
-        self.call: Any = None
-        self._lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[None]] = []
-        self.ended: asyncio.Future[grpc.aio.AioRpcError | None] = asyncio.Future()
-
-    async def open(self, *subscriptions: pb.TopicSubscription) -> ps.SessionOpened:
-        self.call = self.stub.Session()
-        await self._write(
-            ps.SessionRequest(
-                open=ps.OpenSession(
-                    group=self.group,
-                    client_id=self.client_id,
-                    subscriptions=subscriptions,
-                    client_version="basalt-test 0.1",
-                )
-            )
-        )
-        first: ps.SessionResponse = await self.call.read()
-        assert first.WhichOneof("frame") == "opened", first
-        self._tasks.append(asyncio.ensure_future(self._read()))
-        if self.heartbeat:
-            self._tasks.append(asyncio.ensure_future(self._beat(first.opened)))
-        return first.opened
-
-    async def _write(self, frame: ps.SessionRequest) -> None:
-        async with self._lock:  # one write at a time on a stream
-            await self.call.write(frame)
-
-    async def _beat(self, opened: ps.SessionOpened) -> None:
-        with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
-            while True:  # until the service ends the stream
-                await asyncio.sleep(opened.heartbeat_interval_ms / 1000 / 2)
-                await self._write(ps.SessionRequest(heartbeat=ps.Heartbeat()))
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                frame = await self.call.read()
-                if frame is grpc.aio.EOF:
-                    self.ended.set_result(None)
-                    return
-                command = frame.command
-                if "-rebalance-" in command.command_id:
-                    # The service's own push on a membership change: counted
-                    # apart, so a test's commands are the ones it sent.
-                    self.rebalances.append(command)
-                    answer: tuple[bool, str] | None = (True, "rebalanced")
-                else:
-                    self.commands.append(command)
-                    answer = self.answer(command)
-                if answer is not None:
-                    ok, detail = answer
-                    ack = ps.CommandAck(command_id=command.command_id, ok=ok, detail=detail)
-                    with contextlib.suppress(asyncio.InvalidStateError):  # ended meanwhile
-                        await self._write(ps.SessionRequest(ack=ack))
-        except grpc.aio.AioRpcError as e:
-            self.ended.set_result(e)
-
-    async def close(self) -> None:
-        """Half-close, as a consumer shutting down does; the service ends the stream."""
-        await self.call.done_writing()
-        await asyncio.wait_for(asyncio.shield(self.ended), 10)
-        await self._stop()
-
-    async def cancel(self) -> None:
-        """Vanish without a word (a killed consumer's connection drops)."""
-        self.call.cancel()
-        await self._stop()
-
-    async def _stop(self) -> None:
-        # Wait for the tasks too: a call left in flight when the test's event
-        # loop closes makes grpc's poller call into the closed loop.
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
 async def registered(meta: MetaClient, group: str = "G") -> dict[str, str]:
     """client id -> pull-service id of the group's consumers in etcd."""
     return {c: r.pull_service_id for c, r in (await meta.list_consumers(group)).items()}
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "not true in time"
-        await asyncio.sleep(0.02)
 
 
 def rebalance(timeout_ms: int = 5_000, command_id: str = "") -> ps.Command:
@@ -154,12 +51,6 @@ def rebalance(timeout_ms: int = 5_000, command_id: str = "") -> ps.Command:
 
 def outcomes(reply: ps.NotifyConsumersResponse) -> list[tuple[str, str]]:
     return [(a.client_id, ps.CommandOutcome.Name(a.outcome)[16:]) for a in reply.acks]
-
-
-def status_of(error: grpc.aio.AioRpcError | None) -> tuple[grpc.StatusCode, int, str]:
-    assert error is not None
-    codes = dict(error.trailing_metadata() or ())
-    return error.code(), int(codes.get(RESPONSE_CODE_KEY, -1)), error.details() or ""
 
 
 @async_test
@@ -234,8 +125,7 @@ async def test_no_ack_in_time_is_timeout_and_a_session_that_ends_first_is_discon
         pending = asyncio.ensure_future(
             h.stub.NotifyConsumers(ps.NotifyConsumersRequest(group="G", command=rebalance(20_000)))
         )
-        while len(mute.commands) < 2:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(mute.commands) >= 2)
         await mute.cancel()
         reply = await asyncio.wait_for(pending, 10)  # well before the 20 s timeout
         assert outcomes(reply) == [("mute", "DISCONNECTED")]

@@ -14,9 +14,10 @@ from basalt.services.meta import MetaConfig
 from basalt.common.status import response_code_of
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-from tests.services.conftest import async_test
-from tests.services.test_pull_service import TOPIC, cluster
-from tests.services.test_pull_sessions import Consumer, eventually
+from tests.support.aio import async_test
+from tests.support.nodes import TOPIC, cluster
+from tests.support.polling import eventually
+from tests.support.sessions import Consumer
 
 
 def q(queue_id: int, broker: str = "broker-a") -> pb.MessageQueue:

@@ -8,81 +8,24 @@ says what was wrong, and the service must keep serving after each.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
-import pytest
 from basalt.services.meta.model import Perm, TopicConfig
-from basalt.services.store_node.server import RunningStoreNode, start_store_node
-from basalt.services.store_node.service import StoreNodeConfig
-from basalt.services.store_node.topics import LocalTopics
-from basalt.store import MessageStoreConfig
 from basalt.store.batch import EncodedBatch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.common.message import Message
 from basalt.common.record import EncodedMessage, decode_record
-from basalt.common.status import RESPONSE_CODE_KEY
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
-from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.conftest import SMALL_INDEX
-
-T = TypeVar("T")
-TOPIC = "NodeTopic"
-
-
-def config_for(root: Path) -> MessageStoreConfig:
-    return MessageStoreConfig(
-        store_path_root_dir=root,
-        mapped_file_size_commit_log=256 * 1024,
-        mapped_file_size_consume_queue=20 * 256,
-        disk_max_used_space_ratio=100,
-        disk_space_clean_forcibly_ratio=100,
-        disk_space_warning_level_ratio=100,
-        **SMALL_INDEX,  # type: ignore[arg-type]
-    )
-
-
-@asynccontextmanager
-async def node(
-    tmp_path: Path, *, auto_create: bool = True
-) -> AsyncIterator[tuple[RunningStoreNode, sn_grpc.StoreNodeStub, LocalTopics]]:
-    topics = LocalTopics()
-    topics.put(
-        TopicConfig(topic_name=TOPIC, read_queue_nums=4, write_queue_nums=4, brokers=("broker-a",))
-    )
-    running = await start_store_node(
-        StoreNodeConfig(broker_name="broker-a", auto_create_topic_enable=auto_create),
-        config_for(tmp_path / "store"),
-        topics,
-    )
-    channel = grpc.aio.insecure_channel(running.address)
-    try:
-        yield running, sn_grpc.StoreNodeStub(channel), topics
-    finally:
-        await channel.close()
-        await running.stop(grace_s=1)
-
-
-def run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    return asyncio.run(coro_fn())  # type: ignore[arg-type]
-
-
-async def refused(call: Awaitable[Any]) -> tuple[grpc.StatusCode, int, str]:
-    """The gRPC status, RocketMQ code and message of a refused call."""
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await call
-    err = e.value
-    codes = dict(err.trailing_metadata() or ())
-    return err.code(), int(codes.get(RESPONSE_CODE_KEY, -1)), err.details() or ""
-
-
-def wire(topic: str, body: bytes, **kw: Any) -> pb.Message:
-    return pb.Message(topic=topic, body=body, **kw)
+from tests.support.aio import run
+from tests.support.nodes import NODE_TOPIC as TOPIC
+from tests.support.nodes import node
+from tests.support.polling import eventually
+from tests.support.rpc import refused, wire
 
 
 def test_send_then_get_round_trip_with_tags_keys_and_properties(tmp_path: Path) -> None:
@@ -354,11 +297,14 @@ def test_offsets_commit_with_epochs_reset_by_time_and_look_ups(tmp_path: Path) -
                 sn.ViewMessageRequest(offset_msg_id=sent[3].offset_msg_ids[0])
             )
             assert decode_record(view.records.data).body == b"3"
-            for _ in range(200):  # the index follows the dispatcher, every 10 ms
+            found = sn.QueryMessageResponse()
+
+            async def indexed() -> bool:  # the index follows the dispatcher, every 10 ms
+                nonlocal found
                 found = await stub.QueryMessage(sn.QueryMessageRequest(topic=TOPIC, key="key4"))
-                if found.records.count:
-                    break
-                await asyncio.sleep(0.02)
+                return bool(found.records.count)
+
+            await eventually(indexed)
             assert decode_record(found.records.data).body == b"4"
             at = await stub.SearchOffset(
                 sn.SearchOffsetRequest(
@@ -428,8 +374,7 @@ def test_a_graceful_stop_answers_held_pulls_instead_of_cancelling_them(tmp_path:
                     )
                 )
             )
-            await asyncio.sleep(0.2)
-            assert running.servicer.hold.held == 1
+            await eventually(lambda: running.servicer.hold.held == 1)
             stopping = asyncio.ensure_future(running.stop(grace_s=30))
             answer = await asyncio.wait_for(held, 20)  # long before the grace ends
             assert answer.records.count == 0

@@ -1,9 +1,9 @@
 """The store-node's batched RPCs, SendStream and GetMessages, over a real server.
 
-Same harness as test_store_node.py: a real grpc.aio server on port 0 over a
-real store. Each refused entry is answered in its own ``refused`` with the
-status and code its unary call would fail with, while the rest of the stream
-or the call is served.
+Same harness as test_store_node.py (:func:`tests.support.nodes.node`): a real
+grpc.aio server on port 0 over a real store. Each refused entry is answered in
+its own ``refused`` with the status and code its unary call would fail with,
+while the rest of the stream or the call is served.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from basalt.store.get_message import split_records
 from basalt.common.record import decode_record
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
-from tests.services.test_store_node import TOPIC, node, refused, run, wire
+from tests.support.aio import run
+from tests.support.nodes import NODE_TOPIC as TOPIC
+from tests.support.nodes import node
+from tests.support.polling import eventually
+from tests.support.rpc import refused, wire
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
@@ -220,8 +224,7 @@ def test_get_messages_is_held_as_a_whole_and_woken_by_any_of_its_queues(tmp_path
                     sn.GetMessagesRequest(reads=[get(0), get(1), get(2)], suspend_timeout_ms=30_000)
                 )
             )
-            while running.servicer.hold.held < 1:
-                await asyncio.sleep(0.01)
+            await eventually(lambda: running.servicer.hold.held >= 1)
             assert not held.done()
             await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"late"), queue_id=2))
             got = await asyncio.wait_for(held, 10)

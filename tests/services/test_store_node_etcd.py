@@ -14,12 +14,14 @@ from basalt.services.store_node.main import EtcdTopics
 from basalt.services.store_node.server import start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 
-from basalt.common.status import RESPONSE_CODE_KEY
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.services.conftest import async_test, unique_cluster
-from tests.services.test_store_node import config_for
+from tests.support.aio import async_test
+from tests.support.etcd import unique_cluster
+from tests.support.polling import eventually
+from tests.support.rpc import refused
+from tests.support.stores import node_store_config
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +38,7 @@ async def test_sends_continue_through_an_etcd_outage_and_auto_create_waits_for_i
     await cache.start()
     running = await start_store_node(
         StoreNodeConfig(broker_name="broker-a"),
-        config_for(tmp_path / "store"),
+        node_store_config(tmp_path / "store"),
         EtcdTopics(meta, cache, 4),
     )
     try:
@@ -54,19 +56,21 @@ async def test_sends_continue_through_an_etcd_outage_and_auto_create_waits_for_i
             for i in range(20):  # etcd is down: the cached topic keeps taking sends
                 r = await send("Known", b"during %d" % i)
                 assert r.result.status == pb.SEND_STATUS_SEND_OK
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await send("Unknown", b"needs etcd")
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-            codes = dict(refused.value.trailing_metadata() or ())
-            assert int(codes[RESPONSE_CODE_KEY]) == pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
-            assert "unreachable" in (refused.value.details() or "")
+            status, code, details = await refused(send("Unknown", b"needs etcd"))
+            assert status == grpc.StatusCode.UNAVAILABLE
+            assert code == pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
+            assert "unreachable" in details
             await asyncio.to_thread(private_etcd.start)
-            for _ in range(100):  # reconnection is automatic
+
+            async def sent_again() -> bool:  # reconnection is automatic
+                nonlocal r
                 try:
                     r = await send("Unknown", b"after")
-                    break
                 except grpc.aio.AioRpcError:
-                    await asyncio.sleep(0.1)
+                    return False
+                return True
+
+            await eventually(sent_again, interval_s=0.1)
             assert r.result.status == pb.SEND_STATUS_SEND_OK
             got = await stub.GetMinMaxOffset(sn.GetMinMaxOffsetRequest(topic="Known"))
             assert got.max_offset == 21

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.cluster.etcd import EtcdProcess
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.store.get_message import split_records
 
@@ -21,54 +17,11 @@ from basalt.common.record import decode_record
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.services.conftest import unique_cluster
+from tests.support.etcd import unique_cluster
+from tests.support.polling import eventually_sync
+from tests.support.processes import ServiceProcess
 
 pytestmark = pytest.mark.slow
-
-
-class NodeProcess:
-    """``python -m basalt.services.store_node.main`` in a child process."""
-
-    def __init__(self, data_dir: Path, etcd: EtcdProcess, cluster: str) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.args = [
-            sys.executable,
-            "-m",
-            "basalt.services.store_node.main",
-            "--name",
-            "broker-a",
-            "--data-dir",
-            str(data_dir),
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--etcd",
-            etcd.endpoint,
-            "--cluster",
-            cluster,
-            "--flush-disk-type",
-            "SYNC_FLUSH",
-            "--lease-ttl-s",
-            "2",
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            self.args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=os.getcwd()
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        assert "serving on" in line, line
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
 
 
 @pytest.fixture
@@ -77,13 +30,29 @@ def cluster() -> str:
 
 
 @pytest.fixture
-def node(tmp_path: Path, etcd: EtcdProcess, cluster: str) -> Iterator[NodeProcess]:
-    n = NodeProcess(tmp_path / "broker-a", etcd, cluster)
-    n.start()
+def node(tmp_path: Path, etcd: EtcdProcess, cluster: str) -> Iterator[ServiceProcess]:
+    """``broker-a`` as a store-node process with its data in ``tmp_path / "broker-a"``."""
+    n = ServiceProcess(
+        tmp_path / "broker-a.log",
+        "basalt.services.store_node.main",
+        "--name",
+        "broker-a",
+        "--data-dir",
+        str(tmp_path / "broker-a"),
+        "--etcd",
+        etcd.endpoint,
+        "--cluster",
+        cluster,
+        "--flush-disk-type",
+        "SYNC_FLUSH",
+        "--lease-ttl-s",
+        "2",
+    )
     try:
+        n.wait_serving()
         yield n
     finally:
-        if n.proc is not None and n.proc.poll() is None:
+        if n.proc.poll() is None:
             n.stop(signal.SIGKILL)
 
 
@@ -122,31 +91,27 @@ async def pull_all(address: str) -> list[bytes]:
 
 
 def test_kill_9_under_sync_flush_then_restart_keeps_every_ack_and_re_registers(
-    node: NodeProcess, etcd: EtcdProcess, cluster: str
+    node: ServiceProcess, etcd: EtcdProcess, cluster: str, tmp_path: Path
 ) -> None:
-    assert asyncio.run(brokers(etcd, cluster)) == {"broker-a"}
+    data_dir = tmp_path / "broker-a"
+    # The node registers in the background: it says it serves before etcd has it.
+    eventually_sync(
+        lambda: asyncio.run(brokers(etcd, cluster)) == {"broker-a"}, timeout_s=30, interval_s=0.1
+    )
     acked = asyncio.run(send_all(node.address, 50))
     assert acked == list(range(50))
     node.stop(signal.SIGKILL)
     # The lease (2 s TTL) expires: the killed node disappears from etcd.
-    deadline = time.monotonic() + 30  # generous: CI machines can be slow
-    while asyncio.run(brokers(etcd, cluster)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert asyncio.run(brokers(etcd, cluster)) == set()
-    assert (node.data_dir / "abort").exists()  # the crash left it
+    eventually_sync(
+        lambda: asyncio.run(brokers(etcd, cluster)) == set(), timeout_s=30, interval_s=0.2
+    )
+    assert (data_dir / "abort").exists()  # the crash left it
     node.start()
-    assert asyncio.run(brokers(etcd, cluster)) == {"broker-a"} or _eventually(
-        lambda: asyncio.run(brokers(etcd, cluster)) == {"broker-a"}, timeout_s=30
+    node.wait_serving()
+    # Generous: recovery on a loaded 2-core machine took longer than 10 s.
+    eventually_sync(
+        lambda: asyncio.run(brokers(etcd, cluster)) == {"broker-a"}, timeout_s=30, interval_s=0.1
     )
     assert asyncio.run(pull_all(node.address)) == [b"%d" % i for i in range(50)]
     assert node.stop(signal.SIGTERM) == 0
-    assert not (node.data_dir / "abort").exists()  # graceful stop: clean shutdown
-
-
-def _eventually(check: object, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
+    assert not (data_dir / "abort").exists()  # graceful stop: clean shutdown

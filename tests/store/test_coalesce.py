@@ -34,7 +34,7 @@ from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE
 from basalt.store.config import MessageStoreConfig
 
 from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage
-from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
+from tests.support.stores import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 BLANK = struct.Struct(">iI")  # an end-of-file blank: its size, then BLANK_MAGIC_CODE
 

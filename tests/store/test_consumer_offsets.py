@@ -3,7 +3,7 @@
 The file tests pin the exact bytes (RocketMQ's ``offsetTable`` shape) and
 check both directions of compatibility: a RocketMQ broker's own file, with
 fastjson's unquoted integer keys, loads. The crash test kills a real child
-process (:mod:`tests.store.offset_writer`) mid-persist again and again.
+process (:mod:`tests.support.offset_writer`) mid-persist again and again.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from basalt.store.errors import CorruptFileError, StoreConfigError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.store import offset_writer
-from tests.store.test_flush import wait_until
+from tests.support import offset_writer
+from tests.support.polling import eventually_sync
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 
 @pytest.fixture
@@ -225,7 +226,7 @@ def test_concurrent_commits_never_undo_a_reset(manager: ConsumerOffsetManager) -
     ready.wait()
     time.sleep(0.01)
     manager.reset_offsets("g", "T", {0: 3})
-    assert wait_until(lambda: refused[0] == 4, 10)
+    eventually_sync(lambda: refused[0] == 4)
     stop.set()
     for t in threads:
         t.join()
@@ -514,7 +515,7 @@ def test_concurrent_commits_while_persisting(manager: ConsumerOffsetManager, pat
         t.start()
     for t in workers:
         t.join()
-    assert wait_until(lambda: loads[0] >= 3)
+    eventually_sync(lambda: loads[0] >= 3)
     stop.set()
     for t in background:
         t.join()
@@ -537,13 +538,13 @@ def test_persister_writes_on_interval_and_skips_when_unchanged(
     service.start()
     try:
         manager.commit_offset("g", "T", 0, 1)
-        assert wait_until(lambda: service.writes == 1)
+        eventually_sync(lambda: service.writes == 1)
         assert reopen(path).query_offset("g", "T", 0) == 1
         writes = service.writes
         time.sleep(0.1)  # ten intervals with nothing to write
         assert service.writes == writes
         manager.commit_offset("g", "T", 0, 2)
-        assert wait_until(lambda: service.writes == writes + 1)
+        eventually_sync(lambda: service.writes == writes + 1)
         assert reopen(path).query_offset("g", "T", 0) == 2
     finally:
         service.shutdown()
@@ -578,7 +579,7 @@ def test_persister_survives_a_failed_persist(
     manager.commit_offset("g", "T", 0, 1)
     service.start()
     try:
-        assert wait_until(lambda: path.exists())
+        eventually_sync(lambda: path.exists())
     finally:
         service.shutdown()
     assert calls[0] >= 2
@@ -697,13 +698,13 @@ def _run_child_and_kill(config_dir: Path, rng: random.Random) -> tuple[int, int]
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        first_persist.wait(30)
+        first_persist.wait(SUBPROCESS_TIMEOUT_S)
         time.sleep(rng.uniform(0, 0.06))
         alive = proc.poll() is None
         if alive:
             os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        reader.join(30)
+        proc.wait(SUBPROCESS_TIMEOUT_S)
+        reader.join(SUBPROCESS_TIMEOUT_S)
         stderr = proc.stderr.read().decode(errors="replace")
     finally:
         if proc.poll() is None:

@@ -1,12 +1,12 @@
 """Crash test with real processes: ``kill -9`` a SYNC-flush writer, then check what survived.
 
-Each cycle starts ``tests/store/crash_writer.py`` on the same root, lets it
+Each cycle starts ``tests/support/crash_writer.py`` on the same root, lets it
 write for a seeded random while, kills it with SIGKILL and collects every
 send it acknowledged. The parent then opens the store (abnormal recovery),
 finds every acknowledged message of every cycle so far — same physical
 offset, size, tags, key and body digest, reachable through its ConsumeQueue —
 shuts it down cleanly and runs ``basalt store check``. The cycle logic is
-shared with ``benchmarks/crash_loop.py``; see :mod:`tests.store.crash_writer`.
+shared with ``benchmarks/crash_loop.py``; see :mod:`tests.support.crash_writer`.
 
 Set ``BASALT_CRASH_SEED`` to replay a run with another seed.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from basalt.store.tools import check_store
 
-from tests.store.crash_writer import CrashLoop
+from tests.support.crash_writer import CrashLoop
 
 CYCLES = 24
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from basalt.store import Message, MessageStore, MessageStoreConfig
 
-from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, SMALL_INDEX
+from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, SMALL_INDEX
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 _CHILD = textwrap.dedent(
     """
@@ -60,7 +61,7 @@ def test_sends_past_the_disk_limit_fail_clearly_and_acknowledged_ones_survive(
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     results = [json.loads(line) for line in child.stdout.splitlines()]
     assert len(results) == 200, child.stderr

@@ -24,7 +24,7 @@ from basalt.common.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
-from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
+from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 
 def pause_dispatcher(store: MessageStore) -> None:

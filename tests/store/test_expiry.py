@@ -13,7 +13,7 @@ import pytest
 from basalt.store import ManualClock, Message, MessageStore, PutStatus
 from basalt.store.get_message import GetStatus
 
-from tests.conftest import ConfigFactory, wait_indexed
+from tests.support.stores import ConfigFactory, wait_indexed
 
 TOPIC = "Expiring"
 HOUR_MS = 3_600_000

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 from basalt.store import (
@@ -25,19 +23,10 @@ from basalt.store import (
 from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE
 from basalt.store.config import MessageStoreConfig
 
-from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
+from tests.support.polling import eventually_sync
+from tests.support.stores import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 CHECKPOINT = struct.Struct(">qqq")  # physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    """Poll ``condition`` until it holds; False if it never did within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def read_checkpoint(config: MessageStoreConfig) -> tuple[int, int, int]:
@@ -168,8 +157,8 @@ def test_async_flush_eventually_flushes_and_stamps_the_checkpoint(
         end = store.max_physical_offset
         assert end == end_of(result)
 
-        assert wait_until(lambda: flushed_where(store) >= end)
-        assert wait_until(lambda: read_checkpoint(store.config)[0] == result.store_timestamp_ms)
+        eventually_sync(lambda: flushed_where(store) >= end)
+        eventually_sync(lambda: read_checkpoint(store.config)[0] == result.store_timestamp_ms)
 
 
 def test_consume_queue_flush_stamps_the_logics_timestamp(
@@ -182,7 +171,7 @@ def test_consume_queue_flush_stamps_the_logics_timestamp(
             last = store.put_message(Message("Logics", b"l", tags="t"))
         assert last is not None
 
-        assert wait_until(lambda: read_checkpoint(store.config)[1] == last.store_timestamp_ms)
+        eventually_sync(lambda: read_checkpoint(store.config)[1] == last.store_timestamp_ms)
         assert store.get_max_offset_in_queue("Logics", 0) == 5
 
 

@@ -18,7 +18,7 @@ from basalt.store.hashing import tags_code
 from basalt.store.message_filter import build_filter
 
 from basalt.common.message import decode_properties
-from tests.conftest import ConfigFactory
+from tests.support.stores import ConfigFactory
 
 TOPIC = "PullTopic"
 

@@ -12,6 +12,8 @@ from basalt.store.hashing import java_string_hash, tags_code
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
+
 # Values printed by OpenJDK 17's String.hashCode.
 KNOWN_JAVA_HASHES = [
     ("", 0),
@@ -111,7 +113,7 @@ def test_java_string_hash_agrees_with_a_real_jvm(tmp_path: Path) -> None:
         [java, str(source), str(data)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=SUBPROCESS_TIMEOUT_S,
         cwd=tmp_path,
         check=False,
     )

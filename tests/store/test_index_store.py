@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from basalt.common.message import TRANSACTION_ROLLBACK_TYPE
 from basalt.common.record import decode_record
-from tests.conftest import ConfigFactory, wait_indexed
+from tests.support.stores import ConfigFactory, wait_indexed
 
 TOPIC = "Indexed"
 

@@ -1,7 +1,7 @@
 """MessageStore behaviour: put statuses and offsets, validation, the root's lock and abort files.
 
 Everything runs on real files under ``tmp_path`` with small CommitLog files
-(see ``tests/conftest.py``), so batches and single records roll files quickly.
+(see :mod:`tests.support.stores`), so batches and single records roll files quickly.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from basalt.store.record import END_FILE_MIN_BLANK_LENGTH
 
 from basalt.common.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
 from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage, record_size
-from tests.conftest import SMALL_COMMITLOG_FILE, ConfigFactory
+from tests.support.processes import REPO_ROOT
+from tests.support.stores import SMALL_COMMITLOG_FILE, ConfigFactory
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STORE_HOST = "127.0.0.1:10911"
 #: [int blank length][int BLANK_MAGIC_CODE] closing a CommitLog file.
 BLANK_TRAILER = struct.Struct(">iI")
@@ -411,7 +412,7 @@ def _open_in_child(config: MessageStoreConfig) -> subprocess.CompletedProcess[st
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=SUBPROCESS_TIMEOUT_S,
         check=False,
     )
 

@@ -45,7 +45,7 @@ from basalt.common.record import (
     check_record,
     decode_record,
 )
-from tests.conftest import ConfigFactory
+from tests.support.stores import ConfigFactory
 
 if TYPE_CHECKING:
     from basalt.common._records import DispatchResult

@@ -26,7 +26,7 @@ from basalt.store.recovery import RecoveryReport
 
 from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from basalt.common.record import HEADERS
-from tests.conftest import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
+from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 #: Where the body starts in a record with IPv4 born and store hosts.
 BODY_START = HEADERS[False, False].size

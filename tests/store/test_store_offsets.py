@@ -7,7 +7,7 @@ import json
 from basalt.store import ManualClock, Message, MessageStore
 from basalt.store.consumer_offsets import CommitStatus
 
-from tests.conftest import ConfigFactory
+from tests.support.stores import ConfigFactory
 
 TOPIC = "Offsets"
 

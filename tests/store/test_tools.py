@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,79 +28,16 @@ from basalt.store.readonly import StoreRootError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from basalt.common.record import HEADERS
-from tests.conftest import ConfigFactory
+from tests.support.stores import FILL_QUEUES, FILL_TOPICS, ConfigFactory, Sent, fill_store
 
 CQ_FILE_SIZE = 16 * CQ_STORE_UNIT_SIZE
-TOPICS = ("TopicA", "TopicB", "%RETRY%group")
-QUEUES = 3
-TAGS = ("TagA", "TagB", None, "标签")
 #: Field positions inside a record, from the layout's own struct formats.
 QUEUEID_POS = struct.calcsize(">iIi")
 QUEUEOFFSET_POS = struct.calcsize(">iIiii")
 PHYSICALOFFSET_POS = struct.calcsize(">iIiiiq")
 #: Where the body starts in a record with IPv4 born and store hosts.
 BODY_START = HEADERS[False, False].size
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One acknowledged message and where the store put it."""
-
-    topic: str
-    queue_id: int
-    tags: str | None
-    body: bytes
-    physical_offset: int
-    size: int
-    queue_offset: int
-    dispatchable: bool = True
-
-
-def fill_store(store: MessageStore, clock: ManualClock, rounds: int = 30) -> list[Sent]:
-    """Write several topics × queues with tags, keys, empty/binary/large bodies and batches.
-
-    Also one prepared (never dispatched) and one committed transactional record.
-    Returns every message in CommitLog order, after the dispatcher caught up.
-    """
-    sent: list[Sent] = []
-
-    def put(messages: list[Message]) -> None:
-        result = store.put_messages(messages)
-        assert result.ok, result
-        for m, phys, size, qoff in zip(
-            messages, result.physical_offsets, result.sizes, result.queue_offsets, strict=True
-        ):
-            dispatchable = m.sys_flag != TRANSACTION_PREPARED_TYPE
-            sent.append(Sent(m.topic, m.queue_id, m.tags, m.body, phys, size, qoff, dispatchable))
-
-    n = 0
-    for r in range(rounds):
-        for topic in TOPICS:
-            batch = []
-            for q in range(QUEUES):
-                n += 1
-                body = bytes([n % 256]) * (n * 37 % 1200) if n % 5 else f"text {n}".encode()
-                batch.append(
-                    Message(
-                        topic=topic,
-                        body=b"" if n % 11 == 0 else body,
-                        queue_id=q,
-                        tags=TAGS[n % len(TAGS)],
-                        keys=[f"key-{n}", "shared"],
-                        properties={"round": str(r)},
-                    )
-                )
-            clock.advance(7)
-            put(batch if r % 2 else batch[:1])
-            if r % 2 == 0:
-                for m in batch[1:]:
-                    put([m])
-    put([Message(topic="TopicA", body=b"half", queue_id=0, sys_flag=TRANSACTION_PREPARED_TYPE)])
-    put([Message(topic="TopicA", body=b"done", queue_id=1, sys_flag=TRANSACTION_COMMIT_TYPE)])
-    assert store.wait_dispatched()
-    return sent
 
 
 @pytest.fixture
@@ -191,7 +127,7 @@ def test_check_passes_after_clean_shutdown_and_changes_nothing(
     assert c.commitlog_files >= 2 and c.end_of_file_blanks == c.commitlog_files - 1
     assert c.commitlog_file_size == config.mapped_file_size_commit_log
     assert c.commitlog_max_offset == sent[-1].physical_offset + sent[-1].size
-    assert c.topics == len(TOPICS) and c.queues == len(TOPICS) * QUEUES
+    assert c.topics == len(FILL_TOPICS) and c.queues == len(FILL_TOPICS) * FILL_QUEUES
     assert c.consume_queue_units_checked == len(sent) - 1
     assert c.consume_queue_files > c.queues  # the ConsumeQueues rolled too
     assert c.undispatched_records == 0
@@ -232,8 +168,8 @@ def test_cli_check_json_of_a_healthy_store(root: Path, capsys: pytest.CaptureFix
     doc = json.loads(out)
     assert status == 0
     assert doc["ok"] is True and doc["problems"] == []
-    assert doc["counts"]["queues"] == len(TOPICS) * QUEUES
-    assert {q["topic"] for q in doc["queues"]} == set(TOPICS)
+    assert doc["counts"]["queues"] == len(FILL_TOPICS) * FILL_QUEUES
+    assert {q["topic"] for q in doc["queues"]} == set(FILL_TOPICS)
 
 
 def test_check_of_a_store_that_never_stored_anything(make_config: ConfigFactory) -> None:

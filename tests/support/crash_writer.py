@@ -2,7 +2,7 @@
 
 Run as a program this is the **child**::
 
-    python tests/store/crash_writer.py ROOT --seed S [--threads N]
+    python tests/support/crash_writer.py ROOT --seed S [--threads N]
 
 It opens a :class:`MessageStore` on ROOT with SYNC flush and small files (so
 CommitLog and ConsumeQueue files roll often) and writes forever from several
@@ -332,6 +332,9 @@ def run_store_check_cli(root: Path) -> dict[str, Any]:
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
+        # Its own cap, not tests.support.timeouts': this module runs by path and is
+        # loaded by path by benchmarks/crash_loop.py (whose roots are larger), so
+        # it imports nothing from the tests package.
         timeout=300,
         check=False,
     )

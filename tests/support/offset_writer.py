@@ -2,7 +2,7 @@
 
 Run as a program this is the **child**::
 
-    python tests/store/offset_writer.py CONFIG_DIR
+    python tests/support/offset_writer.py CONFIG_DIR
 
 It loads ``CONFIG_DIR/consumerOffset.json`` (failing with exit status 2 if
 the file is not exactly what :func:`expected_tables` says some step left),
@@ -17,7 +17,7 @@ JSON line::
     {"event": "persisted", "step": s}    after persist() of step s returned
 
 So whatever the file holds is a pure function of one step number, and the
-parent (``test_consumer_offsets.py``) can check that a file loaded after a
+parent (``tests/store/test_consumer_offsets.py``) can check that a file loaded after a
 ``kill -9`` is exactly some step's snapshot — never a torn mix — and that the
 step is the last persisted one or the one after it.
 """

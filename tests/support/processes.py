@@ -1,0 +1,203 @@
+"""Basalt as real processes: the ``basalt`` command line, service processes, and
+the pull path (store-nodes and a pull-service) as a small cluster of processes.
+
+Every wait on a child is capped by :data:`~tests.support.timeouts.SUBPROCESS_TIMEOUT_S`.
+The ``processes`` fixture is registered by ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from tests.support.nodes import BROKERS
+from tests.support.rpc import bodies, pull_request
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
+
+#: The repository's root: the working directory of every child the tests start.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# -- the command line ----------------------------------------------------------------------
+
+
+async def run_basalt(*argv: str) -> tuple[int, str, str]:
+    """``basalt ARGV...`` (``python -m basalt.admin``) as a user runs it; returns
+    its exit status, stdout and stderr. Killed if it outlives the cap."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "basalt.admin",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), SUBPROCESS_TIMEOUT_S)
+    finally:
+        if proc.returncode is None:  # the cap passed, or the test was cancelled
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def run_basalt_sync(*argv: str) -> subprocess.CompletedProcess[str]:
+    """:func:`run_basalt` for plain threads: the completed process (text output)."""
+    return subprocess.run(
+        [sys.executable, "-m", "basalt.admin", *argv],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
+
+
+# -- service processes ---------------------------------------------------------------------
+
+
+class ServiceProcess:
+    """``python -m <module> --listen 127.0.0.1:<free port> ARGS...``, a service
+    whose first stdout line says where it serves; stderr goes to ``log``."""
+
+    def __init__(self, log: Path, module: str, *args: str) -> None:
+        self.port = free_port()
+        self.log = log
+        self.args = [sys.executable, "-m", module, "--listen", f"127.0.0.1:{self.port}", *args]
+        self.start()
+
+    def start(self) -> None:
+        """Spawn the process; again after it ended, on the same port with the same
+        arguments (its stderr appended to the same log)."""
+        with self.log.open("ab") as stderr:
+            self.proc = subprocess.Popen(
+                self.args, stdout=subprocess.PIPE, stderr=stderr, cwd=os.getcwd()
+            )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def wait_serving(self) -> str:
+        """Block until the process says it serves on its address; returns that line."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        assert f"serving on {self.address}" in line, line
+        return line.strip()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Send ``sig`` unless it already ended; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=SUBPROCESS_TIMEOUT_S)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ServiceProcess]]:
+    """A list for the test's service processes: any still running at teardown is killed."""
+    started: list[ServiceProcess] = []
+    try:
+        yield started
+    finally:
+        for p in started:
+            if p.proc.poll() is None:
+                p.stop(signal.SIGKILL)
+
+
+# -- the pull path as processes ------------------------------------------------------------
+
+#: The topic of :func:`create_topic`: QUEUES queues on each of BROKERS.
+TOPIC = "E2E"
+QUEUES = 2
+
+
+async def create_topic(etcd: EtcdProcess, cluster: str) -> None:
+    async with MetaClient(MetaConfig(endpoints=(etcd.endpoint,), cluster=cluster)) as meta:
+        await meta.create_topic(
+            TopicConfig(
+                topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, brokers=BROKERS
+            )
+        )
+
+
+async def registered(etcd: EtcdProcess, cluster: str) -> tuple[set[str], set[str], set[str]]:
+    """Live brokers, pull-services and consumers of group G in etcd."""
+    async with MetaClient(MetaConfig(endpoints=(etcd.endpoint,), cluster=cluster)) as meta:
+        return (
+            set(await meta.list_brokers()),
+            set(await meta.list_pull_services()),
+            set(await meta.list_consumers("G")),
+        )
+
+
+async def consume(
+    stub: ps_grpc.PullServiceAsyncStub, group: str, subscription: pb.Subscription | None = None
+) -> dict[tuple[str, int], list[bytes]]:
+    """Everything every queue of TOPIC returns through Pull, in the order returned."""
+    got: dict[tuple[str, int], list[bytes]] = {}
+    for broker in BROKERS:
+        for q in range(QUEUES):
+            offset, out = 0, got.setdefault((broker, q), [])
+            while True:
+                request = pull_request(broker, q, offset, topic=TOPIC, group=group)
+                if subscription is not None:
+                    request.subscription.CopyFrom(subscription)
+                r = await stub.Pull(request)
+                if r.status == pb.PULL_STATUS_NO_NEW_MSG:
+                    break
+                out += bodies(r)
+                offset = r.next_begin_offset
+    return got
+
+
+def start_processes(
+    tmp_path: Path,
+    etcd: EtcdProcess,
+    cluster: str,
+    lease_ttl_s: int,
+    started: list[ServiceProcess],
+) -> tuple[dict[str, ServiceProcess], ServiceProcess]:
+    """A store-node process per broker of BROKERS (data and logs under ``tmp_path``)
+    and pull-service ``ps-1`` (consumers heartbeat every second), on ``etcd`` as
+    ``cluster``; each is appended to ``started`` as soon as it is spawned (the
+    ``processes`` fixture's list, which kills leftovers). Returns once all of them
+    serve: the store-nodes by broker name, and the pull-service."""
+    common = ("--etcd", etcd.endpoint, "--cluster", cluster, "--lease-ttl-s", str(lease_ttl_s))
+    nodes: dict[str, ServiceProcess] = {}
+    for name in BROKERS:
+        nodes[name] = ServiceProcess(
+            tmp_path / f"{name}.log",
+            "basalt.services.store_node.main",
+            "--name",
+            name,
+            "--data-dir",
+            str(tmp_path / name),
+            *common,
+        )
+        started.append(nodes[name])
+    pull = ServiceProcess(
+        tmp_path / "ps-1.log",
+        "basalt.services.pull_service.main",
+        "--id",
+        "ps-1",
+        "--heartbeat-interval-ms",
+        "1000",
+        *common,
+    )
+    started.append(pull)
+    for p in nodes.values():
+        p.wait_serving()
+    assert pull.wait_serving() == f"pull-service ps-1 serving on {pull.address}"
+    return nodes, pull
