@@ -20,11 +20,11 @@ from __future__ import annotations
 from typing import Protocol
 
 import grpc
+
 from basalt.admin import ops, topics
 from basalt.admin.errors import AdminError
-from basalt.services.meta import MetaClient
-
 from basalt.common.status import response_code_of
+from basalt.services.meta import MetaClient
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb

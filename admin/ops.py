@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+
 from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
 from basalt.admin.topics import TopicChange, topic_config, update_topic
-from basalt.services.meta import BrokerRegistration, MetaClient, TopicConfig
-from basalt.store.get_message import split_records
-from basalt.store.record import store_timestamp_at
-
 from basalt.common.message import MessageRecord, parse_offset_msg_id
 from basalt.common.record import decode_record
 from basalt.common.status import response_code_of
+from basalt.services.meta import BrokerRegistration, MetaClient, TopicConfig
+from basalt.store.get_message import split_records
+from basalt.store.record import store_timestamp_at
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc

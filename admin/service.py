@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health
+
 from basalt.admin import ops, topics
 from basalt.services.checks import check_group, check_topic
 from basalt.services.errors import Refusal, as_refusal, invalid
@@ -35,8 +37,6 @@ from basalt.services.process import (
     set_serving,
 )
 from basalt.services.rpc import rpc_method
-from grpc_health.v1 import health
-
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import common_pb2 as pb
 

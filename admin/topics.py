@@ -41,7 +41,6 @@ from basalt.services.meta import (
     TopicNotFoundError,
 )
 from basalt.services.meta.session import EtcdSession, KeyValue
-
 from basalt.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -43,9 +43,12 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import grpc
+
 from basalt.admin import ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
+from basalt.common.local_cluster import local_address
+from basalt.common.message import MessageRecord
 from basalt.services.meta import (
     MetaClient,
     MetaConfig,
@@ -54,9 +57,6 @@ from basalt.services.meta import (
     TopicConfig,
     parse_endpoints,
 )
-
-from basalt.common.local_cluster import local_address
-from basalt.common.message import MessageRecord
 from basalt.v1 import pull_service_pb2 as ps
 
 EXIT_FAILED = 1

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import cast
 
 import grpc
-from basalt.store.batch import EncodedBatch
 
 from basalt.common.message import Message, encode_host
 from basalt.common.record import EncodedMessage
+from basalt.store.batch import EncodedBatch
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc

@@ -86,9 +86,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
-from basalt.services import process
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from basalt.services import process
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn

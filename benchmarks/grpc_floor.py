@@ -38,8 +38,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
-from basalt.services.process import SERVICE_ENV
 
+from basalt.services.process import SERVICE_ENV
 from benchmarks.store_read import Row, format_table
 
 #: The transports compared: a label and the environment gRPC starts with.

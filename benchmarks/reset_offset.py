@@ -48,10 +48,9 @@ from basalt.client import (
     PushConsumer,
     PushConsumerConfig,
 )
+from basalt.common.message import Message, MessageRecord
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
-
-from basalt.common.message import Message, MessageRecord
 from basalt.v1 import pull_service_pb2 as ps
 from benchmarks.e2e_client import Cluster
 from benchmarks.store_append import Target

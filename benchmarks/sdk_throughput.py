@@ -39,10 +39,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
+from basalt.common.message import Message
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
-
-from basalt.common.message import Message
 from benchmarks.e2e_client import Cluster
 from benchmarks.store_read import Row, format_table
 

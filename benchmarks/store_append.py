@@ -65,6 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from basalt.common.message import new_uniq_key
+from basalt.common.record import EncodedMessage
 from basalt.store import (
     FlushDiskType,
     Message,
@@ -75,9 +77,6 @@ from basalt.store import (
 )
 from basalt.store.batch import EncodedBatch
 from basalt.store.recovery import RecoveryReport
-
-from basalt.common.message import new_uniq_key
-from basalt.common.record import EncodedMessage
 
 KIB = 1024
 MIB = 1024 * 1024

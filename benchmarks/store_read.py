@@ -38,11 +38,10 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from basalt.common.record import EncodedMessage
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 from basalt.store.batch import EncodedBatch
 from basalt.store.message_filter import MessageFilter, build_filter
-
-from basalt.common.record import EncodedMessage
 from benchmarks.store_append import Target, _num, bench_root
 
 TOPIC = "ReadBench"

@@ -30,7 +30,6 @@ from basalt.client.membership import TopicSubscription
 from basalt.client.producer import Producer, ProducerConfig, SendResult
 from basalt.client.push_consumer import ConsumeStatus, PushConsumer, PushConsumerConfig
 from basalt.client.sync import SyncLitePullConsumer, SyncProducer, SyncPushConsumer
-
 from basalt.common.message import Message, MessageRecord
 
 __all__ = [

@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass
 
 import grpc
+
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError
-
 from basalt.common.settings import (
     between,
     config_dataclass,

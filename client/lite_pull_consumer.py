@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+
 from basalt.client.consumer_base import (
     ConsumeFromWhere,
     ConsumerClient,
@@ -75,7 +76,6 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.errors import ClientError
 from basalt.client.membership import GroupMember, TopicSubscription
-
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import (

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
+
 from basalt.client.consumer_base import (
     ConsumerClient,
     ConsumerConfig,
@@ -45,7 +46,6 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.errors import ClientError
 from basalt.client.rebalance import allocate_averagely
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 

@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError, TopicNotFoundError
-
 from basalt.common import _records
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint

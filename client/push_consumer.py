@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, cast
 
 import grpc
+
 from basalt.client.consumer_base import (
     ConsumerClient,
     ConsumerConfig,
@@ -52,7 +53,6 @@ from basalt.client.consumer_base import (
     subscription_of,
 )
 from basalt.client.membership import GroupMember, TopicSubscription
-
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting

@@ -26,7 +26,6 @@ from typing import IO, Any
 from basalt.client.errors import ClientError
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from basalt.client.producer import Producer
-
 from basalt.common.local_cluster import local_address
 from basalt.common.message import Message
 

@@ -19,7 +19,6 @@ from basalt.client.lite_pull_consumer import LitePullConfig, LitePullConsumer, M
 from basalt.client.membership import TopicSubscription
 from basalt.client.producer import Producer, ProducerConfig, SendResult
 from basalt.client.push_consumer import Listener, PushConsumer, PushConsumerConfig
-
 from basalt.common.message import Message, MessageRecord
 
 T = TypeVar("T")

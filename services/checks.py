@@ -16,7 +16,6 @@ from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.fields import check_group_name, check_topic_name
 from basalt.store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
 from basalt.store.sql92 import Sql92ParseError
-
 from basalt.v1 import common_pb2 as pb
 
 _EXPRESSION_TYPES = {pb.EXPRESSION_TYPE_TAG: "TAG", pb.EXPRESSION_TYPE_SQL92: "SQL92"}

@@ -77,12 +77,14 @@ import enum
 import logging
 
 import grpc
+
 from basalt.admin.errors import (
     AdminError,
     BrokerNotRegisteredError,
     PeerCallError,
     RevisionMismatchError,
 )
+from basalt.common.status import RESPONSE_CODE_KEY, response_code_of
 from basalt.services.meta.errors import (
     MetaConflictError,
     MetaUnavailableError,
@@ -94,8 +96,6 @@ from basalt.store.errors import StoreClosedError
 from basalt.store.message_filter import UnknownFilterTypeError
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.sql92 import Sql92ParseError
-
-from basalt.common.status import RESPONSE_CODE_KEY, response_code_of
 from basalt.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)

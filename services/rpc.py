@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+
 from basalt.services.errors import abort, as_refusal
 
 R = TypeVar("R")

@@ -4,6 +4,8 @@ No network imports live here; services are thin adapters around
 :class:`basalt.store.message_store.MessageStore`.
 """
 
+from basalt.common.message import Message, MessageRecord
+from basalt.common.record import CorruptRecordError
 from basalt.store.clock import Clock, ManualClock, SystemClock
 from basalt.store.config import FlushDiskType, MessageStoreConfig
 from basalt.store.errors import (
@@ -16,9 +18,6 @@ from basalt.store.errors import (
 from basalt.store.message_store import MessageStore
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.recovery import RecoveryReport
-
-from basalt.common.message import Message, MessageRecord
-from basalt.common.record import CorruptRecordError
 
 __all__ = [
     "Clock",

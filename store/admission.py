@@ -12,15 +12,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from basalt.common.message import Message
+from basalt.common.record import EncodedMessage
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
 from basalt.store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, MessageStoreConfig
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.record import END_FILE_MIN_BLANK_LENGTH
-
-from basalt.common.message import Message
-from basalt.common.record import EncodedMessage
 
 TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+from basalt.common.message import PROPERTY_TAGS, decode_properties, is_dispatchable
+from basalt.common.record import RecordInfo, RecordKind
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import ConsumeQueue
@@ -46,9 +48,6 @@ from basalt.store.readonly import (
     open_data_files,
     store_layout,
 )
-
-from basalt.common.message import PROPERTY_TAGS, decode_properties, is_dispatchable
-from basalt.common.record import RecordInfo, RecordKind
 
 __all__ = ["CheckCounts", "CheckReport", "Problem", "QueueReport", "StoreRootError", "check_store"]
 

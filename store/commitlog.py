@@ -16,13 +16,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from basalt.store.batch import EncodedBatch
-from basalt.store.clock import Clock
-from basalt.store.config import MessageStoreConfig
-from basalt.store.errors import StoreClosedError
-from basalt.store.mapped_file_queue import MappedFileQueue
-from basalt.store.record import BLANK, END_FILE_MIN_BLANK_LENGTH, store_timestamp_at
-
 from basalt.common import _records
 from basalt.common.message import MessageRecord, encode_host
 from basalt.common.record import (
@@ -32,6 +25,12 @@ from basalt.common.record import (
     SIZE_AND_MAGIC,
     decode_record,
 )
+from basalt.store.batch import EncodedBatch
+from basalt.store.clock import Clock
+from basalt.store.config import MessageStoreConfig
+from basalt.store.errors import StoreClosedError
+from basalt.store.mapped_file_queue import MappedFileQueue
+from basalt.store.record import BLANK, END_FILE_MIN_BLANK_LENGTH, store_timestamp_at
 
 _INT = struct.Struct(">i")
 

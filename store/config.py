@@ -9,8 +9,6 @@ import enum
 import ipaddress
 from pathlib import Path
 
-from basalt.store.errors import StoreConfigError
-
 from basalt.common.settings import (
     at_least,
     boolean,
@@ -26,6 +24,7 @@ from basalt.common.settings import (
     setting,
     validate,
 )
+from basalt.store.errors import StoreConfigError
 
 #: Bytes of one ConsumeQueue unit: phyOffset(8) + size(4) + tagsCode(8).
 CQ_STORE_UNIT_SIZE = 20

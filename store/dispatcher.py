@@ -24,11 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from basalt.store.commitlog import Appended, CommitLog, UnitRun
-from basalt.store.consume_queue_table import ConsumeQueueTable
-
 from basalt.common import _records
 from basalt.common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, property_value
+from basalt.store.commitlog import Appended, CommitLog, UnitRun
+from basalt.store.consume_queue_table import ConsumeQueueTable
 
 log = logging.getLogger(__name__)
 

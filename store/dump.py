@@ -17,16 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from basalt.store.mapped_file import MappedFile
-from basalt.store.mapped_file_queue import MappedFileQueue
-from basalt.store.readonly import (
-    check_at,
-    iso_ms,
-    open_consume_queue,
-    open_data_files,
-    store_layout,
-)
-
 from basalt.common.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -37,6 +27,15 @@ from basalt.common.message import (
     transaction_type,
 )
 from basalt.common.record import CorruptRecordError, RecordInfo, RecordKind, decode_record
+from basalt.store.mapped_file import MappedFile
+from basalt.store.mapped_file_queue import MappedFileQueue
+from basalt.store.readonly import (
+    check_at,
+    iso_ms,
+    open_consume_queue,
+    open_data_files,
+    store_layout,
+)
 
 __all__ = [
     "DEFAULT_BODY_PREVIEW_BYTES",

@@ -39,16 +39,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from basalt.common import _records
+from basalt.common.message import MessageRecord
+from basalt.common.record import SIZE_AND_MAGIC, Buffer, decode_record
 from basalt.store.commitlog import CommitLog
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import BLANK_UNIT_SIZE, UNIT, ConsumeQueue
 from basalt.store.mapped_file import MappedFile
 from basalt.store.message_filter import MessageFilter
 from basalt.store.record import record_properties
-
-from basalt.common import _records
-from basalt.common.message import MessageRecord
-from basalt.common.record import SIZE_AND_MAGIC, Buffer, decode_record
 
 #: RocketMQ scans at least this many ConsumeQueue bytes per call (800 units).
 MIN_SCAN_BYTES = 16000

@@ -79,12 +79,11 @@ from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import NamedTuple
 
+from basalt.common import _records
+from basalt.common.record import Buffer
 from basalt.store.errors import CorruptFileError
 from basalt.store.files import fsync_dir
 from basalt.store.hashing import java_string_hash
-
-from basalt.common import _records
-from basalt.common.record import Buffer
 
 log = logging.getLogger(__name__)
 

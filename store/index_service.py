@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from basalt.common import _records
+from basalt.common.message import TRANSACTION_ROLLBACK_TYPE, transaction_type
 from basalt.store.clock import Clock
 from basalt.store.commitlog import CommitLog
 from basalt.store.dispatcher import DispatchRequest
@@ -55,9 +57,6 @@ from basalt.store.index_file import (
     is_index_file_name,
     next_index_file_name,
 )
-
-from basalt.common import _records
-from basalt.common.message import TRANSACTION_ROLLBACK_TYPE, transaction_type
 
 log = logging.getLogger(__name__)
 

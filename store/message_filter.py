@@ -34,11 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from basalt.common.message import PROPERTY_TAGS, decode_properties, property_value
 from basalt.store.errors import StoreError
 from basalt.store.hashing import tags_code
 from basalt.store.sql92 import Sql92Expression, compile_sql92
-
-from basalt.common.message import PROPERTY_TAGS, decode_properties, property_value
 
 __all__ = [
     "FILTER_TYPE_SQL92",

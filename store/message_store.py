@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
 
+from basalt.common.message import Message
 from basalt.store.admission import Admission
 from basalt.store.batch import EncodedBatch
 from basalt.store.checkpoint import StoreCheckpoint
@@ -60,8 +61,6 @@ from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.recovery import RecoveryReport, recover
 from basalt.store.store_reads import StoreReads
-
-from basalt.common.message import Message
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from basalt.common.record import RecordInfo, check_record
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.errors import StoreError
 from basalt.store.mapped_file import MappedFile, parse_file_name
 from basalt.store.mapped_file_queue import MappedFileQueue
-
-from basalt.common.record import RecordInfo, check_record
 
 
 class StoreRootError(StoreError, FileNotFoundError):

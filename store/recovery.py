@@ -21,15 +21,14 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
+from basalt.common import _records
+from basalt.common.record import CorruptRecordError, RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.dispatcher import ReputMessageService
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
-
-from basalt.common import _records
-from basalt.common.record import CorruptRecordError, RecordKind, check_record
 
 log = logging.getLogger(__name__)
 

@@ -103,6 +103,9 @@ from dataclasses import replace
 from functools import cache, lru_cache
 from typing import Any, Final, cast
 
+from lark import Lark, Token, Transformer
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
 from basalt.store import sql92_nodes as nodes
 from basalt.store.errors import StoreError
 from basalt.store.sql92_values import (
@@ -113,8 +116,6 @@ from basalt.store.sql92_values import (
     JavaType,
     Sql92EvaluationError,
 )
-from lark import Lark, Token, Transformer
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 __all__ = [
     "Sql92EvaluationError",

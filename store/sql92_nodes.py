@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, NoReturn
 
+from lark import Token
+
 from basalt.store.errors import StoreError
 from basalt.store.sql92_values import (
     FROM_STRING,
@@ -37,7 +39,6 @@ from basalt.store.sql92_values import (
     compare_strings_as_doubles,
     java_double,
 )
-from lark import Token
 
 __all__ = [
     "Kind",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from basalt.common.message import MessageRecord
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
@@ -22,8 +23,6 @@ from basalt.store.get_message import (
 )
 from basalt.store.index_service import IndexService
 from basalt.store.message_filter import MessageFilter
-
-from basalt.common.message import MessageRecord
 
 
 class StoreReads:

@@ -31,9 +31,6 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 import grpc
-from basalt.services import process
-from basalt.services.cluster.etcd import EtcdProcess, free_port
-from basalt.services.meta import MetaClient, MetaConfig
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.common.local_cluster import (
@@ -43,6 +40,9 @@ from basalt.common.local_cluster import (
     load_processes,
     write_processes,
 )
+from basalt.services import process
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from basalt.services.meta import MetaClient, MetaConfig
 
 CLUSTER_NAME = "DefaultCluster"
 

@@ -16,16 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from basalt.services.meta.errors import MetaValidationError
-from basalt.services.meta.fields import (
-    MAX_NAME_LENGTH,
-    NAME_CHARS,
-    check_address,
-    check_group_name,
-    check_name,
-    check_topic_name,
-)
-
 from basalt.common.settings import (
     Check,
     at_least,
@@ -34,6 +24,15 @@ from basalt.common.settings import (
     positive,
     setting,
     validate,
+)
+from basalt.services.meta.errors import MetaValidationError
+from basalt.services.meta.fields import (
+    MAX_NAME_LENGTH,
+    NAME_CHARS,
+    check_address,
+    check_group_name,
+    check_name,
+    check_topic_name,
 )
 
 #: etcd's smallest lease TTL with its default heartbeat/election settings (1.5 s, rounded up).

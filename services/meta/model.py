@@ -41,6 +41,17 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
+from basalt.common.settings import (
+    between,
+    boolean,
+    config_dataclass,
+    from_validator,
+    instance_of,
+    integer,
+    one_of,
+    setting,
+    validate,
+)
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.fields import (
     check_address,
@@ -57,18 +68,6 @@ from basalt.services.meta.fields import (
     get_names,
     get_str,
     prefixed,
-)
-
-from basalt.common.settings import (
-    between,
-    boolean,
-    config_dataclass,
-    from_validator,
-    instance_of,
-    integer,
-    one_of,
-    setting,
-    validate,
 )
 
 #: RocketMQ's defaultTopicQueueNums: queues of an automatically created topic.

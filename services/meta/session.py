@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aetcd  # type: ignore[import-untyped]  # ships no type information
+
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaError, MetaUnavailableError
 

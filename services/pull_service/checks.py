@@ -34,7 +34,6 @@ from collections.abc import Callable
 from basalt.services.checks import check_group, no_such_topic, subscription_filter
 from basalt.services.errors import Refusal, invalid, pull_outcome
 from basalt.services.meta.model import BrokerRegistration, TopicConfig
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 

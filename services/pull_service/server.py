@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health
+
 from basalt.services.errors import Refusal
 from basalt.services.meta.client import MetaClient, decode_consumer
 from basalt.services.meta.lease import Registration
@@ -43,8 +45,6 @@ from basalt.services.process import (
 from basalt.services.pull_service.channels import ChannelPool
 from basalt.services.pull_service.service import ClusterView, PullServiceConfig, PullServiceServicer
 from basalt.services.pull_service.sessions import SessionRegistry
-from grpc_health.v1 import health
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2
 

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from basalt.common.settings import config_dataclass, non_negative, positive, setting, validate
 from basalt.services.checks import check_batch_entries, check_group, no_such_topic
 from basalt.services.errors import Refusal, downstream_refusal, invalid, refused
 from basalt.services.meta.client import MetaClient, QueueKey
@@ -64,8 +66,6 @@ from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_
 from basalt.services.pull_service.checks import check_pull, pull_response, topic_route
 from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
 from basalt.services.rpc import rpc_method
-
-from basalt.common.settings import config_dataclass, non_negative, positive, setting, validate
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc

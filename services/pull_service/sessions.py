@@ -49,6 +49,7 @@ import time
 from typing import Any
 
 import grpc
+
 from basalt.services.checks import check_group
 from basalt.services.errors import Outcome, Refusal, invalid
 from basalt.services.meta.client import MetaClient, QueueKey
@@ -62,7 +63,6 @@ from basalt.services.meta.model import (
 )
 from basalt.services.meta.watch import MetaChange
 from basalt.services.pull_service.checks import check_subscription
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
-from basalt.services.errors import Refusal, as_refusal, invalid, refused
 
+from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 

@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health
+
 from basalt.services.process import (
     add_health_and_reflection,
     add_servicer,
@@ -25,8 +27,6 @@ from basalt.services.store_node.long_polling import PullRequestHoldService
 from basalt.services.store_node.service import StoreNodeConfig, StoreNodeServicer
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.store import MessageStore, MessageStoreConfig
-from grpc_health.v1 import health
-
 from basalt.v1 import store_node_pb2
 
 log = logging.getLogger(__name__)

@@ -29,6 +29,17 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+
+from basalt.common.message import decode_host, parse_offset_msg_id
+from basalt.common.settings import (
+    boolean,
+    config_dataclass,
+    non_empty,
+    non_negative,
+    positive,
+    setting,
+    validate,
+)
 from basalt.services.checks import (
     check_batch_entries,
     check_group,
@@ -55,17 +66,6 @@ from basalt.store import Message, MessageStore
 from basalt.store.batch import EncodedBatch
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.put_result import PutMessageResult, PutStatus
-
-from basalt.common.message import decode_host, parse_offset_msg_id
-from basalt.common.settings import (
-    boolean,
-    config_dataclass,
-    non_empty,
-    non_negative,
-    positive,
-    setting,
-    validate,
-)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from basalt.admin.cli import GROUPS, main
 from basalt.store import ManualClock, MessageStore
-
 from tests.support.processes import run_basalt_sync
 from tests.support.stores import ConfigFactory, fill_store
 

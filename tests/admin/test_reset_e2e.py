@@ -15,9 +15,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
-
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.aio import async_test

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 from basalt.services.meta import MetaConfig
-
 from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import async_test
 from tests.support.nodes import TOPIC, cluster

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
-
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb

@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 from basalt.client import ClientError, ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
-from basalt.services.meta import MetaConfig
-
 from basalt.common.message import Message
+from basalt.services.meta import MetaConfig
 from basalt.v1 import common_pb2 as pb
 from tests.support.aio import async_test
 from tests.support.nodes import cluster

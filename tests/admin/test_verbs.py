@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 from basalt.services.meta import MetaConfig
-
 from basalt.v1 import common_pb2 as pb
 from tests.support.aio import async_test
 from tests.support.nodes import TOPIC, cluster

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+
 from basalt.admin.cli import main
 from basalt.services.cluster.etcd import free_port
 from basalt.services.meta import MetaConfig
-
 from basalt.v1 import common_pb2 as pb
 from tests.support.aio import async_test
 from tests.support.nodes import BROKERS, TOPIC, admin_server, cluster

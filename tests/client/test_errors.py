@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pickle
 
-import basalt.client
 import grpc
 import pytest
+
+import basalt.client
 from basalt.client import ClientError, errors
 from basalt.services import errors as server_errors
-
 from basalt.v1 import common_pb2 as pb
 
 #: The SDK's table (client/errors.py's docstring), spelled out.

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from basalt.admin import ops
 from basalt.client import (
     ClientError,
@@ -19,9 +20,8 @@ from basalt.client import (
     SyncProducer,
     TopicNotFoundError,
 )
-from basalt.services.meta import MetaConfig
-
 from basalt.common.message import Message
+from basalt.services.meta import MetaConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

@@ -8,12 +8,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from basalt.admin import ops
 from basalt.client import ClientError, LitePullConsumer, MessageQueue
-from basalt.services.meta import MetaConfig
-
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
+from basalt.services.meta import MetaConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

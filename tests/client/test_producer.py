@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from basalt.client import (
     ClientError,
     IllegalMessageError,
@@ -15,9 +16,8 @@ from basalt.client import (
     ProducerConfig,
 )
 from basalt.client.producer import _Stream
-from basalt.services.meta import MetaConfig, Perm
-
 from basalt.common.message import Message
+from basalt.services.meta import MetaConfig, Perm
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

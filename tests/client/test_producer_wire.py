@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from basalt.client.producer import send_stream_batch, send_stream_message
 from hypothesis import given
 from hypothesis import strategies as st
 
+from basalt.client.producer import send_stream_batch, send_stream_message
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 

@@ -4,7 +4,6 @@ LitePullConsumer, Message``."""
 from __future__ import annotations
 
 import basalt.client
-
 import basalt.common.message
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from basalt.admin import ops
 from basalt.client import (
     ConsumeFromWhere,
@@ -26,10 +27,9 @@ from basalt.client import (
     SyncProducer,
     SyncPushConsumer,
 )
+from basalt.common.message import Message, MessageRecord
 from basalt.services.errors import StatusRefusal
 from basalt.services.meta import MetaConfig
-
-from basalt.common.message import Message, MessageRecord
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

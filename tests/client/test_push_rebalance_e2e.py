@@ -11,7 +11,6 @@ import signal
 from pathlib import Path
 
 from basalt.services.meta import MetaConfig
-
 from tests.support.aio import async_test
 from tests.support.consumers import producing
 from tests.support.nodes import TOPIC, cluster

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from basalt.services.meta import MetaConfig
-
 from tests.support.aio import async_test
 from tests.support.nodes import TOPIC, cluster
 from tests.support.processes import run_basalt as basalt

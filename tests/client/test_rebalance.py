@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from basalt.client.rebalance import allocate_averagely
 from hypothesis import given
 from hypothesis import strategies as st
+
+from basalt.client.rebalance import allocate_averagely
 
 
 def test_rocketmqs_own_examples() -> None:

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from basalt.client.consumer_base import ConsumerConfig
 from basalt.client.lite_pull_consumer import LitePullConfig
 from basalt.client.producer import ProducerConfig
 from basalt.client.push_consumer import PushConsumerConfig
+from basalt.common.settings import Setting, any_value, describe
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.model import TopicConfig
@@ -25,8 +27,6 @@ from basalt.services.pull_service.service import PullServiceConfig
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.store.config import MessageStoreConfig
 from basalt.store.errors import StoreConfigError
-
-from basalt.common.settings import Setting, any_value, describe
 
 #: Each configuration class: its required fields' values, and the error it raises.
 CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {

@@ -16,10 +16,10 @@ import re
 import struct
 
 import pytest
-from basalt.client.producer import _SEND_RESULT_FIELDS, SendResult
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from basalt.client.producer import _SEND_RESULT_FIELDS, SendResult
 from basalt.common import _records
 from basalt.common.message import (
     BORNHOST_V6_FLAG,

@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from basalt.store.consumer_offsets import CommitStatus
-from basalt.store.get_message import GetStatus, split_records
-from basalt.store.message_filter import FILTER_TYPE_SQL92, FILTER_TYPE_TAG
-from basalt.store.put_result import PutStatus
 
 from basalt.common.message import Message as StoreMessage
 from basalt.common.message import encode_host, offset_msg_id
 from basalt.common.record import EncodedMessage, decode_record
+from basalt.store.consumer_offsets import CommitStatus
+from basalt.store.get_message import GetStatus, split_records
+from basalt.store.message_filter import FILTER_TYPE_SQL92, FILTER_TYPE_TAG
+from basalt.store.put_result import PutStatus
 from basalt.v1 import (
     admin_pb2_grpc,
     common_pb2,

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess
 from basalt.services.errors import Refusal
 from basalt.services.meta import (
@@ -19,7 +20,6 @@ from basalt.services.meta import (
 )
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
 from basalt.services.pull_service.checks import check_pull
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from tests.support.aio import async_test

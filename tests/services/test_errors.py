@@ -8,12 +8,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from basalt.admin.errors import (
     AdminError,
     BrokerNotRegisteredError,
     PeerCallError,
     RevisionMismatchError,
 )
+from basalt.common.record import CorruptRecordError
 from basalt.services.errors import (
     GRPC_STATUS,
     RESPONSE_CODE_KEY,
@@ -40,8 +42,6 @@ from basalt.store.errors import CorruptFileError, StoreClosedError
 from basalt.store.message_filter import UnknownFilterTypeError
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.sql92 import Sql92ParseError
-
-from basalt.common.record import CorruptRecordError
 from basalt.v1 import common_pb2 as pb
 
 S = grpc.StatusCode

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from basalt.services.cluster.etcd import EtcdProcess
 
+from basalt.services.cluster.etcd import EtcdProcess
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc

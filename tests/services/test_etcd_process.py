@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess, EtcdProcessError, etcd_binary, free_port
 
 

@@ -10,7 +10,6 @@ from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldSer
 from basalt.store import Message, MessageStore
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import build_filter
-
 from tests.support.polling import eventually
 
 TOPIC = "Held"

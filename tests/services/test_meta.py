@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import (
     BrokerRegistration,
@@ -32,7 +33,6 @@ from basalt.services.meta import (
     TopicNotFoundError,
     parse_endpoints,
 )
-
 from tests.support.aio import async_test
 from tests.support.etcd import unique_cluster
 from tests.support.polling import eventually

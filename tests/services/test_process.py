@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from basalt.services.process import SERVICE_ENV, keep_large_buffers, service_env
 
+from basalt.services.process import SERVICE_ENV, keep_large_buffers, service_env
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 

@@ -11,8 +11,8 @@ import asyncio
 from pathlib import Path
 
 import grpc
-from basalt.services.meta import MetaConfig, Perm
 
+from basalt.services.meta import MetaConfig, Perm
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

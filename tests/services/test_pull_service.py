@@ -18,11 +18,11 @@ from typing import Any
 
 import grpc
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.errors import pull_outcome
 from basalt.services.meta import MetaConfig, Perm, TopicConfig
 from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
+
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from tests.support.aio import async_test

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from basalt.services.pull_service.wire import pull_batch_wire
 from hypothesis import given
 from hypothesis import strategies as st
 
+from basalt.services.pull_service.wire import pull_batch_wire
 from basalt.v1 import common_pb2 as pb
 
 heads = st.builds(

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from basalt.services.meta import MetaConfig
 
 from basalt.common.status import response_code_of
+from basalt.services.meta import MetaConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from tests.support.aio import async_test

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from basalt.services.meta.model import Perm, TopicConfig
-from basalt.store.batch import EncodedBatch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.common.message import Message
 from basalt.common.record import EncodedMessage, decode_record
+from basalt.services.meta.model import Perm, TopicConfig
+from basalt.store.batch import EncodedBatch
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import run

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.store_node.main import EtcdTopics
 from basalt.services.store_node.server import start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc

@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE, RECOVERY_MARGIN_MS, StoreCheckpoint
 from basalt.store.errors import CorruptFileError
 

@@ -21,6 +21,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
+
+from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage
 from basalt.store import (
     FlushDiskType,
     ManualClock,
@@ -32,8 +34,6 @@ from basalt.store import (
 from basalt.store.batch import EncodedBatch
 from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE
 from basalt.store.config import MessageStoreConfig
-
-from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage
 from tests.support.stores import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 
 BLANK = struct.Struct(">iI")  # an end-of-file blank: its size, then BLANK_MAGIC_CODE

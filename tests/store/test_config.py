@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from basalt.store.config import (
     CQ_STORE_UNIT_SIZE,
     DEFAULT_CQ_UNITS_PER_FILE,

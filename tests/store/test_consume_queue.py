@@ -9,9 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from basalt.store.config import CQ_STORE_UNIT_SIZE
-from basalt.store.consume_queue import BLANK_UNIT, BLANK_UNIT_SIZE, UNIT, ConsumeQueue, CqEntry
-from basalt.store.mapped_file import file_name
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -21,6 +18,10 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
+from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consume_queue import BLANK_UNIT, BLANK_UNIT_SIZE, UNIT, ConsumeQueue, CqEntry
+from basalt.store.mapped_file import file_name
 
 UNITS_PER_FILE = 8
 CQ_FILE_SIZE = UNITS_PER_FILE * CQ_STORE_UNIT_SIZE

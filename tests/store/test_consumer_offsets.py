@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from basalt.store.clock import ManualClock
 from basalt.store.consumer_offsets import (
     CommitStatus,
@@ -30,9 +33,6 @@ from basalt.store.consumer_offsets import (
     consumer_offset_path,
 )
 from basalt.store.errors import CorruptFileError, StoreConfigError
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from tests.support import offset_writer
 from tests.support.polling import eventually_sync
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S

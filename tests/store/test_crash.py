@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 
 import pytest
-from basalt.store.tools import check_store
 
+from basalt.store.tools import check_store
 from tests.support.crash_writer import CrashLoop
 
 CYCLES = 24

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 from basalt.store import Message, MessageStore, MessageStoreConfig
-
 from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, SMALL_INDEX
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 

@@ -12,18 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from basalt.store import ManualClock, Message, MessageStore
-from basalt.store.commitlog import HANDOFF_MAX_APPENDS
-from basalt.store.config import CQ_STORE_UNIT_SIZE
-from basalt.store.consume_queue import UNIT
-from basalt.store.dispatcher import DispatchRequest
-from basalt.store.hashing import tags_code
 
 from basalt.common.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
+from basalt.store import ManualClock, Message, MessageStore
+from basalt.store.commitlog import HANDOFF_MAX_APPENDS
+from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consume_queue import UNIT
+from basalt.store.dispatcher import DispatchRequest
+from basalt.store.hashing import tags_code
 from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 

@@ -6,8 +6,9 @@ import importlib
 import inspect
 import pkgutil
 
-import basalt.store
 import pytest
+
+import basalt.store
 from basalt.store.errors import StoreError
 
 

@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from basalt.store import ManualClock, Message, MessageStore, PutStatus
 from basalt.store.get_message import GetStatus
-
 from tests.support.stores import ConfigFactory, wait_indexed
 
 TOPIC = "Expiring"

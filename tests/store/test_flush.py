@@ -12,6 +12,7 @@ import struct
 import threading
 
 import pytest
+
 from basalt.store import (
     FlushDiskType,
     ManualClock,
@@ -22,7 +23,6 @@ from basalt.store import (
 )
 from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE
 from basalt.store.config import MessageStoreConfig
-
 from tests.support.polling import eventually_sync
 from tests.support.stores import SMALL_COMMITLOG_FILE, ConfigFactory, run_threads
 

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
+
+from basalt.common.message import decode_properties
 from basalt.store import ManualClock, Message, MessageStore, PutMessageResult
 from basalt.store.get_message import GetStatus
 from basalt.store.hashing import tags_code
 from basalt.store.message_filter import build_filter
-
-from basalt.common.message import decode_properties
 from tests.support.stores import ConfigFactory
 
 TOPIC = "PullTopic"

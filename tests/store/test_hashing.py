@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from basalt.store.hashing import java_string_hash, tags_code
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from basalt.store.hashing import java_string_hash, tags_code
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 # Values printed by OpenJDK 17's String.hashCode.

@@ -10,6 +10,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from basalt.store.errors import CorruptFileError
 from basalt.store.hashing import java_string_hash
 from basalt.store.index_file import (
@@ -24,8 +27,6 @@ from basalt.store.index_file import (
     is_index_file_name,
     next_index_file_name,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 T0 = 1_700_000_000_000
 MakeFile = Callable[..., IndexFile]

@@ -8,11 +8,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from basalt.store.clock import ManualClock
-from basalt.store.dispatcher import DispatchListener, DispatchRequest
-from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
-from basalt.store.index_file import IndexFile, index_file_name, index_file_size
-from basalt.store.index_service import IndexService, QueryOffsetResult
 
 from basalt.common.message import (
     TRANSACTION_COMMIT_TYPE,
@@ -20,6 +15,11 @@ from basalt.common.message import (
     TRANSACTION_ROLLBACK_TYPE,
     encode_properties,
 )
+from basalt.store.clock import ManualClock
+from basalt.store.dispatcher import DispatchListener, DispatchRequest
+from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
+from basalt.store.index_file import IndexFile, index_file_name, index_file_size
+from basalt.store.index_service import IndexService, QueryOffsetResult
 
 T0 = 1_700_000_000_000
 TOPIC = "TopicTest"

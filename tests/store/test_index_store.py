@@ -6,14 +6,14 @@ import itertools
 from pathlib import Path
 
 import pytest
-from basalt.store import ManualClock, Message, MessageStore
-from basalt.store.dispatcher import DispatchRequest
-from basalt.store.index_service import IndexService
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from basalt.common.message import TRANSACTION_ROLLBACK_TYPE
 from basalt.common.record import decode_record
+from basalt.store import ManualClock, Message, MessageStore
+from basalt.store.dispatcher import DispatchRequest
+from basalt.store.index_service import IndexService
 from tests.support.stores import ConfigFactory, wait_indexed
 
 TOPIC = "Indexed"

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from basalt.store.errors import CorruptFileError
 from basalt.store.mapped_file import MappedFile, file_name
 from basalt.store.mapped_file_queue import MappedFileQueue

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from basalt.common.message import Message, encode_properties
 from basalt.store.errors import StoreError
 from basalt.store.hashing import java_string_hash, tags_code
 from basalt.store.message_filter import (
@@ -13,8 +15,6 @@ from basalt.store.message_filter import (
     build_filter,
 )
 from basalt.store.sql92 import Sql92ParseError
-
-from basalt.common.message import Message, encode_properties
 
 
 def record_properties(tags: str | None = None, **extra: str) -> bytes:

@@ -20,9 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from basalt.store import ManualClock, MessageStore, PutStatus
-from basalt.store.batch import EncodedBatch
-from basalt.store.hashing import tags_code
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +42,9 @@ from basalt.common.record import (
     check_record,
     decode_record,
 )
+from basalt.store import ManualClock, MessageStore, PutStatus
+from basalt.store.batch import EncodedBatch
+from basalt.store.hashing import tags_code
 from tests.support.stores import ConfigFactory
 
 if TYPE_CHECKING:

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from basalt.common.record import HEADERS
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig, PutMessageResult
 from basalt.store.checkpoint import RECOVERY_MARGIN_MS
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import file_name
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 from basalt.store.recovery import RecoveryReport
-
-from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
-from basalt.common.record import HEADERS
 from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 #: Where the body starts in a record with IPv4 born and store hosts.

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from basalt.store.errors import StoreError
-from basalt.store.sql92 import Sql92EvaluationError, Sql92ParseError, compile_sql92
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from basalt.store.errors import StoreError
+from basalt.store.sql92 import Sql92EvaluationError, Sql92ParseError, compile_sql92
 
 ERR = "error"
 

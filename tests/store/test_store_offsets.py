@@ -6,7 +6,6 @@ import json
 
 from basalt.store import ManualClock, Message, MessageStore
 from basalt.store.consumer_offsets import CommitStatus
-
 from tests.support.stores import ConfigFactory
 
 TOPIC = "Offsets"

@@ -16,7 +16,11 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from basalt.admin.cli import main
+from basalt.common.record import HEADERS
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 from basalt.store.check import CheckReport, check_store
 from basalt.store.config import CQ_STORE_UNIT_SIZE
@@ -25,10 +29,6 @@ from basalt.store.dump import body_preview, dump_store
 from basalt.store.hashing import tags_code
 from basalt.store.mapped_file import file_name
 from basalt.store.readonly import StoreRootError
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from basalt.common.record import HEADERS
 from tests.support.stores import FILL_QUEUES, FILL_TOPICS, ConfigFactory, Sent, fill_store
 
 CQ_FILE_SIZE = 16 * CQ_STORE_UNIT_SIZE

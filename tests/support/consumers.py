@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from basalt.client import ConsumeFromWhere, LitePullConfig, MessageQueue, Producer
-
 from basalt.common.message import Message
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc

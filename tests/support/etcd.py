@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess
 from basalt.services.meta import MetaConfig
 

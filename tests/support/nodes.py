@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
 from basalt.admin.service import start_admin_service
 from basalt.services.meta import BrokerRegistration, MetaClient, MetaConfig, Perm, TopicConfig
 from basalt.services.pull_service.server import RunningPullService, start_pull_service
@@ -26,7 +27,6 @@ from basalt.services.store_node.main import EtcdTopics
 from basalt.services.store_node.server import RunningStoreNode, start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn

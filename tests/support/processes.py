@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
-
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from tests.support.nodes import BROKERS

@@ -31,7 +31,6 @@ from basalt.client import (
     PushConsumer,
     PushConsumerConfig,
 )
-
 from basalt.common.message import MessageRecord
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 
 from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
+from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 from tests.support.polling import eventually_sync
 
 #: Small files so tests roll files and fill queues quickly.
