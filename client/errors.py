@@ -169,7 +169,6 @@ _CLASS_OF_CODE: dict[int, type[ClientError]] = {
 }
 
 
-
 __all__ = [
     "BrokerNotFoundError",
     "ClientError",
