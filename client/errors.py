@@ -39,7 +39,7 @@ import grpc
 from basalt.common.status import response_code_of
 from basalt.v1 import common_pb2 as pb
 
-#: Trailing metadata key in which a Basalt service sends a refusal's response code.
+#: The response codes this protocol version knows (others keep their number).
 _CODES = frozenset(pb.ResponseCode.values())
 
 

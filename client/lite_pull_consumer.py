@@ -571,7 +571,7 @@ class LitePullConsumer(ConsumerClient):
                     data, count, _ = read.chunks[0]
                     try:
                         read.records = decode_records(data)
-                    except Exception as e:  # corrupt records (store.errors), or a bug
+                    except Exception as e:  # corrupt records (CorruptRecordError), or a bug
                         broken = e
                         break
                     read.chunks.popleft()

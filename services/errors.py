@@ -385,3 +385,32 @@ def pull_outcome(
             name = str(store_status)
         raise Refusal(pb.RESPONSE_CODE_SYSTEM_ERROR, f"the store-node answered status {name}")
     return code, _PULL_STATUS_OF_CODE[code]
+
+
+def pull_response(
+    store_status: pb.GetMessageStatus.ValueType,
+    offset: int,
+    *,
+    next_begin_offset: int,
+    min_offset: int,
+    max_offset: int,
+    records: pb.Records | None,
+    commit: pb.CommitResult | None,
+) -> pb.PullResponse:
+    """A store-node read of one queue from ``offset`` as the client sees it: code
+    and PullStatus by :func:`basalt.services.errors.pull_outcome` (a
+    SYSTEM_ERROR Refusal for a status it does not know). Built by the
+    pull-service for Pull, and by the store-node itself for each entry of
+    GetMessages (``records`` None: it writes them into the answer itself,
+    basalt.services.store_node.wire)."""
+    code, status = pull_outcome(store_status, offset)
+    return pb.PullResponse(
+        code=code,
+        status=status,
+        store_status=store_status,
+        next_begin_offset=next_begin_offset,
+        min_offset=min_offset,
+        max_offset=max_offset,
+        records=records,
+        commit=commit,
+    )

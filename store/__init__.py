@@ -5,11 +5,11 @@ No network imports live here; services are thin adapters around
 """
 
 from basalt.common.message import Message, MessageRecord
-from basalt.common.record import CorruptRecordError
 from basalt.store.clock import Clock, ManualClock, SystemClock
 from basalt.store.config import FlushDiskType, MessageStoreConfig
 from basalt.store.errors import (
     CorruptFileError,
+    CorruptRecordError,
     StoreClosedError,
     StoreConfigError,
     StoreError,

@@ -13,10 +13,10 @@ import re
 from collections.abc import Sequence
 
 from basalt.common.message import Message
-from basalt.common.record import EncodedMessage
+from basalt.common.record import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, EncodedMessage
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
-from basalt.store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, MessageStoreConfig
+from basalt.store.config import MessageStoreConfig
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.record import END_FILE_MIN_BLANK_LENGTH

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from basalt.common import _records
+from basalt.common import _records, record
 from basalt.common.message import MessageRecord, encode_host
 from basalt.common.record import (
     BLANK_MAGIC_CODE,
@@ -28,7 +28,7 @@ from basalt.common.record import (
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
 from basalt.store.config import MessageStoreConfig
-from basalt.store.errors import StoreClosedError
+from basalt.store.errors import CorruptRecordError, StoreClosedError
 from basalt.store.mapped_file_queue import MappedFileQueue
 from basalt.store.record import BLANK, END_FILE_MIN_BLANK_LENGTH, store_timestamp_at
 
@@ -222,7 +222,12 @@ class CommitLog:
             if size is None:
                 return None
         data = self.read(physical_offset, size)
-        return None if data is None else decode_record(data)
+        if data is None:
+            return None
+        try:
+            return decode_record(data)
+        except record.CorruptRecordError as e:  # where it is in the log, not in ``data``
+            raise CorruptRecordError(physical_offset + e.offset, e.reason) from None
 
     def close(self) -> None:
         self.files.close()

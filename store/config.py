@@ -30,10 +30,6 @@ from basalt.store.errors import StoreConfigError
 CQ_STORE_UNIT_SIZE = 20
 #: RocketMQ's default ConsumeQueue file: 300,000 units.
 DEFAULT_CQ_UNITS_PER_FILE = 300_000
-#: Properties are stored behind a 2-byte signed length.
-MAX_PROPERTIES_SIZE = 32767
-#: Topic names are stored behind a 1-byte signed length.
-MAX_TOPIC_LENGTH = 127
 
 
 def parse_delete_hours(delete_when: str) -> frozenset[int]:

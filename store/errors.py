@@ -9,18 +9,26 @@ and the ones that live beside the code raising them (``Sql92ParseError``,
 …); each also subclasses a builtin where one fits, so callers that know
 nothing of Basalt can still catch it sensibly. What each answers a remote
 caller is in the services' one table, ``basalt.services.errors``.
-One error is not here: a record that does not decode raises the record codec's
-own :class:`basalt.common.record.CorruptRecordError` (a ValueError), because
-the layout and its codec are shared with the SDK, which knows no store.
+A record that does not decode is the record codec's
+:class:`basalt.common.record.CorruptRecordError` (a ValueError: the SDK meets
+it in a pull answer); the store raises its own subclass,
+:class:`CorruptRecordError`, so ``except StoreError`` sees it too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from basalt.common import record
+
 
 class StoreError(Exception):
     """Base of every error the storage engine raises."""
+
+
+class CorruptRecordError(StoreError, record.CorruptRecordError):
+    """A CommitLog record that does not decode, at CommitLog offset ``offset``:
+    the codec's error, raised by the store."""
 
 
 class StoreConfigError(StoreError, ValueError):

@@ -18,10 +18,10 @@ import struct
 from basalt.common.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
 from basalt.common.record import PREFIX, SIZE_AND_MAGIC, Buffer, host_length
 
-#: A file keeps room for the end-of-file blank: TOTALSIZE(4) + MAGICCODE(4).
-END_FILE_MIN_BLANK_LENGTH = 8
 #: The end-of-file blank: TOTALSIZE (the bytes it fills) + BLANK_MAGIC_CODE.
 BLANK = SIZE_AND_MAGIC
+#: A file keeps room for the end-of-file blank: TOTALSIZE(4) + MAGICCODE(4).
+END_FILE_MIN_BLANK_LENGTH = BLANK.size
 
 _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")

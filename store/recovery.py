@@ -22,11 +22,12 @@ import time
 from dataclasses import asdict, dataclass
 
 from basalt.common import _records
-from basalt.common.record import CorruptRecordError, RecordKind, check_record
+from basalt.common.record import RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.dispatcher import ReputMessageService
+from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 

@@ -7,7 +7,7 @@ RocketMQ's parse-time checks for its operator (the ``check*Operand`` methods of
 :func:`basalt.store.sql92.compile_sql92` reports as a ``Sql92ParseError``; it then
 returns a :class:`Node` whose ``evaluate`` closure implements the operator's
 three-valued logic. Each closure is chosen for its operands' :class:`Kind` and
-:class:`~store.sql92_values.JavaType`, so evaluating tests no types; value
+:class:`~basalt.store.sql92_values.JavaType`, so evaluating tests no types; value
 conversions and comparisons come from :mod:`basalt.store.sql92_values`. The semantics
 are stated in :mod:`basalt.store.sql92`.
 

@@ -1,5 +1,10 @@
-"""Basalt's gRPC contracts: the generated modules of ``proto/basalt/*/*.proto``.
+"""Basalt: a RocketMQ-style message queue. The one top-level package.
 
-``basalt.v1.common_pb2``, ``basalt.v1.store_node_pb2`` and so on; regenerate
-them with ``python scripts/generate_protos.py`` (see ``proto/README.md``).
+Its sub-packages come from the folders the user laid out (setup.py's
+``package-dir`` mapping): ``basalt.store`` (store/, the engine),
+``basalt.services`` (services/), ``basalt.admin`` (admin/), ``basalt.client``
+(client/, the SDK), and from here, proto/basalt/: ``basalt.v1``, the generated
+modules of the gRPC contracts (regenerate them with ``python
+scripts/generate_protos.py``, see ``proto/README.md``), and ``basalt.common``,
+what the SDK and the services share.
 """

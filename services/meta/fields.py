@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable
 from typing import TypeVar
 
+from basalt.common.record import MAX_TOPIC_LENGTH
 from basalt.services.meta.errors import MetaValidationError
 from basalt.store.admission import TOPIC_PATTERN
-from basalt.store.config import MAX_TOPIC_LENGTH
 
 T = TypeVar("T")
 

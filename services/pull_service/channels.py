@@ -1,5 +1,4 @@
-"""The pull-service's outbound gRPC: one cached channel per address, and what a
-failed downstream call means to the caller upstream.
+"""The pull-service's outbound gRPC: one cached channel per address.
 
 Every store-node (and every other pull-service, for forwarded commands) is
 reached through one ``grpc.aio`` channel per address, created on first use

@@ -19,11 +19,10 @@ why). Step 3 asks whether the topic has an etcd config, not whether its
 (it auto-creates on send before the list is updated), so the pull-service is
 no stricter than the node that holds the data.
 
-After, :func:`pull_response` answers a store-node's read in the client's terms:
-the code and PullStatus of its GetMessageStatus by
-:func:`basalt.services.errors.pull_outcome` (RocketMQ's PullMessageProcessor
-and MQClientAPIImpl tables); the store-node does the same for each entry of
-GetMessages.
+After, :func:`basalt.services.errors.pull_response` answers a store-node's read
+in the client's terms: the code and PullStatus of its GetMessageStatus
+(RocketMQ's PullMessageProcessor and MQClientAPIImpl tables); the store-node
+does the same for each entry of GetMessages.
 """
 
 from __future__ import annotations
@@ -32,39 +31,10 @@ import functools
 from collections.abc import Callable
 
 from basalt.services.checks import check_group, no_such_topic, subscription_filter
-from basalt.services.errors import Refusal, invalid, pull_outcome
+from basalt.services.errors import Refusal, invalid
 from basalt.services.meta.model import BrokerRegistration, TopicConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
-
-
-def pull_response(
-    store_status: pb.GetMessageStatus.ValueType,
-    offset: int,
-    *,
-    next_begin_offset: int,
-    min_offset: int,
-    max_offset: int,
-    records: pb.Records | None,
-    commit: pb.CommitResult | None,
-) -> pb.PullResponse:
-    """A store-node read of one queue from ``offset`` as the client sees it: code
-    and PullStatus by :func:`basalt.services.errors.pull_outcome` (a
-    SYSTEM_ERROR Refusal for a status it does not know). Built by the
-    pull-service for Pull, and by the store-node itself for each entry of
-    GetMessages (``records`` None: it writes them into the answer itself,
-    basalt.services.pull_service.wire)."""
-    code, status = pull_outcome(store_status, offset)
-    return pb.PullResponse(
-        code=code,
-        status=status,
-        store_status=store_status,
-        next_begin_offset=next_begin_offset,
-        min_offset=min_offset,
-        max_offset=max_offset,
-        records=records,
-        commit=commit,
-    )
 
 
 def check_pull(
@@ -111,21 +81,23 @@ def check_pull(
 
 def check_subscription(sub: pb.Subscription) -> None:
     """SUBSCRIPTION_PARSE_FAILED (naming the position) unless ``sub`` parses."""
-    refusal = _parse_refusal(sub.type, sub.expression)
-    if refusal is not None:
-        # A new one each time: the cached one, raised again and again, would
-        # carry every earlier raise's traceback.
-        raise refusal.with_message(refusal.message)
+    refused = _parse_refusal(sub.type, sub.expression)
+    if refused is not None:
+        raise Refusal(*refused)
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse_refusal(kind: pb.ExpressionType.ValueType, expression: str) -> Refusal | None:
-    # Consumers send the same few expressions with every pull: parse each once
-    # (the store-node parses again to filter, on its own cache of filters).
+def _parse_refusal(kind: pb.ExpressionType.ValueType, expression: str) -> tuple[int, str] | None:
+    """The (response code, message) of the refusal of a subscription that does not
+    parse, None when it parses. Consumers send the same few expressions with
+    every pull: each is parsed once (the store-node parses again to filter, on
+    its own cache of filters). The cache keeps the refusal's text, not the
+    exception: a cached exception would keep its traceback's frames alive and
+    gather one more with every raise."""
     try:
         subscription_filter(pb.Subscription(type=kind, expression=expression))
     except Refusal as r:
-        return r
+        return r.code, r.message
     return None
 
 

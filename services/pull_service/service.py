@@ -50,7 +50,7 @@ import grpc
 
 from basalt.common.settings import config_dataclass, non_negative, positive, setting, validate
 from basalt.services.checks import check_batch_entries, check_group, no_such_topic
-from basalt.services.errors import Refusal, downstream_refusal, invalid, refused
+from basalt.services.errors import Refusal, downstream_refusal, invalid, pull_response, refused
 from basalt.services.meta.client import MetaClient, QueueKey
 from basalt.services.meta.config import name_rule
 from basalt.services.meta.errors import MetaUnavailableError
@@ -63,7 +63,7 @@ from basalt.services.meta.model import (
 from basalt.services.meta.watch import MetaWatcher
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
 from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_timeout_s
-from basalt.services.pull_service.checks import check_pull, pull_response, topic_route
+from basalt.services.pull_service.checks import check_pull, topic_route
 from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
 from basalt.services.rpc import rpc_method
 from basalt.v1 import common_pb2 as pb

@@ -52,16 +52,16 @@ from basalt.services.errors import (
     as_refusal,
     commit_response,
     invalid,
+    pull_response,
     put_refusal,
     refused,
 )
 from basalt.services.meta.model import TopicConfig
-from basalt.services.pull_service.checks import pull_response
-from basalt.services.pull_service.wire import pull_batch_wire
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
 from basalt.services.store_node.topics import TopicDirectory
+from basalt.services.store_node.wire import pull_batch_wire
 from basalt.store import Message, MessageStore
 from basalt.store.batch import EncodedBatch
 from basalt.store.get_message import GetMessageResult, GetStatus
@@ -420,7 +420,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                 out.append((pb.PullResponse(refused=refused(r)), None, 0))
                 continue
             out.append((head, result.records, result.message_count))
-        # Serialized here, the records copied once (basalt.services.pull_service.wire); the
+        # Serialized here, the records copied once (basalt.services.store_node.wire); the
         # registration in basalt.services.store_node.server lets GetMessages answer bytes.
         return pull_batch_wire(out)
 

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
+from basalt.common.record import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
 from basalt.store.config import (
     CQ_STORE_UNIT_SIZE,
     DEFAULT_CQ_UNITS_PER_FILE,
-    MAX_PROPERTIES_SIZE,
-    MAX_TOPIC_LENGTH,
     FlushDiskType,
     MessageStoreConfig,
 )

@@ -9,7 +9,9 @@ import pkgutil
 import pytest
 
 import basalt.store
-from basalt.store.errors import StoreError
+from basalt.common import record
+from basalt.store import Message, MessageStore
+from basalt.store.errors import CorruptRecordError, StoreError
 
 
 def _exception_classes() -> list[type[BaseException]]:
@@ -35,3 +37,20 @@ def test_the_engine_defines_exception_classes() -> None:
 @pytest.mark.parametrize("cls", _exception_classes(), ids=lambda c: c.__qualname__)
 def test_every_exception_class_of_the_engine_is_a_store_error(cls: type[BaseException]) -> None:
     assert issubclass(cls, StoreError)
+
+
+def test_a_record_that_does_not_decode_is_the_stores_error_at_its_commitlog_offset(
+    store: MessageStore,
+) -> None:
+    store.put_messages([Message("T", b"first", queue_id=0), Message("T", b"second", queue_id=0)])
+    second = store.put_messages([Message("T", b"third", queue_id=0)]).physical_offsets[0]
+    mf = store.commitlog.files.find_by_offset(second)
+    assert mf is not None
+    mf.buffer[second - mf.file_from_offset + 4] ^= 0xFF  # its MAGICCODE
+    with pytest.raises(CorruptRecordError) as raised:
+        store.lookup_message_by_offset(second)
+    # The store's own class: a StoreError, and still the codec's error (a ValueError).
+    assert isinstance(raised.value, StoreError)
+    assert isinstance(raised.value, record.CorruptRecordError)
+    assert raised.value.offset == second
+    assert f"commitlog offset {second}: bad magic code" in str(raised.value)

@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 from basalt.common.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
-from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage, record_size
+from basalt.common.record import (
+    BLANK_MAGIC_CODE,
+    MAX_PROPERTIES_SIZE,
+    MAX_TOPIC_LENGTH,
+    EncodedMessage,
+    record_size,
+)
 from basalt.store import (
     ManualClock,
     Message,
@@ -27,7 +33,6 @@ from basalt.store import (
     StoreLockedError,
 )
 from basalt.store.batch import BatchRun, EncodedBatch
-from basalt.store.config import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH
 from basalt.store.mapped_file import file_name
 from basalt.store.record import END_FILE_MIN_BLANK_LENGTH
 from tests.support.processes import REPO_ROOT

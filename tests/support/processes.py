@@ -22,7 +22,7 @@ from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from tests.support.nodes import BROKERS
-from tests.support.rpc import bodies, pull_request
+from tests.support.rpc import pull_queue
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 #: The repository's root: the working directory of every child the tests start.
@@ -149,16 +149,9 @@ async def consume(
     got: dict[tuple[str, int], list[bytes]] = {}
     for broker in BROKERS:
         for q in range(QUEUES):
-            offset, out = 0, got.setdefault((broker, q), [])
-            while True:
-                request = pull_request(broker, q, offset, topic=TOPIC, group=group)
-                if subscription is not None:
-                    request.subscription.CopyFrom(subscription)
-                r = await stub.Pull(request)
-                if r.status == pb.PULL_STATUS_NO_NEW_MSG:
-                    break
-                out += bodies(r)
-                offset = r.next_begin_offset
+            got[(broker, q)] = await pull_queue(
+                stub, broker, q, topic=TOPIC, group=group, commit=False, subscription=subscription
+            )
     return got
 
 

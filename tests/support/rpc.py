@@ -1,7 +1,7 @@
 """Building requests and reading answers of the generated gRPC stubs.
 
 Refusals carry the gRPC status, the RocketMQ response code (in the trailing
-metadata under ``RESPONSE_CODE_KEY``) and a message: :func:`refused` and
+metadata ``basalt-response-code``) and a message: :func:`refused` and
 :func:`status_of` give the three, so a test checks all of them.
 """
 
@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from basalt.common.record import decode_record
-from basalt.services.errors import RESPONSE_CODE_KEY
+from basalt.common.status import response_code_of
 from basalt.store.get_message import split_records
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -25,8 +25,8 @@ from tests.support.nodes import TOPIC
 def status_of(error: grpc.aio.AioRpcError | None) -> tuple[grpc.StatusCode, int, str]:
     """The gRPC status, RocketMQ code (-1 if none) and message of a failed call."""
     assert error is not None
-    codes = dict(error.trailing_metadata() or ())
-    return error.code(), int(codes.get(RESPONSE_CODE_KEY, -1)), error.details() or ""
+    code = response_code_of(error)
+    return error.code(), -1 if code is None else code, error.details() or ""
 
 
 async def refused(call: Awaitable[Any]) -> tuple[grpc.StatusCode, int, str]:
@@ -67,13 +67,25 @@ def bodies(response: pb.PullResponse) -> list[bytes]:
 
 
 async def pull_queue(
-    stub: ps_grpc.PullServiceAsyncStub, broker: str, queue_id: int, **kw: Any
+    stub: ps_grpc.PullServiceAsyncStub,
+    broker: str,
+    queue_id: int,
+    *,
+    commit: bool = True,
+    subscription: pb.Subscription | None = None,
+    **kw: Any,
 ) -> list[bytes]:
-    """Every matching body of one queue, pulling (and committing) until nothing is new."""
+    """Every matching body of one queue from offset 0, pulling (and, with
+    ``commit``, committing each offset reached) until nothing is new."""
     got: list[bytes] = []
     offset = 0
     while True:
-        r = await stub.Pull(pull_request(broker, queue_id, offset, commit_offset=offset, **kw))
+        request = pull_request(broker, queue_id, offset, **kw)
+        if commit:
+            request.commit_offset = offset
+        if subscription is not None:
+            request.subscription.CopyFrom(subscription)
+        r = await stub.Pull(request)
         if r.status == pb.PULL_STATUS_NO_NEW_MSG:
             return got
         assert r.status in (pb.PULL_STATUS_FOUND, pb.PULL_STATUS_NO_MATCHED_MSG), r

@@ -8,10 +8,10 @@ import ipaddress
 from hypothesis import strategies as st
 
 from basalt.common.message import Message, encode_properties
+from basalt.common.record import MAX_PROPERTIES_SIZE
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
-MAX_PROPERTIES_SIZE = 32767
 
 
 def host_string(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, port: int) -> str:

@@ -3,7 +3,7 @@
 Two hot paths write a message's bytes themselves rather than build protobuf
 objects around a large bytes field and copy it twice: the producer's
 ``SendStreamRequest`` (:mod:`basalt.client.producer`) and the store-node's
-``PullBatchResponse`` (:mod:`basalt.services.pull_service.wire`). Both frame
+``PullBatchResponse`` (:mod:`basalt.services.store_node.wire`). Both frame
 the fields with these functions; tests hold their bytes to protobuf's own.
 
 The encoding (protobuf's encoding guide)::

@@ -64,6 +64,10 @@ Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7
 BLANK_MAGIC_CODE = 0xCBD43194
+#: Topic names are stored behind a 1-byte signed length.
+MAX_TOPIC_LENGTH = 127
+#: Properties are stored behind a 2-byte signed length.
+MAX_PROPERTIES_SIZE = 32767
 
 
 class CorruptRecordError(ValueError):
@@ -428,7 +432,7 @@ def check_record(
     body_start = p
     p += body_len
     topic_len = view[p]
-    if topic_len > 127 or p + 1 + topic_len + 2 > size:
+    if topic_len > MAX_TOPIC_LENGTH or p + 1 + topic_len + 2 > size:
         return RecordInfo(RecordKind.CORRUPT, reason=f"TOPICLEN {topic_len} inconsistent")
     topic_raw = bytes(view[p + 1 : p + 1 + topic_len])
     p += 1 + topic_len

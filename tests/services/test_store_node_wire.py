@@ -1,11 +1,11 @@
-"""basalt.services.pull_service.wire writes the same PullBatchResponse protobuf would build."""
+"""basalt.services.store_node.wire writes the same PullBatchResponse protobuf would build."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from basalt.services.pull_service.wire import pull_batch_wire
+from basalt.services.store_node.wire import pull_batch_wire
 from basalt.v1 import common_pb2 as pb
 
 heads = st.builds(
