@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e . --config-settings editable_mode=strict
+.venv/bin/python -m pip install -qq -e . --config-settings editable_mode=strict
 if [ "$#" -eq 0 ]; then
     set -- up
 fi
