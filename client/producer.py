@@ -15,10 +15,15 @@ A topic with no route yet is sent on the route of ``TBW102`` (RocketMQ's
 default topic: the store-nodes that create topics on first send).
 
 Failures: a refusal RocketMQ's producer retries (the broker unavailable,
-busy or failing, the topic or permission missing there) and a broken stream
-are retried on another broker, up to ``retry_times_when_send_failed`` more
-times; anything else (an illegal message, a bad argument) raises
-:class:`ClientError` at once, with the store-node's code and message.
+busy or failing, the topic or permission missing there), a broken stream and
+a store-node silent past the deadline are retried on another broker, up to
+``retry_times_when_send_failed`` more times within ``send_msg_timeout_ms``;
+anything else (an illegal message, a bad argument) raises at once. Every
+failure is a :class:`ClientError` subclass with the store-node's code and
+message, never a gRPC or asyncio exception: a stream whose call ends (the
+store-node killed, stopping, or aborting it) or whose write fails fails its
+sends in flight at once with :class:`ServiceUnavailableError`, and is
+replaced by a fresh one on the next send to that store-node.
 
 Concurrency: one event loop; :meth:`Producer.send_async` may be called many
 times before awaiting any of them.
@@ -37,7 +42,7 @@ from dataclasses import dataclass
 import grpc
 
 from basalt.client.channels import Client
-from basalt.client.errors import ClientError, TopicNotFoundError
+from basalt.client.errors import ClientError, ServiceUnavailableError, TopicNotFoundError
 from basalt.common import _records
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
@@ -151,14 +156,23 @@ _SEND_STREAM = "/{}/{}".format(
 
 class _Stream:
     """One SendStream to a store-node: futures by opaque, answered by a reader
-    task; sends made while a write is under way go out together in the next.
+    task; sends made while a write is under way go out together in the next,
+    written by a writer task of the stream's own.
 
     The stream takes requests as bytes (see :func:`send_stream_batch`): a
     SendStreamRequest is its items' serializations back to back, so a write
     is one ``b"".join`` of what was queued, not protobuf objects built around
-    each 100 KB batch, copied into the request and serialized again."""
+    each 100 KB batch, copied into the request and serialized again.
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    Breaking: the first of the reader ending (the store-node died, ended or
+    aborted the call), a write failing or :meth:`close` breaks the stream for
+    good: every send waiting on it fails at once with
+    :class:`ServiceUnavailableError`, and so does every later :meth:`send`
+    (:attr:`broken` tells the producer to open a fresh one). No other exception
+    leaves :meth:`send` but the caller's own cancellation."""
+
+    def __init__(self, channel: grpc.aio.Channel, address: str) -> None:
+        self.address = address
         self.call: grpc.aio.StreamStreamCall[bytes, sn.SendStreamResponse] = channel.stream_stream(
             _SEND_STREAM,
             request_serializer=None,  # requests are already serialized
@@ -166,11 +180,13 @@ class _Stream:
         )()
         self.waiting: dict[int, asyncio.Future[sn.SendStreamAnswer]] = {}
         self.unsent: list[bytes] = []
-        self.writing = False
+        #: Why the stream broke; None while it works.
+        self.failure: str | None = None
+        self.writer: asyncio.Task[None] | None = None
         self.reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
-        error: BaseException | None = None
+        why = "the store-node ended the stream"
         try:
             async for response in self.call:
                 for answer in response.answers:
@@ -178,54 +194,90 @@ class _Stream:
                     if future is not None and not future.done():
                         future.set_result(answer)
         except grpc.aio.AioRpcError as e:
-            error = e
+            why = f"{e.code().name}: {e.details() or 'no details'}"
+        except asyncio.CancelledError:
+            why = "closed"
+            raise
+        except Exception as e:  # whatever ended the reader, nothing will be answered
+            why = f"reading failed: {_describe(e)}"
         finally:
-            # The stream ended: whatever was not answered failed with it.
-            for future in self.waiting.values():
-                if not future.done():
-                    future.set_exception(
-                        error or grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None)
-                    )
-            self.waiting.clear()
+            self._fail(why)
 
     @property
     def broken(self) -> bool:
-        return self.reader.done()
+        return self.failure is not None or self.reader.done()
+
+    def error(self) -> ServiceUnavailableError:
+        """The error a send on this broken stream fails with (a new one each
+        time: one exception raised in many tasks would chain their tracebacks)."""
+        return ServiceUnavailableError(
+            pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+            f"SendStream to {self.address} broke: {self.failure or 'the reader ended'}",
+        )
+
+    def _fail(self, why: str) -> None:
+        """Break the stream (once): fail what waits on it, drop what is unsent
+        and cancel the call, which ends the reader and any write under way."""
+        if self.failure is not None:
+            return
+        self.failure = why
+        waiting, self.waiting = self.waiting, {}
+        self.unsent.clear()
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(self.error())
+        self.call.cancel()
 
     async def send(self, opaque: int, item: Sequence[bytes]) -> sn.SendStreamAnswer:
         """Send one serialized SendStreamItem (with its ``items`` field header,
-        in pieces: see :func:`send_stream_batch`) and wait for its answer."""
-        future: asyncio.Future[sn.SendStreamAnswer] = asyncio.get_running_loop().create_future()
+        in pieces: see :func:`send_stream_batch`) and wait for its answer;
+        :class:`ServiceUnavailableError` at once when the stream is (or
+        breaks while this waits) broken."""
+        # Checked where the send registers, with no await between: a send can
+        # never wait on a stream whose reader already ended.
+        if self.broken:
+            raise self.error()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[sn.SendStreamAnswer] = loop.create_future()
         future.add_done_callback(_mark_seen)
         self.waiting[opaque] = future
         self.unsent += item
-        await self._write_unsent()
+        if self.writer is None:
+            # A task of the stream's, not the sender's: a sender whose deadline
+            # passes mid-write would cancel the write, and grpc.aio cancels the
+            # whole call with it. Its first step runs after the senders already
+            # runnable (answers come several to a response, their senders wake
+            # together and each sends its next batch), so they share one write:
+            # each write costs gRPC and the kernel the same fixed work.
+            self.writer = loop.create_task(self._write_unsent())
         return await future
 
     async def _write_unsent(self) -> None:
-        """Write every send not yet written, in one message (grpc.aio allows one
-        write at a time: the caller that finds no write going writes for all)."""
-        if self.writing:
-            return
-        self.writing = True
+        """Write every send not yet written, a message at a time (grpc.aio
+        allows one write at a time); a failed write breaks the stream."""
         try:
-            # Let the senders already runnable queue theirs first: answers come
-            # several to a response, their senders wake together, and each
-            # sends its next batch. Written at once, the first would go out
-            # alone and the rest in the next write (~2 batches a write); after
-            # this one loop turn they share one (each write costs gRPC and the
-            # kernel the same fixed work, whatever it carries).
-            await asyncio.sleep(0)
-            while self.unsent:
+            while self.unsent and self.failure is None:
                 request = b"".join(self.unsent)
                 self.unsent.clear()
                 await self.call.write(request)
+        except asyncio.CancelledError:
+            self._fail("closed")
+            raise
+        except Exception as e:  # InvalidStateError (call finished), AioRpcError
+            self._fail(f"a write failed: {_describe(e)}")
         finally:
-            self.writing = False
+            self.writer = None
 
     def close(self) -> None:
-        self.call.cancel()
+        """Break the stream (its waiting sends fail) and end its tasks."""
+        self._fail("closed")
         self.reader.cancel()
+        if self.writer is not None:
+            self.writer.cancel()
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _mark_seen(future: asyncio.Future[sn.SendStreamAnswer]) -> None:
@@ -246,8 +298,16 @@ class Producer(Client):
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}
         self._opaque = itertools.count(1)
         self._turn = itertools.count()
+        self._closed = False
+
+    async def start(self) -> None:
+        self._closed = False
+        await super().start()
 
     async def close(self) -> None:
+        """Close the streams and channels; sends still in flight fail with
+        :class:`ServiceUnavailableError` (not retried: the producer is closed)."""
+        self._closed = True
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
@@ -274,6 +334,10 @@ class Producer(Client):
         return asyncio.ensure_future(self.send(message))
 
     async def _send(self, messages: Sequence[Message]) -> list[SendResult]:
+        """Send ``messages`` (one topic) as one item, retrying a retried refusal,
+        a broken stream or a store-node that does not answer on another broker,
+        within ``send_msg_timeout_ms``. Raises only :class:`ClientError` subclasses
+        (and ValueError for messages that cannot be encoded)."""
         topic = messages[0].topic
         # One id per message for all attempts: a retried message keeps its UNIQ_KEY.
         ids = _uniq_keys(messages)
@@ -283,6 +347,10 @@ class Producer(Client):
         for _attempt in range(1 + self.config.retry_times_when_send_failed):
             if time.monotonic() >= deadline:
                 break
+            if self._closed:
+                raise ClientError.from_code(
+                    pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the producer is closed"
+                )
             queue = await self._pick(topic, failed, refresh=last is not None)
             try:
                 # A timer on this task, not wait_for's task around _send_to:
@@ -290,13 +358,19 @@ class Producer(Client):
                 async with asyncio.timeout(deadline - time.monotonic()):
                     return await self._send_to(queue, messages, ids)
             except ClientError as e:
+                # A broken stream fails its sends with ServiceUnavailableError
+                # (retried) and is replaced on the next send to its node.
                 if e.code not in RETRIED_CODES:
                     raise
                 last = e
-            except (grpc.aio.AioRpcError, TimeoutError) as e:
+            except TimeoutError:
+                # The deadline passed with the node silent (hung, or its host
+                # gone without a reset): its stream may never answer again.
                 self._drop_stream(queue.address)
                 last = ClientError.from_code(
-                    pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, f"{queue.broker_name}: {e}"
+                    pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+                    f"{queue.broker_name} at {queue.address} did not answer within "
+                    f"send_msg_timeout_ms={self.config.send_msg_timeout_ms}",
                 )
             failed.add(queue.broker_name)
             log.info("send to %s failed (%s); retrying elsewhere", queue.broker_name, last)
@@ -392,7 +466,7 @@ class Producer(Client):
     def _stream(self, address: str) -> _Stream:
         stream = self._streams.get(address)
         if stream is None or stream.broken:
-            stream = self._streams[address] = _Stream(self._channel(address))
+            stream = self._streams[address] = _Stream(self._channel(address), address)
         return stream
 
     def _drop_stream(self, address: str) -> None:
