@@ -193,13 +193,11 @@ class _Stream:
                     future = self.waiting.pop(answer.opaque, None)
                     if future is not None and not future.done():
                         future.set_result(answer)
-        except grpc.aio.AioRpcError as e:
-            why = f"{e.code().name}: {e.details() or 'no details'}"
         except asyncio.CancelledError:
             why = "closed"
             raise
         except Exception as e:  # whatever ended the reader, nothing will be answered
-            why = f"reading failed: {_describe(e)}"
+            why = _describe(e)
         finally:
             self._fail(why)
 
@@ -276,7 +274,11 @@ class _Stream:
             self.writer.cancel()
 
 
-def _describe(error: BaseException) -> str:
+def _describe(error: Exception) -> str:
+    """Why a call failed, in one line: a gRPC status as ``CODE: details``
+    (an AioRpcError's own text spans lines), else the exception."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details() or 'no details'}"
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
