@@ -91,6 +91,12 @@ Deviations, each a strict superset of what RocketMQ accepts:
 * RocketMQ 5's ``CONTAINS``/``STARTSWITH``/``ENDSWITH`` and ``NOW`` are not
   supported (they are not in 4.9).
 
+Limits: an expression a client sent must first pass :func:`check_sql92_limits`
+(at most :data:`MAX_SQL92_LENGTH` characters and :data:`MAX_SQL92_TERMS`
+terms), which refuses it with :class:`Sql92LimitError` before lark runs;
+:class:`basalt.store.message_filter.Sql92Filter` calls it. ``compile_sql92``
+itself compiles any size.
+
 Thread safety: compiled expressions are immutable and may be shared by any
 number of threads; the parser is built once, lazily, and compiles are cached.
 """
