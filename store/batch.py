@@ -8,6 +8,10 @@ objects: it validates every record and stamps those fields in place
 (:func:`basalt.common._records.stamp`), then writes the whole buffer with one
 ``pwrite``. The CRC is always computed by the store, never taken from the
 producer, so a wrong one can never reach the log and fail a later recovery.
+A record whose topic is not the batch's or whose properties are not valid
+UTF-8 is refused too (MESSAGE_ILLEGAL naming the record): a producer's
+strings are UTF-8, and bytes that are not would be stored and then read back
+changed (readers decode properties with ``errors="replace"``).
 
 A batch is split into *runs*: consecutive records of one (topic, queue id).
 A batch from the wire (the store-node's ``SendBatch``) is one run, as in

@@ -24,6 +24,12 @@ tag (``"||"``) is not ``*``: it matches nothing.
 SQL92 (:mod:`basalt.store.sql92`): the CQ check always passes (RocketMQ narrows it
 with a bloom filter kept in a ConsumeQueue extension, which Basalt does not
 have); the CommitLog check decodes the properties and evaluates the expression.
+A SQL92 expression comes from a client, so it is held to
+:data:`~basalt.store.sql92.MAX_SQL92_LENGTH` and
+:data:`~basalt.store.sql92.MAX_SQL92_TERMS` before it is parsed, and
+:func:`build_filter` keeps the filters it built (1,024 of them, by expression
+text): the store-node builds a filter for every read, and each distinct
+expression is checked and parsed once.
 
 Filters are immutable: build one per subscription and share it between pulls
 and threads.
@@ -32,12 +38,13 @@ and threads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Final, Protocol
 
 from basalt.common.message import PROPERTY_TAGS, decode_properties, property_value
 from basalt.store.errors import StoreError
 from basalt.store.hashing import tags_code
-from basalt.store.sql92 import Sql92Expression, compile_sql92
+from basalt.store.sql92 import Sql92Expression, check_sql92_limits, compile_sql92
 
 __all__ = [
     "FILTER_TYPE_SQL92",
@@ -143,11 +150,14 @@ class TagFilter:
 
 
 class Sql92Filter:
-    """A SQL92 subscription; raises :class:`basalt.store.sql92.Sql92ParseError` when invalid."""
+    """A SQL92 subscription; raises :class:`basalt.store.sql92.Sql92ParseError` when
+    invalid, and its subclass :class:`basalt.store.sql92.Sql92LimitError`, before
+    parsing, when longer or larger than the SQL92 limits."""
 
     __slots__ = ("compiled",)
 
     def __init__(self, expression: str) -> None:
+        check_sql92_limits(expression)
         self.compiled: Sql92Expression = compile_sql92(expression)
 
     @property
@@ -179,10 +189,20 @@ def build_filter(kind: str, expression: str) -> MessageFilter:
 
     ``""`` counts as TAG, as in RocketMQ's ``ExpressionType.isTagType``. Raises
     :class:`UnknownFilterTypeError` for any other type and
-    :class:`basalt.store.sql92.Sql92ParseError` for an invalid SQL92 expression.
+    :class:`basalt.store.sql92.Sql92ParseError` for an invalid SQL92 expression
+    (:class:`basalt.store.sql92.Sql92LimitError` for one over the limits). SQL92
+    filters are cached by expression: the same text gives the same filter.
     """
     if kind in (FILTER_TYPE_TAG, ""):
         return TagFilter.parse(expression)
     if kind == FILTER_TYPE_SQL92:
-        return Sql92Filter(expression)
+        return _sql92_filter(expression)
     raise UnknownFilterTypeError(kind)
+
+
+@lru_cache(maxsize=1024)
+def _sql92_filter(expression: str) -> Sql92Filter:
+    # Refusals are exceptions, which lru_cache does not keep: a refused
+    # expression costs its limit check (and, within the limits, its parse)
+    # again, bounded by MAX_SQL92_LENGTH; the keys kept are at most that long.
+    return Sql92Filter(expression)

@@ -91,6 +91,12 @@ Deviations, each a strict superset of what RocketMQ accepts:
 * RocketMQ 5's ``CONTAINS``/``STARTSWITH``/``ENDSWITH`` and ``NOW`` are not
   supported (they are not in 4.9).
 
+Limits: an expression a client sent must first pass :func:`check_sql92_limits`
+(at most :data:`MAX_SQL92_LENGTH` characters and :data:`MAX_SQL92_TERMS`
+terms), which refuses it with :class:`Sql92LimitError` before lark runs;
+:class:`basalt.store.message_filter.Sql92Filter` calls it. ``compile_sql92``
+itself compiles any size.
+
 Thread safety: compiled expressions are immutable and may be shared by any
 number of threads; the parser is built once, lazily, and compiles are cached.
 """
@@ -98,6 +104,7 @@ number of threads; the parser is built once, lazily, and compiles are cached.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import cache, lru_cache
@@ -118,11 +125,37 @@ from basalt.store.sql92_values import (
 )
 
 __all__ = [
+    "MAX_SQL92_LENGTH",
+    "MAX_SQL92_TERMS",
     "Sql92EvaluationError",
     "Sql92Expression",
+    "Sql92LimitError",
     "Sql92ParseError",
+    "check_sql92_limits",
     "compile_sql92",
 ]
+
+#: The longest expression compiled, in characters (8 KiB). RocketMQ and
+#: ActiveMQ set no limit: their JavaCC parsers take whatever the client sends,
+#: and a deep enough expression overflows the broker thread's stack. Brokers
+#: that do bound selectors bound them in the hundreds of operators (TIBCO EMS's
+#: ``selector_logical_operator_limit``, Eclipse Amlen's 255 nesting levels) and
+#: IBM MQ caps a selection string's length (``MQ_SELECTOR_LENGTH``). Real
+#: selectors are a few dozen to a few hundred characters; 8 KiB leaves room for
+#: an IN list of several hundred tags while refusing, before anything else is
+#: done, the 300 KB chains that froze a store-node for seconds (issue 14).
+MAX_SQL92_LENGTH: Final = 8192
+
+#: The most terms an expression may have. A term is what the parser builds or
+#: tests: a literal, a property name, a keyword (AND, OR, NOT, IS, NULL,
+#: BETWEEN, IN, TRUE, FALSE) or an operator symbol; parentheses, commas,
+#: whitespace and comments are free. ``(TAGS IS NOT NULL AND TAGS IN ('a', 'b'))
+#: AND (a IS NOT NULL AND a BETWEEN 0 AND 3)``, RocketMQ's own example, has 20.
+#: 256 keeps a compiled expression small enough that evaluating it over a whole
+#: pull's scan stays in the milliseconds (docs/storage.md gives the figure) and
+#: its closures far from Python's recursion limit, and still admits an IN list
+#: of 250 strings.
+MAX_SQL92_TERMS: Final = 256
 
 
 class Sql92ParseError(StoreError, ValueError):
@@ -141,6 +174,29 @@ class Sql92ParseError(StoreError, ValueError):
         self.expression = expression
         self.position = position
         self.reason = reason
+
+
+class Sql92LimitError(Sql92ParseError):
+    """An expression is longer than :data:`MAX_SQL92_LENGTH` or has more terms
+    than :data:`MAX_SQL92_TERMS`: refused before it is parsed.
+
+    A :class:`Sql92ParseError`, so it is answered like one
+    (SUBSCRIPTION_PARSE_FAILED). ``limit`` names the limit (``"length"`` or
+    ``"terms"``), ``value`` is the expression's length or term count and
+    ``maximum`` the limit's value; ``position`` is where the limit is passed
+    (the first character or term over it).
+    """
+
+    def __init__(
+        self, expression: str, position: int, limit: str, value: int, maximum: int
+    ) -> None:
+        size = f"is {value} characters long" if limit == "length" else f"has {value} terms"
+        super().__init__(
+            expression, position, f"expression {size}, over the SQL92 {limit} limit of {maximum}"
+        )
+        self.limit = limit
+        self.value = value
+        self.maximum = maximum
 
 
 class Sql92Expression:
@@ -182,6 +238,11 @@ def compile_sql92(expression: str) -> Sql92Expression:
 
     Results are cached by expression text (RocketMQ's SelectorParser caches
     too): every consumer of a group subscribes with the same string.
+
+    The compiler itself takes any size; text from a client must pass
+    :func:`check_sql92_limits` first (:class:`basalt.store.message_filter.Sql92Filter`
+    does), because parsing and evaluating grow with the expression and the
+    flattening of long AND/OR chains is quadratic in their length.
     """
     if not expression.strip(_WHITESPACE):
         raise Sql92ParseError(expression, 0, "empty expression")
@@ -194,6 +255,47 @@ def compile_sql92(expression: str) -> Sql92Expression:
         position, reason = _describe_syntax_error(expression, e)
         raise Sql92ParseError(expression, position, reason) from None
     return Sql92Expression(expression, node.evaluate)
+
+
+def check_sql92_limits(expression: str) -> None:
+    """Raise :class:`Sql92LimitError` unless ``expression`` is within
+    :data:`MAX_SQL92_LENGTH` and :data:`MAX_SQL92_TERMS`; call it before
+    :func:`compile_sql92` on any expression a client sent.
+
+    The length costs nothing; the terms are counted by one regular-expression
+    scan of at most :data:`MAX_SQL92_LENGTH` characters, so refusing a hostile
+    expression costs a few milliseconds at most whatever its size. The scan is
+    lenient: text the grammar refuses is still counted (one term per
+    character) and left to lark to report.
+    """
+    if len(expression) > MAX_SQL92_LENGTH:
+        raise Sql92LimitError(
+            expression, MAX_SQL92_LENGTH, "length", len(expression), MAX_SQL92_LENGTH
+        )
+    terms = 0
+    first_over = 0
+    for match in _TERM.finditer(expression):
+        if match.lastgroup != "free":
+            terms += 1
+            if terms == MAX_SQL92_TERMS + 1:
+                first_over = match.start()
+    if terms > MAX_SQL92_TERMS:
+        raise Sql92LimitError(expression, first_over, "terms", terms, MAX_SQL92_TERMS)
+
+
+# What the term count counts (see MAX_SQL92_TERMS). Comments come first so
+# their text is not counted; a number with an exponent ("1.5E+10") is one term,
+# not three; an unterminated string runs to the end as lark would refuse it.
+_TERM: Final = re.compile(
+    r"""
+    (?P<free> --[^\n\r]* | /\*(?:[^*]|\*(?!/))*(?:\*/)? | [\s(),]+ )
+    | '(?:''|[^'])*'?
+    | (?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[lL]?
+    | [A-Za-z_$][A-Za-z0-9_$.]*
+    | <> | >= | <= | .
+    """,
+    re.VERBOSE | re.DOTALL,
+)
 
 
 # --- grammar ---------------------------------------------------------------

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from basalt.services.checks import check_group, no_such_topic, subscription_filter
 from basalt.services.errors import Refusal, invalid
 from basalt.services.meta.model import BrokerRegistration, TopicConfig
+from basalt.store.sql92 import MAX_SQL92_LENGTH
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
@@ -81,7 +82,13 @@ def check_pull(
 
 def check_subscription(sub: pb.Subscription) -> None:
     """SUBSCRIPTION_PARSE_FAILED (naming the position) unless ``sub`` parses."""
-    refused = _parse_refusal(sub.type, sub.expression)
+    # The cache keeps its keys: an expression longer than any SQL92 one
+    # accepted skips it (a SQL92 one is refused on its length, a TAG one parses
+    # in linear time), so distinct megabyte expressions cannot fill it.
+    parse: Callable[..., tuple[int, str] | None] = _parse_refusal
+    if len(sub.expression) > MAX_SQL92_LENGTH:
+        parse = _parse_refusal.__wrapped__
+    refused = parse(sub.type, sub.expression)
     if refused is not None:
         raise Refusal(*refused)
 

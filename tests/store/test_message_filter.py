@@ -14,7 +14,7 @@ from basalt.store.message_filter import (
     UnknownFilterTypeError,
     build_filter,
 )
-from basalt.store.sql92 import Sql92ParseError
+from basalt.store.sql92 import Sql92LimitError, Sql92ParseError
 
 
 def record_properties(tags: str | None = None, **extra: str) -> bytes:
@@ -161,6 +161,16 @@ def test_build_filter_by_type() -> None:
     sql = build_filter("SQL92", "a > 1")
     assert isinstance(sql, Sql92Filter)
     assert sql.is_matched_by_commit_log(encode_properties({"a": "2"}))
+
+
+def test_build_filter_checks_and_parses_each_sql92_expression_once() -> None:
+    # The store-node builds a filter for every read: a subscription's expression
+    # must not be checked and parsed again with each one.
+    text = "a > 1 AND region = 'cached-once'"
+    first = build_filter("SQL92", text)
+    assert build_filter("SQL92", text) is first
+    with pytest.raises(Sql92LimitError, match="over the SQL92 terms limit of 256"):
+        build_filter("SQL92", " OR ".join(["a"] * 200))
 
 
 @pytest.mark.parametrize("kind", ["sql92", "tag", "CLASS", "XPATH", " TAG"])

@@ -736,6 +736,11 @@ def malformed_batches() -> list[Malformed]:
         values.update(kw)
         return bytes(encode_unstamped([Message(**values)], host))  # type: ignore[arg-type]
 
+    def with_bytes(record: bytes, utf8: bytes, replacement: bytes) -> bytes:
+        # Properties and topics are str, so bad UTF-8 is patched into the bytes.
+        assert record.count(utf8) == 1 and len(replacement) == len(utf8)
+        return record.replace(utf8, replacement)
+
     last = one()
     encoded = EncodedMessage(
         Message(topic=BATCH_TOPIC, body=b"bad", queue_id=BATCH_QUEUE, tags="t"), store_host=H4
@@ -803,6 +808,35 @@ def malformed_batches() -> list[Malformed]:
             2,
             len(good6),
             store_host=IPV6_HOST,
+        ),
+        Malformed(
+            "property value not UTF-8",
+            good + with_bytes(one(properties={"k": "é"}), "é".encode(), b"\xff\xfe"),
+            "properties are not UTF-8",
+            2,
+            n,
+        ),
+        Malformed(
+            "surrogate in a property name",  # what Python's strict decoder refuses
+            good + with_bytes(one(properties={"€": "v"}), "€".encode(), b"\xed\xa0\x80"),
+            "properties are not UTF-8",
+            2,
+            n,
+        ),
+        Malformed(
+            "overlong NUL in the tags",
+            good + with_bytes(one(tags="tá"), "á".encode(), b"\xc0\x80"),
+            "properties are not UTF-8",
+            2,
+            n,
+        ),
+        Malformed(
+            # Refused as a topic other than the batch's (a str, so valid UTF-8).
+            "topic not UTF-8",
+            good + with_bytes(one(), BATCH_TOPIC.encode(), b"\xffativeTopic"),
+            "record topic differs from the batch's",
+            2,
+            n,
         ),
         Malformed(
             "first record bad",
@@ -1100,6 +1134,28 @@ def test_dispatch_refuses_a_record_with_a_non_utf8_topic(log_file: int) -> None:
         log_file, 0, len(log.data), 0, bytearray(4096)
     )
     assert (pos, kind, reason, consumed) == (size, _records.KIND_CORRUPT, "topic is not UTF-8", 1)
+
+
+def test_a_stored_record_with_non_utf8_properties_still_reads_and_recovers(
+    log_file: int,
+) -> None:
+    """Only stamp refuses properties that are not UTF-8: a log written before it
+    did (or by RocketMQ) may hold such records, and check_record, scan and
+    dispatch agree to keep them rather than truncate the log there."""
+    log = Stamped()
+    log.add([Message(topic="T", body=b"x", properties={"k": "é"})] * 2, 0, 1)
+    bad = bytes(log.data).replace("é".encode(), b"\xff\xfe")
+    log.data[:] = bad
+    assert check_record(log.data, 0, len(log.data), check_crc=True).kind is RecordKind.MESSAGE
+    result = _records.scan(log.data, 0, len(log.data), 0, True, -1)
+    assert result == python_scan(log.data, len(log.data), 0, True, -1)
+    assert (result[0], result[1], result[5]) == (len(log.data), _records.KIND_END, 2)
+    write_at(log_file, log.data, 0)
+    pos, kind, _, consumed, _, _, _, _ = dispatch_once(
+        log_file, 0, len(log.data), 0, bytearray(4096)
+    )
+    assert (pos, kind, consumed) == (len(log.data), _records.KIND_END, 2)
+    assert decode_record(log.data).properties["k"] == "\ufffd\ufffd"
 
 
 def test_dispatch_fills_the_topic_cache(log_file: int) -> None:

@@ -17,7 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from basalt.store.errors import StoreError
-from basalt.store.sql92 import Sql92EvaluationError, Sql92ParseError, compile_sql92
+from basalt.store.sql92 import (
+    MAX_SQL92_LENGTH,
+    MAX_SQL92_TERMS,
+    Sql92EvaluationError,
+    Sql92LimitError,
+    Sql92ParseError,
+    check_sql92_limits,
+    compile_sql92,
+)
 
 ERR = "error"
 
@@ -503,6 +511,86 @@ def test_compiles_are_cached_and_keep_their_text() -> None:
     assert compile_sql92(text) is first
     assert first.expression == text
     assert repr(first) == f"Sql92Expression({text!r})"
+
+
+# --- limits (issue 14) ----------------------------------------------------------
+
+
+def checked(expression: str) -> bool | None:
+    """What a subscription gets: the limits, then the compile, then one evaluation."""
+    check_sql92_limits(expression)
+    return compile_sql92(expression).evaluate({"a": "x"})
+
+
+def in_list(strings: int) -> str:
+    # "a", "IN" and one term per string.
+    return "a IN (" + ", ".join(["'x'"] * strings) + ")"
+
+
+def test_an_expression_at_the_length_limit_parses_and_one_past_is_refused() -> None:
+    at_limit = "a = '" + "x" * (MAX_SQL92_LENGTH - 6) + "'"
+    assert len(at_limit) == MAX_SQL92_LENGTH
+    assert checked(at_limit) is False
+    with pytest.raises(Sql92LimitError) as caught:
+        checked(at_limit + " ")
+    error = caught.value
+    assert (error.limit, error.value, error.maximum) == ("length", 8193, 8192)
+    assert error.position == MAX_SQL92_LENGTH
+    assert str(error) == (
+        "SQL92 parse error at position 8192: "
+        "expression is 8193 characters long, over the SQL92 length limit of 8192"
+    )
+
+
+def test_an_expression_at_the_term_limit_parses_and_one_past_is_refused() -> None:
+    at_limit = in_list(MAX_SQL92_TERMS - 2)
+    assert checked(at_limit) is True
+    over = in_list(MAX_SQL92_TERMS - 1)
+    with pytest.raises(Sql92LimitError) as caught:
+        checked(over)
+    error = caught.value
+    assert (error.limit, error.value, error.maximum) == ("terms", 257, 256)
+    assert over[error.position :] == "'x')"  # the 257th term
+    assert "has 257 terms, over the SQL92 terms limit of 256" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("expression", "terms"),
+    [
+        # RocketMQ's documentation example.
+        ("(TAGS IS NOT NULL AND TAGS IN ('a', 'b')) AND (a IS NOT NULL AND a BETWEEN 0 AND 3)", 20),
+        ("a > 1.5E+10 OR b < .5 OR c = 42L", 11),  # a number is one term, signs included
+        ("a = 'it''s AND b' -- AND AND\n AND /* OR OR */ b <> 'x'", 7),  # strings, comments
+        ("((((a))))", 1),  # parentheses are free
+        ("a >= 1 AND a <= 2 AND a <> 3", 11),  # two-character symbols are one term
+    ],
+)
+def test_what_counts_as_a_term(expression: str, terms: int) -> None:
+    # The count does not parse, so padding with bare words measures it exactly.
+    at_limit = expression + " a" * (MAX_SQL92_TERMS - terms)
+    check_sql92_limits(at_limit)
+    with pytest.raises(Sql92LimitError, match=f"has {MAX_SQL92_TERMS + 1} terms"):
+        check_sql92_limits(at_limit + " a")
+
+
+def test_hostile_chains_are_refused_before_parsing() -> None:
+    # Issue 14's 30,000-term AND chain (300 KB): refused on its length alone.
+    chain = " AND ".join(f"a = '{i}'" for i in range(30_000))
+    with pytest.raises(Sql92LimitError) as caught:
+        check_sql92_limits(chain)
+    assert caught.value.limit == "length"
+    assert caught.value.value == len(chain)
+    # Within the length, too many terms.
+    short_chain = " AND ".join(["a"] * 1300)
+    with pytest.raises(Sql92LimitError) as caught:
+        check_sql92_limits(short_chain)
+    assert (caught.value.limit, caught.value.value) == ("terms", 2599)
+
+
+def test_a_limit_error_is_a_parse_error_and_a_store_error() -> None:
+    # So the services answer it like any other unparsable subscription.
+    assert issubclass(Sql92LimitError, Sql92ParseError)
+    assert issubclass(Sql92LimitError, StoreError)
 
 
 def test_evaluation_error_is_a_value_error() -> None:

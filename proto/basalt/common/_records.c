@@ -220,6 +220,13 @@ static int utf8_valid(const uint8_t *s, size_t n) {
         uint8_t c = s[i];
         if (c < 0x80) {
             i++;
+            /* Runs of ASCII 8 bytes at a time: properties and topics mostly are. */
+            while (i + 8 <= n) {
+                uint64_t w;
+                memcpy(&w, s + i, 8);
+                if (w & 0x8080808080808080ULL) break;
+                i += 8;
+            }
             continue;
         }
         size_t need;
@@ -738,7 +745,9 @@ done:
  *            topic, queue_id, max_body_size)
  * The write side: buf[start:end] holds records encoded by a producer
  * (common.record.encode_batch) for one (topic, queue id). Validates each exactly as a read
- * would, then writes what only the broker knows: BODYCRC (computed here, never
+ * would, and more strictly in one way: its properties must be UTF-8 (a read keeps
+ * a stored record whose properties are not; see check_record). Then writes what only
+ * the broker knows: BODYCRC (computed here, never
  * trusted from the client), QUEUEOFFSET, PHYSICALOFFSET (base_phys is the
  * offset of buf[start]), STORETIMESTAMP and STOREHOSTADDRESS.
  * Prepared/rolled-back records take queue offset 0 and no place in the queue;
@@ -796,6 +805,15 @@ static int stamp_walk(stamp_t *st) {
         if (r.queue_id != st->queue_id) {
             snprintf(why->text, sizeof why->text,
                      "record queue id %d differs from the batch's %d", r.queue_id, st->queue_id);
+            return STAMP_BAD;
+        }
+        /* The topic is UTF-8 already (it equals the batch's, a str). Properties
+         * must be too: readers decode them with errors="replace", so a bad byte
+         * stored would change a value between send and pull, and a SQL92 filter
+         * or a key lookup would see the replacement. The separators are ASCII,
+         * so the whole block is valid exactly when every name and value is. */
+        if (!utf8_valid(p + r.props_off, r.props_len)) {
+            snprintf(why->text, sizeof why->text, "properties are not UTF-8");
             return STAMP_BAD;
         }
         if (st->refuse_transactional && (r.sys_flag & TRANSACTION_TYPE_MASK) != 0) {
