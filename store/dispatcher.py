@@ -375,8 +375,7 @@ class ReputMessageService:
         self._inline = False
         self._stopping = True
         self.stalled_reason = (
-            f"dispatcher failed at offset {self.reput_from_offset}: "
-            f"{type(error).__name__}: {error}"
+            f"dispatcher failed at offset {self.reput_from_offset}: {type(error).__name__}: {error}"
         )
         if self.failures is not None:
             self.failures.record(self.name, error)
