@@ -68,3 +68,43 @@ def test_an_fsync_error_turns_the_node_not_serving_and_refuses_sends(
             await channel.close()
 
     run(scenario)
+
+
+def test_emfile_in_the_dispatcher_turns_the_node_not_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            channel = grpc.aio.insecure_channel(running.address)
+            health = health_pb2_grpc.HealthStub(channel)
+
+            async def not_serving() -> bool:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
+                return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+            await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"before")))
+
+            def emfile(*_: object) -> NoReturn:
+                raise OSError(errno.EMFILE, "Too many open files")
+
+            # A queue never written before needs a new ConsumeQueue file.
+            monkeypatch.setattr(running.store.consume_queues, "find_or_create", emfile)
+            await stub.SendMessage(
+                sn.SendMessageRequest(message=wire(TOPIC, b"new queue"), queue_id=3)
+            )
+            await eventually(not_serving, what="health NOT_SERVING")
+            code, response_code, message = await refused(
+                stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"after")))
+            )
+            assert (code, response_code) == (
+                grpc.StatusCode.UNAVAILABLE,
+                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+            )
+            assert "reput-message-service failed" in message and "Too many open files" in message
+            got = await stub.GetMessage(
+                sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=0, offset=0, max_msg_nums=1)
+            )
+            assert decode_record(got.records.data).body == b"before"
+            await channel.close()
+
+    run(scenario)
