@@ -12,6 +12,13 @@ writer that finds the dispatcher idle and caught up applies its own hand-off
 (:meth:`ReputMessageService.on_append`) instead of waking the thread. Every
 dispatch step holds ``_dispatch_lock``, so steps never interleave and the
 ConsumeQueues still see one writer at a time.
+
+Failure: an error while dispatching (EMFILE opening a ConsumeQueue file, an
+I/O error) or a record that does not parse stops dispatching for good - on
+either path - and is recorded in ``failures`` (the store's
+:class:`~basalt.store.failures.FailureChannel`) as service
+``reput-message-service``: sends are then refused, since nothing sent after
+it could ever be consumed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from basalt.common import _records
 from basalt.common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, property_value
 from basalt.store.commitlog import Appended, CommitLog, UnitRun
 from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.errors import CorruptRecordError
+from basalt.store.failures import FailureChannel
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +89,8 @@ class CommitLogFollower(Protocol):
 class ReputMessageService:
     """Builds ConsumeQueues (and feeds listeners) from the CommitLog."""
 
+    name = "reput-message-service"
+
     def __init__(
         self,
         commitlog: CommitLog,
@@ -102,6 +113,8 @@ class ReputMessageService:
         #: thread-safe.
         self.arrival_listeners: list[Callable[[str, int, int], None]] = []
         self.stalled_reason: str | None = None
+        #: Where a failure that stops dispatching is recorded (set by the store).
+        self.failures: FailureChannel | None = None
         #: ConsumeQueue units written so far (recovery reports the rebuilt count).
         self.entries_written = 0
         #: Records dispatched from the writer's hand-off rather than read back.
@@ -160,7 +173,13 @@ class ReputMessageService:
                     and self.stalled_reason is None
                     and self._inline
                 ):
-                    self._take_handoff(handoff)
+                    try:
+                        self._take_handoff(handoff)
+                    except Exception as e:
+                        # The writer's append itself succeeded: the failure is the
+                        # dispatcher's, and stops it as it would on its thread.
+                        self._fail(e)
+                        return
                     if self._caught_up:
                         return  # followers catch up on the thread's own schedule
             finally:
@@ -169,7 +188,7 @@ class ReputMessageService:
 
     def start(self) -> None:
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="reput-message-service", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         self._inline = True
 
@@ -190,10 +209,8 @@ class ReputMessageService:
                     pass
                 self.follow()
                 time.sleep(DISPATCH_PAUSE_S)
-            except Exception:
-                log.exception("dispatcher failed at offset %d", self.reput_from_offset)
-                self.stalled_reason = f"dispatcher failed at offset {self.reput_from_offset}"
-                self._stopping = True
+            except Exception as e:
+                self._fail(e)
 
     def shutdown(self, *, drain: bool = True) -> None:
         """Stop the thread; with ``drain`` dispatch everything appended first."""
@@ -343,7 +360,26 @@ class ReputMessageService:
                 self._progress.notify_all()
 
     def _stall(self, offset: int, reason: str) -> None:
-        self.stalled_reason = f"commitlog offset {offset}: {reason}"
-        log.error("dispatcher stopped: %s", self.stalled_reason)
+        error = CorruptRecordError(offset, reason)
+        self.stalled_reason = str(error)
+        if self.failures is not None:
+            self.failures.record(self.name, error)
+        else:
+            log.error("dispatcher stopped: %s", self.stalled_reason)
+        with self._progress:
+            self._progress.notify_all()
+
+    def _fail(self, error: Exception) -> None:
+        """Stop dispatching for good after ``error`` (either path): record it, and
+        wake whoever waits for dispatch progress that will not come."""
+        self._inline = False
+        self._stopping = True
+        self.stalled_reason = (
+            f"dispatcher failed at offset {self.reput_from_offset}: {type(error).__name__}: {error}"
+        )
+        if self.failures is not None:
+            self.failures.record(self.name, error)
+        else:
+            log.error("%s", self.stalled_reason, exc_info=error)
         with self._progress:
             self._progress.notify_all()

@@ -4,6 +4,13 @@ FlushConsumeQueueService.
 Each service owns one thread; ``fdatasync`` releases the GIL, so a flush never
 stalls the writer or an event loop. The checkpoint is advanced only *after*
 the bytes it vouches for are durable, never before.
+
+Failure: an fsync error is fatal, as it is to PostgreSQL since "fsyncgate" -
+after a failed fsync the kernel may have dropped the dirty pages, so a later
+fsync that succeeds proves nothing. The periodic services let it escape
+:meth:`ServiceThread.run` (recorded in the store's FailureChannel, the
+service stops); group commit records it, fails the waiting senders, and
+fails every later request with the same error without trying again.
 """
 
 from __future__ import annotations
@@ -111,6 +118,8 @@ class GroupCommitService(ServiceThread):
         self.checkpoint = checkpoint
         self._lock = threading.Lock()
         self._requests: list[tuple[int, _Waiter]] = []
+        #: The fsync error that failed a commit: every later commit fails with it.
+        self._failed: OSError | None = None
 
     def request(self, end_offset: int) -> Future[None]:
         """A Future that completes once everything below ``end_offset`` is fsynced."""
@@ -158,11 +167,13 @@ class GroupCommitService(ServiceThread):
 
     def _commit(self, batch: list[tuple[int, _Waiter]]) -> None:
         flushed = -1
-        failure: BaseException | None = None
-        try:
-            flushed = flush_commitlog(self.commitlog, self.checkpoint)
-        except OSError as e:
-            failure = e
+        failure: BaseException | None = self._failed
+        if failure is None:
+            try:
+                flushed = flush_commitlog(self.commitlog, self.checkpoint)
+            except OSError as e:
+                failure = self._failed = e
+                self.fail(e)
         per_loop: dict[
             asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]
         ] = {}

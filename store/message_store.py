@@ -15,6 +15,11 @@ Lifecycle: ``MessageStore(config).start()`` locks the root, loads and recovers
 flush threads. ``shutdown()`` refuses new writes, flushes, lets the dispatcher
 catch up and removes ``abort``.
 
+Failure: a background service that fails for good (an fsync error, a
+dispatcher that cannot open a file) is recorded in :attr:`MessageStore.failures`
+(see store.failures); from then on ``put_*`` are refused SERVICE_NOT_AVAILABLE
+with the reason, ``healthy`` is False, and reads keep working.
+
 Concurrency: every public method is thread-safe. ``put_*`` serialize on the
 CommitLog's put lock; a SYNC-flush send waits for the group-commit thread.
 """
@@ -46,6 +51,7 @@ from basalt.store.consumer_offsets import (
 from basalt.store.dispatcher import DispatchListener, ReputMessageService
 from basalt.store.errors import CorruptFileError, StoreClosedError
 from basalt.store.expiry import ExpiryReport, ExpiryService
+from basalt.store.failures import FailureChannel, StoreFailure
 from basalt.store.files import RootLock, create_abort_file, remove_abort_file
 from basalt.store.flush import (
     FlushCommitLogService,
@@ -77,6 +83,8 @@ class MessageStore(StoreReads):
     ) -> None:
         self.config = config
         self.clock: Clock = clock or SystemClock()
+        #: Every background service's fatal failure: one makes the store refuse sends.
+        self.failures = FailureChannel(self.clock.now_ms)
         self.commitlog = CommitLog(config)
         self.consume_queues = ConsumeQueueTable(
             config.consume_queue_dir, config.mapped_file_size_consume_queue
@@ -162,18 +170,17 @@ class MessageStore(StoreReads):
             self._lock.release()
             raise
         self.recovery_report = report
+        flush: GroupCommitService | FlushCommitLogService
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self._group_commit = GroupCommitService(self.commitlog, checkpoint)
-            self._group_commit.start()
+            flush = self._group_commit = GroupCommitService(self.commitlog, checkpoint)
         else:
-            self._flush_commitlog = FlushCommitLogService(
+            flush = self._flush_commitlog = FlushCommitLogService(
                 self.commitlog,
                 checkpoint,
                 interval_ms=cfg.flush_interval_commit_log_ms,
                 least_pages=cfg.flush_commit_log_least_pages,
                 thorough_interval_ms=cfg.flush_commit_log_thorough_interval_ms,
             )
-            self._flush_commitlog.start()
         self._flush_cq = FlushConsumeQueueService(
             self.consume_queues,
             checkpoint,
@@ -181,8 +188,6 @@ class MessageStore(StoreReads):
             interval_ms=cfg.flush_interval_consume_queue_ms,
             flush_index=self.index.flush if self.index is not None else None,
         )
-        self._flush_cq.start()
-        self.dispatcher.start()
         self.expiry = ExpiryService(
             cfg,
             self.commitlog,
@@ -191,12 +196,17 @@ class MessageStore(StoreReads):
             dispatched_to=self._dispatched_to,
             index=self.index,
         )
-        self.expiry.start()
         self._offset_persister = OffsetPersistService(
             self.consumer_offsets,
             flush_consumer_offset_interval_ms=cfg.flush_consumer_offset_interval_ms,
         )
-        self._offset_persister.start()
+        # Wired only now: a failure during recovery is start()'s exception, not a
+        # running store's state.
+        self.dispatcher.failures = self.failures
+        for service in (flush, self._flush_cq, self.expiry, self._offset_persister):
+            service.failures = self.failures
+            service.start()
+        self.dispatcher.start()
         self._running = True
         return report
 
@@ -219,12 +229,10 @@ class MessageStore(StoreReads):
         assert self._checkpoint is not None
         if self._flush_cq is not None:
             self._flush_cq.shutdown()
-            self._flush_cq.flush_now()
-        if self.index is not None:
-            self.index.shutdown()  # flushes every file: a clean exit keeps them all
-            self._checkpoint.index_msg_timestamp = self.index.index_msg_timestamp_ms
-            self._checkpoint.flush()
-        flush_commitlog(self.commitlog, self._checkpoint)
+        try:
+            self._flush_for_shutdown(self._checkpoint)
+        except OSError as e:
+            self.failures.record("shutdown-flush", e)
         if self._offset_persister is not None:
             try:
                 self._offset_persister.shutdown()  # writes the offsets one last time
@@ -232,11 +240,30 @@ class MessageStore(StoreReads):
                 log.exception("could not persist consumer offsets at shutdown")
         clean = self.dispatcher.stalled_reason is None and self.dispatcher.behind_bytes == 0
         self._close_files()
-        if clean:
+        failure = self.failures.first
+        if failure is not None:
+            # Nothing after the failure was vouched for: the next start must
+            # recover as after a crash, from the last checkpoint written.
+            log.error("shutdown after %s: leaving 'abort' for recovery", failure.describe())
+        elif clean:
             remove_abort_file(self.config.abort_path)
         else:
             log.error("shutdown with the dispatcher behind: leaving 'abort' for recovery")
         self._lock.release()
+
+    def _flush_for_shutdown(self, checkpoint: StoreCheckpoint) -> None:
+        """The last flushes of a stop: ConsumeQueues, index, then the CommitLog - but
+        never the CommitLog again once its flush failed (a retried fsync that
+        succeeds proves nothing), so the checkpoint vouches for nothing after it."""
+        if self._flush_cq is not None:
+            self._flush_cq.flush_now()
+        if self.index is not None:
+            self.index.shutdown()  # flushes every file: a clean exit keeps them all
+            checkpoint.index_msg_timestamp = self.index.index_msg_timestamp_ms
+            checkpoint.flush()
+        flush_failed = {FlushCommitLogService.name, GroupCommitService.name}
+        if not any(f.service in flush_failed for f in self.failures.failures):
+            flush_commitlog(self.commitlog, checkpoint)
 
     def _load_index(self, last_exit_ok: bool, index_msg_timestamp_ms: int) -> bool:
         """Load the IndexFiles; returns True when they had to be set aside.
@@ -307,6 +334,16 @@ class MessageStore(StoreReads):
     @property
     def running(self) -> bool:
         return self._running
+
+    @property
+    def failure(self) -> StoreFailure | None:
+        """The first background service failure (None while none failed)."""
+        return self.failures.first
+
+    @property
+    def healthy(self) -> bool:
+        """Running, and no background service has failed: sends can be taken."""
+        return self._running and self.failures.first is None
 
     @property
     def checkpoint(self) -> StoreCheckpoint:
@@ -450,6 +487,12 @@ class MessageStore(StoreReads):
         """Why no send can be taken now (RocketMQ's "message store is not writeable")."""
         if not self._running:
             return _refused(PutStatus.SERVICE_NOT_AVAILABLE, "the store is not running")
+        failure = self.failures.first
+        if failure is not None:
+            return _refused(
+                PutStatus.SERVICE_NOT_AVAILABLE,
+                f"{failure.describe()}; sends are refused until the store is restarted",
+            )
         if self.expiry is not None and self.expiry.disk_full:
             return _refused(
                 PutStatus.SERVICE_NOT_AVAILABLE,

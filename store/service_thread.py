@@ -6,11 +6,19 @@ import abc
 import logging
 import threading
 
+from basalt.store.failures import FailureChannel
+
 log = logging.getLogger(__name__)
 
 
 class ServiceThread(abc.ABC):
-    """A named daemon thread with a wake-up event and a stop flag."""
+    """A named daemon thread with a wake-up event and a stop flag.
+
+    An exception escaping :meth:`run` stops the service for good: it is
+    recorded in ``failures`` (the store's :class:`FailureChannel`, which then
+    refuses sends) and logged at ERROR with its traceback. A service without
+    a channel (a test's, a tool's) only logs it.
+    """
 
     name = "service"
 
@@ -18,6 +26,8 @@ class ServiceThread(abc.ABC):
         self._wakeup = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: Where a fatal error is recorded; set by the owner before :meth:`start`.
+        self.failures: FailureChannel | None = None
 
     def start(self) -> None:
         self._stopping = False
@@ -27,8 +37,15 @@ class ServiceThread(abc.ABC):
     def _guarded_run(self) -> None:
         try:
             self.run()
-        except Exception:
-            log.exception("%s crashed", self.name)
+        except Exception as e:
+            self.fail(e)
+
+    def fail(self, error: BaseException) -> None:
+        """Record ``error`` as this service's fatal failure (logged at ERROR)."""
+        if self.failures is not None:
+            self.failures.record(self.name, error)
+        else:
+            log.error("%s failed", self.name, exc_info=(type(error), error, error.__traceback__))
 
     @abc.abstractmethod
     def run(self) -> None:

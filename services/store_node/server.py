@@ -1,7 +1,9 @@
 """Running a store-node: the gRPC server, health, reflection, graceful stop.
 
 :func:`start_store_node` opens the store, registers the StoreNode service,
-``grpc.health.v1`` (SERVING once the store has recovered) and reflection, and
+``grpc.health.v1`` (SERVING once the store has recovered, NOT_SERVING for good
+once a background service of the store fails - see store.failures) and
+reflection, and
 binds the address (port 0 picks a free port, for tests). :meth:`RunningStoreNode.stop`
 is the SIGTERM path: refuse new work, let in-flight calls finish within the
 grace period, then shut the store down cleanly (flush, dispatch catches up,
@@ -27,6 +29,7 @@ from basalt.services.store_node.long_polling import PullRequestHoldService
 from basalt.services.store_node.service import StoreNodeConfig, StoreNodeServicer
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.store import MessageStore, MessageStoreConfig
+from basalt.store.failures import StoreFailure
 from basalt.v1 import store_node_pb2
 
 log = logging.getLogger(__name__)
@@ -92,5 +95,32 @@ async def start_store_node(
         await asyncio.to_thread(store.shutdown)
         raise
     await set_serving(health_servicer, STORE_NODE_SERVICE, True)
+    _report_failures(store, health_servicer, loop)
     log.info("store-node %s serving on port %d", node.broker_name, port)
     return RunningStoreNode(server, port, store, servicer, health_servicer)
+
+
+def _report_failures(
+    store: MessageStore, health_servicer: health.aio.HealthServicer, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Turn the node NOT_SERVING when the store records a failure.
+
+    The store tells its listeners on the failed service's thread; the health
+    servicer lives on ``loop``, so the change is handed over there. Sends need
+    nothing of this: the store itself refuses them from then on.
+    """
+    tasks: set[asyncio.Task[None]] = set()
+
+    def not_serving(failure: StoreFailure) -> None:
+        log.error("store-node NOT_SERVING: %s", failure.describe())
+        task = loop.create_task(set_serving(health_servicer, STORE_NODE_SERVICE, False))
+        tasks.add(task)  # a reference until it is done: the loop keeps only weak ones
+        task.add_done_callback(tasks.discard)
+
+    def on_failure(failure: StoreFailure) -> None:
+        try:
+            loop.call_soon_threadsafe(not_serving, failure)
+        except RuntimeError:  # the loop is closed: the node is gone already
+            log.warning("store failure after the store-node stopped: %s", failure.describe())
+
+    store.failures.subscribe(on_failure)

@@ -544,6 +544,13 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         root = self.store.config.store_path_root_dir
         usage = shutil.disk_usage(root)
         store = self.store
+        extra = {
+            "held_pulls": str(self.hold.held),
+            "woken_by_arrival": str(self.hold.woken_by_arrival),
+        }
+        # A failed background service (see store.failures): why sends are refused.
+        for failure in store.failures.failures:
+            extra[f"failed:{failure.service}"] = failure.describe()
         return sn.GetRuntimeInfoResponse(
             broker_name=self.config.broker_name,
             store_host=store.config.store_host,
@@ -553,10 +560,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             disk_use_ratio=(usage.total - usage.free) / usage.total if usage.total else 0.0,
             commit_log_min_offset=store.min_physical_offset,
             commit_log_max_offset=store.max_physical_offset,
-            extra={
-                "held_pulls": str(self.hold.held),
-                "woken_by_arrival": str(self.hold.woken_by_arrival),
-            },
+            extra=extra,
         )
 
 
