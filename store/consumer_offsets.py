@@ -89,6 +89,7 @@ that lock and does its I/O outside it, so commits never wait for a disk.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -101,7 +102,7 @@ from pathlib import Path
 from typing import Any
 
 from basalt.store.clock import Clock
-from basalt.store.errors import CorruptFileError, StoreConfigError, StoreError
+from basalt.store.errors import StoreConfigError, StoreError
 from basalt.store.files import fsync_dir, write_atomically
 from basalt.store.service_thread import ServiceThread
 
@@ -171,6 +172,13 @@ class OffsetLoadResult:
     #: ``topic@group`` keys with offsets, and (key, queue) offsets, loaded.
     keys: int
     offsets: int
+    #: Why the ``.bak`` was not used, when it was needed and unusable.
+    backup_problem: str | None = None
+    #: Neither file decoded whole: the table holds the entries that did (``source`` is None).
+    salvaged: bool = False
+    #: Sorted ``topic@group`` keys a damaged file named whose offsets (all or some
+    #: queues) neither file gave back: those groups restart per their ConsumeFromWhere.
+    lost: tuple[str, ...] = ()
 
 
 class InvalidOffsetRequestError(StoreError, ValueError):
@@ -213,6 +221,13 @@ class ConsumerOffsetManager:
         # False after load() rejected the main file: linking it as .bak would replace
         # the good backup with the bad file (RocketMQ deletes it for the same reason).
         self._main_trusted = True
+        # True after load() took the table from the .bak: it is the one good copy, so
+        # it stays the backup until a good main file has been written over the bad one.
+        self._bak_trusted = False
+        # Files load() found damaged: set aside (not overwritten) by the next persist.
+        self._damaged: list[Path] = []
+        #: What the last :meth:`load` found (None before it), for recovery reports.
+        self.last_load: OffsetLoadResult | None = None
 
     # -- commits and queries --------------------------------------------------------
 
@@ -386,10 +401,31 @@ class ConsumerOffsetManager:
         if not parent.is_dir():
             parent.mkdir(parents=True, exist_ok=True)
             fsync_dir(parent.parent)
+        self._set_aside_damaged()
         if self._main_trusted and self.path.exists():
-            self._back_up_main()
-        write_atomically(self.path, data)
+            self._back_up_main()  # the .bak keeps the previous save, as in RocketMQ
+            write_atomically(self.path, data)
+        elif self._bak_trusted:
+            write_atomically(self.path, data)  # over the bad main; the good .bak stays
+        else:
+            # The first save, or no good copy was left: the new content is the only
+            # valid one, so it becomes the backup too - never a save without a .bak.
+            # A copy, not a link: one inode would share whatever damages its blocks.
+            write_atomically(self.path, data)
+            write_atomically(self.bak_path, data)
         self._main_trusted = True
+        self._bak_trusted = False
+
+    def _set_aside_damaged(self) -> None:
+        # A damaged file is evidence (and what a salvage could not read may still be
+        # recovered by hand): renamed <name>.corrupt-<ms>, never overwritten.
+        while self._damaged:
+            damaged = self._damaged[0]
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(
+                    damaged, damaged.with_name(f"{damaged.name}.corrupt-{self.clock.now_ms()}")
+                )
+            self._damaged.pop(0)
 
     def _back_up_main(self) -> None:
         # The main file was fsynced when it was written, so a hard link makes a durable
@@ -405,60 +441,69 @@ class ConsumerOffsetManager:
         os.replace(tmp, self.bak_path)
 
     def load(self) -> OffsetLoadResult:
-        """Replace the in-memory table with the file's.
+        """Replace the in-memory table with the file's; never refuses to start.
 
         A missing file (and no ``.bak``) means an empty table. A main file that
         cannot be read or decoded, is empty, or is missing while a ``.bak``
-        exists, gives way to the ``.bak`` as in RocketMQ's ConfigManager; the
-        next persist then rewrites the main file and keeps the good backup.
-        Raises CorruptFileError naming the main file when no usable copy
-        remains. Call it before the manager is shared between threads.
+        exists, gives way to the ``.bak`` as in RocketMQ's ConfigManager
+        (logged at WARNING); the next persist then rewrites the main file and
+        keeps the good backup. When no whole copy remains, the table is
+        salvaged entry by entry from both (see "Damage" in the module
+        docstring), logged at ERROR naming every ``topic@group`` that lost
+        offsets, and the result says so. The outcome is also kept as
+        :attr:`last_load`. Call it before the manager is shared between threads.
         """
-        main_problem: str | None = None
-        tables: _Tables | None = None
-        try:
-            tables = _decode(self.path.read_bytes())
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:
-            main_problem = str(e)
-        from_backup = tables is None
-        if tables is None:
-            try:
-                tables = _decode(self.bak_path.read_bytes())
-            except FileNotFoundError:
-                if main_problem is not None:
-                    raise CorruptFileError(
-                        self.path, f"{main_problem}; and no backup {self.bak_path.name} exists"
-                    ) from None
-            except (OSError, ValueError) as e:
-                reason = main_problem or "missing"
-                raise CorruptFileError(
-                    self.path, f"{reason}; and its backup {self.bak_path.name}: {e}"
-                ) from None
-        source: Path | None = None
-        if tables is not None:
-            source = self.bak_path if from_backup else self.path
+        main = _read(self.path)
+        bak = _read(self.bak_path) if main.tables is None else _Copy(None, None, None)
+        from_backup = main.tables is None and bak.tables is not None
+        salvage: _Salvage | None = None
+        if main.tables is not None:
+            tables, source = main.tables, self.path
+        elif bak.tables is not None:
+            tables, source = bak.tables, self.bak_path
+        elif main.problem is None and bak.problem is None:  # neither file exists
+            tables, source = _Tables({}, {}, 0, 0), None
         else:
-            from_backup = False
-            tables = _Tables({}, {}, 0, 0)
+            salvage = _salvage(main, bak)
+            tables, source = salvage.tables, None
         with self._lock:
             self._offsets, self._epochs = tables.offsets, tables.epochs
             self._version, self._changed_ms = tables.version, tables.changed_ms
-            # Loaded from the backup: the main file is stale or bad, so the next persist
+            # Not loaded from the main file: it is stale or bad, so the next persist
             # must rewrite it even if nothing is committed meanwhile.
-            self._persisted_version = self._version - 1 if from_backup else self._version
-            self._main_trusted = main_problem is None
+            rewrite = from_backup or salvage is not None
+            self._persisted_version = self._version - 1 if rewrite else self._version
+            self._main_trusted = main.problem is None
+            self._bak_trusted = from_backup
+            self._damaged = [
+                f for f, c in ((self.path, main), (self.bak_path, bak)) if c.problem is not None
+            ]
         result = OffsetLoadResult(
             source=source,
             from_backup=from_backup,
-            main_problem=main_problem,
+            main_problem=main.problem,
             keys=len(tables.offsets),
             offsets=sum(len(q) for q in tables.offsets.values()),
+            backup_problem=bak.problem,
+            salvaged=salvage is not None,
+            lost=salvage.lost if salvage is not None else (),
         )
+        self.last_load = result
         if from_backup:
             log.warning(
-                "%s unusable (%s): loaded %s instead", self.path, main_problem or "missing", source
+                "%s unusable (%s): loaded %s instead", self.path, main.problem or "missing", source
+            )
+        elif salvage is not None:
+            log.error(
+                "%s unusable (%s) and its backup %s unusable (%s): started with the %d "
+                "topic@group entries that decode (%d of them from the backup); %s",
+                self.path,
+                main.problem or "missing",
+                self.bak_path.name,
+                bak.problem or "missing",
+                result.keys,
+                salvage.from_backup,
+                _describe_lost(salvage),
             )
         return result
 
@@ -500,24 +545,14 @@ def _decode(data: bytes) -> _Tables:
         raise ValueError("empty file")
     text = data.decode("utf-8")
     try:
-        doc = json.loads(text)
+        doc = _parse(text)
     except json.JSONDecodeError as e:
-        try:
-            doc = json.loads(_BARE_KEY.sub(_quote_bare_key, text))  # fastjson's {0:12}
-        except json.JSONDecodeError:
-            raise ValueError(f"not JSON: {e}") from None
+        raise ValueError(f"not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     offsets: dict[str, dict[int, int]] = {}
     for key, queues in _object(doc, "offsetTable").items():
-        _check_key(key)
-        if not isinstance(queues, dict):
-            raise ValueError(f"offsetTable[{key!r}] is not an object")
-        table = offsets[key] = {}
-        for queue, offset in queues.items():
-            if not queue.isdigit() or int(queue) > MAX_QUEUE_ID:
-                raise ValueError(f"offsetTable[{key!r}]: bad queue id {queue!r}")
-            table[int(queue)] = _int(offset, MAX_OFFSET, f"offsetTable[{key!r}][{queue!r}]")
+        offsets[key] = _queues(key, queues)
     epochs: dict[str, int] = {}
     for key, epoch in _object(doc, "resetEpochTable").items():
         _check_key(key)
@@ -531,6 +566,27 @@ def _decode(data: bytes) -> _Tables:
         if isinstance(version.get("timestamp"), int):
             timestamp = version["timestamp"]
     return _Tables(offsets, epochs, counter, timestamp)
+
+
+def _queues(key: str, queues: object) -> dict[int, int]:
+    """One offsetTable entry's {queue id → offset}; raises ValueError saying what is wrong."""
+    _check_key(key)
+    if not isinstance(queues, dict):
+        raise ValueError(f"offsetTable[{key!r}] is not an object")
+    table: dict[int, int] = {}
+    for queue, offset in queues.items():
+        if not queue.isdigit() or int(queue) > MAX_QUEUE_ID:
+            raise ValueError(f"offsetTable[{key!r}]: bad queue id {queue!r}")
+        table[int(queue)] = _int(offset, MAX_OFFSET, f"offsetTable[{key!r}][{queue!r}]")
+    return table
+
+
+def _parse(text: str) -> Any:
+    """JSON, or fastjson's JSON with bare integer keys; raises json.JSONDecodeError."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(_BARE_KEY.sub(_quote_bare_key, text))
 
 
 def _object(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -551,6 +607,192 @@ def _int(value: object, high: int, where: str) -> int:
     if type(value) is not int or not 0 <= value <= high:
         raise ValueError(f"{where} is {value!r}, not an integer in [0, {high}]")
     return value
+
+
+# -- damage -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Copy:
+    """One of the two files as :meth:`ConsumerOffsetManager.load` found it."""
+
+    #: Its bytes; None when missing or unreadable.
+    data: bytes | None
+    #: Its decoded tables; None unless it decoded whole.
+    tables: _Tables | None
+    #: Why it is unusable; None when it decoded, or is missing.
+    problem: str | None
+
+
+def _read(path: Path) -> _Copy:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return _Copy(None, None, None)
+    except OSError as e:  # a bad sector reads as EIO: as damaged as a torn write
+        return _Copy(None, None, str(e))
+    try:
+        return _Copy(data, _decode(data), None)
+    except ValueError as e:  # UnicodeDecodeError included
+        return _Copy(data, None, str(e))
+
+
+@dataclass(slots=True)
+class _Salvage:
+    tables: _Tables
+    #: Sorted keys a damaged file named that neither file gave back.
+    lost: tuple[str, ...]
+    #: Entries taken from the backup because the main file's was unreadable.
+    from_backup: int
+    #: A file's text stopped being readable before its offsetTable ended.
+    cut: bool
+
+
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_TABLE_START = {
+    name: re.compile(rf'"{name}"\s*:\s*\{{') for name in ("offsetTable", "resetEpochTable")
+}
+#: A whole offsetTable entry: a key and a flat object (queue ids → offsets have no braces).
+_OFFSET_ENTRY = re.compile(rf"\s*,?\s*({_STRING})\s*:\s*(\{{[^{{}}]*\}})")
+_EPOCH_ENTRY = re.compile(rf"\s*,?\s*({_STRING})\s*:\s*(\d+)")
+_KEY = re.compile(rf"({_STRING})\s*:")
+_TABLE_END = re.compile(r'"(?:resetEpochTable|dataVersion|pullOffsetTable)"\s*:')
+_COUNTER = re.compile(r'"counter"\s*:\s*(\d+)')
+_TIMESTAMP = re.compile(r'"timestamp"\s*:\s*(\d+)')
+
+
+@dataclass(slots=True)
+class _Entries:
+    """What one damaged file gives back: whole entries, and every key it names."""
+
+    offsets: dict[str, dict[int, int]]
+    epochs: dict[str, int]
+    named: set[str]
+    cut: bool
+
+
+def _string(literal: str) -> str | None:
+    try:
+        value = json.loads(literal)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _entries(data: bytes) -> _Entries:
+    """Every entry of a damaged file that decodes on its own.
+
+    A file that still parses as JSON is taken entry by entry; one that does
+    not (torn, overwritten) is scanned: each table is read entry after entry
+    from its start until the text stops making sense, and every ``topic@group``
+    key in the offsetTable's stretch of text is named, so that what could not
+    be read can still be reported.
+    """
+    text = data.decode("utf-8", errors="replace")
+    found = _Entries({}, {}, set(), cut=False)
+    try:
+        doc = _parse(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        offsets, epochs = doc.get("offsetTable"), doc.get("resetEpochTable")
+        for key, queues in (offsets if isinstance(offsets, dict) else {}).items():
+            found.named.add(key)
+            with contextlib.suppress(ValueError):
+                found.offsets[key] = _queues(key, queues)
+        for key, epoch in (epochs if isinstance(epochs, dict) else {}).items():
+            with contextlib.suppress(ValueError):
+                _check_key(key)
+                found.epochs[key] = _int(epoch, MAX_OFFSET, key)
+        return found
+    start = _TABLE_START["offsetTable"].search(text)
+    if start is not None:
+        pos = start.end()
+        while (m := _OFFSET_ENTRY.match(text, pos)) is not None:
+            pos = m.end()
+            key = _string(m[1])
+            if key is None:
+                continue
+            found.named.add(key)
+            with contextlib.suppress(ValueError, json.JSONDecodeError):
+                found.offsets[key] = _queues(key, _parse(m[2]))
+        found.cut = re.match(r"\s*\}", text[pos:]) is None
+        end = _TABLE_END.search(text, pos)
+        for m in _KEY.finditer(text, pos, end.start() if end is not None else len(text)):
+            key = _string(m[1])
+            if key is not None and TOPIC_GROUP_SEPARATOR in key:
+                found.named.add(key)
+    else:
+        found.cut = True
+    start = _TABLE_START["resetEpochTable"].search(text)
+    if start is not None:
+        pos = start.end()
+        while (m := _EPOCH_ENTRY.match(text, pos)) is not None:
+            pos = m.end()
+            key = _string(m[1])
+            if key is not None and _is_key(key):
+                with contextlib.suppress(ValueError):
+                    found.epochs[key] = _int(int(m[2]), MAX_OFFSET, m[1])
+    return found
+
+
+def _salvage(main: _Copy, bak: _Copy) -> _Salvage:
+    """The table from the damaged copies: the main file's entries, the backup's
+    where the main file has none (older, so consumers see redelivery, not
+    loss), the higher epoch of the two (epochs never go back). A missing copy
+    adds nothing; an unreadable one adds nothing but counts as cut."""
+    newer, older = (
+        _entries(c.data) if c.data is not None else _Entries({}, {}, set(), False)
+        for c in (main, bak)
+    )
+    offsets = dict(newer.offsets)
+    from_backup = 0
+    for key, queues in older.offsets.items():
+        if key not in offsets:
+            offsets[key] = queues
+            from_backup += 1
+    epochs = dict(older.epochs)
+    for key, epoch in newer.epochs.items():
+        epochs[key] = max(epoch, epochs.get(key, 0))
+    lost = tuple(sorted(k for k in newer.named | older.named if k not in offsets and _is_key(k)))
+    texts = [c.data.decode("latin-1") for c in (main, bak) if c.data is not None]
+    version = max((int(v) for t in texts for v in _COUNTER.findall(t)), default=0)
+    ts = max((int(v) for t in texts for v in _TIMESTAMP.findall(t)), default=0)
+    unreadable = any(c.data is None and c.problem is not None for c in (main, bak))
+    return _Salvage(
+        _Tables(offsets, epochs, min(version, MAX_OFFSET), min(ts, MAX_OFFSET)),
+        lost,
+        from_backup,
+        cut=newer.cut or older.cut or unreadable,
+    )
+
+
+def _is_key(key: str) -> bool:
+    try:
+        _check_key(key)
+    except ValueError:
+        return False
+    return True
+
+
+#: How many lost keys the ERROR line names; the load result holds them all.
+_LOST_KEYS_LOGGED = 100
+
+
+def _describe_lost(salvage: _Salvage) -> str:
+    named = ", ".join(salvage.lost[:_LOST_KEYS_LOGGED])
+    more = len(salvage.lost) - _LOST_KEYS_LOGGED
+    parts = []
+    if salvage.lost:
+        parts.append(
+            f"offsets lost for {len(salvage.lost)} topic@group: {named}"
+            + (f" and {more} more" if more > 0 else "")
+        )
+    if salvage.cut:
+        parts.append("entries past the damage could not be named")
+    if not parts:
+        return "no offsets lost"
+    return "; ".join(parts) + " (those groups restart per their ConsumeFromWhere)"
 
 
 # -- the persister ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ process (:mod:`tests.support.offset_writer`) mid-persist again and again.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -24,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from basalt.store import MessageStore
 from basalt.store.clock import ManualClock
 from basalt.store.consumer_offsets import (
     CommitStatus,
@@ -32,9 +34,11 @@ from basalt.store.consumer_offsets import (
     OffsetPersistService,
     consumer_offset_path,
 )
-from basalt.store.errors import CorruptFileError, StoreConfigError
+from basalt.store.errors import StoreConfigError
 from tests.support import offset_writer
 from tests.support.polling import eventually_sync
+from tests.support.processes import ServiceProcess
+from tests.support.stores import ConfigFactory
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 
@@ -365,7 +369,10 @@ def test_backup_holds_the_previous_content(manager: ConsumerOffsetManager, path:
     bak = path.with_name("consumerOffset.json.bak")
     manager.commit_offset("g", "T", 0, 1)
     manager.persist()
-    assert not bak.exists()  # nothing to back up yet
+    # Nothing to back up yet: the first save is its own backup (issue 14: a .bak after
+    # every save), a copy, not a link, so one damaged inode cannot take both.
+    assert bak.read_bytes() == path.read_bytes()
+    assert bak.stat().st_ino != path.stat().st_ino
     first = path.read_bytes()
     manager.commit_offset("g", "T", 0, 2)
     manager.persist()
@@ -421,24 +428,158 @@ def test_corrupt_main_falls_back_to_backup(
     assert reopen(path).query_offsets("g", "T") == {0: 1, 1: 5}
 
 
-def test_both_corrupt_raises(manager: ConsumerOffsetManager, path: Path) -> None:
+def test_both_corrupt_starts_empty_and_says_so(
+    manager: ConsumerOffsetManager, path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 14 point 3: this used to raise CorruptFileError (and the store-node exit 2).
     manager.commit_offset("g", "T", 0, 1)
     manager.persist()
     manager.persist()
     path.write_bytes(b"{torn")
     path.with_name("consumerOffset.json.bak").write_bytes(b"")
-    with pytest.raises(CorruptFileError) as info:
-        ConsumerOffsetManager(path, clock=ManualClock()).load()
-    assert info.value.path == path
-    assert "consumerOffset.json" in str(info.value)
-    assert "backup consumerOffset.json.bak" in info.value.reason
+    again = ConsumerOffsetManager(path, clock=ManualClock())
+    with caplog.at_level(logging.ERROR, "basalt.store.consumer_offsets"):
+        result = again.load()
+    assert result.salvaged and result.source is None and not result.from_backup
+    assert result.main_problem and result.backup_problem == "empty file"
+    assert (result.keys, result.lost) == (0, ())
+    assert again.last_load == result
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR
+    assert "consumerOffset.json" in record.getMessage()
+    assert "backup consumerOffset.json.bak unusable (empty file)" in record.getMessage()
+    assert "could not be named" in record.getMessage()
 
 
-def test_corrupt_main_without_backup_raises(path: Path) -> None:
+def test_corrupt_main_without_backup_starts_empty(path: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_bytes(b"{torn")
-    with pytest.raises(CorruptFileError, match="no backup"):
-        ConsumerOffsetManager(path, clock=ManualClock()).load()
+    m = ConsumerOffsetManager(path, clock=ManualClock())
+    result = m.load()
+    assert result.salvaged and result.keys == 0 and result.backup_problem is None
+    assert m.dirty  # the next persist rewrites the file (and sets the torn one aside)
+
+
+def test_every_save_leaves_a_valid_backup(manager: ConsumerOffsetManager, path: Path) -> None:
+    bak = path.with_name("consumerOffset.json.bak")
+    for step in range(1, 4):
+        manager.commit_offset("g", "T", 0, step)
+        manager.persist()
+        backup = ConsumerOffsetManager(bak, clock=ManualClock())
+        assert backup.load().source == bak
+        # The previous save's content, except after the first save: its own.
+        assert backup.query_offset("g", "T", 0) == max(1, step - 1)
+
+
+def test_torn_main_loads_the_backup_with_a_warning(
+    manager: ConsumerOffsetManager, path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager.commit_offset("g", "T", 0, 1)
+    manager.persist()  # the first save: the .bak holds offset 1 too
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    again = ConsumerOffsetManager(path, clock=ManualClock())
+    with caplog.at_level(logging.WARNING, "basalt.store.consumer_offsets"):
+        result = again.load()
+    assert result.from_backup and not result.salvaged and result.lost == ()
+    assert again.query_offset("g", "T", 0) == 1
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "loaded" in caplog.records[0].getMessage()
+
+
+def _table(*entries: tuple[str, str]) -> bytes:
+    body = ",\n".join(f'\t\t"{key}":{value}' for key, value in entries)
+    return f'{{\n\t"offsetTable":{{\n{body}\n\t}},\n\t"resetEpochTable":{{"T@a":4}}\n}}\n'.encode()
+
+
+def test_both_torn_keeps_what_decodes_and_names_what_was_lost(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path.parent.mkdir(parents=True)
+    bak = path.with_name("consumerOffset.json.bak")
+    main = _table(("T@a", '{"0":10,"1":11}'), ("T@b", '{"0":20}'), ("T@c", '{"0":30}'))
+    path.write_bytes(main[: main.index(b'"T@c"') + 12])  # torn inside T@c's entry
+    # The older backup is damaged too, but its T@b and T@d entries decode.
+    bak.write_bytes(_table(("T@b", '{"0":2}'), ("T@d", '{"0":4}'), ("T@e", '{"0":-5}')) + b"xx")
+    m = ConsumerOffsetManager(path, clock=ManualClock())
+    with caplog.at_level(logging.ERROR, "basalt.store.consumer_offsets"):
+        result = m.load()
+    assert result.salvaged and result.source is None
+    assert result.lost == ("T@c", "T@e")
+    assert (result.keys, result.offsets) == (3, 4)
+    assert m.query_offsets("a", "T") == {0: 10, 1: 11}
+    assert m.query_offset("b", "T", 0) == 20  # the main file's, newer than the backup's
+    assert m.query_offset("d", "T", 0) == 4  # only the backup had it
+    assert m.query_offset("c", "T", 0) == -1  # restarts per its ConsumeFromWhere
+    assert m.reset_epoch("a", "T") == 4  # the backup's table was whole
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR
+    assert "offsets lost for 2 topic@group: T@c, T@e" in record.getMessage()
+    assert "1 of them from the backup" in record.getMessage()
+
+    # The next save rewrites both files whole and keeps the damaged ones aside.
+    torn_main, torn_bak = path.read_bytes(), bak.read_bytes()
+    assert m.persist_if_changed()
+    assert reopen(path).query_offsets("d", "T") == {0: 4}
+    assert bak.read_bytes() == path.read_bytes()
+    aside = {p.name.rsplit("-", 1)[0]: p.read_bytes() for p in path.parent.glob("*.corrupt-*")}
+    assert aside == {
+        "consumerOffset.json.corrupt": torn_main,
+        "consumerOffset.json.bak.corrupt": torn_bak,
+    }
+
+
+def test_a_bad_entry_in_valid_json_loses_only_that_entry(path: Path) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(_table(("T@a", '{"0":1}'), ("T@b", '{"0":1.5}'), ("T@c", "{0:3}")))
+    m = ConsumerOffsetManager(path, clock=ManualClock())
+    result = m.load()
+    assert result.salvaged and result.lost == ("T@b",)
+    assert m.query_offsets("a", "T") == {0: 1} and m.query_offsets("c", "T") == {0: 3}
+
+
+def test_a_store_with_a_garbage_offset_file_starts(
+    make_config: ConfigFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config()
+    path = consumer_offset_path(config.store_path_root_dir)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x00" * 4096)  # a zeroed page
+    with caplog.at_level(logging.ERROR, "basalt.store.consumer_offsets"):
+        store = MessageStore.open(config)
+    try:
+        assert store.consumer_offsets.last_load is not None
+        assert store.consumer_offsets.last_load.salvaged
+        assert store.commit_offset("g", "T", 0, 5).ok
+    finally:
+        store.shutdown()
+    assert reopen(path).query_offset("g", "T", 0) == 5
+    assert any(r.levelno == logging.ERROR for r in caplog.records)
+
+
+def test_a_store_node_process_with_a_torn_offset_file_serves(tmp_path: Path) -> None:
+    """Issue 14 point 3 end to end: the process used to exit 2 on this root."""
+    root = tmp_path / "broker-a"
+    path = consumer_offset_path(root)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"offsetTable":{"T@g":{"0":7},"T@h":{"0"')
+    node = ServiceProcess(
+        tmp_path / "broker-a.log",
+        "basalt.services.store_node.main",
+        "--name",
+        "broker-a",
+        "--data-dir",
+        str(root),
+    )
+    try:
+        node.wait_serving()
+        assert node.proc.poll() is None
+    finally:
+        assert node.stop() == 0
+    log_text = (tmp_path / "broker-a.log").read_text()
+    assert "offsets lost for 1 topic@group: T@h" in log_text
+    # The clean stop wrote the salvaged table back.
+    assert reopen(path).query_offsets("g", "T") == {0: 7}
 
 
 def test_missing_main_loads_the_backup(manager: ConsumerOffsetManager, path: Path) -> None:
