@@ -4,48 +4,9 @@ Where each consumer group is in each queue of each topic it consumes, kept in
 memory and persisted to ``<root>/config/consumerOffset.json`` (RocketMQ's
 ``BrokerPathConfigHelper.getConsumerOffsetPath``) by a timer thread, every
 ``flush_consumer_offset_interval_ms`` (RocketMQ's name and default, 5 s) and
-once more at shutdown.
-
-The file
---------
-
-Tab-indented like fastjson's pretty format, keys sorted so equal tables give
-equal bytes::
-
-    {
-        "offsetTable":{
-                "TopicTest@group_a":{
-                        "0":12,
-                        "1":7
-                }
-        },
-        "resetEpochTable":{
-                "TopicTest@group_a":3
-        },
-        "dataVersion":{
-                "counter":41,
-                "stateVersion":0,
-                "timestamp":1700000000000
-        }
-    }
-
-=================  ===================================================================
-key                meaning
-=================  ===================================================================
-offsetTable        ``"topic@group"`` → {queue id → next offset to consume}; RocketMQ's
-                   field, same name, same shape
-resetEpochTable    ``"topic@group"`` → reset epoch; Basalt's own (see below)
-dataVersion        RocketMQ's DataVersion: ``counter`` is the change counter, ``timestamp``
-                   the wall-clock ms of the last change, ``stateVersion`` always 0
-=================  ===================================================================
-
-RocketMQ's broker deserialises this file with fastjson into its own class,
-which ignores unknown keys: ``resetEpochTable`` is invisible to it, so a
-RocketMQ broker or ``mqadmin`` tooling can read a Basalt broker's file. Queue
-ids are written as JSON strings (``"0"``); fastjson reads them as the Integer
-keys it expects. fastjson itself writes them *unquoted* (``{0:12}``, not
-valid JSON, apache/rocketmq#1506); :meth:`ConsumerOffsetManager.load` accepts
-that form too, so a RocketMQ broker's file can be taken over.
+once more at shutdown. The file's bytes (RocketMQ's ``offsetTable``, read
+by a RocketMQ broker and readable from one) and the salvage of a damaged copy
+are :mod:`basalt.store.consumer_offset_file`'s.
 
 The reset-epoch fence
 ---------------------
@@ -72,14 +33,31 @@ crash leaves the old or the new file, never a mix. (RocketMQ's ConfigManager
 instead moves the file to ``.bak`` and writes the new content under the old
 name, relying on the ``.bak`` fallback when a crash tears that write; its
 older ``MixAll.string2File`` wrote a ``.tmp``, deleted the file and renamed
-the ``.tmp``, without any fsync.) Before each write the
-current file is hard-linked as ``consumerOffset.json.bak``, RocketMQ's backup
-name: the rename already rules out torn files, but the backup still covers
-what it cannot — a damaged sector, a bad hand edit, a file written by a
-RocketMQ broker — and it costs a link, not a copy. Falling back to it loses
-about one more interval of commits, which consumers see as redelivery, never
-as loss. It may also predate a reset (and its epoch); callers that must not lose
-a reset call :meth:`persist` right after :meth:`reset_offsets`.
+the ``.tmp``, without any fsync.)
+
+Every save leaves ``consumerOffset.json.bak`` (RocketMQ's backup name)
+holding a whole, valid copy. Like RocketMQ's, it is the *previous* save:
+before each write the current file is hard-linked as the ``.bak`` (it was
+fsynced when written, so the link is durable without copying a byte). The
+first save has no previous content, and a save after :meth:`load` found no
+good copy has none worth keeping: then the new content is written as the
+``.bak`` too, as a second file (a link would share one inode, and whatever
+damages its blocks would take both). After :meth:`load` fell back to the
+``.bak``, the ``.bak`` is left alone until a good main file is written. The
+rename already rules out torn files; the backup covers what it cannot — a
+damaged sector, a bad hand edit, a file written by a RocketMQ broker. Falling
+back to it loses about one more interval of commits, which consumers see as
+redelivery, never as loss. It may also predate a reset (and its epoch);
+callers that must not lose a reset call :meth:`persist` right after
+:meth:`reset_offsets`.
+
+Damage never keeps a store from starting. A main file that is missing or
+does not decode gives way to the ``.bak`` (WARNING). When neither decodes,
+:meth:`load` starts with every ``topic@group`` entry that still decodes in
+either, logs at ERROR the keys whose offsets neither gave back, and returns
+them (:attr:`OffsetLoadResult.lost`); those groups restart per their
+ConsumeFromWhere, as RocketMQ does for a new group. A damaged file is never
+overwritten: the next persist renames it ``<name>.corrupt-<ms>``.
 
 Concurrency: every method but :meth:`ConsumerOffsetManager.load` (called once,
 before the manager is shared) is thread-safe. Commits and queries from any
@@ -91,35 +69,36 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from basalt.store.clock import Clock
+from basalt.store.consumer_offset_file import (
+    MAX_OFFSET,
+    MAX_QUEUE_ID,
+    TOPIC_GROUP_SEPARATOR,
+    FileCopy,
+    OffsetTables,
+    Salvage,
+    describe_lost,
+    encode_offsets,
+    name_problem,
+    read_copy,
+    salvage,
+)
 from basalt.store.errors import StoreConfigError, StoreError
 from basalt.store.files import fsync_dir, write_atomically
 from basalt.store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 
-#: RocketMQ's ``ConsumerOffsetManager.TOPIC_GROUP_SEPARATOR``: keys are ``topic@group``.
-TOPIC_GROUP_SEPARATOR = "@"
 CONSUMER_OFFSET_FILE_NAME = "consumerOffset.json"
-#: RocketMQ reads queue ids as a Java ``int`` and offsets as a Java ``long``.
-MAX_QUEUE_ID = 2**31 - 1
-MAX_OFFSET = 2**63 - 1
 #: RocketMQ's BrokerConfig.flushConsumerOffsetInterval.
 DEFAULT_FLUSH_CONSUMER_OFFSET_INTERVAL_MS = 5000
-
-#: A fastjson map key: a bare integer after ``{`` or ``,``. The string alternative comes
-#: first so digits inside a quoted string are consumed with it and never rewritten.
-_BARE_KEY = re.compile(r'("(?:[^"\\]|\\.)*")|([{,]\s*)(-?\d+)(\s*:)')
 
 
 def consumer_offset_path(root: Path) -> Path:
@@ -185,15 +164,6 @@ class InvalidOffsetRequestError(StoreError, ValueError):
     """An admin request on offsets names an impossible group, topic, queue or offset."""
 
 
-def _name_problem(group: str, topic: str) -> str | None:
-    for what, name in (("group", group), ("topic", topic)):
-        if not name:
-            return f"{what} name is empty"
-        if TOPIC_GROUP_SEPARATOR in name:
-            return f"{what} name {name!r} contains {TOPIC_GROUP_SEPARATOR!r}"
-    return None
-
-
 def _key(group: str, topic: str) -> str:
     return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
 
@@ -247,7 +217,7 @@ class ConsumerOffsetManager:
         is not fenced. A commit below the stored offset is accepted, as in
         RocketMQ (a consumer may rewind), and logged.
         """
-        problem = _name_problem(group, topic)
+        problem = name_problem(group, topic)
         if problem is not None:
             return CommitResult(CommitStatus.INVALID_NAME, 0, problem)
         key = _key(group, topic)
@@ -311,7 +281,7 @@ class ConsumerOffsetManager:
         Raises InvalidOffsetRequestError (nothing changed) for an invalid name,
         queue id or offset.
         """
-        problem = _name_problem(group, topic)
+        problem = name_problem(group, topic)
         if problem is not None:
             raise InvalidOffsetRequestError(problem)
         for queue_id, offset in offsets.items():
@@ -390,7 +360,7 @@ class ConsumerOffsetManager:
                 # Copy, encode outside: json of a large table must not hold up commits.
                 offsets = {k: dict(v) for k, v in self._offsets.items()}
                 epochs = dict(self._epochs)
-            data = _encode(offsets, epochs, version, changed_ms)
+            data = encode_offsets(offsets, epochs, version, changed_ms)
             self._write(data)
             with self._lock:
                 self._persisted_version = version
@@ -448,30 +418,30 @@ class ConsumerOffsetManager:
         exists, gives way to the ``.bak`` as in RocketMQ's ConfigManager
         (logged at WARNING); the next persist then rewrites the main file and
         keeps the good backup. When no whole copy remains, the table is
-        salvaged entry by entry from both (see "Damage" in the module
-        docstring), logged at ERROR naming every ``topic@group`` that lost
-        offsets, and the result says so. The outcome is also kept as
+        salvaged entry by entry from both (see "Damage" in
+        :mod:`basalt.store.consumer_offset_file`), logged at ERROR naming
+        every ``topic@group`` that lost offsets, and the result says so. The outcome is also kept as
         :attr:`last_load`. Call it before the manager is shared between threads.
         """
-        main = _read(self.path)
-        bak = _read(self.bak_path) if main.tables is None else _Copy(None, None, None)
+        main = read_copy(self.path)
+        bak = read_copy(self.bak_path) if main.tables is None else FileCopy(None, None, None)
         from_backup = main.tables is None and bak.tables is not None
-        salvage: _Salvage | None = None
+        rescue: Salvage | None = None
         if main.tables is not None:
             tables, source = main.tables, self.path
         elif bak.tables is not None:
             tables, source = bak.tables, self.bak_path
         elif main.problem is None and bak.problem is None:  # neither file exists
-            tables, source = _Tables({}, {}, 0, 0), None
+            tables, source = OffsetTables({}, {}, 0, 0), None
         else:
-            salvage = _salvage(main, bak)
-            tables, source = salvage.tables, None
+            rescue = salvage(main, bak)
+            tables, source = rescue.tables, None
         with self._lock:
             self._offsets, self._epochs = tables.offsets, tables.epochs
             self._version, self._changed_ms = tables.version, tables.changed_ms
             # Not loaded from the main file: it is stale or bad, so the next persist
             # must rewrite it even if nothing is committed meanwhile.
-            rewrite = from_backup or salvage is not None
+            rewrite = from_backup or rescue is not None
             self._persisted_version = self._version - 1 if rewrite else self._version
             self._main_trusted = main.problem is None
             self._bak_trusted = from_backup
@@ -485,15 +455,15 @@ class ConsumerOffsetManager:
             keys=len(tables.offsets),
             offsets=sum(len(q) for q in tables.offsets.values()),
             backup_problem=bak.problem,
-            salvaged=salvage is not None,
-            lost=salvage.lost if salvage is not None else (),
+            salvaged=rescue is not None,
+            lost=rescue.lost if rescue is not None else (),
         )
         self.last_load = result
         if from_backup:
             log.warning(
                 "%s unusable (%s): loaded %s instead", self.path, main.problem or "missing", source
             )
-        elif salvage is not None:
+        elif rescue is not None:
             log.error(
                 "%s unusable (%s) and its backup %s unusable (%s): started with the %d "
                 "topic@group entries that decode (%d of them from the backup); %s",
@@ -502,297 +472,10 @@ class ConsumerOffsetManager:
                 self.bak_path.name,
                 bak.problem or "missing",
                 result.keys,
-                salvage.from_backup,
-                _describe_lost(salvage),
+                rescue.from_backup,
+                describe_lost(rescue),
             )
         return result
-
-
-# -- encoding -----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Tables:
-    offsets: dict[str, dict[int, int]]
-    epochs: dict[str, int]
-    version: int
-    changed_ms: int
-
-
-def _encode(
-    offsets: Mapping[str, Mapping[int, int]], epochs: Mapping[str, int], version: int, ts_ms: int
-) -> bytes:
-    """The file's bytes: sorted, so equal tables give equal files; RocketMQ's pretty layout."""
-    doc = {
-        "offsetTable": {
-            key: {str(q): o for q, o in sorted(offsets[key].items())} for key in sorted(offsets)
-        },
-        "resetEpochTable": {key: epochs[key] for key in sorted(epochs)},
-        "dataVersion": {"counter": version, "stateVersion": 0, "timestamp": ts_ms},
-    }
-    return json.dumps(doc, indent="\t", separators=(",", ":")).encode("ascii") + b"\n"
-
-
-def _quote_bare_key(m: re.Match[str]) -> str:
-    if m.group(1) is not None:
-        return m.group(1)
-    return f'{m.group(2)}"{m.group(3)}"{m.group(4)}'
-
-
-def _decode(data: bytes) -> _Tables:
-    """Parse and check the file's bytes; raises ValueError saying what is wrong."""
-    if not data.strip():
-        raise ValueError("empty file")
-    text = data.decode("utf-8")
-    try:
-        doc = _parse(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValueError("not a JSON object")
-    offsets: dict[str, dict[int, int]] = {}
-    for key, queues in _object(doc, "offsetTable").items():
-        offsets[key] = _queues(key, queues)
-    epochs: dict[str, int] = {}
-    for key, epoch in _object(doc, "resetEpochTable").items():
-        _check_key(key)
-        epochs[key] = _int(epoch, MAX_OFFSET, f"resetEpochTable[{key!r}]")
-    # Informational only: a damaged dataVersion does not make the offsets untrustworthy.
-    version = doc.get("dataVersion")
-    counter = timestamp = 0
-    if isinstance(version, dict):
-        if isinstance(version.get("counter"), int) and version["counter"] >= 0:
-            counter = version["counter"]
-        if isinstance(version.get("timestamp"), int):
-            timestamp = version["timestamp"]
-    return _Tables(offsets, epochs, counter, timestamp)
-
-
-def _queues(key: str, queues: object) -> dict[int, int]:
-    """One offsetTable entry's {queue id → offset}; raises ValueError saying what is wrong."""
-    _check_key(key)
-    if not isinstance(queues, dict):
-        raise ValueError(f"offsetTable[{key!r}] is not an object")
-    table: dict[int, int] = {}
-    for queue, offset in queues.items():
-        if not queue.isdigit() or int(queue) > MAX_QUEUE_ID:
-            raise ValueError(f"offsetTable[{key!r}]: bad queue id {queue!r}")
-        table[int(queue)] = _int(offset, MAX_OFFSET, f"offsetTable[{key!r}][{queue!r}]")
-    return table
-
-
-def _parse(text: str) -> Any:
-    """JSON, or fastjson's JSON with bare integer keys; raises json.JSONDecodeError."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return json.loads(_BARE_KEY.sub(_quote_bare_key, text))
-
-
-def _object(doc: dict[str, Any], name: str) -> dict[str, Any]:
-    value = doc.get(name, {})
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} is not an object")
-    return value
-
-
-def _check_key(key: str) -> None:
-    topic, sep, group = key.partition(TOPIC_GROUP_SEPARATOR)
-    if not sep or _name_problem(group, topic) is not None:
-        raise ValueError(f"bad topic@group key {key!r}")
-
-
-def _int(value: object, high: int, where: str) -> int:
-    # bool is an int to Python but never a number to JSON's writers.
-    if type(value) is not int or not 0 <= value <= high:
-        raise ValueError(f"{where} is {value!r}, not an integer in [0, {high}]")
-    return value
-
-
-# -- damage -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Copy:
-    """One of the two files as :meth:`ConsumerOffsetManager.load` found it."""
-
-    #: Its bytes; None when missing or unreadable.
-    data: bytes | None
-    #: Its decoded tables; None unless it decoded whole.
-    tables: _Tables | None
-    #: Why it is unusable; None when it decoded, or is missing.
-    problem: str | None
-
-
-def _read(path: Path) -> _Copy:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return _Copy(None, None, None)
-    except OSError as e:  # a bad sector reads as EIO: as damaged as a torn write
-        return _Copy(None, None, str(e))
-    try:
-        return _Copy(data, _decode(data), None)
-    except ValueError as e:  # UnicodeDecodeError included
-        return _Copy(data, None, str(e))
-
-
-@dataclass(slots=True)
-class _Salvage:
-    tables: _Tables
-    #: Sorted keys a damaged file named that neither file gave back.
-    lost: tuple[str, ...]
-    #: Entries taken from the backup because the main file's was unreadable.
-    from_backup: int
-    #: A file's text stopped being readable before its offsetTable ended.
-    cut: bool
-
-
-_STRING = r'"(?:[^"\\]|\\.)*"'
-_TABLE_START = {
-    name: re.compile(rf'"{name}"\s*:\s*\{{') for name in ("offsetTable", "resetEpochTable")
-}
-#: A whole offsetTable entry: a key and a flat object (queue ids → offsets have no braces).
-_OFFSET_ENTRY = re.compile(rf"\s*,?\s*({_STRING})\s*:\s*(\{{[^{{}}]*\}})")
-_EPOCH_ENTRY = re.compile(rf"\s*,?\s*({_STRING})\s*:\s*(\d+)")
-_KEY = re.compile(rf"({_STRING})\s*:")
-_TABLE_END = re.compile(r'"(?:resetEpochTable|dataVersion|pullOffsetTable)"\s*:')
-_COUNTER = re.compile(r'"counter"\s*:\s*(\d+)')
-_TIMESTAMP = re.compile(r'"timestamp"\s*:\s*(\d+)')
-
-
-@dataclass(slots=True)
-class _Entries:
-    """What one damaged file gives back: whole entries, and every key it names."""
-
-    offsets: dict[str, dict[int, int]]
-    epochs: dict[str, int]
-    named: set[str]
-    cut: bool
-
-
-def _string(literal: str) -> str | None:
-    try:
-        value = json.loads(literal)
-    except ValueError:
-        return None
-    return value if isinstance(value, str) else None
-
-
-def _entries(data: bytes) -> _Entries:
-    """Every entry of a damaged file that decodes on its own.
-
-    A file that still parses as JSON is taken entry by entry; one that does
-    not (torn, overwritten) is scanned: each table is read entry after entry
-    from its start until the text stops making sense, and every ``topic@group``
-    key in the offsetTable's stretch of text is named, so that what could not
-    be read can still be reported.
-    """
-    text = data.decode("utf-8", errors="replace")
-    found = _Entries({}, {}, set(), cut=False)
-    try:
-        doc = _parse(text)
-    except json.JSONDecodeError:
-        doc = None
-    if isinstance(doc, dict):
-        offsets, epochs = doc.get("offsetTable"), doc.get("resetEpochTable")
-        for key, queues in (offsets if isinstance(offsets, dict) else {}).items():
-            found.named.add(key)
-            with contextlib.suppress(ValueError):
-                found.offsets[key] = _queues(key, queues)
-        for key, epoch in (epochs if isinstance(epochs, dict) else {}).items():
-            with contextlib.suppress(ValueError):
-                _check_key(key)
-                found.epochs[key] = _int(epoch, MAX_OFFSET, key)
-        return found
-    start = _TABLE_START["offsetTable"].search(text)
-    if start is not None:
-        pos = start.end()
-        while (m := _OFFSET_ENTRY.match(text, pos)) is not None:
-            pos = m.end()
-            key = _string(m[1])
-            if key is None:
-                continue
-            found.named.add(key)
-            with contextlib.suppress(ValueError, json.JSONDecodeError):
-                found.offsets[key] = _queues(key, _parse(m[2]))
-        found.cut = re.match(r"\s*\}", text[pos:]) is None
-        end = _TABLE_END.search(text, pos)
-        for m in _KEY.finditer(text, pos, end.start() if end is not None else len(text)):
-            key = _string(m[1])
-            if key is not None and TOPIC_GROUP_SEPARATOR in key:
-                found.named.add(key)
-    else:
-        found.cut = True
-    start = _TABLE_START["resetEpochTable"].search(text)
-    if start is not None:
-        pos = start.end()
-        while (m := _EPOCH_ENTRY.match(text, pos)) is not None:
-            pos = m.end()
-            key = _string(m[1])
-            if key is not None and _is_key(key):
-                with contextlib.suppress(ValueError):
-                    found.epochs[key] = _int(int(m[2]), MAX_OFFSET, m[1])
-    return found
-
-
-def _salvage(main: _Copy, bak: _Copy) -> _Salvage:
-    """The table from the damaged copies: the main file's entries, the backup's
-    where the main file has none (older, so consumers see redelivery, not
-    loss), the higher epoch of the two (epochs never go back). A missing copy
-    adds nothing; an unreadable one adds nothing but counts as cut."""
-    newer, older = (
-        _entries(c.data) if c.data is not None else _Entries({}, {}, set(), False)
-        for c in (main, bak)
-    )
-    offsets = dict(newer.offsets)
-    from_backup = 0
-    for key, queues in older.offsets.items():
-        if key not in offsets:
-            offsets[key] = queues
-            from_backup += 1
-    epochs = dict(older.epochs)
-    for key, epoch in newer.epochs.items():
-        epochs[key] = max(epoch, epochs.get(key, 0))
-    lost = tuple(sorted(k for k in newer.named | older.named if k not in offsets and _is_key(k)))
-    texts = [c.data.decode("latin-1") for c in (main, bak) if c.data is not None]
-    version = max((int(v) for t in texts for v in _COUNTER.findall(t)), default=0)
-    ts = max((int(v) for t in texts for v in _TIMESTAMP.findall(t)), default=0)
-    unreadable = any(c.data is None and c.problem is not None for c in (main, bak))
-    return _Salvage(
-        _Tables(offsets, epochs, min(version, MAX_OFFSET), min(ts, MAX_OFFSET)),
-        lost,
-        from_backup,
-        cut=newer.cut or older.cut or unreadable,
-    )
-
-
-def _is_key(key: str) -> bool:
-    try:
-        _check_key(key)
-    except ValueError:
-        return False
-    return True
-
-
-#: How many lost keys the ERROR line names; the load result holds them all.
-_LOST_KEYS_LOGGED = 100
-
-
-def _describe_lost(salvage: _Salvage) -> str:
-    named = ", ".join(salvage.lost[:_LOST_KEYS_LOGGED])
-    more = len(salvage.lost) - _LOST_KEYS_LOGGED
-    parts = []
-    if salvage.lost:
-        parts.append(
-            f"offsets lost for {len(salvage.lost)} topic@group: {named}"
-            + (f" and {more} more" if more > 0 else "")
-        )
-    if salvage.cut:
-        parts.append("entries past the damage could not be named")
-    if not parts:
-        return "no offsets lost"
-    return "; ".join(parts) + " (those groups restart per their ConsumeFromWhere)"
 
 
 # -- the persister ------------------------------------------------------------------------
