@@ -227,6 +227,9 @@ def read_copy(path: Path) -> FileCopy:
 
 @dataclass(slots=True)
 class Salvage:
+    """What :func:`salvage` made of two damaged copies."""
+
+    #: The entries that decoded.
     tables: OffsetTables
     #: Sorted keys a damaged file named that neither file gave back.
     lost: tuple[str, ...]
@@ -244,6 +247,7 @@ _TABLE_START = {
 _OFFSET_ENTRY = re.compile(rf"\s*,?\s*({_STRING})\s*:\s*(\{{[^{{}}]*\}})")
 _EPOCH_ENTRY = re.compile(rf"\s*,?\s*({_STRING})\s*:\s*(\d+)")
 _KEY = re.compile(rf"({_STRING})\s*:")
+_TABLE_CLOSE = re.compile(r"\s*\}")
 _TABLE_END = re.compile(r'"(?:resetEpochTable|dataVersion|pullOffsetTable)"\s*:')
 _COUNTER = re.compile(r'"counter"\s*:\s*(\d+)')
 _TIMESTAMP = re.compile(r'"timestamp"\s*:\s*(\d+)')
@@ -284,6 +288,8 @@ def _entries(data: bytes) -> _Entries:
         doc = None
     if isinstance(doc, dict):
         offsets, epochs = doc.get("offsetTable"), doc.get("resetEpochTable")
+        # A table of the wrong type names nothing: what it held is lost unnamed.
+        found.cut = offsets is not None and not isinstance(offsets, dict)
         for key, queues in (offsets if isinstance(offsets, dict) else {}).items():
             found.named.add(key)
             with contextlib.suppress(ValueError):
@@ -293,35 +299,43 @@ def _entries(data: bytes) -> _Entries:
                 _check_key(key)
                 found.epochs[key] = _int(epoch, MAX_OFFSET, key)
         return found
-    start = _TABLE_START["offsetTable"].search(text)
-    if start is not None:
-        pos = start.end()
-        while (m := _OFFSET_ENTRY.match(text, pos)) is not None:
-            pos = m.end()
-            key = _string(m[1])
-            if key is None:
-                continue
-            found.named.add(key)
-            with contextlib.suppress(ValueError, json.JSONDecodeError):
-                found.offsets[key] = _queues(key, _parse(m[2]))
-        found.cut = re.match(r"\s*\}", text[pos:]) is None
-        end = _TABLE_END.search(text, pos)
-        for m in _KEY.finditer(text, pos, end.start() if end is not None else len(text)):
+    entries, stop = _scan(text, "offsetTable", _OFFSET_ENTRY)
+    for key, value in entries:
+        found.named.add(key)
+        with contextlib.suppress(ValueError, json.JSONDecodeError):
+            found.offsets[key] = _queues(key, _parse(value))
+    if stop is None:
+        found.cut = True
+    else:
+        found.cut = _TABLE_CLOSE.match(text, stop) is None
+        end = _TABLE_END.search(text, stop)
+        for m in _KEY.finditer(text, stop, end.start() if end is not None else len(text)):
             key = _string(m[1])
             if key is not None and TOPIC_GROUP_SEPARATOR in key:
                 found.named.add(key)
-    else:
-        found.cut = True
-    start = _TABLE_START["resetEpochTable"].search(text)
-    if start is not None:
-        pos = start.end()
-        while (m := _EPOCH_ENTRY.match(text, pos)) is not None:
-            pos = m.end()
-            key = _string(m[1])
-            if key is not None and _is_key(key):
-                with contextlib.suppress(ValueError):
-                    found.epochs[key] = _int(int(m[2]), MAX_OFFSET, m[1])
+    for key, value in _scan(text, "resetEpochTable", _EPOCH_ENTRY)[0]:
+        with contextlib.suppress(ValueError):
+            _check_key(key)
+            found.epochs[key] = _int(int(value), MAX_OFFSET, key)
     return found
+
+
+def _scan(
+    text: str, table: str, entry: re.Pattern[str]
+) -> tuple[list[tuple[str, str]], int | None]:
+    """The whole entries ``table`` starts with in ``text``, as (key, value text), and
+    the position where they stop (None when the table is nowhere in ``text``)."""
+    start = _TABLE_START[table].search(text)
+    if start is None:
+        return [], None
+    found: list[tuple[str, str]] = []
+    pos = start.end()
+    while (m := entry.match(text, pos)) is not None:
+        pos = m.end()
+        key = _string(m[1])
+        if key is not None:
+            found.append((key, m[2]))
+    return found, pos
 
 
 def salvage(main: FileCopy, bak: FileCopy) -> Salvage:

@@ -158,6 +158,9 @@ class OffsetLoadResult:
     #: Sorted ``topic@group`` keys a damaged file named whose offsets (all or some
     #: queues) neither file gave back: those groups restart per their ConsumeFromWhere.
     lost: tuple[str, ...] = ()
+    #: A damaged copy stopped making sense before its offsetTable ended (or could not
+    #: be read): entries past that point may be lost without ``lost`` naming them.
+    lost_unnamed: bool = False
 
 
 class InvalidOffsetRequestError(StoreError, ValueError):
@@ -457,6 +460,7 @@ class ConsumerOffsetManager:
             backup_problem=bak.problem,
             salvaged=rescue is not None,
             lost=rescue.lost if rescue is not None else (),
+            lost_unnamed=rescue is not None and rescue.cut,
         )
         self.last_load = result
         if from_backup:

@@ -442,7 +442,7 @@ def test_both_corrupt_starts_empty_and_says_so(
         result = again.load()
     assert result.salvaged and result.source is None and not result.from_backup
     assert result.main_problem and result.backup_problem == "empty file"
-    assert (result.keys, result.lost) == (0, ())
+    assert (result.keys, result.lost, result.lost_unnamed) == (0, (), True)
     assert again.last_load == result
     (record,) = caplog.records
     assert record.levelno == logging.ERROR
@@ -504,7 +504,7 @@ def test_both_torn_keeps_what_decodes_and_names_what_was_lost(
     m = ConsumerOffsetManager(path, clock=ManualClock())
     with caplog.at_level(logging.ERROR, "basalt.store.consumer_offsets"):
         result = m.load()
-    assert result.salvaged and result.source is None
+    assert result.salvaged and result.source is None and result.lost_unnamed
     assert result.lost == ("T@c", "T@e")
     assert (result.keys, result.offsets) == (3, 4)
     assert m.query_offsets("a", "T") == {0: 10, 1: 11}
@@ -529,12 +529,36 @@ def test_both_torn_keeps_what_decodes_and_names_what_was_lost(
     }
 
 
+def test_a_torn_file_never_gives_a_wrong_offset(manager: ConsumerOffsetManager, path: Path) -> None:
+    """Cut the only copy at every byte: each group is loaded whole or reported lost."""
+    tables = {f"T{i}@g{i}": {q: 1000 * i + q for q in range(3)} for i in range(6)}
+    for key, queues in tables.items():
+        topic, _, group = key.partition("@")
+        for q, offset in queues.items():
+            manager.commit_offset(group, topic, q, offset)
+    manager.persist()
+    whole = path.read_bytes()
+    path.with_name("consumerOffset.json.bak").unlink()
+    for cut in range(len(whole) - 1):
+        path.write_bytes(whole[:cut])
+        m = ConsumerOffsetManager(path, clock=ManualClock())
+        result = m.load()
+        assert result.salvaged or result.source == path, cut  # past the last "}" it decodes
+        for key, queues in tables.items():
+            topic, _, group = key.partition("@")
+            got = m.query_offsets(group, topic)
+            if got:
+                assert got == queues, (cut, key)
+            else:
+                assert key in result.lost or result.lost_unnamed, (cut, key, result)
+
+
 def test_a_bad_entry_in_valid_json_loses_only_that_entry(path: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_bytes(_table(("T@a", '{"0":1}'), ("T@b", '{"0":1.5}'), ("T@c", "{0:3}")))
     m = ConsumerOffsetManager(path, clock=ManualClock())
     result = m.load()
-    assert result.salvaged and result.lost == ("T@b",)
+    assert result.salvaged and result.lost == ("T@b",) and not result.lost_unnamed
     assert m.query_offsets("a", "T") == {0: 1} and m.query_offsets("c", "T") == {0: 3}
 
 
