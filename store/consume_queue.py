@@ -223,8 +223,8 @@ class ConsumeQueue:
         in ``log`` (the CommitLog, after its recovery) whose PHYSICALOFFSET,
         QUEUEID, QUEUEOFFSET and TOPIC are the unit's position, this queue and
         ``i``. Blank units, and units below the CommitLog's first file (expired
-        records), are not checked. The tagsCode is not checked: it only steers
-        TAG filtering, and the store matches tags again on the record.
+        records), are not checked. Nor is the tagsCode: it only steers TAG
+        filtering, and checking it would parse every record's properties.
 
         Cost: about 1 µs a unit (a few ``unpack_from`` on the CommitLog's
         mapping, a random read). Every unit whose record is at or past
