@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -40,12 +41,18 @@ class MappedFileQueue:
         *,
         read_only: bool = False,
         mapped_writes: bool = False,
+        repair_unit: int = 0,
     ) -> None:
         self.directory = directory
         self.mapped_file_size = mapped_file_size
         self.read_only = read_only
         #: Appends copy into the mapping (preallocated files); see MappedFile.append.
         self.mapped_writes = mapped_writes
+        #: When > 0, the files hold derived data (ConsumeQueue units of this many
+        #: bytes) that recovery rebuilds: :meth:`load` repairs what it would refuse.
+        self.repair_unit = 0 if read_only else repair_unit
+        #: What :meth:`load` repaired, one sentence per file (repair mode only).
+        self.repaired: list[str] = []
         #: Replaced, never mutated, so readers can iterate a snapshot without a lock.
         self.files: list[MappedFile] = []
         self.flushed_where = 0
@@ -56,11 +63,17 @@ class MappedFileQueue:
     def load(self) -> None:
         """Map every data file of the directory; positions are set by recovery.
 
-        Raises CorruptFileError for a file of the wrong size or a gap between files.
+        Raises CorruptFileError for a file of the wrong size or a gap between files
+        - except in repair mode (``repair_unit``), where a short file is cut to
+        whole units and zero-padded to full size, and the files after a gap are
+        deleted; each repair is listed in :attr:`repaired`, and the caller
+        rebuilds what went from its source (the CommitLog).
         """
         if not self.directory.is_dir():
             return
         paths = sorted(p for p in self.directory.iterdir() if parse_file_name(p) is not None)
+        if self.repair_unit:
+            paths = self._repair(paths)
         files: list[MappedFile] = []
         try:
             for path in paths:
@@ -80,6 +93,31 @@ class MappedFileQueue:
                 mf.close()
             raise
         self.files = files
+
+    def _repair(self, paths: list[Path]) -> list[Path]:
+        """Repair mode: pad short files, delete the files after a gap; the paths kept."""
+        kept: list[Path] = []
+        expected: int | None = None
+        for path in paths:
+            start = parse_file_name(path)
+            if expected is not None and start != expected:
+                # Files after a gap hold units at positions the queue cannot reach.
+                path.unlink()
+                self.repaired.append(f"{path.name} deleted: it follows a gap")
+                continue
+            size = path.stat().st_size
+            if 0 < size < self.mapped_file_size:
+                whole = size - size % self.repair_unit
+                # A torn last unit is cut; the zeros after the rest read as "not written".
+                os.truncate(path, whole)
+                os.truncate(path, self.mapped_file_size)
+                self.repaired.append(
+                    f"{path.name} was {size} bytes: cut to {whole} and padded to "
+                    f"{self.mapped_file_size}"
+                )
+            kept.append(path)
+            expected = None if start is None else start + self.mapped_file_size
+        return kept
 
     # -- lookup -------------------------------------------------------------------------
 

@@ -13,6 +13,32 @@ Either scan stops at the first record with a bad magic code, a bad CRC (with
 not its own position. Everything past that point is truncated from the
 CommitLog, ConsumeQueue units pointing past it are dropped, and whatever the
 ConsumeQueues lack is re-dispatched. No CommitLog at all ⇒ no ConsumeQueues.
+
+Beyond RocketMQ, ConsumeQueues are derived data, rebuilt rather than trusted
+(normal and abnormal recovery alike). A queue is *damaged* when a file of it
+had to be repaired on load (short, or after a gap: :class:`MappedFileQueue`'s
+repair mode), when bytes lay past its written end, when it has no file left,
+when units pointed past the CommitLog's valid end, or when
+:meth:`ConsumeQueue.validate` finds a unit that is not its own record (every
+record carries its topic, QUEUEID and QUEUEOFFSET: the CommitLog is the
+truth). A damaged queue is cut at its first bad unit and re-dispatched from
+the CommitLog offset that follows its last good one: the reput offset goes
+back to the smallest such offset over all damaged queues, and the units other
+queues already hold are skipped (:meth:`ConsumeQueue.put_units` is idempotent
+by physical offset and queue position), so every queue ends at the CommitLog's
+truth and its next queue offset is never one already issued. A queue that
+ends exactly at a file's end is re-dispatched from there too (its next file
+may have been deleted; re-dispatch from a queue's own end rebuilds nothing
+when it is whole). A deleted queue *directory* is not detected: finding it
+would take a walk of the whole CommitLog.
+
+Cost: validation checks every unit pointing into the CommitLog's last
+:data:`VALIDATE_FULL_BYTES` (1 GiB: where writes, crashes and torn pages are;
+RocketMQ checks only the tail) and samples the units further back (see
+:meth:`ConsumeQueue.validate`). A unit costs about 1 µs, so the full part is
+bounded by the number of records in 1 GiB (~1 s at ~1 KiB a record) whatever
+the store's size, on top of the CommitLog scan; re-dispatch runs only from
+where damage was found.
 """
 
 from __future__ import annotations
@@ -25,6 +51,7 @@ from basalt.common import _records
 from basalt.common.record import RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
+from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.dispatcher import ReputMessageService
 from basalt.store.errors import CorruptRecordError
@@ -32,6 +59,28 @@ from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 
 log = logging.getLogger(__name__)
+
+#: ConsumeQueue units pointing into this much of the CommitLog's end are all
+#: validated at start; units further back are sampled (see ConsumeQueue.validate).
+VALIDATE_FULL_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRebuild:
+    """One damaged ConsumeQueue, and how recovery rebuilt it from the CommitLog."""
+
+    topic: str
+    queue_id: int
+    #: What was wrong, in the order found.
+    reasons: tuple[str, ...]
+    #: Units dropped: damaged, after the damage, or pointing past the CommitLog's end.
+    units_dropped: int
+    #: Queue offsets below this were kept as they were.
+    kept_to: int
+    #: One past the last queue offset after re-dispatch: what the CommitLog holds.
+    max_offset: int
+    #: The CommitLog offset this queue needed re-dispatching from.
+    redispatch_from: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +103,8 @@ class RecoveryReport:
     duration_ms: float
     #: Where re-dispatch started: records from here on were (re)built.
     redispatch_from_offset: int = 0
+    #: The damaged ConsumeQueues, rebuilt from the CommitLog.
+    rebuilt_queues: tuple[QueueRebuild, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -66,7 +117,8 @@ class RecoveryReport:
             f"({self.stop_reason}), truncated {self.bytes_truncated} bytes, consume queue "
             f"entries dropped {self.consume_queue_entries_dropped} rebuilt "
             f"{self.consume_queue_entries_rebuilt}, queues destroyed "
-            f"{self.consume_queues_destroyed}, {self.duration_ms:.1f} ms"
+            f"{self.consume_queues_destroyed}, damaged queues rebuilt "
+            f"{len(self.rebuilt_queues)}, {self.duration_ms:.1f} ms"
         )
 
 
@@ -144,8 +196,14 @@ def recover(
     CommitLog's table of next queue offsets is rebuilt from them.
     """
     started = time.perf_counter()
+    damage: dict[ConsumeQueue, list[str]] = {}
     for cq in consume_queues:
-        cq.recover()
+        reasons = damage[cq] = list(cq.files.repaired)
+        cleared = cq.recover()
+        if cleared:
+            reasons.append(f"{cleared} non-zero bytes past the written end")
+        if not cq.files.files:
+            reasons.append("no file")
     files = commitlog.files.files
     written_before = dispatcher.entries_written
     if not files:
@@ -172,12 +230,18 @@ def recover(
     last = commitlog.files.last_file
     if last is not None:
         last.store_timestamp_ms = scan.last_store_timestamp_ms
-    dropped = sum(cq.truncate_dirty(scan.valid_end) for cq in consume_queues)
+    dropped_by: dict[ConsumeQueue, int] = {}
+    for cq in consume_queues:
+        cut = dropped_by[cq] = cq.truncate_dirty(scan.valid_end)
+        if cut:
+            damage[cq].append(f"{cut} units past the CommitLog's end")
 
     destroyed = 0
     if scan.valid_end <= commitlog.min_offset:
         destroyed = consume_queues.destroy()  # the CommitLog holds no record at all
 
+    rebuild = _repair_consume_queues(consume_queues, commitlog, damage, dropped_by)
+    dropped = sum(dropped_by.values())
     cq_end = consume_queues.max_physic_offset()
     reput_from = max(cq_end, commitlog.min_offset)
     if abnormal:
@@ -185,6 +249,7 @@ def recover(
         # re-dispatch from the first of them (units already present are skipped).
         newer = scan.first_newer_offset if scan.first_newer_offset >= 0 else scan.valid_end
         reput_from = min(reput_from, newer)
+    reput_from = min([reput_from, *(phy for _, phy in rebuild.values())])
     redispatch_from = dispatcher.reput_from_offset = min(reput_from, scan.valid_end)
     while dispatcher.dispatch_available():
         pass
@@ -196,6 +261,7 @@ def recover(
     for cq in consume_queues:
         cq.correct_min_offset(commitlog.min_offset)
         table[cq.topic, cq.queue_id] = cq.max_offset_in_queue
+    rebuilt = _rebuilt_queues(rebuild, damage, dropped_by)
 
     report = RecoveryReport(
         abnormal=abnormal,
@@ -210,6 +276,63 @@ def recover(
         consume_queues_destroyed=destroyed,
         duration_ms=(time.perf_counter() - started) * 1000,
         redispatch_from_offset=redispatch_from,
+        rebuilt_queues=rebuilt,
     )
     log.info("%s", report.summary())
     return report
+
+
+def _repair_consume_queues(
+    consume_queues: ConsumeQueueTable,
+    commitlog: CommitLog,
+    damage: dict[ConsumeQueue, list[str]],
+    dropped_by: dict[ConsumeQueue, int],
+) -> dict[ConsumeQueue, tuple[int, int]]:
+    """Validate every queue against the recovered CommitLog and cut each damaged
+    one at its first bad unit; returns, per queue to rebuild, (queue offsets
+    kept, CommitLog offset to re-dispatch from). Adds to ``damage`` and
+    ``dropped_by``."""
+    full_from = commitlog.files.max_offset - VALIDATE_FULL_BYTES
+    rebuild: dict[ConsumeQueue, tuple[int, int]] = {}
+    for cq in consume_queues:
+        reasons = damage.setdefault(cq, [])
+        bad = cq.validate(commitlog.files, full_from)
+        if bad is not None:
+            offset, why = bad
+            reasons.append(f"queue offset {offset}: {why}")
+            dropped_by[cq] = dropped_by.get(cq, 0) + cq.truncate_to(offset)
+        end_file = cq.files.last_file
+        at_file_end = end_file is not None and end_file.is_full
+        if reasons or at_file_end:
+            # A queue ending exactly at a file's end may have lost its next file:
+            # re-dispatching from its own end rebuilds nothing if it did not.
+            phy = cq.max_physic_offset
+            rebuild[cq] = (cq.max_offset_in_queue, phy if phy >= 0 else commitlog.min_offset)
+    return rebuild
+
+
+def _rebuilt_queues(
+    rebuild: dict[ConsumeQueue, tuple[int, int]],
+    damage: dict[ConsumeQueue, list[str]],
+    dropped_by: dict[ConsumeQueue, int],
+) -> tuple[QueueRebuild, ...]:
+    """The report's entries for the queues that were damaged or got units back, logged."""
+    out: list[QueueRebuild] = []
+    for cq, (kept_to, phy) in rebuild.items():
+        reasons = damage.get(cq, [])
+        dropped = dropped_by.get(cq, 0)
+        max_offset = cq.max_offset_in_queue
+        if not reasons and not dropped and max_offset == kept_to:
+            continue  # ended at a file's end, and nothing was missing after it
+        if not reasons:
+            reasons = ["ended at a file's end: a later file was missing"]
+        entry = QueueRebuild(
+            cq.topic, cq.queue_id, tuple(reasons), dropped, kept_to, max_offset, phy
+        )
+        log.warning(
+            "consumequeue %s/%d rebuilt from the commitlog: %s; kept offsets below %d, "
+            "dropped %d units, re-dispatched from commitlog offset %d, now ends at %d",
+            cq.topic, cq.queue_id, "; ".join(reasons), kept_to, dropped, phy, max_offset,
+        )  # fmt: skip
+        out.append(entry)
+    return tuple(out)
