@@ -29,11 +29,11 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from basalt.common.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
-from basalt.common.record import MESSAGE_MAGIC_CODE, MIN_RECORD_SIZE, PREFIX, host_length
+from basalt.common.record import MESSAGE_MAGIC_CODE, MIN_RECORD_SIZE, PREFIX
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES, MappedFileQueue
+from basalt.store.record import body_length_at
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +84,7 @@ def _mismatch(
         return f"unit ({phy}, {size}) does not point at a record of that size"
     if qid != queue_id or qoff != queue_offset:
         return f"unit ({phy}, {size}) points at queue {qid} offset {qoff}"
-    p = (
-        rel
-        + PREFIX.size
-        + host_length(sys_flag, BORNHOST_V6_FLAG)
-        + 8  # STORETIMESTAMP
-        + host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG)
-        + 12  # RECONSUMETIMES, PREPARED_TX_OFFSET
-    )
+    p = body_length_at(rel, sys_flag)
     (body_len,) = _INT.unpack_from(buf, p)
     p += 4 + body_len
     if body_len < 0 or p + 1 > rel + size or buf[p + 1 : p + 1 + buf[p]] != topic_raw:

@@ -37,14 +37,10 @@ def store_timestamp_at(buf: Buffer, pos: int = 0) -> int:
     return int(ts)
 
 
-def record_properties(buf: Buffer, pos: int = 0) -> bytes:
-    """The raw properties block (``name\x01value\x02…``) of the record at ``pos``.
-
-    Reads only the lengths on the way there; the record must be one that was
-    stored (the pull path reads only records a ConsumeQueue points at).
-    """
-    (sys_flag,) = _INT.unpack_from(buf, pos + _SYSFLAG_AT)
-    p = (
+def body_length_at(pos: int, sys_flag: int) -> int:
+    """Where BODYLEN of the record at ``pos`` is: past the fixed prefix and the
+    hosts, whose lengths depend on ``sys_flag`` (the record's SYSFLAG)."""
+    return (
         pos
         + PREFIX.size
         + host_length(sys_flag, BORNHOST_V6_FLAG)
@@ -52,6 +48,16 @@ def record_properties(buf: Buffer, pos: int = 0) -> bytes:
         + host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG)
         + 12  # RECONSUMETIMES, PREPARED_TX_OFFSET
     )
+
+
+def record_properties(buf: Buffer, pos: int = 0) -> bytes:
+    """The raw properties block (``name\x01value\x02…``) of the record at ``pos``.
+
+    Reads only the lengths on the way there; the record must be one that was
+    stored (the pull path reads only records a ConsumeQueue points at).
+    """
+    (sys_flag,) = _INT.unpack_from(buf, pos + _SYSFLAG_AT)
+    p = body_length_at(pos, sys_flag)
     (body_len,) = _INT.unpack_from(buf, p)
     p += 4 + body_len
     p += 1 + buf[p]  # TOPICLEN + TOPIC
