@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 import pytest
@@ -25,9 +25,24 @@ from tests.support.nodes import node
 from tests.support.polling import eventually
 from tests.support.rpc import refused, wire
 
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
 
 def eio() -> NoReturn:
     raise OSError(errno.EIO, "Input/output error")
+
+
+async def health_status(channel: grpc.aio.Channel) -> int:
+    """The node's overall health (service ""), grpc.health.v1's enum value."""
+    health = health_pb2_grpc.HealthStub(channel)
+    return int((await health.Check(health_pb2.HealthCheckRequest(service=""))).status)
+
+
+async def first_record(stub: Any) -> sn.GetMessageResponse:
+    """GetMessage of queue 0's first record."""
+    return await stub.GetMessage(
+        sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=0, offset=0, max_msg_nums=1)
+    )
 
 
 def test_an_fsync_error_turns_the_node_not_serving_and_refuses_sends(
@@ -36,16 +51,11 @@ def test_an_fsync_error_turns_the_node_not_serving_and_refuses_sends(
     async def scenario() -> None:
         async with node(tmp_path) as (running, stub, _):
             channel = grpc.aio.insecure_channel(running.address)
-            health = health_pb2_grpc.HealthStub(channel)
-
-            async def status() -> int:
-                reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
-                return int(reply.status)
 
             async def not_serving() -> bool:
-                return await status() == health_pb2.HealthCheckResponse.NOT_SERVING
+                return await health_status(channel) == NOT_SERVING
 
-            assert await status() == health_pb2.HealthCheckResponse.SERVING
+            assert await health_status(channel) == health_pb2.HealthCheckResponse.SERVING
             sent = await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"before")))
             assert sent.result.status == pb.SEND_STATUS_SEND_OK
             monkeypatch.setattr(running.store.commitlog.files, "flush", eio)
@@ -58,9 +68,7 @@ def test_an_fsync_error_turns_the_node_not_serving_and_refuses_sends(
             assert code == grpc.StatusCode.UNAVAILABLE
             assert response_code == pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
             assert "flush-commitlog failed" in message and "Input/output error" in message
-            got = await stub.GetMessage(
-                sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=0, offset=0, max_msg_nums=1)
-            )
+            got = await first_record(stub)
             assert got.status == pb.GET_MESSAGE_STATUS_FOUND
             assert decode_record(got.records.data).body == b"before"
             info = await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest())
@@ -76,11 +84,9 @@ def test_emfile_in_the_dispatcher_turns_the_node_not_serving(
     async def scenario() -> None:
         async with node(tmp_path) as (running, stub, _):
             channel = grpc.aio.insecure_channel(running.address)
-            health = health_pb2_grpc.HealthStub(channel)
 
             async def not_serving() -> bool:
-                reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
-                return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                return await health_status(channel) == NOT_SERVING
 
             await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"before")))
 
@@ -101,9 +107,7 @@ def test_emfile_in_the_dispatcher_turns_the_node_not_serving(
                 pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
             )
             assert "reput-message-service failed" in message and "Too many open files" in message
-            got = await stub.GetMessage(
-                sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=0, offset=0, max_msg_nums=1)
-            )
+            got = await first_record(stub)
             assert decode_record(got.records.data).body == b"before"
             await channel.close()
 
