@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from basalt.common import _records
-from basalt.common.record import BLANK_MAGIC_CODE, RecordKind, check_record
+from basalt.common.record import BLANK_MAGIC_CODE, MIN_RECORD_SIZE, RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue import ConsumeQueue
@@ -61,7 +61,7 @@ from basalt.store.dispatcher import ReputMessageService
 from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
-from basalt.store.record import BLANK, store_timestamp_at
+from basalt.store.record import BLANK
 from basalt.store.resync import (
     DamagedSpan,
     data_length,
@@ -79,6 +79,9 @@ VALIDATE_FULL_BYTES = 64 << 20
 #: A lost record's queue offset is kept taken only this close to its queue's end: a
 #: header damaged enough to name a far-off offset is not trusted with padding.
 MAX_LOST_SLOTS_PADDED = 64
+#: A damaged stretch running to its file's end gets a tombstone this long (then the
+#: end-of-file blank), not one filling the whole stretch: the file stays sparse.
+TAIL_TOMBSTONE_BYTES = 4096
 _END_OF_TIME = 1 << 62
 _INT = struct.Struct(">i")
 
@@ -154,6 +157,9 @@ class Damage:
     reason: str
     #: Whether the stretch runs to the file's end (it becomes an end-of-file blank).
     to_file_end: bool
+    #: The store time of the last valid record before it: the time its tombstone
+    #: gets, so store times stay in order along the log.
+    store_timestamp_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +232,10 @@ def scan_commitlog(
                         base + pos, index - start_index + 1, stop, last_ts, clean, first_newer,
                         tuple(damage),
                     )  # fmt: skip
-                damage.append(Damage(mf, pos, size - pos, reason, to_file_end=True))
+                damage.append(Damage(mf, pos, size - pos, reason, True, last_ts))
                 break
             at, result = found
-            damage.append(Damage(mf, pos, at - pos, reason, to_file_end=False))
+            damage.append(Damage(mf, pos, at - pos, reason, False, last_ts))
     end = files[-1].file_end_offset
     return ScanResult(
         end, len(files) - start_index, "end of data", last_ts, True, first_newer, tuple(damage)
@@ -371,6 +377,7 @@ def _set_aside(commitlog: CommitLog, scan: ScanResult) -> list[DamagedSpan]:
     logged at ERROR."""
     spans: list[DamagedSpan] = []
     directory = commitlog.config.quarantine_dir
+    host = commitlog.store_host
     last = commitlog.files.last_file
     tail: list[Damage] = []
     if last is not None and scan.valid_end >= last.file_from_offset:
@@ -379,7 +386,7 @@ def _set_aside(commitlog: CommitLog, scan: ScanResult) -> list[DamagedSpan]:
         length = data_length(last, pos, min(limit, last.file_size))
         if length:
             reason = "bytes past the last record" if scan.clean_end else scan.stop_reason
-            tail.append(Damage(last, pos, length, reason, to_file_end=True))
+            tail.append(Damage(last, pos, length, reason, True, scan.last_store_timestamp_ms))
     for d in (*scan.damage, tail[0]) if tail else scan.damage:
         offset = d.file.file_from_offset + d.pos
         header = read_header(d.file, d.pos, d.pos + d.length)
@@ -394,18 +401,22 @@ def _set_aside(commitlog: CommitLog, scan: ScanResult) -> list[DamagedSpan]:
         spans.append(span)
         if d in tail:
             continue  # cleared with the rest of the tail
+        note = Path(path).name if path else ""
         if d.to_file_end:
+            # A short tombstone (readers learn records were lost here), then the
+            # end-of-file blank: the rest of the file stays sparse.
             d.file.zero_tail(d.pos)
-            d.file.write_at(d.pos, BLANK.pack(d.length, BLANK_MAGIC_CODE))
+            size = min(d.length - BLANK.size, TAIL_TOMBSTONE_BYTES)
+            blank_at = d.pos
+            if size >= MIN_RECORD_SIZE:
+                ts = d.store_timestamp_ms
+                record = tombstone(offset, size, store_host=host, store_timestamp_ms=ts, note=note)
+                d.file.write_at(d.pos, record)
+                blank_at += size
+            d.file.write_at(blank_at, BLANK.pack(d.file.file_size - blank_at, BLANK_MAGIC_CODE))
         else:
-            record = tombstone(
-                offset,
-                d.length,
-                store_host=commitlog.store_host,
-                # The next record's: store times stay in order along the log.
-                store_timestamp_ms=store_timestamp_at(d.file.buffer, d.pos + d.length),
-                note=Path(path).name if path else "",
-            )
+            ts = d.store_timestamp_ms
+            record = tombstone(offset, d.length, store_host=host, store_timestamp_ms=ts, note=note)
             d.file.write_at(d.pos, record)
     return spans
 

@@ -21,6 +21,7 @@ import pytest
 from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from basalt.common.record import HEADERS, RecordKind, check_record
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig, PutMessageResult
+from basalt.store.check import check_store
 from basalt.store.checkpoint import RECOVERY_MARGIN_MS
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import file_name
@@ -713,3 +714,133 @@ def test_a_record_with_a_zeroed_header_loses_only_that_record(
         assert store.get_max_offset_in_queue(TOPIC, 0) == 3010
     finally:
         runner.stop()
+
+
+# -- damaged and missing CommitLog files --------------------------------------------------
+
+
+def _checked_after_a_clean_stop(runner: StoreRunner) -> None:
+    runner.stop()
+    checked = check_store(runner.config.store_path_root_dir)
+    assert checked.ok, checked.problems
+
+
+def test_a_flipped_total_size_in_the_first_record_loses_only_that_record(
+    runner: StoreRunner,
+) -> None:
+    store = runner.start()
+    sent = send(store, 30)
+    runner.stop()
+    (high,) = read_commitlog(runner.config, 0, 1)
+    overwrite_commitlog(runner.config, 0, bytes([high ^ 0x40]))
+
+    store = runner.start()
+
+    (span,) = report(store).damaged_spans
+    assert_set_aside(runner.config, span, sent[0])
+    assert "TOTALSIZE" in span.reason
+    assert read_queue(store, 0) == expected_queue(sent[1:], 0)
+    assert read_queue(store, 1) == expected_queue(sent, 1)
+    assert queue_maxima(store) == [15, 15]
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_short_commitlog_file_is_padded_and_the_files_after_it_kept(
+    runner: StoreRunner,
+) -> None:
+    store = runner.start()
+    sent = send(store, 60)
+    files = sorted(runner.config.commitlog_dir.iterdir())
+    assert len(files) >= 3
+    runner.stop()
+    file_size = runner.config.mapped_file_size_commit_log
+    os.truncate(files[1], file_size // 2)
+    lost = [
+        s for s in sent if file_size * 3 // 2 <= s.physical_offset + s.size
+        and s.physical_offset < 2 * file_size
+    ]  # fmt: skip
+    assert lost
+
+    store = runner.start()
+
+    got = report(store)
+    (span,) = got.damaged_spans
+    assert span.offset == lost[0].physical_offset
+    assert span.end == 2 * file_size
+    assert os.path.getsize(files[1]) == file_size
+    kept = [s for s in sent if s not in lost]
+    assert_all_readable(store, kept)
+    for queue_id in (0, 1):
+        assert read_queue(store, queue_id) == expected_queue(kept, queue_id)
+    assert queue_maxima(store) == [30, 30]
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_missing_middle_commitlog_file_is_recreated_and_the_rest_kept(
+    runner: StoreRunner,
+) -> None:
+    store = runner.start()
+    sent = send(store, 60)
+    files = sorted(runner.config.commitlog_dir.iterdir())
+    assert len(files) >= 3
+    runner.stop()
+    files[1].unlink()
+    file_size = runner.config.mapped_file_size_commit_log
+    lost = [s for s in sent if file_size <= s.physical_offset < 2 * file_size]
+
+    store = runner.start()
+
+    (span,) = report(store).damaged_spans
+    assert (span.offset, span.length, span.quarantine) == (file_size, file_size, "")
+    assert sorted(runner.config.commitlog_dir.iterdir()) == files
+    kept = [s for s in sent if s not in lost]
+    assert_all_readable(store, kept)
+    assert read_queue(store, 0) == expected_queue(kept, 0)
+    assert queue_maxima(store) == [30, 30]
+    assert store.put_message(Message(TOPIC, b"n", queue_id=0)).queue_offsets == (30,)
+    _checked_after_a_clean_stop(runner)
+
+
+def test_garbage_past_the_end_is_quarantined_and_cleared(runner: StoreRunner) -> None:
+    store = runner.start()
+    sent = send(store, 10)
+    end = store.max_physical_offset
+    runner.stop()
+    garbage = bytes(range(256)) * 4
+    overwrite_commitlog(runner.config, end + 4096, garbage)
+
+    store = runner.start()
+
+    got = report(store)
+    assert got.last_valid_offset == end
+    (span,) = got.damaged_spans
+    assert span.offset == end
+    assert Path(span.quarantine).read_bytes().endswith(garbage)
+    assert read_commitlog(runner.config, end + 4096, len(garbage)) == bytes(len(garbage))
+    assert_all_readable(store, sent)
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_lost_records_queue_offset_stays_taken_when_only_its_header_names_it(
+    runner: StoreRunner,
+) -> None:
+    """The ConsumeQueue had not indexed the lost record (a crash): its header, still
+    readable, keeps its queue offset from being issued again."""
+    store = runner.start()
+    sent = send(store, 10)
+    runner.stop()
+    last = sent[-1]
+    # The queue loses its last unit (as if the crash came before dispatch) ...
+    cq_file = runner.config.consume_queue_dir / TOPIC / "1" / file_name(0)
+    data = bytearray(cq_file.read_bytes())
+    at = last.queue_offset * CQ_STORE_UNIT_SIZE
+    data[at : at + CQ_STORE_UNIT_SIZE] = bytes(CQ_STORE_UNIT_SIZE)
+    cq_file.write_bytes(bytes(data))
+    # ... and the record a flipped body byte; a record of queue 0 follows it.
+    overwrite_commitlog(runner.config, last.physical_offset + BODY_START, b"\xff")
+    store = runner.start(abnormal=True)
+    (span,) = report(store).damaged_spans
+    assert (span.topic, span.queue_id, span.queue_offset) == (TOPIC, 1, 4)
+    assert queue_maxima(store) == [5, 5]
+    after = store.put_message(Message(TOPIC, b"after", queue_id=1))
+    assert after.queue_offsets == (5,)
