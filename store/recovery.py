@@ -57,6 +57,7 @@ from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.consumer_offsets import OffsetLoadResult
 from basalt.store.dispatcher import ReputMessageService
 from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
@@ -128,6 +129,8 @@ class RecoveryReport:
     rebuilt_queues: tuple[QueueRebuild, ...] = ()
     #: The CommitLog stretches that held no readable record, set aside.
     damaged_spans: tuple[DamagedSpan, ...] = ()
+    #: How consumerOffset.json loaded (its ``.bak`` used, entries salvaged or lost).
+    consumer_offsets: OffsetLoadResult | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
