@@ -844,3 +844,23 @@ def test_a_lost_records_queue_offset_stays_taken_when_only_its_header_names_it(
     assert queue_maxima(store) == [5, 5]
     after = store.put_message(Message(TOPIC, b"after", queue_id=1))
     assert after.queue_offsets == (5,)
+
+
+def test_a_read_skips_a_unit_whose_record_was_overwritten_before_the_scan_window(
+    runner: StoreRunner, clock: ManualClock
+) -> None:
+    """Damage older than recovery's scan is not seen at start, but a read checks
+    that each unit's record is there (size, magic, position) and steps over one
+    that is not, rather than return other bytes."""
+    store = runner.start()
+    sent = _send_across_files(store, clock, files=5)
+    runner.stop()
+    bad = sent[2]
+    overwrite_commitlog(runner.config, bad.physical_offset, bytes(8))
+
+    store = runner.start()
+
+    assert report(store).damaged_spans == ()  # file 0 is older than the last three
+    kept = [s for s in sent if s is not bad]
+    for queue_id in (0, 1):
+        assert read_queue(store, queue_id) == expected_queue(kept, queue_id)
