@@ -186,6 +186,7 @@ def scan_commitlog(
     check_crc: bool,
     newer_than_ms: int = -1,
     search_to: int = 0,
+    end_index: int | None = None,
 ) -> ScanResult:
     """Walk records from ``files[start_index]`` to the end of the data, stepping
     over damage (:func:`basalt.store.resync.resync`).
@@ -198,12 +199,14 @@ def scan_commitlog(
     :data:`TORN_WRITE_WINDOW_BYTES` past ``search_to`` (the ConsumeQueues'
     end: records were there) or past the stop, since the rest of a live
     file is space never written. The data ends where the last file's search
-    finds nothing.
+    finds nothing. With ``end_index``, the walk stops before that file (a stretch
+    of whole files, re-read for damage before re-dispatch goes through it).
     """
+    stop_index = len(files) if end_index is None else end_index
     last_ts = 0
     first_newer = -1
     damage: list[Damage] = []
-    for index in range(start_index, len(files)):
+    for index in range(start_index, stop_index):
         mf = files[index]
         base, size = mf.file_from_offset, mf.file_size
         last_file = index == len(files) - 1
@@ -239,9 +242,9 @@ def scan_commitlog(
                 break
             at, result = found
             damage.append(Damage(mf, pos, at - pos, reason, False, last_ts))
-    end = files[-1].file_end_offset
+    end = files[stop_index - 1].file_end_offset
     return ScanResult(
-        end, len(files) - start_index, "end of data", last_ts, True, first_newer, tuple(damage)
+        end, stop_index - start_index, "end of data", last_ts, True, first_newer, tuple(damage)
     )
 
 
@@ -340,6 +343,20 @@ def recover(
         reput_from = min(reput_from, newer)
     reput_from = min([reput_from, *(phy for _, phy in rebuild.values())])
     redispatch_from = dispatcher.reput_from_offset = min(reput_from, scan.valid_end)
+    if redispatch_from < scan_start:
+        # Re-dispatch goes back before the scan (a damaged queue): read that stretch
+        # for damage first, so the dispatcher only meets records that are valid.
+        early = scan_commitlog(
+            files,
+            files.index(commitlog.files.find_by_offset(redispatch_from) or files[0]),
+            check_crc=check_crc,
+            end_index=start_index,
+        )
+        found = _set_aside(commitlog, early, tail=False)
+        for cq in consume_queues:
+            for span in found:
+                dropped_by[cq] += cq.blank_units(span.offset, span.end)
+        spans = found + spans
     while dispatcher.dispatch_available():
         pass
     if dispatcher.stalled_reason is not None:
@@ -373,7 +390,7 @@ def recover(
     return report
 
 
-def _set_aside(commitlog: CommitLog, scan: ScanResult) -> list[DamagedSpan]:
+def _set_aside(commitlog: CommitLog, scan: ScanResult, *, tail: bool = True) -> list[DamagedSpan]:
     """Quarantine every damaged stretch, then overwrite it: a tombstone record in the
     middle of a file, an end-of-file blank at a file's end; the damaged tail past
     the last record is quarantined here and cleared by the caller. Each span is
@@ -382,15 +399,15 @@ def _set_aside(commitlog: CommitLog, scan: ScanResult) -> list[DamagedSpan]:
     directory = commitlog.config.quarantine_dir
     host = commitlog.store_host
     last = commitlog.files.last_file
-    tail: list[Damage] = []
-    if last is not None and scan.valid_end >= last.file_from_offset:
+    past_end: list[Damage] = []
+    if tail and last is not None and scan.valid_end >= last.file_from_offset:
         pos = scan.valid_end - last.file_from_offset
         limit = last.file_size if not scan.clean_end else pos + TORN_WRITE_WINDOW_BYTES
         length = data_length(last, pos, min(limit, last.file_size))
         if length:
             reason = "bytes past the last record" if scan.clean_end else scan.stop_reason
-            tail.append(Damage(last, pos, length, reason, True, scan.last_store_timestamp_ms))
-    for d in (*scan.damage, tail[0]) if tail else scan.damage:
+            past_end.append(Damage(last, pos, length, reason, True, scan.last_store_timestamp_ms))
+    for d in (*scan.damage, *past_end):
         offset = d.file.file_from_offset + d.pos
         header = read_header(d.file, d.pos, d.pos + d.length)
         kept = d.length if not d.to_file_end else data_length(d.file, d.pos, d.pos + d.length)
@@ -402,7 +419,7 @@ def _set_aside(commitlog: CommitLog, scan: ScanResult) -> list[DamagedSpan]:
         span = DamagedSpan(offset, d.length, d.reason, topic, queue_id, queue_offset, path)
         log.error("damaged commitlog data set aside: %s", span.describe())
         spans.append(span)
-        if d in tail:
+        if d in past_end:
             continue  # cleared with the rest of the tail
         note = Path(path).name if path else ""
         if d.to_file_end:

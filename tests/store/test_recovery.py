@@ -846,12 +846,12 @@ def test_a_lost_records_queue_offset_stays_taken_when_only_its_header_names_it(
     assert after.queue_offsets == (5,)
 
 
-def test_a_read_skips_a_unit_whose_record_was_overwritten_before_the_scan_window(
+def test_damage_before_the_scan_found_through_a_queue_is_set_aside_too(
     runner: StoreRunner, clock: ManualClock
 ) -> None:
-    """Damage older than recovery's scan is not seen at start, but a read checks
-    that each unit's record is there (size, magic, position) and steps over one
-    that is not, rather than return other bytes."""
+    """A clean restart scans the last three files, but a ConsumeQueue unit pointing at
+    damage further back sends re-dispatch there: that stretch is read for damage
+    first, and the damaged record set aside like any other."""
     store = runner.start()
     sent = _send_across_files(store, clock, files=5)
     runner.stop()
@@ -860,7 +860,26 @@ def test_a_read_skips_a_unit_whose_record_was_overwritten_before_the_scan_window
 
     store = runner.start()
 
-    assert report(store).damaged_spans == ()  # file 0 is older than the last three
+    got = report(store)
+    assert got.scan_start_offset == 2 * SMALL_COMMITLOG_FILE > bad.physical_offset
+    (span,) = got.damaged_spans
+    assert_set_aside(runner.config, span, bad)
+    kept = [s for s in sent if s is not bad]
+    for queue_id in (0, 1):
+        assert read_queue(store, queue_id) == expected_queue(kept, queue_id)
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_read_skips_a_unit_whose_record_is_not_there(runner: StoreRunner) -> None:
+    """Bytes overwritten under a running store: a read checks each unit's record
+    (size, magic, position) and steps over one that is not there, rather than
+    return other bytes."""
+    store = runner.start()
+    sent = send(store, 10)
+    assert store.wait_dispatched()
+    bad = sent[4]
+    overwrite_commitlog(runner.config, bad.physical_offset + 4, bytes(4))  # the magic code
+
     kept = [s for s in sent if s is not bad]
     for queue_id in (0, 1):
         assert read_queue(store, queue_id) == expected_queue(kept, queue_id)
