@@ -52,6 +52,10 @@ BLANK_UNIT = UNIT.pack(0, BLANK_UNIT_SIZE, 0)
 CqEntry = tuple[int, int, int, int]
 
 
+#: The most blank units the dispatcher pads a hole with (records lost to damage);
+#: a record claiming a queue offset further past its queue's end is not indexed.
+MAX_PADDED_GAP_UNITS = 1 << 20
+
 #: Below the fully validated tail, one unit in this many is checked at start.
 VALIDATE_SAMPLE_STRIDE = 1024
 
@@ -379,6 +383,16 @@ class ConsumeQueue:
         current = self.files.max_offset
         if expect < current:
             log.debug("%s-%d: offset %d already indexed", self.topic, self.queue_id, cq_offset)
+            return 0
+        if expect - current > MAX_PADDED_GAP_UNITS * CQ_STORE_UNIT_SIZE:
+            # A QUEUEOFFSET this far past the queue's end is a damaged header (a record
+            # without the whole-record CRC), not lost records: padding to it would
+            # write gigabytes of blank units. The record is left unindexed.
+            log.error(
+                "%s-%d: queue offset %d is %d past the queue's end %d: not indexed",
+                self.topic, self.queue_id, cq_offset,
+                cq_offset - current // CQ_STORE_UNIT_SIZE, current // CQ_STORE_UNIT_SIZE,
+            )  # fmt: skip
             return 0
         if current < expect:
             # A hole would shift every later unit; pad so unit i stays at i * 20.
