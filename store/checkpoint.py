@@ -16,16 +16,17 @@ older than ``min_timestamp_ms()``.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
 from pathlib import Path
 
-from basalt.store.errors import CorruptFileError
-
 CHECKPOINT_FILE_SIZE = 4096
 #: Safety margin RocketMQ subtracts from the checkpoint minimum.
 RECOVERY_MARGIN_MS = 3000
+
+log = logging.getLogger(__name__)
 
 _LAYOUT = struct.Struct(
     ">"
@@ -56,7 +57,15 @@ class StoreCheckpoint:
         try:
             size = os.fstat(self._fd).st_size
             if size not in (0, CHECKPOINT_FILE_SIZE):
-                raise CorruptFileError(path, f"size {size}, expected {CHECKPOINT_FILE_SIZE}")
+                # Only a hint: zeros make abnormal recovery start from the first file,
+                # the safe (slower) choice, rather than refuse to start.
+                log.error(
+                    "%s: size %d, expected %d; reset to zero timestamps (recovery after a "
+                    "crash starts from the first commitlog file)",
+                    path, size, CHECKPOINT_FILE_SIZE,
+                )  # fmt: skip
+                os.ftruncate(self._fd, 0)
+                size = 0
             if size == 0:
                 os.ftruncate(self._fd, CHECKPOINT_FILE_SIZE)
             self._mm = mmap.mmap(self._fd, CHECKPOINT_FILE_SIZE)

@@ -72,7 +72,13 @@ class CommitLog:
     def __init__(self, config: MessageStoreConfig, *, read_only: bool = False) -> None:
         self.config = config
         self.files = MappedFileQueue(
-            config.commitlog_dir, config.mapped_file_size_commit_log, read_only=read_only
+            config.commitlog_dir,
+            config.mapped_file_size_commit_log,
+            read_only=read_only,
+            # A short file is padded and a missing one recreated empty: recovery
+            # reads on past what they lost (store.resync).
+            repair_unit=1,
+            fill_gaps=True,
         )
         self.store_host = encode_host(config.store_host)
         #: Next queue offset per (topic, queue id); guarded by ``put_lock``.

@@ -253,6 +253,11 @@ class MessageStoreConfig:
         return parse_delete_hours(self.delete_when)
 
     @property
+    def quarantine_dir(self) -> Path:
+        """Where recovery copies damaged bytes before it rewrites them."""
+        return self.store_path_root_dir / "quarantine"
+
+    @property
     def index_dir(self) -> Path:
         return self.store_path_root_dir / "index"
 

@@ -29,7 +29,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from basalt.common.record import MESSAGE_MAGIC_CODE, MIN_RECORD_SIZE, PREFIX
+from basalt.common.record import MESSAGE_MAGIC_CODE, MIN_RECORD_SIZE, PREFIX, Buffer
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES, MappedFileQueue
@@ -51,6 +51,10 @@ BLANK_UNIT = UNIT.pack(0, BLANK_UNIT_SIZE, 0)
 #: (queue offset, physical offset, size, tagsCode) — what the dispatcher hands in.
 CqEntry = tuple[int, int, int, int]
 
+
+#: The most blank units the dispatcher pads a hole with (records lost to damage);
+#: a record claiming a queue offset further past its queue's end is not indexed.
+MAX_PADDED_GAP_UNITS = 1 << 20
 
 #: Below the fully validated tail, one unit in this many is checked at start.
 VALIDATE_SAMPLE_STRIDE = 1024
@@ -254,7 +258,7 @@ class ConsumeQueue:
         return None
 
     @staticmethod
-    def _first_unit_at_or_past(data: bytes, count: int, phy_offset: int) -> int:
+    def _first_unit_at_or_past(data: Buffer, count: int, phy_offset: int) -> int:
         """Index of the first unit pointing at or past ``phy_offset`` (a binary
         search: units are in CommitLog order; damage at worst mis-places the split)."""
         lo, hi = 0, count
@@ -380,7 +384,17 @@ class ConsumeQueue:
         if expect < current:
             log.debug("%s-%d: offset %d already indexed", self.topic, self.queue_id, cq_offset)
             return 0
-        while current < expect:
+        if expect - current > MAX_PADDED_GAP_UNITS * CQ_STORE_UNIT_SIZE:
+            # A QUEUEOFFSET this far past the queue's end is a damaged header (a record
+            # without the whole-record CRC), not lost records: padding to it would
+            # write gigabytes of blank units. The record is left unindexed.
+            log.error(
+                "%s-%d: queue offset %d is %d past the queue's end %d: not indexed",
+                self.topic, self.queue_id, cq_offset,
+                cq_offset - current // CQ_STORE_UNIT_SIZE, current // CQ_STORE_UNIT_SIZE,
+            )  # fmt: skip
+            return 0
+        if current < expect:
             # A hole would shift every later unit; pad so unit i stays at i * 20.
             log.error(
                 "%s-%d: queue offset %d but the queue ends at %d; padding",
@@ -389,13 +403,48 @@ class ConsumeQueue:
                 cq_offset,
                 current // CQ_STORE_UNIT_SIZE,
             )
-            mf = self.files.get_last_mapped_file(current)
-            self._fill_blank(mf, min(expect - mf.file_from_offset, self.mapped_file_size))
-            current = self.files.max_offset
+            self.pad_to(cq_offset)
         mf = self.files.get_last_mapped_file(expect)
         mf.append(UNIT.pack(phy, size, tags_code))
         self.max_physic_offset = phy + size
         return 1
+
+    def pad_to(self, queue_offset: int) -> None:
+        """Fill the queue with blank units up to ``queue_offset`` (exclusive): the
+        offsets of records that are gone stay taken, and unit i stays at i * 20."""
+        expect = queue_offset * CQ_STORE_UNIT_SIZE
+        current = self.files.max_offset
+        while current < expect:
+            mf = self.files.get_last_mapped_file(current)
+            self._fill_blank(mf, min(expect - mf.file_from_offset, self.mapped_file_size))
+            current = self.files.max_offset
+
+    def blank_units(self, start_phy: int, end_phy: int) -> int:
+        """Turn the units of records starting in CommitLog ``[start_phy, end_phy)``
+        into blank units; returns how many. Their queue offsets stay taken: a
+        reader steps over a blank unit to the next record, and the queue's next
+        offset does not move back (recovery, for records lost to damage)."""
+        blanked = 0
+        for mf in self.files.files:
+            count = mf.wrote_position // CQ_STORE_UNIT_SIZE
+            buf = mf.buffer
+            first = self._first_unit_at_or_past(buf, count, start_phy)
+            while first > 0:  # the search may land past a blank unit: step back over it
+                phy, size, _ = UNIT.unpack_from(buf, (first - 1) * CQ_STORE_UNIT_SIZE)
+                if size != BLANK_UNIT_SIZE and phy < start_phy:
+                    break
+                first -= 1
+            for i in range(first, count):
+                phy, size, _ = UNIT.unpack_from(buf, i * CQ_STORE_UNIT_SIZE)
+                if size == BLANK_UNIT_SIZE:
+                    continue
+                if phy >= end_phy:
+                    break
+                mf.write_at(i * CQ_STORE_UNIT_SIZE, BLANK_UNIT)
+                blanked += 1
+        if blanked:
+            self.max_physic_offset = self._last_physic_end()
+        return blanked
 
     @staticmethod
     def _fill_blank(mf: MappedFile, until_pos: int) -> None:

@@ -42,6 +42,7 @@ class MappedFileQueue:
         read_only: bool = False,
         mapped_writes: bool = False,
         repair_unit: int = 0,
+        fill_gaps: bool = False,
     ) -> None:
         self.directory = directory
         self.mapped_file_size = mapped_file_size
@@ -51,6 +52,10 @@ class MappedFileQueue:
         #: When > 0, the files hold derived data (ConsumeQueue units of this many
         #: bytes) that recovery rebuilds: :meth:`load` repairs what it would refuse.
         self.repair_unit = 0 if read_only else repair_unit
+        #: In repair mode, a gap between files is filled with empty files (the
+        #: CommitLog: recovery reads on past them) instead of the files after it
+        #: being deleted (derived data, rebuilt from its source).
+        self.fill_gaps = fill_gaps
         #: What :meth:`load` repaired, one sentence per file (repair mode only).
         self.repaired: list[str] = []
         #: Replaced, never mutated, so readers can iterate a snapshot without a lock.
@@ -100,11 +105,18 @@ class MappedFileQueue:
         expected: int | None = None
         for path in paths:
             start = parse_file_name(path)
-            if expected is not None and start != expected:
-                # Files after a gap hold units at positions the queue cannot reach.
-                path.unlink()
-                self.repaired.append(f"{path.name} deleted: it follows a gap")
-                continue
+            if expected is not None and start is not None and start != expected:
+                if self.fill_gaps and start > expected:
+                    for missing in range(expected, start, self.mapped_file_size):
+                        empty = self.directory / file_name(missing)
+                        empty.touch()  # MappedFile gives it its size, sparse
+                        kept.append(empty)
+                        self.repaired.append(f"{empty.name} was missing: created empty")
+                else:
+                    # Files after a gap hold units at positions the queue cannot reach.
+                    path.unlink()
+                    self.repaired.append(f"{path.name} deleted: it follows a gap")
+                    continue
             size = path.stat().st_size
             if 0 < size < self.mapped_file_size:
                 whole = size - size % self.repair_unit

@@ -31,6 +31,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import replace
 from types import TracebackType
 
 from basalt.common.message import Message
@@ -159,11 +160,8 @@ class MessageStore(StoreReads):
             )
             if self.index is not None:
                 self._catch_up_index(report, rebuild_all=rebuild_index)
-            loaded = self.consumer_offsets.load()
-            if loaded.from_backup:
-                log.warning(
-                    "consumer offsets loaded from %s: %s", loaded.source, loaded.main_problem
-                )
+            # load() logs what it had to fall back on; the report carries it too.
+            report = replace(report, consumer_offsets=self.consumer_offsets.load())
             create_abort_file(cfg.abort_path)
         except BaseException:
             self._close_files()

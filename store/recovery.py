@@ -46,25 +46,45 @@ took abnormal recovery of a 1 GiB log from 0.66 to 1.70 s (the target is
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from basalt.common import _records
-from basalt.common.record import RecordKind, check_record
+from basalt.common.record import BLANK_MAGIC_CODE, MIN_RECORD_SIZE, RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.consumer_offsets import OffsetLoadResult
 from basalt.store.dispatcher import ReputMessageService
 from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
+from basalt.store.record import BLANK
+from basalt.store.resync import (
+    DamagedSpan,
+    data_length,
+    quarantine,
+    read_header,
+    resync,
+    tombstone,
+)
 
 log = logging.getLogger(__name__)
 
 #: ConsumeQueue units pointing into this much of the CommitLog's end are all
 #: validated at start; units further back are sampled (see ConsumeQueue.validate).
 VALIDATE_FULL_BYTES = 64 << 20
+#: A lost record's queue offset is kept taken only this close to its queue's end: a
+#: header damaged enough to name a far-off offset is not trusted with padding.
+MAX_LOST_SLOTS_PADDED = 64
+#: A damaged stretch running to its file's end gets a tombstone this long (then the
+#: end-of-file blank), not one filling the whole stretch: the file stays sparse.
+TAIL_TOMBSTONE_BYTES = 4096
+_END_OF_TIME = 1 << 62
+_INT = struct.Struct(">i")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +127,10 @@ class RecoveryReport:
     redispatch_from_offset: int = 0
     #: The damaged ConsumeQueues, rebuilt from the CommitLog.
     rebuilt_queues: tuple[QueueRebuild, ...] = ()
+    #: The CommitLog stretches that held no readable record, set aside.
+    damaged_spans: tuple[DamagedSpan, ...] = ()
+    #: How consumerOffset.json loaded (its ``.bak`` used, entries salvaged or lost).
+    consumer_offsets: OffsetLoadResult | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -120,8 +144,25 @@ class RecoveryReport:
             f"entries dropped {self.consume_queue_entries_dropped} rebuilt "
             f"{self.consume_queue_entries_rebuilt}, queues destroyed "
             f"{self.consume_queues_destroyed}, damaged queues rebuilt "
-            f"{len(self.rebuilt_queues)}, {self.duration_ms:.1f} ms"
+            f"{len(self.rebuilt_queues)}, damaged commitlog spans set aside "
+            f"{len(self.damaged_spans)}, {self.duration_ms:.1f} ms"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """A damaged stretch the scan stepped over, before it is set aside."""
+
+    file: MappedFile
+    #: Position in ``file`` where a record should have been.
+    pos: int
+    length: int
+    reason: str
+    #: Whether the stretch runs to the file's end (it becomes an end-of-file blank).
+    to_file_end: bool
+    #: The store time of the last valid record before it: the time its tombstone
+    #: gets, so store times stay in order along the log.
+    store_timestamp_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,38 +175,77 @@ class ScanResult:
     clean_end: bool
     #: Offset of the first record stored after the scan's ``newer_than_ms``; -1 if none.
     first_newer_offset: int
+    #: What the scan stepped over to reach ``valid_end``, in CommitLog order.
+    damage: tuple[Damage, ...] = ()
 
 
 def scan_commitlog(
-    files: list[MappedFile], start_index: int, *, check_crc: bool, newer_than_ms: int = -1
+    files: list[MappedFile],
+    start_index: int,
+    *,
+    check_crc: bool,
+    newer_than_ms: int = -1,
+    search_to: int = 0,
+    end_index: int | None = None,
 ) -> ScanResult:
-    """Walk records from ``files[start_index]`` to the first invalid one.
+    """Walk records from ``files[start_index]`` to the end of the data, stepping
+    over damage (:func:`basalt.store.resync.resync`).
 
     The walk is :func:`basalt.common._records.scan`: check_record's rules in C, with
     the GIL released, because recovery reads every byte of up to three (or,
-    after a crash, more) 1 GiB files.
+    after a crash, more) 1 GiB files. Where it stops short of a file's end
+    (a bad record, or zeros with no end-of-file blank), the rest of the file
+    is searched for the next valid record; in the last file only up to
+    :data:`TORN_WRITE_WINDOW_BYTES` past ``search_to`` (the ConsumeQueues'
+    end: records were there) or past the stop, since the rest of a live
+    file is space never written. The data ends where the last file's search
+    finds nothing. With ``end_index``, the walk stops before that file (a stretch
+    of whole files, re-read for damage before re-dispatch goes through it).
     """
-    offset = files[start_index].file_from_offset
+    stop_index = len(files) if end_index is None else end_index
     last_ts = 0
     first_newer = -1
-    scanned = 0
-    for mf in files[start_index:]:
-        scanned += 1
-        base = mf.file_from_offset
-        pos, kind, reason, file_ts, file_first_newer, _ = _records.scan(
-            mf.buffer, 0, mf.file_size, base, check_crc, newer_than_ms
-        )
-        last_ts = file_ts or last_ts
-        if first_newer < 0 and file_first_newer >= 0:
-            first_newer = base + file_first_newer
-        if kind == _records.KIND_BLANK:
-            offset = mf.file_end_offset
-            continue
-        end = base + pos
-        clean = kind == _records.KIND_END
-        stop = "end of data" if clean else f"{reason} at offset {end}"
-        return ScanResult(end, scanned, stop, last_ts, clean, first_newer)
-    return ScanResult(offset, scanned, "end of data", last_ts, True, first_newer)
+    damage: list[Damage] = []
+    for index in range(start_index, stop_index):
+        mf = files[index]
+        base, size = mf.file_from_offset, mf.file_size
+        last_file = index == len(files) - 1
+        result = _records.scan(mf.buffer, 0, size, base, check_crc, newer_than_ms)
+        while True:
+            pos, kind, reason, file_ts, file_first_newer, _ = result
+            last_ts = file_ts or last_ts
+            if first_newer < 0 and file_first_newer >= 0:
+                first_newer = base + file_first_newer
+            if kind == _records.KIND_BLANK:
+                (blank_size,) = _INT.unpack_from(mf.buffer, pos)
+                if blank_size == size - pos:
+                    break  # the file's end: on to the next
+                kind = _records.KIND_CORRUPT
+                reason = f"end-of-file blank of {blank_size} bytes but {size - pos} remain"
+            elif kind == _records.KIND_END and pos >= size:
+                break  # the file is exactly full
+            elif kind == _records.KIND_END:
+                reason = "zeros where a record should be"
+            limit = size
+            if last_file:
+                limit = min(size, max(search_to - base, pos) + TORN_WRITE_WINDOW_BYTES)
+            found = resync(mf, pos, limit, check_crc=check_crc, newer_than_ms=newer_than_ms)
+            if found is None:
+                if last_file:
+                    clean = kind == _records.KIND_END
+                    stop = "end of data" if clean else f"{reason} at offset {base + pos}"
+                    return ScanResult(
+                        base + pos, index - start_index + 1, stop, last_ts, clean, first_newer,
+                        tuple(damage),
+                    )  # fmt: skip
+                damage.append(Damage(mf, pos, size - pos, reason, True, last_ts))
+                break
+            at, result = found
+            damage.append(Damage(mf, pos, at - pos, reason, False, last_ts))
+    end = files[stop_index - 1].file_end_offset
+    return ScanResult(
+        end, stop_index - start_index, "end of data", last_ts, True, first_newer, tuple(damage)
+    )
 
 
 def _abnormal_start_index(files: list[MappedFile], checkpoint: StoreCheckpoint) -> int:
@@ -222,7 +302,16 @@ def recover(
     start_index = _abnormal_start_index(files, checkpoint) if abnormal else max(0, len(files) - 3)
     scan_start = files[start_index].file_from_offset
     min_ts = checkpoint.min_timestamp_ms()
-    scan = scan_commitlog(files, start_index, check_crc=check_crc, newer_than_ms=min_ts)
+    for repair in commitlog.files.repaired:
+        log.error("commitlog file repaired on load: %s", repair)
+    scan = scan_commitlog(
+        files,
+        start_index,
+        check_crc=check_crc,
+        newer_than_ms=min_ts,
+        search_to=consume_queues.max_physic_offset(),
+    )
+    spans = _set_aside(commitlog, scan)
     # Stopped on empty space: only a torn append can lie beyond. Stopped on a corrupt
     # record: valid-looking records may follow it, so every byte past it is cleared.
     truncated = commitlog.files.truncate_dirty_files(
@@ -232,11 +321,12 @@ def recover(
     last = commitlog.files.last_file
     if last is not None:
         last.store_timestamp_ms = scan.last_store_timestamp_ms
+    # The queue slots of lost records stay taken: their units become blank units.
     dropped_by: dict[ConsumeQueue, int] = {}
+    gone = [(span.offset, span.end) for span in spans]
+    gone.append((scan.valid_end, _END_OF_TIME))
     for cq in consume_queues:
-        cut = dropped_by[cq] = cq.truncate_dirty(scan.valid_end)
-        if cut:
-            damage[cq].append(f"{cut} units past the CommitLog's end")
+        dropped_by[cq] = sum(cq.blank_units(start, end) for start, end in gone)
 
     destroyed = 0
     if scan.valid_end <= commitlog.min_offset:
@@ -253,11 +343,26 @@ def recover(
         reput_from = min(reput_from, newer)
     reput_from = min([reput_from, *(phy for _, phy in rebuild.values())])
     redispatch_from = dispatcher.reput_from_offset = min(reput_from, scan.valid_end)
+    if redispatch_from < scan_start:
+        # Re-dispatch goes back before the scan (a damaged queue): read that stretch
+        # for damage first, so the dispatcher only meets records that are valid.
+        early = scan_commitlog(
+            files,
+            files.index(commitlog.files.find_by_offset(redispatch_from) or files[0]),
+            check_crc=check_crc,
+            end_index=start_index,
+        )
+        found = _set_aside(commitlog, early, tail=False)
+        for cq in consume_queues:
+            for span in found:
+                dropped_by[cq] += cq.blank_units(span.offset, span.end)
+        spans = found + spans
     while dispatcher.dispatch_available():
         pass
     if dispatcher.stalled_reason is not None:
         raise CorruptRecordError(dispatcher.reput_from_offset, dispatcher.stalled_reason)
 
+    _keep_lost_slots(consume_queues, spans)
     table = commitlog.topic_queue_table
     table.clear()
     for cq in consume_queues:
@@ -279,9 +384,82 @@ def recover(
         duration_ms=(time.perf_counter() - started) * 1000,
         redispatch_from_offset=redispatch_from,
         rebuilt_queues=rebuilt,
+        damaged_spans=tuple(spans),
     )
-    log.info("%s", report.summary())
+    log.log(logging.ERROR if spans else logging.INFO, "%s", report.summary())
     return report
+
+
+def _set_aside(commitlog: CommitLog, scan: ScanResult, *, tail: bool = True) -> list[DamagedSpan]:
+    """Quarantine every damaged stretch, then overwrite it: a tombstone record in the
+    middle of a file, an end-of-file blank at a file's end; the damaged tail past
+    the last record is quarantined here and cleared by the caller. Each span is
+    logged at ERROR."""
+    spans: list[DamagedSpan] = []
+    directory = commitlog.config.quarantine_dir
+    host = commitlog.store_host
+    last = commitlog.files.last_file
+    past_end: list[Damage] = []
+    if tail and last is not None and scan.valid_end >= last.file_from_offset:
+        pos = scan.valid_end - last.file_from_offset
+        limit = last.file_size if not scan.clean_end else pos + TORN_WRITE_WINDOW_BYTES
+        length = data_length(last, pos, min(limit, last.file_size))
+        if length:
+            reason = "bytes past the last record" if scan.clean_end else scan.stop_reason
+            past_end.append(Damage(last, pos, length, reason, True, scan.last_store_timestamp_ms))
+    for d in (*scan.damage, *past_end):
+        offset = d.file.file_from_offset + d.pos
+        header = read_header(d.file, d.pos, d.pos + d.length)
+        kept = d.length if not d.to_file_end else data_length(d.file, d.pos, d.pos + d.length)
+        path = ""
+        if kept:
+            data = d.file.read(d.pos, kept)
+            path = str(quarantine(directory, offset, d.length, data))
+        topic, queue_id, queue_offset = header if header is not None else (None, None, None)
+        span = DamagedSpan(offset, d.length, d.reason, topic, queue_id, queue_offset, path)
+        log.error("damaged commitlog data set aside: %s", span.describe())
+        spans.append(span)
+        if d in past_end:
+            continue  # cleared with the rest of the tail
+        note = Path(path).name if path else ""
+        if d.to_file_end:
+            # A short tombstone (readers learn records were lost here), then the
+            # end-of-file blank: the rest of the file stays sparse.
+            d.file.zero_tail(d.pos)
+            size = min(d.length - BLANK.size, TAIL_TOMBSTONE_BYTES)
+            blank_at = d.pos
+            if size >= MIN_RECORD_SIZE:
+                ts = d.store_timestamp_ms
+                record = tombstone(offset, size, store_host=host, store_timestamp_ms=ts, note=note)
+                d.file.write_at(d.pos, record)
+                blank_at += size
+            d.file.write_at(blank_at, BLANK.pack(d.file.file_size - blank_at, BLANK_MAGIC_CODE))
+        else:
+            ts = d.store_timestamp_ms
+            record = tombstone(offset, d.length, store_host=host, store_timestamp_ms=ts, note=note)
+            d.file.write_at(d.pos, record)
+    return spans
+
+
+def _keep_lost_slots(consume_queues: ConsumeQueueTable, spans: list[DamagedSpan]) -> None:
+    """A lost record whose header still names its queue, and that was its queue's
+    last (nothing after it took the next offset), keeps its offset taken: the
+    queue gets a blank unit for it, so the offset is never issued again."""
+    for span in spans:
+        if span.topic is None or span.queue_id is None or span.queue_offset is None:
+            continue
+        cq = consume_queues.get(span.topic, span.queue_id)
+        if cq is None and span.queue_offset == 0:
+            cq = consume_queues.find_or_create(span.topic, span.queue_id)
+        if cq is None:
+            continue
+        end = cq.max_offset_in_queue
+        if end <= span.queue_offset < end + MAX_LOST_SLOTS_PADDED:
+            cq.pad_to(span.queue_offset + 1)
+            log.error(
+                "consumequeue %s/%d: queue offset %d was the lost record's; kept taken",
+                span.topic, span.queue_id, span.queue_offset,
+            )  # fmt: skip
 
 
 def _repair_consume_queues(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
 import pytest
 
 from basalt.store.checkpoint import CHECKPOINT_FILE_SIZE, RECOVERY_MARGIN_MS, StoreCheckpoint
-from basalt.store.errors import CorruptFileError
 
 PHYSIC, LOGICS, INDEX = 1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_789
 
@@ -110,13 +110,26 @@ def test_min_timestamp_is_min_of_physic_and_logics_minus_3s_clamped_at_0(
 
 
 @pytest.mark.parametrize("size", [1, 24, 4095, 4097, 8192])
-def test_a_checkpoint_of_the_wrong_size_is_rejected(tmp_path: Path, size: int) -> None:
+def test_a_checkpoint_of_the_wrong_size_is_reset_to_zero(
+    tmp_path: Path, size: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a hint: a torn or padded checkpoint means "recover from the start", not
+    "refuse to start"."""
     path = tmp_path / "checkpoint"
     path.write_bytes(b"\x01" * size)
-    with pytest.raises(CorruptFileError, match="size") as excinfo:
-        StoreCheckpoint(path)
-    assert excinfo.value.path == path
-    assert path.read_bytes() == b"\x01" * size
+    with caplog.at_level(logging.ERROR, "basalt.store.checkpoint"):
+        cp = StoreCheckpoint(path)
+    try:
+        assert (cp.physic_msg_timestamp, cp.logics_msg_timestamp, cp.index_msg_timestamp) == (
+            0,
+            0,
+            0,
+        )
+        assert cp.min_timestamp_ms() == 0
+        assert f"size {size}" in caplog.text
+    finally:
+        cp.close()
+    assert path.read_bytes() == bytes(4096)
 
 
 def test_read_only_checkpoint_of_a_missing_file_is_zero_and_creates_nothing(

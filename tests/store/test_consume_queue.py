@@ -375,3 +375,18 @@ ConsumeQueueMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=30, deadline=None
 )
 test_consume_queue_matches_a_list_model = ConsumeQueueMachine.TestCase
+
+
+def test_a_queue_offset_far_past_the_end_is_not_padded_to(tmp_path: Path) -> None:
+    """A damaged QUEUEOFFSET (10**12) must not make the queue write blank units to it."""
+    cq = ConsumeQueue("T", 0, tmp_path, 20 * 100)
+    cq.load()
+    cq.recover()
+    assert cq.put_entries([(0, 0, 100, 0)]) == 1
+    assert cq.put_entries([(10**12, 100, 100, 0)]) == 0
+    assert cq.max_offset_in_queue == 1
+    assert cq.put_entries([(3, 200, 100, 0)]) == 1  # a small hole is padded
+    assert cq.max_offset_in_queue == 4
+    assert cq.get_unit(1) == (0, BLANK_UNIT_SIZE, 0)
+    assert len(list((tmp_path / "T" / "0").iterdir())) == 1
+    cq.close()

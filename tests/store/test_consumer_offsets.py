@@ -574,6 +574,8 @@ def test_a_store_with_a_garbage_offset_file_starts(
     try:
         assert store.consumer_offsets.last_load is not None
         assert store.consumer_offsets.last_load.salvaged
+        assert store.recovery_report is not None
+        assert store.recovery_report.consumer_offsets == store.consumer_offsets.last_load
         assert store.commit_offset("g", "T", 0, 5).ok
     finally:
         store.shutdown()

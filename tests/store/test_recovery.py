@@ -19,13 +19,15 @@ from typing import Any
 import pytest
 
 from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
-from basalt.common.record import HEADERS
+from basalt.common.record import HEADERS, RecordKind, check_record
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig, PutMessageResult
+from basalt.store.check import check_store
 from basalt.store.checkpoint import RECOVERY_MARGIN_MS
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import file_name
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 from basalt.store.recovery import RecoveryReport
+from basalt.store.resync import DamagedSpan, is_tombstone
 from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 #: Where the body starts in a record with IPv4 born and store hosts.
@@ -157,6 +159,32 @@ def assert_all_readable(store: MessageStore, sent: list[Sent]) -> None:
         assert (record.commit_log_offset, record.body) == (s.physical_offset, s.body)
 
 
+def read_queue(store: MessageStore, queue_id: int) -> list[tuple[int, bytes]]:
+    """(queue offset, body) of every record a consumer reading the queue from 0 gets."""
+    got: list[tuple[int, bytes]] = []
+    offset = 0
+    while offset < store.get_max_offset_in_queue(TOPIC, queue_id):
+        result = store.get_message("g", TOPIC, queue_id, offset, 32)
+        got += [(r.queue_offset, r.body) for r in result.decode()]
+        assert result.next_begin_offset > offset, "the read must move on"
+        offset = result.next_begin_offset
+    return got
+
+
+def expected_queue(sent: list[Sent], queue_id: int) -> list[tuple[int, bytes]]:
+    return [(s.queue_offset, s.body) for s in sent if s.queue_id == queue_id]
+
+
+def assert_set_aside(config: MessageStoreConfig, span: DamagedSpan, lost: Sent) -> None:
+    """``span`` is ``lost``'s record, its bytes in quarantine, a tombstone in its place."""
+    assert (span.offset, span.length) == (lost.physical_offset, lost.size)
+    assert Path(span.quarantine).parent == config.quarantine_dir
+    assert len(Path(span.quarantine).read_bytes()) <= lost.size
+    info = check_record(read_commitlog(config, lost.physical_offset, lost.size), 0, lost.size,
+                        check_crc=True, expected_offset=lost.physical_offset)  # fmt: skip
+    assert info.kind is RecordKind.MESSAGE and is_tombstone(info.topic, info.sys_flag)
+
+
 def queue_maxima(store: MessageStore, queues: int = 2) -> list[int]:
     """Each queue's max offset once everything sent so far is dispatched."""
     assert store.wait_dispatched()
@@ -175,7 +203,7 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
 @pytest.mark.parametrize("region", list(CORRUPTIONS))
-def test_corrupt_last_message_is_truncated(
+def test_a_corrupt_last_record_is_set_aside_and_its_queue_offset_kept(
     runner: StoreRunner, abnormal: bool, region: str
 ) -> None:
     store = runner.start()
@@ -186,6 +214,7 @@ def test_corrupt_last_message_is_truncated(
     assert maxima == [20, 20]
     runner.stop()
     position, reason = CORRUPTIONS[region]
+    original = read_commitlog(runner.config, last.physical_offset, last.size)
     overwrite_commitlog(runner.config, last.physical_offset + position, bytes(16))
 
     store = runner.start(abnormal=abnormal)
@@ -199,31 +228,39 @@ def test_corrupt_last_message_is_truncated(
     assert got.consume_queue_entries_dropped == 1
     assert got.consume_queue_entries_rebuilt == 0
     assert got.consume_queues_destroyed == 0
-    assert queue_maxima(store) == [20, 19]  # the bad record was queue 1's last
+    (span,) = got.damaged_spans
+    assert (span.offset, span.length) == (last.physical_offset, last.size)
+    damaged = original[:position] + bytes(16) + original[position + 16 :]
+    assert Path(span.quarantine).read_bytes() == damaged
+    # Its queue offset stays taken: a reader steps over it, no send gets it again.
+    assert queue_maxima(store) == [20, 20]
     assert store.get_message_by_queue_offset(TOPIC, 1, 19) is None
     assert store.lookup_message_by_offset(last.physical_offset) is None
     assert_all_readable(store, sent[:-1])
+    assert read_queue(store, 1) == expected_queue(sent[:-1], 1)
     file_size = runner.config.mapped_file_size_commit_log
     tail = file_size - last.physical_offset % file_size
     assert read_commitlog(runner.config, last.physical_offset, tail) == bytes(tail)
 
-    # The next send takes the bad record's place and its queue offset.
+    # The next send takes the bad record's place, not its queue offset.
     again = store.put_message(Message(TOPIC, b"again", queue_id=1))
     assert again.physical_offsets == (last.physical_offset,)
-    assert again.queue_offsets == (19,)
+    assert again.queue_offsets == (20,)
     runner.stop()
     store = runner.start()
     assert report(store).bytes_truncated == 0
-    assert queue_maxima(store) == [20, 20]
+    assert report(store).damaged_spans == ()
+    assert queue_maxima(store) == [20, 21]
 
 
-def test_abnormal_recovery_truncates_at_a_corrupt_record_in_an_earlier_file(
+def test_abnormal_recovery_reads_on_past_a_corrupt_record_in_an_earlier_file(
     runner: StoreRunner,
 ) -> None:
     store = runner.start()
     sent = send(store, 80)
-    files_before = len(list(runner.config.commitlog_dir.iterdir()))
-    assert files_before >= 4
+    end = store.max_physical_offset
+    files_before = sorted(runner.config.commitlog_dir.iterdir())
+    assert len(files_before) >= 4
     bad = sent[7]
     runner.stop()
     overwrite_commitlog(runner.config, bad.physical_offset + BODY_START, bytes(16))
@@ -232,13 +269,21 @@ def test_abnormal_recovery_truncates_at_a_corrupt_record_in_an_earlier_file(
 
     got = report(store)
     assert got.scan_start_offset == 0
-    assert got.last_valid_offset == store.max_physical_offset == bad.physical_offset
-    assert got.consume_queue_entries_dropped == len(sent) - 7
-    assert sorted(runner.config.commitlog_dir.iterdir()) == [
-        runner.config.commitlog_dir / file_name(0)
-    ]
-    assert queue_maxima(store) == [4, 3]
-    assert_all_readable(store, sent[:7])
+    assert got.last_valid_offset == store.max_physical_offset == end
+    assert got.consume_queue_entries_dropped == 1
+    assert sorted(runner.config.commitlog_dir.iterdir()) == files_before
+    (span,) = got.damaged_spans
+    assert_set_aside(runner.config, span, bad)
+    assert (span.topic, span.queue_id, span.queue_offset) == (TOPIC, 1, 3)
+    assert "CRC" in span.reason
+    kept = [s for s in sent if s is not bad]
+    assert_all_readable(store, kept)
+    assert store.get_message_by_queue_offset(TOPIC, 1, 3) is None
+    assert read_queue(store, 1) == expected_queue(kept, 1)
+    assert queue_maxima(store) == [40, 40]
+    store = runner.restart()
+    assert report(store).damaged_spans == ()
+    assert store.put_message(Message(TOPIC, b"n", queue_id=1)).queue_offsets == (40,)
 
 
 def test_clean_restart_changes_nothing(runner: StoreRunner) -> None:
@@ -286,14 +331,13 @@ def _zero_commitlog(config: MessageStoreConfig) -> None:
 
 
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
-@pytest.mark.parametrize("damage", [_delete_commitlog, _zero_commitlog], ids=["deleted", "zeroed"])
 def test_without_a_commitlog_consume_queues_are_destroyed(
-    runner: StoreRunner, abnormal: bool, damage: Callable[[MessageStoreConfig], None]
+    runner: StoreRunner, abnormal: bool
 ) -> None:
     store = runner.start()
     send(store, 30, queues=3)
     runner.stop()
-    damage(runner.config)
+    _delete_commitlog(runner.config)
 
     store = runner.start(abnormal=abnormal)
 
@@ -307,6 +351,28 @@ def test_without_a_commitlog_consume_queues_are_destroyed(
     assert (result.physical_offsets, result.queue_offsets) == ((0,), (0,))
     assert store.wait_dispatched()
     assert queue_maxima(store, 3) == [0, 0, 1]
+
+
+@pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
+def test_a_zeroed_commitlog_keeps_every_queue_offset_taken(
+    runner: StoreRunner, abnormal: bool
+) -> None:
+    store = runner.start()
+    send(store, 30, queues=3)
+    runner.stop()
+    _zero_commitlog(runner.config)
+
+    store = runner.start(abnormal=abnormal)
+
+    got = report(store)
+    assert got.consume_queues_destroyed == 0
+    assert got.consume_queue_entries_dropped == 30
+    assert queue_maxima(store, 3) == [10, 10, 10]
+    assert read_queue(store, 0) == []
+    result = store.put_message(Message(TOPIC, b"fresh", queue_id=2))
+    assert result.queue_offsets == (10,)
+    assert store.wait_dispatched()
+    assert read_queue(store, 2) == [(10, b"fresh")]
 
 
 def _written_units(data: bytes | bytearray) -> int:
@@ -483,7 +549,8 @@ def test_body_crc_is_checked_only_with_check_crc_on_recover(
         assert got.last_valid_offset == store.max_physical_offset == last.physical_offset
         assert "CRC" in got.stop_reason
         assert got.consume_queue_entries_dropped == 1
-        assert queue_maxima(store) == [5, 4]
+        assert queue_maxima(store) == [5, 5]
+        assert store.get_message_by_queue_offset(TOPIC, 1, 4) is None
     else:
         assert got.last_valid_offset == store.max_physical_offset == end
         assert got.stop_reason == "end of data"
@@ -522,10 +589,10 @@ def test_next_put_continues_queue_offsets_after_restart(
     assert store.put_message(Message("BrandNew", b"n", queue_id=5)).queue_offsets == (0,)
 
 
-# -- the dirty tail really goes ---------------------------------------------------------
+# -- reading on past damage ------------------------------------------------------------
 
 
-def _truncate_before_a_long_zero_run(runner: StoreRunner) -> tuple[list[Sent], int]:
+def _corrupt_before_a_long_zero_run(runner: StoreRunner) -> tuple[list[Sent], int]:
     """Send a record, the one to corrupt, one with a 200 KB zero body and one more;
     corrupt the second and restart. Returns what was sent and the end before the restart.
     """
@@ -542,40 +609,45 @@ def _truncate_before_a_long_zero_run(runner: StoreRunner) -> tuple[list[Sent], i
     return sent, end
 
 
-def test_truncation_zeroes_the_whole_dirty_tail_even_past_long_zero_runs(
+def test_recovery_reads_on_past_a_corrupt_record_and_a_long_zero_run(
     big_file_runner: StoreRunner,
 ) -> None:
-    sent, end = _truncate_before_a_long_zero_run(big_file_runner)
+    sent, end = _corrupt_before_a_long_zero_run(big_file_runner)
 
-    bad = sent[1].physical_offset
-    assert big_file_runner.store is not None
-    got = report(big_file_runner.store)
-    assert got.last_valid_offset == bad
-    assert got.bytes_truncated == end - bad
-    assert read_commitlog(big_file_runner.config, bad, end - bad) == bytes(end - bad)
-
-
-def test_a_truncated_record_never_comes_back(big_file_runner: StoreRunner) -> None:
-    sent, _ = _truncate_before_a_long_zero_run(big_file_runner)
     store = big_file_runner.store
     assert store is not None
-    assert store.get_max_offset_in_queue(TOPIC, 0) == 1
-    # New records of the same sizes end exactly where the truncated last one began.
-    rewritten = send(store, 1, queues=1, body_size=100)
-    assert rewritten[0].physical_offset == sent[1].physical_offset
-    assert store.put_message(Message(TOPIC, bytes(200_000), tags="zeros")).ok
-    assert store.max_physical_offset == sent[3].physical_offset
+    got = report(store)
+    assert got.last_valid_offset == end
+    assert got.bytes_truncated == 0
+    (span,) = got.damaged_spans
+    assert_set_aside(big_file_runner.config, span, sent[1])
+    kept = [sent[0], *sent[2:]]
+    assert_all_readable(store, kept)
+    assert read_queue(store, 0) == expected_queue(kept, 0)
+
+
+def test_a_set_aside_record_never_comes_back(big_file_runner: StoreRunner) -> None:
+    sent, end = _corrupt_before_a_long_zero_run(big_file_runner)
+    store = big_file_runner.store
+    assert store is not None
+    assert store.get_max_offset_in_queue(TOPIC, 0) == 4
+    again = send(store, 1, queues=1, body_size=100)
+    assert (again[0].physical_offset, again[0].queue_offset) == (end, 4)
 
     store = big_file_runner.restart(abnormal=True)
 
-    assert report(store).last_valid_offset == sent[3].physical_offset
-    assert store.get_max_offset_in_queue(TOPIC, 0) == 3
+    got = report(store)
+    assert got.last_valid_offset == store.max_physical_offset == end + again[0].size
+    assert got.damaged_spans == ()
+    assert store.get_message_by_queue_offset(TOPIC, 0, 1) is None
+    kept = [sent[0], *sent[2:], *again]
+    assert read_queue(store, 0) == expected_queue(kept, 0)
 
 
-def test_a_corrupt_record_clears_every_byte_after_it_even_far_past_the_torn_write_window(
+def test_recovery_finds_records_far_past_the_torn_write_window(
     make_config: ConfigFactory, clock: ManualClock
 ) -> None:
-    """Stale but valid-looking records may follow a corrupt one: all of them are cleared."""
+    """The next valid record may lie further than a torn write reaches: it is found."""
     file_size = 3 * TORN_WRITE_WINDOW_BYTES
     config = make_config(mapped_file_size_commit_log=file_size, max_message_size=file_size)
     runner = StoreRunner(config, clock)
@@ -586,26 +658,31 @@ def test_a_corrupt_record_clears_every_byte_after_it_even_far_past_the_torn_writ
         big = store.put_message(Message(TOPIC, b"c" * (TORN_WRITE_WINDOW_BYTES + 4096)))
         last = store.put_message(Message(TOPIC, b"d" * 100, tags="d"))
         assert first.ok and bad.ok and big.ok and last.ok
-        assert last.physical_offsets[0] > bad.physical_offsets[0] + TORN_WRITE_WINDOW_BYTES
+        end = store.max_physical_offset
         runner.stop()
-        overwrite_commitlog(config, bad.physical_offsets[0] + BODY_START, bytes(16))
+        # Zeros over the bad record and the start of the next: its magic code is gone too.
+        overwrite_commitlog(config, bad.physical_offsets[0], bytes(bad.sizes[0] + 16))
 
         store = runner.start()
 
-        assert report(store).last_valid_offset == bad.physical_offsets[0]
-        assert store.get_max_offset_in_queue(TOPIC, 0) == 1
-        start = bad.physical_offsets[0]
-        assert read_commitlog(config, start, file_size - start).count(0) == file_size - start
-        assert report(store).bytes_truncated == last.physical_offsets[0] + last.sizes[0] - start
+        got = report(store)
+        assert got.last_valid_offset == end
+        (span,) = got.damaged_spans
+        assert span.offset == bad.physical_offsets[0]
+        assert span.length == bad.sizes[0] + big.sizes[0]
+        assert "zeros" in span.reason
+        assert store.get_max_offset_in_queue(TOPIC, 0) == 4
+        got_bodies = [body for _, body in read_queue(store, 0)]
+        assert got_bodies == [b"a" * 100, b"d" * 100]
     finally:
         runner.stop()
 
 
-def test_a_record_with_a_zeroed_header_clears_the_rest_of_its_file(
+def test_a_record_with_a_zeroed_header_loses_only_that_record(
     make_config: ConfigFactory, clock: ManualClock
 ) -> None:
-    """Zeroes where a record should start look like the end of data; what follows is
-    damage, and must not come back once new records reach it."""
+    """Zeroes where a record should start look like the end of data; the records
+    after them are found, and new records go after the last of them."""
     file_size = 2 * TORN_WRITE_WINDOW_BYTES
     config = make_config(mapped_file_size_commit_log=file_size)
     runner = StoreRunner(config, clock)
@@ -614,23 +691,195 @@ def test_a_record_with_a_zeroed_header_clears_the_rest_of_its_file(
         body = b"x" * 4000
         sent = [store.put_message(Message(TOPIC, body)) for _ in range(3000)]
         assert all(r.ok for r in sent)
+        end = store.max_physical_offset
         runner.stop()
         cut = sent[10].physical_offsets[0]
         overwrite_commitlog(config, cut, bytes(8))
 
         store = runner.start()
-        assert report(store).last_valid_offset == cut
-        start_of_file_tail = cut % file_size
-        tail = read_commitlog(config, cut, file_size - start_of_file_tail)
-        assert tail.count(0) == len(tail)
+        got = report(store)
+        assert got.last_valid_offset == end
+        (span,) = got.damaged_spans
+        assert (span.offset, span.length) == (cut, sent[10].sizes[0])
+        assert span.topic is None  # the header went with the zeros
+        assert store.get_max_offset_in_queue(TOPIC, 0) == 3000
+        assert store.get_message_by_queue_offset(TOPIC, 0, 10) is None
+        assert store.get_message_by_queue_offset(TOPIC, 0, 11) is not None
 
-        # New records of the same size end exactly where old ones started.
-        resent = [store.put_message(Message(TOPIC, b"y" * 4000)) for _ in range(2500)]
-        assert all(r.ok for r in resent)
+        resent = [store.put_message(Message(TOPIC, b"y" * 4000)) for _ in range(10)]
+        assert [r.queue_offsets[0] for r in resent] == list(range(3000, 3010))
         end = store.max_physical_offset
         store = runner.restart()
-        assert store.max_physical_offset == end
-        assert report(store).last_valid_offset == end
-        assert store.get_max_offset_in_queue(TOPIC, 0) == 10 + 2500
+        assert store.max_physical_offset == report(store).last_valid_offset == end
+        assert store.get_max_offset_in_queue(TOPIC, 0) == 3010
     finally:
         runner.stop()
+
+
+# -- damaged and missing CommitLog files --------------------------------------------------
+
+
+def _checked_after_a_clean_stop(runner: StoreRunner) -> None:
+    runner.stop()
+    checked = check_store(runner.config.store_path_root_dir)
+    assert checked.ok, checked.problems
+
+
+def test_a_flipped_total_size_in_the_first_record_loses_only_that_record(
+    runner: StoreRunner,
+) -> None:
+    store = runner.start()
+    sent = send(store, 30)
+    runner.stop()
+    (high,) = read_commitlog(runner.config, 0, 1)
+    overwrite_commitlog(runner.config, 0, bytes([high ^ 0x40]))
+
+    store = runner.start()
+
+    (span,) = report(store).damaged_spans
+    assert_set_aside(runner.config, span, sent[0])
+    assert "TOTALSIZE" in span.reason
+    assert read_queue(store, 0) == expected_queue(sent[1:], 0)
+    assert read_queue(store, 1) == expected_queue(sent, 1)
+    assert queue_maxima(store) == [15, 15]
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_short_commitlog_file_is_padded_and_the_files_after_it_kept(
+    runner: StoreRunner,
+) -> None:
+    store = runner.start()
+    sent = send(store, 60)
+    files = sorted(runner.config.commitlog_dir.iterdir())
+    assert len(files) >= 3
+    runner.stop()
+    file_size = runner.config.mapped_file_size_commit_log
+    os.truncate(files[1], file_size // 2)
+    lost = [
+        s for s in sent if file_size * 3 // 2 <= s.physical_offset + s.size
+        and s.physical_offset < 2 * file_size
+    ]  # fmt: skip
+    assert lost
+
+    store = runner.start()
+
+    got = report(store)
+    (span,) = got.damaged_spans
+    assert span.offset == lost[0].physical_offset
+    assert span.end == 2 * file_size
+    assert os.path.getsize(files[1]) == file_size
+    kept = [s for s in sent if s not in lost]
+    assert_all_readable(store, kept)
+    for queue_id in (0, 1):
+        assert read_queue(store, queue_id) == expected_queue(kept, queue_id)
+    assert queue_maxima(store) == [30, 30]
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_missing_middle_commitlog_file_is_recreated_and_the_rest_kept(
+    runner: StoreRunner,
+) -> None:
+    store = runner.start()
+    sent = send(store, 60)
+    files = sorted(runner.config.commitlog_dir.iterdir())
+    assert len(files) >= 3
+    runner.stop()
+    files[1].unlink()
+    file_size = runner.config.mapped_file_size_commit_log
+    lost = [s for s in sent if file_size <= s.physical_offset < 2 * file_size]
+
+    store = runner.start()
+
+    (span,) = report(store).damaged_spans
+    assert (span.offset, span.length, span.quarantine) == (file_size, file_size, "")
+    assert sorted(runner.config.commitlog_dir.iterdir()) == files
+    kept = [s for s in sent if s not in lost]
+    assert_all_readable(store, kept)
+    assert read_queue(store, 0) == expected_queue(kept, 0)
+    assert queue_maxima(store) == [30, 30]
+    assert store.put_message(Message(TOPIC, b"n", queue_id=0)).queue_offsets == (30,)
+    _checked_after_a_clean_stop(runner)
+
+
+def test_garbage_past_the_end_is_quarantined_and_cleared(runner: StoreRunner) -> None:
+    store = runner.start()
+    sent = send(store, 10)
+    end = store.max_physical_offset
+    runner.stop()
+    garbage = bytes(range(256)) * 4
+    overwrite_commitlog(runner.config, end + 4096, garbage)
+
+    store = runner.start()
+
+    got = report(store)
+    assert got.last_valid_offset == end
+    (span,) = got.damaged_spans
+    assert span.offset == end
+    assert Path(span.quarantine).read_bytes().endswith(garbage)
+    assert read_commitlog(runner.config, end + 4096, len(garbage)) == bytes(len(garbage))
+    assert_all_readable(store, sent)
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_lost_records_queue_offset_stays_taken_when_only_its_header_names_it(
+    runner: StoreRunner,
+) -> None:
+    """The ConsumeQueue had not indexed the lost record (a crash): its header, still
+    readable, keeps its queue offset from being issued again."""
+    store = runner.start()
+    sent = send(store, 10)
+    runner.stop()
+    last = sent[-1]
+    # The queue loses its last unit (as if the crash came before dispatch) ...
+    cq_file = runner.config.consume_queue_dir / TOPIC / "1" / file_name(0)
+    data = bytearray(cq_file.read_bytes())
+    at = last.queue_offset * CQ_STORE_UNIT_SIZE
+    data[at : at + CQ_STORE_UNIT_SIZE] = bytes(CQ_STORE_UNIT_SIZE)
+    cq_file.write_bytes(bytes(data))
+    # ... and the record a flipped body byte; a record of queue 0 follows it.
+    overwrite_commitlog(runner.config, last.physical_offset + BODY_START, b"\xff")
+    store = runner.start(abnormal=True)
+    (span,) = report(store).damaged_spans
+    assert (span.topic, span.queue_id, span.queue_offset) == (TOPIC, 1, 4)
+    assert queue_maxima(store) == [5, 5]
+    after = store.put_message(Message(TOPIC, b"after", queue_id=1))
+    assert after.queue_offsets == (5,)
+
+
+def test_damage_before_the_scan_found_through_a_queue_is_set_aside_too(
+    runner: StoreRunner, clock: ManualClock
+) -> None:
+    """A clean restart scans the last three files, but a ConsumeQueue unit pointing at
+    damage further back sends re-dispatch there: that stretch is read for damage
+    first, and the damaged record set aside like any other."""
+    store = runner.start()
+    sent = _send_across_files(store, clock, files=5)
+    runner.stop()
+    bad = sent[2]
+    overwrite_commitlog(runner.config, bad.physical_offset, bytes(8))
+
+    store = runner.start()
+
+    got = report(store)
+    assert got.scan_start_offset == 2 * SMALL_COMMITLOG_FILE > bad.physical_offset
+    (span,) = got.damaged_spans
+    assert_set_aside(runner.config, span, bad)
+    kept = [s for s in sent if s is not bad]
+    for queue_id in (0, 1):
+        assert read_queue(store, queue_id) == expected_queue(kept, queue_id)
+    _checked_after_a_clean_stop(runner)
+
+
+def test_a_read_skips_a_unit_whose_record_is_not_there(runner: StoreRunner) -> None:
+    """Bytes overwritten under a running store: a read checks each unit's record
+    (size, magic, position) and steps over one that is not there, rather than
+    return other bytes."""
+    store = runner.start()
+    sent = send(store, 10)
+    assert store.wait_dispatched()
+    bad = sent[4]
+    overwrite_commitlog(runner.config, bad.physical_offset + 4, bytes(4))  # the magic code
+
+    kept = [s for s in sent if s is not bad]
+    for queue_id in (0, 1):
+        assert read_queue(store, queue_id) == expected_queue(kept, queue_id)

@@ -1022,6 +1022,10 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
             stop = GATHER_ELSEWHERE; /* another file, or gone: Python decides */
             break;
         }
+        const uint8_t *rec = lg + rel;
+        if (get_i32(rec) != size || get_u32(rec + 4) != MESSAGE_MAGIC_CODE ||
+            get_i64(rec + 28) != phy)
+            continue; /* not the unit's record (damage recovery set aside): skip it */
         if (confirm) {
             stop = GATHER_CONFIRM;
             break;
