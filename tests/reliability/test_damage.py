@@ -54,7 +54,7 @@ def test_the_built_store_spans_several_files(built: tuple[Path, Layout]) -> None
     assert len(layout.records) == sum(layout.queue_max.values())
     config = store_config(root)
     for topic, queue_id in layout.queue_max:
-        assert len(list((config.consume_queue_dir / topic / str(queue_id)).iterdir())) >= 2
+        assert len(list((config.consume_queue_dir / topic / str(queue_id)).iterdir())) >= 3
 
 
 @pytest.mark.parametrize("damage", CATALOGUE, ids=lambda d: d.name)

@@ -49,8 +49,9 @@ CQ_FILE = CQ_UNITS_PER_FILE * CQ_STORE_UNIT_SIZE
 PAGE = 4096
 TOPICS = ("Alpha", "Beta", "%RETRY%g")
 QUEUES = 2
-#: Records per queue: 6 queues × 50 ≈ 300 records, ~5 CommitLog files, 2 ConsumeQueue files each.
-PER_QUEUE = 50
+#: Records per queue: 6 queues × 70 = 420 records, ~7 CommitLog files, 3 ConsumeQueue
+#: files a queue (so one can be deleted between two others).
+PER_QUEUE = 70
 GROUP = "G"
 
 
@@ -388,7 +389,14 @@ def _cq_truncate(layout: Layout, root: Path, rng: random.Random) -> Harm:
 
 
 def _cq_delete_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
-    """Delete the first ConsumeQueue file of a queue (the second remains)."""
+    """Delete the middle one of a queue's three ConsumeQueue files."""
+    (_queue_dir(root, _some_queue(layout, rng)) / file_name(CQ_FILE)).unlink()
+    return Harm()
+
+
+def _cq_delete_first_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """Delete a queue's first ConsumeQueue file while the CommitLog still holds its
+    records (expiry deletes it only after the CommitLog files it points into)."""
     (_queue_dir(root, _some_queue(layout, rng)) / file_name(0)).unlink()
     return Harm()
 
@@ -512,6 +520,7 @@ def _catalogue() -> tuple[Damage, ...]:
         Damage("consumequeue-flip", "consumequeue", _cq_flip),
         Damage("consumequeue-truncate", "consumequeue", _cq_truncate),
         Damage("consumequeue-delete-file", "consumequeue", _cq_delete_file),
+        Damage("consumequeue-delete-first-file", "consumequeue", _cq_delete_first_file),
         Damage("consumequeue-delete-queue-dir", "consumequeue", _cq_delete_queue_dir),
         Damage("consumequeue-wrong-offsets", "consumequeue", _cq_wrong_offset),
         Damage("index-flip", "index", _index_flip),
