@@ -83,7 +83,7 @@ def test_a_damaged_root_loses_at_most_the_damaged_records(
     assert check.ok, check.summary()
     if harm.commitlog_span is not None:
         start, end = harm.commitlog_span
-        spans = report.damaged_spans  # type: ignore[attr-defined]  # the resync contract
+        spans = report.damaged_spans  # the resync contract (store/recovery.py)
         listed = [s for s in spans if s.offset < end and s.offset + s.length > start]
         assert listed, f"damage at [{start}, {end}) not in damaged_spans {spans}"
         if harm.quarantined:
