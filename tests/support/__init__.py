@@ -6,6 +6,7 @@
 * :mod:`~tests.support.stores`: small store configurations, a filled store, the
   store fixtures;
 * :mod:`~tests.support.strategies`: Hypothesis strategies for records;
+* :mod:`~tests.support.damage`: the catalogue of ways to damage a stopped store root;
 * :mod:`~tests.support.etcd`: real etcd processes and their fixtures;
 * :mod:`~tests.support.nodes`: store-nodes, pull-services and the admin service
   in the test's process, on port 0;
