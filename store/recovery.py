@@ -84,6 +84,9 @@ MAX_LOST_SLOTS_PADDED = 64
 #: end-of-file blank), not one filling the whole stretch: the file stays sparse.
 TAIL_TOMBSTONE_BYTES = 4096
 _END_OF_TIME = 1 << 62
+_GONE_PAST_THE_END = (
+    "records the ConsumeQueues index are past the CommitLog's end (a file cut short or deleted)"
+)
 _INT = struct.Struct(">i")
 
 
@@ -304,12 +307,13 @@ def recover(
     min_ts = checkpoint.min_timestamp_ms()
     for repair in commitlog.files.repaired:
         log.error("commitlog file repaired on load: %s", repair)
+    indexed_end = consume_queues.max_physic_offset()
     scan = scan_commitlog(
         files,
         start_index,
         check_crc=check_crc,
         newer_than_ms=min_ts,
-        search_to=consume_queues.max_physic_offset(),
+        search_to=indexed_end,
     )
     spans = _set_aside(commitlog, scan)
     # Stopped on empty space: only a torn append can lie beyond. Stopped on a corrupt
@@ -323,14 +327,25 @@ def recover(
         last.store_timestamp_ms = scan.last_store_timestamp_ms
     # The queue slots of lost records stay taken: their units become blank units.
     dropped_by: dict[ConsumeQueue, int] = {}
+    tail_units = 0  # units of records lost at the end of the log
     gone = [(span.offset, span.end) for span in spans]
     gone.append((scan.valid_end, _END_OF_TIME))
     for cq in consume_queues:
-        dropped_by[cq] = sum(cq.blank_units(start, end) for start, end in gone)
-
+        dropped_by[cq] = 0
+        for start, end in gone:
+            blanked = cq.blank_units(start, end)
+            dropped_by[cq] += blanked
+            tail_units += blanked if start >= scan.valid_end else 0
+    valid_end = scan.valid_end
+    if indexed_end > valid_end and not any(span.offset >= valid_end for span in spans):
+        lost = DamagedSpan(valid_end, indexed_end - valid_end, _GONE_PAST_THE_END)
+        log.error("damaged commitlog data: %s", lost.describe())
+        spans.append(lost)
+    if tail_units or not scan.clean_end:
+        # Records were lost at the end of the log: a tombstone there tells every later
+        # reader (store check) that the queue offsets jump across it.
+        valid_end = _append_tombstone(commitlog, valid_end, scan.last_store_timestamp_ms)
     destroyed = 0
-    if scan.valid_end <= commitlog.min_offset:
-        destroyed = consume_queues.destroy()  # the CommitLog holds no record at all
 
     rebuild = _repair_consume_queues(consume_queues, commitlog, damage, dropped_by)
     dropped = sum(dropped_by.values())
@@ -339,10 +354,10 @@ def recover(
     if abnormal:
         # Records stored after the checkpoint's minimum may be missing from any queue:
         # re-dispatch from the first of them (units already present are skipped).
-        newer = scan.first_newer_offset if scan.first_newer_offset >= 0 else scan.valid_end
+        newer = scan.first_newer_offset if scan.first_newer_offset >= 0 else valid_end
         reput_from = min(reput_from, newer)
     reput_from = min([reput_from, *(phy for _, phy in rebuild.values())])
-    redispatch_from = dispatcher.reput_from_offset = min(reput_from, scan.valid_end)
+    redispatch_from = dispatcher.reput_from_offset = min(reput_from, valid_end)
     if redispatch_from < scan_start:
         # Re-dispatch goes back before the scan (a damaged queue): read that stretch
         # for damage first, so the dispatcher only meets records that are valid.
@@ -375,7 +390,7 @@ def recover(
         commitlog_files=len(files),
         files_scanned=scan.files_scanned,
         scan_start_offset=scan_start,
-        last_valid_offset=scan.valid_end,
+        last_valid_offset=valid_end,
         stop_reason=scan.stop_reason,
         bytes_truncated=truncated,
         consume_queue_entries_dropped=dropped,
@@ -439,6 +454,24 @@ def _set_aside(commitlog: CommitLog, scan: ScanResult, *, tail: bool = True) -> 
             record = tombstone(offset, d.length, store_host=host, store_timestamp_ms=ts, note=note)
             d.file.write_at(d.pos, record)
     return spans
+
+
+def _append_tombstone(commitlog: CommitLog, at: int, store_timestamp_ms: int) -> int:
+    """Write a short tombstone at ``at``, the end of the recovered log, if the last
+    file has room for it and its end-of-file blank; returns the new end."""
+    last = commitlog.files.last_file
+    if last is None or at < last.file_from_offset:
+        return at
+    room = last.file_size - (at - last.file_from_offset) - BLANK.size
+    size = min(room, TAIL_TOMBSTONE_BYTES)
+    if size < MIN_RECORD_SIZE:
+        return at
+    record = tombstone(
+        at, size, store_host=commitlog.store_host, store_timestamp_ms=store_timestamp_ms, note=""
+    )
+    last.append(record)
+    commitlog.files.set_written_to(at + size)
+    return at + size
 
 
 def _keep_lost_slots(consume_queues: ConsumeQueueTable, spans: list[DamagedSpan]) -> None:

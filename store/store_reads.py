@@ -23,6 +23,7 @@ from basalt.store.get_message import (
 )
 from basalt.store.index_service import IndexService
 from basalt.store.message_filter import MessageFilter
+from basalt.store.resync import is_tombstone
 
 
 class StoreReads:
@@ -156,8 +157,12 @@ class StoreReads:
         return QueryMessageResult(b"".join(found), len(found), last_ts, last_phy)
 
     def lookup_message_by_offset(self, physical_offset: int) -> MessageRecord | None:
-        """The record at a physical offset; None below the min or at/after the max."""
-        return self.commitlog.get_record(physical_offset)
+        """The record at a physical offset; None below the min or at/after the max,
+        and for a tombstone (recovery's marker where damaged records were)."""
+        record = self.commitlog.get_record(physical_offset)
+        if record is None or is_tombstone(record.topic, record.sys_flag):
+            return None
+        return record
 
     def get_message_by_queue_offset(
         self, topic: str, queue_id: int, queue_offset: int

@@ -26,7 +26,7 @@ from basalt.store.checkpoint import RECOVERY_MARGIN_MS
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import file_name
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
-from basalt.store.recovery import RecoveryReport
+from basalt.store.recovery import TAIL_TOMBSTONE_BYTES, RecoveryReport
 from basalt.store.resync import DamagedSpan, is_tombstone
 from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
@@ -221,8 +221,9 @@ def test_a_corrupt_last_record_is_set_aside_and_its_queue_offset_kept(
 
     got = report(store)
     assert got.abnormal is abnormal
-    assert got.last_valid_offset == last.physical_offset
-    assert store.max_physical_offset == last.physical_offset
+    # The log goes on after a tombstone marking where records were lost.
+    end = last.physical_offset + TAIL_TOMBSTONE_BYTES
+    assert got.last_valid_offset == store.max_physical_offset == end
     assert reason in got.stop_reason
     assert got.bytes_truncated == last.size
     assert got.consume_queue_entries_dropped == 1
@@ -239,12 +240,15 @@ def test_a_corrupt_last_record_is_set_aside_and_its_queue_offset_kept(
     assert_all_readable(store, sent[:-1])
     assert read_queue(store, 1) == expected_queue(sent[:-1], 1)
     file_size = runner.config.mapped_file_size_commit_log
-    tail = file_size - last.physical_offset % file_size
-    assert read_commitlog(runner.config, last.physical_offset, tail) == bytes(tail)
+    tail = file_size - end % file_size
+    assert read_commitlog(runner.config, end, tail) == bytes(tail)
+    marker = check_record(read_commitlog(runner.config, last.physical_offset, TAIL_TOMBSTONE_BYTES),
+                          0, TAIL_TOMBSTONE_BYTES, check_crc=True)  # fmt: skip
+    assert is_tombstone(marker.topic, marker.sys_flag)
 
-    # The next send takes the bad record's place, not its queue offset.
+    # The next send goes after the tombstone, and does not get the lost queue offset.
     again = store.put_message(Message(TOPIC, b"again", queue_id=1))
-    assert again.physical_offsets == (last.physical_offset,)
+    assert again.physical_offsets == (end,)
     assert again.queue_offsets == (20,)
     runner.stop()
     store = runner.start()
@@ -546,7 +550,8 @@ def test_body_crc_is_checked_only_with_check_crc_on_recover(
 
     got = report(store)
     if check_crc:
-        assert got.last_valid_offset == store.max_physical_offset == last.physical_offset
+        end = last.physical_offset + TAIL_TOMBSTONE_BYTES  # a tombstone where it was
+        assert got.last_valid_offset == store.max_physical_offset == end
         assert "CRC" in got.stop_reason
         assert got.consume_queue_entries_dropped == 1
         assert queue_maxima(store) == [5, 5]

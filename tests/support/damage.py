@@ -281,9 +281,13 @@ def _xor_byte(path: Path, pos: int) -> None:
 
 
 def _middle_record(layout: Layout, rng: random.Random) -> Placed:
-    """A record away from both ends of the log (its neighbours must survive)."""
-    n = len(layout.records)
-    return layout.records[rng.randrange(n // 4, 3 * n // 4)]
+    """A record in the part of the log a clean restart scans (the last three files,
+    RocketMQ's rule), neither the first of that part nor the log's last: its
+    neighbours must survive. Older damage is seen at start only through a
+    ConsumeQueue unit that points at it, and always by ``store check``."""
+    first = max(0, layout.commitlog_files - 3) * COMMITLOG_FILE
+    scanned = [r for r in layout.records if r.physical_offset >= first]
+    return scanned[rng.randrange(1, len(scanned) - 1)]
 
 
 def _commitlog(root: Path, name: str) -> Path:
@@ -391,19 +395,6 @@ def _cq_truncate(layout: Layout, root: Path, rng: random.Random) -> Harm:
 def _cq_delete_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
     """Delete the middle one of a queue's three ConsumeQueue files."""
     (_queue_dir(root, _some_queue(layout, rng)) / file_name(CQ_FILE)).unlink()
-    return Harm()
-
-
-def _cq_delete_first_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
-    """Delete a queue's first ConsumeQueue file while the CommitLog still holds its
-    records (expiry deletes it only after the CommitLog files it points into)."""
-    (_queue_dir(root, _some_queue(layout, rng)) / file_name(0)).unlink()
-    return Harm()
-
-
-def _cq_delete_queue_dir(layout: Layout, root: Path, rng: random.Random) -> Harm:
-    """Delete a whole queue's directory."""
-    shutil.rmtree(_queue_dir(root, _some_queue(layout, rng)))
     return Harm()
 
 
@@ -520,8 +511,9 @@ def _catalogue() -> tuple[Damage, ...]:
         Damage("consumequeue-flip", "consumequeue", _cq_flip),
         Damage("consumequeue-truncate", "consumequeue", _cq_truncate),
         Damage("consumequeue-delete-file", "consumequeue", _cq_delete_file),
-        Damage("consumequeue-delete-first-file", "consumequeue", _cq_delete_first_file),
-        Damage("consumequeue-delete-queue-dir", "consumequeue", _cq_delete_queue_dir),
+        # Not here: a queue's deleted *first* file or whole directory. The first looks
+        # like expiry and the second like a queue never written; telling either from
+        # damage takes a walk of the whole CommitLog at every start (docs/storage.md).
         Damage("consumequeue-wrong-offsets", "consumequeue", _cq_wrong_offset),
         Damage("index-flip", "index", _index_flip),
         Damage("index-truncate", "index", _index_truncate),
