@@ -34,9 +34,12 @@ def expected_answers() -> dict[str, list[bytes]]:
     return out
 
 
-def fill(make_config: ConfigFactory, clock: ManualClock) -> MessageStoreConfig:
-    """A cleanly stopped store of RECORDS keyed records over several small index files."""
-    config = make_config(max_hash_slot_num=SLOTS, max_index_num=ENTRIES)
+def fill(
+    make_config: ConfigFactory, clock: ManualClock, pad: int = 0, **overrides: int
+) -> MessageStoreConfig:
+    """A cleanly stopped store of RECORDS keyed records over several small index
+    files; ``pad`` bytes of an extra property make the records larger."""
+    config = make_config(max_hash_slot_num=SLOTS, max_index_num=ENTRIES, **overrides)
     with MessageStore.open(config, clock=clock) as store:
         for i in range(RECORDS):
             clock.advance(1000)
@@ -44,7 +47,7 @@ def fill(make_config: ConfigFactory, clock: ManualClock) -> MessageStoreConfig:
                 TOPIC,
                 b"%d" % i,
                 keys=[f"k{i}", f"shared{i % 3}"],
-                properties={"UNIQ_KEY": f"U{i:031d}"},
+                properties={"UNIQ_KEY": f"U{i:031d}", **({"PAD": "p" * pad} if pad else {})},
             )
             assert store.put_message(m).ok
         wait_indexed(store)
@@ -159,6 +162,24 @@ def test_a_damaged_index_is_quarantined_and_rebuilt(
     # The rebuilt index passes its own check at the next start: nothing more dropped.
     with MessageStore.open(config, clock=clock) as store:
         assert store.index_rebuild is not None and store.index_rebuild.dropped == ()
+        assert_answers_exact(store, clock)
+
+
+@pytest.mark.parametrize("victim", [1, 2, 3])
+def test_a_deleted_file_is_found_across_commitlog_files(
+    make_config: ConfigFactory, clock: ManualClock, victim: int
+) -> None:
+    """The gap check walks over the end-of-file blanks of a CommitLog of many
+    small files (a few records each)."""
+    config = fill(make_config, clock, pad=700, mapped_file_size_commit_log=4096)
+    assert len(list((config.store_path_root_dir / "commitlog").iterdir())) > 3
+    doomed = index_files(config)[victim]
+    doomed.unlink()
+    with MessageStore.open(config, clock=clock) as store:
+        rebuild = store.index_rebuild
+        assert rebuild is not None
+        assert rebuild.dropped and rebuild.dropped[0].name > doomed.name
+        assert "missing" in rebuild.dropped[0].reason
         assert_answers_exact(store, clock)
 
 
