@@ -349,6 +349,50 @@ class IndexFile:
         b, e = h.begin_timestamp_ms, h.end_timestamp_ms
         return (begin_ms < b and end_ms > e) or b <= begin_ms <= e or b <= end_ms <= e
 
+    def check(self, commitlog_max_offset: int, prev: IndexFile | None) -> str | None:
+        """What makes this file untrustworthy, or None: the start-up check.
+
+        The on-disk header must be consistent with itself and the file's
+        capacity (``indexCount`` in ``[0, indexNum]``, ``hashSlotCount`` at most
+        the slots and the entries written, begin before end, an empty file's
+        begin equal to its end), end before ``commitlog_max_offset``, and begin
+        at or after ``prev``'s end (``prev``, the file before, must be full). Then
+        every written slot and entry (C, without the GIL, one pass): a slot
+        names a written entry of its own slot, an entry's ``prevIndex`` an older
+        entry of the same slot, its offset lies between the previous entry's
+        and the header's end, keyHash and timeDiff are not negative. So a query
+        following any pointer of a file that passes stays within the written
+        entries. What it cannot see - a flipped bit that leaves every value
+        plausible - the query path's check of topic and key on the record
+        catches (``basalt.store.store_reads``).
+        """
+        begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = HEADER.unpack_from(
+            self._mm, 0
+        )
+        count = max(raw_count, 1)
+        if not 0 <= raw_count <= self.index_num:
+            return f"header: index count {raw_count} outside [0, {self.index_num}]"
+        if not 0 <= slot_count <= min(self.hash_slot_num, count - 1):
+            return f"header: hash slot count {slot_count} but {count - 1} entries"
+        if not (0 <= begin_ts <= end_ts and 0 <= begin_phy <= end_phy):
+            return (
+                f"header: begin ({begin_ts} ms, offset {begin_phy}) after end "
+                f"({end_ts} ms, offset {end_phy})"
+            )
+        if count == 1 and (begin_ts != end_ts or begin_phy != end_phy):
+            return "header: no entries but begin and end differ"
+        if count > 1 and end_phy >= commitlog_max_offset:
+            return f"header: end offset {end_phy} past the commitlog's end {commitlog_max_offset}"
+        if prev is not None:
+            if not prev.is_write_full:
+                return f"follows {prev.file_name}, which is not full"
+            if begin_phy < prev.end_phy_offset:
+                return f"header: begin offset {begin_phy} before {prev.file_name}'s end"
+        reason = _records.index_check(
+            self._mm, self.hash_slot_num, self.index_num, count, begin_phy, end_phy
+        )
+        return reason or None
+
     # -- write ------------------------------------------------------------------------
 
     def put_key(self, key: str, phy_offset: int, store_timestamp_ms: int) -> bool:

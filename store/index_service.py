@@ -47,7 +47,8 @@ from basalt.common.message import TRANSACTION_ROLLBACK_TYPE, transaction_type
 from basalt.store.clock import Clock
 from basalt.store.commitlog import CommitLog
 from basalt.store.dispatcher import DispatchRequest
-from basalt.store.errors import StoreClosedError, StoreConfigError
+from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
+from basalt.store.files import fsync_dir
 from basalt.store.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
@@ -86,6 +87,28 @@ class IndexLoadResult:
     destroyed: tuple[str, ...]
     #: Unfinished creations (``*.tmp``) removed.
     removed_tmp: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedIndexFile:
+    """An index file set aside at start: it was damaged (or followed one that was)."""
+
+    name: str
+    reason: str
+    #: Where it went: ``<root>/quarantine/index-<name>``.
+    quarantine: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRebuild:
+    """What the store's start did to the index: the files it quarantined and the
+    CommitLog range it indexed again (``MessageStore.index_rebuild``)."""
+
+    dropped: tuple[DroppedIndexFile, ...]
+    #: CommitLog offset indexing resumed from: where the kept files end.
+    from_offset: int
+    #: Where that catch-up reached (the dispatcher's position at start).
+    to_offset: int
 
 
 def build_key(topic: str, key: str) -> str:
@@ -138,6 +161,8 @@ class IndexService:
         #: Set when no index file could be created: index building has stopped
         #: (RocketMQ's makeIndexFileError; its store then refuses writes).
         self.build_error: str | None = None
+        #: Files quarantined by load() and check(), in order.
+        self._dropped: list[DroppedIndexFile] = []
 
     # -- load -------------------------------------------------------------------------
 
@@ -148,12 +173,15 @@ class IndexService:
         timestamp is later than the checkpoint's ``index_msg_timestamp_ms`` is
         destroyed: it may hold entries that never reached the disk, and
         re-dispatch rebuilds them. Leftover ``*.tmp`` files (a creation cut
-        short) are removed; other names are ignored. Raises CorruptFileError
-        for an index file of the wrong size (files mapped so far are closed).
+        short) are removed. A file of the wrong size, and every file after it,
+        is moved to quarantine (``<root>/quarantine/index-<name>``): the index is
+        derived data, so a damaged file is a reason to rebuild (:meth:`check`),
+        never to refuse to start. Other names are ignored.
         """
         loaded: list[IndexFile] = []
         destroyed: list[str] = []
         removed: list[str] = []
+        damaged = False
         if self.index_dir.is_dir():
             for path in sorted(self.index_dir.iterdir()):
                 if path.name.endswith(".tmp") and is_index_file_name(path.name[:-4]):
@@ -163,8 +191,15 @@ class IndexService:
                 if not is_index_file_name(path.name):
                     log.warning("ignoring %s: not an index file name", path)
                     continue
+                if damaged:
+                    self._quarantine_path(path, "follows a damaged index file")
+                    continue
                 try:
                     f = IndexFile.open(path, self.hash_slot_num, self.index_num)
+                except CorruptFileError as e:
+                    self._quarantine_path(path, e.reason)
+                    damaged = True
+                    continue
                 except BaseException:
                     for g in loaded:
                         g.close()
@@ -185,6 +220,117 @@ class IndexService:
             self._index_msg_timestamp_ms = index_msg_timestamp_ms
         log.info("loaded index files %s", [f.file_name for f in loaded])
         return IndexLoadResult(tuple(f.file_name for f in loaded), tuple(destroyed), tuple(removed))
+
+    def check(self, commitlog: CommitLog) -> tuple[DroppedIndexFile, ...]:
+        """Check the loaded files against themselves and ``commitlog`` (recovered);
+        quarantine the first untrustworthy one and every file after it. Returns
+        every file quarantined since construction (by :meth:`load` too).
+
+        Each file must pass :meth:`IndexFile.check`, and the files must cover
+        the CommitLog without a gap: a file with entries begins at its
+        predecessor's end (the record that filled it) or at the first record
+        after that end which has a key, and the first file no later than the
+        first keyed record from the CommitLog's start. That is how a deleted
+        middle file shows: its predecessor is full and the next one begins
+        records later. Finding the first keyed record walks the CommitLog
+        only until a key: a few records. Before the dispatcher starts.
+        """
+        files = self._files
+        keep = len(files)
+        reason: str | None = None
+        max_offset = commitlog.max_offset
+        for i, f in enumerate(files):
+            prev = files[i - 1] if i else None
+            reason = f.check(max_offset, prev)
+            if reason is None and f.index_count > 1:
+                after = commitlog.min_offset if prev is None else prev.end_phy_offset
+                if f.begin_phy_offset > after:
+                    first = self._first_keyed_offset(
+                        commitlog, after, inclusive=prev is None, limit=f.begin_phy_offset
+                    )
+                    if first is not None and first < f.begin_phy_offset:
+                        reason = (
+                            f"begins at commitlog offset {f.begin_phy_offset} but the record "
+                            f"at {first} has a key no index file holds (a file is missing)"
+                        )
+            if reason is not None:
+                keep = i
+                break
+        if keep < len(files):
+            with self._lock:
+                self._files = files[:keep]
+            for j, f in enumerate(files[keep:]):
+                f.close()
+                self._quarantine_path(f.path, reason if j == 0 else "follows a damaged index file")
+        return tuple(self._dropped)
+
+    @property
+    def dropped(self) -> tuple[DroppedIndexFile, ...]:
+        """The files quarantined by :meth:`load` and :meth:`check`, in order."""
+        return tuple(self._dropped)
+
+    def _quarantine_path(self, path: Path, reason: str | None) -> None:
+        """Move ``path`` to ``<root>/quarantine/index-<name>`` (never over an earlier
+        one) for an operator to look at, and log why at ERROR."""
+        qdir = self.index_dir.parent / "quarantine"
+        qdir.mkdir(parents=True, exist_ok=True)
+        target = qdir / f"index-{path.name}"
+        n = 1
+        while target.exists():
+            target = qdir / f"index-{path.name}.{n}"
+            n += 1
+        path.rename(target)
+        fsync_dir(self.index_dir)
+        fsync_dir(qdir)
+        why = reason or "damaged"
+        log.error("index file %s quarantined to %s: %s", path.name, target, why)
+        self._dropped.append(DroppedIndexFile(path.name, why, str(target)))
+
+    @staticmethod
+    def _first_keyed_offset(
+        commitlog: CommitLog, after: int, *, inclusive: bool, limit: int
+    ) -> int | None:
+        """Offset of the first record after ``after`` (or at it, ``inclusive``) and
+        below ``limit`` that the index would hold a key of; None when there is none
+        (or the CommitLog does not parse there: the dispatcher reports that).
+
+        Uses the C indexer on a scratch index of one slot and one entry, which
+        is full after the first key put: its end offset is that key's record.
+        """
+        scratch = bytearray(index_file_size(1, 2))
+        pos = max(after, commitlog.min_offset)  # a record boundary, as index_put needs
+        # index_put skips the records below its state's end offset: the one at
+        # ``after`` too unless ``inclusive``.
+        skip_below = pos if inclusive or pos > after else after + 1
+        while pos < limit:
+            mf = commitlog.files.find_by_offset(pos)
+            if mf is None or not mf.hold():
+                return None
+            try:
+                rel = pos - mf.file_from_offset
+                lim = min(limit - mf.file_from_offset, mf.wrote_position)
+                new_rel, _, state, stop, _ = _records.index_put(
+                    mf.buffer,
+                    rel,
+                    lim,
+                    mf.file_from_offset,
+                    scratch,
+                    1,
+                    2,
+                    (0, 0, 0, skip_below, 0, 1),
+                    0,
+                )
+            finally:
+                mf.release()
+            if state[5] > 1:
+                return state[3]
+            if stop == _records.INDEX_BLANK:
+                pos = mf.file_end_offset
+            elif stop == _records.INDEX_CORRUPT or new_rel == rel:
+                return None
+            else:
+                pos = mf.file_from_offset + new_rel
+        return None
 
     # -- accessors --------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ from basalt.store.consumer_offsets import (
     consumer_offset_path,
 )
 from basalt.store.dispatcher import DispatchListener, ReputMessageService
-from basalt.store.errors import CorruptFileError, StoreClosedError
+from basalt.store.errors import StoreClosedError
 from basalt.store.expiry import ExpiryReport, ExpiryService
 from basalt.store.failures import FailureChannel, StoreFailure
 from basalt.store.files import RootLock, create_abort_file, remove_abort_file
@@ -63,7 +63,7 @@ from basalt.store.flush import (
 from basalt.store.get_message import (
     TransferLimits,
 )
-from basalt.store.index_service import IndexService
+from basalt.store.index_service import IndexRebuild, IndexService
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.recovery import RecoveryReport, recover
@@ -112,6 +112,9 @@ class MessageStore(StoreReads):
         #: The IndexFiles (None with message_index_enable off): built behind the
         #: dispatcher, on its thread, for query_message.
         self.index: IndexService | None = self._new_index() if config.message_index_enable else None
+        #: What the last start quarantined of the index and indexed again (None
+        #: before a start, or with the index off).
+        self.index_rebuild: IndexRebuild | None = None
         self._admission = Admission(config, self.commitlog.store_host, self.clock)
         self._transfer_limits = TransferLimits.of(config)
         #: One per event loop that sends (see put_batch_async).
@@ -149,7 +152,7 @@ class MessageStore(StoreReads):
             self.commitlog.files.load()
             self.consume_queues.load()
             if self.index is not None:
-                rebuild_index = self._load_index(not abnormal, checkpoint.index_msg_timestamp)
+                self._load_index(not abnormal, checkpoint.index_msg_timestamp)
             report = recover(
                 self.commitlog,
                 self.consume_queues,
@@ -159,7 +162,7 @@ class MessageStore(StoreReads):
                 check_crc=cfg.check_crc_on_recover,
             )
             if self.index is not None:
-                self._catch_up_index(report, rebuild_all=rebuild_index)
+                self._catch_up_index(report)
             # load() logs what it had to fall back on; the report carries it too.
             report = replace(report, consumer_offsets=self.consumer_offsets.load())
             create_abort_file(cfg.abort_path)
@@ -263,26 +266,13 @@ class MessageStore(StoreReads):
         if not any(f.service in flush_failed for f in self.failures.failures):
             flush_commitlog(self.commitlog, checkpoint)
 
-    def _load_index(self, last_exit_ok: bool, index_msg_timestamp_ms: int) -> bool:
-        """Load the IndexFiles; returns True when they had to be set aside.
-
-        The index is derived data: a file that cannot be trusted (wrong size)
-        must not keep the store from starting. The whole ``index/`` folder is
-        renamed ``index.corrupt-<ms>`` for an operator to look at, and the
-        index is rebuilt from the CommitLog.
-        """
+    def _load_index(self, last_exit_ok: bool, index_msg_timestamp_ms: int) -> None:
+        """Load the IndexFiles. Damaged ones (the wrong size, a name that is no
+        index file's) go to ``<root>/quarantine/``: the index is derived data,
+        never a reason to refuse to start; :meth:`_catch_up_index` checks the
+        rest once the CommitLog is recovered and rebuilds what is missing."""
         assert self.index is not None
-        try:
-            self.index.load(last_exit_ok, index_msg_timestamp_ms)
-            return False
-        except CorruptFileError as e:
-            aside = self.config.index_dir.with_name(f"index.corrupt-{self.clock.now_ms()}")
-            log.error("index unusable (%s): moved to %s, rebuilding from the commitlog", e, aside)
-            self.index.close()
-            self.config.index_dir.rename(aside)
-            self.index = self._new_index()
-            self.index.load(True, 0)
-            return True
+        self.index.load(last_exit_ok, index_msg_timestamp_ms)
 
     def _new_index(self) -> IndexService:
         cfg = self.config
@@ -300,25 +290,38 @@ class MessageStore(StoreReads):
         reput = self.dispatcher.reput_from_offset
         return reput if self.index is None else min(reput, self.index.reput_offset)
 
-    def _catch_up_index(self, report: RecoveryReport, *, rebuild_all: bool) -> None:
-        """Index what recovery re-dispatched, and anything the index lost beyond.
+    def _catch_up_index(self, report: RecoveryReport) -> None:
+        """Check the index against the recovered CommitLog, then index what recovery
+        re-dispatched and anything the index lost beyond.
 
-        The index resumes where its last file ends (a crash destroyed the file
-        being written, so that may be well before the re-dispatch point: unlike
-        RocketMQ, those records are indexed again rather than lost), or where
-        re-dispatch started if that is earlier. Records already indexed are
-        skipped by offset.
+        :meth:`IndexService.check` quarantines the first damaged file and all
+        after it. The index resumes where the kept files end (a crash destroyed
+        the file being written, so that may be well before the re-dispatch
+        point: unlike RocketMQ, those records are indexed again rather than
+        lost), or where re-dispatch started if that is earlier. Records already
+        indexed are skipped by offset. :attr:`index_rebuild` says what happened.
         """
         assert self.index is not None
+        dropped = self.index.check(self.commitlog)
         files = self.index.files
-        if rebuild_all or not files:
-            # No index file (a first start, or a crash destroyed the only one,
-            # which with 20 M entries per file is the usual case): all of it.
+        if not files:
+            # No index file (a first start, a crash destroyed the only one, which
+            # with 20 M entries per file is the usual case, or all were damaged).
             start = self.commitlog.min_offset
         else:
             start = min(report.redispatch_from_offset, files[-1].end_phy_offset)
-        self.index.reput_offset = max(start, self.commitlog.min_offset)
-        self.index.build_from_commitlog(self.commitlog, self.dispatcher.reput_from_offset)
+        start = max(start, self.commitlog.min_offset)
+        self.index.reput_offset = start
+        end = self.dispatcher.reput_from_offset
+        self.index.build_from_commitlog(self.commitlog, end)
+        self.index_rebuild = IndexRebuild(dropped, start, end)
+        if dropped:
+            log.warning(
+                "index rebuilt from commitlog offset %d to %d after quarantining %s",
+                start,
+                end,
+                [d.name for d in dropped],
+            )
         self.dispatcher.followers.append(self.index)
 
     def _close_files(self) -> None:

@@ -14,7 +14,7 @@ from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.dispatcher import ReputMessageService
-from basalt.store.errors import StoreClosedError
+from basalt.store.errors import CorruptRecordError, StoreClosedError
 from basalt.store.get_message import (
     GetMessageResult,
     QueryMessageResult,
@@ -144,9 +144,9 @@ class StoreReads:
                 break
             for phy in sorted(set(offsets.phy_offsets) - seen):
                 seen.add(phy)
-                record = self.commitlog.get_record(phy)
+                record = self._indexed_record(phy)
                 if record is None:
-                    continue  # expired since it was indexed
+                    continue  # expired since it was indexed, or a damaged entry
                 end = min(end, record.store_timestamp_ms)
                 if record.topic == topic and (key == record.uniq_key or key in record.keys):
                     raw = self.commitlog.read(phy, record.store_size)
@@ -155,6 +155,20 @@ class StoreReads:
             if found or end < begin_timestamp_ms:
                 break
         return QueryMessageResult(b"".join(found), len(found), last_ts, last_phy)
+
+    def _indexed_record(self, phy: int) -> MessageRecord | None:
+        """The record an index entry names, or None: gone, or no record starts there.
+
+        The index is derived data the start-up check vouches for only as far as
+        its pointers go; an entry that still names a wrong offset must give no
+        answer, not an exception (the caller then checks topic and key).
+        """
+        if not self.commitlog.min_offset <= phy < self.commitlog.max_offset:
+            return None
+        try:
+            return self.commitlog.get_record(phy)
+        except CorruptRecordError:
+            return None
 
     def lookup_message_by_offset(self, physical_offset: int) -> MessageRecord | None:
         """The record at a physical offset; None below the min or at/after the max,

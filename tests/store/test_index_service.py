@@ -17,7 +17,7 @@ from basalt.common.message import (
 )
 from basalt.store.clock import ManualClock
 from basalt.store.dispatcher import DispatchListener, DispatchRequest
-from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
+from basalt.store.errors import StoreClosedError, StoreConfigError
 from basalt.store.index_file import IndexFile, index_file_name, index_file_size
 from basalt.store.index_service import IndexService, QueryOffsetResult
 
@@ -256,7 +256,7 @@ def test_a_file_ending_at_the_checkpoint_time_survives_an_abnormal_exit(
     assert offsets(t, "d") == [100]
 
 
-def test_load_removes_unfinished_creations_and_refuses_a_wrong_size(
+def test_load_removes_unfinished_creations_and_quarantines_a_wrong_size(
     make_service: MakeService, tmp_path: Path, clock: ManualClock
 ) -> None:
     index = tmp_path / "index"
@@ -270,8 +270,13 @@ def test_load_removes_unfinished_creations_and_refuses_a_wrong_size(
     assert result.loaded == result.destroyed == ()
     IndexFile.create(index / name, SLOTS, 8).close()
     os.truncate(index / name, index_file_size(SLOTS, 8) - 20)
-    with pytest.raises(CorruptFileError, match="size"):
-        IndexService(tmp_path, clock=clock, max_hash_slot_num=SLOTS, max_index_num=8).load(True, 0)
+    # Derived data: a wrong size is a reason to rebuild, not to refuse to start.
+    s = IndexService(tmp_path, clock=clock, max_hash_slot_num=SLOTS, max_index_num=8)
+    assert s.load(True, 0).loaded == ()
+    (dropped,) = s.dropped
+    assert dropped.name == name and "size" in dropped.reason
+    assert Path(dropped.quarantine) == tmp_path / "quarantine" / f"index-{name}"
+    assert Path(dropped.quarantine).exists() and not (index / name).exists()
 
 
 def test_flush_keeps_the_checkpoint_time_it_was_loaded_with(make_service: MakeService) -> None:

@@ -232,9 +232,8 @@ def test_an_index_file_of_the_wrong_size_is_set_aside_and_rebuilt(
     with MessageStore.open(config, clock=clock) as store:
         found = store.query_message(TOPIC, "k3", 32, 0, clock.now_ms())
         assert [r.body for r in found.decode()] == [b"3"]
-    aside = [p for p in config.store_path_root_dir.iterdir() if p.name.startswith("index.corrupt-")]
-    assert len(aside) == 1
-    assert (aside[0] / victim.name).stat().st_size == 1000
+    aside = config.store_path_root_dir / "quarantine" / f"index-{victim.name}"
+    assert aside.stat().st_size == 1000
 
 
 def test_a_crash_that_destroys_the_only_index_file_rebuilds_all_of_it(

@@ -1941,6 +1941,65 @@ done:
     return list;
 }
 
+/* ---- index_check: an IndexFile's slots and entries, checked at start ------------- */
+
+/* The first thing wrong with the written part of an IndexFile, or "" (see
+ * basalt.store.index_file.IndexFile.check). Entries 1..count-1 are the written
+ * ones; every pointer a query may follow must name one of them. */
+static PyObject *py_index_check(PyObject *self, PyObject *args) {
+    Py_buffer idx = {0};
+    long long slots, num, count, begin_phy, end_phy;
+    if (!PyArg_ParseTuple(args, "y*LLLLL", &idx, &slots, &num, &count, &begin_phy, &end_phy))
+        return NULL;
+    PyObject *result = NULL;
+    if (slots <= 0 || num <= 0 || count < 1 || count > num ||
+        INDEX_HEADER_SIZE + slots * 4 + num * INDEX_ENTRY_SIZE > idx.len) {
+        PyErr_SetString(PyExc_ValueError, "index_check: index geometry out of bounds");
+        goto done;
+    }
+    char why[160] = {0};
+    const uint8_t *mm = idx.buf;
+    const uint8_t *entries = mm + INDEX_HEADER_SIZE + slots * 4;
+    Py_BEGIN_ALLOW_THREADS
+    /* Entries first, in order: a slot check below then only reads sound entries. */
+    int64_t last_phy = begin_phy;
+    for (int64_t i = 1; i < count && !why[0]; i++) {
+        const uint8_t *e = entries + i * INDEX_ENTRY_SIZE;
+        int32_t hash = get_i32(e), diff = get_i32(e + 12), prev = get_i32(e + 16);
+        int64_t phy = get_i64(e + 4);
+        if (hash < 0 || diff < 0)
+            snprintf(why, sizeof why, "entry %lld: key hash %d or time diff %d negative",
+                     (long long)i, hash, diff);
+        else if (prev < 0 || prev >= i)
+            snprintf(why, sizeof why, "entry %lld: previous entry %d not an older entry",
+                     (long long)i, prev);
+        else if (phy < last_phy || phy > end_phy)
+            snprintf(why, sizeof why,
+                     "entry %lld: commitlog offset %lld outside [%lld, %lld] or below the "
+                     "entry before",
+                     (long long)i, (long long)phy, (long long)last_phy, end_phy);
+        else if (prev > 0 && get_i32(entries + (int64_t)prev * INDEX_ENTRY_SIZE) % slots !=
+                                 hash % slots)
+            snprintf(why, sizeof why, "entry %lld: previous entry %d is in another slot",
+                     (long long)i, prev);
+        last_phy = phy;
+    }
+    for (int64_t s = 0; s < slots && !why[0]; s++) {
+        int32_t v = get_i32(mm + INDEX_HEADER_SIZE + s * 4);
+        if (v < 0 || v >= count)
+            snprintf(why, sizeof why, "slot %lld: entry %d not written (index count %lld)",
+                     (long long)s, v, count);
+        else if (v > 0 && get_i32(entries + (int64_t)v * INDEX_ENTRY_SIZE) % slots != s)
+            snprintf(why, sizeof why, "slot %lld: entry %d belongs to another slot",
+                     (long long)s, v);
+    }
+    Py_END_ALLOW_THREADS
+    result = PyUnicode_FromString(why);
+done:
+    PyBuffer_Release(&idx);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> zlib-compatible CRC32."},
     {"crc32_portable", py_crc32_portable, METH_VARARGS,
@@ -1962,6 +2021,9 @@ static PyMethodDef methods[] = {
     {"index_put", py_index_put, METH_VARARGS,
      "index_put(log, pos, limit, base_phys, index_mm, hash_slot_num, index_num, state, "
      "skip_keys) -> (pos, keys_done, state, stop, reason)."},
+    {"index_check", py_index_check, METH_VARARGS,
+     "index_check(index_mm, hash_slot_num, index_num, index_count, begin_phy, end_phy) -> "
+     "what is wrong with the written slots and entries, or ''."},
     {"decode_records", py_decode_records, METH_VARARGS,
      "decode_records(data, record_type, decode_host, error_type) -> list of record_type."},
     {"slotted", py_slotted, METH_VARARGS,

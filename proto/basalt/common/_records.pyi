@@ -100,6 +100,15 @@ def index_put(
     skip_keys: int,
     /,
 ) -> tuple[int, int, IndexState, int, str]: ...
+def index_check(
+    index_mm: Buffer,
+    hash_slot_num: int,
+    index_num: int,
+    index_count: int,
+    begin_phy: int,
+    end_phy: int,
+    /,
+) -> str: ...
 def decode_records(
     data: Buffer,
     record_type: type[_R],
