@@ -14,7 +14,14 @@ listener: it looks the queue up in a dict (safe from any thread under the
 GIL) and crosses to the event loop only when a pull is actually waiting on
 that queue, so a store with no held pulls pays one dict lookup per append.
 
-Concurrency: everything but ``notify_arrival`` runs on the service's event loop.
+Reads that evaluate a filter against the CommitLog (SQL92: Python code per
+record, up to ~0.4 s for a 32-queue GetMessages with a filter at the limits)
+run in a worker thread, so the loop keeps answering other calls - a health
+Check above all - meanwhile; every other read runs on the loop, where it costs
+a few microseconds and a thread hop would cost ~100 (benchmarks/filter_latency.py).
+
+Concurrency: everything but ``notify_arrival`` and the slow reads' ``pull``
+runs on the service's event loop.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -48,6 +56,10 @@ class HeldRead(Generic[T]):
     next_offset: Callable[[T], int]
     #: The queue's max offset now.
     max_offset: Callable[[], int]
+    #: The pull may take long (it evaluates a filter against the CommitLog): it
+    #: runs in a worker thread, not on the loop. ``pull`` must then be safe on
+    #: any thread (the store's get_message is).
+    slow: bool = False
 
     def __post_init__(self) -> None:
         self.first_offset = self.offset
@@ -67,8 +79,12 @@ class _Waiter:
 class PullRequestHoldService:
     """Parks pulls until their queue grows or their suspend time runs out."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, executor: Executor | None = None) -> None:
+        """``executor`` runs the slow reads (:attr:`HeldRead.slow`); None is the
+        loop's default executor. Its size bounds how many slow calls read at
+        once; the rest queue for a thread without holding the loop."""
         self.loop = loop
+        self.executor = executor
         #: (topic, queue id) -> pulls waiting on it. Read from any thread
         #: (notify_arrival), changed only on the loop.
         self._held: dict[tuple[str, int], list[_Waiter]] = {}
@@ -149,8 +165,11 @@ class PullRequestHoldService:
         one of their queues grows and run them all again. Returns the last
         results, in ``reads``' order.
 
-        Each ``pull`` runs on the loop, so it must be quick (the store's
-        get_message is: it reads the page cache). A read's ``found`` says
+        The reads run on the loop, so each must be quick (the store's
+        get_message is, unfiltered or filtered by tag: it reads the page
+        cache in C), unless one is :attr:`HeldRead.slow`: then the whole
+        batch runs in a worker thread (one hop for the call, not one per
+        queue), and the loop serves other calls until it is done. A read's ``found`` says
         whether its result is worth answering at once; a filtered read that
         matched nothing moves on to its ``next_offset`` (its scan moved past
         what it skipped) and keeps waiting, as RocketMQ re-checks the filter on
@@ -158,7 +177,7 @@ class PullRequestHoldService:
         RocketMQ's does.
         """
         deadline = self.loop.time() + timeout_s
-        results = [r.pull(r.offset) for r in reads]
+        results = await self._pull_all(reads)
         while not any(r.found(result) for r, result in zip(reads, results, strict=True)):
             remaining = deadline - self.loop.time()
             if remaining <= 0:
@@ -166,7 +185,27 @@ class PullRequestHoldService:
             for r, result in zip(reads, results, strict=True):
                 r.offset = max(r.offset, r.next_offset(result))
             grew = await self.wait_for_arrival(reads, remaining)
-            results = [r.pull(r.offset) for r in reads]
+            results = await self._pull_all(reads)
             if not grew or self._stopping:
                 break
         return results
+
+    async def _pull_all(self, reads: Sequence[HeldRead[T]]) -> list[T]:
+        """Every read's pull from its offset, on the loop or, when one is slow,
+        all in a worker thread (the offsets taken here, on the loop)."""
+        if not any(r.slow for r in reads):
+            return [r.pull(r.offset) for r in reads]
+        pulls = [(r.pull, r.offset) for r in reads]
+        return await self.loop.run_in_executor(self.executor, _run_pulls, pulls)
+
+    async def drain(self) -> None:
+        """A stop, after the server stopped: wait for slow reads still running in
+        worker threads (a call cancelled at the end of the grace period leaves
+        its thread reading), so the store is never shut down under one. Shuts
+        down the executor given to the constructor; takes no new slow read."""
+        if self.executor is not None:
+            await asyncio.to_thread(self.executor.shutdown, True)
+
+
+def _run_pulls(pulls: Sequence[tuple[Callable[[int], T], int]]) -> list[T]:
+    return [pull(offset) for pull, offset in pulls]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -58,6 +59,7 @@ class RunningStoreNode:
         self.servicer.hold.wake_all()  # held pulls answer now instead of being cancelled
         await set_serving(self.health, STORE_NODE_SERVICE, False)
         await self.server.stop(grace_s)
+        await self.servicer.hold.drain()  # no filtered read left in a thread
         await asyncio.to_thread(self.store.shutdown)
         log.info("store-node stopped; store shut down cleanly")
 
@@ -72,7 +74,9 @@ async def start_store_node(
     """Recover and open the store, then serve it on ``listen``."""
     store = await asyncio.to_thread(MessageStore.open, store_config)
     loop = asyncio.get_running_loop()
-    hold = PullRequestHoldService(loop)
+    hold = PullRequestHoldService(
+        loop, ThreadPoolExecutor(node.filtered_read_threads, thread_name_prefix="filtered-read")
+    )
     store.add_arrival_listener(hold.notify_arrival)
     servicer = StoreNodeServicer(node, store, topics, hold)
     # A send of one maximal message must reach the store (which answers

@@ -16,7 +16,13 @@ store reports an arrival on that queue, or the timeout.
 
 Concurrency: one asyncio loop. Store calls that may block on the disk (fsync,
 reading cold files) run in the default executor; reads of the page cache
-(``get_message``) run on the loop.
+(``get_message``) run on the loop, except those whose filter must be checked
+against the CommitLog (SQL92): evaluating one over a pull's scan is Python code
+per record, and a GetMessages of 32 queues with a filter at the limits took
+~0.4 s, holding every other call (health Checks too) that long. Those run in a
+worker thread of their own pool (``filtered_read_threads``); get_message is
+safe there: it reads only below write positions and holds each mapped file it
+reads against expiry (:mod:`basalt.store.get_message`).
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from basalt.services.store_node.wire import pull_batch_wire
 from basalt.store import Message, MessageStore
 from basalt.store.batch import EncodedBatch
 from basalt.store.get_message import GetMessageResult, GetStatus
+from basalt.store.message_filter import MessageFilter
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
@@ -96,6 +103,15 @@ def nothing_new(result: GetMessageResult, offset: int) -> bool:
     return status is GetStatus.NO_MATCHED_MESSAGE and result.next_begin_offset >= result.max_offset
 
 
+def checks_every_record(flt: MessageFilter) -> bool:
+    """Whether a read with ``flt`` runs the filter's CommitLog check (Python) on
+    every record it scans - SQL92's, which has no ConsumeQueue pre-check - and so
+    belongs off the event loop. A TAG filter is decided in C on each unit's
+    tagsCode; only the candidates it passes (at most a batch, plus hash
+    collisions) reach its CommitLog check, and ``*`` reaches none."""
+    return flt.needs_commit_log_check and flt.tags_codes is None
+
+
 @config_dataclass
 class StoreNodeConfig:
     """What a store-node is told at start (RocketMQ's BrokerConfig, in part).
@@ -119,6 +135,16 @@ class StoreNodeConfig:
     )
     max_queues_per_get_messages: int = setting(
         default=32, check=positive, doc="Most queues one GetMessages reads."
+    )
+    # One by default: SQL92 evaluation is Python code holding the GIL, so a second
+    # thread reads no faster and takes the GIL from the event loop twice as often
+    # (benchmarks/filter_latency.py, 4 hostile callers: health Check max 39 ms with
+    # one thread, 149 ms with two).
+    filtered_read_threads: int = setting(
+        default=1,
+        check=positive,
+        doc="Worker threads for reads whose filter is checked against the CommitLog "
+        "(SQL92); more such calls at once wait for one without holding the event loop.",
     )
     max_in_flight_per_send_stream: int = setting(
         default=256,
@@ -355,6 +381,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             found=lambda r: not nothing_new(r, first),
             next_offset=lambda r: r.next_begin_offset,
             max_offset=lambda: store.get_max_offset_in_queue(topic, queue_id),
+            slow=checks_every_record(flt),
         )
         return read, commit
 
