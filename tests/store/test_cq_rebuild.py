@@ -81,6 +81,8 @@ DAMAGE: dict[str, Callable[[MessageStoreConfig], None]] = {
     "flip-a-physical-offset-byte": lambda c: _flip(c, 70, 7),
     "flip-a-high-physical-offset-byte": lambda c: _flip(c, 70, 2),
     "flip-a-size-byte": lambda c: _flip(c, 5, 11),
+    # The records have no tag: tagsCode 0. A flipped one would hide it from TAG filters.
+    "flip-a-tags-code-byte": lambda c: _flip(c, 40, 19),
     "truncate-mid-unit": lambda c: _truncate_mid_unit(c, 140),
     "truncate-to-half": lambda c: _truncate(c, UNITS_PER_FILE // 2),
     "delete-the-last-file": lambda c: _delete_files(c, last_only=True),

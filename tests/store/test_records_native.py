@@ -26,12 +26,14 @@ from hypothesis import strategies as st
 from basalt.common import _records
 from basalt.common.message import (
     COMPRESSED_FLAG,
+    PROPERTY_TAGS,
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     Message,
     decode_host,
+    decode_properties,
     encode_host,
     is_dispatchable,
 )
@@ -273,6 +275,17 @@ def sample_log(base: int = 1 << 30) -> tuple[bytearray, list[Placed], list[int]]
     timestamps = [1000, 1005, 1005, 1010, 1020]
     buf, placed = encode_log(messages, hosts, base, timestamps)
     return buf + bytes(256), placed, timestamps
+
+
+def test_tags_code_at_matches_the_python_hash_of_each_records_tags() -> None:
+    """The C tagsCode recovery checks units against, held to store.hashing."""
+    buf, placed, _ = sample_log()
+    for p in placed:
+        tags = decode_properties(p.encoded.properties).get(PROPERTY_TAGS)
+        assert _records.tags_code_at(buf, p.start) == tags_code(tags)
+    assert _records.tags_code_at(buf, placed[-1].end) is None  # zeroes: no record
+    assert _records.tags_code_at(buf, placed[0].start + 1) is None
+    assert _records.tags_code_at(buf, len(buf)) is None
 
 
 def test_scan_walks_clean_records_to_the_zeroes() -> None:

@@ -1941,6 +1941,34 @@ done:
     return list;
 }
 
+/* ---- tags_code_at(buf, pos) -> int | None ------------------------------------
+ * The ConsumeQueue tagsCode the dispatcher derives from the record at pos
+ * (Java's String.hashCode of its TAGS property, 0 without one); None when
+ * the bytes there are not a well-formed message. Recovery compares it with
+ * a unit's tagsCode. Reference: basalt.store.hashing.tags_code of the
+ * record's decoded TAGS.
+ */
+static PyObject *py_tags_code_at(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*n", &b, &pos)) return NULL;
+    PyObject *result = NULL;
+    rec_t r;
+    reason_t why = {{0}};
+    if (pos < 0 || pos >= b.len ||
+        parse_record((const uint8_t *)b.buf + pos, (int64_t)(b.len - pos), &r, &why) != KIND_MORE) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    const uint8_t *rec = (const uint8_t *)b.buf + pos;
+    find_tags(rec, &r);
+    if (!r.tags_ascii && tags_hash_slow(rec + r.tags_off, r.tags_len, &r.tags_hash) < 0) goto done;
+    result = PyLong_FromLongLong((long long)r.tags_hash);
+done:
+    PyBuffer_Release(&b);
+    return result;
+}
+
 /* ---- index_check: an IndexFile's slots and entries, checked at start ------------- */
 
 /* The first thing wrong with the written part of an IndexFile, or "" (see
@@ -2004,6 +2032,8 @@ static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> zlib-compatible CRC32."},
     {"crc32_portable", py_crc32_portable, METH_VARARGS,
      "crc32_portable(data, start=0) -> the table-driven CRC32 (the fallback, for tests)."},
+    {"tags_code_at", py_tags_code_at, METH_VARARGS,
+     "tags_code_at(buf, pos) -> the ConsumeQueue tagsCode of the record at pos, or None."},
     {"scan", py_scan, METH_VARARGS,
      "scan(buf, pos, limit, base_offset, check_crc, newer_than_ms) -> "
      "(pos, kind, reason, last_store_ts, first_newer_pos, count)."},
