@@ -397,6 +397,64 @@ static int tags_hash_slow(const uint8_t *v, uint32_t n, int64_t *out) {
     return 0;
 }
 
+/* ---- the whole-record checksum (RocketMQ 5's enabledAppendPropCRC) ------------
+ * A record may end with the property "__CRC32#\x01" + 10 digits + "\x02": the
+ * CRC32 of every byte before it, least significant digit first. The store writes
+ * the digits (stamp) into the property an encoder reserved; readers check it
+ * instead of BODYCRC when it is there (common.record.has_crc32_property). */
+#define CRC32_RESERVED_LEN 20
+#define CRC32_PREFIX "__CRC32#\x01"
+#define CRC32_PREFIX_LEN 9
+
+/* Whether the record's properties end with the CRC32 property (digits unchecked). */
+static int has_crc32_prop(const uint8_t *p, const rec_t *r) {
+    if (r->props_len < CRC32_RESERVED_LEN || p[r->size - 1] != 2) return 0;
+    const uint8_t *at = p + r->size - CRC32_RESERVED_LEN;
+    if (memcmp(at, CRC32_PREFIX, CRC32_PREFIX_LEN) != 0) return 0;
+    return r->props_len == CRC32_RESERVED_LEN || at[-1] == 2;
+}
+
+static int32_t record_crc(const uint8_t *p, int32_t size) {
+    return (int32_t)(crc32_update(0, p, (size_t)(size - CRC32_RESERVED_LEN)) & 0x7FFFFFFF);
+}
+
+/* Write the digits of the CRC32 property the record ends with (createCrc32's order). */
+static void fill_crc32_prop(uint8_t *p, int32_t size) {
+    uint32_t crc = (uint32_t)record_crc(p, size);
+    uint8_t *d = p + size - 1 - 10;
+    for (int i = 0; i < 10; i++) {
+        d[i] = (uint8_t)('0' + crc % 10);
+        crc /= 10;
+    }
+}
+
+static int body_crc_ok(const uint8_t *p, const rec_t *r) {
+    return (int32_t)(crc32_update(0, p + r->body_off, r->body_len) & 0x7FFFFFFF) == r->crc;
+}
+
+/* The record's checksum, as check_record's _crc_mismatch: the CRC32 property
+ * when the record carries it (it covers the body too: one pass for a sound
+ * record), else BODYCRC; a mismatch names the body when BODYCRC fails too. */
+static int check_crc32(const uint8_t *p, const rec_t *r, reason_t *why) {
+    if (has_crc32_prop(p, r)) {
+        const uint8_t *d = p + r->size - 1 - 10;
+        int64_t stored = 0;
+        for (int i = 9; i >= 0; i--) {
+            if (d[i] < '0' || d[i] > '9') {
+                snprintf(why->text, sizeof why->text, "CRC32 property is not 10 digits");
+                return KIND_CORRUPT;
+            }
+            stored = stored * 10 + (d[i] - '0');
+        }
+        if (stored == record_crc(p, r->size)) return KIND_MORE;
+    } else if (body_crc_ok(p, r)) {
+        return KIND_MORE;
+    }
+    snprintf(why->text, sizeof why->text, "%s",
+             body_crc_ok(p, r) ? "record CRC mismatch" : "body CRC mismatch");
+    return KIND_CORRUPT;
+}
+
 /* What a reader checks beyond the structure, in check_record's order: the record
  * sits where it says (physical offset `at`), its body matches its CRC (when
  * asked) and its topic is UTF-8. KIND_MORE when it passes. */
@@ -407,11 +465,7 @@ static int check_stored(const uint8_t *p, const rec_t *r, int64_t at, int check_
                  (long long)r->phys, (long long)at);
         return KIND_CORRUPT;
     }
-    if (check_crc &&
-        (int32_t)(crc32_update(0, p + r->body_off, r->body_len) & 0x7FFFFFFF) != r->crc) {
-        snprintf(why->text, sizeof why->text, "body CRC mismatch");
-        return KIND_CORRUPT;
-    }
+    if (check_crc && check_crc32(p, r, why) != KIND_MORE) return KIND_CORRUPT;
     if (!utf8_valid(p + r->topic_off, r->topic_len)) {
         snprintf(why->text, sizeof why->text, "topic is not UTF-8");
         return KIND_CORRUPT;
@@ -749,7 +803,9 @@ done:
  * a stored record whose properties are not; see check_record). Then writes what only
  * the broker knows: BODYCRC (computed here, never
  * trusted from the client), QUEUEOFFSET, PHYSICALOFFSET (base_phys is the
- * offset of buf[start]), STORETIMESTAMP and STOREHOSTADDRESS.
+ * offset of buf[start]), STORETIMESTAMP and STOREHOSTADDRESS; then, in a record
+ * whose properties end with the reserved CRC32 property, its digits (the
+ * checksum of everything stamped before).
  * Prepared/rolled-back records take queue offset 0 and no place in the queue;
  * with refuse_transactional (a producer's batch) any transactional record is
  * refused, as RocketMQ refuses a transactional MessageBatch.
@@ -837,6 +893,8 @@ static int stamp_walk(stamp_t *st) {
         put_i64(p + 28, r.phys);
         put_i64(p + r.store_ts_off, st->store_ts);
         memcpy(p + r.store_ts_off + 8, st->host, (size_t)st->host_len);
+        /* Last: the checksum covers every field stamped above. */
+        if (has_crc32_prop(p, &r)) fill_crc32_prop(p, r.size);
         if (recs_push(&st->recs, &r) < 0) return STAMP_NOMEM;
         pos += r.size;
         st->index++;
@@ -1471,7 +1529,9 @@ static PyObject *record_object(decoder_t *dc, const uint8_t *p, const rec_t *r) 
     v[12] = PyLong_FromLongLong(get_i64(after_hosts + 4));
     v[13] = PyBytes_FromStringAndSize((const char *)p + r->body_off, r->body_len);
     v[14] = cached_text(&dc->topics, p + r->topic_off, r->topic_len); /* valid UTF-8 */
-    v[15] = decode_props(p + r->props_off, r->props_len, &dc->names, &dc->values);
+    /* The store's CRC32 property is a checksum of the record, not a property sent. */
+    uint32_t props_len = r->props_len - (has_crc32_prop(p, r) ? CRC32_RESERVED_LEN : 0);
+    v[15] = decode_props(p + r->props_off, props_len, &dc->names, &dc->values);
     PyObject *o = NULL;
     int ok = 1;
     for (int i = 0; i < N_RECORD_FIELDS; i++) ok &= v[i] != NULL;
@@ -1754,6 +1814,8 @@ static int encode_prepare(PyObject *m, PyObject *uniq, const Py_ssize_t *off,
     int rc = encode_props(props, f[M_PROPERTIES], uniq, tags, keys_text);
     Py_XDECREF(keys_text);
     if (rc < 0) return -1; /* with MemoryError set, or none: the reference's turn */
+    /* The CRC32 property, reserved last for the store to fill (encode_props ends on \x02). */
+    if (bytes_put(props, CRC32_PREFIX "0000000000\x02", CRC32_RESERVED_LEN) < 0) return -1;
     e->props_len = props->n - e->props_at;
     if (e->props_len > 32767) return -1; /* PROPLEN is a short: the reference refuses */
     e->body = Py_NewRef(f[M_BODY]);
