@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from basalt.common import _records
 from basalt.common.message import Message, encode_host
@@ -257,6 +259,39 @@ def test_without_the_property_the_same_flip_goes_unnoticed(field: str) -> None:
     raw[field_offsets(stored())[field]] ^= 0x01
 
     assert python_verdict(raw) == (RecordKind.MESSAGE, "")
+
+
+def mixed_log() -> bytes:
+    """Records with and without the property, back to back from PHYS."""
+    buf = bytearray()
+    for i in range(6):
+        m = Message("CrcTopic", bytes([i]) * (i * 40), tags=f"t{i}", properties={"i": str(i)})
+        em = EncodedMessage(m, store_host=HOST, append_crc=i % 3 != 0)
+        buf += em.encode(i, PHYS + len(buf), 1_700_000_000_000 + i)
+    return bytes(buf)
+
+
+def python_walk(buf: bytes | bytearray) -> tuple[int, str]:
+    """Where and why a walk of check_record stops (the reference of scan)."""
+    pos = 0
+    while True:
+        info = check_record(buf, pos, len(buf), check_crc=True, expected_offset=PHYS + pos)
+        if info.kind is not RecordKind.MESSAGE:
+            return pos, info.reason
+        pos += info.size
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_scan_agrees_with_check_record_on_flipped_bits(data: st.DataObject) -> None:
+    buf = bytearray(mixed_log())
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(buf) - 1))
+        buf[at] ^= 1 << data.draw(st.integers(0, 7))
+
+    pos, _, reason, *_ = _records.scan(bytes(buf), 0, len(buf), PHYS, True, -1)
+
+    assert (pos, reason) == python_walk(buf)
 
 
 def test_digits_that_are_not_digits_are_corrupt_in_both() -> None:

@@ -472,8 +472,9 @@ class RecordKind(Enum):
 class RecordInfo:
     """What :func:`check_record` found at one position.
 
-    For MESSAGE the routing fields are filled; for BLANK ``size`` is the
-    blank's length; for CORRUPT ``reason`` says why.
+    For MESSAGE the routing fields are filled (``properties`` is the raw
+    block, a CRC32 property included); for BLANK ``size`` is the blank's
+    length; for CORRUPT ``reason`` says why.
     """
 
     kind: RecordKind
