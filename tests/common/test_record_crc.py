@@ -166,6 +166,25 @@ def test_stamp_fills_the_property_exactly_as_the_reference_encodes_it() -> None:
     assert scan[:3] == (len(data), _records.KIND_END, "") and scan[5] == 2
 
 
+@pytest.mark.parametrize("body_len", [0, 1, 15, 16, 64, 2047, 2048, 2049, 4096, 70001, 1 << 20])
+def test_stamp_fills_the_property_like_zlib_for_every_body_length(body_len: int) -> None:
+    """Long bodies take stamp's crc32_combine path (2 KiB and up), short ones a second pass."""
+    body = bytes((i * 7 + 3) & 0xFF for i in range(body_len))
+    message = Message("CrcTopic", body, queue_id=3, tags="T")
+    raw = bytearray(
+        EncodedMessage(message, store_host=HOST, compute_crc=False, append_crc=True).encode(0, 0, 0)
+    )
+
+    _records.stamp(raw, 0, len(raw), PHYS, 41, 1_700_000_000_123, HOST, b"CrcTopic", 3, 1 << 21)
+
+    assert bytes(raw) == EncodedMessage(message, store_host=HOST, append_crc=True).encode(
+        41, PHYS, 1_700_000_000_123
+    )
+    assert raw[-CRC32_RESERVED_LEN:] == crc32_property(
+        zlib.crc32(raw[:-CRC32_RESERVED_LEN]) & 0x7FFFFFFF
+    )
+
+
 def test_stamp_leaves_records_without_the_property_as_they_were() -> None:
     raw = bytearray(EncodedMessage(MESSAGE, store_host=HOST, compute_crc=False).encode(0, 0, 0))
 
