@@ -411,7 +411,12 @@ def encode_batches(store: MessageStore, batches: Sequence[Sequence[Message]]) ->
     """What producers send: each batch's records encoded in the CommitLog layout."""
     host = store.commitlog.store_host
     return [
-        bytes(EncodedBatch.of_messages([EncodedMessage(m, store_host=host) for m in b]).data)
+        bytes(
+            EncodedBatch.of_messages(
+                # Reserving the CRC32 property, as the SDK's encode_batch does.
+                [EncodedMessage(m, store_host=host, append_crc=True) for m in b]
+            ).data
+        )
         for b in batches
     ]
 

@@ -13,7 +13,12 @@ import re
 from collections.abc import Sequence
 
 from basalt.common.message import Message
-from basalt.common.record import MAX_PROPERTIES_SIZE, MAX_TOPIC_LENGTH, EncodedMessage
+from basalt.common.record import (
+    CRC32_RESERVED_LEN,
+    MAX_PROPERTIES_SIZE,
+    MAX_TOPIC_LENGTH,
+    EncodedMessage,
+)
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
 from basalt.store.config import MessageStoreConfig
@@ -46,6 +51,9 @@ class Admission:
         cfg = self.config
         store_host = self.store_host
         now = 0
+        append_crc = cfg.enabled_append_prop_crc
+        # encoded_properties() ends on a separator: the property is all EncodedMessage adds.
+        reserved = CRC32_RESERVED_LEN if append_crc else 0
         encoded: list[EncodedMessage] = []
         for m in messages:
             # Topic names are checked per run by check.
@@ -57,10 +65,11 @@ class Admission:
                     f"body of {len(m.body)} bytes exceeds max_message_size {cfg.max_message_size}",
                 )
             props = m.encoded_properties()
-            if len(props) > MAX_PROPERTIES_SIZE:
+            # The CRC32 property counts against PROPLEN, as in RocketMQ's doAppend.
+            if len(props) + reserved > MAX_PROPERTIES_SIZE:
                 return _refused(
                     PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                    f"properties of {len(props)} bytes exceed {MAX_PROPERTIES_SIZE}",
+                    f"properties of {len(props) + reserved} bytes exceed {MAX_PROPERTIES_SIZE}",
                 )
             born = m.born_timestamp_ms
             if born == 0:
@@ -73,6 +82,7 @@ class Admission:
                     properties=props,
                     born_timestamp_ms=born,
                     compute_crc=False,  # stamped on append
+                    append_crc=append_crc,
                 )
             except ValueError as e:
                 return _refused(PutStatus.MESSAGE_ILLEGAL, f"bad born host {m.born_host!r}: {e}")

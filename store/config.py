@@ -137,6 +137,16 @@ class MessageStoreConfig:
         check=boolean,
         doc="Recovery checks every record's CRC and stops at a bad one.",
     )
+    enabled_append_prop_crc: bool = setting(
+        default=True,
+        check=boolean,
+        doc=(
+            "RocketMQ's enabledAppendPropCRC: messages the store encodes end with the "
+            "__CRC32# property, a checksum of the whole record that recovery and "
+            "'store check' verify. Off, they carry BODYCRC only; a producer's batch "
+            "that reserved the property still gets it filled."
+        ),
+    )
     store_host: str = setting(
         default="127.0.0.1:10911",
         check=_store_host,

@@ -19,6 +19,7 @@ import pytest
 from basalt.common.message import TRANSACTION_PREPARED_TYPE, encode_properties, parse_offset_msg_id
 from basalt.common.record import (
     BLANK_MAGIC_CODE,
+    CRC32_RESERVED_LEN,
     MAX_PROPERTIES_SIZE,
     MAX_TOPIC_LENGTH,
     EncodedMessage,
@@ -66,8 +67,9 @@ def commitlog_file(config: MessageStoreConfig, file_index: int) -> Path:
 
 
 def body_for_record_size(total_size: int, topic: str) -> bytes:
-    """A body that makes a tag-less, property-less record exactly ``total_size`` bytes."""
-    return b"z" * (total_size - record_size(0, len(topic.encode()), 0))
+    """A body that makes a tag-less record exactly ``total_size`` bytes: its one
+    property is the CRC32 the store appends (``enabled_append_prop_crc``, on)."""
+    return b"z" * (total_size - record_size(0, len(topic.encode()), CRC32_RESERVED_LEN))
 
 
 # -- successful puts ------------------------------------------------------------------
@@ -172,7 +174,7 @@ def test_batch_not_fitting_a_file_end_leaves_a_blank_and_goes_whole_to_the_next_
 ) -> None:
     """RocketMQ's END_OF_FILE for a batch: the whole batch moves, never half of it."""
     body = b"b" * 3000
-    tags_property = len(encode_properties({"TAGS": "c0"}))
+    tags_property = len(encode_properties({"TAGS": "c0"})) + CRC32_RESERVED_LEN
     record = record_size(len(body), len("Cross"), tags_property)
     # Fill the first file until at most one more record fits in it.
     while SMALL_COMMITLOG_FILE - store.max_physical_offset - END_FILE_MIN_BLANK_LENGTH >= (
@@ -245,7 +247,9 @@ def test_body_of_exactly_max_message_size_is_accepted(open_store: StoreOpener) -
     assert store.put_message(Message("Limit", b"x" * 1024)).ok
 
 
-def test_properties_of_exactly_32767_bytes_are_accepted(store: MessageStore) -> None:
+def test_properties_of_exactly_32767_bytes_are_accepted(open_store: StoreOpener) -> None:
+    # Without the CRC32 property, which takes 20 of PROPLEN's bytes (the next test).
+    store = open_store(enabled_append_prop_crc=False)
     properties = {"k": "v" * (MAX_PROPERTIES_SIZE - 3)}
     assert len(encode_properties(properties)) == MAX_PROPERTIES_SIZE
 
@@ -255,6 +259,21 @@ def test_properties_of_exactly_32767_bytes_are_accepted(store: MessageStore) -> 
     record = store.lookup_message_by_offset(result.physical_offsets[0])
     assert record is not None
     assert record.properties == properties
+
+
+def test_the_crc32_property_counts_against_the_properties_limit(store: MessageStore) -> None:
+    """As in RocketMQ's doAppend: PROPLEN holds the user's properties and the CRC32's."""
+    fits = {"k": "v" * (MAX_PROPERTIES_SIZE - CRC32_RESERVED_LEN - 3)}
+    too_long = {"k": "v" * (MAX_PROPERTIES_SIZE - CRC32_RESERVED_LEN - 2)}
+
+    result = store.put_message(Message("Props", b"", properties=fits))
+    refused = store.put_message(Message("Props", b"", properties=too_long))
+
+    assert result.ok, result.detail
+    record = store.lookup_message_by_offset(result.physical_offsets[0])
+    assert record is not None
+    assert record.properties == fits
+    assert refused.status is PutStatus.PROPERTIES_SIZE_EXCEEDED
 
 
 # -- refusals ---------------------------------------------------------------------------

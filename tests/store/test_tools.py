@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from basalt.admin.cli import main
-from basalt.common.record import HEADERS
+from basalt.common.record import HEADERS, fill_record_crc
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 from basalt.store.check import CheckReport, check_store
 from basalt.store.config import CQ_STORE_UNIT_SIZE
@@ -318,10 +318,15 @@ def test_zeroed_unit_followed_by_units_is_a_hole(root: Path, sent: list[Sent]) -
 def test_rewritten_queue_offset_breaks_the_sequence(
     root: Path, sent: list[Sent], config: MessageStoreConfig
 ) -> None:
-    # QUEUEOFFSET is outside the CRC: only the sequence and the ConsumeQueue can tell.
+    # A record written with a wrong QUEUEOFFSET (a writer's bug, not a flipped bit:
+    # its CRC32 property is rewritten to match): only the sequence and the
+    # ConsumeQueue can tell.
     victim = [s for s in sent if (s.topic, s.queue_id) == ("TopicA", 1)][4]
     path, pos = commitlog_file(root, victim.physical_offset, config.mapped_file_size_commit_log)
     patch(path, pos + QUEUEOFFSET_POS, struct.pack(">q", victim.queue_offset + 100))
+    record = bytearray(path.read_bytes()[pos : pos + victim.size])
+    fill_record_crc(record)
+    patch(path, pos, bytes(record))
 
     report = check_store(root)
 

@@ -31,6 +31,15 @@ references, and tests hold the two to each other.
     ..      1 + n    TOPICLEN + TOPIC     UTF-8, at most 127 bytes
     ..      2 + n    PROPLEN + PROPERTIES name\\x01value\\x02…, at most 32767 bytes
 
+Records Basalt writes end with RocketMQ 5's whole-record checksum
+(``enabledAppendPropCRC``): the last 20 bytes of PROPERTIES are the property
+``__CRC32#\\x01`` + 10 decimal digits + ``\\x02``, the digits the CRC32 (cleared
+to a non-negative Java int) of every byte of the record before the property,
+least significant digit first (``MessageDecoder.createCrc32``). It covers what
+BODYCRC does not: the header (with the offsets and store time the store
+assigns), the topic and the other properties. A record without it
+(RocketMQ's by default, older Basalt's) is checked by BODYCRC alone.
+
 A CommitLog file may end with a blank, ``[int free bytes][int 0xCBD43194]``
 (:mod:`basalt.store.record`), which :func:`check_record` tells from a record.
 """
@@ -68,6 +77,15 @@ BLANK_MAGIC_CODE = 0xCBD43194
 MAX_TOPIC_LENGTH = 127
 #: Properties are stored behind a 2-byte signed length.
 MAX_PROPERTIES_SIZE = 32767
+
+#: RocketMQ's ``MessageConst.PROPERTY_CRC32``: the whole-record checksum's name.
+PROPERTY_CRC32 = "__CRC32#"
+#: The property up to its digits: name + NAME_VALUE_SEPARATOR.
+CRC32_PREFIX = PROPERTY_CRC32.encode() + b"\x01"
+#: RocketMQ's ``CommitLog.CRC32_RESERVED_LEN``: name, separator, 10 digits, separator.
+CRC32_RESERVED_LEN = len(CRC32_PREFIX) + 10 + 1
+#: The property as an encoder reserves it; the store writes the digits (stamp).
+CRC32_RESERVED = CRC32_PREFIX + b"0" * 10 + b"\x02"
 
 
 class CorruptRecordError(ValueError):
@@ -154,6 +172,57 @@ def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
+def crc32_property(crc: int) -> bytes:
+    """The CRC32 property carrying ``crc`` (0 <= crc < 2**31), as RocketMQ's
+    ``MessageDecoder.createCrc32`` writes it: 10 digits, least significant first."""
+    digits = bytearray(10)
+    for i in range(10):
+        digits[i] = 0x30 + crc % 10
+        crc //= 10
+    return CRC32_PREFIX + bytes(digits) + b"\x02"
+
+
+def has_crc32_property(props: Buffer) -> bool:
+    """Whether a properties block ends with the CRC32 property (digits unchecked).
+
+    Only the last property counts, as only the last one is the store's: the name
+    must start the block or follow a ``\\x02``, so ``X__CRC32#`` never matches.
+    """
+    n = len(props)
+    if n < CRC32_RESERVED_LEN or props[n - 1] != 2:
+        return False
+    start = n - CRC32_RESERVED_LEN
+    if bytes(props[start : start + len(CRC32_PREFIX)]) != CRC32_PREFIX:
+        return False
+    return start == 0 or props[start - 1] == 2
+
+
+def record_crc(record: Buffer) -> int:
+    """The whole-record checksum of a record that carries the CRC32 property:
+    CRC32 of every byte before the property, cleared to a non-negative Java int."""
+    return zlib.crc32(memoryview(record)[: len(record) - CRC32_RESERVED_LEN]) & 0x7FFFFFFF
+
+
+def fill_record_crc(record: bytearray | memoryview) -> None:
+    """Write the digits of the CRC32 property ``record`` ends with (what stamp does in C)."""
+    end = len(record)
+    record[end - CRC32_RESERVED_LEN : end] = crc32_property(record_crc(record))
+
+
+def _stored_crc(digits: bytes) -> int | None:
+    """The CRC the property's 10 digits state (least significant first), or None
+    if they are not all ASCII digits."""
+    if not digits.isdigit():  # bytes.isdigit: ASCII 0-9 only
+        return None
+    return int(digits[::-1])
+
+
+def properties_without_crc(raw: bytes) -> bytes:
+    """A record's properties block as a reader decodes it: without the store's CRC32
+    property (a checksum of the record, not something the producer sent)."""
+    return raw[:-CRC32_RESERVED_LEN] if has_crc32_property(raw) else raw
+
+
 class EncodedMessage:
     """A message with everything but its offsets and store time encoded.
 
@@ -164,6 +233,7 @@ class EncodedMessage:
 
     __slots__ = (
         "_args",
+        "_fill_crc",
         "body",
         "properties",
         "queue_id",
@@ -182,10 +252,23 @@ class EncodedMessage:
         properties: bytes | None = None,
         born_timestamp_ms: int | None = None,
         compute_crc: bool = True,
+        append_crc: bool = False,
     ) -> None:
-        """``compute_crc=False`` leaves BODYCRC 0 for the store to fill in
-        (:func:`basalt.common._records.stamp` computes it for every record it appends)."""
+        """``compute_crc=False`` leaves BODYCRC (and the CRC32 property's digits)
+        0 for the store to fill in (:func:`basalt.common._records.stamp`
+        computes them for every record it appends). ``append_crc`` ends the
+        properties with the CRC32 property (the store config's
+        ``enabled_append_prop_crc``); :meth:`encode` fills its digits when
+        ``compute_crc``, :meth:`header` never does (it cannot: the checksum
+        covers the header it returns). Off by default: whether records carry
+        it is the writer's policy (the store's config, the SDK's encode_batch)."""
         props = encode_properties(message.all_properties()) if properties is None else properties
+        if append_crc:
+            # RocketMQ's needAppendLastPropertySeparator: the reserved property
+            # must follow a separator, or it would read as part of a value.
+            if props and props[-1] != 2:
+                props += b"\x02"
+            props += CRC32_RESERVED
         topic_bytes = message.topic.encode("utf-8")
         born_ip, born_port = _host_parts(message.born_host)
         store_ip, store_port = _split_host(store_host)
@@ -200,6 +283,7 @@ class EncodedMessage:
         size = header.size + len(body) + len(tail)
         self.topic = message.topic
         self.queue_id = message.queue_id
+        self._fill_crc = append_crc and compute_crc
         self.sys_flag = sys_flag
         self.body = body
         self.properties = props
@@ -242,10 +326,16 @@ class EncodedMessage:
         return self.struct.pack(*args)
 
     def encode(self, queue_offset: int, physical_offset: int, store_timestamp_ms: int) -> bytes:
-        """The whole record as bytes."""
-        return b"".join(
+        """The whole record as bytes; with ``compute_crc`` and ``append_crc`` its
+        CRC32 property is filled, as the store's stamp would."""
+        record = b"".join(
             (self.header(queue_offset, physical_offset, store_timestamp_ms), self.body, self.tail)
         )
+        if not self._fill_crc:
+            return record
+        filled = bytearray(record)
+        fill_record_crc(filled)
+        return bytes(filled)
 
 
 _HOST_CACHE: dict[str, tuple[bytes, int]] = {}
@@ -305,7 +395,7 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
         (props_len,) = _SHORT.unpack_from(view, p)
         p += 2
         raw_props = bytes(view[p : p + props_len])
-        props = decode_properties(raw_props)
+        props = decode_properties(properties_without_crc(raw_props))
         p += props_len
     except (struct.error, IndexError, ValueError) as e:
         if isinstance(e, CorruptRecordError):
@@ -382,8 +472,9 @@ class RecordKind(Enum):
 class RecordInfo:
     """What :func:`check_record` found at one position.
 
-    For MESSAGE the routing fields are filled; for BLANK ``size`` is the
-    blank's length; for CORRUPT ``reason`` says why.
+    For MESSAGE the routing fields are filled (``properties`` is the raw
+    block, a CRC32 property included); for BLANK ``size`` is the blank's
+    length; for CORRUPT ``reason`` says why.
     """
 
     kind: RecordKind
@@ -447,8 +538,10 @@ def check_record(
             RecordKind.CORRUPT,
             reason=f"PHYSICALOFFSET {phys} but the record sits at {expected_offset}",
         )
-    if check_crc and zlib.crc32(view[body_start : body_start + body_len]) & 0x7FFFFFFF != crc:
-        return RecordInfo(RecordKind.CORRUPT, reason="body CRC mismatch")
+    if check_crc:
+        reason = _crc_mismatch(view, body_start, body_len, crc, view[p : p + props_len])
+        if reason:
+            return RecordInfo(RecordKind.CORRUPT, reason=reason)
     try:
         topic = topic_raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -464,6 +557,32 @@ def check_record(
         topic=topic,
         properties=bytes(view[p : p + props_len]),
     )
+
+
+def _crc_mismatch(
+    record: memoryview, body_start: int, body_len: int, crc: int, props: memoryview
+) -> str:
+    """Why ``record`` fails its checksum, or "" if it passes.
+
+    A record carrying the CRC32 property is checked by it: it covers BODYCRC's
+    bytes and the body too, so one pass over a sound record keeps recovery as
+    fast as with BODYCRC alone; a mismatch then checks BODYCRC to say where the
+    damage is ("body CRC mismatch" when the body or BODYCRC changed, else
+    "record CRC mismatch"). A record without it (RocketMQ's, older Basalt's)
+    is checked by BODYCRC alone.
+    """
+    if has_crc32_property(props):
+        end = len(record)
+        stored = _stored_crc(bytes(record[end - 11 : end - 1]))
+        if stored is None:
+            return "CRC32 property is not 10 digits"
+        if record_crc(record) == stored:
+            return ""
+    elif zlib.crc32(record[body_start : body_start + body_len]) & 0x7FFFFFFF == crc:
+        return ""
+    if zlib.crc32(record[body_start : body_start + body_len]) & 0x7FFFFFFF != crc:
+        return "body CRC mismatch"
+    return "record CRC mismatch"
 
 
 # -- a producer's batch -------------------------------------------------------------------
@@ -527,6 +646,7 @@ def encode_batch_py(
             ),
             store_host=store_host,
             compute_crc=False,
+            append_crc=True,
         ).encode(0, 0, 0)
         for m, uniq in zip(messages, uniq_keys, strict=True)
     )
