@@ -334,16 +334,22 @@ def _zero_commitlog(config: MessageStoreConfig) -> None:
         path.write_bytes(bytes(config.mapped_file_size_commit_log))
 
 
+def _restart_after(
+    runner: StoreRunner, damage: Callable[[MessageStoreConfig], None], *, abnormal: bool
+) -> MessageStore:
+    """30 records over 3 queues, a clean stop, ``damage``, and a start."""
+    store = runner.start()
+    send(store, 30, queues=3)
+    runner.stop()
+    damage(runner.config)
+    return runner.start(abnormal=abnormal)
+
+
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
 def test_without_a_commitlog_consume_queues_are_destroyed(
     runner: StoreRunner, abnormal: bool
 ) -> None:
-    store = runner.start()
-    send(store, 30, queues=3)
-    runner.stop()
-    _delete_commitlog(runner.config)
-
-    store = runner.start(abnormal=abnormal)
+    store = _restart_after(runner, _delete_commitlog, abnormal=abnormal)
 
     got = report(store)
     assert got.consume_queues_destroyed == 3
@@ -361,12 +367,7 @@ def test_without_a_commitlog_consume_queues_are_destroyed(
 def test_a_zeroed_commitlog_keeps_every_queue_offset_taken(
     runner: StoreRunner, abnormal: bool
 ) -> None:
-    store = runner.start()
-    send(store, 30, queues=3)
-    runner.stop()
-    _zero_commitlog(runner.config)
-
-    store = runner.start(abnormal=abnormal)
+    store = _restart_after(runner, _zero_commitlog, abnormal=abnormal)
 
     got = report(store)
     assert got.consume_queues_destroyed == 0

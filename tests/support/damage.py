@@ -36,7 +36,7 @@ from basalt.store import Message, MessageStore, MessageStoreConfig
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consumer_offsets import consumer_offset_path
 from basalt.store.mapped_file import file_name
-from tests.support.stores import DISK_NEVER_FULL, SMALL_INDEX
+from tests.support.stores import small_store_config
 
 #: (topic, queue id, queue offset): one record's identity in its queue.
 RecordKey = tuple[str, int, int]
@@ -58,16 +58,11 @@ GROUP = "G"
 def store_config(root: Path, **overrides: Any) -> MessageStoreConfig:
     """The configuration every catalogue store is written and reopened with."""
     values: dict[str, Any] = {
-        "store_path_root_dir": root,
         "mapped_file_size_commit_log": COMMITLOG_FILE,
         "mapped_file_size_consume_queue": CQ_FILE,
-        "flush_interval_commit_log_ms": 50,
-        "flush_interval_consume_queue_ms": 50,
-        **SMALL_INDEX,
-        **DISK_NEVER_FULL,
+        **overrides,
     }
-    values.update(overrides)
-    return MessageStoreConfig(**values)
+    return small_store_config(root, **values)
 
 
 def body_of(key: RecordKey, seq: int) -> bytes:
