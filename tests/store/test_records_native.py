@@ -249,6 +249,17 @@ def test_crc32_accepts_bytearray_memoryview_and_mmap() -> None:
             assert _records.crc32_portable(buf, 99) == expected, type(buf)
 
 
+@pytest.mark.parametrize(
+    "len_b", [0, 1, 7, 64, 255, 256, 1024, 4097, 65535, 65536, 1 << 20, (1 << 24) + 3]
+)
+def test_crc32_combine_is_the_crc_of_the_concatenation(len_b: int) -> None:
+    """stamp's whole-record CRC combines the head's CRC with the body's: held to zlib."""
+    rng = random.Random(len_b)
+    for len_a in (0, 1, 90, 1000):
+        a, b = rng.randbytes(len_a), rng.randbytes(len_b)
+        assert _records.crc32_combine(zlib.crc32(a), zlib.crc32(b), len_b) == zlib.crc32(a + b)
+
+
 def test_crc32_chains_like_zlib() -> None:
     """crc32(b, crc32(a)) is the CRC of a + b, across the 64-byte bulk boundary too."""
     data = random.Random(3).randbytes(1000)
