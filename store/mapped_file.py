@@ -112,7 +112,15 @@ class MappedFile:
                 # a full disk still fails the pwrite, not a later writeback.
                 os.ftruncate(self._fd, file_size)
             elif actual != file_size:
-                raise CorruptFileError(path, f"size {actual} but data files are {file_size} bytes")
+                # Longer than any file of this store writes (a shorter one was padded
+                # by recovery's repair): either the configured size changed or the
+                # file is not this store's. Which bytes are valid cannot be told.
+                raise CorruptFileError(
+                    path,
+                    f"size {actual} but data files are {file_size} bytes: start with the "
+                    f"file size the store was written with, or move the file out of the "
+                    f"store root",
+                )
             if mapped_writes and not read_only:
                 # Fault every page in now, in one call: appends then store into
                 # pages that exist instead of taking a fault per fresh page.

@@ -17,7 +17,7 @@ leaves. The store is restarted on the copy, and:
     and damaged bytes that still existed were copied to ``quarantine/``.
 
 The fsync and EMFILE failures of a running store-node are
-tests/services/test_store_node_failure.py's (and the store's own,
+tests/reliability/test_store_node_failure.py's (and the store's own,
 tests/store/test_failures.py).
 """
 

@@ -24,6 +24,7 @@ from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig,
 from basalt.store.check import check_store
 from basalt.store.checkpoint import RECOVERY_MARGIN_MS
 from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.errors import CorruptFileError
 from basalt.store.mapped_file import file_name
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
 from basalt.store.recovery import TAIL_TOMBSTONE_BYTES, RecoveryReport
@@ -889,3 +890,20 @@ def test_a_read_skips_a_unit_whose_record_is_not_there(runner: StoreRunner) -> N
     kept = [s for s in sent if s is not bad]
     for queue_id in (0, 1):
         assert read_queue(store, queue_id) == expected_queue(kept, queue_id)
+
+
+def test_a_commitlog_file_longer_than_the_configured_size_refuses_start_and_says_why(
+    runner: StoreRunner,
+) -> None:
+    """Which bytes of an over-long file are valid cannot be told: the one refusal,
+    and it says what to do."""
+    store = runner.start()
+    send(store, 5)
+    runner.stop()
+    (path,) = runner.config.commitlog_dir.iterdir()
+    os.truncate(path, runner.config.mapped_file_size_commit_log * 2)
+
+    with pytest.raises(CorruptFileError, match="start with the file size") as refused:
+        runner.start()
+    assert refused.value.path == path
+    assert runner.store is None  # open() failed: nothing to stop
