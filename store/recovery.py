@@ -8,11 +8,17 @@ RocketMQ's ``recoverNormally`` / ``recoverAbnormally``:
   first record is older than the checkpoint minimum (``min(physic, logics) −
   3 s``), from the first file if none is, and re-dispatch from there.
 
-Either scan stops at the first record with a bad magic code, a bad CRC (with
-``check_crc_on_recover``), an inconsistent size or a physical offset that is
-not its own position. Everything past that point is truncated from the
-CommitLog, ConsumeQueue units pointing past it are dropped, and whatever the
-ConsumeQueues lack is re-dispatched. No CommitLog at all ⇒ no ConsumeQueues.
+A record is valid when its magic code, sizes, CRC (with
+``check_crc_on_recover``: the whole-record CRC32 property where the record
+has one, else BODYCRC) and PHYSICALOFFSET (its own position) agree. Where
+RocketMQ stops at the first invalid record and truncates everything after
+it, Basalt steps over the damage to the next valid record
+(:mod:`basalt.store.resync`): each damaged span is quarantined, replaced by a
+tombstone and reported; the lost records' ConsumeQueue units become blank
+units, so their queue offsets stay taken; the log ends at its last valid
+record (with a tombstone there when records were lost at the end), and
+whatever the ConsumeQueues lack is re-dispatched. No CommitLog at all ⇒ no
+ConsumeQueues.
 
 Beyond RocketMQ, ConsumeQueues are derived data, rebuilt rather than trusted
 (normal and abnormal recovery alike). A queue is *damaged* when a file of it
@@ -345,10 +351,8 @@ def recover(
         # Records were lost at the end of the log: a tombstone there tells every later
         # reader (store check) that the queue offsets jump across it.
         valid_end = _append_tombstone(commitlog, valid_end, scan.last_store_timestamp_ms)
-    destroyed = 0
 
     rebuild = _repair_consume_queues(consume_queues, commitlog, damage, dropped_by)
-    dropped = sum(dropped_by.values())
     cq_end = consume_queues.max_physic_offset()
     reput_from = max(cq_end, commitlog.min_offset)
     if abnormal:
@@ -372,6 +376,7 @@ def recover(
             for span in found:
                 dropped_by[cq] += cq.blank_units(span.offset, span.end)
         spans = found + spans
+    dropped = sum(dropped_by.values())
     while dispatcher.dispatch_available():
         pass
     if dispatcher.stalled_reason is not None:
@@ -395,7 +400,7 @@ def recover(
         bytes_truncated=truncated,
         consume_queue_entries_dropped=dropped,
         consume_queue_entries_rebuilt=dispatcher.entries_written - written_before,
-        consume_queues_destroyed=destroyed,
+        consume_queues_destroyed=0,  # only without any CommitLog file (above)
         duration_ms=(time.perf_counter() - started) * 1000,
         redispatch_from_offset=redispatch_from,
         rebuilt_queues=rebuilt,
