@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import os
 import threading
 from collections.abc import Callable
@@ -209,7 +210,8 @@ class MappedFileQueue:
     # -- durability ---------------------------------------------------------------------
 
     def flush(self) -> int:
-        """fsync every file with unflushed bytes; returns the new ``flushed_where``.
+        """fsync every file with unflushed bytes (but one being deleted); returns the
+        new ``flushed_where``.
 
         The end is read before the fsyncs: bytes appended while they run are not
         vouched for until the next flush.
@@ -217,7 +219,14 @@ class MappedFileQueue:
         target = self.max_offset
         for mf in self.files:
             if mf.flushed_position < mf.wrote_position:
-                mf.flush()
+                try:
+                    mf.flush()
+                except OSError as e:
+                    # Expiry deleted the file (closing its fd) after the snapshot was
+                    # taken: a file on its way out needs no flush. Not holding it
+                    # here keeps the flush from delaying the deletion.
+                    if not (e.errno == errno.EBADF and mf.closed):
+                        raise
         self.flushed_where = max(self.flushed_where, target)
         return self.flushed_where
 

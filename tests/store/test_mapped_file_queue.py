@@ -106,6 +106,17 @@ def test_flush_makes_every_file_flushed(queue: MappedFileQueue) -> None:
     assert [mf.flushed_position for mf in queue.files] == [SIZE, 10]
 
 
+def test_flush_steps_over_a_file_expiry_deleted_under_it(queue: MappedFileQueue) -> None:
+    """The flush thread walks a snapshot of the files; expiry may delete one (closing
+    its fd) meanwhile. That file needs no flush, and the failure channel must not hear
+    of an EBADF (it stopped a store's sends under disk pressure)."""
+    fill(queue, SIZE + 10)
+    first, second = queue.files
+    first.destroy()  # as expiry does, before the snapshot drops it
+    queue.flush()
+    assert second.flushed_position == 10
+
+
 def test_truncate_dirty_files_keeps_the_prefix_zeroes_the_tail_and_deletes_later_files(
     queue: MappedFileQueue,
 ) -> None:
