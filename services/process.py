@@ -13,6 +13,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -96,10 +97,39 @@ def keep_large_buffers() -> bool:
     )
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit, as RocketMQ's start
+    scripts raise ``ulimit -n``: a store-node holds descriptors per mapped file
+    and a pull-service one per connection, and a distribution's default soft
+    limit (1,024) is reached long before the hard one. Logs the limits before
+    and after at INFO. Returns ``(before, after)`` soft limits; ``before ==
+    after`` where the soft limit already was the hard one, or where raising it
+    is refused (logged at WARNING, the process runs on at ``before``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.info("open files limit %s (already the hard limit)", _limit(soft))
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        # e.g. an unlimited hard limit that the kernel's nr_open caps: keep going
+        # on the soft limit rather than refuse to start.
+        log.warning("open files limit stays %s (hard %s): %s", _limit(soft), _limit(hard), e)
+        return soft, soft
+    log.info("open files limit raised from %s to %s (the hard limit)", _limit(soft), _limit(hard))
+    return soft, hard
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
 def run(serve: Serve, args: argparse.Namespace) -> int:
-    """Run ``serve(args)`` on a fresh event loop, logging configured and large
-    buffers kept (:func:`keep_large_buffers`); its exit status."""
+    """Run ``serve(args)`` on a fresh event loop, logging configured, the open
+    files limit raised (:func:`raise_open_files_limit`) and large buffers kept
+    (:func:`keep_large_buffers`); its exit status."""
     configure_logging()
+    raise_open_files_limit()
     keep_large_buffers()
     return asyncio.run(serve(args))
 
