@@ -178,12 +178,34 @@ async def serve_until_stopped(label: str, running: Running, stop: asyncio.Event)
     await running.stop()
 
 
-def grpc_server(max_message_bytes: int) -> grpc.aio.Server:
-    """A grpc.aio server whose message limit fits the largest message it must take."""
+#: The default backlog of calls a service's gRPC server takes before Python
+#: picks them up (:func:`grpc_server`): five times a burst of 2,000 long polls.
+MAX_PENDING_CALLS = 10_000
+
+
+def grpc_server(
+    max_message_bytes: int, *, max_pending_calls: int = MAX_PENDING_CALLS
+) -> grpc.aio.Server:
+    """A grpc.aio server whose message limit fits the largest message it must
+    take, and which queues up to ``max_pending_calls`` arrived calls that the
+    event loop has not picked up yet, refusing none below that.
+
+    gRPC core queues a call that arrives before the server has asked for the
+    next one; the aio server asks one call at a time from its event loop, so a
+    burst of calls (2,000 long polls at once) builds such a backlog. Past 1,000
+    queued calls core's "random early detection" cancels a newcomer with a
+    probability rising to 1 at 3,000 (``grpc.server.max_pending_requests`` and
+    ``..._hard_limit``): the caller sees CANCELLED, nothing is logged, and a
+    held pull is dropped before it is ever held. Both limits set to
+    ``max_pending_calls`` leave no random drop: the backlog is bounded (each
+    queued call holds an HTTP/2 stream and its call state, not a thread) and a
+    call past it is refused, the one overload that still answers CANCELLED."""
     return grpc.aio.server(
         options=(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.server.max_pending_requests", max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", max_pending_calls),
         )
     )
 
