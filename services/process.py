@@ -13,6 +13,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -96,10 +97,39 @@ def keep_large_buffers() -> bool:
     )
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit, as RocketMQ's start
+    scripts raise ``ulimit -n``: a store-node holds descriptors per mapped file
+    and a pull-service one per connection, and a distribution's default soft
+    limit (1,024) is reached long before the hard one. Logs the limits before
+    and after at INFO. Returns ``(before, after)`` soft limits; ``before ==
+    after`` where the soft limit already was the hard one, or where raising it
+    is refused (logged at WARNING, the process runs on at ``before``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.info("open files limit %s (already the hard limit)", _limit(soft))
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        # e.g. an unlimited hard limit that the kernel's nr_open caps: keep going
+        # on the soft limit rather than refuse to start.
+        log.warning("open files limit stays %s (hard %s): %s", _limit(soft), _limit(hard), e)
+        return soft, soft
+    log.info("open files limit raised from %s to %s (the hard limit)", _limit(soft), _limit(hard))
+    return soft, hard
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
 def run(serve: Serve, args: argparse.Namespace) -> int:
-    """Run ``serve(args)`` on a fresh event loop, logging configured and large
-    buffers kept (:func:`keep_large_buffers`); its exit status."""
+    """Run ``serve(args)`` on a fresh event loop, logging configured, the open
+    files limit raised (:func:`raise_open_files_limit`) and large buffers kept
+    (:func:`keep_large_buffers`); its exit status."""
     configure_logging()
+    raise_open_files_limit()
     keep_large_buffers()
     return asyncio.run(serve(args))
 
@@ -148,12 +178,34 @@ async def serve_until_stopped(label: str, running: Running, stop: asyncio.Event)
     await running.stop()
 
 
-def grpc_server(max_message_bytes: int) -> grpc.aio.Server:
-    """A grpc.aio server whose message limit fits the largest message it must take."""
+#: The default backlog of calls a service's gRPC server takes before Python
+#: picks them up (:func:`grpc_server`): five times a burst of 2,000 long polls.
+MAX_PENDING_CALLS = 10_000
+
+
+def grpc_server(
+    max_message_bytes: int, *, max_pending_calls: int = MAX_PENDING_CALLS
+) -> grpc.aio.Server:
+    """A grpc.aio server whose message limit fits the largest message it must
+    take, and which queues up to ``max_pending_calls`` arrived calls that the
+    event loop has not picked up yet, refusing none below that.
+
+    gRPC core queues a call that arrives before the server has asked for the
+    next one; the aio server asks one call at a time from its event loop, so a
+    burst of calls (2,000 long polls at once) builds such a backlog. Past 1,000
+    queued calls core's "random early detection" cancels a newcomer with a
+    probability rising to 1 at 3,000 (``grpc.server.max_pending_requests`` and
+    ``..._hard_limit``): the caller sees CANCELLED, nothing is logged, and a
+    held pull is dropped before it is ever held. Both limits set to
+    ``max_pending_calls`` leave no random drop: the backlog is bounded (each
+    queued call holds an HTTP/2 stream and its call state, not a thread) and a
+    call past it is refused, the one overload that still answers CANCELLED."""
     return grpc.aio.server(
         options=(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.server.max_pending_requests", max_pending_calls),
+            ("grpc.server.max_pending_requests_hard_limit", max_pending_calls),
         )
     )
 

@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lease-ttl-s", type=int, default=10)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=10_000)
     parser.add_argument("--max-suspend-timeout-ms", type=int, default=30_000)
+    parser.add_argument(
+        "--max-pending-calls",
+        type=int,
+        default=process.MAX_PENDING_CALLS,
+        help="arrived calls gRPC queues before the event loop picks them up",
+    )
 
 
 def _advertise_host(listen: str, given: str | None) -> str:
@@ -56,6 +62,7 @@ async def serve(args: argparse.Namespace) -> int:
         pull_service_id=args.id,
         heartbeat_interval_ms=args.heartbeat_interval_ms,
         max_suspend_timeout_ms=args.max_suspend_timeout_ms,
+        max_pending_calls=args.max_pending_calls,
     )
     meta = MetaClient(
         MetaConfig(

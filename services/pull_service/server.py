@@ -112,7 +112,7 @@ async def start_pull_service(
     view.consumers.subscribe(sessions.on_consumer_change)
     view.topics.subscribe(sessions.on_topic_change)
     servicer = PullServiceServicer(config, meta, view, channels, sessions)
-    server = grpc_server(config.max_message_bytes)
+    server = grpc_server(config.max_message_bytes, max_pending_calls=config.max_pending_calls)
     add_servicer(
         server,
         servicer,

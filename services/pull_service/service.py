@@ -61,6 +61,7 @@ from basalt.services.meta.model import (
     TopicConfig,
 )
 from basalt.services.meta.watch import MetaWatcher
+from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
 from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_timeout_s
 from basalt.services.pull_service.checks import check_pull, topic_route
@@ -134,6 +135,12 @@ class PullServiceConfig:
         default=4,
         check=positive,
         doc="Queues per store-node in the TBW102 route (the store-nodes' auto-create default).",
+    )
+    max_pending_calls: int = setting(
+        default=MAX_PENDING_CALLS,
+        check=positive,
+        doc="Calls arrived but not yet picked up by the event loop (a burst of long "
+        "polls) that gRPC queues; past it a call is refused CANCELLED.",
     )
     max_message_bytes: int = setting(
         default=64 * 1024 * 1024,

@@ -88,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-topic-queue-nums", type=int, default=4)
     parser.add_argument("--no-auto-create-topic", action="store_true")
     parser.add_argument("--lease-ttl-s", type=int, default=10)
+    parser.add_argument(
+        "--max-pending-calls",
+        type=int,
+        default=process.MAX_PENDING_CALLS,
+        help="arrived calls gRPC queues before the event loop picks them up",
+    )
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -101,7 +107,9 @@ async def serve(args: argparse.Namespace) -> int:
         max_transfer_bytes_on_message_in_memory=args.max_transfer_bytes_on_message_in_memory,
     )
     node = StoreNodeConfig(
-        broker_name=args.name, auto_create_topic_enable=not args.no_auto_create_topic
+        broker_name=args.name,
+        auto_create_topic_enable=not args.no_auto_create_topic,
+        max_pending_calls=args.max_pending_calls,
     )
     meta: MetaClient | None = None
     topics: TopicDirectory

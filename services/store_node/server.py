@@ -84,7 +84,10 @@ async def start_store_node(
     # default; a read returns at most one message past the transfer caps, and
     # a GetMessages up to max_queues_per_get_messages such reads.
     per_read = store_config.max_transfer_bytes_on_message_in_memory + store_config.max_message_size
-    server = grpc_server(node.max_queues_per_get_messages * per_read + 1024 * 1024)
+    server = grpc_server(
+        node.max_queues_per_get_messages * per_read + 1024 * 1024,
+        max_pending_calls=node.max_pending_calls,
+    )
     add_servicer(
         server,
         servicer,

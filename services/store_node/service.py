@@ -63,6 +63,7 @@ from basalt.services.errors import (
     refused,
 )
 from basalt.services.meta.model import TopicConfig
+from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
@@ -150,6 +151,12 @@ class StoreNodeConfig:
         default=256,
         check=positive,
         doc="Sends in flight on one SendStream before the node stops reading it.",
+    )
+    max_pending_calls: int = setting(
+        default=MAX_PENDING_CALLS,
+        check=positive,
+        doc="Calls arrived but not yet picked up by the event loop (a burst of long "
+        "polls) that gRPC queues; past it a call is refused CANCELLED.",
     )
 
     def __post_init__(self) -> None:

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
+import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from basalt.services.process import SERVICE_ENV, keep_large_buffers, service_env
+from basalt.services.process import (
+    SERVICE_ENV,
+    keep_large_buffers,
+    raise_open_files_limit,
+    service_env,
+)
+from tests.support.processes import ServiceProcess
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 
@@ -60,3 +69,52 @@ def test_rerun_with_service_env_runs_the_same_command_again_unless_set(
     # Run again (same pid: exec'd in place) with the same arguments, once.
     assert lines[-1] == f"run {pid} {wanted!r} ['an-arg']"
     assert len(lines) == (3 if preset is None else 2)
+
+
+def _soft_open_files(pid: int) -> int:
+    """The soft "Max open files" of process ``pid``, as the kernel reports it."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return int(line.split()[3])
+    raise AssertionError(f"no open files limit for {pid}")
+
+
+@pytest.mark.slow
+def test_a_service_process_raises_its_open_files_limit_to_the_hard_one(
+    tmp_path: Path, processes: list[ServiceProcess]
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(256, hard // 2)
+    # The child inherits this process's limits at fork: lower the soft one only
+    # for the spawn, as a distribution's default 1,024 would be.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        node = ServiceProcess(
+            tmp_path / "broker-a.log",
+            "basalt.services.store_node.main",
+            "--name",
+            "broker-a",
+            "--data-dir",
+            str(tmp_path / "broker-a"),
+        )
+        processes.append(node)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    node.wait_serving()
+    assert _soft_open_files(node.proc.pid) == hard
+    log = (tmp_path / "broker-a.log").read_text()
+    assert f"open files limit raised from {low} to {hard}" in log
+    assert node.stop() == 0
+
+
+def test_raising_the_open_files_limit_where_it_is_the_hard_one_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        with caplog.at_level(logging.INFO, logger="basalt.services.process"):
+            assert raise_open_files_limit() == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert "already the hard limit" in caplog.text
