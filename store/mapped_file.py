@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from basalt.store.errors import CorruptFileError
+from basalt.store.files import file_created
 
 FILE_NAME_DIGITS = 20
 _ZERO_CHUNK = bytes(64 * 1024)
@@ -164,6 +165,8 @@ class MappedFile:
                 # Never leave a half-made file behind: the next load would refuse it.
                 path.unlink(missing_ok=True)
             raise
+        if not read_only and actual == 0:
+            file_created(path)
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote_position})"

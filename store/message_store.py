@@ -204,6 +204,8 @@ class MessageStore(StoreReads):
         # Wired only now: a failure during recovery is start()'s exception, not a
         # running store's state.
         self.dispatcher.failures = self.failures
+        if self.index is not None:
+            self.index.failures = self.failures
         for service in (flush, self._flush_cq, self.expiry, self._offset_persister):
             service.failures = self.failures
             service.start()
