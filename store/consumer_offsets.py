@@ -486,6 +486,10 @@ class ConsumerOffsetManager:
             lost_unnamed=rescue is not None and rescue.cut,
         )
         self.last_load = result
+        if self._reserve is not None:
+            # Before the first save, too: a disk may fill before the timer's first tick.
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._reserve.ensure(2 * len(encode_offsets(self._offsets, self._epochs, 0, 0)))
         if from_backup:
             log.warning(
                 "%s unusable (%s): loaded %s instead", self.path, main.problem or "missing", source

@@ -25,8 +25,9 @@ Disk use is measured as ``df`` does: ``used / (used + avail)`` from
 reserved blocks count neither as used nor as available. It is measured on
 every run, whenever a data file is created under the store root
 (:func:`basalt.store.files.watch_file_creation`), and by a send that finds
-the last measure older than :data:`SPACE_RECHECK_S`: a timer alone let a
-small disk fill between two runs, and sends were first refused at 100 %.
+the last measure older than :data:`SPACE_RECHECK_S` or the CommitLog grown
+by half the room that was left below the warning ratio: a timer alone let
+a small disk fill between two runs, and sends were first refused at 100 %.
 
 Time comes from the store's clock and disk use from an injectable probe, so
 tests need no waiting and no full disk.
@@ -79,6 +80,16 @@ def disk_used_percent(path: Path) -> float:
     return 100.0 * used / seen if seen > 0 else -1.0
 
 
+def _filesystem_bytes(path: Path) -> int:
+    """Bytes ``df`` counts as the size of the filesystem holding ``path`` (used +
+    available); 0 if unknown."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree + st.f_bavail) * st.f_frsize
+
+
 class IndexExpiry(Protocol):
     """The IndexService's part in expiry."""
 
@@ -127,6 +138,8 @@ class ExpiryService(ServiceThread):
         self.disk_usage = disk_usage
         self._disk_full = False
         self._measured_at = float("-inf")
+        #: CommitLog end past which a send measures again (half the room left).
+        self._recheck_at_offset = 0
         self._stop_watching: Callable[[], None] | None = None
         self._manual_runs = 0
         self._run_lock = threading.Lock()
@@ -145,7 +158,10 @@ class ExpiryService(ServiceThread):
         """Whether disk use is past disk_space_warning_level_ratio (sends are refused);
         re-measured when the last measure is older than :data:`SPACE_RECHECK_S`.
         Any thread."""
-        if time.monotonic() - self._measured_at > SPACE_RECHECK_S:
+        if (
+            time.monotonic() - self._measured_at > SPACE_RECHECK_S
+            or self.commitlog.max_offset >= self._recheck_at_offset
+        ):
             self.check_space()
         return self._disk_full
 
@@ -155,8 +171,15 @@ class ExpiryService(ServiceThread):
         the caller may be a writer creating a file). Returns the percent used."""
         cfg = self.config
         # CommitLog and ConsumeQueues live under one root, so one filesystem.
+        written = self.commitlog.max_offset
         used = self.disk_usage(cfg.store_path_root_dir)
         self._measured_at = time.monotonic()
+        room = _filesystem_bytes(cfg.store_path_root_dir) * (
+            cfg.disk_space_warning_level_ratio - used
+        )
+        # Measure again once the CommitLog took half the room left: on a small disk
+        # a burst of sends fills more than the room between two timed measures.
+        self._recheck_at_offset = written + max(int(room / 200), 0)
         full = used > cfg.disk_space_warning_level_ratio
         if full != self._disk_full:
             log.log(
