@@ -22,11 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from basalt.services.store_node.server import start_store_node
+from basalt.services.store_node.service import StoreNodeConfig
+from basalt.services.store_node.topics import LocalTopics
 from basalt.store import Message, MessageStore, MessageStoreConfig, PutStatus
 from basalt.store import index_service as index_service_module
+from tests.support.aio import run
 from tests.support.faults import FaultInjector, PathMatch, Rule, under
 from tests.support.polling import eventually_sync
-from tests.support.stores import ConfigFactory
+from tests.support.stores import ConfigFactory, node_store_config
 
 TOPIC = "Exhausted"
 FRESH = "Fresh"
@@ -253,3 +257,24 @@ def test_offsets_saved_once_the_error_is_gone_and_a_stop_that_cannot_save_is_not
     with MessageStore(config) as store:
         assert store.healthy
         assert store.query_offset("G", TOPIC, 0) == 5
+
+
+def test_a_store_node_whose_store_stops_unclean_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    faults = FaultInjector(monkeypatch)
+
+    async def scenario() -> bool:
+        running = await start_store_node(
+            StoreNodeConfig(broker_name="broker-a"),
+            node_store_config(tmp_path / "store"),
+            LocalTopics(),
+        )
+        store = running.store
+        assert store.commit_offset("G", TOPIC, 0, 4).ok
+        faults.fail("open", errno.ENOSPC, under(_offsets(store.config)))
+        return await running.stop(grace_s=0.1)
+
+    # main() turns this into exit status 1.
+    assert run(scenario) is False
+    assert (tmp_path / "store" / "abort").exists()
