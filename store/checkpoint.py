@@ -67,7 +67,8 @@ class StoreCheckpoint:
                 os.ftruncate(self._fd, 0)
                 size = 0
             if size == 0:
-                os.ftruncate(self._fd, CHECKPOINT_FILE_SIZE)
+                # Its page reserved now: a store into a hole of a full disk is a SIGBUS.
+                os.posix_fallocate(self._fd, 0, CHECKPOINT_FILE_SIZE)
             self._mm = mmap.mmap(self._fd, CHECKPOINT_FILE_SIZE)
         except BaseException:
             os.close(self._fd)
@@ -99,7 +100,9 @@ class StoreCheckpoint:
             self.logics_msg_timestamp,
             self.index_msg_timestamp,
         )
-        self._mm.flush()
+        # fdatasync writes the mapping's dirty page as msync would, and fails the
+        # same way; an os call is what a fault injector (tests) can reach.
+        os.fdatasync(self._fd)
 
     def close(self) -> None:
         if self._mm is not None:

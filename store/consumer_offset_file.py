@@ -66,12 +66,17 @@ stops cannot be named; :attr:`Salvage.cut` says so.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: RocketMQ's ``ConsumerOffsetManager.TOPIC_GROUP_SEPARATOR``: keys are ``topic@group``.
 TOPIC_GROUP_SEPARATOR = "@"
@@ -395,3 +400,61 @@ def describe_lost(salvage: Salvage) -> str:
     if not parts:
         return "no offsets lost"
     return "; ".join(parts) + " (those groups restart per their ConsumeFromWhere)"
+
+
+# -- the space reserve --------------------------------------------------------------------
+
+#: Smallest reserve kept beside the file; otherwise twice the last save's size.
+MIN_RESERVE_BYTES = 64 * 1024
+#: Errors a released reserve can cure: the file system, or the user's quota, is full.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class SpaceReserve:
+    """A preallocated file (``consumerOffset.json.reserve``) whose blocks a save
+    can take back when the disk is full.
+
+    A save writes a whole new copy before the rename frees the old one, so it
+    needs free space for a moment; on a full disk it would fail, and an offset
+    commit answered OK would be lost at shutdown. RocketMQ persists on a timer
+    and loses it. Here the reserve holds twice the last save's size: a save
+    refused for lack of space releases it and tries once more. It is made
+    again (best effort) after each save, so it is there for the last save of
+    a shutdown, which runs after the CommitLog stopped taking writes and
+    nothing else can take the freed space.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def ensure(self, size: int) -> bool:
+        """Make the reserve hold at least ``max(size, MIN_RESERVE_BYTES)`` allocated
+        bytes; returns whether it does (False, logged, when the disk refuses)."""
+        want = max(size, MIN_RESERVE_BYTES)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            log.warning("cannot keep a space reserve at %s: %s", self.path, e)
+            return False
+        try:
+            if os.fstat(fd).st_blocks * 512 < want:
+                os.posix_fallocate(fd, 0, want)
+            return True
+        except OSError as e:
+            log.warning("cannot keep a space reserve at %s: %s", self.path, e)
+            return False
+        finally:
+            os.close(fd)
+
+    def release(self) -> bool:
+        """Delete the reserve, freeing its blocks; returns whether there was one."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    @staticmethod
+    def cures(error: OSError) -> bool:
+        """Whether ``error`` is the full disk a released reserve makes room for."""
+        return error.errno in _NO_SPACE

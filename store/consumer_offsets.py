@@ -84,6 +84,7 @@ from basalt.store.consumer_offset_file import (
     FileCopy,
     OffsetTables,
     Salvage,
+    SpaceReserve,
     describe_lost,
     encode_offsets,
     name_problem,
@@ -178,9 +179,19 @@ class ConsumerOffsetManager:
     methods are thread-safe; see the module docstring for the locking.
     """
 
-    def __init__(self, path: Path, *, clock: Clock) -> None:
+    def __init__(self, path: Path, *, clock: Clock, space_reserve: bool = False) -> None:
+        """``space_reserve`` keeps ``<file>.reserve`` beside the file, whose blocks a save
+        takes back on a full disk (see
+        :class:`~basalt.store.consumer_offset_file.SpaceReserve`): a store's
+        manager does; a tool's, which only reads, need not."""
         self.path = Path(path)
         self.bak_path = self.path.with_name(self.path.name + ".bak")
+        #: Blocks a save takes back on a full disk (see SpaceReserve).
+        self._reserve = (
+            SpaceReserve(self.path.with_name(self.path.name + ".reserve"))
+            if space_reserve
+            else None
+        )
         self.clock = clock
         self._lock = threading.Lock()
         # Serialises whole persists so an older snapshot never lands after a newer one.
@@ -370,6 +381,18 @@ class ConsumerOffsetManager:
             return True
 
     def _write(self, data: bytes) -> None:
+        reserve = self._reserve
+        try:
+            self._write_copies(data)
+        except OSError as e:
+            if reserve is None or not (SpaceReserve.cures(e) and reserve.release()):
+                raise
+            log.warning("disk full: released %s to save consumer offsets", reserve.path)
+            self._write_copies(data)
+        if reserve is not None:
+            reserve.ensure(2 * len(data))
+
+    def _write_copies(self, data: bytes) -> None:
         parent = self.path.parent
         if not parent.is_dir():
             parent.mkdir(parents=True, exist_ok=True)
@@ -463,6 +486,10 @@ class ConsumerOffsetManager:
             lost_unnamed=rescue is not None and rescue.cut,
         )
         self.last_load = result
+        if self._reserve is not None:
+            # Before the first save, too: a disk may fill before the timer's first tick.
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._reserve.ensure(2 * len(encode_offsets(self._offsets, self._epochs, 0, 0)))
         if from_backup:
             log.warning(
                 "%s unusable (%s): loaded %s instead", self.path, main.problem or "missing", source

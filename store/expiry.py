@@ -20,6 +20,15 @@ ConsumeQueue (and index) files wholly below the new CommitLog min offset
 follow, and every ConsumeQueue's min offset is corrected, so a pull below it
 gets OFFSET_TOO_SMALL with the corrected next offset.
 
+Disk use is measured as ``df`` does: ``used / (used + avail)`` from
+``statvfs`` (``used = f_blocks - f_bfree``, ``avail = f_bavail``), so root's
+reserved blocks count neither as used nor as available. It is measured on
+every run, whenever a data file is created under the store root
+(:func:`basalt.store.files.watch_file_creation`), and by a send that finds
+the last measure older than :data:`SPACE_RECHECK_S` or the CommitLog grown
+by half the room that was left below the warning ratio: a timer alone let
+a small disk fill between two runs, and sends were first refused at 100 %.
+
 Time comes from the store's clock and disk use from an injectable probe, so
 tests need no waiting and no full disk.
 """
@@ -27,7 +36,7 @@ tests need no waiting and no full disk.
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +48,7 @@ from basalt.store.clock import Clock
 from basalt.store.commitlog import CommitLog
 from basalt.store.config import MessageStoreConfig
 from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.files import watch_file_creation
 from basalt.store.mapped_file import MappedFile
 from basalt.store.service_thread import ServiceThread
 
@@ -51,13 +61,33 @@ DELETE_FILES_BATCH_MAX = 10
 _HOUR_MS = 3_600_000
 
 
+#: A send re-measures disk use when the last measure is older than this: a
+#: statvfs per send would cost more than it tells.
+SPACE_RECHECK_S = 0.1
+
+
 def disk_used_percent(path: Path) -> float:
-    """Used share of the filesystem holding ``path``, in percent (-1 if unknown)."""
+    """Used share of the filesystem holding ``path``, in percent, as ``df`` shows it
+    (-1 if unknown): ``used / (used + avail)`` with ``used = f_blocks - f_bfree``
+    and ``avail = f_bavail``. ``(total - free) / total`` would count root's
+    reserve as used: 70 % for a disk ``df`` shows at 31 %."""
     try:
-        usage = shutil.disk_usage(path)
+        st = os.statvfs(path)
     except OSError:
         return -1.0
-    return 100.0 * (usage.total - usage.free) / usage.total if usage.total else -1.0
+    used = st.f_blocks - st.f_bfree
+    seen = used + st.f_bavail
+    return 100.0 * used / seen if seen > 0 else -1.0
+
+
+def _filesystem_bytes(path: Path) -> int:
+    """Bytes ``df`` counts as the size of the filesystem holding ``path`` (used +
+    available); 0 if unknown."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree + st.f_bavail) * st.f_frsize
 
 
 class IndexExpiry(Protocol):
@@ -106,8 +136,11 @@ class ExpiryService(ServiceThread):
         self.dispatched_to = dispatched_to
         self.index = index
         self.disk_usage = disk_usage
-        #: Set past disk_space_warning_level_ratio: the store refuses sends.
-        self.disk_full = False
+        self._disk_full = False
+        self._measured_at = float("-inf")
+        #: CommitLog end past which a send measures again (half the room left).
+        self._recheck_at_offset = 0
+        self._stop_watching: Callable[[], None] | None = None
         self._manual_runs = 0
         self._run_lock = threading.Lock()
 
@@ -119,6 +152,65 @@ class ExpiryService(ServiceThread):
         self._manual_runs = MANUAL_DELETE_RUNS
         if wake:
             self.wakeup()
+
+    @property
+    def disk_full(self) -> bool:
+        """Whether disk use is past disk_space_warning_level_ratio (sends are refused);
+        re-measured when the last measure is older than :data:`SPACE_RECHECK_S`.
+        Any thread."""
+        if (
+            time.monotonic() - self._measured_at > SPACE_RECHECK_S
+            or self.commitlog.max_offset >= self._recheck_at_offset
+        ):
+            self.check_space()
+        return self._disk_full
+
+    def check_space(self) -> float:
+        """Measure disk use now and update :attr:`disk_full`; past
+        disk_max_used_space_ratio, wake the service to delete (on its own thread:
+        the caller may be a writer creating a file). Returns the percent used."""
+        cfg = self.config
+        # CommitLog and ConsumeQueues live under one root, so one filesystem.
+        written = self.commitlog.max_offset
+        used = self.disk_usage(cfg.store_path_root_dir)
+        self._measured_at = time.monotonic()
+        room = _filesystem_bytes(cfg.store_path_root_dir) * (
+            cfg.disk_space_warning_level_ratio - used
+        )
+        # Measure again once the CommitLog took half the room left: on a small disk
+        # a burst of sends fills more than the room between two timed measures.
+        self._recheck_at_offset = written + max(int(room / 200), 0)
+        full = used > cfg.disk_space_warning_level_ratio
+        if full != self._disk_full:
+            log.log(
+                logging.ERROR if full else logging.INFO,
+                "disk %.1f%% used: sends %s",
+                used,
+                "refused until space is freed" if full else "accepted again",
+            )
+        self._disk_full = full
+        over = used < 0 or used > cfg.disk_max_used_space_ratio
+        thread = self._thread
+        # Never from the service's own run (that would spin while the disk stays full).
+        if over and thread is not None and thread is not threading.current_thread():
+            self.wakeup()
+        return used
+
+    def start(self) -> None:
+        """Start the thread, and measure disk use whenever a data file is created."""
+        self._stop_watching = watch_file_creation(
+            self.config.store_path_root_dir, self._on_file_created
+        )
+        super().start()
+
+    def _on_file_created(self, _path: Path) -> None:
+        self.check_space()
+
+    def shutdown(self) -> None:
+        if self._stop_watching is not None:
+            self._stop_watching()
+            self._stop_watching = None
+        super().shutdown()
 
     def run(self) -> None:
         while True:
@@ -152,18 +244,8 @@ class ExpiryService(ServiceThread):
     def _space_pressure(self, report: ExpiryReport) -> tuple[bool, bool]:
         """(disk over the deletion ratio, clean at once); also updates ``disk_full``."""
         cfg = self.config
-        # CommitLog and ConsumeQueues live under one root, so one filesystem.
-        used = self.disk_usage(cfg.store_path_root_dir)
+        used = self.check_space()
         clean_now = False
-        full = used > cfg.disk_space_warning_level_ratio
-        if full != self.disk_full:
-            log.log(
-                logging.ERROR if full else logging.INFO,
-                "disk %.1f%% used: sends %s",
-                used,
-                "refused until space is freed" if full else "accepted again",
-            )
-        self.disk_full = full
         if used > cfg.disk_space_clean_forcibly_ratio:
             clean_now = True
         over = used < 0 or used > cfg.disk_max_used_space_ratio

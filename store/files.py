@@ -1,9 +1,12 @@
-"""Small file helpers: the root's ``lock`` and ``abort`` files, atomic writes."""
+"""Small file helpers: the root's ``lock`` and ``abort`` files, atomic writes, and
+the hook that tells a store's space guard a data file was created."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from basalt.store.errors import StoreLockedError
@@ -66,3 +69,44 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+#: Told the path of every data file created under a registered root (see
+#: :func:`watch_file_creation`); must be quick and must not raise.
+CreationListener = Callable[[Path], None]
+
+_creation_lock = threading.Lock()
+_creation_listeners: dict[Path, CreationListener] = {}
+
+
+def watch_file_creation(root: Path, listener: CreationListener) -> Callable[[], None]:
+    """Call ``listener`` after each data file (CommitLog, ConsumeQueue, index) is
+    created under ``root``; returns the function that stops it.
+
+    Keyed by root so several stores in one process (tests, tools) each hear
+    only their own files. The space guard runs here: a new file is where a
+    filling disk shows first, long before a timer would notice.
+    """
+    key = root.resolve()
+    with _creation_lock:
+        _creation_listeners[key] = listener
+
+    def stop() -> None:
+        with _creation_lock:
+            if _creation_listeners.get(key) is listener:
+                del _creation_listeners[key]
+
+    return stop
+
+
+def file_created(path: Path) -> None:
+    """Tell the listener of the root holding ``path`` (if any) that it was created."""
+    if not _creation_listeners:
+        return  # no store in this process watches: tools, most unit tests
+    resolved = path.resolve()
+    with _creation_lock:
+        listeners = [
+            fn for root, fn in _creation_listeners.items() if resolved.is_relative_to(root)
+        ]
+    for listener in listeners:
+        listener(path)

@@ -82,7 +82,7 @@ from typing import NamedTuple
 from basalt.common import _records
 from basalt.common.record import Buffer
 from basalt.store.errors import CorruptFileError
-from basalt.store.files import fsync_dir
+from basalt.store.files import file_created, fsync_dir
 from basalt.store.hashing import java_string_hash
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,9 @@ class IndexFile:
         constructor). The file is made under a ``.tmp`` name, its blocks
         reserved (stores through the mapping must never meet a full disk: that
         is a SIGBUS, not an error) and then renamed, so a crash never leaves a
-        short file under an index file name. Raises FileExistsError or OSError.
+        short file under an index file name. Raises FileExistsError or OSError
+        (ENOSPC from the reservation on a full disk: an error here, never a
+        signal later).
         """
         size = index_file_size(hash_slot_num, index_num)
         if path.exists():
@@ -260,6 +262,7 @@ class IndexFile:
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
+        file_created(path)
         begin_ts = end_ts = end_timestamp_ms if end_timestamp_ms > 0 else 0
         begin_phy = end_phy = end_phy_offset if end_phy_offset > 0 else 0
         # In memory indexCount starts at 1; on disk it stays 0 until the first entry.

@@ -48,6 +48,7 @@ from basalt.store.clock import Clock
 from basalt.store.commitlog import CommitLog
 from basalt.store.dispatcher import DispatchRequest
 from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
+from basalt.store.failures import FailureChannel
 from basalt.store.files import fsync_dir
 from basalt.store.index_file import (
     DEFAULT_HASH_SLOT_NUM,
@@ -161,6 +162,9 @@ class IndexService:
         #: Set when no index file could be created: index building has stopped
         #: (RocketMQ's makeIndexFileError; its store then refuses writes).
         self.build_error: str | None = None
+        #: Where a creation failure is recorded (set by the owner): RocketMQ's store
+        #: refuses writes once no index file can be made, and so does this one.
+        self.failures: FailureChannel | None = None
         #: Files quarantined by load() and check(), in order.
         self._dropped: list[DroppedIndexFile] = []
 
@@ -461,6 +465,8 @@ class IndexService:
                 log.error("creating an index file failed (attempt %d): %s", attempt + 1, e)
         self.build_error = f"cannot create an index file in {self.index_dir}: {error}"
         log.error("index building stopped: %s", self.build_error)
+        if self.failures is not None and error is not None:
+            self.failures.record("index-service", error)
         return None
 
     def _create_last_file(self) -> IndexFile:

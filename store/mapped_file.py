@@ -18,9 +18,11 @@ import errno
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from basalt.store.errors import CorruptFileError
+from basalt.store.files import file_created
 
 FILE_NAME_DIGITS = 20
 _ZERO_CHUNK = bytes(64 * 1024)
@@ -38,6 +40,30 @@ def _pwrite_all(fd: int, data: bytes | bytearray, pos: int) -> None:
             raise OSError(errno.ENOSPC, "short write: no space left on device")
         view = view[written:]
         pos += written
+
+
+def data_extents(mf: MappedFile, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The parts of ``[start, end)`` of ``mf`` that hold data, in order.
+
+    Holes of a sparse file read as zeros and hold no record; a file system
+    without ``SEEK_DATA`` reports the whole range as data. Only these parts may
+    be read through the mapping: on tmpfs a read fault on a hole allocates a
+    page, which is a SIGBUS when the file system is full.
+    """
+    pos = start
+    while pos < end:
+        try:
+            data = os.lseek(mf.fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                return  # only a hole from here to the end of the file
+            yield pos, end
+            return
+        if data >= end:
+            return
+        hole = min(os.lseek(mf.fd, data, os.SEEK_HOLE), end)
+        yield data, hole
+        pos = hole
 
 
 def file_name(offset: int) -> str:
@@ -139,6 +165,8 @@ class MappedFile:
                 # Never leave a half-made file behind: the next load would refuse it.
                 path.unlink(missing_ok=True)
             raise
+        if not read_only and actual == 0:
+            file_created(path)
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote_position})"
@@ -258,18 +286,42 @@ class MappedFile:
         """Bytes from ``pos`` to the last non-zero byte before ``end``."""
         return self._scan_tail(pos, end, clear=False)
 
+    def readable_end(self, pos: int, limit: int | None = None) -> int:
+        """The end (at most ``limit``, default the file's end) of the data extent
+        holding ``pos``; ``pos`` itself when it lies in a hole.
+
+        Bytes in ``[pos, readable_end(pos))`` may be read through :attr:`buffer`
+        without faulting a page that has no space behind it (see
+        :func:`data_extents`); past it, the file reads as zeros.
+        """
+        stop = self.file_size if limit is None else min(limit, self.file_size)
+        for data, hole in data_extents(self, pos, stop):
+            return hole if data == pos else pos
+        return pos
+
+    def data_end(self) -> int:
+        """The end of the file's last data extent: everything after it is a hole."""
+        last = 0
+        for _, hole in data_extents(self, 0, self.file_size):
+            last = hole
+        return last
+
     def _scan_tail(self, start: int, end: int | None, *, clear: bool) -> int:
+        # pread, and only of data extents: the tail of a sparse file is mostly
+        # hole, which reads as zeros, and a read fault there (tmpfs) would
+        # allocate a page - a SIGBUS on a full file system.
         stop = self.file_size if end is None else min(end, self.file_size)
         data_end = start
         step = len(_ZERO_CHUNK)
-        for pos in range(start, stop, step):
-            chunk_end = min(pos + step, stop)
-            chunk = self._mm[pos:chunk_end]
-            if chunk == _ZERO_CHUNK[: chunk_end - pos]:
-                continue
-            if clear:
-                _pwrite_all(self._fd, _ZERO_CHUNK[: chunk_end - pos], pos)
-            data_end = pos + len(chunk.rstrip(b"\x00"))
+        for extent_start, extent_end in data_extents(self, start, stop):
+            for pos in range(extent_start, extent_end, step):
+                chunk_end = min(pos + step, extent_end)
+                chunk = os.pread(self._fd, chunk_end - pos, pos)
+                if chunk == _ZERO_CHUNK[: len(chunk)]:
+                    continue
+                if clear:
+                    _pwrite_all(self._fd, _ZERO_CHUNK[: len(chunk)], pos)
+                data_end = pos + len(chunk.rstrip(b"\x00"))
         return data_end - start
 
     def close(self) -> None:

@@ -106,9 +106,11 @@ class MessageStore(StoreReads):
         self.expiry: ExpiryService | None = None
         #: The consumer offsets of every group (RocketMQ's ConsumerOffsetManager).
         self.consumer_offsets = ConsumerOffsetManager(
-            consumer_offset_path(config.store_path_root_dir), clock=self.clock
+            consumer_offset_path(config.store_path_root_dir), clock=self.clock, space_reserve=True
         )
         self._offset_persister: OffsetPersistService | None = None
+        #: What the last shutdown() returned (False before one).
+        self.shut_down_cleanly = False
         #: The IndexFiles (None with message_index_enable off): built behind the
         #: dispatcher, on its thread, for query_message.
         self.index: IndexService | None = self._new_index() if config.message_index_enable else None
@@ -204,6 +206,8 @@ class MessageStore(StoreReads):
         # Wired only now: a failure during recovery is start()'s exception, not a
         # running store's state.
         self.dispatcher.failures = self.failures
+        if self.index is not None:
+            self.index.failures = self.failures
         for service in (flush, self._flush_cq, self.expiry, self._offset_persister):
             service.failures = self.failures
             service.start()
@@ -211,14 +215,18 @@ class MessageStore(StoreReads):
         self._running = True
         return report
 
-    def shutdown(self) -> None:
-        """Stop cleanly: no new writes, everything flushed and dispatched, ``abort`` removed.
+    def shutdown(self) -> bool:
+        """Stop: no new writes, everything flushed and dispatched, ``abort`` removed;
+        returns whether the stop was clean.
 
-        If the dispatcher cannot catch up (a corrupt record), ``abort`` stays so
-        the next start runs abnormal recovery.
+        It is not clean, and ``abort`` stays so the next start runs abnormal
+        recovery (logged at ERROR), when the dispatcher cannot catch up (a
+        corrupt record), a flush or the last save of the consumer offsets
+        failed (a full disk), or a service had failed before. A store-node
+        exits non-zero then. A second call returns the first one's answer.
         """
         if not self._running:
-            return
+            return self.shut_down_cleanly
         self._running = False
         if self.expiry is not None:
             self.expiry.shutdown()
@@ -237,8 +245,9 @@ class MessageStore(StoreReads):
         if self._offset_persister is not None:
             try:
                 self._offset_persister.shutdown()  # writes the offsets one last time
-            except OSError:
-                log.exception("could not persist consumer offsets at shutdown")
+            except OSError as e:
+                # Commits answered OK would be lost: not a clean stop.
+                self.failures.record(OffsetPersistService.name, e)
         clean = self.dispatcher.stalled_reason is None and self.dispatcher.behind_bytes == 0
         self._close_files()
         failure = self.failures.first
@@ -250,7 +259,9 @@ class MessageStore(StoreReads):
             remove_abort_file(self.config.abort_path)
         else:
             log.error("shutdown with the dispatcher behind: leaving 'abort' for recovery")
+        self.shut_down_cleanly = failure is None and clean
         self._lock.release()
+        return self.shut_down_cleanly
 
     def _flush_for_shutdown(self, checkpoint: StoreCheckpoint) -> None:
         """The last flushes of a stop: ConsumeQueues, index, then the CommitLog - but

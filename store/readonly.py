@@ -198,9 +198,15 @@ def _first_non_zero(mf: MappedFile, pos: int) -> int | None:
 
 
 def check_at(mf: MappedFile, pos: int, *, check_crc: bool = True) -> RecordInfo:
-    """:func:`check_record` at ``pos`` of ``mf``, expecting PHYSICALOFFSET to be its place."""
+    """:func:`check_record` at ``pos`` of ``mf``, expecting PHYSICALOFFSET to be its place.
+
+    Reads no further than the data extent holding ``pos`` (a hole reads as the
+    end of the data): a read fault on a hole of a sparse file is a SIGBUS on a
+    full tmpfs, and ``store check`` must report, never die.
+    """
+    limit = mf.readable_end(pos)
     return check_record(
-        mf.buffer, pos, mf.file_size, check_crc=check_crc, expected_offset=mf.file_from_offset + pos
+        mf.buffer, pos, limit, check_crc=check_crc, expected_offset=mf.file_from_offset + pos
     )
 
 

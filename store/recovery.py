@@ -219,7 +219,10 @@ def scan_commitlog(
         mf = files[index]
         base, size = mf.file_from_offset, mf.file_size
         last_file = index == len(files) - 1
-        result = _records.scan(mf.buffer, 0, size, base, check_crc, newer_than_ms)
+        # Only as far as the first data extent reaches: the rest of a sparse file is
+        # a hole, and a read fault on a hole is a SIGBUS on a full tmpfs. Data
+        # past a hole is found by resync, which reads data extents only.
+        result = _records.scan(mf.buffer, 0, mf.readable_end(0), base, check_crc, newer_than_ms)
         while True:
             pos, kind, reason, file_ts, file_first_newer, _ = result
             last_ts = file_ts or last_ts
@@ -261,7 +264,8 @@ def _abnormal_start_index(files: list[MappedFile], checkpoint: StoreCheckpoint) 
     """The last file whose first record is no newer than the checkpoint minimum."""
     min_ts = checkpoint.min_timestamp_ms()
     for index in range(len(files) - 1, -1, -1):
-        info = check_record(files[index].buffer, 0, files[index].file_size, check_crc=False)
+        mf = files[index]
+        info = check_record(mf.buffer, 0, mf.readable_end(0), check_crc=False)
         if (
             info.kind is RecordKind.MESSAGE
             and info.store_timestamp_ms != 0

@@ -28,10 +28,8 @@ file recreated after it was deleted, costs nothing to look through.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +41,7 @@ from basalt.common.record import (
     PREFIX,
     EncodedMessage,
 )
-from basalt.store.mapped_file import MappedFile
+from basalt.store.mapped_file import MappedFile, data_extents
 from basalt.store.record import body_length_at
 
 #: The topic of a tombstone record (see the module docstring). Rolled back, it is
@@ -91,28 +89,6 @@ class DamagedSpan:
         return f"commitlog offset {self.offset}, {self.length} bytes{where}: {self.reason}{kept}"
 
 
-def data_extents(mf: MappedFile, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """The parts of ``[start, end)`` of ``mf`` that hold data, in order.
-
-    Holes of a sparse file read as zeros and hold no record; a file system
-    without ``SEEK_DATA`` reports the whole range as data.
-    """
-    pos = start
-    while pos < end:
-        try:
-            data = os.lseek(mf.fd, pos, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                return  # only a hole from here to the end of the file
-            yield pos, end
-            return
-        if data >= end:
-            return
-        hole = min(os.lseek(mf.fd, data, os.SEEK_HOLE), end)
-        yield data, hole
-        pos = hole
-
-
 def resync(
     mf: MappedFile, after: int, limit: int, *, check_crc: bool, newer_than_ms: int
 ) -> tuple[int, ScanTuple] | None:
@@ -129,13 +105,13 @@ def resync(
     for start, end in data_extents(mf, after + 1, limit):
         at = max(start, after + 1) + 4
         while True:
-            hit = buf.find(_MAGIC, at, min(end + 4, mf.file_size))
+            # The magic code lies wholly in the extent (a hole reads as zeros), and
+            # the scan reads no further than the data: see data_extents.
+            hit = buf.find(_MAGIC, at, end)
             if hit < 0:
                 break
             candidate = hit - 4
-            result: ScanTuple = _records.scan(
-                buf, candidate, mf.file_size, base, check_crc, newer_than_ms
-            )
+            result: ScanTuple = _records.scan(buf, candidate, end, base, check_crc, newer_than_ms)
             if result[5] > 0:
                 return candidate, result
             at = hit + 1

@@ -146,12 +146,13 @@ async def serve(args: argparse.Namespace) -> int:
     if registration is not None:
         with contextlib.suppress(Exception):
             await registration.close()
-    await running.stop()
+    # Not clean (a flush or the offsets' last save failed): the exit status says so.
+    clean = await running.stop()
     if cache is not None:
         await cache.close()
     if meta is not None:
         await meta.close()
-    return 0
+    return 0 if clean else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -52,16 +52,21 @@ class RunningStoreNode:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def stop(self, grace_s: float = 5.0) -> None:
+    async def stop(self, grace_s: float = 5.0) -> bool:
         """Graceful stop: NOT_SERVING, no new calls, in-flight ones finish (up to
-        ``grace_s``), then the store shuts down cleanly."""
+        ``grace_s``), then the store shuts down; returns whether it did so cleanly
+        (see :meth:`MessageStore.shutdown`)."""
         self.servicer.writable = False
         self.servicer.hold.wake_all()  # held pulls answer now instead of being cancelled
         await set_serving(self.health, STORE_NODE_SERVICE, False)
         await self.server.stop(grace_s)
         await self.servicer.hold.drain()  # no filtered read left in a thread
-        await asyncio.to_thread(self.store.shutdown)
-        log.info("store-node stopped; store shut down cleanly")
+        clean = await asyncio.to_thread(self.store.shutdown)
+        if clean:
+            log.info("store-node stopped; store shut down cleanly")
+        else:
+            log.error("store-node stopped; the store did NOT shut down cleanly (abort left)")
+        return clean
 
 
 async def start_store_node(

@@ -6,13 +6,18 @@ here waits for time to pass or fills a disk.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from basalt.store import ManualClock, Message, MessageStore, PutStatus
+from basalt.store import expiry as expiry_module
+from basalt.store.expiry import disk_used_percent
 from basalt.store.get_message import GetStatus
+from tests.support.polling import eventually_sync
 from tests.support.stores import ConfigFactory, wait_indexed
 
 TOPIC = "Expiring"
@@ -218,3 +223,36 @@ def test_bad_delete_when_is_refused(make_config: ConfigFactory) -> None:
     with pytest.raises(StoreConfigError, match="delete_when"):
         make_config(delete_when="4am")
     assert make_config(delete_when="04;16").delete_hours == frozenset({4, 16})
+
+
+# -- the space guard: measured as df does, when a file is created ------------------------
+
+
+def test_disk_use_is_measured_as_df_shows_it(tmp_path: Path) -> None:
+    df = subprocess.run(
+        ["df", "--output=used,avail", "-B1", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    used, avail = (int(v) for v in df.stdout.split()[-2:])
+    # Root's reserve is neither used nor available; others write meanwhile.
+    assert disk_used_percent(tmp_path) == pytest.approx(100 * used / (used + avail), abs=0.5)
+
+
+def test_a_new_file_measures_disk_use_before_the_timer_or_the_next_send_would(
+    expiring: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expiry = expiring.expiry
+    assert expiry is not None
+    assert expiring.put_message(Message(TOPIC, b"measured at 50 %")).ok
+    # Neither age nor CommitLog growth makes a send measure again in this test.
+    monkeypatch.setattr(expiry_module, "SPACE_RECHECK_S", 3600.0)
+    expiry.disk_usage = lambda path: 95.0
+    assert expiring.put_message(Message(TOPIC, b"not measured: accepted")).ok
+    # A new topic's first message: the dispatcher creates its ConsumeQueue file.
+    assert expiring.put_message(Message("NewTopic", b"creates a file")).ok
+    eventually_sync(lambda: expiry.disk_full, what="the guard run by the file's creation")
+    refused = expiring.put_message(Message(TOPIC, b"refused"))
+    assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE
+    assert "disk_space_warning_level_ratio" in refused.detail

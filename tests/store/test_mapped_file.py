@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from basalt.store.errors import CorruptFileError
+from basalt.store.files import watch_file_creation
 from basalt.store.mapped_file import FILE_NAME_DIGITS, MappedFile, file_name, parse_file_name
 
 SIZE = 4096
@@ -196,3 +197,42 @@ def test_destroy_deletes_the_file_and_close_is_idempotent(tmp_path: Path) -> Non
     mf2 = MappedFile(tmp_path / file_name(0), SIZE)
     mf2.destroy()
     assert not (tmp_path / file_name(0)).exists()
+
+
+# -- sparse files: reads stay in the data extents ----------------------------------------
+
+BIG = 1024 * 1024
+
+
+def test_a_sparse_file_reads_only_its_data_extents(tmp_path: Path) -> None:
+    mf = MappedFile(tmp_path / file_name(0), BIG)
+    try:
+        mf.append(b"\x01" * 100)
+        mf.write_at(BIG // 2, b"\x02" * 10)  # data after a hole
+        assert mf.readable_end(0) >= 100  # the first extent (a block at least)
+        assert mf.readable_end(0) < BIG // 2
+        assert mf.readable_end(BIG // 4) == BIG // 4  # a hole: nothing to read
+        assert mf.data_end() > BIG // 2 and mf.data_end() < BIG
+        # The tail scan steps over the hole and still finds the later data...
+        assert mf.dirty_bytes_from(100) == BIG // 2 + 10 - 100
+        assert mf.zero_tail(100) == BIG // 2 + 10 - 100
+        # ...and clears it by pwrite, leaving nothing behind.
+        assert mf.dirty_bytes_from(100) == 0
+        assert mf.read(0, 100) == b"\x01" * 100
+    finally:
+        mf.close()
+
+
+def test_creating_a_data_file_tells_the_root_watcher_and_reopening_does_not(
+    tmp_path: Path,
+) -> None:
+    created: list[Path] = []
+    stop = watch_file_creation(tmp_path, created.append)
+    try:
+        MappedFile(tmp_path / file_name(0), SIZE).close()
+        MappedFile(tmp_path / file_name(0), SIZE).close()
+        assert [p.name for p in created] == [file_name(0)]
+    finally:
+        stop()
+    MappedFile(tmp_path / file_name(SIZE), SIZE).close()
+    assert len(created) == 1  # stopped: not told any more
