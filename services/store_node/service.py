@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,6 +70,7 @@ from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.store_node.wire import pull_batch_wire
 from basalt.store import Message, MessageStore
 from basalt.store.batch import EncodedBatch
+from basalt.store.expiry import disk_used_percent
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter
 from basalt.store.put_result import PutMessageResult, PutStatus
@@ -575,9 +575,8 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def GetRuntimeInfo(
         self, request: sn.GetRuntimeInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.GetRuntimeInfoResponse:
-        root = self.store.config.store_path_root_dir
-        usage = shutil.disk_usage(root)
         store = self.store
+        used_percent = disk_used_percent(store.config.store_path_root_dir)
         extra = {
             "held_pulls": str(self.hold.held),
             "woken_by_arrival": str(self.hold.woken_by_arrival),
@@ -591,7 +590,8 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             boot_timestamp_ms=self.boot_timestamp_ms,
             put_tps=self.stats.tps(),
             dispatch_behind_bytes=store.dispatch_behind_bytes,
-            disk_use_ratio=(usage.total - usage.free) / usage.total if usage.total else 0.0,
+            # As df shows it, as the store's own space guard measures it.
+            disk_use_ratio=max(used_percent, 0.0) / 100,
             commit_log_min_offset=store.min_physical_offset,
             commit_log_max_offset=store.max_physical_offset,
             extra=extra,

@@ -8,6 +8,7 @@ says what was wrong, and the service must keep serving after each.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,10 @@ def test_offsets_commit_with_epochs_reset_by_time_and_look_ups(tmp_path: Path) -
             info = await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest())
             assert info.broker_name == "broker-a"
             assert info.commit_log_max_offset > 0
+            # As df shows it (used / (used + avail)), as the store's space guard does.
+            st = os.statvfs(tmp_path)
+            used = st.f_blocks - st.f_bfree
+            assert abs(info.disk_use_ratio - used / (used + st.f_bavail)) < 0.01
 
     run(scenario)
 
