@@ -59,7 +59,6 @@ import asyncio
 import math
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -163,13 +162,17 @@ def disk_used(root: Path) -> int:
     return total
 
 
+def vm_rss(pid: int) -> int:
+    """The resident set of ``pid`` in bytes (``/proc/<pid>/status`` VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * KIB
+    return 0
+
+
 def node_usage(pid: int, store_root: Path) -> NodeUsage:
     """:class:`NodeUsage` of the store-node ``pid`` whose store lives in ``store_root``."""
     proc = Path(f"/proc/{pid}")
-    rss = 0
-    for line in (proc / "status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * KIB
     shared = 0
     counting = False
     mmaps = 0
@@ -183,7 +186,7 @@ def node_usage(pid: int, store_root: Path) -> NodeUsage:
             elif counting and head[0] == "Rss:":
                 shared += int(head[1]) * KIB
     return NodeUsage(
-        rss=rss,
+        rss=vm_rss(pid),
         rss_shared_files=shared,
         fds=len(os.listdir(proc / "fd")),
         mmaps=mmaps,
@@ -668,10 +671,17 @@ def report_targets(
 
 
 def guard(
-    data_dir: Path, new_queues: int, queue_disk: float, queue_rss: float, commit_log: int
+    data_dir: Path,
+    new_queues: int,
+    queue_disk: float,
+    queue_rss: float,
+    commit_log: int,
+    nodes_rss: int,
 ) -> str | None:
     """Why ``new_queues`` more queues (costing ``queue_disk`` / ``queue_rss`` bytes each)
-    plus ``commit_log`` bytes of CommitLog would not fit this machine; None when they fit."""
+    plus ``commit_log`` bytes of CommitLog would not fit this machine; None when they fit.
+    ``nodes_rss`` is what the store-nodes hold now: MemAvailable counts the page cache
+    behind their mappings as reclaimable, but those pages are in use."""
     free, size = free_disk(data_dir)
     disk_reserve = max(size // 10, 5 * GIB)
     need_disk = int(new_queues * queue_disk) + commit_log
@@ -684,11 +694,12 @@ def guard(
     available, total = memory()
     mem_reserve = max(total // 5, 4 * GIB)
     need_mem = int(new_queues * queue_rss)
-    if need_mem > available - mem_reserve:
+    if need_mem > available - nodes_rss - mem_reserve:
         return (
             f"the store-nodes would exhaust memory: {new_queues:,} more queues at "
-            f"{queue_rss / MIB:.2f} MiB of RSS each need {need_mem / GIB:.1f} GiB, "
-            f"{available / GIB:.1f} GiB available less a {mem_reserve / GIB:.1f} GiB reserve"
+            f"{queue_rss / MIB:.2f} MiB of RSS each need {need_mem / GIB:.1f} GiB; "
+            f"{available / GIB:.1f} GiB available less the {nodes_rss / GIB:.1f} GiB the "
+            f"store-nodes map now and a {mem_reserve / GIB:.1f} GiB reserve"
         )
     return None
 
@@ -718,7 +729,10 @@ async def run(args: argparse.Namespace, root: Path) -> int:
                 for topics in args.topics:
                     new_queues = (topics - previous) * QUEUES_PER_NODE * len(stores)
                     # The produce phase's CommitLog: a 1 GiB file a node, at most 2 more.
-                    why = guard(root, new_queues, queue_disk, queue_rss, 2 * GIB * len(stores))
+                    held = sum(vm_rss(n.pid) for n in cluster.of_role("store-node"))
+                    why = guard(
+                        root, new_queues, queue_disk, queue_rss, 2 * GIB * len(stores), held
+                    )
                     if why is not None:
                         stopped = f"stopped before {topics:,} topics: {why}"
                         print(f"\n{stopped}")
@@ -778,9 +792,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.first_put_sample = min(args.first_put_sample, 50)
         args.wake_sample = min(args.wake_sample, 8)
     with tempfile.TemporaryDirectory(prefix="basalt-many-q-", dir=args.data_dir) as tmp:
-        code = asyncio.run(run(args, Path(tmp)))
-        shutil.rmtree(tmp, ignore_errors=True)
-    return code
+        try:
+            return asyncio.run(run(args, Path(tmp)))
+        except KeyboardInterrupt:  # run's finally has torn the cluster down
+            print("interrupted", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":
