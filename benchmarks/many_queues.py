@@ -69,19 +69,18 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.client import Producer
 from basalt.common.local_cluster import CLUSTER_FILE, load_processes, write_processes
 from basalt.common.message import Message
 from basalt.services import process
-from basalt.services.cluster.local import CLUSTER_NAME
+from basalt.services.cluster.local import CLUSTER_NAME, healthy
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -232,18 +231,6 @@ async def bounded(n: int, jobs: Iterable[Callable[[], Awaitable[T]]]) -> list[T]
     return await asyncio.gather(*(one(job) for job in jobs))
 
 
-async def healthy(address: str) -> bool:
-    """Whether ``address`` answers gRPC health SERVING within a second."""
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            # types-grpcio-health-checking types the stub for sync channels only.
-            stub = cast(Any, health_pb2_grpc.HealthStub(channel))
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-    except grpc.aio.AioRpcError:
-        return False
-
-
 def exited(pid: int) -> bool:
     """Whether ``pid`` is gone or a zombie (a store-node is not our child: whoever
     reaps it, its port and files are free once it is a zombie)."""
@@ -259,7 +246,7 @@ async def restart(cluster: Cluster, name: str, sig: signal.Signals) -> tuple[flo
     port, same store root) and wait for health SERVING. Returns (seconds from the
     signal to SERVING, seconds from the new process's start to SERVING); records the
     new pid in cluster.json so ``cluster down`` stops it. RuntimeError if it does not
-    come back within 10 minutes."""
+    stop, or come back, within 10 minutes."""
     node = next(p for p in cluster.processes if p.name == name)
     argv = Path(f"/proc/{node.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     state = cluster.data_dir / CLUSTER_FILE
@@ -268,6 +255,8 @@ async def restart(cluster: Cluster, name: str, sig: signal.Signals) -> tuple[flo
     signalled = time.monotonic()
     os.kill(node.pid, sig)
     while not exited(node.pid):
+        if time.monotonic() - signalled > 600:
+            raise RuntimeError(f"{name} still running 10 minutes after {sig.name}")
         await asyncio.sleep(0.01)
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
@@ -628,13 +617,14 @@ def report_targets(
     """The issue's targets against the run's figures: met / NOT MET, with the figure."""
     by_n = {s.topics: s for s in steps}
     reached = max(by_n, default=0)
-    lines = [
-        "\n== targets",
-        f"  {TARGET_TOPICS:,} topics × 4 with default settings: "
-        f"{verdict(reached >= TARGET_TOPICS)} (reached {reached:,})"
-        + (f"; {stopped}" if stopped else ""),
-    ]
     not_measured = "NOT MET (not measured)"
+    run = f"  {TARGET_TOPICS:,} topics × 4 with default settings: "
+    if stopped or reached >= TARGET_TOPICS:
+        run += f"{verdict(reached >= TARGET_TOPICS)} (reached {reached:,})"
+        run += f"; {stopped}" if stopped else ""
+    else:
+        run += f"{not_measured}: --topics ended at {reached:,}"
+    lines = ["\n== targets", run]
     if steps:
         last = steps[-1]
         costs = per_queue(last, baseline).values()
@@ -695,11 +685,14 @@ def guard(
     mem_reserve = max(total // 5, 4 * GIB)
     need_mem = int(new_queues * queue_rss)
     if need_mem > available - nodes_rss - mem_reserve:
+        # Say where the disk alone would have stopped the run, too.
+        room = max(free - disk_reserve - commit_log, 0) / max(queue_disk, 1.0)
         return (
             f"the store-nodes would exhaust memory: {new_queues:,} more queues at "
             f"{queue_rss / MIB:.2f} MiB of RSS each need {need_mem / GIB:.1f} GiB; "
             f"{available / GIB:.1f} GiB available less the {nodes_rss / GIB:.1f} GiB the "
-            f"store-nodes map now and a {mem_reserve / GIB:.1f} GiB reserve"
+            f"store-nodes map now and a {mem_reserve / GIB:.1f} GiB reserve (the free disk "
+            f"would hold ~{room:,.0f} more queues, ~{room / 4:,.0f} topics)"
         )
     return None
 
