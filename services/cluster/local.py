@@ -62,7 +62,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _healthy(address: str, timeout_s: float = 1.0) -> bool:
+async def healthy(address: str, timeout_s: float = 1.0) -> bool:
+    """Whether the gRPC server at ``address`` answers health SERVING within ``timeout_s``
+    (False for any RPC error: not up yet, gone, NOT_SERVING)."""
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             # types-grpcio-health-checking types the stub for sync channels only.
@@ -144,7 +146,7 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
                 print(f"a process exited at start (code {child.returncode}): see {logs}", file=out)
                 down(data_dir, out)
                 return 1
-        pending = [p for p in pending if not asyncio.run(_healthy(p.address))]
+        pending = [p for p in pending if not asyncio.run(healthy(p.address))]
         time.sleep(0.2)
     if pending:
         print(f"not healthy after 60 s: {[p.name for p in pending]}; see {logs}", file=out)
@@ -213,7 +215,7 @@ def status(data_dir: Path, out: IO[str]) -> int:
         if p.role == "etcd":
             health, registered = ("SERVING" if etcd_ok else "DOWN"), "-"
         else:
-            health = "SERVING" if alive and asyncio.run(_healthy(p.address)) else "DOWN"
+            health = "SERVING" if alive and asyncio.run(healthy(p.address)) else "DOWN"
             if p.role == "admin":
                 registered = "-"  # stateless, registers nowhere (found through cluster.json)
             else:
