@@ -7,19 +7,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from basalt.store.consume_queue import ConsumeQueue
+from basalt.store.queue_file import DEFAULT_MAX_OPEN_FILES, OpenFiles
 
 
 class ConsumeQueueTable:
     """Finds, creates, loads and destroys the ConsumeQueues under ``consumequeue/``.
 
     Creation is guarded by a lock so a reader and the dispatcher asking for the
-    same new queue get the same object.
+    same new queue get the same object; it is O(1): a dict entry here, a
+    sparse file (open + ftruncate) at the queue's first unit. Every queue's
+    files borrow descriptors from one :class:`OpenFiles` of
+    ``max_open_files``, so the store's fds do not grow with its queues.
     """
 
-    def __init__(self, directory: Path, mapped_file_size: int, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        mapped_file_size: int,
+        *,
+        read_only: bool = False,
+        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+    ) -> None:
         self.directory = directory
         self.mapped_file_size = mapped_file_size
         self.read_only = read_only
+        self.open_files = OpenFiles(max_open_files)
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
 
@@ -38,7 +50,12 @@ class ConsumeQueueTable:
 
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
         return ConsumeQueue(
-            topic, queue_id, self.directory, self.mapped_file_size, read_only=self.read_only
+            topic,
+            queue_id,
+            self.directory,
+            self.mapped_file_size,
+            read_only=self.read_only,
+            open_files=self.open_files,
         )
 
     def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
