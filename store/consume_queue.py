@@ -137,7 +137,7 @@ class ConsumeQueue:
             read_only=read_only,
             # Derived data: a short file is repaired and rebuilt, never a refusal.
             repair_unit=CQ_STORE_UNIT_SIZE,
-            new_file=queue_file_factory(open_files or OpenFiles()),
+            new_file=queue_file_factory(open_files if open_files is not None else OpenFiles()),
             defer_dir_sync=True,
         )
         #: End (offset + size) of the last real unit; -1 when the queue is empty.

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.queue_file import DEFAULT_MAX_OPEN_FILES, OpenFiles
+
+
+def _sub_dirs(path: Path) -> list[str]:
+    """Names of the folders in ``path``, sorted."""
+    with os.scandir(path) as entries:
+        return sorted(e.name for e in entries if e.is_dir())
 
 
 class ConsumeQueueTable:
@@ -39,12 +46,12 @@ class ConsumeQueueTable:
         """Map every ``<topic>/<queueId>/`` folder found on disk."""
         if not self.directory.is_dir():
             return
-        for topic_dir in sorted(self.directory.iterdir()):
-            if not topic_dir.is_dir():
-                continue
-            for queue_dir in sorted(topic_dir.iterdir()):
-                if queue_dir.is_dir() and queue_dir.name.isdigit():
-                    cq = self._new(topic_dir.name, int(queue_dir.name))
+        # scandir: the entry type comes with the name, no stat per folder (40,000
+        # queues are 50,000 folders). No file is opened here (see QueueFile).
+        for topic in _sub_dirs(self.directory):
+            for queue in _sub_dirs(self.directory / topic):
+                if queue.isdigit():
+                    cq = self._new(topic, int(queue))
                     cq.load()
                     self._queues[cq.topic, cq.queue_id] = cq
 

@@ -154,14 +154,16 @@ class OpenFiles:
             os.close(fd)
 
     def _evict(self) -> None:
-        if len(self._open) <= self.capacity:
-            return
-        for victim in list(self._open):
-            if len(self._open) <= self.capacity:
-                return
-            if victim.pins == 0:
-                self.evictions += 1
-                self._close_fd(victim)
+        while len(self._open) > self.capacity:
+            # Oldest first; a pinned file is skipped (usually the first one is idle,
+            # so this is O(1), not a walk of every open file).
+            for victim in self._open:
+                if victim.pins == 0:
+                    break
+            else:
+                return  # every open file is in use: over the bound until a release
+            self.evictions += 1
+            self._close_fd(victim)
 
 
 class QueueFile(MappedFile):
