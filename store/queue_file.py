@@ -116,10 +116,10 @@ class OpenFiles:
                 raise ValueError(f"{qf.path.name}: file is closed")
             fd = qf.open_fd
             if fd < 0:
+                self._make_room()  # close first: the fds never exceed the bound by one
                 fd = qf.open_fd = os.open(qf.path, qf.open_flags)
                 self.opens += 1
                 self._open[qf] = None
-                self._evict()
             else:
                 self._open.move_to_end(qf)
             qf.pins += 1
@@ -134,10 +134,10 @@ class OpenFiles:
     def adopt(self, qf: QueueFile, fd: int) -> None:
         """Take ``fd`` (just opened by ``qf`` itself) into the LRU as its most recent."""
         with self._lock:
+            self._make_room()
             qf.open_fd = fd
             self.opens += 1
             self._open[qf] = None
-            self._evict()
 
     def close(self, qf: QueueFile) -> None:
         """Close ``qf`` for good: now if unpinned, else at its last release."""
@@ -153,8 +153,10 @@ class OpenFiles:
             self._open.pop(qf, None)
             os.close(fd)
 
-    def _evict(self) -> None:
-        while len(self._open) > self.capacity:
+    def _make_room(self) -> None:
+        """Close idle files until one more fits (the file about to be added is not
+        in the LRU yet, so it can never be its own victim)."""
+        while len(self._open) >= self.capacity:
             # Oldest first; a pinned file is skipped (usually the first one is idle,
             # so this is O(1), not a walk of every open file).
             for victim in self._open:
