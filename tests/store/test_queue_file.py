@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from basalt.store import queue_file
+from basalt.store import Message, MessageStore, PutStatus, queue_file
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import UNIT, ConsumeQueue
 from basalt.store.errors import CorruptFileError
 from basalt.store.mapped_file import file_name
 from basalt.store.queue_file import OpenFiles, QueueFile, data_extents
+from tests.support.polling import eventually_sync
+from tests.support.stores import ConfigFactory
 
 #: RocketMQ's default ConsumeQueue file: the files must stay readable at this size.
 DEFAULT_SIZE = 300_000 * CQ_STORE_UNIT_SIZE
@@ -173,3 +176,70 @@ def test_the_bound_is_a_validated_setting() -> None:
     assert MessageStoreConfig(store_path_root_dir=Path("/x")).max_open_consume_queue_files == 4096
     with pytest.raises(ValueError, match="max_open_consume_queue_files"):
         MessageStoreConfig(store_path_root_dir=Path("/x"), max_open_consume_queue_files=0)
+
+
+def test_readers_and_a_writer_on_other_threads_through_a_tiny_lru(tmp_path: Path) -> None:
+    lru = OpenFiles(3)
+    files = [new_file(tmp_path, lru, f"q{i}") for i in range(12)]
+    rounds = 300
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for n in range(rounds):
+                for i, qf in enumerate(files):
+                    qf.append(UNIT.pack(n, 100 + i, 0))
+        except BaseException as e:  # reported by the assertion below
+            errors.append(e)
+        finally:
+            done.set()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                for i, qf in enumerate(files):
+                    count = qf.wrote_position // CQ_STORE_UNIT_SIZE
+                    data = qf.read(0, count * CQ_STORE_UNIT_SIZE)
+                    assert [u[:2] for u in UNIT.iter_unpack(data)] == [
+                        (n, 100 + i) for n in range(count)
+                    ]
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len(lru) <= 3
+    assert all(qf.wrote_position == rounds * CQ_STORE_UNIT_SIZE for qf in files)
+    for qf in files:
+        qf.close()
+
+
+def test_enospc_writing_a_unit_refuses_sends_keeps_reads_and_the_restart_indexes_it(
+    make_config: ConfigFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_config()
+    with MessageStore(config) as store:
+        assert store.put_message(Message("Full", b"before")).ok
+        assert store.wait_dispatched()
+
+        def full(fd: int, data: object, pos: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        # ConsumeQueue writes only (os.pwrite itself is the CommitLog's too).
+        monkeypatch.setattr(queue_file, "pwrite_all", full)
+        assert store.put_message(Message("Full", b"unindexed")).ok  # in the CommitLog
+        eventually_sync(lambda: store.failure is not None, what="the dispatcher failure")
+        refused = store.put_message(Message("Full", b"refused"))
+        assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE
+        assert "ENOSPC" in refused.detail or "No space" in refused.detail, refused.detail
+        got = store.get_message("G", "Full", 0, 0, 8)
+        assert [m.body for m in got.decode()] == [b"before"]
+        monkeypatch.undo()
+    with MessageStore(config) as store:
+        got = store.get_message("G", "Full", 0, 0, 8)
+        assert [m.body for m in got.decode()] == [b"before", b"unindexed"]
