@@ -183,6 +183,8 @@ class QueueFile(MappedFile):
     def __init__(
         self, path: Path, file_size: int, open_files: OpenFiles, *, read_only: bool = False
     ) -> None:
+        # MappedFile.__init__ is not called: it would map the file. Every slot it
+        # sets is set here, and the methods that use the mapping are overridden.
         offset = _checked_offset(path, file_size)
         self.path = path
         self.file_size = file_size
