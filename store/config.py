@@ -86,6 +86,15 @@ class MessageStoreConfig:
         unit="bytes",
         doc="Bytes of one ConsumeQueue file: a whole number of 20-byte units.",
     )
+    max_open_consume_queue_files: int = setting(
+        default=4096,
+        check=positive,
+        doc=(
+            "ConsumeQueue files kept open at once (an LRU shared by every queue; the "
+            "least recently used idle file is closed and reopened on demand), so the "
+            "store's file descriptors do not grow with its queues."
+        ),
+    )
     flush_disk_type: FlushDiskType = setting(
         default=FlushDiskType.ASYNC_FLUSH,
         check=one_of(*FlushDiskType),

@@ -34,6 +34,7 @@ from basalt.common.record import MESSAGE_MAGIC_CODE, MIN_RECORD_SIZE, PREFIX, Bu
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES, MappedFileQueue
+from basalt.store.queue_file import OpenFiles, QueueFile, queue_file_factory
 from basalt.store.record import body_length_at
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,12 @@ def _mismatch(
     return None
 
 
+def _unit_at(mf: MappedFile, index: int) -> tuple[int, int, int]:
+    """Unit ``index`` of ``mf`` (one 20-byte read)."""
+    phy, size, tags = UNIT.unpack(mf.read(index * CQ_STORE_UNIT_SIZE, CQ_STORE_UNIT_SIZE))
+    return phy, size, tags
+
+
 class ConsumeQueue:
     """One queue's index files."""
 
@@ -114,18 +121,24 @@ class ConsumeQueue:
         mapped_file_size: int,
         *,
         read_only: bool = False,
+        open_files: OpenFiles | None = None,
     ) -> None:
+        """``open_files`` is the LRU of descriptors shared by a store's queues
+        (ConsumeQueueTable's); a queue made on its own gets one of its own."""
         self.topic = topic
         self.queue_id = queue_id
         self.mapped_file_size = mapped_file_size
-        # Units are 20 bytes: written through the mapping (see MappedFile.append).
+        # Sparse files written with pwrite and read with pread, a descriptor only
+        # while in use (store/queue_file.py): a queue costs kilobytes, not a
+        # populated 6 MB mapping, and a full disk is an OSError, never a SIGBUS.
         self.files = MappedFileQueue(
             consume_queue_dir / topic / str(queue_id),
             mapped_file_size,
             read_only=read_only,
-            mapped_writes=True,
             # Derived data: a short file is repaired and rebuilt, never a refusal.
             repair_unit=CQ_STORE_UNIT_SIZE,
+            new_file=queue_file_factory(open_files if open_files is not None else OpenFiles()),
+            defer_dir_sync=True,
         )
         #: End (offset + size) of the last real unit; -1 when the queue is empty.
         self.max_physic_offset = -1
@@ -166,8 +179,16 @@ class ConsumeQueue:
         return cleared
 
     def written_end(self, mf: MappedFile) -> int:
-        """Bytes of valid units at the start of ``mf``; an all-zero or negative unit ends them."""
-        data = mf.read(0, self.mapped_file_size)
+        """Bytes of valid units at the start of ``mf``; an all-zero or negative unit ends them.
+
+        Units are written back to back from the file's start, so the first hole of
+        a sparse QueueFile (SEEK_HOLE) bounds them: only the data before it is
+        read, whatever the file's size.
+        """
+        limit = self.mapped_file_size
+        if isinstance(mf, QueueFile):
+            limit = min(limit, -(-mf.data_end() // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE)
+        data = mf.read(0, limit)
         pos = 0
         for phy, size, _ in UNIT.iter_unpack(data):
             if not _is_valid_unit(phy, size):
@@ -299,7 +320,7 @@ class ConsumeQueue:
         def below_min(mf: MappedFile) -> bool:
             if mf.wrote_position < CQ_STORE_UNIT_SIZE:
                 return False
-            last_phy, _, _ = UNIT.unpack_from(mf.buffer, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+            last_phy, _, _ = _unit_at(mf, mf.wrote_position // CQ_STORE_UNIT_SIZE - 1)
             return bool(last_phy < commitlog_min_offset)
 
         deleted = 0
@@ -434,7 +455,7 @@ class ConsumeQueue:
         blanked = 0
         for mf in self.files.files:
             count = mf.wrote_position // CQ_STORE_UNIT_SIZE
-            buf = mf.buffer
+            buf = mf.read(0, count * CQ_STORE_UNIT_SIZE)
             first = self._first_unit_at_or_past(buf, count, start_phy)
             while first > 0:  # the search may land past a blank unit: step back over it
                 phy, size, _ = UNIT.unpack_from(buf, (first - 1) * CQ_STORE_UNIT_SIZE)
@@ -512,7 +533,7 @@ class ConsumeQueue:
             return 0
 
         def last_time(mf: MappedFile) -> int:
-            (phy, _, _) = UNIT.unpack_from(mf.buffer, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+            (phy, _, _) = _unit_at(mf, mf.wrote_position // CQ_STORE_UNIT_SIZE - 1)
             return store_time_of(phy)
 
         # Files are in time order: bisect for the first whose last record is not earlier.
@@ -524,15 +545,14 @@ class ConsumeQueue:
             else:
                 lo = mid + 1
         chosen = files[lo]
-        # Units are read in place: a ConsumeQueue file is megabytes, a search ~20 units.
-        data = chosen.buffer
+        # Units are read one by one: a ConsumeQueue file is megabytes, a search ~20 units.
         low = max(0, (self.min_logic_offset - chosen.file_from_offset) // CQ_STORE_UNIT_SIZE)
         high = chosen.wrote_position // CQ_STORE_UNIT_SIZE - 1
         left = right = target = -1
         left_ts = right_ts = -1
         while low <= high:
             mid = (low + high) // 2
-            phy, _, _ = UNIT.unpack_from(data, mid * CQ_STORE_UNIT_SIZE)
+            phy, _, _ = _unit_at(chosen, mid)
             if phy < min_physic_offset:
                 low, left = mid + 1, mid
                 continue

@@ -181,9 +181,8 @@ def get_message(
         corrected = min_offset if min_offset == 0 else max_offset
         return GetMessageResult(GetStatus.OFFSET_OVERFLOW_BADLY, corrected, min_offset, max_offset)
     scan_units = max(MIN_SCAN_BYTES, max_msg_nums * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
-    # The units are read in place from the ConsumeQueue file's mapping, held
-    # against expiry, from ``offset`` to at most the file's end (RocketMQ's
-    # getIndexBuffer).
+    # The units are read in one pread from the ConsumeQueue file, held against
+    # expiry, from ``offset`` to at most the file's end (RocketMQ's getIndexBuffer).
     cq_file = cq.files.find_by_offset(offset * CQ_STORE_UNIT_SIZE)
     if cq_file is None or not cq_file.hold():
         units_per_file = cq.mapped_file_size // CQ_STORE_UNIT_SIZE
@@ -192,12 +191,14 @@ def get_message(
     try:
         first = (offset * CQ_STORE_UNIT_SIZE - cq_file.file_from_offset) // CQ_STORE_UNIT_SIZE
         n = min(first + scan_units, cq_file.wrote_position // CQ_STORE_UNIT_SIZE)
+        units = cq_file.read(first * CQ_STORE_UNIT_SIZE, max(n - first, 0) * CQ_STORE_UNIT_SIZE)
         status, i, out, count = _scan(
-            commitlog, cq_file.buffer, first, n, max_msg_nums, message_filter, limits
-        )
+            commitlog, units, 0, len(units) // CQ_STORE_UNIT_SIZE, max_msg_nums, message_filter,
+            limits,
+        )  # fmt: skip
     finally:
         cq_file.release()
-    return GetMessageResult(status, offset + i - first, min_offset, max_offset, out, count)
+    return GetMessageResult(status, offset + i, min_offset, max_offset, out, count)
 
 
 def _scan(

@@ -79,6 +79,17 @@ def parse_file_name(path: Path) -> int | None:
     return None
 
 
+def wrong_size(path: Path, actual: int, file_size: int) -> CorruptFileError:
+    """The refusal of a data file longer than any this store writes (a shorter one
+    is padded by recovery's repair): the configured size changed, or the file is
+    not this store's; which bytes are valid cannot be told. It says what to do."""
+    return CorruptFileError(
+        path,
+        f"size {actual} but data files are {file_size} bytes: start with the file size "
+        f"the store was written with, or move the file out of the store root",
+    )
+
+
 class MappedFile:
     """A data file of exactly ``file_size`` bytes mapped into memory."""
 
@@ -138,15 +149,7 @@ class MappedFile:
                 # a full disk still fails the pwrite, not a later writeback.
                 os.ftruncate(self._fd, file_size)
             elif actual != file_size:
-                # Longer than any file of this store writes (a shorter one was padded
-                # by recovery's repair): either the configured size changed or the
-                # file is not this store's. Which bytes are valid cannot be told.
-                raise CorruptFileError(
-                    path,
-                    f"size {actual} but data files are {file_size} bytes: start with the "
-                    f"file size the store was written with, or move the file out of the "
-                    f"store root",
-                )
+                raise wrong_size(path, actual, file_size)
             if mapped_writes and not read_only:
                 # Fault every page in now, in one call: appends then store into
                 # pages that exist instead of taking a fault per fresh page.

@@ -19,6 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeAlias
 
 from basalt.store.errors import CorruptFileError
 from basalt.store.files import fsync_dir
@@ -30,6 +31,10 @@ from basalt.store.mapped_file import MappedFile, file_name, parse_file_name
 #: Larger than the largest record (4 MiB body + properties). Any non-zero byte
 #: inside the window means damage, and then the whole rest of the file is cleared.
 TORN_WRITE_WINDOW_BYTES = 8 * 1024 * 1024
+
+#: Makes the file object for (path, file size, read_only): MappedFile by default;
+#: ConsumeQueues pass one making unmapped QueueFiles (store/queue_file.py).
+FileFactory: TypeAlias = Callable[[Path, int, bool], MappedFile]
 
 
 class MappedFileQueue:
@@ -44,6 +49,8 @@ class MappedFileQueue:
         mapped_writes: bool = False,
         repair_unit: int = 0,
         fill_gaps: bool = False,
+        new_file: FileFactory | None = None,
+        defer_dir_sync: bool = False,
     ) -> None:
         self.directory = directory
         self.mapped_file_size = mapped_file_size
@@ -57,6 +64,12 @@ class MappedFileQueue:
         #: CommitLog: recovery reads on past them) instead of the files after it
         #: being deleted (derived data, rebuilt from its source).
         self.fill_gaps = fill_gaps
+        self._new_file = new_file
+        #: Derived files (ConsumeQueues, rebuilt from the CommitLog) fsync the new
+        #: name with their first flush, not at creation: their bytes are not
+        #: durable before that flush anyway, and creation stays one open+ftruncate.
+        self.defer_dir_sync = defer_dir_sync
+        self._dir_sync_pending = False
         #: What :meth:`load` repaired, one sentence per file (repair mode only).
         self.repaired: list[str] = []
         #: Replaced, never mutated, so readers can iterate a snapshot without a lock.
@@ -83,12 +96,7 @@ class MappedFileQueue:
         files: list[MappedFile] = []
         try:
             for path in paths:
-                mf = MappedFile(
-                    path,
-                    self.mapped_file_size,
-                    read_only=self.read_only,
-                    mapped_writes=self.mapped_writes,
-                )
+                mf = self._open_file(path, read_only=self.read_only)
                 files.append(mf)
                 if len(files) > 1 and mf.file_from_offset != files[-2].file_end_offset:
                     raise CorruptFileError(path, f"gap after {files[-2].path.name}")
@@ -195,17 +203,23 @@ class MappedFileQueue:
         if self.read_only:
             raise CorruptFileError(self.directory / file_name(offset), "read-only queue")
         self.directory.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(
-            self.directory / file_name(offset),
-            self.mapped_file_size,
-            mapped_writes=self.mapped_writes,
-        )
+        mf = self._open_file(self.directory / file_name(offset), read_only=False)
         # The new name must survive a power loss as surely as the bytes fsynced into it.
-        fsync_dir(self.directory)
+        if self.defer_dir_sync:
+            self._dir_sync_pending = True
+        else:
+            fsync_dir(self.directory)
         mf.first_create_in_queue = first
         with self._files_lock:
             self.files = [*self.files, mf]
         return mf
+
+    def _open_file(self, path: Path, *, read_only: bool) -> MappedFile:
+        if self._new_file is not None:
+            return self._new_file(path, self.mapped_file_size, read_only)
+        return MappedFile(
+            path, self.mapped_file_size, read_only=read_only, mapped_writes=self.mapped_writes
+        )
 
     # -- durability ---------------------------------------------------------------------
 
@@ -227,6 +241,11 @@ class MappedFileQueue:
                     # here keeps the flush from delaying the deletion.
                     if not (e.errno == errno.EBADF and mf.closed):
                         raise
+        if self._dir_sync_pending:
+            fsync_dir(self.directory)
+            # A new queue's folder is new in its topic's folder too.
+            fsync_dir(self.directory.parent)
+            self._dir_sync_pending = False
         self.flushed_where = max(self.flushed_where, target)
         return self.flushed_where
 

@@ -88,7 +88,9 @@ class MessageStore(StoreReads):
         self.failures = FailureChannel(self.clock.now_ms)
         self.commitlog = CommitLog(config)
         self.consume_queues = ConsumeQueueTable(
-            config.consume_queue_dir, config.mapped_file_size_consume_queue
+            config.consume_queue_dir,
+            config.mapped_file_size_consume_queue,
+            max_open_files=config.max_open_consume_queue_files,
         )
         self.dispatcher = ReputMessageService(
             self.commitlog, self.consume_queues, batch_size_bytes=config.reput_batch_size_bytes
