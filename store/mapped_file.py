@@ -103,16 +103,13 @@ class MappedFile:
         "file_size",
         "first_create_in_queue",
         "flushed_position",
-        "mapped_writes",
         "path",
         "read_only",
         "store_timestamp_ms",
         "wrote_position",
     )
 
-    def __init__(
-        self, path: Path, file_size: int, *, read_only: bool = False, mapped_writes: bool = False
-    ) -> None:
+    def __init__(self, path: Path, file_size: int, *, read_only: bool = False) -> None:
         offset = parse_file_name(path)
         if offset is None:
             raise CorruptFileError(path, "data file names are 20-digit offsets")
@@ -122,7 +119,6 @@ class MappedFile:
         self.file_size = file_size
         self.file_from_offset = offset
         self.read_only = read_only
-        self.mapped_writes = mapped_writes
         self.wrote_position = 0
         self.flushed_position = 0
         self.store_timestamp_ms = 0
@@ -136,12 +132,7 @@ class MappedFile:
         actual = -1
         try:
             actual = os.fstat(self._fd).st_size
-            if actual in (0, file_size) and not read_only and mapped_writes:
-                # Stores through the mapping must never meet a full disk (that is a
-                # SIGBUS, not an error): reserve every block now (a no-op for a
-                # file whose blocks are already allocated).
-                os.posix_fallocate(self._fd, 0, file_size)
-            elif actual == 0 and not read_only:
+            if actual == 0 and not read_only:
                 # A sparse file, as RocketMQ's default (no warm-up): measured here,
                 # pwrite into delayed-allocation pages runs at ~2.5 GB/s against
                 # 0.4-1.5 GB/s into fallocate'd (unwritten) extents, which ext4
@@ -150,18 +141,8 @@ class MappedFile:
                 os.ftruncate(self._fd, file_size)
             elif actual != file_size:
                 raise wrong_size(path, actual, file_size)
-            if mapped_writes and not read_only:
-                # Fault every page in now, in one call: appends then store into
-                # pages that exist instead of taking a fault per fresh page.
-                self._mm = mmap.mmap(
-                    self._fd,
-                    file_size,
-                    flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                )
-            else:
-                access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
-                self._mm = mmap.mmap(self._fd, file_size, access=access)
+            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+            self._mm = mmap.mmap(self._fd, file_size, access=access)
         except BaseException:
             os.close(self._fd)
             if not read_only and actual == 0:
@@ -206,13 +187,6 @@ class MappedFile:
         end = pos + len(data)
         if end > self.file_size:
             raise ValueError(f"{self.path.name}: append of {len(data)} bytes past the end")
-        if self.mapped_writes:
-            # Small units (ConsumeQueue): a copy into the mapping holds the GIL for
-            # well under a microsecond, where a syscall would hand the GIL to the
-            # writer thread and wait to get it back. The blocks are preallocated.
-            self._mm[pos:end] = data
-            self.wrote_position = end
-            return
         # pwrite rather than a store through the mapping: the bytes land in the same
         # page cache the mapping reads, without a page fault per fresh 4 KiB page,
         # and a full disk is an error rather than a SIGBUS.

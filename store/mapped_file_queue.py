@@ -46,7 +46,6 @@ class MappedFileQueue:
         mapped_file_size: int,
         *,
         read_only: bool = False,
-        mapped_writes: bool = False,
         repair_unit: int = 0,
         fill_gaps: bool = False,
         new_file: FileFactory | None = None,
@@ -55,8 +54,6 @@ class MappedFileQueue:
         self.directory = directory
         self.mapped_file_size = mapped_file_size
         self.read_only = read_only
-        #: Appends copy into the mapping (preallocated files); see MappedFile.append.
-        self.mapped_writes = mapped_writes
         #: When > 0, the files hold derived data (ConsumeQueue units of this many
         #: bytes) that recovery rebuilds: :meth:`load` repairs what it would refuse.
         self.repair_unit = 0 if read_only else repair_unit
@@ -217,9 +214,7 @@ class MappedFileQueue:
     def _open_file(self, path: Path, *, read_only: bool) -> MappedFile:
         if self._new_file is not None:
             return self._new_file(path, self.mapped_file_size, read_only)
-        return MappedFile(
-            path, self.mapped_file_size, read_only=read_only, mapped_writes=self.mapped_writes
-        )
+        return MappedFile(path, self.mapped_file_size, read_only=read_only)
 
     # -- durability ---------------------------------------------------------------------
 

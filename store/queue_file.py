@@ -191,7 +191,6 @@ class QueueFile(MappedFile):
         self.file_size = file_size
         self.file_from_offset = offset
         self.read_only = read_only
-        self.mapped_writes = False
         self.wrote_position = 0
         self.flushed_position = 0
         self.store_timestamp_ms = 0

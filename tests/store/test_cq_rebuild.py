@@ -264,7 +264,7 @@ def test_repair_mode_pads_a_short_file_to_whole_units(tmp_path: Path) -> None:
     directory.mkdir()
     (directory / file_name(0)).write_bytes(UNIT.pack(1, 2, 3) * 4)
     (directory / file_name(SIZE)).write_bytes(UNIT.pack(4, 5, 6) + b"\x07" * 7)
-    q = MappedFileQueue(directory, SIZE, repair_unit=CQ_STORE_UNIT_SIZE, mapped_writes=True)
+    q = MappedFileQueue(directory, SIZE, repair_unit=CQ_STORE_UNIT_SIZE)
     q.load()
     try:
         assert [mf.file_from_offset for mf in q.files] == [0, SIZE]
@@ -281,7 +281,7 @@ def test_repair_mode_deletes_the_files_after_a_gap(tmp_path: Path) -> None:
     directory.mkdir()
     for offset in (0, SIZE, 3 * SIZE, 4 * SIZE):
         (directory / file_name(offset)).write_bytes(bytes(SIZE))
-    q = MappedFileQueue(directory, SIZE, repair_unit=CQ_STORE_UNIT_SIZE, mapped_writes=True)
+    q = MappedFileQueue(directory, SIZE, repair_unit=CQ_STORE_UNIT_SIZE)
     q.load()
     try:
         assert [mf.file_from_offset for mf in q.files] == [0, SIZE]
