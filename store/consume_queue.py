@@ -452,9 +452,18 @@ class ConsumeQueue:
         into blank units; returns how many. Their queue offsets stay taken: a
         reader steps over a blank unit to the next record, and the queue's next
         offset does not move back (recovery, for records lost to damage)."""
+        if self.max_physic_offset <= start_phy:
+            return 0  # every unit's record starts before the span (or there is none)
         blanked = 0
         for mf in self.files.files:
             count = mf.wrote_position // CQ_STORE_UNIT_SIZE
+            if count == 0:
+                continue
+            last_phy, last_size, _ = UNIT.unpack(
+                mf.read((count - 1) * CQ_STORE_UNIT_SIZE, CQ_STORE_UNIT_SIZE)
+            )
+            if last_size != BLANK_UNIT_SIZE and last_phy < start_phy:
+                continue  # units are in CommitLog order: this whole file is before the span
             buf = mf.read(0, count * CQ_STORE_UNIT_SIZE)
             first = self._first_unit_at_or_past(buf, count, start_phy)
             while first > 0:  # the search may land past a blank unit: step back over it

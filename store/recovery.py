@@ -61,7 +61,7 @@ from basalt.common import _records
 from basalt.common.record import BLANK_MAGIC_CODE, MIN_RECORD_SIZE, RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
-from basalt.store.consume_queue import ConsumeQueue
+from basalt.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.consumer_offsets import OffsetLoadResult
 from basalt.store.dispatcher import ReputMessageService
@@ -390,7 +390,11 @@ def recover(
     table = commitlog.topic_queue_table
     table.clear()
     for cq in consume_queues:
-        cq.correct_min_offset(commitlog.min_offset)
+        # ConsumeQueue.recover() put the min at the queue's first real unit: only if
+        # that unit is gone (blanked, expired) is the queue read for the next one.
+        first = cq.get_unit(cq.min_offset_in_queue)
+        if first is None or first[1] == BLANK_UNIT_SIZE or first[0] < commitlog.min_offset:
+            cq.correct_min_offset(commitlog.min_offset)
         table[cq.topic, cq.queue_id] = cq.max_offset_in_queue
     rebuilt = _rebuilt_queues(rebuild, damage, dropped_by)
 

@@ -8,12 +8,12 @@ its queue holds one message, and that the store's descriptors are bounded by
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from basalt.store import Message, MessageStore, MessageStoreConfig
 from basalt.store.config import CQ_STORE_UNIT_SIZE, DEFAULT_CQ_UNITS_PER_FILE
 from basalt.store.get_message import GetStatus
+from tests.support.resources import open_fds, rss_bytes
 from tests.support.stores import small_store_config
 
 QUEUES = 20_000
@@ -23,18 +23,6 @@ MAX_OPEN = 256
 #: lock and checkpoint files, dir fsyncs).
 FD_SLACK = 32
 PER_QUEUE_BUDGET = 64 * 1024
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 def queue(i: int) -> tuple[str, int]:
