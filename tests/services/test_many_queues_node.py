@@ -119,9 +119,9 @@ def test_twenty_thousand_queues_on_one_store_node(tmp_path: Path) -> None:
             def send(topic: str, qid: int) -> Callable[[], Awaitable[int]]:
                 async def call() -> int:
                     reply = await stub.SendMessage(
-                        sn.SendMessageRequest(message=wire(topic, b"m", queue_id=qid))
+                        sn.SendMessageRequest(message=wire(topic, b"m"), queue_id=qid)
                     )
-                    return int(reply.status)
+                    return int(reply.result.status)
 
                 return call
 
