@@ -110,23 +110,7 @@ class MappedFile:
     )
 
     def __init__(self, path: Path, file_size: int, *, read_only: bool = False) -> None:
-        offset = parse_file_name(path)
-        if offset is None:
-            raise CorruptFileError(path, "data file names are 20-digit offsets")
-        if offset % file_size:
-            raise CorruptFileError(path, f"start offset is not a multiple of {file_size}")
-        self.path = path
-        self.file_size = file_size
-        self.file_from_offset = offset
-        self.read_only = read_only
-        self.wrote_position = 0
-        self.flushed_position = 0
-        self.store_timestamp_ms = 0
-        self.first_create_in_queue = False
-        #: Readers holding the file (see hold); -1 in _shutdown_at_ms while available.
-        self._refs = 0
-        self._shutdown_at_ms = -1
-        self._ref_lock = threading.Lock()
+        self._init_state(path, file_size, read_only=read_only)
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         self._fd = os.open(path, flags, 0o644)
         actual = -1
@@ -151,6 +135,27 @@ class MappedFile:
             raise
         if not read_only and actual == 0:
             file_created(path)
+
+    def _init_state(self, path: Path, file_size: int, *, read_only: bool) -> None:
+        """Every field but the descriptor and the mapping, from a checked file name
+        (subclasses without a mapping call this instead of ``__init__``)."""
+        offset = parse_file_name(path)
+        if offset is None:
+            raise CorruptFileError(path, "data file names are 20-digit offsets")
+        if offset % file_size:
+            raise CorruptFileError(path, f"start offset is not a multiple of {file_size}")
+        self.path = path
+        self.file_size = file_size
+        self.file_from_offset = offset
+        self.read_only = read_only
+        self.wrote_position = 0
+        self.flushed_position = 0
+        self.store_timestamp_ms = 0
+        self.first_create_in_queue = False
+        #: Readers holding the file (see hold); -1 in _shutdown_at_ms while available.
+        self._refs = 0
+        self._shutdown_at_ms = -1
+        self._ref_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"MappedFile({self.path.name}, wrote={self.wrote_position})"

@@ -36,7 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from basalt.store.errors import CorruptFileError
 from basalt.store.files import file_created
 from basalt.store.mapped_file import MappedFile, wrong_size
 
@@ -184,20 +183,9 @@ class QueueFile(MappedFile):
     def __init__(
         self, path: Path, file_size: int, open_files: OpenFiles, *, read_only: bool = False
     ) -> None:
-        # MappedFile.__init__ is not called: it would map the file. Every slot it
-        # sets is set here, and the methods that use the mapping are overridden.
-        offset = _checked_offset(path, file_size)
-        self.path = path
-        self.file_size = file_size
-        self.file_from_offset = offset
-        self.read_only = read_only
-        self.wrote_position = 0
-        self.flushed_position = 0
-        self.store_timestamp_ms = 0
-        self.first_create_in_queue = False
-        self._refs = 0
-        self._shutdown_at_ms = -1
-        self._ref_lock = threading.Lock()
+        # MappedFile.__init__ is not called: it would map the file. The methods that
+        # use the mapping are overridden.
+        self._init_state(path, file_size, read_only=read_only)
         self._fd = -1  # MappedFile's slot; the live descriptor is open_fd
         self.open_files = open_files
         self.open_flags = (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC
@@ -341,16 +329,6 @@ class QueueFile(MappedFile):
 
     def close(self) -> None:
         self.open_files.close(self)
-
-
-def _checked_offset(path: Path, file_size: int) -> int:
-    name = path.name
-    if len(name) != 20 or not name.isdigit():
-        raise CorruptFileError(path, "data file names are 20-digit offsets")
-    offset = int(name)
-    if offset % file_size:
-        raise CorruptFileError(path, f"start offset is not a multiple of {file_size}")
-    return offset
 
 
 def queue_file_factory(open_files: OpenFiles) -> Callable[[Path, int, bool], MappedFile]:
