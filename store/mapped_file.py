@@ -18,7 +18,6 @@ import errno
 import mmap
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 from basalt.store.errors import CorruptFileError
@@ -28,10 +27,9 @@ FILE_NAME_DIGITS = 20
 _ZERO_CHUNK = bytes(64 * 1024)
 
 
-def _pwrite_all(fd: int, data: bytes | bytearray, pos: int) -> None:
-    """Write all of ``data`` at ``pos``; a short write is retried, no progress raises.
-
-    Positions move only after this returns, so a failed write is never counted.
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
+    """Write all of ``data`` at ``pos``; a short write is retried, no progress raises
+    ENOSPC. Positions move only after this returns, so a failed write is never counted.
     """
     view = memoryview(data)
     while view:
@@ -42,28 +40,41 @@ def _pwrite_all(fd: int, data: bytes | bytearray, pos: int) -> None:
         pos += written
 
 
-def data_extents(mf: MappedFile, start: int, end: int) -> Iterator[tuple[int, int]]:
-    """The parts of ``[start, end)`` of ``mf`` that hold data, in order.
+def fd_data_extents(fd: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """The ``[from, to)`` runs of ``[start, stop)`` of the file open as ``fd`` that may
+    hold data (not holes), in order.
 
-    Holes of a sparse file read as zeros and hold no record; a file system
-    without ``SEEK_DATA`` reports the whole range as data. Only these parts may
-    be read through the mapping: on tmpfs a read fault on a hole allocates a
+    Found with ``SEEK_DATA``/``SEEK_HOLE``, so a sparse file's unwritten
+    megabytes are never read. A file system without them (EINVAL) reports the
+    whole range as data, which is only slower.
+    """
+    extents: list[tuple[int, int]] = []
+    pos = start
+    while pos < stop:
+        try:
+            begin = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # nothing but holes from pos on
+                break
+            if e.errno == errno.EINVAL:
+                return [(pos, stop)]
+            raise
+        if begin >= stop:
+            break
+        end = min(os.lseek(fd, begin, os.SEEK_HOLE), stop)
+        extents.append((begin, end))
+        pos = end
+    return extents
+
+
+def data_extents(mf: MappedFile, start: int, end: int) -> list[tuple[int, int]]:
+    """The parts of ``[start, end)`` of ``mf`` that hold data (:func:`fd_data_extents`).
+
+    Holes of a sparse file read as zeros and hold no record. Only these parts
+    may be read through the mapping: on tmpfs a read fault on a hole allocates a
     page, which is a SIGBUS when the file system is full.
     """
-    pos = start
-    while pos < end:
-        try:
-            data = os.lseek(mf.fd, pos, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                return  # only a hole from here to the end of the file
-            yield pos, end
-            return
-        if data >= end:
-            return
-        hole = min(os.lseek(mf.fd, data, os.SEEK_HOLE), end)
-        yield data, hole
-        pos = hole
+    return fd_data_extents(mf.fd, start, end)
 
 
 def file_name(offset: int) -> str:
@@ -196,18 +207,18 @@ class MappedFile:
         # page cache the mapping reads, without a page fault per fresh 4 KiB page,
         # and a full disk is an error rather than a SIGBUS.
         try:
-            _pwrite_all(self._fd, data, pos)
+            pwrite_all(self._fd, data, pos)
         except OSError:
             # A failed append must leave no complete records behind it: a restart
             # would otherwise recover records whose send was reported as failed.
             with contextlib.suppress(OSError):
-                _pwrite_all(self._fd, bytes(len(data)), pos)
+                pwrite_all(self._fd, bytes(len(data)), pos)
             raise
         self.wrote_position = end
 
     def write_at(self, pos: int, data: bytes) -> None:
         """Overwrite bytes at ``pos`` without moving positions (recovery, fills)."""
-        _pwrite_all(self._fd, data, pos)
+        pwrite_all(self._fd, data, pos)
 
     # -- references (RocketMQ's ReferenceResource) -----------------------------------
 
@@ -302,7 +313,7 @@ class MappedFile:
                 if chunk == _ZERO_CHUNK[: len(chunk)]:
                     continue
                 if clear:
-                    _pwrite_all(self._fd, _ZERO_CHUNK[: len(chunk)], pos)
+                    pwrite_all(self._fd, _ZERO_CHUNK[: len(chunk)], pos)
                 data_end = pos + len(chunk.rstrip(b"\x00"))
         return data_end - start
 

@@ -28,7 +28,6 @@ release (a reused fd number must never be read as this file).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import threading
 from collections import OrderedDict
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from basalt.store.files import file_created
-from basalt.store.mapped_file import MappedFile, wrong_size
+from basalt.store.mapped_file import MappedFile, fd_data_extents, pwrite_all, wrong_size
 
 if TYPE_CHECKING:
     import mmap
@@ -46,43 +45,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_OPEN_FILES = 4096
 _PAGE = 4096
 _ZERO_CHUNK = bytes(64 * 1024)
-
-
-def pwrite_all(fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
-    """Write all of ``data`` at ``pos``; a write making no progress raises ENOSPC."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, pos)
-        if written <= 0:
-            raise OSError(errno.ENOSPC, "short write: no space left on device")
-        view = view[written:]
-        pos += written
-
-
-def data_extents(fd: int, start: int, stop: int) -> list[tuple[int, int]]:
-    """The ``[from, to)`` runs of ``[start, stop)`` that may hold data (not holes).
-
-    Found with ``SEEK_DATA``/``SEEK_HOLE``, so a sparse file's unwritten
-    megabytes are never read. A file system without them (EINVAL) reports the
-    whole range as data, which is only slower.
-    """
-    extents: list[tuple[int, int]] = []
-    pos = start
-    while pos < stop:
-        try:
-            begin = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # nothing but holes from pos on
-                break
-            if e.errno == errno.EINVAL:
-                return [(pos, stop)]
-            raise
-        if begin >= stop:
-            break
-        end = min(os.lseek(fd, begin, os.SEEK_HOLE), stop)
-        extents.append((begin, end))
-        pos = end
-    return extents
 
 
 class OpenFiles:
@@ -285,7 +247,7 @@ class QueueFile(MappedFile):
         (zeros) up to the next extent. 0 when the file starts with a hole."""
         fd = self.open_files.acquire(self)
         try:
-            extents = data_extents(fd, 0, self.file_size)
+            extents = fd_data_extents(fd, 0, self.file_size)
         finally:
             self.open_files.release(self)
         if not extents or extents[0][0] > 0:
@@ -314,7 +276,7 @@ class QueueFile(MappedFile):
         try:
             data_end = start
             step = len(_ZERO_CHUNK)
-            for begin, finish in data_extents(fd, start, stop):
+            for begin, finish in fd_data_extents(fd, start, stop):
                 for pos in range(begin, finish, step):
                     chunk_end = min(pos + step, finish)
                     chunk = os.pread(fd, chunk_end - pos, pos)

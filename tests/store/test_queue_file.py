@@ -13,8 +13,8 @@ from basalt.store import Message, MessageStore, PutStatus, queue_file
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import UNIT, ConsumeQueue
 from basalt.store.errors import CorruptFileError
-from basalt.store.mapped_file import file_name
-from basalt.store.queue_file import OpenFiles, QueueFile, data_extents
+from basalt.store.mapped_file import fd_data_extents, file_name
+from basalt.store.queue_file import OpenFiles, QueueFile
 from tests.support.polling import eventually_sync
 from tests.support.stores import ConfigFactory
 
@@ -152,7 +152,7 @@ def test_data_extents_skip_holes(tmp_path: Path) -> None:
         f.write(b"x")
     fd = os.open(path, os.O_RDONLY)
     try:
-        extents = data_extents(fd, 0, 1 << 20)
+        extents = fd_data_extents(fd, 0, 1 << 20)
     finally:
         os.close(fd)
     assert sum(end - begin for begin, end in extents) <= 64 * 1024
