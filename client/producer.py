@@ -349,11 +349,14 @@ class Producer(Client):
         for _attempt in range(1 + self.config.retry_times_when_send_failed):
             if time.monotonic() >= deadline:
                 break
-            if self._closed:
-                raise ClientError.from_code(
-                    pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the producer is closed"
-                )
-            queue = await self._pick(topic, failed, refresh=last is not None)
+            self._check_open()
+            try:
+                queue = await self._pick(topic, failed, refresh=last is not None)
+            except ClientError:
+                raise
+            except Exception:
+                self._check_open()  # close() ran during the route lookup: say so
+                raise
             try:
                 # A timer on this task, not wait_for's task around _send_to:
                 # the same deadline without a task per attempt.
@@ -366,6 +369,7 @@ class Producer(Client):
                     raise
                 last = e
             except TimeoutError:
+                self._check_open()
                 # The deadline passed with the node silent (hung, or its host
                 # gone without a reset): its stream may never answer again.
                 self._drop_stream(queue.address)
@@ -374,6 +378,12 @@ class Producer(Client):
                     f"{queue.broker_name} at {queue.address} did not answer within "
                     f"send_msg_timeout_ms={self.config.send_msg_timeout_ms}",
                 )
+            except Exception:
+                # close() ran while this send waited on a channel it has closed
+                # since: whatever the closed channel raised, the caller learns
+                # only that the producer is closed.
+                self._check_open()
+                raise
             failed.add(queue.broker_name)
             log.info("send to %s failed (%s); retrying elsewhere", queue.broker_name, last)
         raise last or ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_BUSY, "send timed out")
@@ -465,7 +475,15 @@ class Producer(Client):
 
     # -- channels ---------------------------------------------------------------------
 
+    def _check_open(self) -> None:
+        """Raise the typed refusal of a send on (or caught by) a closed producer."""
+        if self._closed:
+            raise ClientError.from_code(
+                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the producer is closed"
+            )
+
     def _stream(self, address: str) -> _Stream:
+        self._check_open()  # never a new stream on a channel close() has closed
         stream = self._streams.get(address)
         if stream is None or stream.broken:
             stream = self._streams[address] = _Stream(self._channel(address), address)
