@@ -17,7 +17,7 @@ import resource
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -145,6 +145,18 @@ def main(
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_arguments(parser)
     return run(serve, parser.parse_args(argv))
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a service process with ``code`` once :func:`main` has returned, without
+    the interpreter's teardown. Everything was closed by the service's stop; the
+    teardown would only free every object one by one (~0.3 s for a store-node
+    holding 40,000 queues, counted in a restart). Logs and stdio are flushed
+    first. For ``__main__`` blocks only: in-process callers use :func:`main`."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def stop_signal() -> asyncio.Event:

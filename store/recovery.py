@@ -390,11 +390,6 @@ def recover(
     table = commitlog.topic_queue_table
     table.clear()
     for cq in consume_queues:
-        # ConsumeQueue.recover() put the min at the queue's first real unit: only if
-        # that unit is gone (blanked, expired) is the queue read for the next one.
-        first = cq.get_unit(cq.min_offset_in_queue)
-        if first is None or first[1] == BLANK_UNIT_SIZE or first[0] < commitlog.min_offset:
-            cq.correct_min_offset(commitlog.min_offset)
         table[cq.topic, cq.queue_id] = cq.max_offset_in_queue
     rebuilt = _rebuilt_queues(rebuild, damage, dropped_by)
 
@@ -527,6 +522,13 @@ def _repair_consume_queues(
             offset, why = bad
             reasons.append(f"queue offset {offset}: {why}")
             dropped_by[cq] = dropped_by.get(cq, 0) + cq.truncate_to(offset)
+        # Here, while validate() has the queue's file open (an LRU bounds open
+        # files, and a second pass over 40,000 queues would reopen every one):
+        # ConsumeQueue.recover() put the min at the queue's first real unit, and
+        # only if that unit is gone (blanked, expired) is the queue read for the next.
+        first = cq.get_unit(cq.min_offset_in_queue)
+        if first is None or first[1] == BLANK_UNIT_SIZE or first[0] < commitlog.min_offset:
+            cq.correct_min_offset(commitlog.min_offset)
         end_file = cq.files.last_file
         at_file_end = end_file is not None and end_file.is_full
         if reasons or at_file_end:
