@@ -752,14 +752,20 @@ def test_a_flipped_total_size_in_the_first_record_loses_only_that_record(
     _checked_after_a_clean_stop(runner)
 
 
-def test_a_short_commitlog_file_is_padded_and_the_files_after_it_kept(
-    runner: StoreRunner,
-) -> None:
+def _sixty_over_three_files(runner: StoreRunner) -> tuple[list[Sent], list[Path]]:
+    """60 records over at least three CommitLog files, stopped cleanly: (sent, files)."""
     store = runner.start()
     sent = send(store, 60)
     files = sorted(runner.config.commitlog_dir.iterdir())
     assert len(files) >= 3
     runner.stop()
+    return sent, files
+
+
+def test_a_short_commitlog_file_is_padded_and_the_files_after_it_kept(
+    runner: StoreRunner,
+) -> None:
+    sent, files = _sixty_over_three_files(runner)
     file_size = runner.config.mapped_file_size_commit_log
     os.truncate(files[1], file_size // 2)
     lost = [
@@ -786,11 +792,7 @@ def test_a_short_commitlog_file_is_padded_and_the_files_after_it_kept(
 def test_a_missing_middle_commitlog_file_is_recreated_and_the_rest_kept(
     runner: StoreRunner,
 ) -> None:
-    store = runner.start()
-    sent = send(store, 60)
-    files = sorted(runner.config.commitlog_dir.iterdir())
-    assert len(files) >= 3
-    runner.stop()
+    sent, files = _sixty_over_three_files(runner)
     files[1].unlink()
     file_size = runner.config.mapped_file_size_commit_log
     lost = [s for s in sent if file_size <= s.physical_offset < 2 * file_size]

@@ -133,10 +133,6 @@ class Layout:
         """Records with a byte in ``[start, end)``."""
         return [r for r in self.records if r.physical_offset < end and r.end > start]
 
-    @property
-    def by_key(self) -> dict[RecordKey, Placed]:
-        return {r.key: r for r in self.records}
-
 
 def _record_fields(data: bytes, pos: int, phys: int) -> dict[str, tuple[int, int]]:
     """Every field of the record at ``pos`` of ``data`` (which sits at ``phys``)."""
