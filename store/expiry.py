@@ -169,6 +169,16 @@ class ExpiryService(ServiceThread):
         """Measure disk use now and update :attr:`disk_full`; past
         disk_max_used_space_ratio, wake the service to delete (on its own thread:
         the caller may be a writer creating a file). Returns the percent used."""
+        used = self._measure()
+        over = used < 0 or used > self.config.disk_max_used_space_ratio
+        thread = self._thread
+        # Never from the service's own thread (that would spin while the disk stays full).
+        if over and thread is not None and thread is not threading.current_thread():
+            self.wakeup()
+        return used
+
+    def _measure(self) -> float:
+        """Measure disk use now and update :attr:`disk_full`; returns the percent used."""
         cfg = self.config
         # CommitLog and ConsumeQueues live under one root, so one filesystem.
         written = self.commitlog.max_offset
@@ -189,11 +199,6 @@ class ExpiryService(ServiceThread):
                 "refused until space is freed" if full else "accepted again",
             )
         self._disk_full = full
-        over = used < 0 or used > cfg.disk_max_used_space_ratio
-        thread = self._thread
-        # Never from the service's own run (that would spin while the disk stays full).
-        if over and thread is not None and thread is not threading.current_thread():
-            self.wakeup()
         return used
 
     def start(self) -> None:
@@ -244,7 +249,9 @@ class ExpiryService(ServiceThread):
     def _space_pressure(self, report: ExpiryReport) -> tuple[bool, bool]:
         """(disk over the deletion ratio, clean at once); also updates ``disk_full``."""
         cfg = self.config
-        used = self.check_space()
+        # No wake-up from a run: a woken service would run again at once, racing a
+        # caller's run (a test's, an operator's) for the same files.
+        used = self._measure()
         clean_now = False
         if used > cfg.disk_space_clean_forcibly_ratio:
             clean_now = True
