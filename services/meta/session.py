@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aetcd  # type: ignore[import-untyped]  # ships no type information
+import aetcd.rpc  # type: ignore[import-untyped]
+import grpc
 
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaError, MetaUnavailableError
@@ -59,7 +61,14 @@ _CHANNEL_OPTIONS: dict[str, int] = {
     # refuses pings more often than every 5 s (--grpc-keepalive-min-time).
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
+    # A listing's page of LIST_PAGE_KEYS keys with large values may pass the 4 MiB default.
+    "grpc.max_receive_message_length": 64 * 1024 * 1024,
 }
+#: Keys per page when listing a prefix (:meth:`EtcdSession.get_prefix`): one
+#: answer for 20,000 topic configs is ~4.3 MB, past gRPC's 4 MiB message limit.
+LIST_PAGE_KEYS = 1000
+#: gRPC codes of a Range page meaning "this endpoint did not answer".
+_UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 #: Our own deadline is the gRPC deadline plus this, a net under library waits.
 _DEADLINE_GRACE_S = 1.0
 
@@ -87,6 +96,15 @@ class WatchEvent:
     value: bytes
     #: The revision of the change (of the deletion, for a DELETE).
     mod_revision: int
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The range end covering every key that starts with ``prefix`` (etcd's
+    ``WithPrefix``: the prefix with its last byte below 0xff incremented)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\0"  # every key
+    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 def _kv(raw: Any) -> KeyValue:
@@ -197,14 +215,48 @@ class EtcdSession:
 
         return await self._call(f"get {key}", op)
 
-    async def get_prefix(self, prefix: str) -> tuple[int, list[KeyValue]]:
-        """Every key under ``prefix`` and the store revision the read saw."""
+    async def get_prefix(
+        self, prefix: str, *, page_keys: int = LIST_PAGE_KEYS
+    ) -> tuple[int, list[KeyValue]]:
+        """Every key under ``prefix`` and the store revision the read saw.
 
-        async def op(c: Any) -> tuple[int, list[KeyValue]]:
-            got = await c.get_prefix(prefix.encode())
-            return int(got.header.revision), [_kv(kv) for kv in got.kvs]
+        Read in pages of ``page_keys`` keys (etcd's Range ``limit``), each page
+        at the first page's revision, so the result is one consistent snapshot
+        however large (as Kubernetes lists). A page whose revision was compacted
+        meanwhile fails with MetaError; the caller lists again. aetcd has no
+        paged range, so the pages are Range calls on its KV stub.
+        """
+        if page_keys < 1:
+            raise ValueError(f"page_keys must be at least 1, not {page_keys}")
+        start = prefix.encode()
+        end = _prefix_end(start)
+        revision = 0
+        kvs: list[KeyValue] = []
+        while True:
+            request = aetcd.rpc.RangeRequest(
+                key=start, range_end=end, limit=page_keys, revision=revision
+            )
 
-        return await self._call(f"list {prefix}", op)
+            async def op(c: Any, request: Any = request) -> Any:
+                await c.connect()
+                try:
+                    return await c.kvstub.Range(
+                        request, timeout=self.config.op_timeout_s, metadata=c.metadata
+                    )
+                except grpc.aio.AioRpcError as e:
+                    if e.code() in _UNREACHABLE_CODES:
+                        raise TimeoutError(e.details()) from e
+                    raise MetaError(
+                        f"etcd at {self.endpoint} refused list {prefix}: {e.details()}"
+                    ) from e
+
+            page = await self._call(f"list {prefix}", op)
+            if revision == 0:
+                revision = int(page.header.revision)
+            kvs.extend(_kv(kv) for kv in page.kvs)
+            if not page.more or not page.kvs:
+                return revision, kvs
+            start = bytes(page.kvs[-1].key) + b"\0"  # the next key after the page's last
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> KeyValue | None:
         """Unconditional put; returns the key's previous value, if it had one."""

@@ -33,6 +33,7 @@ from basalt.services.meta import (
     TopicNotFoundError,
     parse_endpoints,
 )
+from basalt.services.meta.session import EtcdSession
 from tests.support.aio import async_test
 from tests.support.etcd import unique_cluster
 from tests.support.polling import eventually
@@ -257,6 +258,31 @@ async def test_topic_crud_and_key_layout(meta_config: MetaConfig, etcd: EtcdProc
         with pytest.raises(MetaValidationError, match="topics/Bad: value is not JSON"):
             await meta.get_topic("Bad")
         assert sorted(await meta.list_topics()) == ["U"]
+
+
+@async_test
+async def test_a_listing_comes_in_pages_of_one_revision(
+    meta_config: MetaConfig, etcd: EtcdProcess
+) -> None:
+    """A prefix is listed in Range pages (one answer for 20,000 topics passed gRPC's
+    4 MiB limit and the topic cache never loaded), all at the first page's revision."""
+    session = EtcdSession(meta_config)
+    try:
+        prefix = f"/basalt/{meta_config.cluster}/paged/"
+        big = b"v" * 1_000_000  # five of them are past one gRPC message's default 4 MiB
+        for i in range(5):
+            await session.put(f"{prefix}{i}", big)
+        await session.put(f"/basalt/{meta_config.cluster}/paged0", b"not under the prefix")
+        revision, kvs = await session.get_prefix(prefix, page_keys=2)
+        assert [kv.key for kv in kvs] == [f"{prefix}{i}" for i in range(5)]
+        assert all(kv.value == big for kv in kvs)
+        assert revision == max(kv.mod_revision for kv in kvs) + 1  # the unrelated put
+        whole_revision, whole = await session.get_prefix(prefix)
+        assert (whole_revision, whole) == (revision, kvs)
+        with pytest.raises(ValueError, match="page_keys must be at least 1"):
+            await session.get_prefix(prefix, page_keys=0)
+    finally:
+        await session.close()
 
 
 def with_queues(c: TopicConfig, write: int) -> TopicConfig:
