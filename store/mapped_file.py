@@ -84,7 +84,11 @@ def file_name(offset: int) -> str:
 
 def parse_file_name(path: Path) -> int | None:
     """The start offset a data file's name encodes, or None if it is not a data file."""
-    name = path.name
+    return offset_in_name(path.name)
+
+
+def offset_in_name(name: str) -> int | None:
+    """:func:`parse_file_name` of a bare file name."""
     if len(name) == FILE_NAME_DIGITS and name.isdigit():
         return int(name)
     return None

@@ -23,7 +23,7 @@ from typing import TypeAlias
 
 from basalt.store.errors import CorruptFileError
 from basalt.store.files import fsync_dir
-from basalt.store.mapped_file import MappedFile, file_name, parse_file_name
+from basalt.store.mapped_file import MappedFile, file_name, offset_in_name, parse_file_name
 
 #: How far past the last valid byte a torn append may have left bytes when the
 #: scan ended on empty space: appends are contiguous, so beyond one append's
@@ -85,9 +85,14 @@ class MappedFileQueue:
         deleted; each repair is listed in :attr:`repaired`, and the caller
         rebuilds what went from its source (the CommitLog).
         """
-        if not self.directory.is_dir():
+        try:
+            # Names, not Paths, until one is known to be a data file: a store over
+            # 40,000 queues lists 40,000 folders at start.
+            names = os.listdir(self.directory)
+        except (FileNotFoundError, NotADirectoryError):
             return
-        paths = sorted(p for p in self.directory.iterdir() if parse_file_name(p) is not None)
+        directory = self.directory
+        paths = [directory / name for name in sorted(names) if offset_in_name(name) is not None]
         if self.repair_unit:
             paths = self._repair(paths)
         files: list[MappedFile] = []

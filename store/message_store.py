@@ -154,17 +154,20 @@ class MessageStore(StoreReads):
             abnormal = cfg.abort_path.exists()
             self._checkpoint = checkpoint = StoreCheckpoint(cfg.checkpoint_path)
             self.commitlog.files.load()
-            self.consume_queues.load()
-            if self.index is not None:
-                self._load_index(not abnormal, checkpoint.index_msg_timestamp)
-            report = recover(
-                self.commitlog,
-                self.consume_queues,
-                checkpoint,
-                self.dispatcher,
-                abnormal=abnormal,
-                check_crc=cfg.check_crc_on_recover,
-            )
+            # One thread reads and writes the queues until recovery ends: their
+            # several passes read each small queue's file once (caching_reads).
+            with self.consume_queues.open_files.caching_reads():
+                self.consume_queues.load()
+                if self.index is not None:
+                    self._load_index(not abnormal, checkpoint.index_msg_timestamp)
+                report = recover(
+                    self.commitlog,
+                    self.consume_queues,
+                    checkpoint,
+                    self.dispatcher,
+                    abnormal=abnormal,
+                    check_crc=cfg.check_crc_on_recover,
+                )
             if self.index is not None:
                 self._catch_up_index(report)
             # load() logs what it had to fall back on; the report carries it too.

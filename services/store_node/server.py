@@ -75,9 +75,27 @@ async def start_store_node(
     topics: TopicDirectory,
     *,
     listen: str = "127.0.0.1:0",
+    ready: asyncio.Future[None] | None = None,
 ) -> RunningStoreNode:
-    """Recover and open the store, then serve it on ``listen``."""
-    store = await asyncio.to_thread(MessageStore.open, store_config)
+    """Recover and open the store, then serve it on ``listen``.
+
+    ``ready``, when given, is work the node needs before it serves (the topic
+    cache's first listing from etcd) that runs while the store recovers on its
+    thread: awaited before the server starts, cancelled if the store fails to
+    open; if it fails, the store is shut down and its exception raised.
+    """
+    try:
+        store = await asyncio.to_thread(MessageStore.open, store_config)
+    except BaseException:
+        if ready is not None:
+            ready.cancel()
+        raise
+    if ready is not None:
+        try:
+            await ready
+        except BaseException:
+            await asyncio.to_thread(store.shutdown)
+            raise
     loop = asyncio.get_running_loop()
     hold = PullRequestHoldService(
         loop, ThreadPoolExecutor(node.filtered_read_threads, thread_name_prefix="filtered-read")

@@ -74,6 +74,10 @@ def test_twenty_thousand_queues_cost_kilobytes_and_bounded_fds(tmp_path: Path) -
     try:
         assert open_fds() - fds_before <= MAX_OPEN + FD_SLACK
         assert len(store.consume_queues) == QUEUES
+        # Recovery's passes read each small queue once (OpenFiles.caching_reads): one
+        # open per queue although the LRU holds far fewer (it was two per queue).
+        assert store.consume_queues.open_files.opens == QUEUES
+        assert store.consume_queues.open_files.read_cache is None  # only while recovering
         for i in range(QUEUES):
             topic, qid = queue(i)
             assert store.get_max_offset_in_queue(topic, qid) == 1, (topic, qid)

@@ -66,6 +66,32 @@ def test_the_lru_closes_the_least_recently_used_idle_file_and_reopens_on_demand(
     assert open_fds() == base
 
 
+def test_caching_reads_answers_from_memory_until_the_file_is_written(tmp_path: Path) -> None:
+    lru = OpenFiles(1)
+    a, b = new_file(tmp_path, lru, "a"), new_file(tmp_path, lru, "b")
+    a.append(UNIT.pack(1, 10, 0) * 2)
+    b.append(UNIT.pack(2, 10, 0))
+    with lru.caching_reads():
+        assert a.read(0, 40) == UNIT.pack(1, 10, 0) * 2  # read once (b evicted a)
+        opens = lru.opens
+        b.read(0, 20)  # evicts a
+        assert a.read(20, 20) == UNIT.pack(1, 10, 0)  # from memory: no reopen
+        assert lru.opens == opens + 1
+        assert lru.read_cache_bytes == 60
+        a.write_at(20, UNIT.pack(9, 10, 0))  # a write drops the cached bytes
+        assert a.read(20, 20) == UNIT.pack(9, 10, 0)
+        a.append(UNIT.pack(3, 10, 0))
+        assert a.read(0, 60) == UNIT.pack(1, 10, 0) + UNIT.pack(9, 10, 0) + UNIT.pack(3, 10, 0)
+        assert a.read(40, 40) == UNIT.pack(3, 10, 0) + bytes(20)  # past the cache: the file
+        a.zero_tail(20)
+        assert a.read(0, 60) == UNIT.pack(1, 10, 0) + bytes(40)
+    assert lru.read_cache is None and lru.read_cache_bytes == 0
+    a.write_at(0, UNIT.pack(5, 10, 0))
+    assert a.read(0, 20) == UNIT.pack(5, 10, 0)  # outside the block, always the file
+    a.close()
+    b.close()
+
+
 def test_a_file_in_use_is_never_closed_under_its_user(tmp_path: Path) -> None:
     lru = OpenFiles(1)
     busy = new_file(tmp_path, lru, "busy")
