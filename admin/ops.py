@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from opentelemetry import trace
 
 from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
 from basalt.admin.topics import TopicChange, topic_config, update_topic
@@ -42,6 +43,9 @@ T = TypeVar("T")
 #: The group name admin reads with (reads never commit).
 ADMIN_GROUP = "basalt-admin"
 CALL_TIMEOUT_S = 5.0
+
+#: The API's proxy: it binds to whatever TracerProvider the process installs.
+_tracer = trace.get_tracer("basalt.admin")
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,11 +273,47 @@ async def reset_offset_by_time(
     partial table would mix reset and unreset queues. What succeeded stays
     reset, and running the same reset again is safe (it recomputes the same
     offsets). Raises TopicNotFoundError for an unknown topic, PeerCallError
-    when the pull-service fails the notification."""
+    when the pull-service fails the notification.
+
+    Traced: one span "resetOffsetByTime", with a child per store-node call
+    ("ResetOffset <broker>") and one for the notification ("NotifyConsumers
+    <group>"); gRPC metadata carries the trace on from each."""
+    with _tracer.start_as_current_span(
+        "resetOffsetByTime",
+        attributes={
+            "messaging.system": "rocketmq",
+            "messaging.consumer.group.name": group,
+            "messaging.destination.name": topic,
+            "basalt.reset.timestamp_ms": timestamp_ms,
+        },
+    ) as span:
+        outcome = await _reset_offset_by_time(
+            meta, group, topic, timestamp_ms, force=force, ack_timeout_ms=ack_timeout_ms
+        )
+        if outcome.failed:
+            span.set_status(trace.StatusCode.ERROR, f"failed on {sorted(outcome.failed)}")
+        return outcome
+
+
+async def _reset_offset_by_time(
+    meta: MetaClient,
+    group: str,
+    topic: str,
+    timestamp_ms: int,
+    *,
+    force: bool,
+    ack_timeout_ms: int,
+) -> ResetOutcome:
     config = await topic_config(meta, topic)
     brokers = await meta.list_brokers()
 
     async def reset(name: str) -> sn.ResetOffsetResponse:
+        with _tracer.start_as_current_span(
+            f"ResetOffset {name}", attributes={"basalt.broker.name": name}
+        ):
+            return await reset_on(name)
+
+    async def reset_on(name: str) -> sn.ResetOffsetResponse:
         async with _store_node(brokers, name) as stub:
             return await _call(
                 name,
@@ -304,7 +344,8 @@ async def reset_offset_by_time(
         ]
     if failed or not offsets:
         return ResetOutcome(offsets, failed, None)
-    acks, command_id = await _notify_reset(meta, group, topic, offsets, ack_timeout_ms)
+    with _tracer.start_as_current_span(f"NotifyConsumers {group}"):
+        acks, command_id = await _notify_reset(meta, group, topic, offsets, ack_timeout_ms)
     return ResetOutcome(offsets, failed, acks, command_id)
 
 

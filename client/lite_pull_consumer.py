@@ -50,6 +50,10 @@ them; a stale epoch re-reads the offsets a reset stored and the queue is
 read again from there, so a reset is never undone). :meth:`close` stops the
 fetchers, then commits.
 
+Tracing: a :meth:`poll` that returns records is one CONSUMER span, "receive
+<topic>", linked to the send spans its messages carry
+(:mod:`basalt.common.tracing`).
+
 Concurrency: one event loop (the fetchers are tasks on it; :meth:`seek` may
 also be called from another thread, see there); not for concurrent ``poll``
 calls.
@@ -61,10 +65,12 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 
 from basalt.client.consumer_base import (
     ConsumeFromWhere,
@@ -86,10 +92,14 @@ from basalt.common.settings import (
     positive,
     setting,
 )
+from basalt.common.tracing import consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
+
+#: The API's proxy: it binds to whatever TracerProvider the process installs.
+_tracer = trace.get_tracer("basalt.client")
 
 #: Most queues in one PullBatch (the pull-service's default ``max_queues_per_pull``).
 MAX_QUEUES_PER_PULL = 32
@@ -542,13 +552,43 @@ class LitePullConsumer(ConsumerClient):
 
         Raises the pending fetch error, if any, as :class:`ClientError` (see
         the module docstring), before returning records."""
+        started_ns = time.time_ns()
         self._raise_pending()
         if not self._ready:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), max(timeout_ms, 0) / 1000)
             self._raise_pending()
-        return self._take(max_records)
+        records = self._take(max_records)
+        if records:
+            self._traced_receive(records, started_ns)
+        return records
+
+    def _traced_receive(self, records: list[MessageRecord], started_ns: int) -> None:
+        """A poll that returned ``records`` as a CONSUMER span, "receive <topic>"
+        ("receive" when they span topics), from the poll's start to now, linked
+        to the send spans its messages carry. Made after the fact: its links
+        are only known then, and an empty poll makes no span (an idle consumer
+        polling every second would fill a trace backend with nothing)."""
+        topics = {r.topic for r in records}
+        topic = next(iter(topics)) if len(topics) == 1 else None
+        span = _tracer.start_span(
+            f"receive {topic}" if topic is not None else "receive",
+            kind=trace.SpanKind.CONSUMER,
+            links=message_links(r.properties for r in records),
+            start_time=started_ns,
+        )
+        if span.is_recording():
+            span.set_attributes(
+                consume_attributes(
+                    "receive",
+                    topic=topic,
+                    group=self.consumer_group,
+                    client_id=self.config.client_id,
+                    message_count=len(records),
+                )
+            )
+        span.end()
 
     def _raise_pending(self) -> None:
         error, self._error = self._error, None

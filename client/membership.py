@@ -18,7 +18,8 @@ subscribe mode hold a :class:`GroupMember`, which:
   and then unlocked, so the next owner starts where this one stopped; queues
   still locked by their previous owner are tried again every
   ``lock_retry_interval_ms`` until it lets go;
-* carries out RESET_OFFSET commands through its owner, then acks them.
+* carries out RESET_OFFSET commands through its owner, then acks them, in a
+  span of the trace the command carries (its ``trace_context``).
 
 What "owning" a queue means is the consumer's: a :class:`QueueOwner`. Every
 call into it runs under :attr:`GroupMember.lock`, which the owner takes too
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry import trace
 
 from basalt.client.consumer_base import (
     ConsumerClient,
@@ -46,10 +48,20 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.errors import ClientError
 from basalt.client.rebalance import allocate_averagely
+from basalt.common.tracing import (
+    MESSAGING_CLIENT_ID,
+    MESSAGING_CONSUMER_GROUP_NAME,
+    MESSAGING_SYSTEM,
+    MESSAGING_SYSTEM_ROCKETMQ,
+    extracted_context,
+)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
+
+#: The API's proxy: it binds to whatever TracerProvider the process installs.
+_tracer = trace.get_tracer("basalt.client")
 
 CLIENT_VERSION = "basalt-py 0.1.0"
 #: Deadline of the membership's unary calls.
@@ -248,7 +260,33 @@ class GroupMember:
             await self.owner.give_up(sorted(self.owner.owned()), commit=False)
 
     async def _on_command(self, command: ps.Command) -> None:
+        """Carry out ``command`` and ack it, in a CONSUMER span "handle <kind>"
+        of the trace the command carries (``trace_context``: the one of the
+        reset that sent it), so one reset is one trace down to every
+        consumer's ack. A command without a trace starts none of its own
+        (a span in the empty context would be a root: rebalance nudges would
+        each make a trace)."""
         kind = command.WhichOneof("body")
+        if not command.trace_context:
+            await self._carry_out(command, kind)
+            return
+        with _tracer.start_as_current_span(
+            f"handle {kind}",
+            context=extracted_context(command.trace_context),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                MESSAGING_SYSTEM: MESSAGING_SYSTEM_ROCKETMQ,
+                MESSAGING_CONSUMER_GROUP_NAME: self.group,
+                MESSAGING_CLIENT_ID: self.client_id,
+                "basalt.command.id": command.command_id,
+            },
+        ) as span:
+            ok = await self._carry_out(command, kind)
+            if not ok:
+                span.set_status(trace.StatusCode.ERROR)
+
+    async def _carry_out(self, command: ps.Command, kind: str | None) -> bool:
+        """Do what ``command`` (of body ``kind``) asks, then ack it; whether it was done."""
         ok, detail = True, ""
         try:
             if kind == "reset_offset":
@@ -267,6 +305,7 @@ class GroupMember:
         ack = ps.CommandAck(command_id=command.command_id, ok=ok, detail=detail)
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             await self._write(ps.SessionRequest(ack=ack))
+        return ok
 
     # -- rebalance --------------------------------------------------------------------
 

@@ -25,6 +25,10 @@ store-node killed, stopping, or aborting it) or whose write fails fails its
 sends in flight at once with :class:`ServiceUnavailableError`, and is
 replaced by a fresh one on the next send to that store-node.
 
+Tracing: a send (one message or one batch) is one PRODUCER span, "send
+<topic>", and its messages carry its context in the ``traceparent`` property
+(:mod:`basalt.common.tracing`); untraced, nothing is added.
+
 Concurrency: one event loop; :meth:`Producer.send_async` may be called many
 times before awaiting any of them.
 """
@@ -32,6 +36,7 @@ times before awaiting any of them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import logging
@@ -40,6 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError, ServiceUnavailableError, TopicNotFoundError
@@ -55,11 +62,26 @@ from basalt.common.settings import (
     setting,
     validate,
 )
+from basalt.common.tracing import (
+    MESSAGING_BATCH_MESSAGE_COUNT,
+    MESSAGING_DESTINATION_NAME,
+    MESSAGING_MESSAGE_ID,
+    MESSAGING_OPERATION_NAME,
+    MESSAGING_OPERATION_TYPE,
+    MESSAGING_ROCKETMQ_MESSAGE_KEYS,
+    MESSAGING_ROCKETMQ_MESSAGE_TAG,
+    MESSAGING_SYSTEM,
+    MESSAGING_SYSTEM_ROCKETMQ,
+    message_trace_properties,
+)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 
 log = logging.getLogger(__name__)
+
+#: The API's proxy: it binds to whatever TracerProvider the process installs.
+_tracer = trace.get_tracer("basalt.client")
 
 #: RocketMQ's default topic, whose route takes a topic that does not exist yet.
 AUTO_CREATE_TOPIC = "TBW102"
@@ -336,6 +358,25 @@ class Producer(Client):
         return asyncio.ensure_future(self.send(message))
 
     async def _send(self, messages: Sequence[Message]) -> list[SendResult]:
+        """:meth:`_attempt_sends` in a PRODUCER span, "send <topic>", one per
+        call (a batch is one span): when the span records, each message carries
+        its context in ``traceparent`` (the caller's messages are not changed:
+        copies go out); when it does not, the messages go as they are."""
+        topic = messages[0].topic
+        with _tracer.start_as_current_span(f"send {topic}", kind=trace.SpanKind.PRODUCER) as span:
+            if span.is_recording():
+                span.set_attributes(_send_attributes(messages))
+                carried = message_trace_properties()
+                messages = [
+                    dataclasses.replace(m, properties={**m.properties, **carried}) for m in messages
+                ]
+                results = await self._attempt_sends(messages)
+                if len(results) == 1:
+                    span.set_attribute(MESSAGING_MESSAGE_ID, results[0].msg_id)
+                return results
+            return await self._attempt_sends(messages)
+
+    async def _attempt_sends(self, messages: Sequence[Message]) -> list[SendResult]:
         """Send ``messages`` (one topic) as one item, retrying a retried refusal,
         a broken stream or a store-node that does not answer on another broker,
         within ``send_msg_timeout_ms``. Raises only :class:`ClientError` subclasses
@@ -509,6 +550,26 @@ def writable_queues(route: pb.TopicRoute) -> list[QueueAddress]:
             for q in range(qd.write_queue_nums)
         ]
     return out
+
+
+def _send_attributes(messages: Sequence[Message]) -> dict[str, AttributeValue]:
+    """A send span's messaging attributes; a lone message's tag and keys too
+    (a batch's differ per message, and the convention names one)."""
+    attributes: dict[str, AttributeValue] = {
+        MESSAGING_SYSTEM: MESSAGING_SYSTEM_ROCKETMQ,
+        MESSAGING_DESTINATION_NAME: messages[0].topic,
+        MESSAGING_OPERATION_NAME: "send",
+        MESSAGING_OPERATION_TYPE: "send",
+    }
+    if len(messages) > 1:
+        attributes[MESSAGING_BATCH_MESSAGE_COUNT] = len(messages)
+        return attributes
+    (m,) = messages
+    if m.tags:
+        attributes[MESSAGING_ROCKETMQ_MESSAGE_TAG] = m.tags
+    if m.keys:
+        attributes[MESSAGING_ROCKETMQ_MESSAGE_KEYS] = list(m.keys)
+    return attributes
 
 
 def _wire(m: Message, uniq: str) -> pb.Message:

@@ -28,6 +28,9 @@ RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
   cancelled), the listener calls already running are awaited (at most
   ``drop_await_termination_ms``), the new offsets and reset epochs adopted,
   pulls resume from them, and then the command is acked. No fixed sleep.
+* **Tracing.** Each listener call is a CONSUMER span, "process <topic>",
+  linked to the producers' send spans its messages carry
+  (:mod:`basalt.common.tracing`).
 
 Concurrency: everything but the threaded listener runs on one event loop.
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import enum
 import inspect
 import itertools
@@ -44,6 +48,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, cast
 
 import grpc
+from opentelemetry import trace
 
 from basalt.client.consumer_base import (
     ConsumerClient,
@@ -56,10 +61,14 @@ from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
+from basalt.common.tracing import consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
+
+#: The API's proxy: it binds to whatever TracerProvider the process installs.
+_tracer = trace.get_tracer("basalt.client")
 
 
 class ConsumeStatus(enum.Enum):
@@ -384,6 +393,32 @@ class PushConsumer(ConsumerClient):
                 await asyncio.sleep(self.config.suspend_current_queue_time_ms / 1000)
 
     async def _call_listener(self, pq: ProcessQueue, batch: list[MessageRecord]) -> ConsumeStatus:
+        """:meth:`_run_listener` in a CONSUMER span, "process <topic>", one per
+        listener call (not per message), linked to the send span of each message
+        that carries one (its ``traceparent`` property). The listener runs in
+        the span's context, so its own spans are the span's children."""
+        with _tracer.start_as_current_span(
+            f"process {pq.queue.topic}",
+            kind=trace.SpanKind.CONSUMER,
+            links=message_links(r.properties for r in batch),
+        ) as span:
+            if span.is_recording():
+                span.set_attributes(
+                    consume_attributes(
+                        "process",
+                        topic=pq.queue.topic,
+                        group=self.consumer_group,
+                        client_id=self.client_id,
+                        message_count=len(batch),
+                        queue_id=pq.queue.queue_id,
+                    )
+                )
+            status = await self._run_listener(pq, batch)
+            if status is not ConsumeStatus.CONSUME_SUCCESS:
+                span.set_status(trace.StatusCode.ERROR, "RECONSUME_LATER")
+            return status
+
+    async def _run_listener(self, pq: ProcessQueue, batch: list[MessageRecord]) -> ConsumeStatus:
         """Run the listener on ``batch``; an exception counts as RECONSUME_LATER.
 
         The call is tracked in ``pq.calls`` until it really ends (a thread runs
@@ -400,7 +435,10 @@ class PushConsumer(ConsumerClient):
                 awaitable = cast(Awaitable[ConsumeStatus], self._listener(batch, pq.queue))
                 call = asyncio.ensure_future(awaitable)
             else:
-                call = loop.run_in_executor(self._pool, self._listener, batch, pq.queue)
+                # In this task's context (the process span's), which an
+                # executor's thread does not inherit by itself.
+                run = contextvars.copy_context().run
+                call = loop.run_in_executor(self._pool, run, self._listener, batch, pq.queue)
             threshold = self.config.pull_threshold_for_queue
 
             def ended(call: asyncio.Future[object]) -> None:
@@ -413,7 +451,8 @@ class PushConsumer(ConsumerClient):
             call.add_done_callback(ended)  # before shield's: it runs first
             try:
                 status = await asyncio.shield(call)
-            except Exception:
+            except Exception as e:
+                trace.get_current_span().record_exception(e)
                 log.exception("%s: listener failed on %s", self.client_id, pq.queue)
                 return ConsumeStatus.RECONSUME_LATER
         return status if isinstance(status, ConsumeStatus) else ConsumeStatus.RECONSUME_LATER

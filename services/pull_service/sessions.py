@@ -19,7 +19,9 @@ A consumer keeps one bidirectional ``Session`` stream with a pull-service
    that); ``ack`` answers a command; a session silent for
    ``session_timeout_ms`` (3 x the heartbeat interval) is ended.
 4. The service pushes ``command`` frames (:meth:`SessionRegistry.deliver`),
-   each answered by exactly one ``ack`` carrying its ``command_id``.
+   each answered by exactly one ``ack`` carrying its ``command_id``; a
+   delivery is a span, and the command carries its context in
+   ``trace_context`` (the stream's metadata is the consumer's own).
 5. However the stream ends (the consumer half-closes, cancels, vanishes, is
    replaced or times out, or the service stops) the lease is revoked and
    the key goes at once; commands still waiting for an ack count as
@@ -49,7 +51,15 @@ import time
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 
+from basalt.common.tracing import (
+    MESSAGING_CLIENT_ID,
+    MESSAGING_CONSUMER_GROUP_NAME,
+    MESSAGING_SYSTEM,
+    MESSAGING_SYSTEM_ROCKETMQ,
+    inject_context,
+)
 from basalt.services.checks import check_group
 from basalt.services.errors import Outcome, Refusal, invalid
 from basalt.services.meta.client import MetaClient, QueueKey
@@ -67,6 +77,9 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
+
+#: The API's proxy: it binds to whatever TracerProvider the process installs.
+_tracer = trace.get_tracer("basalt.services.pull_service")
 
 
 def consumer_info(registration: ConsumerRegistration) -> pb.ConsumerInfo:
@@ -369,7 +382,36 @@ class SessionRegistry:
     async def deliver(
         self, session: ConsumerSession, command: ps.Command, timeout_s: float
     ) -> ps.ConsumerAck:
-        """Push ``command`` down ``session`` and wait up to ``timeout_s`` for its ack."""
+        """Push ``command`` down ``session`` and wait up to ``timeout_s`` for its
+        ack, in a CLIENT span "deliver <kind>" whose context the command carries
+        (its ``trace_context``, on a copy: ``command`` goes to other sessions
+        too): the stream's metadata is the consumer's, from when it opened."""
+        kind = command.WhichOneof("body")
+        with _tracer.start_as_current_span(
+            f"deliver {kind}",
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                MESSAGING_SYSTEM: MESSAGING_SYSTEM_ROCKETMQ,
+                MESSAGING_CONSUMER_GROUP_NAME: session.value.group,
+                MESSAGING_CLIENT_ID: session.client_id,
+                "basalt.command.id": command.command_id,
+            },
+        ) as span:
+            if span.is_recording():
+                traced = ps.Command()
+                traced.CopyFrom(command)
+                traced.trace_context.clear()
+                inject_context(traced.trace_context)
+                command = traced
+            ack = await self._deliver(session, command, timeout_s)
+            span.set_attribute("basalt.command.outcome", ps.CommandOutcome.Name(ack.outcome))
+            if ack.outcome != ps.COMMAND_OUTCOME_OK:
+                span.set_status(trace.StatusCode.ERROR, ack.detail)
+            return ack
+
+    async def _deliver(
+        self, session: ConsumerSession, command: ps.Command, timeout_s: float
+    ) -> ps.ConsumerAck:
         future = session.push(command)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 
 from basalt.common.message import decode_host, parse_offset_msg_id
 from basalt.common.settings import (
@@ -79,6 +80,9 @@ from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 
 log = logging.getLogger(__name__)
+
+#: The API's proxy: it binds to whatever TracerProvider the process installs.
+_tracer = trace.get_tracer("basalt.services.store_node")
 
 #: Pull statuses that mean "nothing new yet" (RocketMQ's PULL_NOT_FOUND): the ones
 #: long polling waits on; an empty or unknown queue only at offset 0.
@@ -559,14 +563,24 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             raise no_such_topic(request.topic)
         if request.timestamp_ms < -1:
             raise invalid(f"timestamp_ms {request.timestamp_ms}: a time in ms, or -1 for the max")
-        table, epoch = await asyncio.to_thread(
-            self.store.reset_offset_by_time,
-            request.group,
-            request.topic,
-            range(config.read_queue_nums),
-            request.timestamp_ms,
-            force=request.force,
-        )
+        # The store's part (a binary search per queue, then the offsets and
+        # epoch written) as a span of its own, under the RPC's.
+        with _tracer.start_as_current_span(
+            "reset offsets by time",
+            attributes={
+                "messaging.consumer.group.name": request.group,
+                "messaging.destination.name": request.topic,
+                "basalt.reset.queue_count": config.read_queue_nums,
+            },
+        ):
+            table, epoch = await asyncio.to_thread(
+                self.store.reset_offset_by_time,
+                request.group,
+                request.topic,
+                range(config.read_queue_nums),
+                request.timestamp_ms,
+                force=request.force,
+            )
         return sn.ResetOffsetResponse(
             offsets=table, reset_epoch=epoch, broker_name=self.config.broker_name
         )

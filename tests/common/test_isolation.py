@@ -60,5 +60,12 @@ def test_the_sdk_loads_no_engine_services_admin_or_lark() -> None:
 def test_the_engine_loads_no_grpc_protobuf_or_services() -> None:
     loaded = _loaded_after(ENGINE_USE)
     assert "basalt.common.record" in loaded  # the probe saw the shared codec
-    forbidden = ("grpc", "google.protobuf", "basalt.v1", "basalt.services", "basalt.client")
+    forbidden = (
+        "grpc",
+        "google.protobuf",
+        "opentelemetry",
+        "basalt.v1",
+        "basalt.services",
+        "basalt.client",
+    )
     assert _under(loaded, forbidden) == []

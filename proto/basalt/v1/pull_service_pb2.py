@@ -25,15 +25,17 @@ _sym_db = _symbol_database.Default()
 from basalt.v1 import common_pb2 as basalt_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62\x61salt/v1/pull_service.proto\x12\tbasalt.v1\x1a\x16\x62\x61salt/v1/common.proto\"\"\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\":\n\x12QueryRouteResponse\x12$\n\x05route\x18\x01 \x01(\x0b\x32\x15.basalt.v1.TopicRoute\"\x89\x02\n\x0bPullRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12&\n\x05queue\x18\x02 \x01(\x0b\x32\x17.basalt.v1.MessageQueue\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08max_nums\x18\x04 \x01(\x05\x12-\n\x0csubscription\x18\x05 \x01(\x0b\x32\x17.basalt.v1.Subscription\x12\x1a\n\x12suspend_timeout_ms\x18\x06 \x01(\x03\x12\x1a\n\rcommit_offset\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0breset_epoch\x18\x08 \x01(\x03H\x01\x88\x01\x01\x42\x10\n\x0e_commit_offsetB\x0e\n\x0c_reset_epoch\"d\n\x10PullBatchRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12%\n\x05pulls\x18\x02 \x03(\x0b\x32\x16.basalt.v1.PullRequest\x12\x1a\n\x12suspend_timeout_ms\x18\x03 \x01(\x03\"\x92\x01\n\x0eSessionRequest\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.basalt.v1.OpenSessionH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.basalt.v1.HeartbeatH\x00\x12$\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x15.basalt.v1.CommandAckH\x00\x42\x07\n\x05\x66rame\"m\n\x0fSessionResponse\x12*\n\x06opened\x18\x01 \x01(\x0b\x32\x18.basalt.v1.SessionOpenedH\x00\x12%\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x12.basalt.v1.CommandH\x00\x42\x07\n\x05\x66rame\"|\n\x0bOpenSession\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x33\n\rsubscriptions\x18\x03 \x03(\x0b\x32\x1c.basalt.v1.TopicSubscription\x12\x16\n\x0e\x63lient_version\x18\x04 \x01(\t\"c\n\rSessionOpened\x12\x17\n\x0fpull_service_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x03\x12\x1a\n\x12session_timeout_ms\x18\x03 \x01(\x03\"(\n\tHeartbeat\x12\x1b\n\x13\x63lient_timestamp_ms\x18\x01 \x01(\x03\"\xa2\x01\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\x12\x35\n\x0creset_offset\x18\n \x01(\x0b\x32\x1d.basalt.v1.ResetOffsetCommandH\x00\x12\x30\n\trebalance\x18\x0b \x01(\x0b\x32\x1b.basalt.v1.RebalanceCommandH\x00\x42\x06\n\x04\x62ody\"L\n\x12ResetOffsetCommand\x12\r\n\x05topic\x18\x01 \x01(\t\x12\'\n\x07offsets\x18\x02 \x03(\x0b\x32\x16.basalt.v1.QueueOffset\"\"\n\x10RebalanceCommand\x12\x0e\n\x06topics\x18\x01 \x03(\t\"<\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"%\n\x14ListConsumersRequest\x12\r\n\x05group\x18\x01 \x01(\t\"C\n\x15ListConsumersResponse\x12*\n\tconsumers\x18\x01 \x03(\x0b\x32\x17.basalt.v1.ConsumerInfo\"`\n\x16NotifyConsumersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12#\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x12.basalt.v1.Command\x12\x12\n\nclient_ids\x18\x03 \x03(\t\"\\\n\x0b\x43onsumerAck\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12*\n\x07outcome\x18\x02 \x01(\x0e\x32\x19.basalt.v1.CommandOutcome\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"S\n\x17NotifyConsumersResponse\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12$\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x16.basalt.v1.ConsumerAck\"^\n\x11LockQueuesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\'\n\x06queues\x18\x03 \x03(\x0b\x32\x17.basalt.v1.MessageQueue\"=\n\x12LockQueuesResponse\x12\'\n\x06locked\x18\x01 \x03(\x0b\x32\x17.basalt.v1.MessageQueue\"`\n\x13UnlockQueuesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\'\n\x06queues\x18\x03 \x03(\x0b\x32\x17.basalt.v1.MessageQueue\"A\n\x14UnlockQueuesResponse\x12)\n\x08unlocked\x18\x01 \x03(\x0b\x32\x17.basalt.v1.MessageQueue*\xc7\x01\n\x0e\x43ommandOutcome\x12\x1f\n\x1b\x43OMMAND_OUTCOME_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43OMMAND_OUTCOME_OK\x10\x01\x12\x1a\n\x16\x43OMMAND_OUTCOME_FAILED\x10\x02\x12\x1b\n\x17\x43OMMAND_OUTCOME_TIMEOUT\x10\x03\x12 \n\x1c\x43OMMAND_OUTCOME_DISCONNECTED\x10\x04\x12!\n\x1d\x43OMMAND_OUTCOME_NOT_CONNECTED\x10\x05\x32\xe9\x04\n\x0bPullService\x12I\n\nQueryRoute\x12\x1c.basalt.v1.QueryRouteRequest\x1a\x1d.basalt.v1.QueryRouteResponse\x12\x37\n\x04Pull\x12\x16.basalt.v1.PullRequest\x1a\x17.basalt.v1.PullResponse\x12\x46\n\tPullBatch\x12\x1b.basalt.v1.PullBatchRequest\x1a\x1c.basalt.v1.PullBatchResponse\x12\x44\n\x07Session\x12\x19.basalt.v1.SessionRequest\x1a\x1a.basalt.v1.SessionResponse(\x01\x30\x01\x12R\n\rListConsumers\x12\x1f.basalt.v1.ListConsumersRequest\x1a .basalt.v1.ListConsumersResponse\x12X\n\x0fNotifyConsumers\x12!.basalt.v1.NotifyConsumersRequest\x1a\".basalt.v1.NotifyConsumersResponse\x12I\n\nLockQueues\x12\x1c.basalt.v1.LockQueuesRequest\x1a\x1d.basalt.v1.LockQueuesResponse\x12O\n\x0cUnlockQueues\x12\x1e.basalt.v1.UnlockQueuesRequest\x1a\x1f.basalt.v1.UnlockQueuesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62\x61salt/v1/pull_service.proto\x12\tbasalt.v1\x1a\x16\x62\x61salt/v1/common.proto\"\"\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\":\n\x12QueryRouteResponse\x12$\n\x05route\x18\x01 \x01(\x0b\x32\x15.basalt.v1.TopicRoute\"\x89\x02\n\x0bPullRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12&\n\x05queue\x18\x02 \x01(\x0b\x32\x17.basalt.v1.MessageQueue\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08max_nums\x18\x04 \x01(\x05\x12-\n\x0csubscription\x18\x05 \x01(\x0b\x32\x17.basalt.v1.Subscription\x12\x1a\n\x12suspend_timeout_ms\x18\x06 \x01(\x03\x12\x1a\n\rcommit_offset\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0breset_epoch\x18\x08 \x01(\x03H\x01\x88\x01\x01\x42\x10\n\x0e_commit_offsetB\x0e\n\x0c_reset_epoch\"d\n\x10PullBatchRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12%\n\x05pulls\x18\x02 \x03(\x0b\x32\x16.basalt.v1.PullRequest\x12\x1a\n\x12suspend_timeout_ms\x18\x03 \x01(\x03\"\x92\x01\n\x0eSessionRequest\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.basalt.v1.OpenSessionH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.basalt.v1.HeartbeatH\x00\x12$\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x15.basalt.v1.CommandAckH\x00\x42\x07\n\x05\x66rame\"m\n\x0fSessionResponse\x12*\n\x06opened\x18\x01 \x01(\x0b\x32\x18.basalt.v1.SessionOpenedH\x00\x12%\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x12.basalt.v1.CommandH\x00\x42\x07\n\x05\x66rame\"|\n\x0bOpenSession\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x33\n\rsubscriptions\x18\x03 \x03(\x0b\x32\x1c.basalt.v1.TopicSubscription\x12\x16\n\x0e\x63lient_version\x18\x04 \x01(\t\"c\n\rSessionOpened\x12\x17\n\x0fpull_service_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x03\x12\x1a\n\x12session_timeout_ms\x18\x03 \x01(\x03\"(\n\tHeartbeat\x12\x1b\n\x13\x63lient_timestamp_ms\x18\x01 \x01(\x03\"\x94\x02\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\x12;\n\rtrace_context\x18\x03 \x03(\x0b\x32$.basalt.v1.Command.TraceContextEntry\x12\x35\n\x0creset_offset\x18\n \x01(\x0b\x32\x1d.basalt.v1.ResetOffsetCommandH\x00\x12\x30\n\trebalance\x18\x0b \x01(\x0b\x32\x1b.basalt.v1.RebalanceCommandH\x00\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04\x62ody\"L\n\x12ResetOffsetCommand\x12\r\n\x05topic\x18\x01 \x01(\t\x12\'\n\x07offsets\x18\x02 \x03(\x0b\x32\x16.basalt.v1.QueueOffset\"\"\n\x10RebalanceCommand\x12\x0e\n\x06topics\x18\x01 \x03(\t\"<\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"%\n\x14ListConsumersRequest\x12\r\n\x05group\x18\x01 \x01(\t\"C\n\x15ListConsumersResponse\x12*\n\tconsumers\x18\x01 \x03(\x0b\x32\x17.basalt.v1.ConsumerInfo\"`\n\x16NotifyConsumersRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12#\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x12.basalt.v1.Command\x12\x12\n\nclient_ids\x18\x03 \x03(\t\"\\\n\x0b\x43onsumerAck\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12*\n\x07outcome\x18\x02 \x01(\x0e\x32\x19.basalt.v1.CommandOutcome\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"S\n\x17NotifyConsumersResponse\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12$\n\x04\x61\x63ks\x18\x02 \x03(\x0b\x32\x16.basalt.v1.ConsumerAck\"^\n\x11LockQueuesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\'\n\x06queues\x18\x03 \x03(\x0b\x32\x17.basalt.v1.MessageQueue\"=\n\x12LockQueuesResponse\x12\'\n\x06locked\x18\x01 \x03(\x0b\x32\x17.basalt.v1.MessageQueue\"`\n\x13UnlockQueuesRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\'\n\x06queues\x18\x03 \x03(\x0b\x32\x17.basalt.v1.MessageQueue\"A\n\x14UnlockQueuesResponse\x12)\n\x08unlocked\x18\x01 \x03(\x0b\x32\x17.basalt.v1.MessageQueue*\xc7\x01\n\x0e\x43ommandOutcome\x12\x1f\n\x1b\x43OMMAND_OUTCOME_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43OMMAND_OUTCOME_OK\x10\x01\x12\x1a\n\x16\x43OMMAND_OUTCOME_FAILED\x10\x02\x12\x1b\n\x17\x43OMMAND_OUTCOME_TIMEOUT\x10\x03\x12 \n\x1c\x43OMMAND_OUTCOME_DISCONNECTED\x10\x04\x12!\n\x1d\x43OMMAND_OUTCOME_NOT_CONNECTED\x10\x05\x32\xe9\x04\n\x0bPullService\x12I\n\nQueryRoute\x12\x1c.basalt.v1.QueryRouteRequest\x1a\x1d.basalt.v1.QueryRouteResponse\x12\x37\n\x04Pull\x12\x16.basalt.v1.PullRequest\x1a\x17.basalt.v1.PullResponse\x12\x46\n\tPullBatch\x12\x1b.basalt.v1.PullBatchRequest\x1a\x1c.basalt.v1.PullBatchResponse\x12\x44\n\x07Session\x12\x19.basalt.v1.SessionRequest\x1a\x1a.basalt.v1.SessionResponse(\x01\x30\x01\x12R\n\rListConsumers\x12\x1f.basalt.v1.ListConsumersRequest\x1a .basalt.v1.ListConsumersResponse\x12X\n\x0fNotifyConsumers\x12!.basalt.v1.NotifyConsumersRequest\x1a\".basalt.v1.NotifyConsumersResponse\x12I\n\nLockQueues\x12\x1c.basalt.v1.LockQueuesRequest\x1a\x1d.basalt.v1.LockQueuesResponse\x12O\n\x0cUnlockQueues\x12\x1e.basalt.v1.UnlockQueuesRequest\x1a\x1f.basalt.v1.UnlockQueuesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'basalt.v1.pull_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMMANDOUTCOME']._serialized_start=2113
-  _globals['_COMMANDOUTCOME']._serialized_end=2312
+  _globals['_COMMAND_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_COMMAND_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_COMMANDOUTCOME']._serialized_start=2227
+  _globals['_COMMANDOUTCOME']._serialized_end=2426
   _globals['_QUERYROUTEREQUEST']._serialized_start=67
   _globals['_QUERYROUTEREQUEST']._serialized_end=101
   _globals['_QUERYROUTERESPONSE']._serialized_start=103
@@ -53,31 +55,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEAT']._serialized_start=1020
   _globals['_HEARTBEAT']._serialized_end=1060
   _globals['_COMMAND']._serialized_start=1063
-  _globals['_COMMAND']._serialized_end=1225
-  _globals['_RESETOFFSETCOMMAND']._serialized_start=1227
-  _globals['_RESETOFFSETCOMMAND']._serialized_end=1303
-  _globals['_REBALANCECOMMAND']._serialized_start=1305
-  _globals['_REBALANCECOMMAND']._serialized_end=1339
-  _globals['_COMMANDACK']._serialized_start=1341
-  _globals['_COMMANDACK']._serialized_end=1401
-  _globals['_LISTCONSUMERSREQUEST']._serialized_start=1403
-  _globals['_LISTCONSUMERSREQUEST']._serialized_end=1440
-  _globals['_LISTCONSUMERSRESPONSE']._serialized_start=1442
-  _globals['_LISTCONSUMERSRESPONSE']._serialized_end=1509
-  _globals['_NOTIFYCONSUMERSREQUEST']._serialized_start=1511
-  _globals['_NOTIFYCONSUMERSREQUEST']._serialized_end=1607
-  _globals['_CONSUMERACK']._serialized_start=1609
-  _globals['_CONSUMERACK']._serialized_end=1701
-  _globals['_NOTIFYCONSUMERSRESPONSE']._serialized_start=1703
-  _globals['_NOTIFYCONSUMERSRESPONSE']._serialized_end=1786
-  _globals['_LOCKQUEUESREQUEST']._serialized_start=1788
-  _globals['_LOCKQUEUESREQUEST']._serialized_end=1882
-  _globals['_LOCKQUEUESRESPONSE']._serialized_start=1884
-  _globals['_LOCKQUEUESRESPONSE']._serialized_end=1945
-  _globals['_UNLOCKQUEUESREQUEST']._serialized_start=1947
-  _globals['_UNLOCKQUEUESREQUEST']._serialized_end=2043
-  _globals['_UNLOCKQUEUESRESPONSE']._serialized_start=2045
-  _globals['_UNLOCKQUEUESRESPONSE']._serialized_end=2110
-  _globals['_PULLSERVICE']._serialized_start=2315
-  _globals['_PULLSERVICE']._serialized_end=2932
+  _globals['_COMMAND']._serialized_end=1339
+  _globals['_COMMAND_TRACECONTEXTENTRY']._serialized_start=1280
+  _globals['_COMMAND_TRACECONTEXTENTRY']._serialized_end=1331
+  _globals['_RESETOFFSETCOMMAND']._serialized_start=1341
+  _globals['_RESETOFFSETCOMMAND']._serialized_end=1417
+  _globals['_REBALANCECOMMAND']._serialized_start=1419
+  _globals['_REBALANCECOMMAND']._serialized_end=1453
+  _globals['_COMMANDACK']._serialized_start=1455
+  _globals['_COMMANDACK']._serialized_end=1515
+  _globals['_LISTCONSUMERSREQUEST']._serialized_start=1517
+  _globals['_LISTCONSUMERSREQUEST']._serialized_end=1554
+  _globals['_LISTCONSUMERSRESPONSE']._serialized_start=1556
+  _globals['_LISTCONSUMERSRESPONSE']._serialized_end=1623
+  _globals['_NOTIFYCONSUMERSREQUEST']._serialized_start=1625
+  _globals['_NOTIFYCONSUMERSREQUEST']._serialized_end=1721
+  _globals['_CONSUMERACK']._serialized_start=1723
+  _globals['_CONSUMERACK']._serialized_end=1815
+  _globals['_NOTIFYCONSUMERSRESPONSE']._serialized_start=1817
+  _globals['_NOTIFYCONSUMERSRESPONSE']._serialized_end=1900
+  _globals['_LOCKQUEUESREQUEST']._serialized_start=1902
+  _globals['_LOCKQUEUESREQUEST']._serialized_end=1996
+  _globals['_LOCKQUEUESRESPONSE']._serialized_start=1998
+  _globals['_LOCKQUEUESRESPONSE']._serialized_end=2059
+  _globals['_UNLOCKQUEUESREQUEST']._serialized_start=2061
+  _globals['_UNLOCKQUEUESREQUEST']._serialized_end=2157
+  _globals['_UNLOCKQUEUESRESPONSE']._serialized_start=2159
+  _globals['_UNLOCKQUEUESRESPONSE']._serialized_end=2224
+  _globals['_PULLSERVICE']._serialized_start=2429
+  _globals['_PULLSERVICE']._serialized_end=3046
 # @@protoc_insertion_point(module_scope)

@@ -385,8 +385,29 @@ class Command(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     COMMAND_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     RESET_OFFSET_FIELD_NUMBER: _builtins.int
     REBALANCE_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
@@ -396,6 +417,16 @@ class Command(_message.Message):
     counts as timed out (the consumer may still carry it out).
     """
     @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The trace the command belongs to, as W3C trace-context headers
+        (`traceparent`, `tracestate`, and `baggage` when there is any): set by the
+        pull-service that writes it down the session, from the context it
+        delivers in, because a command on a long-lived stream has no metadata of
+        its own. The consumer handles the command, ack included, in a span of
+        that trace. Empty when the sender traces nothing.
+        """
+
+    @_builtins.property
     def reset_offset(self) -> Global___ResetOffsetCommand: ...
     @_builtins.property
     def rebalance(self) -> Global___RebalanceCommand: ...
@@ -404,12 +435,13 @@ class Command(_message.Message):
         *,
         command_id: _builtins.str = ...,
         timeout_ms: _builtins.int = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         reset_offset: Global___ResetOffsetCommand | None = ...,
         rebalance: Global___RebalanceCommand | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "rebalance", b"rebalance", "reset_offset", b"reset_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "command_id", b"command_id", "rebalance", b"rebalance", "reset_offset", b"reset_offset", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "command_id", b"command_id", "rebalance", b"rebalance", "reset_offset", b"reset_offset", "timeout_ms", b"timeout_ms", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["reset_offset", "rebalance"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015

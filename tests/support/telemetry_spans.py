@@ -1,0 +1,139 @@
+"""Finished spans in memory, for tests of what Basalt traces.
+
+OpenTelemetry's global TracerProvider can be set once per process: the first
+test that asks for :func:`spans` sets an SDK provider with an
+:class:`InMemorySpanExporter`, and every test that asks gets that exporter
+emptied. Basalt's code uses only the API, whose global proxies bind to this
+provider. Its sampler samples (parent-based, always on) only during a test
+that asked for :func:`spans`: the provider outlives that test, and the tests
+after it must see Basalt untraced (no ``traceparent`` in their messages, no
+``trace_context`` in their commands), as without any provider.
+
+:func:`grpc_tracing` adds OpenTelemetry's gRPC aio interceptors to the
+servers and channels made during one test (it patches ``grpc.aio.server`` and
+``grpc.aio.insecure_channel``, and puts them back after), so W3C trace
+context rides gRPC metadata between the in-process services as it does
+between processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.instrumentation.grpc import (
+    GrpcAioInstrumentorClient,
+    GrpcAioInstrumentorServer,
+)
+from opentelemetry.instrumentation.grpc.filters import any_of, method_name, negate
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+)
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
+
+
+class _Switch(Sampler):
+    """Parent-based always-on while :attr:`on`, else always off."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self._sampling = ParentBased(ALWAYS_ON)
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        sampler = self._sampling if self.on else ALWAYS_OFF
+        return sampler.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return "TestSwitch"
+
+
+_switch = _Switch()
+_exporter: InMemorySpanExporter | None = None
+
+
+def _installed_exporter() -> InMemorySpanExporter:
+    """The exporter of the provider this module installed (installing it the
+    first time). Fails if another provider was installed first: spans would
+    go there and every assertion here would see none."""
+    global _exporter
+    if _exporter is None:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=_switch)
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        assert trace.get_tracer_provider() is provider, "another TracerProvider was set first"
+        _exporter = exporter
+    return _exporter
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The in-memory exporter, empty at the start of the test."""
+    exporter = _installed_exporter()
+    exporter.clear()
+    _switch.on = True
+    try:
+        yield exporter
+    finally:
+        _switch.on = False
+        exporter.clear()
+
+
+@pytest.fixture
+def grpc_tracing(spans: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
+    """:func:`spans`, with gRPC aio servers and channels made during the test
+    traced (client and server spans, trace context in metadata)."""
+    # Not the two bidi streams: the aio server interceptor of
+    # opentelemetry-instrumentation-grpc 0.66b iterates a streaming handler's
+    # result, so a servicer that writes with ``context.write`` (Session,
+    # SendStream) fails with TypeError under it; and a span as long as a
+    # session would say nothing anyway.
+    untraced = negate(any_of(method_name("Session"), method_name("SendStream")))
+    server = GrpcAioInstrumentorServer(filter_=untraced)
+    client = GrpcAioInstrumentorClient(filter_=untraced)
+    server.instrument()
+    client.instrument()
+    try:
+        yield spans
+    finally:
+        client.uninstrument()
+        server.uninstrument()
+
+
+def named(finished: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
+    """The spans called ``name``, in the order they ended."""
+    return [s for s in finished if s.name == name]
+
+
+def trace_id(span: ReadableSpan) -> int:
+    """``span``'s trace id (a finished span always has a context)."""
+    assert span.context is not None
+    return span.context.trace_id
+
+
+def span_id(span: ReadableSpan) -> int:
+    """``span``'s span id."""
+    assert span.context is not None
+    return span.context.span_id
