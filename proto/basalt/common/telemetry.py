@@ -62,6 +62,7 @@ from basalt.common.settings import (
     instance_of,
     non_empty,
     one_of,
+    positive,
     setting,
     validate,
 )
@@ -119,6 +120,12 @@ class TelemetryConfig:
     )
     log_level: str = setting(
         default="INFO", check=one_of(*LOG_LEVELS), doc="The root logger's level."
+    )
+    flush_timeout_ms: int = setting(
+        default=5_000,
+        check=positive,
+        doc="How long a shutdown waits for spans and metrics to be exported "
+        "(an unreachable collector must not hold a service's stop).",
     )
 
     def __post_init__(self) -> None:
@@ -417,13 +424,17 @@ class Telemetry:
     def shutdown(self) -> None:
         """Flush and stop the span and metric processors and close the metrics
         endpoint; call it on a clean stop, before the process exits. Idempotent;
-        blocks up to the exporters' own timeouts."""
+        the flushes wait up to ``flush_timeout_ms`` each."""
         if self._shut:
             return
         self._shut = True
+        timeout_ms = self.config.flush_timeout_ms
+        # The processors' shutdown waits for an export as long as the exporter's
+        # own timeout (30 s by default); a bounded flush first leaves it nothing.
+        self.tracer_provider.force_flush(timeout_ms)
         self.tracer_provider.shutdown()
         if self.meter_provider is not None:
-            self.meter_provider.shutdown()
+            self.meter_provider.shutdown(timeout_millis=timeout_ms)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
