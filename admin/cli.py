@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)
     for name, help_text, register in GROUPS:
         group = groups.add_parser(name, help=help_text, description=help_text)
+        # Its own dest: a verb's -g/--group (a consumer group) overwrites ``group``.
+        group.set_defaults(cli_group=name)
         register(group)
     return parser
 
@@ -158,7 +160,7 @@ def _traced(args: argparse.Namespace) -> Iterator[None]:
     )
     # Each group names its subcommand's dest its own way.
     sub = [getattr(args, d) for d in ("command", "verb", "store_command") if getattr(args, d, None)]
-    name = " ".join(["basalt", args.group, *sub[:1]])
+    name = " ".join(["basalt", args.cli_group, *sub[:1]])
     try:
         with trace.get_tracer("basalt.cli").start_as_current_span(name):
             yield
@@ -180,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed usage or help already
         return 0 if e.code is None else e.code if isinstance(e.code, int) else EXIT_USAGE
     handler: CommandHandler = args.handler
-    as_program = argv is None and args.group not in SERVICE_GROUPS
+    as_program = argv is None and args.cli_group not in SERVICE_GROUPS
     try:
         with _traced(args) if as_program else contextlib.nullcontext():
             return handler(args, sys.stdout, sys.stderr)
