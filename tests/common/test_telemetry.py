@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -29,6 +31,7 @@ from basalt.common.telemetry import (
     span_exporters,
     tracer_provider,
 )
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 ENDPOINT = "http://127.0.0.1:4317"
 
@@ -161,3 +164,32 @@ def test_the_process_metrics_render_under_their_prometheus_names() -> None:
     assert samples["process_memory_usage_bytes"] > 1024 * 1024
     assert samples["process_open_file_descriptor_count"] >= 3
     assert 'cpu_mode="user"' in text and 'cpu_mode="system"' in text
+
+
+def test_setup_is_once_per_process_and_a_second_equal_call_is_a_no_op() -> None:
+    # In a child: the set-up owns the process's providers and root logger.
+    code = (
+        "from basalt.common.telemetry import TelemetryConfig, setup_telemetry\n"
+        "config = TelemetryConfig(service_name='basalt-test', metrics_port=0)\n"
+        "first = setup_telemetry(config)\n"
+        "assert setup_telemetry(TelemetryConfig(service_name='basalt-test', metrics_port=0))"
+        " is first\n"
+        "try:\n"
+        "    setup_telemetry(TelemetryConfig(service_name='other'))\n"
+        "except RuntimeError as e:\n"
+        "    print('refused', e)\n"
+        "print(first.metrics_port > 0, first.metrics_url.startswith('http://127.0.0.1:'))\n"
+        "first.shutdown()\n"
+        "first.shutdown()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    refused, bound = done.stdout.splitlines()
+    assert refused.startswith("refused telemetry is already set up")
+    assert bound == "True True"

@@ -422,9 +422,12 @@ class Telemetry:
         return None if port is None else f"http://{self.config.metrics_host}:{port}/metrics"
 
     def shutdown(self) -> None:
-        """Flush and stop the span and metric processors and close the metrics
-        endpoint; call it on a clean stop, before the process exits. Idempotent;
-        the flushes wait up to ``flush_timeout_ms`` each."""
+        """Flush and stop the span and metric processors; call it on a clean stop,
+        before the process exits. Idempotent; the flushes wait up to
+        ``flush_timeout_ms`` each. The metrics endpoint's daemon thread is left
+        to end with the process: stopping it waits out its poll (up to 0.5 s),
+        counted in every restart; scrapes meanwhile get what the stopped reader
+        has (nothing)."""
         if self._shut:
             return
         self._shut = True
@@ -435,9 +438,6 @@ class Telemetry:
         self.tracer_provider.shutdown()
         if self.meter_provider is not None:
             self.meter_provider.shutdown(timeout_millis=timeout_ms)
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
 
 
 _lock = threading.Lock()
