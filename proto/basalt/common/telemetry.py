@@ -250,7 +250,13 @@ def insecure_channel(address: str, *, options: Sequence[tuple[str, Any]] = ()) -
 
 # -- providers -----------------------------------------------------------------------------
 
-_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+
+def _otlp_endpoint_set(environ: Mapping[str, str], signal: str) -> bool:
+    """Whether ``environ`` names where to send ``signal`` (TRACES, METRICS) by OTLP."""
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    )
 
 
 def _exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
@@ -273,7 +279,7 @@ def span_exporters(environ: Mapping[str, str] | None = None) -> list[SpanExporte
     exporters: list[SpanExporter] = []
     for name in _exporter_names(environ, "OTEL_TRACES_EXPORTER"):
         if name == "otlp":
-            if environ.get(_OTLP_ENDPOINT) or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            if _otlp_endpoint_set(environ, "TRACES"):
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
                     OTLPSpanExporter,
                 )
@@ -299,7 +305,7 @@ def otlp_metric_readers(environ: Mapping[str, str] | None = None) -> list[Metric
     readers: list[MetricReader] = []
     for name in _exporter_names(environ, "OTEL_METRICS_EXPORTER"):
         if name == "otlp":
-            if environ.get(_OTLP_ENDPOINT) or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+            if _otlp_endpoint_set(environ, "METRICS"):
                 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
                     OTLPMetricExporter,
                 )
