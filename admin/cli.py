@@ -10,6 +10,12 @@ registrar adds the group's subcommands and sets a ``handler`` (``args, stdout,
 stderr -> exit status``) on each. Later issues append ``basalt.admin``, ``cluster``
 and ``store-node`` groups there; this module only wires them.
 
+Run as a program (the console script, ``python -m basalt.admin``), a command
+sets up tracing and logging first (:func:`_traced`; ``basalt --log-format
+json ...``; no metrics endpoint) and runs inside one root span, ``basalt
+<group> <command>``, so every RPC it makes is a span of one trace; the
+service groups (``basalt store-node`` ...) set up their own instead.
+
 Exit statuses: 0 success, 1 the command ran and found a problem (e.g. an
 inconsistent store), 2 a usage error or a bad path (with a one-line message,
 never a traceback), 130 interrupted.
@@ -21,8 +27,9 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+from basalt.common.telemetry import LOG_FORMATS
 from basalt.store.tools import EXIT_USAGE, CommandHandler, add_store_commands
 
 
@@ -33,9 +40,10 @@ def add_cluster(parser: argparse.ArgumentParser) -> None:
     cluster.add_commands(parser)
 
 
-def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
+def _service_command(module: str, service_name: str) -> Callable[[argparse.ArgumentParser], None]:
     """``basalt <service> …``: run a service process until SIGTERM; ``module`` (a
-    dotted name) supplies ``add_arguments`` and ``serve``."""
+    dotted name) supplies ``add_arguments`` and ``serve``; ``service_name`` is
+    its telemetry's service.name."""
 
     def register(parser: argparse.ArgumentParser) -> None:
         import importlib
@@ -44,6 +52,7 @@ def _service_command(module: str) -> Callable[[argparse.ArgumentParser], None]:
 
         service = importlib.import_module(module)
         service.add_arguments(parser)
+        process.add_common_arguments(parser, service_name)
         parser.set_defaults(handler=lambda args, stdout, stderr: process.run(service.serve, args))
 
     return register
@@ -70,9 +79,14 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
     quickstart.add_consume(parser)
 
 
-add_store_node_command = _service_command("basalt.services.store_node.main")
-add_pull_service_command = _service_command("basalt.services.pull_service.main")
-add_admin_service_command = _service_command("basalt.admin.service_main")
+add_store_node_command = _service_command("basalt.services.store_node.main", "basalt-store-node")
+add_pull_service_command = _service_command(
+    "basalt.services.pull_service.main", "basalt-pull-service"
+)
+add_admin_service_command = _service_command("basalt.admin.service_main", "basalt-admin-service")
+
+#: The groups that run a service process, which sets its own telemetry up.
+SERVICE_GROUPS = frozenset({"store-node", "pull-service", "admin-service"})
 
 
 #: Adds a group's subcommands to the group's parser.
@@ -112,18 +126,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="basalt", description="Basalt, a RocketMQ-style message queue: command line."
     )
+    # Its own dest: a service group's --log-format (process.add_common_arguments)
+    # would otherwise overwrite this one with its default.
+    parser.add_argument(
+        "--log-format",
+        dest="cli_log_format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="the command's own log lines on stderr (warnings and errors): text or json",
+    )
     groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)
     for name, help_text, register in GROUPS:
         group = groups.add_parser(name, help=help_text, description=help_text)
+        # Its own dest: a verb's -g/--group (a consumer group) overwrites ``group``.
+        group.set_defaults(cli_group=name)
         register(group)
     return parser
+
+
+@contextlib.contextmanager
+def _traced(args: argparse.Namespace) -> Iterator[None]:
+    """Telemetry for this command's process (basalt.common.telemetry: no metrics
+    endpoint, logs at WARNING) and one root span around the command, flushed
+    at its end."""
+    from opentelemetry import trace
+
+    from basalt.common.telemetry import TelemetryConfig, setup_telemetry
+
+    telemetry = setup_telemetry(
+        TelemetryConfig(
+            service_name="basalt-cli", log_format=args.cli_log_format, log_level="WARNING"
+        )
+    )
+    # Each group names its subcommand's dest its own way.
+    sub = [getattr(args, d) for d in ("command", "verb", "store_command") if getattr(args, d, None)]
+    name = " ".join(["basalt", args.cli_group, *sub[:1]])
+    try:
+        with trace.get_tracer("basalt.cli").start_as_current_span(name):
+            yield
+    finally:
+        telemetry.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``basalt`` command; returns its exit status (see the module docstring).
 
     ``argv`` defaults to ``sys.argv[1:]``; output goes to the current
-    ``sys.stdout``/``sys.stderr``.
+    ``sys.stdout``/``sys.stderr``. Telemetry is set up (:func:`_traced`) only
+    then, when this is the program: a caller that passes ``argv`` runs the
+    command in its own process, whose providers and logging are its own.
     """
     parser = build_parser()
     try:
@@ -131,8 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed usage or help already
         return 0 if e.code is None else e.code if isinstance(e.code, int) else EXIT_USAGE
     handler: CommandHandler = args.handler
+    as_program = argv is None and args.cli_group not in SERVICE_GROUPS
     try:
-        return handler(args, sys.stdout, sys.stderr)
+        with _traced(args) if as_program else contextlib.nullcontext():
+            return handler(args, sys.stdout, sys.stderr)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

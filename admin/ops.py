@@ -29,6 +29,7 @@ from basalt.admin.topics import TopicChange, topic_config, update_topic
 from basalt.common.message import MessageRecord, parse_offset_msg_id
 from basalt.common.record import decode_record
 from basalt.common.status import response_code_of
+from basalt.common.telemetry import insecure_channel
 from basalt.services.meta import BrokerRegistration, MetaClient, TopicConfig
 from basalt.store.get_message import split_records
 from basalt.store.record import store_timestamp_at
@@ -193,7 +194,7 @@ async def _store_node(
     broker = brokers.get(name)
     if broker is None:
         raise BrokerNotRegisteredError((name,), f"store-node {name!r} is not registered (down?)")
-    async with grpc.aio.insecure_channel(broker.address) as channel:
+    async with insecure_channel(broker.address) as channel:
         yield sn_grpc.StoreNodeStub(channel)
 
 
@@ -364,7 +365,7 @@ async def _notify_reset(
         timeout_ms=ack_timeout_ms,
         reset_offset=ps.ResetOffsetCommand(topic=topic, offsets=offsets),
     )
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with insecure_channel(address) as channel:
         try:
             reply = await ps_grpc.PullServiceStub(channel).NotifyConsumers(
                 ps.NotifyConsumersRequest(group=group, command=command),
@@ -386,7 +387,7 @@ async def consumer_connection(meta: MetaClient, group: str) -> list[pb.ConsumerI
     address = await _pull_service_address(meta)
     if address is None:
         raise AdminError("no pull-service is registered")
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with insecure_channel(address) as channel:
         try:
             reply = await ps_grpc.PullServiceStub(channel).ListConsumers(
                 ps.ListConsumersRequest(group=group), timeout=CALL_TIMEOUT_S

@@ -13,7 +13,9 @@ cluster's instance in ``.basalt/cluster.json`` (``basalt cluster up`` starts
 one). etcd must answer at start (a wrong ``--etcd`` fails at once, exit 1);
 later outages fail only the calls made during them (UNAVAILABLE). SIGTERM or
 SIGINT stops it gracefully: NOT_SERVING, no new calls, in-flight ones finish.
-Logs go to stderr, one line per event: ``time level logger message``.
+Logs go to stderr, one line per event: ``time level logger [trace_id
+span_id] message`` or JSON, and ``--metrics-port`` serves Prometheus metrics
+(docs/observability.md).
 """
 
 from __future__ import annotations

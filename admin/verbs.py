@@ -42,13 +42,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-import grpc
-
 from basalt.admin import ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
 from basalt.common.local_cluster import local_address
 from basalt.common.message import MessageRecord
+from basalt.common.telemetry import insecure_channel
 from basalt.services.meta import (
     MetaClient,
     MetaConfig,
@@ -442,7 +441,7 @@ async def _with_meta(etcd: str, args: argparse.Namespace, operation: Verb | Serv
 
 
 async def _through_service(address: str, args: argparse.Namespace, operation: Served) -> Table:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with insecure_channel(address) as channel:
         return await operation.operation(ServiceAdmin(channel, address), args)
 
 

@@ -6,6 +6,7 @@ from typing import Self
 
 import grpc
 
+from basalt.common.telemetry import insecure_channel
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 
 #: Room for a batch of large records either way (gRPC's default is 4 MiB).
@@ -46,7 +47,7 @@ class Client:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
+            channel = self._channels[address] = insecure_channel(
                 address,
                 options=(
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -1,9 +1,12 @@
-"""What every Basalt service process shares: logging, the gRPC server shell,
-health and reflection, and waiting for SIGTERM.
+"""What every Basalt service process shares: telemetry (traces, metrics, logs),
+the gRPC server shell, health and reflection, and waiting for SIGTERM.
 
 A service's ``*_main`` module supplies ``add_arguments`` and an async
 ``serve(args)``; :func:`main` turns them into a process entry point and the
-``basalt <service>`` command (admin/cli.py) reuses the same pair.
+``basalt <service>`` command (admin/cli.py) reuses the same pair. Both add
+the common flags (:func:`add_common_arguments`: ``--metrics-port``,
+``--log-format``, ``--log-level``) and :func:`run` sets telemetry up from them
+(:mod:`basalt.common.telemetry`) before the service starts.
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-#: One line per event on stderr: ``time level logger message``.
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+from basalt.common.telemetry import (
+    LOG_FORMATS,
+    LOG_LEVELS,
+    TelemetryConfig,
+    server_interceptors,
+    setup_telemetry,
+)
 
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -59,10 +67,6 @@ def rerun_with_service_env() -> None:
 
 
 log = logging.getLogger(__name__)
-
-
-def configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
 
 
 #: glibc's mallopt parameters (malloc.h).
@@ -124,14 +128,54 @@ def _limit(value: int) -> str:
     return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
+def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> None:
+    """The flags every service takes: ``--metrics-port`` (Prometheus text over
+    HTTP; 0 picks a free port; none by default), ``--metrics-host``,
+    ``--log-format`` and ``--log-level``. ``service_name`` (e.g.
+    ``basalt-store-node``) becomes the telemetry resource's ``service.name``."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (0: any free port; default: none)",
+    )
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics bind")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="INFO")
+    parser.set_defaults(service_name=service_name)
+
+
+def telemetry_config(args: argparse.Namespace) -> TelemetryConfig:
+    """The telemetry of a service run with ``args`` (parsed with
+    :func:`add_common_arguments`); its ``service.instance.id`` is the service's
+    ``--name`` or ``--id`` where it has one. Raises ValueError for a bad value
+    (a metrics port out of range)."""
+    instance = getattr(args, "name", None) or getattr(args, "id", None) or ""
+    return TelemetryConfig(
+        service_name=args.service_name,
+        service_instance_id=instance,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        log_format=args.log_format,
+        log_level=args.log_level,
+    )
+
+
 def run(serve: Serve, args: argparse.Namespace) -> int:
-    """Run ``serve(args)`` on a fresh event loop, logging configured, the open
-    files limit raised (:func:`raise_open_files_limit`) and large buffers kept
-    (:func:`keep_large_buffers`); its exit status."""
-    configure_logging()
+    """Run ``serve(args)`` on a fresh event loop, telemetry set up
+    (:func:`telemetry_config`; the metrics endpoint logged), the open files limit
+    raised (:func:`raise_open_files_limit`) and large buffers kept
+    (:func:`keep_large_buffers`); its exit status. Spans and metrics are flushed
+    once ``serve`` returns (the service stopped), before the caller exits."""
+    telemetry = setup_telemetry(telemetry_config(args))
+    if telemetry.metrics_url is not None:
+        log.info("metrics on %s", telemetry.metrics_url)
     raise_open_files_limit()
     keep_large_buffers()
-    return asyncio.run(serve(args))
+    try:
+        return asyncio.run(serve(args))
+    finally:
+        telemetry.shutdown()
 
 
 def main(
@@ -141,9 +185,12 @@ def main(
     serve: Serve,
     argv: Sequence[str] | None = None,
 ) -> int:
-    """A service process's entry point: parse ``argv``, then :func:`run`."""
+    """A service process's entry point: parse ``argv`` (the service's flags and
+    :func:`add_common_arguments`; ``prog`` ``"basalt store-node"`` names the
+    service ``basalt-store-node``), then :func:`run`."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_arguments(parser)
+    add_common_arguments(parser, prog.replace(" ", "-"))
     return run(serve, parser.parse_args(argv))
 
 
@@ -211,14 +258,18 @@ def grpc_server(
     held pull is dropped before it is ever held. Both limits set to
     ``max_pending_calls`` leave no random drop: the backlog is bounded (each
     queued call holds an HTTP/2 stream and its call state, not a thread) and a
-    call past it is refused, the one overload that still answers CANCELLED."""
+    call past it is refused, the one overload that still answers CANCELLED.
+
+    Every call gets a server span (:func:`~basalt.common.telemetry.server_interceptors`)
+    in the trace its caller's metadata names."""
     return grpc.aio.server(
+        interceptors=server_interceptors(),
         options=(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.server.max_pending_requests", max_pending_calls),
             ("grpc.server.max_pending_requests_hard_limit", max_pending_calls),
-        )
+        ),
     )
 
 

@@ -3,12 +3,11 @@
 from tests.support.etcd import etcd, meta_config, private_etcd
 from tests.support.processes import processes
 from tests.support.stores import clock, make_config, store
-from tests.support.telemetry_spans import grpc_tracing, spans
+from tests.support.telemetry import spans
 
 __all__ = [
     "clock",
     "etcd",
-    "grpc_tracing",
     "make_config",
     "meta_config",
     "private_etcd",

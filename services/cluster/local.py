@@ -6,9 +6,13 @@ admin service, each with its own directory under ``--data-dir`` (default
 ``./.basalt``; the admin service needs none) and its log in
 ``<data-dir>/logs/``; it waits until every process answers its gRPC health
 check (etcd: a KV round trip), writes ``<data-dir>/cluster.json`` (pids,
-ports) and prints the endpoints. ``down`` stops them in reverse order
+ports) and prints the endpoints. Each service serves Prometheus metrics on a
+free port of its own (``--metrics-port``), printed beside its gRPC address;
+``--otlp-endpoint URL`` gives every service ``OTEL_EXPORTER_OTLP_ENDPOINT``
+(docs/observability.md). ``down`` stops them in reverse order
 (SIGTERM, then SIGKILL after a grace period), ``status`` shows each process,
-its health and its etcd registration (the admin service registers nowhere:
+its metrics endpoint, its health and its etcd registration (``--json``: the
+same as one JSON list, for scripts; the admin service registers nowhere:
 tools find it in cluster.json, through
 :func:`basalt.common.local_cluster.local_address`).
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -75,7 +80,9 @@ async def healthy(address: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _spawn(name: str, args: list[str], logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _spawn(
+    name: str, args: list[str], logs: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
     log_path = logs / f"{name}.log"
     out = log_path.open("ab")
     proc = subprocess.Popen(
@@ -83,15 +90,24 @@ def _spawn(name: str, args: list[str], logs: Path) -> tuple[subprocess.Popen[byt
         stdout=out,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=process.service_env(),
+        env=env,
         start_new_session=True,  # Ctrl-C in the shell that ran `up` must not stop it
     )
     out.close()
     return proc, str(log_path)
 
 
-def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> int:
-    """Start the cluster; returns the exit status (2 when one is already running)."""
+def up(
+    data_dir: Path,
+    store_nodes: int,
+    flush_disk_type: str,
+    out: IO[str],
+    *,
+    otlp_endpoint: str | None = None,
+) -> int:
+    """Start the cluster; returns the exit status (2 when one is already running).
+    ``otlp_endpoint`` (a URL) becomes every service's ``OTEL_EXPORTER_OTLP_ENDPOINT``,
+    overriding the caller's."""
     data_dir = data_dir.resolve()
     state = data_dir / CLUSTER_FILE
     if state.exists() and any(_alive(p.pid) for p in load_processes(state)):
@@ -104,10 +120,15 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
     assert etcd.pid is not None
     procs = [ProcessInfo("etcd", "etcd", etcd.pid, etcd.endpoint, str(logs / "etcd.log"))]
     children: list[subprocess.Popen[bytes]] = []
+    env = process.service_env()
+    if otlp_endpoint is not None:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
 
     def start_service(role: str, name: str, module: str, *args: str) -> None:
-        """``python -m module`` on a free loopback port, on this cluster's etcd."""
+        """``python -m module`` on free loopback ports (gRPC and metrics), on
+        this cluster's etcd."""
         address = f"127.0.0.1:{free_port()}"
+        metrics = f"127.0.0.1:{free_port()}"
         proc, log = _spawn(
             name,
             [
@@ -116,11 +137,13 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
                 "--listen", address,
                 "--etcd", etcd.endpoint,
                 "--cluster", CLUSTER_NAME,
+                "--metrics-port", metrics.rpartition(":")[2],
             ],
             logs,
+            env,
         )  # fmt: skip
         children.append(proc)
-        procs.append(ProcessInfo(role, name, proc.pid, address, log))
+        procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics))
 
     for i in range(store_nodes):
         name = f"broker-{chr(ord('a') + i)}"
@@ -154,7 +177,8 @@ def up(data_dir: Path, store_nodes: int, flush_disk_type: str, out: IO[str]) -> 
         return 1
     print(f"cluster up ({data_dir}):", file=out)
     for p in procs:
-        print(f"  {p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid}", file=out)
+        metrics = f"metrics {p.metrics_url}" if p.metrics_url else ""
+        print(f"  {p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} {metrics}", file=out)
     return 0
 
 
@@ -196,11 +220,18 @@ async def _registrations(etcd_address: str) -> tuple[set[str], set[str]]:
         return set(await meta.list_brokers()), set(await meta.list_pull_services())
 
 
-def status(data_dir: Path, out: IO[str]) -> int:
-    """Print each process, whether it lives, answers health checks and is registered."""
+def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
+    """Print each process, whether it lives, answers health checks and is
+    registered, and its metrics endpoint; exit status 1 when one is down or
+    unregistered (or there is no cluster).
+
+    ``as_json``: one JSON list instead, an object per process with ``role``,
+    ``name``, ``pid``, ``address`` (gRPC), ``metrics`` (the ``/metrics`` URL or
+    null), ``log``, ``alive``, ``health`` (SERVING/DOWN) and ``registered``
+    (true/false; null where the role registers nowhere); no cluster: ``[]``."""
     state = data_dir.resolve() / CLUSTER_FILE
     if not state.exists():
-        print(f"no cluster in {data_dir}", file=out)
+        print("[]" if as_json else f"no cluster in {data_dir}", file=out)
         return 1
     procs = load_processes(state)
     etcd = next(p for p in procs if p.role == "etcd")
@@ -210,8 +241,10 @@ def status(data_dir: Path, out: IO[str]) -> int:
     except Exception:
         brokers, pull_services, etcd_ok = set(), set(), False
     bad = 0
+    rows: list[dict[str, object]] = []
     for p in procs:
         alive = _alive(p.pid)
+        is_registered: bool | None = None
         if p.role == "etcd":
             health, registered = ("SERVING" if etcd_ok else "DOWN"), "-"
         else:
@@ -220,13 +253,31 @@ def status(data_dir: Path, out: IO[str]) -> int:
                 registered = "-"  # stateless, registers nowhere (found through cluster.json)
             else:
                 names = brokers if p.role == "store-node" else pull_services
-                registered = "registered" if p.name in names else "NOT REGISTERED"
+                is_registered = p.name in names
+                registered = "registered" if is_registered else "NOT REGISTERED"
         bad += health != "SERVING" or registered == "NOT REGISTERED"
-        print(
-            f"{p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} "
-            f"{'alive' if alive else 'dead':<6} {health:<8} {registered}",
-            file=out,
+        rows.append(
+            {
+                "role": p.role,
+                "name": p.name,
+                "pid": p.pid,
+                "address": p.address,
+                "metrics": p.metrics_url,
+                "log": p.log,
+                "alive": alive,
+                "health": health,
+                "registered": is_registered,
+            }
         )
+        if not as_json:
+            print(
+                f"{p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} "
+                f"{'alive' if alive else 'dead':<6} {health:<8} {registered:<14} "
+                f"{p.metrics_url or '-'}",
+                file=out,
+            )
+    if as_json:
+        print(json.dumps(rows, indent=2), file=out)
     return 1 if bad else 0
 
 
@@ -236,7 +287,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     for name, help_text in (
         ("up", "start etcd, the store-nodes, a pull-service and the admin service on loopback"),
         ("down", "stop them (SIGTERM, then SIGKILL)"),
-        ("status", "each process, its health and its etcd registration"),
+        ("status", "each process, its health, its etcd registration and its metrics endpoint"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -245,15 +296,31 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
             sub.add_argument(
                 "--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH"
             )
+            sub.add_argument(
+                "--otlp-endpoint",
+                metavar="URL",
+                help="export every service's traces and metrics by OTLP/gRPC to URL "
+                "(OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4317",
+            )
+        if name == "status":
+            sub.add_argument(
+                "--json", action="store_true", help="every process's endpoints as a JSON list"
+            )
         sub.set_defaults(handler=_handler(name))
 
 
 def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
     def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
         if name == "up":
-            return up(args.data_dir, args.store_nodes, args.flush_disk_type, stdout)
+            return up(
+                args.data_dir,
+                args.store_nodes,
+                args.flush_disk_type,
+                stdout,
+                otlp_endpoint=args.otlp_endpoint,
+            )
         if name == "down":
             return down(args.data_dir, stdout)
-        return status(args.data_dir, stdout)
+        return status(args.data_dir, stdout, as_json=args.json)
 
     return run

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from basalt.common.telemetry import insecure_channel
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
@@ -59,7 +60,7 @@ class ChannelPool:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = insecure_channel(address, options=self._options)
             self._channels[address] = channel
         return channel
 

@@ -12,7 +12,8 @@ and pull-services from watched etcd caches (serving from them while etcd is
 away) and registers each consumer session under ``consumers/``. etcd must
 answer at start (the caches need a first listing). SIGTERM or SIGINT stops
 it gracefully (see :mod:`basalt.services.pull_service.server`). Logs go to stderr, one line
-per event: ``time level logger message``.
+per event: ``time level logger [trace_id span_id] message`` or JSON, and
+``--metrics-port`` serves Prometheus metrics (docs/observability.md).
 """
 
 from __future__ import annotations

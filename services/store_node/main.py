@@ -12,7 +12,8 @@ is away) and creates unknown topics on first send. Without it, topics live
 in memory (a single node on a laptop). SIGTERM or SIGINT stops it
 gracefully: the registration is revoked, in-flight calls finish, the store
 shuts down cleanly (``abort`` removed). Logs go to stderr, one line per
-event: ``time level logger message``.
+event: ``time level logger [trace_id span_id] message`` or JSON, and
+``--metrics-port`` serves Prometheus metrics (docs/observability.md).
 """
 
 from __future__ import annotations

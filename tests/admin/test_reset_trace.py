@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -19,6 +18,7 @@ from basalt.client import (
     PushConsumer,
     PushConsumerConfig,
 )
+from basalt.common import telemetry
 from basalt.common.message import MessageRecord
 from basalt.services.meta import MetaConfig
 from basalt.v1 import admin_pb2 as adm
@@ -27,7 +27,7 @@ from basalt.v1 import pull_service_pb2 as ps
 from tests.support.aio import async_test
 from tests.support.nodes import TOPIC, admin_server, cluster
 from tests.support.polling import eventually
-from tests.support.telemetry_spans import named, span_id, trace_id
+from tests.support.telemetry import named, span_id, trace_id
 
 _operator = trace.get_tracer("tests.admin.test_reset_trace")
 
@@ -38,13 +38,12 @@ def _consume(messages: list[MessageRecord], queue: MessageQueue) -> ConsumeStatu
 
 @async_test
 async def test_a_reset_by_time_is_one_trace_from_admin_to_each_consumer_ack(
-    tmp_path: Path, meta_config: MetaConfig, grpc_tracing: InMemorySpanExporter
+    tmp_path: Path, meta_config: MetaConfig, spans: InMemorySpanExporter
 ) -> None:
-    spans = grpc_tracing
     async with (
         cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h,
         admin_server(meta_config) as admin_address,
-        grpc.aio.insecure_channel(admin_address) as channel,
+        telemetry.insecure_channel(admin_address) as channel,
     ):
         for q in range(4):
             await h.send("broker-a", q, b"m")

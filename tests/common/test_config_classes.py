@@ -20,6 +20,7 @@ from basalt.client.lite_pull_consumer import LitePullConfig
 from basalt.client.producer import ProducerConfig
 from basalt.client.push_consumer import PushConsumerConfig
 from basalt.common.settings import Setting, any_value, describe
+from basalt.common.telemetry import TelemetryConfig
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.model import TopicConfig
@@ -39,6 +40,7 @@ CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {
     ConsumerConfig: ({"consumer_group": "G"}, ValueError),
     PushConsumerConfig: ({"consumer_group": "G"}, ValueError),
     LitePullConfig: ({"consumer_group": "G"}, ValueError),
+    TelemetryConfig: ({"service_name": "basalt-test"}, ValueError),
 }
 PACKAGES = ("basalt.store", "basalt.services", "basalt.admin", "basalt.client", "basalt.common")
 

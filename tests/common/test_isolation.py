@@ -69,3 +69,12 @@ def test_the_engine_loads_no_grpc_protobuf_or_services() -> None:
         "basalt.client",
     )
     assert _under(loaded, forbidden) == []
+
+
+def test_the_sdk_loads_the_opentelemetry_api_but_installs_no_sdk_or_exporter() -> None:
+    # A library leaves providers to the application (docs/observability.md).
+    loaded = _loaded_after(SDK_USE)
+    assert "opentelemetry.trace" in loaded  # its channels' interceptors
+    assert (
+        _under(loaded, ("opentelemetry.sdk", "opentelemetry.exporter", "prometheus_client")) == []
+    )

@@ -14,7 +14,9 @@ from basalt.common.local_cluster import (
 
 PROCESSES = [
     ProcessInfo("etcd", "etcd", 101, "127.0.0.1:2379", "logs/etcd.log"),
-    ProcessInfo("store-node", "broker-a", 102, "127.0.0.1:40001", "logs/broker-a.log"),
+    ProcessInfo(
+        "store-node", "broker-a", 102, "127.0.0.1:40001", "logs/broker-a.log", "127.0.0.1:40101"
+    ),
     ProcessInfo("store-node", "broker-b", 103, "127.0.0.1:40002", "logs/broker-b.log"),
     ProcessInfo("pull-service", "pull-service-1", 104, "127.0.0.1:40003", "logs/ps.log"),
 ]
@@ -37,3 +39,14 @@ def test_no_cluster_or_an_unreadable_file_is_no_address(tmp_path: Path) -> None:
     for content in ("not json", '[{"role": "etcd"}]', "[1, 2]"):
         (tmp_path / CLUSTER_FILE).write_text(content)
         assert local_address("etcd", tmp_path) is None
+
+
+def test_a_file_written_before_metrics_endpoints_reads_back_without_one(tmp_path: Path) -> None:
+    state = tmp_path / CLUSTER_FILE
+    state.write_text(
+        '[{"role": "store-node", "name": "broker-a", "pid": 102,'
+        ' "address": "127.0.0.1:40001", "log": "logs/broker-a.log"}]'
+    )
+    (old,) = load_processes(state)
+    assert old.metrics is None and old.metrics_url is None
+    assert PROCESSES[1].metrics_url == "http://127.0.0.1:40101/metrics"

@@ -1,5 +1,5 @@
 """basalt.common.tracing: the carriers of a trace in message properties and in
-command maps, on an SDK provider (:mod:`tests.support.telemetry_spans`)."""
+command maps, on an SDK provider (:mod:`tests.support.telemetry`)."""
 
 from __future__ import annotations
 

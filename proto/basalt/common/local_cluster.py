@@ -7,7 +7,12 @@ address in it with :func:`local_address`. The file is a JSON list of
 :class:`ProcessInfo` objects::
 
     [{"role": "etcd", "name": "etcd", "pid": 4242,
-      "address": "127.0.0.1:2379", "log": "/.../.basalt/logs/etcd.log"}, ...]
+      "address": "127.0.0.1:2379", "log": "/.../.basalt/logs/etcd.log",
+      "metrics": null},
+     {"role": "store-node", "name": "broker-a", ..., "metrics": "127.0.0.1:40211"}, ...]
+
+``metrics`` (the process's Prometheus endpoint, ``host:port``; null for etcd)
+came later: a file written before it reads back with ``metrics`` None.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ class ProcessInfo:
     pid: int
     address: str
     log: str
+    #: ``host:port`` of its Prometheus metrics endpoint (``/metrics``); None: none.
+    metrics: str | None = None
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://<metrics>/metrics``, or None without an endpoint."""
+        return None if self.metrics is None else f"http://{self.metrics}/metrics"
 
 
 def write_processes(state: Path, processes: Sequence[ProcessInfo]) -> None:

@@ -9,11 +9,10 @@ that asked for :func:`spans`: the provider outlives that test, and the tests
 after it must see Basalt untraced (no ``traceparent`` in their messages, no
 ``trace_context`` in their commands), as without any provider.
 
-:func:`grpc_tracing` adds OpenTelemetry's gRPC aio interceptors to the
-servers and channels made during one test (it patches ``grpc.aio.server`` and
-``grpc.aio.insecure_channel``, and puts them back after), so W3C trace
-context rides gRPC metadata between the in-process services as it does
-between processes.
+Servers made by ``basalt.services.process.grpc_server`` and channels made by
+``basalt.common.telemetry.insecure_channel`` carry OpenTelemetry's gRPC
+interceptors always, so W3C trace context rides gRPC metadata between the
+in-process services as it does between processes.
 """
 
 from __future__ import annotations
@@ -23,11 +22,6 @@ from collections.abc import Iterator, Sequence
 import pytest
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.instrumentation.grpc import (
-    GrpcAioInstrumentorClient,
-    GrpcAioInstrumentorServer,
-)
-from opentelemetry.instrumentation.grpc.filters import any_of, method_name, negate
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -101,25 +95,10 @@ def spans() -> Iterator[InMemorySpanExporter]:
         exporter.clear()
 
 
-@pytest.fixture
-def grpc_tracing(spans: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
-    """:func:`spans`, with gRPC aio servers and channels made during the test
-    traced (client and server spans, trace context in metadata)."""
-    # Not the two bidi streams: the aio server interceptor of
-    # opentelemetry-instrumentation-grpc 0.66b iterates a streaming handler's
-    # result, so a servicer that writes with ``context.write`` (Session,
-    # SendStream) fails with TypeError under it; and a span as long as a
-    # session would say nothing anyway.
-    untraced = negate(any_of(method_name("Session"), method_name("SendStream")))
-    server = GrpcAioInstrumentorServer(filter_=untraced)
-    client = GrpcAioInstrumentorClient(filter_=untraced)
-    server.instrument()
-    client.instrument()
-    try:
-        yield spans
-    finally:
-        client.uninstrument()
-        server.uninstrument()
+def messaging_spans(finished: Sequence[ReadableSpan]) -> list[ReadableSpan]:
+    """The spans that are not gRPC's own (every RPC makes a client and a server
+    span, ``rpc.system = grpc``)."""
+    return [s for s in finished if (s.attributes or {}).get("rpc.system") != "grpc"]
 
 
 def named(finished: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:

@@ -1,0 +1,499 @@
+"""One process's telemetry: traces, metrics and logs, set up once at its edge.
+
+A process (a service's ``main``, the ``basalt`` command line) calls
+:func:`setup_telemetry` once, first thing; everything else in Basalt uses
+only the OpenTelemetry *API* (``opentelemetry.trace.get_tracer``,
+``opentelemetry.metrics.get_meter``), whose global proxies forward to the
+providers installed here. The SDK (``basalt.client``) never calls it: a
+library does not install providers, the application does; its channels
+still carry the client interceptor (:func:`insecure_channel`), so an
+application that installs OpenTelemetry gets spans and propagation.
+
+What :func:`setup_telemetry` installs:
+
+======================  ==========================================================
+traces                  an SDK ``TracerProvider``: resource ``service.name`` /
+                        ``service.instance.id``; the sampler from
+                        ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` (the
+                        SDK reads them; ``parentbased_always_on`` when unset);
+                        exporters from ``OTEL_TRACES_EXPORTER`` (:func:`span_exporters`:
+                        OTLP only when an OTLP endpoint is set; nothing by default)
+metrics                 an SDK ``MeterProvider`` when there is a reader: Prometheus
+                        text over HTTP on ``metrics_port`` (served by
+                        prometheus_client's daemon thread, so a scrape and the
+                        observable callbacks it runs never touch a service's event
+                        loop), and OTLP (:func:`metric_readers`); the process's CPU
+                        time, resident memory and open descriptors
+logs                    the root logger on stderr, ``text`` or ``json``
+                        (:func:`configure_logging`); a line logged inside a span
+                        carries its ``trace_id`` and ``span_id``
+======================  ==========================================================
+
+gRPC spans come from opentelemetry-instrumentation-grpc's aio interceptors,
+passed explicitly where servers and channels are made
+(:func:`server_interceptors`, :func:`insecure_channel`): W3C tracecontext
+travels in gRPC metadata. ``OTEL_SDK_DISABLED=true`` turns the SDK's
+providers into no-ops (the logs stay configured).
+
+The OpenTelemetry SDK and exporters are imported by :func:`setup_telemetry`
+only: a process that never sets up (an SDK application) imports the API alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
+from opentelemetry.instrumentation.grpc._aio_server import OpenTelemetryAioServerInterceptor
+
+from basalt.common.settings import (
+    check,
+    config_dataclass,
+    instance_of,
+    non_empty,
+    one_of,
+    positive,
+    setting,
+    validate,
+)
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+#: The log formats: ``text`` for people, ``json`` (one object per line) for machines.
+LOG_FORMATS = ("text", "json")
+#: The levels :class:`TelemetryConfig` accepts, as ``logging`` names them.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: One text line: ``time level logger [trace_id span_id] message`` (the ids only
+#: inside a span: ``%(trace)s`` is empty otherwise).
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(trace)s %(message)s"
+
+#: The meter of the process metrics.
+PROCESS_METER = "basalt.process"
+
+
+def _port_or_none(value: object) -> bool:
+    return value is None or (
+        isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535
+    )
+
+
+@config_dataclass
+class TelemetryConfig:
+    """How one process reports itself; built at the process edge from its flags."""
+
+    service_name: str = setting(
+        check=non_empty,
+        doc="The resource's service.name, e.g. basalt-store-node (OTEL_SERVICE_NAME wins).",
+    )
+    service_instance_id: str = setting(
+        default="",
+        check=instance_of(str),
+        doc="The resource's service.instance.id (a broker or pull-service name); empty: none.",
+    )
+    metrics_port: int | None = setting(
+        default=None,
+        check=check("None or a port (0..65535; 0: any free port)", _port_or_none),
+        doc="Serve Prometheus text on this port; None: no metrics endpoint.",
+    )
+    metrics_host: str = setting(
+        default="127.0.0.1", check=non_empty, doc="The address the metrics endpoint binds."
+    )
+    log_format: str = setting(
+        default="text", check=one_of(*LOG_FORMATS), doc="text (readable) or json (a line each)."
+    )
+    log_level: str = setting(
+        default="INFO", check=one_of(*LOG_LEVELS), doc="The root logger's level."
+    )
+    flush_timeout_ms: int = setting(
+        default=5_000,
+        check=positive,
+        doc="How long a shutdown waits for spans and metrics to be exported "
+        "(an unreachable collector must not hold a service's stop).",
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
+
+
+# -- logs ----------------------------------------------------------------------------------
+
+
+class TraceContextFilter(logging.Filter):
+    """Puts the current span's ids on every record it sees, as ``trace_id`` and
+    ``span_id`` (lowercase hex, W3C's widths), or ``""`` outside a span. On a
+    handler it sees every record the handler emits; it never drops one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record.trace_id = trace.format_trace_id(context.trace_id)
+            record.span_id = trace.format_span_id(context.span_id)
+        else:
+            record.trace_id = record.span_id = ""
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT`: the ids (from :class:`TraceContextFilter`) in brackets
+    after the logger's name when the line was logged inside a span."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        trace_id = getattr(record, "trace_id", "")
+        record.trace = f" [{trace_id} {getattr(record, 'span_id', '')}]" if trace_id else ""
+        return super().format(record)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (UTC, ISO 8601, milliseconds), ``level``,
+    ``logger``, ``message``; ``trace_id`` and ``span_id`` inside a span;
+    ``exc_info`` and ``stack_info`` (formatted text) when the record has them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        line: dict[str, str] = {
+            "time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            line["trace_id"] = trace_id
+            line["span_id"] = getattr(record, "span_id", "")
+        if record.exc_info:
+            line["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            line["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def log_handler(log_format: str, stream: Any = None) -> logging.Handler:
+    """A handler on ``stream`` (default: stderr) writing ``log_format``
+    (:data:`LOG_FORMATS`) lines, each with the trace ids of its span."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {log_format!r}")
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    handler.addFilter(TraceContextFilter())
+    handler.setFormatter(TextFormatter() if log_format == "text" else JsonFormatter())
+    return handler
+
+
+def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
+    """The process's one logging set-up: the root logger at ``level`` with one
+    :func:`log_handler` on stderr, replacing the root's handlers. For a
+    process's edge only (it owns the root logger)."""
+    logging.basicConfig(level=level, handlers=[log_handler(log_format)], force=True)
+
+
+# -- gRPC ----------------------------------------------------------------------------------
+
+
+class _ServerInterceptor(OpenTelemetryAioServerInterceptor):  # type: ignore[misc]
+    """The instrumentation's aio server interceptor, which takes a handler with
+    streamed answers for an async generator; Basalt's are coroutines that write
+    to their context (``SendStream``, ``Session``): those get the span it gives
+    a unary handler, held until the coroutine returns."""
+
+    def _intercept_aio_server_stream(self, behavior: Any, handler_call_details: Any) -> Any:
+        # The instrumentation is untyped.
+        if inspect.isasyncgenfunction(behavior):
+            return super()._intercept_aio_server_stream(behavior, handler_call_details)  # type: ignore[no-untyped-call]
+        return self._intercept_aio_server_unary(behavior, handler_call_details)  # type: ignore[no-untyped-call]
+
+
+def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors every grpc.aio server takes: a server span per call, in the
+    trace the caller's metadata names (a root span when it names none)."""
+    # The global proxy tracer: spans reach whatever provider is installed later.
+    tracer = trace.get_tracer(
+        "opentelemetry.instrumentation.grpc", schema_url="https://opentelemetry.io/schemas/1.11.0"
+    )
+    interceptor: grpc.aio.ServerInterceptor = _ServerInterceptor(tracer)  # type: ignore[no-untyped-call]
+    return [interceptor]
+
+
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    """The interceptors every grpc.aio channel takes: a client span per call, its
+    context sent in the call's metadata (W3C ``traceparent``)."""
+    # The instrumentation's function is untyped; it returns this type.
+    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors()  # type: ignore[no-untyped-call]
+    return interceptors
+
+
+def insecure_channel(address: str, *, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+    """``grpc.aio.insecure_channel(address, options)`` with :func:`client_interceptors`.
+
+    The spans go to whatever tracer provider is installed, through the global
+    proxy (none installed: no-op spans and nothing propagated)."""
+    return grpc.aio.insecure_channel(address, options=options, interceptors=client_interceptors())
+
+
+# -- providers -----------------------------------------------------------------------------
+
+
+def _otlp_endpoint_set(environ: Mapping[str, str], signal: str) -> bool:
+    """Whether ``environ`` names where to send ``signal`` (TRACES, METRICS) by OTLP."""
+    return bool(
+        environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    )
+
+
+def _exporter_names(environ: Mapping[str, str], variable: str) -> list[str]:
+    # The spec's default is "otlp"; an OTLP exporter without an endpoint would
+    # dial localhost:4317 forever, so "otlp" below also needs an endpoint.
+    names = [n.strip().lower() for n in environ.get(variable, "otlp").split(",") if n.strip()]
+    return [] if "none" in names else names
+
+
+def span_exporters(environ: Mapping[str, str] | None = None) -> list[SpanExporter]:
+    """The span exporters ``environ`` (default ``os.environ``) asks for.
+
+    ``OTEL_TRACES_EXPORTER`` (comma-separated; default ``otlp``): ``none``,
+    ``otlp`` - the OTLP gRPC exporter, only when ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set (it reads them and the
+    other ``OTEL_EXPORTER_OTLP_*`` settings itself) - and ``console`` (spans as
+    JSON on stderr: stdout belongs to the process's own output). Raises
+    ValueError for another name."""
+    environ = os.environ if environ is None else environ
+    exporters: list[SpanExporter] = []
+    for name in _exporter_names(environ, "OTEL_TRACES_EXPORTER"):
+        if name == "otlp":
+            if _otlp_endpoint_set(environ, "TRACES"):
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                exporters.append(OTLPSpanExporter())
+        elif name == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            exporters.append(ConsoleSpanExporter(out=sys.stderr))
+        else:
+            raise ValueError(f"OTEL_TRACES_EXPORTER: {name!r} is not none, otlp or console")
+    return exporters
+
+
+def otlp_metric_readers(environ: Mapping[str, str] | None = None) -> list[MetricReader]:
+    """The OTLP metric reader ``environ`` (default ``os.environ``) asks for:
+    ``OTEL_METRICS_EXPORTER`` (default ``otlp``) names ``otlp`` and
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``..._METRICS_ENDPOINT`` is set; the
+    export interval is ``OTEL_METRIC_EXPORT_INTERVAL`` (the SDK reads it).
+    ``none`` and ``prometheus`` (served on ``--metrics-port`` instead) add
+    nothing; another name raises ValueError."""
+    environ = os.environ if environ is None else environ
+    readers: list[MetricReader] = []
+    for name in _exporter_names(environ, "OTEL_METRICS_EXPORTER"):
+        if name == "otlp":
+            if _otlp_endpoint_set(environ, "METRICS"):
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                    OTLPMetricExporter,
+                )
+                from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+                readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        elif name != "prometheus":
+            raise ValueError(f"OTEL_METRICS_EXPORTER: {name!r} is not none, otlp or prometheus")
+    return readers
+
+
+def _resource(config: TelemetryConfig) -> Resource:
+    from opentelemetry.sdk.resources import Resource
+
+    attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or config.service_name}
+    if config.service_instance_id:
+        attributes["service.instance.id"] = config.service_instance_id
+    # create() adds the SDK's own attributes and OTEL_RESOURCE_ATTRIBUTES.
+    return Resource.create(attributes)
+
+
+def tracer_provider(
+    config: TelemetryConfig, exporters: Iterable[SpanExporter] = ()
+) -> TracerProvider:
+    """An SDK tracer provider for ``config``'s resource, a BatchSpanProcessor per
+    exporter; the sampler from the environment (the SDK's own reading of
+    ``OTEL_TRACES_SAMPLER``/``_ARG``). Not installed: see :func:`setup_telemetry`."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=_resource(config))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _open_fds() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def add_process_metrics(provider: metrics.MeterProvider) -> None:
+    """Observable instruments of this process, by OpenTelemetry's semantic
+    conventions (Prometheus names in brackets): ``process.cpu.time`` seconds by
+    ``cpu.mode`` user/system (``process_cpu_time_seconds_total``),
+    ``process.memory.usage`` resident bytes (``process_memory_usage_bytes``) and
+    ``process.open_file_descriptor.count`` (``process_open_file_descriptor_count``).
+    Memory and descriptors are read from /proc; where it is missing they report
+    nothing. Read when collected (a scrape's thread)."""
+    meter = provider.get_meter(PROCESS_METER)
+
+    def cpu(_: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        times = os.times()
+        yield metrics.Observation(times.user, {"cpu.mode": "user"})
+        yield metrics.Observation(times.system, {"cpu.mode": "system"})
+
+    def memory(_: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        rss = _rss_bytes()
+        if rss is not None:
+            yield metrics.Observation(rss)
+
+    def fds(_: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        count = _open_fds()
+        if count is not None:
+            yield metrics.Observation(count)
+
+    meter.create_observable_counter(
+        "process.cpu.time", [cpu], unit="s", description="CPU seconds used by the process."
+    )
+    meter.create_observable_up_down_counter(
+        "process.memory.usage",
+        [memory],
+        unit="By",
+        description="The process's resident set size.",
+    )
+    meter.create_observable_up_down_counter(
+        "process.open_file_descriptor.count",
+        [fds],
+        unit="{file_descriptor}",
+        description="File descriptors the process holds open.",
+    )
+
+
+class Telemetry:
+    """What :func:`setup_telemetry` installed: its config, the providers, and the
+    bound metrics port (``None``: no endpoint)."""
+
+    def __init__(
+        self,
+        config: TelemetryConfig,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider | None,
+        metrics_server: WSGIServer | None,
+    ) -> None:
+        self.config = config
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self._metrics_server = metrics_server
+        self._shut = False
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the Prometheus endpoint is bound to (the real one for port 0)."""
+        return None if self._metrics_server is None else self._metrics_server.server_port
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics``, or None without an endpoint."""
+        port = self.metrics_port
+        return None if port is None else f"http://{self.config.metrics_host}:{port}/metrics"
+
+    def shutdown(self) -> None:
+        """Flush and stop the span and metric processors; call it on a clean stop,
+        before the process exits. Idempotent; the flushes wait up to
+        ``flush_timeout_ms`` each. The metrics endpoint's daemon thread is left
+        to end with the process: stopping it waits out its poll (up to 0.5 s),
+        counted in every restart; scrapes meanwhile get what the stopped reader
+        has (nothing)."""
+        if self._shut:
+            return
+        self._shut = True
+        timeout_ms = self.config.flush_timeout_ms
+        # The processors' shutdown waits for an export as long as the exporter's
+        # own timeout (30 s by default); a bounded flush first leaves it nothing.
+        self.tracer_provider.force_flush(timeout_ms)
+        self.tracer_provider.shutdown()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown(timeout_millis=timeout_ms)
+
+
+_lock = threading.Lock()
+_installed: Telemetry | None = None
+
+
+def setup_telemetry(config: TelemetryConfig) -> Telemetry:
+    """Set up this process's traces, metrics and logs (see the module docstring)
+    and return what was installed.
+
+    Once per process: a second call with an equal ``config`` returns the first
+    call's :class:`Telemetry`; with another config it raises RuntimeError
+    (OpenTelemetry's global providers cannot be replaced). Raises ValueError for
+    an ``OTEL_*_EXPORTER`` it does not know and OSError when the metrics port
+    cannot be bound."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            if _installed.config != config:
+                raise RuntimeError(
+                    f"telemetry is already set up as {_installed.config}, not {config}"
+                )
+            return _installed
+        configure_logging(config.log_format, config.log_level)
+        tracer = tracer_provider(config, span_exporters())
+        readers = otlp_metric_readers()
+        registry = None
+        port = config.metrics_port
+        if port is not None:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry
+
+            # A registry of our own: prometheus_client's default one carries its
+            # own process collector, which would repeat the process metrics.
+            registry = CollectorRegistry(auto_describe=True)
+            readers.append(PrometheusMetricReader(registry=registry))
+        meter = None
+        if readers:
+            from opentelemetry.sdk.metrics import MeterProvider
+
+            meter = MeterProvider(metric_readers=readers, resource=_resource(config))
+            add_process_metrics(meter)
+            metrics.set_meter_provider(meter)
+        server = None
+        if registry is not None and port is not None:
+            from prometheus_client import start_http_server
+
+            # Serves from a daemon thread: a scrape, and the observable callbacks
+            # it runs, never wait for (or hold) a service's event loop.
+            server, _ = start_http_server(port, addr=config.metrics_host, registry=registry)
+        trace.set_tracer_provider(tracer)
+        _installed = Telemetry(config, tracer, meter, server)
+        return _installed

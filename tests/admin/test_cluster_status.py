@@ -1,0 +1,44 @@
+"""``basalt cluster up`` gives every service a metrics endpoint; ``cluster status
+--json`` lists every process's endpoints for scripts. Real processes."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import run_basalt_sync
+
+pytestmark = pytest.mark.slow
+
+
+def test_up_assigns_metrics_ports_that_answer_and_status_json_lists_every_endpoint(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "cluster"
+    started = run_basalt_sync("cluster", "up", "--data-dir", str(data), "--store-nodes", "1")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        status = run_basalt_sync("cluster", "status", "--data-dir", str(data), "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = json.loads(status.stdout)
+        assert [r["role"] for r in rows] == ["etcd", "store-node", "pull-service", "admin"]
+        assert all(r["alive"] and r["health"] == "SERVING" for r in rows)
+        assert [r["registered"] for r in rows] == [None, True, True, None]
+        etcd, *services = rows
+        assert etcd["metrics"] is None
+        for r in services:
+            assert r["metrics"] in started.stdout  # printed beside its address by `up`
+            with urllib.request.urlopen(r["metrics"], timeout=5) as answer:
+                text = answer.read().decode()
+            assert "process_cpu_time_seconds_total" in text, r["name"]
+            assert f'service_instance_id="{r["name"]}"' in text or r["role"] == "admin"
+        text_status = run_basalt_sync("cluster", "status", "--data-dir", str(data))
+        assert all(r["metrics"] in text_status.stdout for r in services)
+    finally:
+        stopped = run_basalt_sync("cluster", "down", "--data-dir", str(data))
+    assert stopped.returncode == 0, stopped.stdout
+    gone = run_basalt_sync("cluster", "status", "--data-dir", str(data), "--json")
+    assert (gone.returncode, json.loads(gone.stdout)) == (1, [])
