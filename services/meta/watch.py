@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from basalt.services.meta import metrics
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaError, MetaUnavailableError
+from basalt.services.meta.metrics import track as track_watcher
 from basalt.services.meta.session import EtcdSession, EventKind, KeyValue
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class MetaWatcher(Generic[T]):
         self._listeners: list[Callable[[MetaChange[T]], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
-        metrics.track(self)
+        track_watcher(self)
 
     # -- reads (never raise) ----------------------------------------------------------
 

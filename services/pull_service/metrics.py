@@ -12,7 +12,7 @@ Messages and bytes got are counted by the store-node, per topic
 (``basalt.store.get.*``): a PullBatch passes the store-node's answer through
 undecoded, and decoding it to count would be most of the call's work.
 
-One server span per call (never per message), its attributes set only when
+One span per call (never per message), its attributes set only when
 it is recorded. Sessions are read at collection from the in-memory registry.
 """
 
@@ -62,7 +62,7 @@ def pull_call(name: str, queues: int, group: str, suspend_ms: int) -> Iterator[N
     if held:
         _held.add(1)
     try:
-        with _tracer.start_as_current_span(name, kind=trace.SpanKind.SERVER) as span:
+        with _tracer.start_as_current_span(name) as span:
             if span.is_recording():
                 span.set_attribute("messaging.system", "rocketmq")
                 span.set_attribute("messaging.consumer.group.name", group)

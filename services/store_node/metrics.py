@@ -161,7 +161,7 @@ class StoreNodeMetrics:
 
 @contextmanager
 def send_stream_span(items: Iterable[sn.SendStreamItem]) -> Iterator[None]:
-    """One server span around the taking of one SendStream request's sends, and
+    """One span around the taking of one SendStream request's sends, and
     the request's message count in the batch-size histogram.
 
     The span's attributes (``messaging.batch.message_count``, and the topic when
@@ -176,7 +176,7 @@ def send_stream_span(items: Iterable[sn.SendStreamItem]) -> Iterator[None]:
             count += _batch_count(item.batch)
             topics.add(item.batch.topic)
     _send_stream_batch.record(count)
-    with _tracer.start_as_current_span("SendStream", kind=trace.SpanKind.SERVER) as span:
+    with _tracer.start_as_current_span("SendStream") as span:
         if span.is_recording():
             _batch_attributes(span, count, topics)
         yield
@@ -184,9 +184,9 @@ def send_stream_span(items: Iterable[sn.SendStreamItem]) -> Iterator[None]:
 
 @contextmanager
 def get_messages_span(name: str) -> Iterator[trace.Span]:
-    """One server span per GetMessage(s) call; :func:`end_get_span` gives it the
+    """One span per GetMessage(s) call; :func:`end_get_span` gives it the
     messages it answered."""
-    with _tracer.start_as_current_span(name, kind=trace.SpanKind.SERVER) as span:
+    with _tracer.start_as_current_span(name) as span:
         yield span
 
 

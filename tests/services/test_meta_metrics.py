@@ -9,12 +9,12 @@ from basalt.services.meta import MetaClient, MetaConfig
 from tests.support.aio import async_test
 from tests.support.etcd import unique_cluster
 from tests.support.polling import eventually
-from tests.support.telemetry import telemetry
+from tests.support.telemetry import metric_reader
 
 
 @async_test
 async def test_etcd_reachable_gauge_follows_etcd(private_etcd: EtcdProcess) -> None:
-    t = telemetry()
+    t = metric_reader()
     config = MetaConfig(
         endpoints=(private_etcd.endpoint,), cluster=unique_cluster(), op_timeout_s=1.0
     )
