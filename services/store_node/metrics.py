@@ -7,7 +7,7 @@ are no-ops. :mod:`basalt.store` knows nothing of this: the node reads the
 store's state in observable callbacks and hears of flushes through the
 CommitLog's ``flush_listeners``.
 
-Instruments (Prometheus names in ``docs/observability-metrics.md``):
+Instruments (Prometheus names in ``docs/observability.md#metrics``):
 
 * counters per topic (``messaging.destination.name``): messages and bytes put,
   messages and bytes got;
