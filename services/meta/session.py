@@ -233,30 +233,53 @@ class EtcdSession:
         revision = 0
         kvs: list[KeyValue] = []
         while True:
-            request = aetcd.rpc.RangeRequest(
-                key=start, range_end=end, limit=page_keys, revision=revision
+            page = await self._range(
+                f"list {prefix}",
+                aetcd.rpc.RangeRequest(
+                    key=start, range_end=end, limit=page_keys, revision=revision
+                ),
             )
-
-            async def op(c: Any, request: Any = request) -> Any:
-                await c.connect()
-                try:
-                    return await c.kvstub.Range(
-                        request, timeout=self.config.op_timeout_s, metadata=c.metadata
-                    )
-                except grpc.aio.AioRpcError as e:
-                    if e.code() in _UNREACHABLE_CODES:
-                        raise TimeoutError(e.details()) from e
-                    raise MetaError(
-                        f"etcd at {self.endpoint} refused list {prefix}: {e.details()}"
-                    ) from e
-
-            page = await self._call(f"list {prefix}", op)
             if revision == 0:
                 revision = int(page.header.revision)
             kvs.extend(_kv(kv) for kv in page.kvs)
             if not page.more or not page.kvs:
                 return revision, kvs
             start = bytes(page.kvs[-1].key) + b"\0"  # the next key after the page's last
+
+    async def latest_mod_revision(self, prefix: str) -> int:
+        """The highest mod_revision of a key under ``prefix`` (0: no key): one Range
+        of one key, sorted by mod_revision, keys only."""
+        start = prefix.encode()
+        order = aetcd.rpc.RangeRequest
+        got = await self._range(
+            f"latest revision of {prefix}",
+            aetcd.rpc.RangeRequest(
+                key=start,
+                range_end=_prefix_end(start),
+                limit=1,
+                keys_only=True,
+                sort_order=order.DESCEND,
+                sort_target=order.MOD,
+            ),
+        )
+        return int(got.kvs[0].mod_revision) if got.kvs else 0
+
+    async def _range(self, what: str, request: Any) -> Any:
+        """One Range call on aetcd's KV stub (for what aetcd's own API lacks: limits,
+        revisions, sorting by revision), its errors turned into ours."""
+
+        async def op(c: Any) -> Any:
+            await c.connect()
+            try:
+                return await c.kvstub.Range(
+                    request, timeout=self.config.op_timeout_s, metadata=c.metadata
+                )
+            except grpc.aio.AioRpcError as e:
+                if e.code() in _UNREACHABLE_CODES:
+                    raise TimeoutError(e.details()) from e
+                raise MetaError(f"etcd at {self.endpoint} refused {what}: {e.details()}") from e
+
+        return await self._call(what, op)
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> KeyValue | None:
         """Unconditional put; returns the key's previous value, if it had one."""

@@ -39,6 +39,8 @@ T = TypeVar("T")
 
 #: First pause before reconnecting; doubles up to config.reconnect_backoff_max_s.
 _FIRST_BACKOFF_S = 0.1
+#: How often a watcher checks how far its cache is behind etcd (:attr:`MetaWatcher.lag`).
+LAG_CHECK_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +63,16 @@ class MetaWatcher(Generic[T]):
     """
 
     def __init__(
-        self, config: MetaConfig, prefix: str, decode: Callable[[str, bytes], T], *, what: str
+        self,
+        config: MetaConfig,
+        prefix: str,
+        decode: Callable[[str, bytes], T],
+        *,
+        what: str,
+        lag_check_interval_s: float = LAG_CHECK_INTERVAL_S,
     ) -> None:
+        if lag_check_interval_s <= 0:
+            raise ValueError(f"lag_check_interval_s must be positive, not {lag_check_interval_s}")
         self.prefix = prefix
         self.what = what
         self._config = config
@@ -76,6 +86,9 @@ class MetaWatcher(Generic[T]):
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[MetaChange[T]], None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
+        self._lag_check_interval_s = lag_check_interval_s
+        self._lag = 0
         self._closed = False
         track_watcher(self)
 
@@ -108,6 +121,16 @@ class MetaWatcher(Generic[T]):
     def available(self) -> bool:
         """The watch is live now (False while etcd is unreachable: values may be stale)."""
         return self._available
+
+    @property
+    def lag(self) -> int:
+        """Revisions of the prefix etcd holds that the cache had not applied at the last
+        check (every ``lag_check_interval_s`` while the watch is live; 0 when caught
+        up): the newest key's mod_revision less the revision the cache reflects. A
+        watch that stalls while etcd answers shows here; an outage shows in
+        :attr:`available` (the value is kept from the last check). Deletions are not
+        seen by the check (a deleted key has no mod_revision to list)."""
+        return self._lag
 
     @property
     def revision(self) -> int:
@@ -160,8 +183,10 @@ class MetaWatcher(Generic[T]):
         the operation timeout; the task keeps trying (call :meth:`close` to stop it).
         """
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"basalt-watch:{self.prefix}"
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name=f"basalt-watch:{self.prefix}")
+            self._lag_task = loop.create_task(
+                self._check_lag(), name=f"basalt-watch-lag:{self.prefix}"
             )
         if wait and not self._synced.is_set():
             try:
@@ -174,15 +199,29 @@ class MetaWatcher(Generic[T]):
     async def close(self) -> None:
         """Stop watching and close the session; the cache keeps its last values. Idempotent."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._lag_task, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._lag_task = None
         self._available = False
         await self._session.close()
 
     # -- the loop -------------------------------------------------------------------------
+
+    async def _check_lag(self) -> None:
+        """Every ``lag_check_interval_s`` while the watch is live, measure :attr:`lag`
+        (one one-key Range; never on a scrape's path)."""
+        while not self._closed:
+            await asyncio.sleep(self._lag_check_interval_s)
+            if not self._available:
+                continue  # the watch loop reports and recovers outages
+            try:
+                latest = await self._session.latest_mod_revision(self.prefix)
+            except MetaError:
+                continue
+            self._lag = max(0, latest - self._revision)
 
     async def _run(self) -> None:
         backoff_s = _FIRST_BACKOFF_S
