@@ -104,12 +104,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
         exporter.clear()
 
 
-def messaging_spans(finished: Sequence[ReadableSpan]) -> list[ReadableSpan]:
-    """The spans that are not gRPC's own (every RPC makes a client and a server
-    span, ``rpc.system = grpc``)."""
-    return [s for s in finished if (s.attributes or {}).get("rpc.system") != "grpc"]
-
-
 def named(finished: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
     """The spans called ``name``, in the order they ended."""
     return [s for s in finished if s.name == name]
