@@ -268,42 +268,25 @@ def _all_health(options: CallbackOptions) -> Iterable[Observation]:
     return [o for node in list(_live) for o in node._health()]
 
 
-_meter.create_observable_gauge(
-    "basalt.store.dispatch.behind",
-    [_per_node("dispatch_behind")],
-    unit="By",
-    description="CommitLog bytes not yet dispatched to the ConsumeQueues.",
-)
-_meter.create_observable_gauge(
-    "basalt.store.index.behind",
-    [_per_node("index_behind")],
-    unit="By",
-    description="CommitLog bytes not yet in the IndexFiles.",
-)
-_meter.create_observable_gauge(
-    "basalt.store.commitlog.min_offset",
-    [_per_node("min_offset")],
-    unit="By",
-    description="The CommitLog's first physical offset.",
-)
-_meter.create_observable_gauge(
-    "basalt.store.commitlog.max_offset",
-    [_per_node("max_offset")],
-    unit="By",
-    description="The CommitLog's end (the next physical offset).",
-)
-_meter.create_observable_gauge(
-    "basalt.store.disk.used_ratio",
-    [_per_node("disk_ratio")],
-    unit="1",
-    description="Disk use of the store's filesystem, as last measured by the expiry service.",
-)
-_meter.create_observable_gauge(
-    "basalt.store.long_polls.held",
-    [_per_node("held")],
-    unit="{request}",
-    description="Pull requests held waiting for messages.",
-)
+#: The per-node gauges: (name, the node's method, unit, description).
+_NODE_GAUGES = (
+    ("basalt.store.dispatch.behind", "dispatch_behind", "By",
+     "CommitLog bytes not yet dispatched to the ConsumeQueues."),
+    ("basalt.store.index.behind", "index_behind", "By",
+     "CommitLog bytes not yet in the IndexFiles."),
+    ("basalt.store.commitlog.min_offset", "min_offset", "By",
+     "The CommitLog's first physical offset."),
+    ("basalt.store.commitlog.max_offset", "max_offset", "By",
+     "The CommitLog's end (the next physical offset)."),
+    ("basalt.store.disk.used_ratio", "disk_ratio", "1",
+     "Disk use of the store's filesystem, as last measured by the expiry service."),
+    ("basalt.store.long_polls.held", "held", "{request}",
+     "Pull requests held waiting for messages."),
+)  # fmt: skip
+for _name, _reading, _unit, _description in _NODE_GAUGES:
+    _meter.create_observable_gauge(
+        _name, [_per_node(_reading)], unit=_unit, description=_description
+    )
 _meter.create_observable_gauge(
     "basalt.store.service.healthy",
     [_all_health],
