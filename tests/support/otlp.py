@@ -16,6 +16,7 @@ import contextlib
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
@@ -23,6 +24,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as trace_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+_Context = grpc.aio.ServicerContext[Any, Any]
 
 #: The cap on starting and stopping the receiver's server.
 STOP_TIMEOUT_S = 10.0
@@ -57,7 +60,9 @@ class _Traces(trace_grpc.TraceServiceServicer):
         self._into = into
 
     async def Export(
-        self, request: trace_pb.ExportTraceServiceRequest, context: grpc.aio.ServicerContext
+        self,
+        request: trace_pb.ExportTraceServiceRequest,
+        context: _Context,
     ) -> trace_pb.ExportTraceServiceResponse:
         for resource_spans in request.resource_spans:
             resource = _attributes(resource_spans.resource.attributes)
@@ -85,7 +90,9 @@ class _Metrics(metrics_grpc.MetricsServiceServicer):
         self._receiver = receiver
 
     async def Export(
-        self, request: metrics_pb.ExportMetricsServiceRequest, context: grpc.aio.ServicerContext
+        self,
+        request: metrics_pb.ExportMetricsServiceRequest,
+        context: _Context,
     ) -> metrics_pb.ExportMetricsServiceResponse:
         self._receiver.metric_exports += 1
         return metrics_pb.ExportMetricsServiceResponse()
@@ -127,8 +134,8 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         # is the collector, not a traced service.
         server = grpc.aio.server()
         receiver = OtlpReceiver(server.add_insecure_port("127.0.0.1:0"))
-        trace_grpc.add_TraceServiceServicer_to_server(_Traces(receiver.spans), server)
-        metrics_grpc.add_MetricsServiceServicer_to_server(_Metrics(receiver), server)
+        trace_grpc.add_TraceServiceServicer_to_server(_Traces(receiver.spans), server)  # type: ignore[no-untyped-call]
+        metrics_grpc.add_MetricsServiceServicer_to_server(_Metrics(receiver), server)  # type: ignore[no-untyped-call]
         await server.start()
         return server, receiver
 
