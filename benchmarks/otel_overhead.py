@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 import threading
@@ -57,6 +56,7 @@ if __package__ in (None, ""):
 
 import grpc
 
+from basalt.common.local_cluster import CLUSTER_FILE, load_processes
 from basalt.services import process
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from benchmarks import e2e_throughput as e2e
@@ -143,12 +143,6 @@ def scraping(urls: Sequence[str], interval_s: float) -> Iterator[list[int]]:
         thread.join(30)
 
 
-def metrics_urls(data_dir: Path) -> list[str]:
-    """Every service's ``/metrics`` URL, from cluster.json."""
-    state = json.loads((data_dir / "cluster.json").read_text())
-    return [f"http://{p['metrics']}/metrics" for p in state if p.get("metrics")]
-
-
 @dataclass(slots=True)
 class Result:
     produce: float
@@ -174,7 +168,8 @@ async def run_mode(
             async with grpc.aio.insecure_channel(cluster.pull_address) as channel:
                 pull: ps_grpc.PullServiceAsyncStub = ps_grpc.PullServiceStub(channel)
                 routes = await e2e.create_topics(cluster, pull, s.queues)
-            urls = metrics_urls(cluster.data_dir) if mode.scrape else []
+            state = load_processes(cluster.data_dir / CLUSTER_FILE)
+            urls = [p.metrics_url for p in state if p.metrics_url and mode.scrape]
             with scraping(urls, scrape_interval_s) as scrapes:
                 produced = await e2e.produce_cell(
                     s, "records", routes["records"], meter, cpu, stream=True
