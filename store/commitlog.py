@@ -81,6 +81,9 @@ class CommitLog:
             fill_gaps=True,
         )
         self.store_host = encode_host(config.store_host)
+        #: Told each fsync's duration in seconds, on the flushing thread (the flush
+        #: service's or the group commit's): must be quick and must not raise.
+        self.flush_listeners: list[Callable[[float], None]] = []
         #: Next queue offset per (topic, queue id); guarded by ``put_lock``.
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.put_lock = threading.Lock()

@@ -280,6 +280,17 @@ class ConsumerOffsetManager:
         with self._lock:
             return dict(self._offsets.get(_key(group, topic), {}))
 
+    def all_offsets(self) -> list[tuple[str, str, int, int]]:
+        """Every committed offset as (group, topic, queue id, offset): a copy taken
+        under the lock, for a monitor computing consumer lag."""
+        with self._lock:
+            items = [(k, dict(q)) for k, q in self._offsets.items()]
+        out: list[tuple[str, str, int, int]] = []
+        for key, queues in items:
+            topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
+            out.extend((group, topic, queue_id, offset) for queue_id, offset in queues.items())
+        return out
+
     def reset_epoch(self, group: str, topic: str) -> int:
         """The (group, topic)'s reset epoch: 0 until its first reset."""
         with self._lock:

@@ -138,6 +138,9 @@ class ExpiryService(ServiceThread):
         self.disk_usage = disk_usage
         self._disk_full = False
         self._measured_at = float("-inf")
+        #: The last disk use measured, in percent (None before the first): for a
+        #: monitor that must not measure itself (a statvfs per scrape).
+        self.last_used_percent: float | None = None
         #: CommitLog end past which a send measures again (half the room left).
         self._recheck_at_offset = 0
         self._stop_watching: Callable[[], None] | None = None
@@ -184,6 +187,7 @@ class ExpiryService(ServiceThread):
         written = self.commitlog.max_offset
         used = self.disk_usage(cfg.store_path_root_dir)
         self._measured_at = time.monotonic()
+        self.last_used_percent = used
         room = _filesystem_bytes(cfg.store_path_root_dir) * (
             cfg.disk_space_warning_level_ratio - used
         )

@@ -41,7 +41,11 @@ def flush_commitlog(commitlog: CommitLog, checkpoint: StoreCheckpoint) -> int:
     """
     last = commitlog.files.last_file
     store_ts = last.store_timestamp_ms if last is not None else 0
+    started = time.perf_counter()
     flushed = commitlog.files.flush()
+    elapsed_s = time.perf_counter() - started
+    for listener in commitlog.flush_listeners:
+        listener(elapsed_s)
     if store_ts > 0:
         checkpoint.physic_msg_timestamp = store_ts
     return flushed

@@ -119,6 +119,9 @@ class MessageStore(StoreReads):
         #: What the last start quarantined of the index and indexed again (None
         #: before a start, or with the index off).
         self.index_rebuild: IndexRebuild | None = None
+        #: The background services a started store runs, by the name their failure is
+        #: recorded under in :attr:`failures` (empty before :meth:`start`).
+        self.service_names: tuple[str, ...] = ()
         self._admission = Admission(config, self.commitlog.store_host, self.clock)
         self._transfer_limits = TransferLimits.of(config)
         #: One per event loop that sends (see put_batch_async).
@@ -217,6 +220,13 @@ class MessageStore(StoreReads):
             service.failures = self.failures
             service.start()
         self.dispatcher.start()
+        self.service_names = (
+            self.dispatcher.name,
+            flush.name,
+            self._flush_cq.name,
+            self.expiry.name,
+            self._offset_persister.name,
+        ) + (("index-service",) if self.index is not None else ())
         self._running = True
         return report
 

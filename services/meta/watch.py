@@ -30,6 +30,7 @@ from typing import Generic, TypeVar
 
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaError, MetaUnavailableError
+from basalt.services.meta.metrics import track as track_watcher
 from basalt.services.meta.session import EtcdSession, EventKind, KeyValue
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class MetaWatcher(Generic[T]):
         self._listeners: list[Callable[[MetaChange[T]], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        track_watcher(self)
 
     # -- reads (never raise) ----------------------------------------------------------
 
@@ -96,6 +98,11 @@ class MetaWatcher(Generic[T]):
     def synced(self) -> bool:
         """The prefix has been listed at least once."""
         return self._synced.is_set()
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+        return self._closed
 
     @property
     def available(self) -> bool:

@@ -65,6 +65,7 @@ from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
 from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_timeout_s
 from basalt.services.pull_service.checks import check_pull, topic_route
+from basalt.services.pull_service.metrics import pull_call, track_sessions
 from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
 from basalt.services.rpc import rpc_method
 from basalt.v1 import common_pb2 as pb
@@ -183,6 +184,7 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         self.view = view
         self.channels = channels
         self.sessions = sessions
+        track_sessions(config.pull_service_id, sessions)
         self.store_hosts = StoreHosts(channels)
         #: Broker look-ups for routes and pulls: a broker whose key etcd just
         #: deleted (its lease expired while etcd stalled) stays routable while
@@ -275,9 +277,10 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         broker = check_pull(request, self.brokers.get, self.view.topics.get)
         suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
         get = self._get_request(request, request.group, suspend_ms)
-        got = await self._call_store_node(
-            broker, lambda a: self.channels.store_node(a).GetMessage, get, suspend_ms, context
-        )
+        with pull_call("Pull", 1, request.group, suspend_ms):
+            got = await self._call_store_node(
+                broker, lambda a: self.channels.store_node(a).GetMessage, get, suspend_ms, context
+            )
         return _pull_response(got, request.offset)
 
     @rpc_method
@@ -287,6 +290,13 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         """Whole-call checks (pull_service.proto), then each entry's seed 001
         checks; the accepted entries go to the broker as one GetMessages, held
         as a whole unless an entry was refused (an answer worth sending now)."""
+        suspend_ms = max(min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms), 0)
+        with pull_call("PullBatch", len(request.pulls), request.group, suspend_ms):
+            return await self._pull_batch(request, context)
+
+    async def _pull_batch(
+        self, request: ps.PullBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PullBatchResponse | bytes:
         group, pulls = request.group, request.pulls
         check_group(group)
         # One broker first: a queue id repeats across brokers, and that is the

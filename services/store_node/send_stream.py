@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import grpc
 
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
+from basalt.services.store_node.metrics import send_stream_span
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -103,10 +104,11 @@ class _SendStream:
             items = request.items
             if not items:
                 self.window.release()
-            for k, item in enumerate(items):
-                if k:  # the window counts sends; the first was acquired above
-                    await self.window.acquire()
-                self._take(item)
+            with send_stream_span(items):
+                for k, item in enumerate(items):
+                    if k:  # the window counts sends; the first was acquired above
+                        await self.window.acquire()
+                    self._take(item)
 
     def _take(self, item: sn.SendStreamItem) -> None:
         self.in_flight += 1

@@ -61,6 +61,7 @@ class RunningStoreNode:
         await set_serving(self.health, STORE_NODE_SERVICE, False)
         await self.server.stop(grace_s)
         await self.servicer.hold.drain()  # no filtered read left in a thread
+        self.servicer.metrics.close()
         clean = await asyncio.to_thread(self.store.shutdown)
         if clean:
             log.info("store-node stopped; store shut down cleanly")

@@ -66,6 +66,7 @@ from basalt.services.meta.model import TopicConfig
 from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
+from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.store_node.wire import pull_batch_wire
@@ -196,6 +197,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         self.topics = topics
         self.hold = hold
         self.stats = _Stats()
+        self.metrics = StoreNodeMetrics(config.broker_name, store, hold)
         self.boot_timestamp_ms = int(time.time() * 1000)
         #: False while shutting down: sends and reads are refused, as RocketMQ's
         #: broker permission does once it is set unwritable.
@@ -250,11 +252,14 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
 
     # -- sends ------------------------------------------------------------------------
 
-    def _send_result(self, topic: str, queue_id: int, result: PutMessageResult) -> pb.SendResult:
+    def _send_result(
+        self, topic: str, queue_id: int, result: PutMessageResult, started: float
+    ) -> pb.SendResult:
         refusal = put_refusal(result)
         if refusal is not None:
             raise refusal
         self.stats.messages += len(result.queue_offsets)
+        self.metrics.on_put(topic, len(result.queue_offsets), sum(result.sizes), started)
         ok = result.status is PutStatus.PUT_OK
         return pb.SendResult(
             status=pb.SEND_STATUS_SEND_OK if ok else pb.SEND_STATUS_FLUSH_DISK_TIMEOUT,
@@ -293,18 +298,20 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
 
     async def send(self, request: SendRequest) -> pb.SendResult:
         """One send (a message or a batch), checked, stored and answered."""
+        started = time.perf_counter()
         topic, queue_id = _send_target(request)
         await self._writable_topic(topic, queue_id)
         encoded = self._encode_send(request)
         if not isinstance(encoded, PutMessageResult):
             encoded = await self.store.put_batch_async(encoded)
-        return self._send_result(topic, queue_id, encoded)
+        return self._send_result(topic, queue_id, encoded, started)
 
     def start_send(self, request: SendRequest, on_done: Callable[[SendOutcome], None]) -> bool:
         """:meth:`send` without a coroutine, for SendStream's sends: False (and
         nothing done) when the send must await - its topic is created first -
         and :meth:`send` must take it. ``on_done`` gets the result or refusal,
         possibly before this returns. Refusals of the checks raise."""
+        started = time.perf_counter()
         topic, queue_id = _send_target(request)
         if self._writable_config(topic, queue_id) is None:
             return False
@@ -314,7 +321,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
             # Called by the store's drain, which settles the rest of the group
             # after this: nothing may escape.
             try:
-                outcome: SendOutcome = self._send_result(topic, queue_id, result)
+                outcome: SendOutcome = self._send_result(topic, queue_id, result, started)
             except Exception as e:
                 outcome = as_refusal(e, "SendStream")
             on_done(outcome)
@@ -405,9 +412,14 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
     async def GetMessage(
         self, request: sn.GetMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.GetMessageResponse:
-        timeout_s = self._suspend_s(request.suspend_timeout_ms)
-        read, commit = self._read(request)
-        (result,) = await self.hold.hold([read], timeout_s)
+        started = time.perf_counter()
+        with get_messages_span("GetMessage") as span:
+            timeout_s = self._suspend_s(request.suspend_timeout_ms)
+            read, commit = self._read(request)
+            (result,) = await self.hold.hold([read], timeout_s)
+            self.metrics.on_get(request.topic, result.message_count, len(result.records))
+            end_get_span(span, 1, result.message_count)
+        self.metrics.on_get_call(started)
         return _get_response(result, commit)
 
     @_rpc
@@ -417,6 +429,15 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         """Each entry checked (and its commit stored) as GetMessage would; the
         accepted ones held together, unless an entry was refused: that is an
         answer worth sending at once."""
+        started = time.perf_counter()
+        with get_messages_span("GetMessages") as span:
+            answer = await self._get_messages(request)
+            end_get_span(span, len(request.reads), answer[1])
+        self.metrics.on_get_call(started)
+        return answer[0]
+
+    async def _get_messages(self, request: sn.GetMessagesRequest) -> tuple[bytes, int]:
+        """GetMessages' answer, serialized, and the messages it carries."""
         timeout_s = self._suspend_s(request.suspend_timeout_ms)
         entries = request.reads
         check_batch_entries(
@@ -439,6 +460,7 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
         results = await self.hold.hold([r for r, _ in reads], timeout_s) if reads else []
         read = iter(zip(reads, results, strict=True))
         out: list[tuple[pb.PullResponse, bytes | None, int]] = []
+        messages = 0
         for answer in answers:
             if answer is not None:
                 out.append((answer, None, 0))
@@ -458,9 +480,11 @@ class StoreNodeServicer(sn_grpc.StoreNodeServicer):
                 out.append((pb.PullResponse(refused=refused(r)), None, 0))
                 continue
             out.append((head, result.records, result.message_count))
+            messages += result.message_count
+            self.metrics.on_get(held.topic, result.message_count, len(result.records))
         # Serialized here, the records copied once (basalt.services.store_node.wire); the
         # registration in basalt.services.store_node.server lets GetMessages answer bytes.
-        return pull_batch_wire(out)
+        return pull_batch_wire(out), messages
 
     @_rpc
     async def GetMinMaxOffset(

@@ -13,15 +13,24 @@ Servers made by ``basalt.services.process.grpc_server`` and channels made by
 ``basalt.common.telemetry.insecure_channel`` carry OpenTelemetry's gRPC
 interceptors always, so W3C trace context rides gRPC metadata between the
 in-process services as it does between processes.
+
+Metrics likewise: :func:`metric_reader` installs one SDK MeterProvider with an
+:class:`InMemoryMetricReader` the first time it is called and returns that
+reader ever after. Tests never assert on absolute totals another test could
+bump: they use topics of their own, or compare before and after.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -116,3 +125,46 @@ def span_id(span: ReadableSpan) -> int:
     """``span``'s span id."""
     assert span.context is not None
     return span.context.span_id
+
+
+class Metrics:
+    """The process's in-memory metric reader, read by metric name and attributes."""
+
+    def __init__(self, reader: InMemoryMetricReader) -> None:
+        self.reader = reader
+
+    def points(self, name: str, **where: Any) -> list[tuple[Mapping[str, Any], Any]]:
+        """(attributes, data point) of metric ``name`` whose attributes include
+        ``where`` (dotted keys passed as ``**{"messaging.destination.name": t}``),
+        collected now."""
+        data = self.reader.get_metrics_data()
+        out: list[tuple[Mapping[str, Any], Any]] = []
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name != name:
+                        continue
+                    for point in metric.data.data_points:
+                        attrs = dict(point.attributes or {})
+                        if all(attrs.get(k) == v for k, v in where.items()):
+                            out.append((attrs, point))
+        return out
+
+    def value(self, name: str, **where: Any) -> float | None:
+        """The one matching point's value (a sum or gauge), or None if none matches."""
+        points = self.points(name, **where)
+        assert len(points) <= 1, points
+        return points[0][1].value if points else None
+
+
+@functools.cache
+def metric_reader() -> Metrics:
+    """Install the SDK MeterProvider (once per process) and return its reader.
+    Fails if another provider was installed first."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    metrics.set_meter_provider(provider)
+    assert metrics.get_meter_provider() is provider, "another MeterProvider was set first"
+    return Metrics(reader)

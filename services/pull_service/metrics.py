@@ -1,0 +1,89 @@
+"""The pull-service's OpenTelemetry metrics and its per-call spans (API only).
+
+* ``basalt.pull.duration`` (s, histogram): one Pull or PullBatch call, a held
+  long poll included (``basalt.pull.call``: ``Pull`` / ``PullBatch``);
+* ``basalt.pull.batch.queues`` ({queue}, histogram): queues per PullBatch;
+* ``basalt.pull.held`` ({request}, up-down counter): calls waiting on a
+  store-node with a suspend timeout (held long polls);
+* ``basalt.pull.sessions`` ({session}, observable gauge): consumer sessions
+  open on each pull-service (``basalt.pull_service.id``).
+
+Messages and bytes got are counted by the store-node, per topic
+(``basalt.store.get.*``): a PullBatch passes the store-node's answer through
+undecoded, and decoding it to count would be most of the call's work.
+
+One span per call (never per message), its attributes set only when
+it is recorded. Sessions are read at collection from the in-memory registry.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+
+_meter = metrics.get_meter("basalt.services.pull_service")
+_tracer = trace.get_tracer("basalt.services.pull_service")
+
+_duration = _meter.create_histogram(
+    "basalt.pull.duration", unit="s", description="One Pull or PullBatch call, held time included."
+)
+_batch_queues = _meter.create_histogram(
+    "basalt.pull.batch.queues", unit="{queue}", description="Queues read by one PullBatch."
+)
+_held = _meter.create_up_down_counter(
+    "basalt.pull.held", unit="{request}", description="Pull calls held waiting for messages."
+)
+_CALLS = {name: {"basalt.pull.call": name} for name in ("Pull", "PullBatch")}
+
+#: pull-service id → its session registry (anything with ``__len__``), weakly.
+_registries: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def track_sessions(pull_service_id: str, sessions: Any) -> None:
+    """Report ``len(sessions)`` as this pull-service's open consumer sessions."""
+    _registries[pull_service_id] = sessions
+
+
+@contextmanager
+def pull_call(name: str, queues: int, group: str, suspend_ms: int) -> Iterator[None]:
+    """Measure one Pull/PullBatch call of ``queues`` queues: its span, its duration,
+    and, while it may be held (``suspend_ms`` > 0), the held count."""
+    attrs = _CALLS[name]
+    if name == "PullBatch":
+        _batch_queues.record(queues)
+    started = time.perf_counter()
+    held = suspend_ms > 0
+    if held:
+        _held.add(1)
+    try:
+        with _tracer.start_as_current_span(name) as span:
+            if span.is_recording():
+                span.set_attribute("messaging.system", "rocketmq")
+                span.set_attribute("messaging.consumer.group.name", group)
+                span.set_attribute("basalt.queue.count", queues)
+            yield
+    finally:
+        if held:
+            _held.add(-1)
+        _duration.record(time.perf_counter() - started, attrs)
+
+
+def _sessions(options: CallbackOptions) -> Iterable[Observation]:
+    return [
+        Observation(len(registry), {"basalt.pull_service.id": pid})
+        for pid, registry in list(_registries.items())
+    ]
+
+
+_meter.create_observable_gauge(
+    "basalt.pull.sessions",
+    [_sessions],
+    unit="{session}",
+    description="Consumer sessions open on the pull-service.",
+)

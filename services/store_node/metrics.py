@@ -1,0 +1,318 @@
+"""The store-node's OpenTelemetry metrics and its hot-path spans.
+
+Only the OpenTelemetry *API* is used: the instruments bind to whatever
+MeterProvider/TracerProvider the process installs (``basalt.common.telemetry``
+in a service, an in-memory reader in the tests); with none installed they
+are no-ops. :mod:`basalt.store` knows nothing of this: the node reads the
+store's state in observable callbacks and hears of flushes through the
+CommitLog's ``flush_listeners``.
+
+Instruments (Prometheus names in ``docs/observability.md#metrics``):
+
+* counters per topic (``messaging.destination.name``): messages and bytes put,
+  messages and bytes got;
+* histograms: put duration per send (s), GetMessage(s) call duration (s, a
+  held long poll included), messages per SendStream request, CommitLog fsync
+  duration (s);
+* observable gauges per node (``basalt.broker.name``): dispatch-behind and
+  index-behind bytes, CommitLog min/max offsets, the last disk-use ratio the
+  expiry service measured, held long polls, health per background service
+  (1 serving, 0 failed), and consumer lag per group/topic/queue.
+
+The instruments are made once per process (a second observable instrument of
+one name would be dropped by the SDK), so the observable callbacks walk the
+set of live :class:`StoreNodeMetrics`: a test process may run several nodes.
+
+Cost: a send adds two ``perf_counter`` calls and three ``add``/``record`` calls
+with a cached attributes mapping per topic; a SendStream request adds one span
+whose attributes are built only when it is sampled. Observable callbacks run
+on the exporter's thread and read in-memory state only (no disk, no network).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+
+if TYPE_CHECKING:
+    from basalt.services.store_node.long_polling import PullRequestHoldService
+    from basalt.store import MessageStore
+    from basalt.v1 import store_node_pb2 as sn
+
+#: The OpenTelemetry attribute naming a message's topic (messaging conventions).
+TOPIC = "messaging.destination.name"
+BROKER = "basalt.broker.name"
+
+_meter = metrics.get_meter("basalt.services.store_node")
+_tracer = trace.get_tracer("basalt.services.store_node")
+
+_put_messages = _meter.create_counter(
+    "basalt.store.put.messages", unit="{message}", description="Messages stored, per topic."
+)
+_put_bytes = _meter.create_counter(
+    "basalt.store.put.bytes", unit="By", description="Record bytes stored, per topic."
+)
+_get_messages = _meter.create_counter(
+    "basalt.store.get.messages", unit="{message}", description="Messages read, per topic."
+)
+_get_bytes = _meter.create_counter(
+    "basalt.store.get.bytes", unit="By", description="Record bytes read, per topic."
+)
+_put_duration = _meter.create_histogram(
+    "basalt.store.put.duration", unit="s", description="One send (a message or a batch) stored."
+)
+_get_duration = _meter.create_histogram(
+    "basalt.store.get.duration",
+    unit="s",
+    description="One GetMessage or GetMessages call, a held long poll included.",
+)
+_send_stream_batch = _meter.create_histogram(
+    "basalt.store.send_stream.batch.messages",
+    unit="{message}",
+    description="Messages in one SendStream request.",
+)
+_flush_duration = _meter.create_histogram(
+    "basalt.store.flush.duration", unit="s", description="One CommitLog fsync."
+)
+
+#: The nodes the observable callbacks report on.
+_live: set[StoreNodeMetrics] = set()
+
+
+class StoreNodeMetrics:
+    """One store-node's instruments: call :meth:`close` when the node stops.
+
+    Concurrency: the ``on_*`` methods run on the node's event loop; the flush
+    listener on the flush thread (histogram ``record`` is thread-safe).
+    """
+
+    def __init__(self, broker_name: str, store: MessageStore, hold: PullRequestHoldService) -> None:
+        self.broker_name = broker_name
+        self.store = store
+        self.hold = hold
+        self._node = {BROKER: broker_name}
+        self._topics: dict[str, Mapping[str, str]] = {}
+        store.commitlog.flush_listeners.append(self._on_flush)
+        _live.add(self)
+
+    def close(self) -> None:
+        """Stop reporting this node's gauges and flushes."""
+        _live.discard(self)
+        with suppress(ValueError):
+            self.store.commitlog.flush_listeners.remove(self._on_flush)
+
+    def topic(self, topic: str) -> Mapping[str, str]:
+        """The attributes of ``topic``, made once (a dict per call costs on the hot path)."""
+        attrs = self._topics.get(topic)
+        if attrs is None:
+            attrs = self._topics[topic] = {TOPIC: topic}
+        return attrs
+
+    def on_put(self, topic: str, messages: int, size: int, started: float) -> None:
+        """A send of ``messages`` records of ``size`` bytes, begun at ``started``
+        (``time.perf_counter()``), was stored."""
+        attrs = self.topic(topic)
+        _put_messages.add(messages, attrs)
+        _put_bytes.add(size, attrs)
+        _put_duration.record(time.perf_counter() - started, attrs)
+
+    def on_get(self, topic: str, messages: int, size: int) -> None:
+        """A read of one queue of ``topic`` answered ``messages`` records."""
+        if messages:
+            attrs = self.topic(topic)
+            _get_messages.add(messages, attrs)
+            _get_bytes.add(size, attrs)
+
+    def on_get_call(self, started: float) -> None:
+        """A GetMessage(s) call begun at ``started`` answered."""
+        _get_duration.record(time.perf_counter() - started, self._node)
+
+    def _on_flush(self, elapsed_s: float) -> None:
+        _flush_duration.record(elapsed_s, self._node)
+
+    # -- what the observable callbacks read ----------------------------------------
+
+    def _lag(self) -> Iterator[Observation]:
+        store = self.store
+        for group, topic, queue_id, offset in store.consumer_offsets.all_offsets():
+            behind = store.get_max_offset_in_queue(topic, queue_id) - offset
+            yield Observation(
+                max(behind, 0),
+                {
+                    BROKER: self.broker_name,
+                    "messaging.consumer.group.name": group,
+                    TOPIC: topic,
+                    "basalt.queue.id": queue_id,
+                },
+            )
+
+    def _health(self) -> Iterator[Observation]:
+        failed = {f.service for f in self.store.failures.failures}
+        for name in self.store.service_names:
+            yield Observation(
+                0 if name in failed else 1, {BROKER: self.broker_name, "basalt.service": name}
+            )
+
+
+@contextmanager
+def send_stream_span(items: Iterable[sn.SendStreamItem]) -> Iterator[None]:
+    """One span around the taking of one SendStream request's sends, and
+    the request's message count in the batch-size histogram.
+
+    The span's attributes (``messaging.batch.message_count``, and the topic when
+    every send goes to one) are set only when it is recorded.
+    """
+    count, topics = 0, set()
+    for item in items:
+        if item.HasField("message"):
+            count += 1
+            topics.add(item.message.message.topic)
+        elif item.HasField("batch"):
+            count += _batch_count(item.batch)
+            topics.add(item.batch.topic)
+    _send_stream_batch.record(count)
+    with _tracer.start_as_current_span("SendStream") as span:
+        if span.is_recording():
+            _batch_attributes(span, count, topics)
+        yield
+
+
+@contextmanager
+def get_messages_span(name: str) -> Iterator[trace.Span]:
+    """One span per GetMessage(s) call; :func:`end_get_span` gives it the
+    messages it answered."""
+    with _tracer.start_as_current_span(name) as span:
+        yield span
+
+
+def end_get_span(span: trace.Span, queues: int, messages: int) -> None:
+    """Name the queues read and the messages answered on a recorded span."""
+    if span.is_recording():
+        span.set_attribute("messaging.system", "rocketmq")
+        span.set_attribute("basalt.queue.count", queues)
+        span.set_attribute("messaging.batch.message_count", messages)
+
+
+def _batch_attributes(span: trace.Span, count: int, topics: set[str]) -> None:
+    span.set_attribute("messaging.system", "rocketmq")
+    span.set_attribute("messaging.batch.message_count", count)
+    if len(topics) == 1:
+        span.set_attribute(TOPIC, next(iter(topics)))
+
+
+def _batch_count(batch: sn.SendBatchRequest) -> int:
+    """Messages in a SendBatch: the list's length, or the records walked by their
+    TOTALSIZE fields (4 bytes, big-endian, at each record's start)."""
+    if batch.WhichOneof("batch") != "records":
+        return len(batch.messages.messages)
+    data, pos, count = batch.records, 0, 0
+    while pos + 4 <= len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        if size <= 0:
+            break
+        pos += size
+        count += 1
+    return count
+
+
+# -- the observable instruments, over every live node ------------------------------------
+
+
+def _per_node(
+    read: str,
+) -> metrics.CallbackT:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        out = []
+        for node in list(_live):
+            value = _NODE_READS[read](node)
+            if value is not None:
+                out.append(Observation(value, node._node))
+        return out
+
+    return callback
+
+
+def _disk_ratio(node: StoreNodeMetrics) -> float | None:
+    expiry = node.store.expiry
+    used = None if expiry is None else expiry.last_used_percent
+    return None if used is None or used < 0 else used / 100
+
+
+def _index_behind(node: StoreNodeMetrics) -> int | None:
+    index = node.store.index
+    if index is None:
+        return None
+    return max(node.store.max_physical_offset - index.reput_offset, 0)
+
+
+_NODE_READS: dict[str, Callable[[StoreNodeMetrics], float | None]] = {
+    "dispatch_behind": lambda n: n.store.dispatch_behind_bytes,
+    "index_behind": _index_behind,
+    "min_offset": lambda n: n.store.min_physical_offset,
+    "max_offset": lambda n: n.store.max_physical_offset,
+    "disk_ratio": _disk_ratio,
+    "held": lambda n: n.hold.held,
+}
+
+
+def _all_lag(options: CallbackOptions) -> Iterable[Observation]:
+    return [o for node in list(_live) for o in node._lag()]
+
+
+def _all_health(options: CallbackOptions) -> Iterable[Observation]:
+    return [o for node in list(_live) for o in node._health()]
+
+
+_meter.create_observable_gauge(
+    "basalt.store.dispatch.behind",
+    [_per_node("dispatch_behind")],
+    unit="By",
+    description="CommitLog bytes not yet dispatched to the ConsumeQueues.",
+)
+_meter.create_observable_gauge(
+    "basalt.store.index.behind",
+    [_per_node("index_behind")],
+    unit="By",
+    description="CommitLog bytes not yet in the IndexFiles.",
+)
+_meter.create_observable_gauge(
+    "basalt.store.commitlog.min_offset",
+    [_per_node("min_offset")],
+    unit="By",
+    description="The CommitLog's first physical offset.",
+)
+_meter.create_observable_gauge(
+    "basalt.store.commitlog.max_offset",
+    [_per_node("max_offset")],
+    unit="By",
+    description="The CommitLog's end (the next physical offset).",
+)
+_meter.create_observable_gauge(
+    "basalt.store.disk.used_ratio",
+    [_per_node("disk_ratio")],
+    unit="1",
+    description="Disk use of the store's filesystem, as last measured by the expiry service.",
+)
+_meter.create_observable_gauge(
+    "basalt.store.long_polls.held",
+    [_per_node("held")],
+    unit="{request}",
+    description="Pull requests held waiting for messages.",
+)
+_meter.create_observable_gauge(
+    "basalt.store.service.healthy",
+    [_all_health],
+    unit="1",
+    description="1 while a background service of the store runs, 0 once it failed.",
+)
+_meter.create_observable_gauge(
+    "basalt.consumer.lag",
+    [_all_lag],
+    unit="{message}",
+    description="Messages of a queue past a group's committed offset, on the node owning it.",
+)

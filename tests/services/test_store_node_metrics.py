@@ -1,0 +1,149 @@
+"""The store-node's metrics and hot-path spans, read from an in-memory reader.
+
+A real store-node on port 0 (:func:`tests.support.nodes.node`); the SDK
+providers are the process's one pair (:func:`tests.support.telemetry.telemetry`),
+so every test uses topics of its own and the node's own broker attribute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+from tests.support.aio import run
+from tests.support.nodes import NODE_TOPIC, node
+from tests.support.polling import eventually
+from tests.support.rpc import wire
+from tests.support.telemetry import metric_reader
+
+TOPIC = "messaging.destination.name"
+
+
+def _topic() -> str:
+    return f"Metrics{uuid.uuid4().hex[:12]}"
+
+
+def test_put_and_get_counts_lag_and_one_span_per_send_stream_batch(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    t = metric_reader()
+    topic = _topic()
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            for i in range(3):
+                await stub.SendMessage(
+                    sn.SendMessageRequest(message=wire(topic, b"m%d" % i), queue_id=0)
+                )
+            call = stub.SendStream()
+            batch = sn.SendBatchRequest(
+                topic=topic,
+                queue_id=0,
+                messages=pb.MessageList(messages=[wire("", b"b%d" % i) for i in range(4)]),
+            )
+            await call.write(sn.SendStreamRequest(items=[sn.SendStreamItem(opaque=1, batch=batch)]))
+            await call.done_writing()
+            answers = [a async for r in call for a in r.answers]
+            assert [a.result.status for a in answers] == [pb.SEND_STATUS_SEND_OK]
+            assert await asyncio.to_thread(running.store.wait_dispatched)
+            got = await stub.GetMessage(
+                sn.GetMessageRequest(group="G1", topic=topic, queue_id=0, offset=0, max_msg_nums=32)
+            )
+            assert got.records.count == 7
+            for group, offset in (("G1", 7), ("G2", 2)):
+                await stub.UpdateConsumerOffset(
+                    sn.UpdateConsumerOffsetRequest(
+                        group=group, topic=topic, queue_id=0, offset=offset
+                    )
+                )
+            where = {TOPIC: topic}
+            assert t.value("basalt.store.put.messages", **where) == 7
+            assert t.value("basalt.store.get.messages", **where) == 7
+            put_bytes = t.value("basalt.store.put.bytes", **where)
+            assert put_bytes is not None and put_bytes > 0
+            assert t.value("basalt.store.get.bytes", **where) == put_bytes
+            ((_, duration),) = t.points("basalt.store.put.duration", **where)
+            assert duration.count == 4  # three sends and one batch
+            lag = {"messaging.consumer.group.name": "G1", TOPIC: topic, "basalt.queue.id": 0}
+            assert t.value("basalt.consumer.lag", **lag) == 0
+            lag["messaging.consumer.group.name"] = "G2"
+            assert t.value("basalt.consumer.lag", **lag) == 5
+            broker = {"basalt.broker.name": "broker-a"}
+            end = t.value("basalt.store.commitlog.max_offset", **broker)
+            assert end == running.store.max_physical_offset
+            assert t.value("basalt.store.dispatch.behind", **broker) == 0
+
+        streams = [
+            s
+            for s in spans.get_finished_spans()
+            if s.name == "SendStream" and (s.attributes or {}).get(TOPIC) == topic
+        ]
+        assert len(streams) == 1
+        assert (streams[0].attributes or {})["messaging.batch.message_count"] == 4
+        gets = [
+            s
+            for s in spans.get_finished_spans()
+            if s.name == "GetMessage"
+            and (s.attributes or {}).get("messaging.batch.message_count") == 7
+        ]
+        assert gets
+
+    run(scenario)
+
+
+def test_held_polls_gauge_rises_while_a_pull_is_held(tmp_path: Path) -> None:
+    t = metric_reader()
+    broker = {"basalt.broker.name": "broker-a"}
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            assert t.value("basalt.store.long_polls.held", **broker) == 0
+            held = asyncio.ensure_future(
+                stub.GetMessage(
+                    sn.GetMessageRequest(
+                        group="G",
+                        topic=NODE_TOPIC,
+                        queue_id=3,
+                        offset=0,
+                        max_msg_nums=8,
+                        suspend_timeout_ms=10_000,
+                    )
+                )
+            )
+            await eventually(
+                lambda: t.value("basalt.store.long_polls.held", **broker) == 1, what="held"
+            )
+            await stub.SendMessage(
+                sn.SendMessageRequest(message=wire(NODE_TOPIC, b"wake"), queue_id=3)
+            )
+            assert (await held).records.count == 1
+            await eventually(
+                lambda: t.value("basalt.store.long_polls.held", **broker) == 0, what="released"
+            )
+
+    run(scenario)
+
+
+def test_health_gauge_goes_to_zero_for_a_failed_service(tmp_path: Path) -> None:
+    t = metric_reader()
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, _, _):
+            store = running.store
+            name = "flush-consumequeue"
+            assert name in store.service_names
+            where = {"basalt.broker.name": "broker-a", "basalt.service": name}
+            assert t.value("basalt.store.service.healthy", **where) == 1
+            store.failures.record(name, OSError(5, "injected"))
+            assert t.value("basalt.store.service.healthy", **where) == 0
+            others = t.points("basalt.store.service.healthy", **{"basalt.broker.name": "broker-a"})
+            assert {a["basalt.service"] for a, p in others if p.value == 1} == set(
+                store.service_names
+            ) - {name}
+
+    run(scenario)
