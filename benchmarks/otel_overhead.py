@@ -1,5 +1,6 @@
 """What observability costs: batched produce and consume of a loopback cluster,
-three ways, in one run.
+three ways (and a fourth that
+splits metrics from spans), in one run.
 
 Each mode starts its own ``basalt cluster up`` (two store-nodes, a
 pull-service, the admin service; ASYNC flush) with the mode's ``OTEL_*``
@@ -19,6 +20,9 @@ committing, of what the produce cell wrote — and brings the cluster down:
   trace context, so each SendStream request and PullBatch call is a sampled
   root span) with no exporter (no ``OTEL_EXPORTER_OTLP_ENDPOINT``: the spans
   are made, then dropped).
+* **metrics, traces sampled out** — as above with ``OTEL_TRACES_SAMPLER=
+  always_off``: what the metrics alone cost (a diagnostic row: the spans'
+  share of the previous row is the difference).
 * **metrics, 100 % sampling, OTLP** — as above with ``OTEL_TRACES_SAMPLER=
   always_on`` and every span exported by OTLP/gRPC (batch span processor,
   its defaults) to a receiver in this process (:mod:`tests.support.otlp`,
@@ -26,7 +30,7 @@ committing, of what the produce cell wrote — and brings the cluster down:
 
 The load processes are plain gRPC clients, untraced. The table gives msgs/s
 per cell and the overhead against **off**; the target is <= 5 % with metrics
-on and default sampling. ``--rounds N`` runs the three modes N times,
+on and default sampling. ``--rounds N`` runs the modes N times,
 interleaved, and keeps each cell's best (the machine's other work only ever
 slows a run down).
 
@@ -82,6 +86,7 @@ class Mode:
 MODES = (
     Mode("off", {"OTEL_SDK_DISABLED": "true"}, scrape=False, export=False),
     Mode("metrics, default sampling", {}, scrape=True, export=False),
+    Mode("metrics, traces sampled out", {"OTEL_TRACES_SAMPLER": "always_off"}, True, False),
     Mode(
         "metrics, 100 % sampling, OTLP",
         {"OTEL_TRACES_SAMPLER": "always_on"},
@@ -240,7 +245,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short cells: a smoke run")
     p.add_argument("--warmup", type=float, default=2.0, help="s of warm-up per cell")
     p.add_argument("--duration", type=float, default=10.0, help="s measured per cell")
-    p.add_argument("--rounds", type=int, default=1, help="runs of the three modes, interleaved")
+    p.add_argument("--rounds", type=int, default=1, help="runs of the modes, interleaved")
     p.add_argument(
         "--scrape-interval", type=float, default=5.0, help="s between scrapes of every endpoint"
     )
