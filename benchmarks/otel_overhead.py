@@ -52,7 +52,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -154,6 +154,8 @@ class Result:
     consume: float
     scrapes: int = 0
     spans: int = 0
+    #: Every round's (produce, consume) msgs/s, in the order run.
+    rounds: list[tuple[float, float]] = field(default_factory=list)
 
 
 async def run_mode(
@@ -200,12 +202,14 @@ async def run(
                 got = await run_mode(
                     s, mode, root / f"round{r}-mode{i}", receiver, scrape_interval_s
                 )
+                got.rounds.append((got.produce, got.consume))
                 if mode.name in best:
                     was = best[mode.name]
                     got.produce = max(got.produce, was.produce)
                     got.consume = max(got.consume, was.consume)
                     got.scrapes += was.scrapes
                     got.spans += was.spans
+                    got.rounds[:0] = was.rounds
                 best[mode.name] = got
     return best
 
@@ -221,6 +225,9 @@ def format_results(best: Mapping[str, Result]) -> str:
         produce_pct = 100 * (1 - r.produce / base.produce) if base.produce else 0.0
         consume_pct = 100 * (1 - r.consume / base.consume) if base.consume else 0.0
         also = []
+        if len(r.rounds) > 1:
+            each = " ".join(f"{p / 1000:.0f}k/{c / 1000:.0f}k" for p, c in r.rounds)
+            also.append(f"rounds {each}")
         if mode.scrape:
             also.append(f"{r.scrapes} scrapes")
         if mode.export:
