@@ -3,6 +3,12 @@
 # tools, then runs the linters, the type checker and the whole pytest suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The end-to-end metrics tests scrape a cluster with a real Prometheus
+# (Debian's package; CI runs this as root on a fresh machine).
+command -v prometheus >/dev/null ||
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus ||
+        (apt-get update -q &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus))
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

@@ -7,10 +7,8 @@ reset point the table shows, which is what SearchOffset gives."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -23,6 +21,7 @@ from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.aio import async_test
 from tests.support.consumers import assert_one_jump_back, every_queue_jumped_back, producing
 from tests.support.polling import eventually
+from tests.support.processes import local_cluster
 from tests.support.processes import run_basalt as basalt
 from tests.support.push_worker import calls, worker
 from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
@@ -33,26 +32,11 @@ TOPIC = "ResetE2E"
 GROUP = "RG"
 
 
-@contextlib.asynccontextmanager
-async def cluster_up(data: Path) -> AsyncIterator[dict[str, dict[str, str]]]:
-    async def run(*args: str) -> tuple[int, str]:
-        code, out, err = await basalt("cluster", *args, "--data-dir", str(data))
-        return code, out + err
-
-    code, out = await run("up")
-    try:
-        assert code == 0, out
-        procs = json.loads((data / "cluster.json").read_text())
-        yield {p["name"]: p for p in procs} | {p["role"]: p for p in procs}
-    finally:
-        code, out = await run("down")
-        assert code == 0, out
-
-
 @async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
 async def test_reset_by_time_with_three_push_consumers_under_production(tmp_path: Path) -> None:
     log = tmp_path / "consumed.log"
-    async with cluster_up(tmp_path / "cluster") as procs:
+    with local_cluster(tmp_path / "cluster") as rows:
+        procs = {p["name"]: p for p in rows} | {p["role"]: p for p in rows}
         address = procs["pull-service"]["address"]
         etcd = procs["etcd"]["address"]
         meta_config = MetaConfig(endpoints=(etcd,), cluster=CLUSTER_NAME)

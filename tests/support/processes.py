@@ -8,12 +8,15 @@ The ``processes`` fixture is registered by ``tests/conftest.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,9 +34,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # -- the command line ----------------------------------------------------------------------
 
 
-async def run_basalt(*argv: str) -> tuple[int, str, str]:
-    """``basalt ARGV...`` (``python -m basalt.admin``) as a user runs it; returns
-    its exit status, stdout and stderr. Killed if it outlives the cap."""
+async def run_basalt(*argv: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """``basalt ARGV...`` (``python -m basalt.admin``) as a user runs it, with
+    ``env`` over this process's environment; returns its exit status, stdout
+    and stderr. Killed if it outlives the cap."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -42,6 +46,7 @@ async def run_basalt(*argv: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=REPO_ROOT,
+        env=None if env is None else {**os.environ, **env},
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), SUBPROCESS_TIMEOUT_S)
@@ -53,16 +58,39 @@ async def run_basalt(*argv: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-def run_basalt_sync(*argv: str) -> subprocess.CompletedProcess[str]:
+def run_basalt_sync(
+    *argv: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """:func:`run_basalt` for plain threads: the completed process (text output)."""
     return subprocess.run(
         [sys.executable, "-m", "basalt.admin", *argv],
         cwd=REPO_ROOT,
+        env=None if env is None else {**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,
         check=False,
     )
+
+
+@contextlib.contextmanager
+def local_cluster(
+    data: Path, *args: str, env: Mapping[str, str] | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """``basalt cluster up --data-dir DATA ARGS...`` (its services inherit
+    ``env`` over this process's environment); yields ``cluster status --json``'s
+    rows (every process's role, name, addresses and ``/metrics`` URL); ``basalt
+    cluster down`` always, which must succeed."""
+    started = run_basalt_sync("cluster", "up", "--data-dir", str(data), *args, env=env)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        status = run_basalt_sync("cluster", "status", "--data-dir", str(data), "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows: list[dict[str, Any]] = json.loads(status.stdout)
+        yield rows
+    finally:
+        stopped = run_basalt_sync("cluster", "down", "--data-dir", str(data))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 
 # -- service processes ---------------------------------------------------------------------
