@@ -3,7 +3,7 @@
 the Prometheus text format and PromQL, read as far as the tests need.
 
 :func:`scrape_config` turns ``basalt cluster status --json``'s rows into a
-``prometheus.yml`` (docs/observability-e2e.md shows the same);
+``prometheus.yml`` (docs/observability.md shows the same);
 :func:`prometheus` runs the server on a free loopback port for a block and
 :meth:`Prometheus.query` asks its HTTP API (``/api/v1/query``).
 """
