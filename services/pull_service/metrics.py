@@ -36,9 +36,8 @@ _duration = _meter.create_histogram(
 _batch_queues = _meter.create_histogram(
     "basalt.pull.batch.queues", unit="{queue}", description="Queues read by one PullBatch."
 )
-_held = _meter.create_up_down_counter(
-    "basalt.pull.held", unit="{request}", description="Pull calls held waiting for messages."
-)
+#: Pull calls now waiting with a suspend timeout (the event loop's; read at collection).
+_held_now = 0
 _CALLS = {name: {"basalt.pull.call": name} for name in ("Pull", "PullBatch")}
 
 #: pull-service id → its session registry (anything with ``__len__``), weakly.
@@ -54,23 +53,26 @@ def track_sessions(pull_service_id: str, sessions: Any) -> None:
 def pull_call(name: str, queues: int, group: str, suspend_ms: int) -> Iterator[None]:
     """Measure one Pull/PullBatch call of ``queues`` queues: its span, its duration,
     and, while it may be held (``suspend_ms`` > 0), the held count."""
+    global _held_now
     attrs = _CALLS[name]
     if name == "PullBatch":
         _batch_queues.record(queues)
     started = time.perf_counter()
     held = suspend_ms > 0
-    if held:
-        _held.add(1)
+    _held_now += held
     try:
-        with _tracer.start_as_current_span(name) as span:
-            if span.is_recording():
+        # A span of its own only under a recorded (sampled) gRPC span: an
+        # unsampled call costs no span.
+        if trace.get_current_span().is_recording():
+            with _tracer.start_as_current_span(name) as span:
                 span.set_attribute("messaging.system", "rocketmq")
                 span.set_attribute("messaging.consumer.group.name", group)
                 span.set_attribute("basalt.queue.count", queues)
+                yield
+        else:
             yield
     finally:
-        if held:
-            _held.add(-1)
+        _held_now -= held
         _duration.record(time.perf_counter() - started, attrs)
 
 
@@ -81,6 +83,12 @@ def _sessions(options: CallbackOptions) -> Iterable[Observation]:
     ]
 
 
+_meter.create_observable_gauge(
+    "basalt.pull.held",
+    [lambda options: [Observation(_held_now)]],
+    unit="{request}",
+    description="Pull calls held waiting for messages.",
+)
 _meter.create_observable_gauge(
     "basalt.pull.sessions",
     [_sessions],

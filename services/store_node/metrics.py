@@ -10,9 +10,10 @@ CommitLog's ``flush_listeners``.
 Instruments (Prometheus names in ``docs/observability.md#metrics``):
 
 * counters per topic (``messaging.destination.name``): messages and bytes put,
-  messages and bytes got;
-* histograms: put duration per send (s), GetMessage(s) call duration (s, a
-  held long poll included), messages per SendStream request, CommitLog fsync
+  messages and bytes got (observable: plain ints on the hot path, read at
+  collection);
+* histograms per node: put duration per send (s), messages per send,
+  GetMessage(s) call duration (s, a held long poll included), CommitLog fsync
   duration (s);
 * observable gauges per node (``basalt.broker.name``): dispatch-behind and
   index-behind bytes, CommitLog min/max offsets, the last disk-use ratio the
@@ -23,9 +24,9 @@ The instruments are made once per process (a second observable instrument of
 one name would be dropped by the SDK), so the observable callbacks walk the
 set of live :class:`StoreNodeMetrics`: a test process may run several nodes.
 
-Cost: a send adds two ``perf_counter`` calls and three ``add``/``record`` calls
-with a cached attributes mapping per topic; a SendStream request adds one span
-whose attributes are built only when it is sampled. Observable callbacks run
+Cost: a send adds two ``perf_counter`` calls, two int additions and two
+histogram ``record`` calls; a SendStream request or GetMessage(s) call adds a
+span only when its gRPC span is sampled. Observable callbacks run
 on the exporter's thread and read in-memory state only (no disk, no network).
 """
 
@@ -51,30 +52,21 @@ BROKER = "basalt.broker.name"
 _meter = metrics.get_meter("basalt.services.store_node")
 _tracer = trace.get_tracer("basalt.services.store_node")
 
-_put_messages = _meter.create_counter(
-    "basalt.store.put.messages", unit="{message}", description="Messages stored, per topic."
-)
-_put_bytes = _meter.create_counter(
-    "basalt.store.put.bytes", unit="By", description="Record bytes stored, per topic."
-)
-_get_messages = _meter.create_counter(
-    "basalt.store.get.messages", unit="{message}", description="Messages read, per topic."
-)
-_get_bytes = _meter.create_counter(
-    "basalt.store.get.bytes", unit="By", description="Record bytes read, per topic."
-)
 _put_duration = _meter.create_histogram(
-    "basalt.store.put.duration", unit="s", description="One send (a message or a batch) stored."
+    "basalt.store.put.duration",
+    unit="s",
+    description="One send (a message or a batch) stored; per node (a histogram per topic "
+    "would be tens of thousands of series).",
 )
 _get_duration = _meter.create_histogram(
     "basalt.store.get.duration",
     unit="s",
     description="One GetMessage or GetMessages call, a held long poll included.",
 )
-_send_stream_batch = _meter.create_histogram(
-    "basalt.store.send_stream.batch.messages",
+_put_batch = _meter.create_histogram(
+    "basalt.store.put.batch.messages",
     unit="{message}",
-    description="Messages in one SendStream request.",
+    description="Messages in one send: 1 for a message, N for a batch.",
 )
 _flush_duration = _meter.create_histogram(
     "basalt.store.flush.duration", unit="s", description="One CommitLog fsync."
@@ -97,6 +89,10 @@ class StoreNodeMetrics:
         self.hold = hold
         self._node = {BROKER: broker_name}
         self._topics: dict[str, Mapping[str, str]] = {}
+        #: Per topic, [messages, bytes] put and got since the node started: plain
+        #: ints on the hot path, reported as observable counters at collection.
+        self._put: dict[str, list[int]] = {}
+        self._got: dict[str, list[int]] = {}
         store.commitlog.flush_listeners.append(self._on_flush)
         _live.add(self)
 
@@ -110,23 +106,25 @@ class StoreNodeMetrics:
         """The attributes of ``topic``, made once (a dict per call costs on the hot path)."""
         attrs = self._topics.get(topic)
         if attrs is None:
-            attrs = self._topics[topic] = {TOPIC: topic}
+            attrs = self._topics[topic] = {TOPIC: topic, BROKER: self.broker_name}
         return attrs
 
     def on_put(self, topic: str, messages: int, size: int, started: float) -> None:
         """A send of ``messages`` records of ``size`` bytes, begun at ``started``
         (``time.perf_counter()``), was stored."""
-        attrs = self.topic(topic)
-        _put_messages.add(messages, attrs)
-        _put_bytes.add(size, attrs)
-        _put_duration.record(time.perf_counter() - started, attrs)
+        _count(self._put, topic, messages, size)
+        _put_duration.record(time.perf_counter() - started, self._node)
+        _put_batch.record(messages, self._node)
 
     def on_get(self, topic: str, messages: int, size: int) -> None:
         """A read of one queue of ``topic`` answered ``messages`` records."""
         if messages:
-            attrs = self.topic(topic)
-            _get_messages.add(messages, attrs)
-            _get_bytes.add(size, attrs)
+            _count(self._got, topic, messages, size)
+
+    def _totals(self, which: dict[str, list[int]], index: int) -> Iterator[Observation]:
+        # list(): one C call under the GIL, a snapshot while the loop adds topics.
+        for topic, totals in list(which.items()):
+            yield Observation(totals[index], self.topic(topic))
 
     def on_get_call(self, started: float) -> None:
         """A GetMessage(s) call begun at ``started`` answered."""
@@ -159,14 +157,25 @@ class StoreNodeMetrics:
             )
 
 
+def _count(totals: dict[str, list[int]], topic: str, messages: int, size: int) -> None:
+    counts = totals.get(topic)
+    if counts is None:
+        counts = totals[topic] = [0, 0]
+    counts[0] += messages
+    counts[1] += size
+
+
 @contextmanager
 def send_stream_span(items: Iterable[sn.SendStreamItem]) -> Iterator[None]:
-    """One span around the taking of one SendStream request's sends, and
-    the request's message count in the batch-size histogram.
+    """One span around the taking of one SendStream request's sends, when the
+    stream's own span is recorded (sampled); none otherwise, at no cost.
 
-    The span's attributes (``messaging.batch.message_count``, and the topic when
-    every send goes to one) are set only when it is recorded.
+    Its attributes: ``messaging.batch.message_count``, and the topic when
+    every send goes to one.
     """
+    if not trace.get_current_span().is_recording():
+        yield
+        return
     count, topics = 0, set()
     for item in items:
         if item.HasField("message"):
@@ -175,17 +184,20 @@ def send_stream_span(items: Iterable[sn.SendStreamItem]) -> Iterator[None]:
         elif item.HasField("batch"):
             count += _batch_count(item.batch)
             topics.add(item.batch.topic)
-    _send_stream_batch.record(count)
     with _tracer.start_as_current_span("SendStream") as span:
-        if span.is_recording():
-            _batch_attributes(span, count, topics)
+        _batch_attributes(span, count, topics)
         yield
 
 
 @contextmanager
 def get_messages_span(name: str) -> Iterator[trace.Span]:
-    """One span per GetMessage(s) call; :func:`end_get_span` gives it the
-    messages it answered."""
+    """One span per GetMessage(s) call when the call's own span is recorded
+    (sampled); otherwise that non-recording span, and no new one.
+    :func:`end_get_span` gives it the messages it answered."""
+    current = trace.get_current_span()
+    if not current.is_recording():
+        yield current
+        return
     with _tracer.start_as_current_span(name) as span:
         yield span
 
@@ -258,6 +270,26 @@ _NODE_READS: dict[str, Callable[[StoreNodeMetrics], float | None]] = {
     "disk_ratio": _disk_ratio,
     "held": lambda n: n.hold.held,
 }
+
+
+def _all_totals(
+    which: Callable[[StoreNodeMetrics], dict[str, list[int]]], index: int
+) -> metrics.CallbackT:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        return [o for node in list(_live) for o in node._totals(which(node), index)]
+
+    return callback
+
+
+for _name, _which, _index, _unit, _description in (
+    ("basalt.store.put.messages", lambda n: n._put, 0, "{message}", "Messages stored, per topic."),
+    ("basalt.store.put.bytes", lambda n: n._put, 1, "By", "Record bytes stored, per topic."),
+    ("basalt.store.get.messages", lambda n: n._got, 0, "{message}", "Messages read, per topic."),
+    ("basalt.store.get.bytes", lambda n: n._got, 1, "By", "Record bytes read, per topic."),
+):
+    _meter.create_observable_counter(
+        _name, [_all_totals(_which, _index)], unit=_unit, description=_description
+    )
 
 
 def _all_lag(options: CallbackOptions) -> Iterable[Observation]:

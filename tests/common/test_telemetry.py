@@ -3,6 +3,7 @@ environment, the sampler, and the process metrics as Prometheus names them."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import logging
@@ -31,6 +32,7 @@ from basalt.common.telemetry import (
     span_exporters,
     tracer_provider,
 )
+from basalt.services import process
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 ENDPOINT = "http://127.0.0.1:4317"
@@ -146,6 +148,23 @@ def test_the_sampler_comes_from_the_environment_parent_based_always_on_by_defaul
     no_otel_env.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
     sampled = tracer_provider(config).sampler
     assert isinstance(sampled, TraceIdRatioBased) and sampled.rate == 0.25
+
+
+def test_a_service_samples_one_percent_of_the_traces_it_starts_unless_the_env_says(
+    no_otel_env: pytest.MonkeyPatch,
+) -> None:
+    parser = argparse.ArgumentParser()
+    process.add_common_arguments(parser, "basalt-store-node")
+    config = process.telemetry_config(parser.parse_args([]))
+    assert config.root_sampling_ratio == process.SERVICE_ROOT_SAMPLING_RATIO == 0.01
+    sampler = tracer_provider(config).sampler
+    # Parent-based: a call arriving sampled is recorded; a root is sampled at the ratio.
+    assert isinstance(sampler, ParentBased)
+    assert "TraceIdRatioBased{0.01}" in sampler.get_description()
+    no_otel_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    assert "AlwaysOnSampler" in tracer_provider(config).sampler.get_description()
+    with pytest.raises(ValueError, match="root_sampling_ratio"):
+        TelemetryConfig(service_name="s", root_sampling_ratio=1.5)
 
 
 def test_the_process_metrics_render_under_their_prometheus_names() -> None:

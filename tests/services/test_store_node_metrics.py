@@ -33,9 +33,19 @@ def test_put_and_get_counts_lag_and_one_span_per_send_stream_batch(
 ) -> None:
     t = metric_reader()
     topic = _topic()
+    broker = {"basalt.broker.name": "broker-a"}
+
+    def histogram(name: str) -> tuple[int, float]:
+        """(count, sum) of broker-a's ``name`` so far (other tests' nodes add to it)."""
+        points = t.points(name, **broker)
+        return (points[0][1].count, points[0][1].sum) if points else (0, 0.0)
 
     async def scenario() -> None:
         async with node(tmp_path) as (running, stub, _):
+            durations, batches = (
+                histogram("basalt.store.put.duration"),
+                histogram("basalt.store.put.batch.messages"),
+            )
             for i in range(3):
                 await stub.SendMessage(
                     sn.SendMessageRequest(message=wire(topic, b"m%d" % i), queue_id=0)
@@ -67,13 +77,14 @@ def test_put_and_get_counts_lag_and_one_span_per_send_stream_batch(
             put_bytes = t.value("basalt.store.put.bytes", **where)
             assert put_bytes is not None and put_bytes > 0
             assert t.value("basalt.store.get.bytes", **where) == put_bytes
-            ((_, duration),) = t.points("basalt.store.put.duration", **where)
-            assert duration.count == 4  # three sends and one batch
+            # Three sends and one batch of four: four durations, sizes 1, 1, 1 and 4.
+            assert histogram("basalt.store.put.duration")[0] == durations[0] + 4
+            count, total = histogram("basalt.store.put.batch.messages")
+            assert (count - batches[0], total - batches[1]) == (4, 7)
             lag = {"messaging.consumer.group.name": "G1", TOPIC: topic, "basalt.queue.id": 0}
             assert t.value("basalt.consumer.lag", **lag) == 0
             lag["messaging.consumer.group.name"] = "G2"
             assert t.value("basalt.consumer.lag", **lag) == 5
-            broker = {"basalt.broker.name": "broker-a"}
             end = t.value("basalt.store.commitlog.max_offset", **broker)
             assert end == running.store.max_physical_offset
             assert t.value("basalt.store.dispatch.behind", **broker) == 0

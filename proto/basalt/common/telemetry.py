@@ -57,6 +57,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.instrumentation.grpc._aio_server import OpenTelemetryAioServerInterceptor
 
 from basalt.common.settings import (
+    between,
     check,
     config_dataclass,
     instance_of,
@@ -120,6 +121,15 @@ class TelemetryConfig:
     )
     log_level: str = setting(
         default="INFO", check=one_of(*LOG_LEVELS), doc="The root logger's level."
+    )
+    root_sampling_ratio: float = setting(
+        default=1.0,
+        check=between(0.0, 1.0),
+        doc="When OTEL_TRACES_SAMPLER is unset: the share of traces this process starts "
+        "(a span with no parent) that are sampled; a span whose parent arrives is sampled "
+        "as its parent was (parent-based). 1.0 is the SDK's own default "
+        "(parentbased_always_on); services start traces at every call, so they sample "
+        "fewer (SERVICE_ROOT_SAMPLING_RATIO).",
     )
     flush_timeout_ms: int = setting(
         default=5_000,
@@ -332,11 +342,17 @@ def tracer_provider(
 ) -> TracerProvider:
     """An SDK tracer provider for ``config``'s resource, a BatchSpanProcessor per
     exporter; the sampler from the environment (the SDK's own reading of
-    ``OTEL_TRACES_SAMPLER``/``_ARG``). Not installed: see :func:`setup_telemetry`."""
+    ``OTEL_TRACES_SAMPLER``/``_ARG``), or when it names none,
+    ``parentbased_traceidratio`` at ``config.root_sampling_ratio`` (below 1.0).
+    Not installed: see :func:`setup_telemetry`."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 
-    provider = TracerProvider(resource=_resource(config))
+    sampler: Sampler | None = None  # None: the SDK reads the environment
+    if not os.environ.get("OTEL_TRACES_SAMPLER") and config.root_sampling_ratio < 1.0:
+        sampler = ParentBased(TraceIdRatioBased(config.root_sampling_ratio))
+    provider = TracerProvider(resource=_resource(config), sampler=sampler)
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
