@@ -92,7 +92,7 @@ from basalt.common.settings import (
     positive,
     setting,
 )
-from basalt.common.tracing import consume_attributes, message_links
+from basalt.common.tracing import consume_attributes, message_links, untraced_task
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
@@ -348,7 +348,7 @@ class LitePullConsumer(ConsumerClient):
             wake = self._wakes[broker] = asyncio.Event()
         wake.set()
         if self._started and not self._closing and broker not in self._fetchers:
-            self._fetchers[broker] = asyncio.get_running_loop().create_task(
+            self._fetchers[broker] = untraced_task(
                 self._fetch(broker, wake), name=f"basalt-lite-fetch:{broker}"
             )
 

@@ -54,6 +54,7 @@ from basalt.common.tracing import (
     MESSAGING_SYSTEM,
     MESSAGING_SYSTEM_ROCKETMQ,
     extracted_context,
+    untraced_task,
 )
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -141,14 +142,14 @@ class GroupMember:
         return self._session_task is not None
 
     def start(self) -> None:
-        self._session_task = asyncio.get_running_loop().create_task(
+        self._session_task = untraced_task(
             self._keep_session(), name=f"basalt-session:{self.client_id}"
         )
         self.background(self._rebalancer())
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` as a task that :meth:`close` cancels."""
-        task = asyncio.get_running_loop().create_task(work)
+        task = untraced_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

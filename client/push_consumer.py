@@ -61,7 +61,7 @@ from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
-from basalt.common.tracing import consume_attributes, message_links
+from basalt.common.tracing import consume_attributes, message_links, untraced_task
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 
@@ -259,7 +259,7 @@ class PushConsumer(ConsumerClient):
             self._spawn(pq, self._consume_orderly(pq))
 
     def _spawn(self, pq: ProcessQueue, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        task = untraced_task(work)
         pq.tasks.add(task)
         task.add_done_callback(pq.tasks.discard)
 

@@ -25,11 +25,15 @@ Attribute names follow OpenTelemetry's messaging semantic conventions
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, MutableMapping
+import asyncio
+from collections.abc import Coroutine, Iterable, Mapping, MutableMapping
+from typing import Any, TypeVar
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
+
+T = TypeVar("T")
 
 #: The W3C header names, used as message property names.
 PROPERTY_TRACEPARENT = "traceparent"
@@ -145,3 +149,17 @@ __all__ = [
     "message_link",
     "message_links",
 ]
+
+
+def untraced_task(work: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+    """``work`` as a task of the running loop whose OpenTelemetry context is empty.
+
+    A task copies its creator's context: a consumer's pull loop started while
+    handling a reset (inside that command's span) would otherwise make every
+    later pull a span of the reset's trace. Long-lived loops start untraced;
+    each call they make starts (or not) a trace of its own."""
+    token = context.attach(context.Context())
+    try:
+        return asyncio.get_running_loop().create_task(work, name=name)
+    finally:
+        context.detach(token)
