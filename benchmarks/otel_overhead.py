@@ -15,11 +15,11 @@ committing, of what the produce cell wrote — and brings the cluster down:
   scrapes it).
 * **metrics, default sampling** — the set-up as shipped: every instrument
   records, a scraper reads every service's ``/metrics`` every
-  ``--scrape-interval`` s (Prometheus' job), and traces run on the SDK's
-  default sampler (``parentbased_always_on``: the load's requests carry no
-  trace context, so each SendStream request and PullBatch call is a sampled
-  root span) with no exporter (no ``OTEL_EXPORTER_OTLP_ENDPOINT``: the spans
-  are made, then dropped).
+  ``--scrape-interval`` s (Prometheus' job), and traces run on a service's
+  default sampler (``parentbased_traceidratio`` at 0.01: the load's requests
+  carry no trace context, so 1 % of the SendStream streams and PullBatch calls
+  start a recorded trace) with no exporter (no
+  ``OTEL_EXPORTER_OTLP_ENDPOINT``: those spans are made, then dropped).
 * **metrics, traces sampled out** — as above with ``OTEL_TRACES_SAMPLER=
   always_off``: what the metrics alone cost (a diagnostic row: the spans'
   share of the previous row is the difference).
@@ -36,7 +36,7 @@ slows a run down).
 
 Usage::
 
-    .venv/bin/python benchmarks/otel_overhead.py            # ~3 min
+    .venv/bin/python benchmarks/otel_overhead.py            # ~3 min (--rounds 3: ~7)
     .venv/bin/python benchmarks/otel_overhead.py --quick    # smoke run, ~1 min
 """
 
