@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import threading
 import time
@@ -205,6 +206,9 @@ async def run_mode(
         finally:
             e2e._progress(f"{mode.name}: basalt cluster down")
             print(cluster.down().rstrip(), file=sys.stderr)
+            # Each mode writes ~5 GB: twelve of them kept until the end filled the
+            # disk past the store-nodes' 90 % guard, which refused the last sends.
+            shutil.rmtree(cluster.data_dir, ignore_errors=True)
 
 
 async def run(
