@@ -41,6 +41,7 @@ only: a process that never sets up (an SDK application) imports the API alone.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import inspect
 import json
@@ -48,13 +49,13 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from opentelemetry import metrics, trace
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
-from opentelemetry.instrumentation.grpc._aio_server import OpenTelemetryAioServerInterceptor
 
 from basalt.common.settings import (
     between,
@@ -218,28 +219,144 @@ def configure_logging(log_format: str = "text", level: str = "INFO") -> None:
 # -- gRPC ----------------------------------------------------------------------------------
 
 
-class _ServerInterceptor(OpenTelemetryAioServerInterceptor):  # type: ignore[misc]
-    """The instrumentation's aio server interceptor, which takes a handler with
-    streamed answers for an async generator; Basalt's are coroutines that write
-    to their context (``SendStream``, ``Session``): those get the span it gives
-    a unary handler, held until the coroutine returns."""
+_TRACE_KEYS = frozenset({"traceparent", "tracestate"})
 
-    def _intercept_aio_server_stream(self, behavior: Any, handler_call_details: Any) -> Any:
-        # The instrumentation is untyped.
-        if inspect.isasyncgenfunction(behavior):
-            return super()._intercept_aio_server_stream(behavior, handler_call_details)  # type: ignore[no-untyped-call]
-        return self._intercept_aio_server_unary(behavior, handler_call_details)  # type: ignore[no-untyped-call]
+
+class ServerSpans(grpc.aio.ServerInterceptor):
+    """A SERVER span per call, in the trace the caller's ``traceparent`` metadata
+    names (a root span, sampled as the sampler says, when it names none): the
+    span opentelemetry-instrumentation-grpc's aio interceptor makes (name the
+    full method, ``rpc.system``, ``rpc.service``, ``rpc.method``,
+    ``rpc.grpc.status_code``), for about a tenth of its cost.
+
+    The instrumentation's interceptor took ~100 µs of a unary call's ~600 µs
+    round trip on loopback even when the span was not sampled (it wraps the
+    servicer context in a proxy object and parses the peer for every call); a
+    store-node's first put into a new queue is one such call. Here an
+    unsampled call costs a non-recording span and a context switch, and the
+    attributes are built only for a recorded span. A handler of streamed
+    answers may be an async generator or a coroutine writing to its context
+    (``SendStream``, ``Session``): both are wrapped, the span held until the
+    handler returns.
+    """
+
+    def __init__(self) -> None:
+        # The global proxy tracer: spans reach whatever provider is installed later.
+        self._tracer = trace.get_tracer(
+            "opentelemetry.instrumentation.grpc",
+            schema_url="https://opentelemetry.io/schemas/1.11.0",
+        )
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        carrier = {
+            key: value
+            for key, value in handler_call_details.invocation_metadata or ()  # type: ignore[attr-defined]
+            if key in _TRACE_KEYS
+        }
+        parent = propagate.extract(carrier) if carrier else None
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._call(handler.unary_unary, method, parent),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(handler.unary_stream, method, parent),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._call(handler.stream_unary, method, parent),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            self._stream(handler.stream_stream, method, parent),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _call(self, behavior: Any, method: str, parent: Any) -> Any:
+        tracer = self._tracer
+
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            # start_span and attach rather than start_as_current_span: its context
+            # manager alone cost ~20 µs a call.
+            span = tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER)
+            token = otel_context.attach(trace.set_span_in_context(span, parent))
+            try:
+                return await behavior(request, context)
+            except BaseException as e:
+                _end_rpc_span(span, method, context, e)
+                raise
+            finally:
+                otel_context.detach(token)
+                _end_rpc_span(span, method, context, None)
+                span.end()
+
+        return call
+
+    def _stream(self, behavior: Any, method: str, parent: Any) -> Any:
+        if not inspect.isasyncgenfunction(behavior):
+            return self._call(behavior, method, parent)
+        tracer = self._tracer
+
+        async def answers(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            span = tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER)
+            try:
+                with trace.use_span(span, end_on_exit=False, record_exception=False):
+                    async for answer in behavior(request, context):
+                        yield answer
+            except BaseException as e:
+                _end_rpc_span(span, method, context, e)
+                raise
+            finally:
+                _end_rpc_span(span, method, context, None)
+                span.end()
+
+        return answers
+
+
+def _end_rpc_span(
+    span: trace.Span, method: str, context: grpc.aio.ServicerContext[Any, Any], error: Any
+) -> None:
+    """The attributes and status of a recorded call's span (nothing for one not
+    recorded); the first call (the error's) wins."""
+    if not span.is_recording() or getattr(span, "_basalt_ended", False):
+        return
+    span._basalt_ended = True  # type: ignore[attr-defined]
+    service, _, name = method.lstrip("/").partition("/")
+    span.set_attribute("rpc.system", "grpc")
+    span.set_attribute("rpc.service", service)
+    span.set_attribute("rpc.method", name)
+    code = context.code()
+    if error is not None and not isinstance(error, asyncio.CancelledError):
+        span.record_exception(error)
+        if code is None or code == grpc.StatusCode.OK:
+            code = grpc.StatusCode.UNKNOWN
+    status = grpc.StatusCode.OK if code is None else code
+    if isinstance(status, grpc.StatusCode):
+        span.set_attribute("rpc.grpc.status_code", status.value[0])
+        if status is not grpc.StatusCode.OK:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(context.details() or "")))
 
 
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
-    """The interceptors every grpc.aio server takes: a server span per call, in the
-    trace the caller's metadata names (a root span when it names none)."""
-    # The global proxy tracer: spans reach whatever provider is installed later.
-    tracer = trace.get_tracer(
-        "opentelemetry.instrumentation.grpc", schema_url="https://opentelemetry.io/schemas/1.11.0"
-    )
-    interceptor: grpc.aio.ServerInterceptor = _ServerInterceptor(tracer)  # type: ignore[no-untyped-call]
-    return [interceptor]
+    """The interceptors every grpc.aio server takes: a server span per call
+    (:class:`ServerSpans`)."""
+    return [ServerSpans()]
 
 
 def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
