@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -88,3 +89,28 @@ async def test_every_kind_of_call_is_a_server_span_with_its_status(
     (client_ok,) = [s for s in named(finished, "/t.T/Ok") if s.kind is trace.SpanKind.CLIENT]
     assert servers["/t.T/Ok"].parent is not None and client_ok.context is not None
     assert servers["/t.T/Ok"].parent.span_id == client_ok.context.span_id
+
+
+@async_test
+async def test_a_root_draw_that_fails_costs_no_span_and_a_traced_call_keeps_its_own(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a service's root ratio (here 0: no draw passes), a call from outside any
+    trace makes neither a client nor a server span; a call in a trace makes both."""
+    monkeypatch.setattr(telemetry, "_root_ratio", 0.0)
+    handlers = {"Ok": grpc.unary_unary_rpc_method_handler(_ok, _identity, _identity)}
+    server = grpc.aio.server(interceptors=telemetry.server_interceptors())
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.T", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with telemetry.insecure_channel(f"127.0.0.1:{port}") as channel:
+            ok = channel.unary_unary("/t.T/Ok")
+            assert await ok(b"untraced") == b"untraced"
+            assert named(spans.get_finished_spans(), "/t.T/Ok") == []
+            with trace.get_tracer("test").start_as_current_span("caller"):
+                assert await ok(b"traced") == b"traced"
+    finally:
+        await server.stop(None)
+    kinds = sorted(s.kind.name for s in named(spans.get_finished_spans(), "/t.T/Ok"))
+    assert kinds == ["CLIENT", "SERVER"]

@@ -29,6 +29,7 @@ from basalt.common.telemetry import (
     add_process_metrics,
     log_handler,
     otlp_metric_readers,
+    root_draw_ratio,
     span_exporters,
     tracer_provider,
 )
@@ -157,12 +158,15 @@ def test_a_service_samples_one_percent_of_the_traces_it_starts_unless_the_env_sa
     process.add_common_arguments(parser, "basalt-store-node")
     config = process.telemetry_config(parser.parse_args([]))
     assert config.root_sampling_ratio == process.SERVICE_ROOT_SAMPLING_RATIO == 0.01
+    assert root_draw_ratio(config) == 0.01
+    # Parent-based: a call arriving sampled is recorded; the roots were drawn at
+    # the ratio where the call entered (the interceptors), so the sampler keeps them.
     sampler = tracer_provider(config).sampler
-    # Parent-based: a call arriving sampled is recorded; a root is sampled at the ratio.
     assert isinstance(sampler, ParentBased)
-    assert "TraceIdRatioBased{0.01}" in sampler.get_description()
-    no_otel_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
-    assert "AlwaysOnSampler" in tracer_provider(config).sampler.get_description()
+    assert "AlwaysOnSampler" in sampler.get_description()
+    no_otel_env.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    assert root_draw_ratio(config) is None  # the environment's sampler decides alone
+    assert isinstance(tracer_provider(config).sampler, TraceIdRatioBased)
     with pytest.raises(ValueError, match="root_sampling_ratio"):
         TelemetryConfig(service_name="s", root_sampling_ratio=1.5)
 
