@@ -16,9 +16,9 @@ committing, of what the produce cell wrote — and brings the cluster down:
 * **metrics, default sampling** — the set-up as shipped: every instrument
   records, a scraper reads every service's ``/metrics`` every
   ``--scrape-interval`` s (Prometheus' job), and traces run on a service's
-  default sampler (``parentbased_traceidratio`` at 0.01: the load's requests
-  carry no trace context, so 1 % of the SendStream streams and PullBatch calls
-  start a recorded trace) with no exporter (no
+  default sampling (1 % of roots: the load's requests carry no trace context,
+  so 1 % of the SendStream streams and PullBatch calls start a recorded trace
+  and the rest make no span) with no exporter (no
   ``OTEL_EXPORTER_OTLP_ENDPOINT``: those spans are made, then dropped).
 * **metrics, traces sampled out** — as above with ``OTEL_TRACES_SAMPLER=
   always_off``: what the metrics alone cost (a diagnostic row: the spans'
