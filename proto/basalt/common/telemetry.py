@@ -238,6 +238,16 @@ def _untraced_root() -> bool:
     return ratio is not None and random.random() >= ratio
 
 
+#: A method handler's four kinds: (its behavior's attribute, the factory that
+#: makes one, whether its answers are streamed).
+_HANDLER_KINDS = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler, True),
+)
+
+
 class ServerSpans(grpc.aio.ServerInterceptor):
     """A SERVER span per call, in the trace the caller's ``traceparent`` metadata
     names (a root span, sampled as the sampler says, when it names none): the
@@ -282,29 +292,16 @@ class ServerSpans(grpc.aio.ServerInterceptor):
         parent = propagate.extract(carrier) if carrier else None
         if parent is None and _untraced_root():
             return handler  # no span, as the sampler would have it
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._call(handler.unary_unary, method, parent),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(handler.unary_stream, method, parent),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._call(handler.stream_unary, method, parent),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            self._stream(handler.stream_stream, method, parent),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        for kind, make, streamed_answers in _HANDLER_KINDS:
+            behavior = getattr(handler, kind)
+            if behavior is not None:
+                wrap = self._stream if streamed_answers else self._call
+                return make(
+                    wrap(behavior, method, parent),
+                    request_deserializer=handler.request_deserializer,
+                    response_serializer=handler.response_serializer,
+                )
+        return handler
 
     def _call(self, behavior: Any, method: str, parent: Any) -> Any:
         tracer = self._tracer
@@ -314,15 +311,15 @@ class ServerSpans(grpc.aio.ServerInterceptor):
             # manager alone cost ~20 µs a call.
             span = tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER)
             token = otel_context.attach(trace.set_span_in_context(span, parent))
+            error: BaseException | None = None
             try:
                 return await behavior(request, context)
             except BaseException as e:
-                _end_rpc_span(span, method, context, e)
+                error = e
                 raise
             finally:
                 otel_context.detach(token)
-                _end_rpc_span(span, method, context, None)
-                span.end()
+                _end_rpc_span(span, method, context, error)
 
         return call
 
@@ -333,28 +330,31 @@ class ServerSpans(grpc.aio.ServerInterceptor):
 
         async def answers(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             span = tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER)
+            error: BaseException | None = None
             try:
                 with trace.use_span(span, end_on_exit=False, record_exception=False):
                     async for answer in behavior(request, context):
                         yield answer
             except BaseException as e:
-                _end_rpc_span(span, method, context, e)
+                error = e
                 raise
             finally:
-                _end_rpc_span(span, method, context, None)
-                span.end()
+                _end_rpc_span(span, method, context, error)
 
         return answers
 
 
 def _end_rpc_span(
-    span: trace.Span, method: str, context: grpc.aio.ServicerContext[Any, Any], error: Any
+    span: trace.Span,
+    method: str,
+    context: grpc.aio.ServicerContext[Any, Any],
+    error: BaseException | None,
 ) -> None:
-    """The attributes and status of a recorded call's span (nothing for one not
-    recorded); the first call (the error's) wins."""
-    if not span.is_recording() or getattr(span, "_basalt_ended", False):
+    """End a call's span: with the ``rpc.*`` attributes and the status (``error``:
+    what the handler raised, if anything) when it is recorded."""
+    if not span.is_recording():
+        span.end()
         return
-    span._basalt_ended = True  # type: ignore[attr-defined]
     service, _, name = method.lstrip("/").partition("/")
     span.set_attribute("rpc.system", "grpc")
     span.set_attribute("rpc.service", service)
@@ -369,6 +369,7 @@ def _end_rpc_span(
         span.set_attribute("rpc.grpc.status_code", status.value[0])
         if status is not grpc.StatusCode.OK:
             span.set_status(trace.Status(trace.StatusCode.ERROR, str(context.details() or "")))
+    span.end()
 
 
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
