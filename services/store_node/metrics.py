@@ -235,13 +235,13 @@ def _batch_count(batch: sn.SendBatchRequest) -> int:
 # -- the observable instruments, over every live node ------------------------------------
 
 
-def _per_node(
-    read: str,
-) -> metrics.CallbackT:
+def _per_node(read: Callable[[StoreNodeMetrics], float | None]) -> metrics.CallbackT:
+    """A gauge callback observing ``read(node)`` for every live node (None: no point)."""
+
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         out = []
         for node in list(_live):
-            value = _NODE_READS[read](node)
+            value = read(node)
             if value is not None:
                 out.append(Observation(value, node._node))
         return out
@@ -260,16 +260,6 @@ def _index_behind(node: StoreNodeMetrics) -> int | None:
     if index is None:
         return None
     return max(node.store.max_physical_offset - index.reput_offset, 0)
-
-
-_NODE_READS: dict[str, Callable[[StoreNodeMetrics], float | None]] = {
-    "dispatch_behind": lambda n: n.store.dispatch_behind_bytes,
-    "index_behind": _index_behind,
-    "min_offset": lambda n: n.store.min_physical_offset,
-    "max_offset": lambda n: n.store.max_physical_offset,
-    "disk_ratio": _disk_ratio,
-    "held": lambda n: n.hold.held,
-}
 
 
 def _all_totals(
@@ -300,19 +290,19 @@ def _all_health(options: CallbackOptions) -> Iterable[Observation]:
     return [o for node in list(_live) for o in node._health()]
 
 
-#: The per-node gauges: (name, the node's method, unit, description).
-_NODE_GAUGES = (
-    ("basalt.store.dispatch.behind", "dispatch_behind", "By",
+#: The per-node gauges: (name, what it reads of a node, unit, description).
+_NODE_GAUGES: tuple[tuple[str, Callable[[StoreNodeMetrics], float | None], str, str], ...] = (
+    ("basalt.store.dispatch.behind", lambda n: n.store.dispatch_behind_bytes, "By",
      "CommitLog bytes not yet dispatched to the ConsumeQueues."),
-    ("basalt.store.index.behind", "index_behind", "By",
+    ("basalt.store.index.behind", _index_behind, "By",
      "CommitLog bytes not yet in the IndexFiles."),
-    ("basalt.store.commitlog.min_offset", "min_offset", "By",
+    ("basalt.store.commitlog.min_offset", lambda n: n.store.min_physical_offset, "By",
      "The CommitLog's first physical offset."),
-    ("basalt.store.commitlog.max_offset", "max_offset", "By",
+    ("basalt.store.commitlog.max_offset", lambda n: n.store.max_physical_offset, "By",
      "The CommitLog's end (the next physical offset)."),
-    ("basalt.store.disk.used_ratio", "disk_ratio", "1",
+    ("basalt.store.disk.used_ratio", _disk_ratio, "1",
      "Disk use of the store's filesystem, as last measured by the expiry service."),
-    ("basalt.store.long_polls.held", "held", "{request}",
+    ("basalt.store.long_polls.held", lambda n: n.hold.held, "{request}",
      "Pull requests held waiting for messages."),
 )  # fmt: skip
 for _name, _reading, _unit, _description in _NODE_GAUGES:
