@@ -77,6 +77,9 @@ CreationListener = Callable[[Path], None]
 
 _creation_lock = threading.Lock()
 _creation_listeners: dict[Path, CreationListener] = {}
+#: Each watched root as given and as resolved, with a trailing separator: the
+#: prefixes that :func:`file_created` matches a path's text against.
+_creation_prefixes: dict[Path, tuple[str, ...]] = {}
 
 
 def watch_file_creation(root: Path, listener: CreationListener) -> Callable[[], None]:
@@ -90,11 +93,13 @@ def watch_file_creation(root: Path, listener: CreationListener) -> Callable[[], 
     key = root.resolve()
     with _creation_lock:
         _creation_listeners[key] = listener
+        _creation_prefixes[key] = tuple({os.path.join(p, "") for p in (str(root), str(key))})
 
     def stop() -> None:
         with _creation_lock:
             if _creation_listeners.get(key) is listener:
                 del _creation_listeners[key]
+                del _creation_prefixes[key]
 
     return stop
 
@@ -103,10 +108,21 @@ def file_created(path: Path) -> None:
     """Tell the listener of the root holding ``path`` (if any) that it was created."""
     if not _creation_listeners:
         return  # no store in this process watches: tools, most unit tests
-    resolved = path.resolve()
+    # A store names its files from its own root, so the path's text starts with
+    # the root as given (or resolved): matched without resolving, which walks
+    # every component with lstat in Python and cost a new queue's first put
+    # ~0.1 ms. A path spelled another way (through a symlink) is resolved.
+    text = str(path)
     with _creation_lock:
         listeners = [
-            fn for root, fn in _creation_listeners.items() if resolved.is_relative_to(root)
+            _creation_listeners[root]
+            for root, prefixes in _creation_prefixes.items()
+            if text.startswith(prefixes)
         ]
+        if not listeners:
+            resolved = path.resolve()
+            listeners = [
+                fn for root, fn in _creation_listeners.items() if resolved.is_relative_to(root)
+            ]
     for listener in listeners:
         listener(path)

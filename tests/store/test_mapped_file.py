@@ -236,3 +236,33 @@ def test_creating_a_data_file_tells_the_root_watcher_and_reopening_does_not(
         stop()
     MappedFile(tmp_path / file_name(SIZE), SIZE).close()
     assert len(created) == 1  # stopped: not told any more
+
+
+@pytest.mark.parametrize("spelling", ["as given", "through a symlink", "relative"])
+def test_a_created_file_reaches_its_roots_watcher_however_the_path_is_spelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    """The watcher matches a path's text against its root as given and as resolved,
+    and resolves only a path spelled another way: each store hears its own files
+    and never another root's."""
+    root, other = tmp_path / "root", tmp_path / "other"
+    root.mkdir()
+    other.mkdir()
+    (tmp_path / "link").symlink_to(root)
+    mine: list[Path] = []
+    theirs: list[Path] = []
+    stops = [watch_file_creation(root, mine.append), watch_file_creation(other, theirs.append)]
+    try:
+        if spelling == "through a symlink":
+            where = tmp_path / "link"
+        elif spelling == "relative":
+            monkeypatch.chdir(tmp_path)
+            where = Path("root")
+        else:
+            where = root
+        MappedFile(where / file_name(0), SIZE).close()
+        assert [p.name for p in mine] == [file_name(0)]
+        assert theirs == []
+    finally:
+        for stop in stops:
+            stop()
