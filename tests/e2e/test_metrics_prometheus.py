@@ -128,9 +128,15 @@ def test_prometheus_scrapes_the_cluster_put_and_get_counts_and_zero_lag(
             return (put, got, lag) == (SENT, SENT, 0)
 
         eventually_sync(counted, timeout_s=60, interval_s=0.5, what="put, get and lag")
-        # Every process with an endpoint is a target that answers.
-        up = {labels["instance"]: v for labels, v in prom.query("up")}
-        assert up == {r["name"]: 1.0 for r in cluster.rows if r["metrics"]}
+        # Every process with an endpoint is a target that answers. Each target is
+        # scraped on its own schedule: the pull-service's first scrape may come
+        # after the store-nodes' counts arrived, so wait for every target's `up`.
+        expected = {r["name"]: 1.0 for r in cluster.rows if r["metrics"]}
+
+        def all_up() -> bool:
+            return {labels["instance"]: v for labels, v in prom.query("up")} == expected
+
+        eventually_sync(all_up, timeout_s=60, interval_s=0.5, what="every target up")
 
 
 def test_every_dashboard_query_names_an_exported_metric(cluster: Cluster) -> None:
