@@ -16,8 +16,10 @@
     basalt admin shrinkTopic -t T -n N [--wait-s S] [-g offline-group ...]
     basalt admin resetOffsetByTime -g G -t T -s now|<millis>|yyyy-MM-dd#HH:mm:ss:SSS [-f true|false]
 
-Every verb takes ``--etcd host:port`` (default: the etcd ``basalt cluster up``
-started here, from ``./.basalt/cluster.json``), ``--cluster`` and ``--json``
+Every verb takes ``--etcd host:port[,host:port]`` (default: env ``BASALT_ETCD``,
+else the etcd of the cluster ``basalt cluster up`` started in the nearest
+``.basalt`` directory at or above the current one:
+:func:`basalt.common.local_cluster.discover`), ``--cluster`` and ``--json``
 (one JSON document instead of an aligned table). Exit status 0, 1 when the
 operation failed (the reason on stderr: an unknown topic or group, a
 store-node or etcd that did not answer; for resetOffsetByTime, a store-node
@@ -27,7 +29,7 @@ done), 2 for bad usage.
 The verbs the admin service offers (updateTopic, deleteTopic, topicList,
 resetOffsetByTime) also take ``--server [HOST:PORT]``: run through that admin
 service instead of over etcd from here (a bare ``--server``: the local
-cluster's, from ``./.basalt/cluster.json``). Same tables, same exit
+cluster's, from the nearest ``.basalt/cluster.json``). Same tables, same exit
 statuses; the one difference is admin.proto's: a reset some store-node
 failed prints the service's error naming it, not the partial table
 (:mod:`basalt.admin.backends`).
@@ -45,7 +47,7 @@ from typing import IO, Any
 from basalt.admin import ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
-from basalt.common.local_cluster import local_address
+from basalt.common.local_cluster import ClusterNotFoundError, discover
 from basalt.common.message import MessageRecord
 from basalt.common.telemetry import insecure_channel
 from basalt.services.meta import (
@@ -378,7 +380,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         sub = verbs.add_parser(name, help=help_text, description=help_text)
         add_arguments(sub)
         where = sub.add_mutually_exclusive_group()
-        where.add_argument("--etcd", help="etcd host:port[,host:port] (default: the local cluster)")
+        where.add_argument(
+            "--etcd",
+            help="etcd host:port[,host:port] (default: env BASALT_ETCD, else the local "
+            "cluster of the nearest ./.basalt upward)",
+        )
         if isinstance(operation, Served):
             where.add_argument(
                 "--server",
@@ -400,15 +406,13 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
     def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
         # Only served verbs have --server (add_commands).
         server: str | None = args.server if isinstance(operation, Served) else None
-        if server is not None:
-            address, flag = server or local_address("admin"), "--server address"
-        else:
-            address, flag = args.etcd or local_address("etcd"), "--etcd"
-        if address is None:
-            print(
-                f"basalt admin {args.verb}: no {flag}, and no local cluster in ./.basalt",
-                file=stderr,
-            )
+        try:
+            if server is not None:
+                address = discover("admin", flag="--server address", given=server)
+            else:
+                address = discover("etcd", flag="--etcd", given=args.etcd, env="BASALT_ETCD")
+        except ClusterNotFoundError as e:
+            print(f"basalt admin {args.verb}: {e}", file=stderr)
             return EXIT_USAGE
         status = 0
         try:
