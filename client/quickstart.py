@@ -12,8 +12,11 @@ nearest ``.basalt`` directory at or above the current one
 (:func:`basalt.common.local_cluster.discover`).
 ``produce`` prints one line per send (or batch) and a summary; ``consume``
 reads every queue of the topic from the group's committed offsets (from the
-first offset for a new group), prints one line per message, commits, and
-stops after ``--count`` messages or ``--idle-ms`` of silence. Exit status 0,
+first offset for a new group), prints one line per message (its store-node,
+queue, offset, tags, msgId and up to 64 bytes of its body, a longer one marked
+``... (N bytes)``), commits, and stops after ``--count`` messages or
+``--idle-ms`` of silence. ``--sql`` is checked by the pull-service once,
+before any fetch. Exit status 0,
 1 when a send or pull failed (the error on stderr), 2 for bad usage.
 """
 
@@ -92,21 +95,39 @@ async def consume(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
     )
     received = 0
     async with LitePullConsumer(endpoints, config=config) as consumer:
-        await consumer.assign(await consumer.queues_of(args.topic))
+        queues = await consumer.queues_of(args.topic)
+        if args.sql is not None and queues:
+            # Once, before the fetches: each queue's would fail alike.
+            await consumer.check_subscription(queues[0], args.sql, sql92=True)
+        await consumer.assign(queues)
+        brokers = await consumer.brokers_by_store_host()
         while args.count is None or received < args.count:
             left = None if args.count is None else args.count - received
             records = await consumer.poll(timeout_ms=args.idle_ms, max_records=left)
             if not records:
                 break
             for r in records:
+                broker = brokers.get(r.store_host, r.store_host)
                 print(
-                    f"{r.topic} queue={r.queue_id} offset={r.queue_offset} tags={r.tags or ''} "
-                    f"msgId={r.uniq_key or ''} body={r.body[:64]!r}",
+                    f"{r.topic} broker={broker} queue={r.queue_id} offset={r.queue_offset} "
+                    f"tags={r.tags or ''} msgId={r.uniq_key or ''} body={shown_body(r.body)}",
                     file=out,
                 )
             received += len(records)
     print(f"received {received} messages from {args.topic}", file=out)
     return 0
+
+
+#: ``consume`` prints at most this many bytes of a body.
+BODY_SHOWN = 64
+
+
+def shown_body(body: bytes) -> str:
+    """``body`` as a bytes literal, its first :data:`BODY_SHOWN` bytes only; a
+    longer one says so and how long it is (``b'xx...' ... (1024 bytes)``)."""
+    if len(body) <= BODY_SHOWN:
+        return repr(body)
+    return f"{body[:BODY_SHOWN]!r}... ({len(body)} bytes)"
 
 
 def add_produce(parser: argparse.ArgumentParser) -> None:
