@@ -20,7 +20,10 @@ Every verb takes ``--etcd host:port[,host:port]`` (default: env ``BASALT_ETCD``,
 else the etcd of the cluster ``basalt cluster up`` started in the nearest
 ``.basalt`` directory at or above the current one:
 :func:`basalt.common.local_cluster.discover`), ``--cluster`` and ``--json``
-(one JSON document instead of an aligned table). Exit status 0, 1 when the
+(one JSON document instead of an aligned table: a list of one object per
+row; consumerProgress's ``{"queues": [...], "total": {...}}``). Tables show
+times as ISO-8601 UTC dates with their milliseconds; ``--json`` has the date
+and the epoch milliseconds both. Exit status 0, 1 when the
 operation failed (the reason on stderr: an unknown topic or group, a
 store-node or etcd that did not answer; for resetOffsetByTime, a store-node
 that failed or a consumer that did not confirm, with the table of what was
@@ -482,7 +485,10 @@ def iso_time(ms: int) -> str:
     (``2026-11-24T17:24:18.123Z``); ``""`` for 0 or less (never set: an empty queue)."""
     if ms <= 0:
         return ""
-    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    # Seconds and milliseconds as integers: exact, with no float in between.
+    moment = datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC).replace(
+        microsecond=ms % 1000 * 1000
+    )
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
