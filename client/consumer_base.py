@@ -161,7 +161,9 @@ class ConsumerClient(Client):
             for q in range(qd.read_queue_nums)
         )
 
-    async def check_subscription(self, queue: MessageQueue, expression: str, sql92: bool) -> None:
+    async def check_subscription(
+        self, queue: MessageQueue, expression: str, *, sql92: bool
+    ) -> None:
         """Raise :class:`basalt.client.errors.SubscriptionError` (naming the
         position) unless the pull-service accepts the subscription, asked
         before any fetch, so a bad expression is one error, not one per queue.
