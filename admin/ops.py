@@ -418,13 +418,28 @@ async def query_msg_by_key(
     return out
 
 
-async def query_msg_by_id(meta: MetaClient, offset_msg_id: str) -> tuple[str, MessageRecord]:
-    """mqadmin queryMsgById: the message an offset message id names, from the
-    store-node whose store host the id carries (asked in turn otherwise)."""
+async def query_msg_by_id(
+    meta: MetaClient, msg_id: str, topic: str | None = None
+) -> list[tuple[str, MessageRecord]]:
+    """mqadmin queryMsgById: the message ``msg_id`` names, as (broker, record) rows.
+
+    Either id a send returns works, as in RocketMQ's DefaultMQAdminExt.viewMessage:
+    an offset message id (``offsetMsgId``: store host and commit log offset) is
+    read from the store-node whose store host it carries; any other id is taken
+    for the client's message id (UNIQ_KEY, what ``basalt produce`` prints as
+    ``msgId``) and looked up in the index of ``topic`` (every topic when None),
+    which may give more than one row (a send retried after a lost reply). Both
+    are 32 hex digits, so an id whose store host no store-node has is tried as
+    a UNIQ_KEY too. Raises AdminError naming which id to give when neither
+    finds it.
+    """
     try:
-        host, _ = parse_offset_msg_id(offset_msg_id)
+        host, _ = parse_offset_msg_id(msg_id)
     except ValueError:
-        raise AdminError(f"{offset_msg_id!r} is not an offset message id") from None
+        raise AdminError(
+            f"{msg_id!r} is not an offset message id nor a message id (UNIQ_KEY): "
+            "both are the hex ids a send returns"
+        ) from None
     brokers = await meta.list_brokers()
     for name in sorted(brokers):
         async with _store_node(brokers, name) as stub:
@@ -433,12 +448,27 @@ async def query_msg_by_id(meta: MetaClient, offset_msg_id: str) -> tuple[str, Me
                 if info.store_host != host:
                     continue
                 got = await stub.ViewMessage(
-                    sn.ViewMessageRequest(offset_msg_id=offset_msg_id), timeout=CALL_TIMEOUT_S
+                    sn.ViewMessageRequest(offset_msg_id=msg_id), timeout=CALL_TIMEOUT_S
                 )
             except grpc.aio.AioRpcError as e:
                 raise AdminError(f"store-node {name!r}: {e.details() or e.code().name}") from None
-            return name, decode_record(got.records.data)
-    raise AdminError(f"no registered store-node writes as {host} (the id's store host)")
+            return [(name, decode_record(got.records.data))]
+    names = [topic] if topic else sorted(await meta.list_topics())
+    found: list[tuple[str, MessageRecord]] = []
+    for name in names:
+        found += [
+            (broker, r)
+            for broker, r in await query_msg_by_key(meta, name, msg_id)
+            if r.uniq_key == msg_id
+        ]
+    if found:
+        return found
+    where = f"topic {topic!r}" if topic else "any topic"
+    raise AdminError(
+        f"no message {msg_id}: no registered store-node writes as {host} (the store host an "
+        f"offset message id carries), and no message of {where} has it as its message id "
+        "(UNIQ_KEY); give the msgId or offsetMsgId a send printed (-t TOPIC narrows a msgId)"
+    )
 
 
 async def broker_status(meta: MetaClient, broker_name: str) -> sn.GetRuntimeInfoResponse:
@@ -518,7 +548,8 @@ async def change_queue_nums(
     if not consumers:
         raise AdminError(
             f"no live consumer subscribes to {topic!r}: name the groups that read it "
-            f"(-g) before its read queues go; write_queue_nums is {queue_nums} now"
+            f"(-g) before its read queues go, e.g. basalt admin shrinkTopic -t {topic} "
+            f"-n {queue_nums} -g GROUP --wait-s 60; write_queue_nums is {queue_nums} now"
         )
     deadline = time.monotonic() + wait_s
     while left := await undrained(meta, config, queue_nums, consumers):
@@ -526,7 +557,7 @@ async def change_queue_nums(
             behind = ", ".join(f"{r.topic}/{r.broker_name}/{r.queue_id}" for r in left[:8])
             steps.append(
                 f"read_queue_nums stays {config.read_queue_nums}: not drained yet ({behind}); "
-                "run again (with --wait) to finish"
+                "run it again, with a longer --wait-s, to finish"
             )
             return steps
         await asyncio.sleep(poll_s)

@@ -11,14 +11,19 @@
     basalt admin clusterList
     basalt admin consumerConnection -g G
     basalt admin queryMsgByKey -t T -k KEY
-    basalt admin queryMsgById -i OFFSET_MSG_ID
+    basalt admin queryMsgById -i OFFSET_MSG_ID|MSG_ID [-t T]
     basalt admin brokerStatus -b BROKER
     basalt admin shrinkTopic -t T -n N [--wait-s S] [-g offline-group ...]
-    basalt admin resetOffsetByTime -g G -t T -s now|<millis>|yyyy-MM-dd#HH:mm:ss:SSS [-f true|false]
+    basalt admin resetOffsetByTime -g G -t T -s now|MILLIS|-1|yyyy-MM-dd#HH:mm:ss:SSS [-f BOOL]
 
-Every verb takes ``--etcd host:port`` (default: the etcd ``basalt cluster up``
-started here, from ``./.basalt/cluster.json``), ``--cluster`` and ``--json``
-(one JSON document instead of an aligned table). Exit status 0, 1 when the
+Every verb takes ``--etcd host:port[,host:port]`` (default: env ``BASALT_ETCD``,
+else the etcd of the cluster ``basalt cluster up`` started in the nearest
+``.basalt`` directory at or above the current one:
+:func:`basalt.common.local_cluster.discover`), ``--cluster`` and ``--json``
+(one JSON document instead of an aligned table: a list of one object per
+row; consumerProgress's ``{"queues": [...], "total": {...}}``). Tables show
+times as ISO-8601 UTC dates with their milliseconds; ``--json`` has the date
+and the epoch milliseconds both. Exit status 0, 1 when the
 operation failed (the reason on stderr: an unknown topic or group, a
 store-node or etcd that did not answer; for resetOffsetByTime, a store-node
 that failed or a consumer that did not confirm, with the table of what was
@@ -27,7 +32,7 @@ done), 2 for bad usage.
 The verbs the admin service offers (updateTopic, deleteTopic, topicList,
 resetOffsetByTime) also take ``--server [HOST:PORT]``: run through that admin
 service instead of over etcd from here (a bare ``--server``: the local
-cluster's, from ``./.basalt/cluster.json``). Same tables, same exit
+cluster's, from the nearest ``.basalt/cluster.json``). Same tables, same exit
 statuses; the one difference is admin.proto's: a reset some store-node
 failed prints the service's error naming it, not the partial table
 (:mod:`basalt.admin.backends`).
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -45,7 +51,7 @@ from typing import IO, Any
 from basalt.admin import ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
-from basalt.common.local_cluster import local_address
+from basalt.common.local_cluster import ClusterNotFoundError, discover
 from basalt.common.message import MessageRecord
 from basalt.common.telemetry import insecure_channel
 from basalt.services.meta import (
@@ -94,6 +100,7 @@ async def _update_topic(admin: TopicAdmin, a: argparse.Namespace) -> Table:
         result += (
             f"; read_queue_nums kept at {kept} until queues >= {a.read_queue_nums} are "
             f"drained: basalt admin shrinkTopic -t {a.topic} -n {a.read_queue_nums} --wait-s 60"
+            " (and -g GROUP for each group that reads it while not connected)"
         )
     return _topic_rows(write.config, result)
 
@@ -125,8 +132,15 @@ async def _topic_route(meta: MetaClient, a: argparse.Namespace) -> Table:
 
 async def _topic_status(meta: MetaClient, a: argparse.Namespace) -> Table:
     rows = await ops.topic_status(meta, a.topic)
-    return ["broker", "queue", "min_offset", "max_offset", "last_update_ms"], [
-        [r.broker_name, r.queue_id, r.min_offset, r.max_offset, r.last_update_timestamp_ms]
+    return ["broker", "queue", "min_offset", "max_offset", "last_update", "last_update_ms"], [
+        [
+            r.broker_name,
+            r.queue_id,
+            r.min_offset,
+            r.max_offset,
+            iso_time(r.last_update_timestamp_ms),
+            r.last_update_timestamp_ms,
+        ]
         for r in rows
     ]
 
@@ -137,9 +151,7 @@ async def _consumer_progress(meta: MetaClient, a: argparse.Namespace) -> Table:
         [r.topic, r.broker_name, r.queue_id, r.broker_offset, r.consumer_offset, r.lag]
         for r in rows
     ]
-    table.append(
-        ["(total)", "", "", sum(r.broker_offset for r in rows), "", sum(r.lag for r in rows)]
-    )
+    table.append([TOTAL, "", "", sum(r.broker_offset for r in rows), "", sum(r.lag for r in rows)])
     return ["topic", "broker", "queue", "broker_offset", "consumer_offset", "lag"], table
 
 
@@ -190,13 +202,15 @@ async def _consumer_connection(meta: MetaClient, a: argparse.Namespace) -> Table
         [
             c.client_id,
             c.pull_service_id,
+            iso_time(c.connected_since_ms),
             c.connected_since_ms,
             "; ".join(f"{s.topic}: {s.subscription.expression or '*'}" for s in c.subscriptions),
             c.client_version,
         ]
         for c in await ops.consumer_connection(meta, a.group)
     ]
-    return ["client_id", "pull_service", "connected_since_ms", "subscriptions", "version"], rows
+    header = ["client_id", "pull_service", "connected_since", "connected_since_ms"]
+    return [*header, "subscriptions", "version"], rows
 
 
 def _message_rows(found: list[tuple[str, MessageRecord]]) -> Table:
@@ -206,6 +220,7 @@ def _message_rows(found: list[tuple[str, MessageRecord]]) -> Table:
         "queue_offset",
         "msg_id",
         "offset_msg_id",
+        "store_time",
         "store_ms",
         "tags",
         "keys",
@@ -217,6 +232,7 @@ def _message_rows(found: list[tuple[str, MessageRecord]]) -> Table:
             r.queue_offset,
             r.uniq_key or "",
             r.msg_id,
+            iso_time(r.store_timestamp_ms),
             r.store_timestamp_ms,
             r.tags or "",
             " ".join(r.keys),
@@ -230,7 +246,7 @@ async def _query_msg_by_key(meta: MetaClient, a: argparse.Namespace) -> Table:
 
 
 async def _query_msg_by_id(meta: MetaClient, a: argparse.Namespace) -> Table:
-    return _message_rows([await ops.query_msg_by_id(meta, a.msg_id)])
+    return _message_rows(await ops.query_msg_by_id(meta, a.msg_id, a.topic))
 
 
 async def _broker_status(meta: MetaClient, a: argparse.Namespace) -> Table:
@@ -239,6 +255,7 @@ async def _broker_status(meta: MetaClient, a: argparse.Namespace) -> Table:
         ["brokerName", info.broker_name],
         ["storeHost", info.store_host],
         ["bootTimestamp", info.boot_timestamp_ms],
+        ["bootTime", iso_time(info.boot_timestamp_ms)],
         ["putTps", f"{info.put_tps:.1f}"],
         ["dispatchBehindBytes", info.dispatch_behind_bytes],
         ["diskUseRatio", f"{info.disk_use_ratio:.3f}"],
@@ -337,8 +354,11 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb | 
         _query_msg_by_key,
     ),
     "queryMsgById": (
-        "one message by its offset message id",
-        lambda p: p.add_argument("-i", "--msg-id", required=True),
+        "a message by the id a send printed: its offsetMsgId, or its msgId (UNIQ_KEY)",
+        lambda p: (
+            p.add_argument("-i", "--msg-id", required=True, help="offsetMsgId or msgId"),
+            p.add_argument("-t", "--topic", help="the topic of a msgId (default: every topic)"),
+        ),
         _query_msg_by_id,
     ),
     "brokerStatus": (
@@ -362,7 +382,13 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb | 
             p.add_argument("-g", "--group", required=True),
             p.add_argument("-t", "--topic", required=True),
             p.add_argument(
-                "-s", "--timestamp", required=True, help="now | millis | yyyy-MM-dd#HH:mm:ss:SSS"
+                "-s",
+                "--timestamp",
+                required=True,
+                help="now | millis | yyyy-MM-dd#HH:mm:ss:SSS; -1: the max offset. A time past "
+                "a queue's last message gives that message's offset (RocketMQ 4.x's rule), so "
+                "`now` leaves lag 1 per non-empty queue and its last message is read again; "
+                "-1 skips everything",
             ),
             p.add_argument("-f", "--force", default="true", help="true | false (default true)"),
             p.add_argument("--timeout-ms", type=int, default=5000, help="consumers' ack wait"),
@@ -378,7 +404,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         sub = verbs.add_parser(name, help=help_text, description=help_text)
         add_arguments(sub)
         where = sub.add_mutually_exclusive_group()
-        where.add_argument("--etcd", help="etcd host:port[,host:port] (default: the local cluster)")
+        where.add_argument(
+            "--etcd",
+            help="etcd host:port[,host:port] (default: env BASALT_ETCD, else the local "
+            "cluster of the nearest ./.basalt upward)",
+        )
         if isinstance(operation, Served):
             where.add_argument(
                 "--server",
@@ -400,15 +430,13 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
     def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
         # Only served verbs have --server (add_commands).
         server: str | None = args.server if isinstance(operation, Served) else None
-        if server is not None:
-            address, flag = server or local_address("admin"), "--server address"
-        else:
-            address, flag = args.etcd or local_address("etcd"), "--etcd"
-        if address is None:
-            print(
-                f"basalt admin {args.verb}: no {flag}, and no local cluster in ./.basalt",
-                file=stderr,
-            )
+        try:
+            if server is not None:
+                address = discover("admin", flag="--server address", given=server)
+            else:
+                address = discover("etcd", flag="--etcd", given=args.etcd, env="BASALT_ETCD")
+        except ClusterNotFoundError as e:
+            print(f"basalt admin {args.verb}: {e}", file=stderr)
             return EXIT_USAGE
         status = 0
         try:
@@ -423,7 +451,7 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
             print(f"basalt admin {args.verb}: {e}", file=stderr)
             return EXIT_FAILED
         if args.json:
-            json.dump([dict(zip(header, row, strict=True)) for row in rows], stdout, indent=2)
+            json.dump(json_document(header, rows), stdout, indent=2)
             stdout.write("\n")
         else:
             stdout.write(format_table(header, rows))
@@ -445,8 +473,43 @@ async def _through_service(address: str, args: argparse.Namespace, operation: Se
         return await operation.operation(ServiceAdmin(channel, address), args)
 
 
+#: A table's last row, in a verb that sums its rows (consumerProgress).
+TOTAL = "(total)"
+#: Columns only ``--json`` prints: a time in milliseconds, which the table shows
+#: as the date in the column before it (scripts get both).
+JSON_ONLY = frozenset({"last_update_ms", "connected_since_ms", "store_ms"})
+
+
+def iso_time(ms: int) -> str:
+    """Epoch milliseconds as ISO-8601 UTC with the milliseconds kept
+    (``2026-11-24T17:24:18.123Z``); ``""`` for 0 or less (never set: an empty queue)."""
+    if ms <= 0:
+        return ""
+    # Seconds and milliseconds as integers: exact, with no float in between.
+    moment = datetime.datetime.fromtimestamp(ms // 1000, datetime.UTC).replace(
+        microsecond=ms % 1000 * 1000
+    )
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def json_document(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
+    """``--json``'s document: a list of one object per row; a verb whose last
+    row is its :data:`TOTAL` gives ``{"queues": [...], "total": {...}}`` instead,
+    so a script reading the per-queue list never meets the sum (the total
+    keeps only its summed columns)."""
+    objects = [dict(zip(header, row, strict=True)) for row in rows]
+    if not rows or rows[-1][0] != TOTAL:
+        return objects
+    total = {k: v for k, v in objects[-1].items() if k != header[0] and v != ""}
+    return {"queues": objects[:-1], "total": total}
+
+
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """An aligned table: numbers right-aligned, text left."""
+    """An aligned table: numbers right-aligned, text left; the :data:`JSON_ONLY`
+    columns left out."""
+    shown = [i for i, name in enumerate(header) if name not in JSON_ONLY]
+    header = [header[i] for i in shown]
+    rows = [[row[i] for i in shown] for row in rows]
     cells = [list(header)] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     numeric = [

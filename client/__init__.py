@@ -24,6 +24,7 @@ from basalt.client.errors import (
     SystemBusyError,
     TopicExistsError,
     TopicNotFoundError,
+    WrongServiceError,
 )
 from basalt.client.lite_pull_consumer import LitePullConfig, LitePullConsumer
 from basalt.client.membership import TopicSubscription
@@ -64,4 +65,5 @@ __all__ = [
     "TopicExistsError",
     "TopicNotFoundError",
     "TopicSubscription",
+    "WrongServiceError",
 ]

@@ -151,7 +151,7 @@ class ConsumerClient(Client):
         try:
             route = (await self._pull_service().QueryRoute(ps.QueryRouteRequest(topic=topic))).route
         except grpc.aio.AioRpcError as e:
-            raise ClientError.from_rpc_error(e) from None
+            raise ClientError.from_rpc_error(e, address=self.endpoints) from None
         brokers = {b.broker_name: b.address for b in route.broker_datas}
         self._addresses.update(brokers)
         return sorted(
@@ -160,6 +160,49 @@ class ConsumerClient(Client):
             if qd.broker_name in brokers and qd.perm & pb.PERM_READ
             for q in range(qd.read_queue_nums)
         )
+
+    async def check_subscription(
+        self, queue: MessageQueue, expression: str, *, sql92: bool
+    ) -> None:
+        """Raise :class:`basalt.client.errors.SubscriptionError` (naming the
+        position) unless the pull-service accepts the subscription, asked
+        before any fetch, so a bad expression is one error, not one per queue.
+
+        The SDK has no SQL92 parser of its own (it never depends on the
+        engine): the pull-service's, which checks a Pull's subscription
+        before it reads, decides. The probe is a Pull of ``queue``'s first
+        record that commits nothing; a record it returns is dropped. Any
+        other refusal raises its own ClientError."""
+        try:
+            await self._pull_service().Pull(
+                ps.PullRequest(
+                    group=self.consumer_group,
+                    queue=queue.to_proto(),
+                    offset=0,
+                    max_nums=1,
+                    subscription=subscription_of(expression, sql92),
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as e:
+            raise ClientError.from_rpc_error(e, address=self.endpoints) from None
+
+    async def brokers_by_store_host(self) -> dict[str, str]:
+        """The broker name of each store host the records carry
+        (``MessageRecord.store_host``), for the store-nodes the routes asked so
+        far named (GetRuntimeInfo). A record names its store-node only by that
+        host, which need not be the address a route gives (a node may listen
+        on a wildcard); a node that does not answer, and a host two nodes
+        claim (misconfigured), are left out."""
+        claims: dict[str, set[str]] = {}
+        for broker, address in sorted(self._addresses.items()):
+            stub = sn_grpc.StoreNodeStub(self._channel(address))
+            try:
+                info = await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                continue
+            claims.setdefault(info.store_host, set()).add(broker)
+        return {host: names.pop() for host, names in claims.items() if len(names) == 1}
 
     def _store_node(self, queue: MessageQueue) -> sn_grpc.StoreNodeAsyncStub:
         return sn_grpc.StoreNodeStub(self._channel(self._addresses[queue.broker_name]))

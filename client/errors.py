@@ -18,6 +18,8 @@ write ``except TopicNotFoundError`` rather than compare codes::
     OffsetFencedError         STALE_RESET_EPOCH               a commit from before a reset
     ServiceUnavailableError   SERVICE_NOT_AVAILABLE, or no    a service is down, stopping or
                               code (the peer not reached)     unreachable: retry later
+    WrongServiceError         no code, gRPC UNIMPLEMENTED     the address is another kind of
+                              (a ServiceUnavailableError)     service (a store-node, etcd, ...)
     BrokerNotFoundError       BROKER_NOT_EXIST                the store-node is not registered
                               (a ServiceUnavailableError)
     SystemBusyError           SYSTEM_BUSY                     flow control, or a send's deadline
@@ -42,6 +44,15 @@ from basalt.v1 import common_pb2 as pb
 #: The response codes this protocol version knows (others keep their number).
 _CODES = frozenset(pb.ResponseCode.values())
 
+#: The gRPC service a client's calls go to: every SDK client talks to a pull-service.
+PULL_SERVICE = "basalt.v1.PullService"
+#: What a newcomer calls each Basalt gRPC service (WrongServiceError's message).
+_KIND_OF_SERVICE = {
+    PULL_SERVICE: "pull-service",
+    "basalt.v1.StoreNode": "store-node",
+    "basalt.v1.Admin": "admin service",
+}
+
 
 class ClientError(Exception):
     """A call that failed for good (a send after its retries, a pull, a commit):
@@ -65,11 +76,24 @@ class ClientError(Exception):
         return _CLASS_OF_CODE.get(code, ClientError)(code, message)
 
     @staticmethod
-    def from_rpc_error(error: grpc.aio.AioRpcError) -> ClientError:
+    def from_rpc_error(
+        error: grpc.aio.AioRpcError,
+        *,
+        address: str | None = None,
+        service: str = PULL_SERVICE,
+    ) -> ClientError:
         """The error of a failed call: by its ``basalt-response-code``, and
         SERVICE_NOT_AVAILABLE when it carries none (the peer was not reached, or
-        is not Basalt); the message is the call's details."""
+        is not Basalt); the message is the call's details.
+
+        A call answered UNIMPLEMENTED with no code reached a server that does
+        not serve ``service`` (the gRPC service the call belongs to): the
+        client was pointed at the wrong kind of service, a store-node, the
+        admin service or etcd. That is a :class:`WrongServiceError` saying so,
+        naming ``address`` (the address called) when given."""
         code = response_code_of(error)
+        if code is None and error.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return WrongServiceError.of(address, service, error.details() or "")
         return ClientError.from_code(
             pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE if code is None else code,
             error.details() or str(error.code()),
@@ -125,6 +149,31 @@ class ServiceUnavailableError(ClientError):
     """A service cannot serve now: down, stopping, unreachable, or etcd is away
     (SERVICE_NOT_AVAILABLE, and any failed call that carries no code). Retry
     later or elsewhere."""
+
+
+class WrongServiceError(ServiceUnavailableError):
+    """The address called serves gRPC but not the service the call belongs to:
+    a store-node's, the admin service's or etcd's address where a
+    pull-service's was wanted (SERVICE_NOT_AVAILABLE: nothing there will ever
+    serve the call; the message says what to give instead)."""
+
+    @staticmethod
+    def of(address: str | None, service: str, details: str) -> WrongServiceError:
+        """The error for ``address`` (None: unknown) not serving ``service``;
+        ``details`` is what the server said."""
+        kind = _KIND_OF_SERVICE.get(service, service)
+        where = address or "the server"
+        hint = (
+            " - give a pull-service's host:port (`basalt cluster status` lists them; "
+            "BASALT_ENDPOINTS, or --endpoints)"
+            if service == PULL_SERVICE
+            else ""
+        )
+        return WrongServiceError(
+            pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE,
+            f"{where} is not a {kind} (it does not serve {service}: {details or 'UNIMPLEMENTED'})"
+            f"{hint}",
+        )
 
 
 class BrokerNotFoundError(ServiceUnavailableError):
@@ -185,4 +234,5 @@ __all__ = [
     "SystemBusyError",
     "TopicExistsError",
     "TopicNotFoundError",
+    "WrongServiceError",
 ]

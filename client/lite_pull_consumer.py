@@ -473,7 +473,7 @@ class LitePullConsumer(ConsumerClient):
             try:
                 got: pb.PullBatchResponse = await call
             except grpc.aio.AioRpcError as e:
-                return ClientError.from_rpc_error(e)
+                return ClientError.from_rpc_error(e, address=self.endpoints)
             return got
 
         future = asyncio.ensure_future(reply())

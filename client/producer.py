@@ -497,7 +497,7 @@ class Producer(Client):
         except grpc.aio.AioRpcError as e:
             if cached is not None:  # keep sending on what we had
                 return cached[1]
-            error = ClientError.from_rpc_error(e)
+            error = ClientError.from_rpc_error(e, address=self.endpoints)
             if not isinstance(error, TopicNotFoundError) or topic == AUTO_CREATE_TOPIC:
                 raise error from None
             # A new topic: send it where RocketMQ's producer does, on the default

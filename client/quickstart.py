@@ -6,12 +6,17 @@ Consumer, on the SDK.
     basalt produce -t TopicTest -n 1000 [--tags a,b] [--size 1024] [--batch 100]
     basalt consume -t TopicTest -g G [-s "tagA || tagB" | --sql "a > 5"] [--count N]
 
-Both reach the cluster through a pull-service: ``--endpoints host:port``, by
-default the one ``basalt cluster up`` started (``./.basalt/cluster.json``).
+Both reach the cluster through a pull-service: ``--endpoints host:port``, else
+env ``BASALT_ENDPOINTS``, else the one ``basalt cluster up`` started in the
+nearest ``.basalt`` directory at or above the current one
+(:func:`basalt.common.local_cluster.discover`).
 ``produce`` prints one line per send (or batch) and a summary; ``consume``
 reads every queue of the topic from the group's committed offsets (from the
-first offset for a new group), prints one line per message, commits, and
-stops after ``--count`` messages or ``--idle-ms`` of silence. Exit status 0,
+first offset for a new group), prints one line per message (its store-node,
+queue, offset, tags, msgId and up to 64 bytes of its body, a longer one marked
+``... (N bytes)``), commits, and stops after ``--count`` messages or
+``--idle-ms`` of silence. ``--sql`` is checked by the pull-service once,
+before any fetch. Exit status 0,
 1 when a send or pull failed (the error on stderr), 2 for bad usage.
 """
 
@@ -26,22 +31,25 @@ from typing import IO, Any
 from basalt.client.errors import ClientError
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from basalt.client.producer import Producer
-from basalt.common.local_cluster import local_address
+from basalt.common.local_cluster import ClusterNotFoundError, discover
 from basalt.common.message import Message
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+ENDPOINTS_HELP = (
+    "a pull-service host:port (default: env BASALT_ENDPOINTS, else the local cluster "
+    "of the nearest ./.basalt upward)"
+)
 
 
 def _endpoints(args: argparse.Namespace, stderr: IO[str]) -> str | None:
-    endpoints: str | None = args.endpoints or local_address("pull-service")
-    if endpoints is None:
-        print(
-            f"basalt {args.group}: no --endpoints, and no local cluster in ./.basalt "
-            "(run `basalt cluster up` first)",
-            file=stderr,
+    try:
+        return discover(
+            "pull-service", flag="--endpoints", given=args.endpoints, env="BASALT_ENDPOINTS"
         )
-    return endpoints
+    except ClusterNotFoundError as e:
+        print(f"basalt {args.group}: {e}", file=stderr)
+        return None
 
 
 async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int:
@@ -87,21 +95,39 @@ async def consume(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
     )
     received = 0
     async with LitePullConsumer(endpoints, config=config) as consumer:
-        await consumer.assign(await consumer.queues_of(args.topic))
+        queues = await consumer.queues_of(args.topic)
+        if args.sql is not None and queues:
+            # Once, before the fetches: each queue's would fail alike.
+            await consumer.check_subscription(queues[0], args.sql, sql92=True)
+        await consumer.assign(queues)
+        brokers = await consumer.brokers_by_store_host()
         while args.count is None or received < args.count:
             left = None if args.count is None else args.count - received
             records = await consumer.poll(timeout_ms=args.idle_ms, max_records=left)
             if not records:
                 break
             for r in records:
+                broker = brokers.get(r.store_host, r.store_host)
                 print(
-                    f"{r.topic} queue={r.queue_id} offset={r.queue_offset} tags={r.tags or ''} "
-                    f"msgId={r.uniq_key or ''} body={r.body[:64]!r}",
+                    f"{r.topic} broker={broker} queue={r.queue_id} offset={r.queue_offset} "
+                    f"tags={r.tags or ''} msgId={r.uniq_key or ''} body={shown_body(r.body)}",
                     file=out,
                 )
             received += len(records)
     print(f"received {received} messages from {args.topic}", file=out)
     return 0
+
+
+#: ``consume`` prints at most this many bytes of a body.
+BODY_SHOWN = 64
+
+
+def shown_body(body: bytes) -> str:
+    """``body`` as a bytes literal, its first :data:`BODY_SHOWN` bytes only; a
+    longer one says so and how long it is (``b'xx...' ... (1024 bytes)``)."""
+    if len(body) <= BODY_SHOWN:
+        return repr(body)
+    return f"{body[:BODY_SHOWN]!r}... ({len(body)} bytes)"
 
 
 def add_produce(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +138,7 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="messages per send (one queue)")
     parser.add_argument("--group-name", default="quickstart-producer", help="producer group")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per message")
-    parser.add_argument("--endpoints", help="a pull-service host:port (default: the local cluster)")
+    parser.add_argument("--endpoints", help=ENDPOINTS_HELP)
     parser.set_defaults(handler=_run(produce))
 
 
@@ -123,7 +149,7 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sql", help='an SQL92 filter instead, e.g. "a > 5"')
     parser.add_argument("--count", type=int, help="stop after this many messages")
     parser.add_argument("--idle-ms", type=int, default=3000, help="stop after this long idle")
-    parser.add_argument("--endpoints", help="a pull-service host:port (default: the local cluster)")
+    parser.add_argument("--endpoints", help=ENDPOINTS_HELP)
     parser.set_defaults(handler=_run(consume))
 
 

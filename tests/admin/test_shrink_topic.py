@@ -110,6 +110,7 @@ async def test_update_topic_never_strands_and_an_unread_empty_topic_shrinks_at_o
         # shrinkTopic will not guess: nobody subscribes, and the queues hold messages.
         code, _, err = await basalt("admin", "shrinkTopic", "-t", "Keep", "-n", "2", *etcd)
         assert code == 1 and "no live consumer subscribes" in err and "(-g)" in err
+        assert "shrinkTopic -t Keep -n 2 -g GROUP --wait-s 60" in err
 
         # A topic nobody reads whose removed queues never held a message shrinks.
         code, out, err = await basalt("admin", "shrinkTopic", "-t", "Empty", "-n", "2", *etcd)

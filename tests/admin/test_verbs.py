@@ -103,6 +103,15 @@ async def test_message_queries_consumer_connection_and_broker_status(
         assert json.loads(out) == [found]
         code, _, err = await basalt("admin", "queryMsgById", "-i", "nothex", *etcd)
         assert code == 1 and "not an offset message id" in err
+        # The producer's message id (UNIQ_KEY) works too, in its topic or in every topic.
+        for narrowed in ((), ("-t", TOPIC)):
+            code, out, err = await basalt(
+                "admin", "queryMsgById", "-i", found["msg_id"], *narrowed, *etcd
+            )
+            assert code == 0, err
+            assert json.loads(out) == [found]
+        code, _, err = await basalt("admin", "queryMsgById", "-i", "0" * 32, *etcd)
+        assert code == 1 and "give the msgId or offsetMsgId a send printed" in err
 
         code, out, _ = await basalt("admin", "brokerStatus", "-b", "broker-a", *etcd)
         status = {r["key"]: r["value"] for r in json.loads(out)}

@@ -135,3 +135,23 @@ def test_every_class_is_exported_from_basalt_client() -> None:
         assert getattr(basalt.client, cls.__name__) is cls
         assert cls.__name__ in basalt.client.__all__
     assert basalt.client.ClientError is ClientError
+
+
+def test_a_server_that_does_not_serve_the_call_is_the_wrong_kind_of_service() -> None:
+    # What grpc answers a method its server does not have (a store-node, the admin service).
+    unimplemented = rpc_error(grpc.StatusCode.UNIMPLEMENTED, "Method not found!", None)
+    error = ClientError.from_rpc_error(unimplemented, address="127.0.0.1:10911")
+    assert type(error) is errors.WrongServiceError
+    assert isinstance(error, errors.ServiceUnavailableError)
+    assert error.code == pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
+    assert error.message.startswith(
+        "127.0.0.1:10911 is not a pull-service (it does not serve basalt.v1.PullService: "
+        "Method not found!) - give a pull-service's host:port"
+    )
+    store_node = ClientError.from_rpc_error(unimplemented, service="basalt.v1.StoreNode")
+    assert store_node.message.startswith("the server is not a store-node")
+    assert "pull-service's host:port" not in store_node.message
+    # A Basalt refusal that happens to be UNIMPLEMENTED keeps its code.
+    coded = ClientError.from_rpc_error(rpc_error(grpc.StatusCode.UNIMPLEMENTED, "x", "17"))
+    assert type(coded) is errors.TopicNotFoundError
+    assert "WrongServiceError" in basalt.client.__all__

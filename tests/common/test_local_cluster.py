@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from basalt.common.local_cluster import (
     CLUSTER_FILE,
+    ClusterNotFoundError,
     ProcessInfo,
+    discover,
+    find_data_dir,
     load_processes,
     local_address,
     write_processes,
@@ -50,3 +55,36 @@ def test_a_file_written_before_metrics_endpoints_reads_back_without_one(tmp_path
     (old,) = load_processes(state)
     assert old.metrics is None and old.metrics_url is None
     assert PROCESSES[1].metrics_url == "http://127.0.0.1:40101/metrics"
+
+
+def test_discover_takes_the_flag_then_the_environment_then_basalt_upward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".basalt").mkdir()
+    write_processes(tmp_path / ".basalt" / CLUSTER_FILE, PROCESSES)
+    deep = tmp_path / "src" / "app"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    monkeypatch.delenv("BASALT_ETCD", raising=False)
+    assert find_data_dir() == (tmp_path / ".basalt").resolve()
+    assert discover("etcd", flag="--etcd", given=None, env="BASALT_ETCD") == "127.0.0.1:2379"
+    monkeypatch.setenv("BASALT_ETCD", "10.0.0.1:2379,10.0.0.2:2379")
+    assert discover("etcd", flag="--etcd", given=None, env="BASALT_ETCD") == (
+        "10.0.0.1:2379,10.0.0.2:2379"
+    )
+    assert discover("etcd", flag="--etcd", given="h:1", env="BASALT_ETCD") == "h:1"
+
+
+def test_discover_finding_nothing_names_the_flag_the_variable_and_basalt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BASALT_ENDPOINTS", raising=False)
+    with pytest.raises(ClusterNotFoundError) as caught:
+        discover("pull-service", flag="--endpoints", given=None, env="BASALT_ENDPOINTS")
+    message = str(caught.value)
+    assert "--endpoints" in message and "BASALT_ENDPOINTS" in message and ".basalt" in message
+    # A .basalt of a stopped cluster (no cluster.json) is named as such.
+    (tmp_path / ".basalt").mkdir()
+    with pytest.raises(ClusterNotFoundError, match="has no running pull-service"):
+        discover("pull-service", flag="--endpoints", given=None, env="BASALT_ENDPOINTS")

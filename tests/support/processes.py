@@ -59,12 +59,13 @@ async def run_basalt(*argv: str, env: Mapping[str, str] | None = None) -> tuple[
 
 
 def run_basalt_sync(
-    *argv: str, env: Mapping[str, str] | None = None
+    *argv: str, env: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """:func:`run_basalt` for plain threads: the completed process (text output)."""
+    """:func:`run_basalt` for plain threads: the completed process (text output);
+    run in ``cwd`` (default: the repository's root)."""
     return subprocess.run(
         [sys.executable, "-m", "basalt.admin", *argv],
-        cwd=REPO_ROOT,
+        cwd=cwd or REPO_ROOT,
         env=None if env is None else {**os.environ, **env},
         capture_output=True,
         text=True,

@@ -3,7 +3,8 @@
 ``basalt cluster up`` (:mod:`basalt.services.cluster.local`) writes one entry
 per process it started; ``down`` and ``status`` read them back, and the tools
 that default to the local cluster (the quickstart, the admin CLI) find an
-address in it with :func:`local_address`. The file is a JSON list of
+address in it with :func:`discover` (a flag, else an environment variable,
+else the nearest ``.basalt`` directory upward). The file is a JSON list of
 :class:`ProcessInfo` objects::
 
     [{"role": "etcd", "name": "etcd", "pid": 4242,
@@ -18,6 +19,7 @@ came later: a file written before it reads back with ``metrics`` None.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,3 +71,46 @@ def local_address(role: str, data_dir: Path = DEFAULT_DATA_DIR) -> str | None:
     except (OSError, ValueError, TypeError):
         return None
     return next((p.address for p in processes if p.role == role), None)
+
+
+def find_data_dir(start: Path | None = None) -> Path | None:
+    """The nearest ``.basalt`` directory (:data:`DEFAULT_DATA_DIR`) in ``start``
+    (default: the current directory) or a directory above it, as git finds
+    ``.git``: a command run anywhere inside a project reaches the cluster
+    ``basalt cluster up`` started at its top. None when there is none."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / DEFAULT_DATA_DIR
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+class ClusterNotFoundError(LookupError):
+    """:func:`discover` found no address; the message names every place it looked."""
+
+
+def discover(role: str, *, flag: str, given: str | None, env: str | None = None) -> str:
+    """The address a CLI command reaches ``role`` (etcd, pull-service, admin) at,
+    strongest first: the flag's value ``given``; the environment variable
+    ``env`` (e.g. BASALT_ETCD); the ``role`` process of the local cluster in
+    the nearest ``.basalt`` directory (:func:`find_data_dir`).
+
+    The one place the CLI's commands find a cluster, so each says the same.
+    Raises :class:`ClusterNotFoundError` naming the flag, the variable and the
+    directory searched when none gives one.
+    """
+    if given:
+        return given
+    if env is not None and (from_env := os.environ.get(env, "").strip()):
+        return from_env
+    data_dir = find_data_dir()
+    address = None if data_dir is None else local_address(role, data_dir)
+    if address is not None:
+        return address
+    places = f"no {flag}" + (f", no {env} in the environment" if env else "")
+    where = "" if data_dir is None else f" ({data_dir} has no running {role})"
+    raise ClusterNotFoundError(
+        f"{places}, and no local cluster in ./.basalt or a directory above{where}: "
+        "start one with `basalt cluster up`"
+    )
