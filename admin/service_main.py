@@ -25,20 +25,34 @@ import sys
 from collections.abc import Sequence
 
 from basalt.admin.service import start_admin_service
-from basalt.services import process
-from basalt.services.meta import MetaClient, MetaConfig, MetaError, parse_endpoints
+from basalt.common.settings import config_dataclass, setting
+from basalt.services import config, process
+from basalt.services.meta import MetaClient, MetaConfig, MetaError
+
+
+@config_dataclass
+class AdminServiceProcessConfig:
+    """The admin service's own settings (its etcd ones are MetaConfig's)."""
+
+    listen: str = setting(
+        default="127.0.0.1:8090",
+        check=config.listen_address,
+        doc="host:port to serve on (port 0: any free port, given on the first line).",
+    )
+
+
+#: ``endpoints`` is ``--etcd``; ``op_timeout_s`` bounds every etcd call.
+SPEC = config.ServiceSpec(
+    "basalt-admin-service",
+    (
+        config.Section(AdminServiceProcessConfig),
+        config.Section(MetaConfig, aliases={"endpoints": "etcd"}),
+    ),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", default="127.0.0.1:8090", help="host:port to serve on")
-    parser.add_argument("--etcd", required=True, help="etcd endpoints host:port[,host:port]")
-    parser.add_argument("--cluster", default="DefaultCluster", help="etcd key prefix's cluster")
-    parser.add_argument(
-        "--op-timeout-s",
-        type=float,
-        default=3.0,
-        help="how long an etcd operation may take before the call fails UNAVAILABLE",
-    )
+    config.add_arguments(parser, SPEC)
 
 
 def _reachable_host(listen: str) -> str:
@@ -51,21 +65,14 @@ async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status (1: etcd did not answer
     at start, or the address could not be bound)."""
     stop = process.stop_signal()
-    try:
-        config = MetaConfig(
-            endpoints=parse_endpoints(args.etcd),
-            cluster=args.cluster,
-            op_timeout_s=args.op_timeout_s,
-        )
-    except MetaError as e:
-        print(f"basalt admin-service: {e}", file=sys.stderr)
-        return 2
-    meta = MetaClient(config)
+    settings = process.settings(args)
+    listen = settings.build(AdminServiceProcessConfig).listen
+    meta = MetaClient(settings.build(MetaConfig))
     try:
         try:
             await meta.connect()
             running = await start_admin_service(
-                meta, listen=args.listen, advertise_host=_reachable_host(args.listen)
+                meta, listen=listen, advertise_host=_reachable_host(listen)
             )
         except (MetaError, RuntimeError) as e:  # grpc raises RuntimeError for a bad bind
             print(f"basalt admin-service: {e}", file=sys.stderr)
