@@ -292,7 +292,10 @@ class BrokerRegistration:
         return f"brokers/{self.broker_name}"
 
     def to_json(self) -> bytes:
-        return dumps({**asdict(self), "perm": int(self.perm)})
+        data = {**asdict(self), "perm": int(self.perm)}
+        if not self.client_address:  # absent when unset: the shape older readers know
+            del data["client_address"]
+        return dumps(data)
 
     @classmethod
     def from_json(cls, raw: bytes | str, *, broker_name: str | None = None) -> BrokerRegistration:
@@ -337,7 +340,10 @@ class PullServiceRegistration:
         return f"pull-services/{self.pull_service_id}"
 
     def to_json(self) -> bytes:
-        return dumps(asdict(self))
+        data = asdict(self)
+        if not self.client_address:  # absent when unset: the shape older readers know
+            del data["client_address"]
+        return dumps(data)
 
     @classmethod
     def from_json(
