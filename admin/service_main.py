@@ -3,7 +3,10 @@
 ::
 
     basalt admin-service --listen 127.0.0.1:8090 --etcd 127.0.0.1:2379 \\
-        [--cluster DefaultCluster] [--op-timeout-s 3]
+        [--cluster DefaultCluster] [--op-timeout-s 3] [--config FILE]
+
+Every setting of MetaConfig and AdminServiceProcessConfig is a flag, a
+``BASALT_*`` env var and a config file key (:mod:`basalt.services.config`).
 
 The first line on stdout is ``admin-service serving on <host:port>``
 (scripts and tests wait for it; ``--listen`` port 0 picks a free port, and

@@ -319,9 +319,11 @@ def add_flags(parser: argparse.ArgumentParser, options: Iterable[Option]) -> Non
         kind = option.setting.type
         default = option.default
         shown = "required" if default is dataclasses.MISSING else f"default {show(default)}"
-        extra: dict[str, Any] = {}
+        if shown == "default ":
+            shown = "default empty"
+        extra: dict[str, Any] = {"metavar": _metavar(kind)}
         if kind is bool:
-            extra = {"nargs": "?", "const": "true", "metavar": "true|false"}
+            extra |= {"nargs": "?", "const": "true"}
         parser.add_argument(
             option.flag,
             dest=option.name,
@@ -330,6 +332,17 @@ def add_flags(parser: argparse.ArgumentParser, options: Iterable[Option]) -> Non
             f"(env {option.env}).".replace("%", "%%"),
             **extra,
         )
+
+
+def _metavar(kind: object) -> str:
+    if kind is bool:
+        return "true|false"
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return "|".join(kind.__members__)
+    if typing.get_origin(kind) is tuple:
+        return "A,B,..."
+    names = {int: "N", float: "X", Path: "PATH"}
+    return next((v for k, v in names.items() if k is kind), "TEXT" if kind is str else "N|none")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -525,6 +538,42 @@ def show(value: object) -> str:
     return str(value)
 
 
+def docs_table(spec: ServiceSpec) -> str:
+    """A Markdown table of every setting of ``spec``: name, flag and env,
+    default, unit, rule and doc (docs/configuration.md holds one per service)."""
+    rows = [
+        "| setting | flag / env | default | unit | must be | what |",
+        "|---|---|---|---|---|---|",
+    ]
+    for option in spec.options():
+        default = option.default
+        shown = "(required)" if default is dataclasses.MISSING else f"`{show(default)}`"
+        if shown == "``":
+            shown = "(empty)"
+        derived = next((d for d in spec.derived if d.name == option.name), None)
+        if derived is not None:
+            shown = f"from `{derived.from_}`"
+        cells = (option.setting.unit or "", option.setting.rule, option.setting.doc)
+        unit, rule, doc = (cell.replace("|", "\\|") for cell in cells)
+        rows.append(
+            f"| `{option.name}` | `{option.flag}` `{option.env}` | {shown} "
+            f"| {unit} | {rule} | {doc} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def render_docs(text: str, specs: Mapping[str, ServiceSpec]) -> str:
+    """``text`` with each block between ``<!-- settings: NAME -->`` and
+    ``<!-- end settings -->`` replaced by :func:`docs_table` of ``specs[NAME]``."""
+
+    def table(match: re.Match[str]) -> str:
+        return f"{match.group(1)}\n{docs_table(specs[match.group(2)])}{match.group(3)}"
+
+    return re.sub(
+        r"(<!-- settings: ([\w-]+) -->)\n.*?(<!-- end settings -->)", table, text, flags=re.S
+    )
+
+
 def format_table(resolved: Resolved) -> str:
     """``--print-config``'s output: a column each for name, value and source,
     then the ignored file keys."""
@@ -533,3 +582,26 @@ def format_table(resolved: Resolved) -> str:
     lines = [f"{n:<{widths[0]}}  {v:<{widths[1]}}  {s}".rstrip() for n, v, s in rows]
     lines.extend(f"ignored: {key}" for key in resolved.ignored)
     return "\n".join(lines) + "\n"
+
+
+def service_specs() -> dict[str, ServiceSpec]:
+    """Every service's spec with the telemetry section, by command name."""
+    # Imported here: the services import this module.
+    from basalt.admin import service_main
+    from basalt.services import process
+    from basalt.services.pull_service import main as pull_service
+    from basalt.services.store_node import main as store_node
+
+    return {
+        "store-node": store_node.SPEC.with_sections(process.TELEMETRY),
+        "pull-service": pull_service.SPEC.with_sections(process.TELEMETRY),
+        "admin-service": service_main.SPEC.with_sections(process.TELEMETRY),
+    }
+
+
+if __name__ == "__main__":
+    # ``python -m basalt.services.config docs/configuration.md``: regenerate its tables.
+    import sys
+
+    doc = Path(sys.argv[1])
+    doc.write_text(render_docs(doc.read_text(), service_specs()))

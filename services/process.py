@@ -5,8 +5,10 @@ A service's ``*_main`` module supplies ``add_arguments`` and an async
 ``serve(args)``; :func:`main` turns them into a process entry point and the
 ``basalt <service>`` command (admin/cli.py) reuses the same pair. Both add
 the common flags (:func:`add_common_arguments`: ``--metrics-port``,
-``--log-format``, ``--log-level``) and :func:`run` sets telemetry up from them
-(:mod:`basalt.common.telemetry`) before the service starts.
+``--log-format``, ``--log-level`` ..., ``--config``, ``--print-config``);
+:func:`run` resolves every setting (flag > env > file > default,
+:mod:`basalt.services.config`), refuses a bad one before anything starts and
+sets telemetry up (:mod:`basalt.common.telemetry`) before the service starts.
 """
 
 from __future__ import annotations

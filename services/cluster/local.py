@@ -4,17 +4,19 @@
 dir), ``--store-nodes`` store-nodes (default 2), one pull-service and the
 admin service, each with its own directory under ``--data-dir`` (default
 ``./.basalt``; the admin service needs none) and its log in
-``<data-dir>/logs/``; it waits until every process answers its gRPC health
-check (etcd: a KV round trip), writes ``<data-dir>/cluster.json`` (pids,
-ports) and prints the endpoints. Each service serves Prometheus metrics on a
-free port of its own (``--metrics-port``), printed beside its gRPC address;
+``<data-dir>/logs/``; the store-nodes read ``<data-dir>/store-node.conf``,
+which ``up`` writes with laptop-sized store files
+(:data:`LAPTOP_STORE_CONFIG`, said in one line; production defaults stay
+RocketMQ's); it waits until every process answers its gRPC health check
+(etcd: a KV round trip), writes ``<data-dir>/cluster.json`` (pids, ports)
+and prints the endpoints. Each service serves Prometheus metrics on a free
+port of its own (``--metrics-port``), printed beside its gRPC address;
 ``--otlp-endpoint URL`` gives every service ``OTEL_EXPORTER_OTLP_ENDPOINT``
-(docs/observability.md). ``down`` stops them in reverse order
-(SIGTERM, then SIGKILL after a grace period), ``status`` shows each process,
-its metrics endpoint, its health and its etcd registration (``--json``: the
-same as one JSON list, for scripts; the admin service registers nowhere:
-tools find it in cluster.json, through
-:func:`basalt.common.local_cluster.local_address`).
+(docs/observability.md). ``down`` stops them in reverse order (SIGTERM, then
+SIGKILL after a grace period), ``status`` shows each process, its metrics
+endpoint, its health and its etcd registration (``--json``: the same as one
+JSON list, for scripts; the admin service registers nowhere: tools find it
+in cluster.json, through :func:`basalt.common.local_cluster.local_address`).
 
 The processes outlive the command (their own sessions): ``up`` returns once
 the cluster serves, and ``down`` may run from another shell.

@@ -3,7 +3,11 @@
 ::
 
     basalt pull-service --id ps-1 --listen 127.0.0.1:8081 --etcd 127.0.0.1:2379 \\
-        [--cluster DefaultCluster] [--heartbeat-interval-ms 10000]
+        [--cluster DefaultCluster] [--heartbeat-interval-ms 10000] [--config FILE]
+
+Every setting of PullServiceConfig, MetaConfig and PullServiceProcessConfig is
+a flag, a ``BASALT_*`` env var and a config file key
+(:mod:`basalt.services.config`, docs/configuration.md).
 
 The first line on stdout is ``pull-service <id> serving on <host:port>``
 (scripts and tests wait for it). The service registers

@@ -4,8 +4,11 @@
 
     basalt store-node --name broker-a --data-dir .basalt/broker-a \\
         --listen 127.0.0.1:10911 --etcd 127.0.0.1:2379 [--cluster DefaultCluster] \\
-        [--flush-disk-type SYNC_FLUSH]
+        [--flush-disk-type SYNC_FLUSH] [--config broker.conf] [--print-config]
 
+Every setting of MessageStoreConfig, StoreNodeConfig, MetaConfig and
+StoreNodeProcessConfig is a flag, a ``BASALT_*`` env var and a config file key
+(:mod:`basalt.services.config`, docs/configuration.md).
 With ``--etcd`` the node registers ``brokers/<name>`` under a lease it keeps
 alive, reads topic configs from a watched cache (serving from it while etcd
 is away) and creates unknown topics on first send. Without it, topics live

@@ -234,3 +234,14 @@ def test_a_public_name_may_be_declared_once() -> None:
     section = config.Section(MessageStoreConfig)
     with pytest.raises(TypeError, match="declared twice"):
         ServiceSpec("x", (section, dataclasses.replace(section))).options()
+
+
+def test_the_docs_tables_of_every_setting_are_current() -> None:
+    doc = Path(__file__).parents[2] / "docs" / "configuration.md"
+    text = doc.read_text()
+    specs = config.service_specs()
+    for name in specs:
+        assert f"<!-- settings: {name} -->" in text
+    assert config.render_docs(text, specs) == text, (
+        "run: python -m basalt.services.config docs/configuration.md"
+    )
