@@ -400,7 +400,8 @@ def resolve(
     for option in options:
         layers = (
             (flags.get(option.name), f"flag:{option.flag}"),
-            (environ.get(option.env), f"env:{option.env}"),
+            # An empty env var is unset (OpenTelemetry's rule; compose files set them so).
+            (environ.get(option.env) or None, f"env:{option.env}"),
             from_file.get(option.name, (None, "")),
         )
         text, source = next(((t, s) for t, s in layers if t is not None), (None, "default"))

@@ -131,10 +131,17 @@ SPEC = config.ServiceSpec(
         ),
     ),
     derived=(
-        config.Derived("advertise_address", lambda v: _reachable(str(v["listen"])), "listen"),
+        # Port 0 is known once bound: left empty here, taken from the bound address.
+        config.Derived(
+            "advertise_address",
+            lambda v: "" if str(v["listen"]).endswith(":0") else _reachable(str(v["listen"])),
+            "listen",
+        ),
         config.Derived("client_address", lambda v: v["advertise_address"], "advertise_address"),
         config.Derived(
-            "store_host", lambda v: _store_host(str(v["advertise_address"])), "advertise_address"
+            "store_host",
+            lambda v: _store_host(str(v["advertise_address"] or _reachable(str(v["listen"])))),
+            "advertise_address",
         ),
     ),
 )

@@ -245,3 +245,23 @@ def test_the_docs_tables_of_every_setting_are_current() -> None:
     assert config.render_docs(text, specs) == text, (
         "run: python -m basalt.services.config docs/configuration.md"
     )
+
+
+def test_addresses_derive_from_listen_and_an_empty_env_var_is_unset() -> None:
+    s = resolved("store-node", [*required_flags("store-node"), "--listen", "0.0.0.0:10911"])
+    assert s.values["advertise_address"] == config.Value("127.0.0.1:10911", "default (from listen)")
+    assert s["client_address"] == s["store_host"] == "127.0.0.1:10911"
+    given = resolved(
+        "store-node",
+        [*required_flags("store-node"), "--advertise-address", "10.0.0.5:10911"],
+        {"BASALT_CLIENT_ADDRESS": "broker-a.example.com:30911", "BASALT_LEASE_TTL_S": ""},
+    )
+    assert (given["store_host"], given["client_address"]) == (
+        "10.0.0.5:10911",
+        "broker-a.example.com:30911",
+    )
+    assert given.values["lease_ttl_s"].source == "default"
+    # Port 0 is only known once bound: the advertise address is taken from the bind then.
+    anywhere = resolved("store-node", [*required_flags("store-node"), "--listen", "127.0.0.1:0"])
+    anywhere.check(TelemetryConfig={"service_name": "s"})
+    assert (anywhere["advertise_address"], anywhere["store_host"]) == ("", "127.0.0.1:0")
