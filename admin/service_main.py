@@ -58,12 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_arguments(parser, SPEC)
 
 
-def _reachable_host(listen: str) -> str:
-    host = listen.rpartition(":")[0]
-    # A wildcard bind is reachable on loopback at least.
-    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
-
-
 async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status (1: etcd did not answer
     at start, or the address could not be bound)."""
@@ -75,7 +69,7 @@ async def serve(args: argparse.Namespace) -> int:
         try:
             await meta.connect()
             running = await start_admin_service(
-                meta, listen=listen, advertise_host=_reachable_host(listen)
+                meta, listen=listen, advertise_host=config.reachable_host(listen)
             )
         except (MetaError, RuntimeError) as e:  # grpc raises RuntimeError for a bad bind
             print(f"basalt admin-service: {e}", file=sys.stderr)

@@ -133,6 +133,17 @@ def _is_host_port(value: object, *, port_zero: bool) -> bool:
     return bool(sep and host) and " " not in host and port.isdigit() and lowest <= int(port) < 65536
 
 
+#: Hosts that bind every interface: not an address to give anyone.
+WILDCARD_HOSTS = ("", "0.0.0.0", "[::]", "::")
+
+
+def reachable_host(address: str) -> str:
+    """The host of ``address`` (``host:port``) others can dial: a wildcard is
+    reachable on loopback at least (give an advertised address otherwise)."""
+    host = address.rpartition(":")[0]
+    return "127.0.0.1" if host in WILDCARD_HOSTS else host
+
+
 #: An address to bind: ``host:port``, port 0 picking a free one.
 listen_address: Check = check(
     "host:port (port 0..65535)", lambda v: _is_host_port(v, port_zero=True)

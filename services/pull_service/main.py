@@ -61,21 +61,15 @@ SPEC = config.ServiceSpec(
         config.Section(MetaConfig, aliases={"endpoints": "etcd"}),
     ),
     derived=(
-        config.Derived("advertise_host", lambda v: _advertise_host(str(v["listen"]), ""), "listen"),
+        config.Derived(
+            "advertise_host", lambda v: config.reachable_host(str(v["listen"])), "listen"
+        ),
     ),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_arguments(parser, SPEC)
-
-
-def _advertise_host(listen: str, given: str) -> str:
-    if given:
-        return given
-    host = listen.rpartition(":")[0]
-    # A wildcard bind is reachable on loopback at least; give --advertise-host otherwise.
-    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -91,7 +85,7 @@ async def serve(args: argparse.Namespace) -> int:
             service_config,
             meta,
             listen=addresses.listen,
-            advertise_host=_advertise_host(addresses.listen, addresses.advertise_host),
+            advertise_host=addresses.advertise_host,
             client_address=addresses.client_address,
         )
         await process.serve_until_stopped(

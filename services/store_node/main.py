@@ -9,6 +9,7 @@
 Every setting of MessageStoreConfig, StoreNodeConfig, MetaConfig and
 StoreNodeProcessConfig is a flag, a ``BASALT_*`` env var and a config file key
 (:mod:`basalt.services.config`, docs/configuration.md).
+
 With ``--etcd`` the node registers ``brokers/<name>`` under a lease it keeps
 alive, reads topic configs from a watched cache (serving from it while etcd
 is away) and creates unknown topics on first send. Without it, topics live
@@ -74,10 +75,8 @@ class EtcdTopics:
 
 
 def _reachable(address: str) -> str:
-    """``address`` with a wildcard host replaced by 127.0.0.1 (a wildcard bind is
-    reachable on loopback at least; give --advertise-address otherwise)."""
-    host, _, port = address.rpartition(":")
-    return f"127.0.0.1:{port}" if host in ("", "0.0.0.0", "[::]") else address
+    """``address`` with a wildcard host replaced (:func:`config.reachable_host`)."""
+    return f"{config.reachable_host(address)}:{address.rpartition(':')[2]}"
 
 
 def _store_host(advertise_address: str) -> str:
