@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from basalt.admin.service import start_admin_service
-from basalt.common.settings import config_dataclass, setting
+from basalt.common.settings import config_dataclass, setting, validate
 from basalt.services import config, process
 from basalt.services.meta import MetaClient, MetaConfig, MetaError
 
@@ -42,6 +42,10 @@ class AdminServiceProcessConfig:
         check=config.listen_address,
         doc="host:port to serve on (port 0: any free port, given on the first line).",
     )
+    stop_grace_s: float = config.stop_grace_setting()
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
 
 
 #: ``endpoints`` is ``--etcd``; ``op_timeout_s`` bounds every etcd call.
@@ -63,7 +67,8 @@ async def serve(args: argparse.Namespace) -> int:
     at start, or the address could not be bound)."""
     stop = process.stop_signal()
     settings = process.settings(args)
-    listen = settings.build(AdminServiceProcessConfig).listen
+    process_config = settings.build(AdminServiceProcessConfig)
+    listen = process_config.listen
     meta = MetaClient(settings.build(MetaConfig))
     try:
         try:
@@ -74,7 +79,9 @@ async def serve(args: argparse.Namespace) -> int:
         except (MetaError, RuntimeError) as e:  # grpc raises RuntimeError for a bad bind
             print(f"basalt admin-service: {e}", file=sys.stderr)
             return 1
-        await process.serve_until_stopped("admin-service", running, stop)
+        await process.serve_until_stopped(
+            "admin-service", running, stop, grace_s=process_config.stop_grace_s
+        )
     finally:
         await meta.close()
     return 0

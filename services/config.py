@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from basalt.common.settings import Check, Setting, check, describe
+from basalt.common.settings import Check, Setting, check, describe, positive, setting
 
 T = TypeVar("T")
 
@@ -311,6 +311,17 @@ class Resolved:
 def _source_text(source: str) -> str:
     kind, _, where = source.partition(":")
     return f"from {kind} {where}" if where else f"the {kind}"
+
+
+def stop_grace_setting() -> Any:
+    """Every service's ``stop_grace_s``, declared once: a process config
+    dataclass's field (``stop_grace_s: float = stop_grace_setting()``)."""
+    return setting(
+        default=5.0,
+        check=positive,
+        doc="On SIGTERM, in-flight calls get this long to finish before they are "
+        "cancelled (a deployment's termination grace period must be longer).",
+    )
 
 
 # -- the command line ---------------------------------------------------------------------

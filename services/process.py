@@ -271,16 +271,19 @@ class Running(Protocol):
     @property
     def address(self) -> str: ...
 
-    async def stop(self) -> None: ...
+    async def stop(self, grace_s: float = ...) -> None: ...
 
 
-async def serve_until_stopped(label: str, running: Running, stop: asyncio.Event) -> None:
+async def serve_until_stopped(
+    label: str, running: Running, stop: asyncio.Event, *, grace_s: float = 5.0
+) -> None:
     """Say where ``running`` serves (the first line on stdout, which ``basalt
-    cluster up`` and the tests read), wait for ``stop`` and stop it gracefully."""
+    cluster up`` and the tests read), wait for ``stop`` and stop it gracefully,
+    in-flight calls given ``grace_s``."""
     print(f"{label} serving on {running.address}", flush=True)
     await stop.wait()
     log.info("stopping")
-    await running.stop()
+    await running.stop(grace_s)
 
 
 #: The default backlog of calls a service's gRPC server takes before Python

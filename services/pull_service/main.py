@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from basalt.common.settings import config_dataclass, instance_of, setting
+from basalt.common.settings import config_dataclass, instance_of, setting, validate
 from basalt.services import config, process
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.server import start_pull_service
@@ -50,6 +50,10 @@ class PullServiceProcessConfig:
         check=config.address_or_empty,
         doc="host:port registered for clients to reach it at; empty: the advertised address.",
     )
+    stop_grace_s: float = config.stop_grace_setting()
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
 
 
 #: ``pull_service_id`` is ``--id``, ``endpoints`` ``--etcd``.
@@ -89,7 +93,10 @@ async def serve(args: argparse.Namespace) -> int:
             client_address=addresses.client_address,
         )
         await process.serve_until_stopped(
-            f"pull-service {service_config.pull_service_id}", running, stop
+            f"pull-service {service_config.pull_service_id}",
+            running,
+            stop,
+            grace_s=addresses.stop_grace_s,
         )
     finally:
         await meta.close()

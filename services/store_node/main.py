@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from basalt.common.settings import config_dataclass, positive, setting
+from basalt.common.settings import config_dataclass, positive, setting, validate
 from basalt.services import config, process
 from basalt.services.meta import (
     BrokerRegistration,
@@ -115,6 +115,10 @@ class StoreNodeProcessConfig:
     default_topic_queue_nums: int = setting(
         default=4, check=positive, doc="Queues of a topic created by its first send."
     )
+    stop_grace_s: float = config.stop_grace_setting()
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
 
 
 #: ``broker_name`` is ``--name``, ``store_path_root_dir`` ``--data-dir`` and
@@ -209,7 +213,7 @@ async def serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             await registration.close()
     # Not clean (a flush or the offsets' last save failed): the exit status says so.
-    clean = await running.stop()
+    clean = await running.stop(addresses.stop_grace_s)
     if cache is not None:
         await cache.close()
     if meta is not None:
