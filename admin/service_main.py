@@ -3,7 +3,10 @@
 ::
 
     basalt admin-service --listen 127.0.0.1:8090 --etcd 127.0.0.1:2379 \\
-        [--cluster DefaultCluster] [--op-timeout-s 3]
+        [--cluster DefaultCluster] [--op-timeout-s 3] [--config FILE]
+
+Every setting of MetaConfig and AdminServiceProcessConfig is a flag, a
+``BASALT_*`` env var and a config file key (:mod:`basalt.services.config`).
 
 The first line on stdout is ``admin-service serving on <host:port>``
 (scripts and tests wait for it; ``--listen`` port 0 picks a free port, and
@@ -25,52 +28,60 @@ import sys
 from collections.abc import Sequence
 
 from basalt.admin.service import start_admin_service
-from basalt.services import process
-from basalt.services.meta import MetaClient, MetaConfig, MetaError, parse_endpoints
+from basalt.common.settings import config_dataclass, setting, validate
+from basalt.services import config, process
+from basalt.services.meta import MetaClient, MetaConfig, MetaError
+
+
+@config_dataclass
+class AdminServiceProcessConfig:
+    """The admin service's own settings (its etcd ones are MetaConfig's)."""
+
+    listen: str = setting(
+        default="127.0.0.1:8090",
+        check=config.listen_address,
+        doc="host:port to serve on (port 0: any free port, given on the first line).",
+    )
+    stop_grace_s: float = config.stop_grace_setting()
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
+
+
+#: ``endpoints`` is ``--etcd``; ``op_timeout_s`` bounds every etcd call.
+SPEC = config.ServiceSpec(
+    "basalt-admin-service",
+    (
+        config.Section(AdminServiceProcessConfig),
+        config.Section(MetaConfig, aliases={"endpoints": "etcd"}),
+    ),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", default="127.0.0.1:8090", help="host:port to serve on")
-    parser.add_argument("--etcd", required=True, help="etcd endpoints host:port[,host:port]")
-    parser.add_argument("--cluster", default="DefaultCluster", help="etcd key prefix's cluster")
-    parser.add_argument(
-        "--op-timeout-s",
-        type=float,
-        default=3.0,
-        help="how long an etcd operation may take before the call fails UNAVAILABLE",
-    )
-
-
-def _reachable_host(listen: str) -> str:
-    host = listen.rpartition(":")[0]
-    # A wildcard bind is reachable on loopback at least.
-    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+    config.add_arguments(parser, SPEC)
 
 
 async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status (1: etcd did not answer
     at start, or the address could not be bound)."""
     stop = process.stop_signal()
-    try:
-        config = MetaConfig(
-            endpoints=parse_endpoints(args.etcd),
-            cluster=args.cluster,
-            op_timeout_s=args.op_timeout_s,
-        )
-    except MetaError as e:
-        print(f"basalt admin-service: {e}", file=sys.stderr)
-        return 2
-    meta = MetaClient(config)
+    settings = process.settings(args)
+    process_config = settings.build(AdminServiceProcessConfig)
+    listen = process_config.listen
+    meta = MetaClient(settings.build(MetaConfig))
     try:
         try:
             await meta.connect()
             running = await start_admin_service(
-                meta, listen=args.listen, advertise_host=_reachable_host(args.listen)
+                meta, listen=listen, advertise_host=config.reachable_host(listen)
             )
         except (MetaError, RuntimeError) as e:  # grpc raises RuntimeError for a bad bind
             print(f"basalt admin-service: {e}", file=sys.stderr)
             return 1
-        await process.serve_until_stopped("admin-service", running, stop)
+        await process.serve_until_stopped(
+            "admin-service", running, stop, grace_s=process_config.stop_grace_s
+        )
     finally:
         await meta.close()
     return 0

@@ -5,8 +5,10 @@ A service's ``*_main`` module supplies ``add_arguments`` and an async
 ``serve(args)``; :func:`main` turns them into a process entry point and the
 ``basalt <service>`` command (admin/cli.py) reuses the same pair. Both add
 the common flags (:func:`add_common_arguments`: ``--metrics-port``,
-``--log-format``, ``--log-level``) and :func:`run` sets telemetry up from them
-(:mod:`basalt.common.telemetry`) before the service starts.
+``--log-format``, ``--log-level`` ..., ``--config``, ``--print-config``);
+:func:`run` resolves every setting (flag > env > file > default,
+:mod:`basalt.services.config`), refuses a bad one before anything starts and
+sets telemetry up (:mod:`basalt.common.telemetry`) before the service starts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -29,12 +31,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from basalt.common.telemetry import (
-    LOG_FORMATS,
-    LOG_LEVELS,
     TelemetryConfig,
     server_interceptors,
     setup_telemetry,
 )
+from basalt.services import config
 
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -128,23 +129,6 @@ def _limit(value: int) -> str:
     return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> None:
-    """The flags every service takes: ``--metrics-port`` (Prometheus text over
-    HTTP; 0 picks a free port; none by default), ``--metrics-host``,
-    ``--log-format`` and ``--log-level``. ``service_name`` (e.g.
-    ``basalt-store-node``) becomes the telemetry resource's ``service.name``."""
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve Prometheus metrics on this port (0: any free port; default: none)",
-    )
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics bind")
-    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default="INFO")
-    parser.set_defaults(service_name=service_name)
-
-
 #: Traces a service starts itself (a call that arrives with no trace context) that
 #: are sampled, unless OTEL_TRACES_SAMPLER says otherwise: every SendStream request
 #: and PullBatch call of an untraced client starts one, and recording them all cost
@@ -152,31 +136,77 @@ def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> 
 #: client, the CLI's commands and their fan-outs are sampled as their caller chose.
 SERVICE_ROOT_SAMPLING_RATIO = 0.01
 
+#: The telemetry settings every service takes (``--metrics-port``, ``--log-level``
+#: ...); its name and instance come from the program and its ``name``/``id``.
+TELEMETRY = config.Section(
+    TelemetryConfig,
+    hidden=frozenset({"service_name", "service_instance_id"}),
+    defaults={"root_sampling_ratio": SERVICE_ROOT_SAMPLING_RATIO},
+)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> None:
+    """The flags every service takes: :data:`TELEMETRY`'s (``--metrics-port``:
+    Prometheus text over HTTP, 0 picks a free port, none by default;
+    ``--metrics-host``, ``--log-format``, ``--log-level`` ...), ``--config FILE``
+    and ``--print-config`` (basalt.services.config). ``service_name`` (e.g.
+    ``basalt-store-node``) becomes the telemetry resource's ``service.name``."""
+    config.add_flags(parser, config.ServiceSpec(service_name, (TELEMETRY,)).options())
+    config.add_config_arguments(parser)
+    parser.set_defaults(service_name=service_name)
+
+
+def settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> config.Resolved:
+    """The effective settings of the service run with ``args``: its
+    ``service_spec`` (set by its ``add_arguments``) and :data:`TELEMETRY`, from
+    the flags, the environment and the config file. Resolved once, then kept on
+    ``args.settings``. Raises config.ConfigError."""
+    resolved: config.Resolved | None = getattr(args, "settings", None)
+    if resolved is None:
+        spec: config.ServiceSpec = getattr(
+            args, "service_spec", config.ServiceSpec(args.service_name, ())
+        )
+        resolved = config.resolve_args(spec.with_sections(TELEMETRY), args, environ)
+        args.settings = resolved
+    return resolved
+
 
 def telemetry_config(args: argparse.Namespace) -> TelemetryConfig:
-    """The telemetry of a service run with ``args`` (parsed with
-    :func:`add_common_arguments`); its ``service.instance.id`` is the service's
-    ``--name`` or ``--id`` where it has one. Raises ValueError for a bad value
-    (a metrics port out of range)."""
-    instance = getattr(args, "name", None) or getattr(args, "id", None) or ""
-    return TelemetryConfig(
-        service_name=args.service_name,
-        service_instance_id=instance,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        log_format=args.log_format,
-        log_level=args.log_level,
-        root_sampling_ratio=SERVICE_ROOT_SAMPLING_RATIO,
+    """The telemetry of a service run with ``args`` (:func:`settings`); its
+    ``service.instance.id`` is the service's ``name`` or ``id`` where it has
+    one. Raises config.ConfigError (a ValueError) for a bad value (a metrics
+    port out of range)."""
+    resolved = settings(args)
+    instance = next((str(resolved[n]) for n in ("name", "id") if n in resolved.values), "")
+    return resolved.build(
+        TelemetryConfig, service_name=args.service_name, service_instance_id=instance
     )
 
 
 def run(serve: Serve, args: argparse.Namespace) -> int:
-    """Run ``serve(args)`` on a fresh event loop, telemetry set up
-    (:func:`telemetry_config`; the metrics endpoint logged), the open files limit
-    raised (:func:`raise_open_files_limit`) and large buffers kept
-    (:func:`keep_large_buffers`); its exit status. Spans and metrics are flushed
-    once ``serve`` returns (the service stopped), before the caller exits."""
-    telemetry = setup_telemetry(telemetry_config(args))
+    """Resolve and check the settings (:func:`settings`; every section's
+    dataclass built once): on a bad or missing value print the one-line
+    message and return 2 before anything starts. With ``--print-config``,
+    print them (:func:`basalt.services.config.format_table`) and return 0.
+    Otherwise run ``serve(args)`` (``args.settings`` holds them) on a fresh
+    event loop, telemetry set up (the metrics endpoint logged, ignored config
+    keys warned of), the open files limit raised (:func:`raise_open_files_limit`)
+    and large buffers kept (:func:`keep_large_buffers`); its exit status. Spans
+    and metrics are flushed once ``serve`` returns (the service stopped),
+    before the caller exits."""
+    try:
+        telemetry_settings = telemetry_config(args)
+        resolved = settings(args)
+        resolved.check(**{TelemetryConfig.__name__: _telemetry_hidden(telemetry_settings)})
+    except config.ConfigError as e:
+        print(f"{args.service_name}: {e}", file=sys.stderr)
+        return 2
+    if getattr(args, "print_config", False):
+        sys.stdout.write(config.format_table(resolved))
+        return 0
+    telemetry = setup_telemetry(telemetry_settings)
+    for key in resolved.ignored:
+        log.warning("config: RocketMQ key %s is ignored (Basalt has no such setting)", key)
     if telemetry.metrics_url is not None:
         log.info("metrics on %s", telemetry.metrics_url)
     raise_open_files_limit()
@@ -185,6 +215,13 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
         return asyncio.run(serve(args))
     finally:
         telemetry.shutdown()
+
+
+def _telemetry_hidden(telemetry: TelemetryConfig) -> dict[str, object]:
+    return {
+        "service_name": telemetry.service_name,
+        "service_instance_id": telemetry.service_instance_id,
+    }
 
 
 def main(
@@ -234,16 +271,19 @@ class Running(Protocol):
     @property
     def address(self) -> str: ...
 
-    async def stop(self) -> None: ...
+    async def stop(self, grace_s: float = ...) -> None: ...
 
 
-async def serve_until_stopped(label: str, running: Running, stop: asyncio.Event) -> None:
+async def serve_until_stopped(
+    label: str, running: Running, stop: asyncio.Event, *, grace_s: float = 5.0
+) -> None:
     """Say where ``running`` serves (the first line on stdout, which ``basalt
-    cluster up`` and the tests read), wait for ``stop`` and stop it gracefully."""
+    cluster up`` and the tests read), wait for ``stop`` and stop it gracefully,
+    in-flight calls given ``grace_s``."""
     print(f"{label} serving on {running.address}", flush=True)
     await stop.wait()
     log.info("stopping")
-    await running.stop()
+    await running.stop(grace_s)
 
 
 #: The default backlog of calls a service's gRPC server takes before Python

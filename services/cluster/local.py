@@ -4,17 +4,19 @@
 dir), ``--store-nodes`` store-nodes (default 2), one pull-service and the
 admin service, each with its own directory under ``--data-dir`` (default
 ``./.basalt``; the admin service needs none) and its log in
-``<data-dir>/logs/``; it waits until every process answers its gRPC health
-check (etcd: a KV round trip), writes ``<data-dir>/cluster.json`` (pids,
-ports) and prints the endpoints. Each service serves Prometheus metrics on a
-free port of its own (``--metrics-port``), printed beside its gRPC address;
+``<data-dir>/logs/``; the store-nodes read ``<data-dir>/store-node.conf``,
+which ``up`` writes with laptop-sized store files
+(:data:`LAPTOP_STORE_CONFIG`, said in one line; production defaults stay
+RocketMQ's); it waits until every process answers its gRPC health check
+(etcd: a KV round trip), writes ``<data-dir>/cluster.json`` (pids, ports)
+and prints the endpoints. Each service serves Prometheus metrics on a free
+port of its own (``--metrics-port``), printed beside its gRPC address;
 ``--otlp-endpoint URL`` gives every service ``OTEL_EXPORTER_OTLP_ENDPOINT``
-(docs/observability.md). ``down`` stops them in reverse order
-(SIGTERM, then SIGKILL after a grace period), ``status`` shows each process,
-its metrics endpoint, its health and its etcd registration (``--json``: the
-same as one JSON list, for scripts; the admin service registers nowhere:
-tools find it in cluster.json, through
-:func:`basalt.common.local_cluster.local_address`).
+(docs/observability.md). ``down`` stops them in reverse order (SIGTERM, then
+SIGKILL after a grace period), ``status`` shows each process, its metrics
+endpoint, its health and its etcd registration (``--json``: the same as one
+JSON list, for scripts; the admin service registers nowhere: tools find it
+in cluster.json, through :func:`basalt.common.local_cluster.local_address`).
 
 The processes outlive the command (their own sessions): ``up`` returns once
 the cluster serves, and ``down`` may run from another shell.
@@ -50,6 +52,29 @@ from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig
 
 CLUSTER_NAME = "DefaultCluster"
+
+#: The store-nodes' config file ``up`` writes under the data dir: laptop-sized
+#: files (production defaults stay RocketMQ's: 1 GiB CommitLog files, a 420 MB
+#: IndexFile). An IndexFile is 40 + 4 x slots + 20 x entries bytes: ~4.2 MB here.
+LAPTOP_STORE_CONFIG = {
+    "mapped_file_size_commit_log": 64 * 1024 * 1024,
+    "max_hash_slot_num": 50_000,
+    "max_index_num": 200_000,
+}
+STORE_NODE_CONFIG_FILE = "store-node.conf"
+
+
+def write_store_node_config(data_dir: Path) -> Path:
+    """``<data_dir>/store-node.conf`` with :data:`LAPTOP_STORE_CONFIG` (rewritten
+    on every ``up``, so it follows this module); returns its path."""
+    path = data_dir / STORE_NODE_CONFIG_FILE
+    lines = [
+        "# Written by `basalt cluster up`: laptop-sized store files.",
+        "# Production defaults stay RocketMQ's (see docs/configuration.md).",
+        *(f"{key}={value}" for key, value in LAPTOP_STORE_CONFIG.items()),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _alive(pid: int) -> bool:
@@ -145,6 +170,13 @@ def up(
         children.append(proc)
         procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics))
 
+    store_config = write_store_node_config(data_dir)
+    print(
+        f"store-nodes use laptop-sized files ({store_config}): CommitLog "
+        f"{LAPTOP_STORE_CONFIG['mapped_file_size_commit_log'] >> 20} MiB, IndexFile ~4 MB; "
+        "production defaults stay RocketMQ's",
+        file=out,
+    )
     for i in range(store_nodes):
         name = f"broker-{chr(ord('a') + i)}"
         start_service(
@@ -154,6 +186,7 @@ def up(
             "--name", name,
             "--data-dir", str(data_dir / name),
             "--flush-disk-type", flush_disk_type,
+            "--config", str(store_config),
         )  # fmt: skip
     pull_service = "pull-service-1"
     start_service(

@@ -263,18 +263,24 @@ class BrokerRegistration:
     """A live store-node, key ``brokers/<broker_name>``, bound to its lease."""
 
     broker_name: str
-    #: The store-node's gRPC address, ``host:port``.
+    #: The store-node's gRPC address, ``host:port``: what services dial.
     address: str
     #: Identifies the store root it serves (survives restarts of the same root).
     store_root_id: str
     started_at_ms: int
     perm: Perm = Perm.RW
+    #: The address clients are given in routes (``--client-address``, Kafka's
+    #: external listener); empty: ``address``. Records written before it
+    #: existed load with it empty.
+    client_address: str = ""
 
     def __post_init__(self) -> None:
         check_name(self.broker_name, "broker name")
         where = f"broker {self.broker_name!r}"
         try:
             check_address(self.address, "address")
+            if self.client_address:
+                check_address(self.client_address, "client_address")
             object.__setattr__(self, "perm", Perm.parse(self.perm))
         except MetaValidationError as e:
             raise prefixed(where, e) from None
@@ -286,7 +292,10 @@ class BrokerRegistration:
         return f"brokers/{self.broker_name}"
 
     def to_json(self) -> bytes:
-        return dumps({**asdict(self), "perm": int(self.perm)})
+        data = {**asdict(self), "perm": int(self.perm)}
+        if not self.client_address:  # absent when unset: the shape older readers know
+            del data["client_address"]
+        return dumps(data)
 
     @classmethod
     def from_json(cls, raw: bytes | str, *, broker_name: str | None = None) -> BrokerRegistration:
@@ -300,6 +309,7 @@ class BrokerRegistration:
                 store_root_id=get_str(data, "store_root_id", where),
                 started_at_ms=get_int(data, "started_at_ms", where),
                 perm=Perm.parse(get_int(data, "perm", where, int(Perm.RW))),
+                client_address=get_str(data, "client_address", where, ""),
             ),
         )
 
@@ -309,14 +319,19 @@ class PullServiceRegistration:
     """A live pull-service, key ``pull-services/<pull_service_id>``, bound to its lease."""
 
     pull_service_id: str
+    #: What other pull-services dial (a consumer's session owner).
     address: str
     started_at_ms: int = 0
+    #: The address clients are given (``--client-address``); empty: ``address``.
+    client_address: str = ""
 
     def __post_init__(self) -> None:
         check_name(self.pull_service_id, "pull-service id")
         where = f"pull-service {self.pull_service_id!r}"
         try:
             check_address(self.address, "address")
+            if self.client_address:
+                check_address(self.client_address, "client_address")
         except MetaValidationError as e:
             raise prefixed(where, e) from None
         check_millis(self.started_at_ms, "started_at_ms", where)
@@ -325,7 +340,10 @@ class PullServiceRegistration:
         return f"pull-services/{self.pull_service_id}"
 
     def to_json(self) -> bytes:
-        return dumps(asdict(self))
+        data = asdict(self)
+        if not self.client_address:  # absent when unset: the shape older readers know
+            del data["client_address"]
+        return dumps(data)
 
     @classmethod
     def from_json(
@@ -341,6 +359,7 @@ class PullServiceRegistration:
                 pull_service_id=get_identity(data, "pull_service_id", pull_service_id, where),
                 address=get_str(data, "address", where),
                 started_at_ms=get_int(data, "started_at_ms", where, 0),
+                client_address=get_str(data, "client_address", where, ""),
             ),
         )
 

@@ -131,7 +131,8 @@ def topic_route(
             route.broker_datas.append(
                 pb.BrokerData(
                     broker_name=name,
-                    address=broker.address,
+                    # Clients dial the client address; this service, ``address``.
+                    address=broker.client_address or broker.address,
                     perm=int(broker.perm),
                     store_host=store_hosts.get(name, ""),
                 )

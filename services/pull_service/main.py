@@ -3,7 +3,11 @@
 ::
 
     basalt pull-service --id ps-1 --listen 127.0.0.1:8081 --etcd 127.0.0.1:2379 \\
-        [--cluster DefaultCluster] [--heartbeat-interval-ms 10000]
+        [--cluster DefaultCluster] [--heartbeat-interval-ms 10000] [--config FILE]
+
+Every setting of PullServiceConfig, MetaConfig and PullServiceProcessConfig is
+a flag, a ``BASALT_*`` env var and a config file key
+(:mod:`basalt.services.config`, docs/configuration.md).
 
 The first line on stdout is ``pull-service <id> serving on <host:port>``
 (scripts and tests wait for it). The service registers
@@ -21,64 +25,79 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from basalt.services import process
-from basalt.services.meta import MetaClient, MetaConfig, parse_endpoints
+from basalt.common.settings import config_dataclass, instance_of, setting, validate
+from basalt.services import config, process
+from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.server import start_pull_service
 from basalt.services.pull_service.service import PullServiceConfig
 
 
+@config_dataclass
+class PullServiceProcessConfig:
+    """A pull-service process's addresses (what has no home in PullServiceConfig)."""
+
+    listen: str = setting(
+        default="127.0.0.1:8081", check=config.listen_address, doc="host:port to serve on."
+    )
+    advertise_host: str = setting(
+        default="",
+        check=instance_of(str, "a host or empty"),
+        doc="The host others reach it at (registered in etcd with the bound port); "
+        "empty: the listen host, 127.0.0.1 for a wildcard.",
+    )
+    client_address: str = setting(
+        default="",
+        check=config.address_or_empty,
+        doc="host:port registered for clients to reach it at; empty: the advertised address.",
+    )
+    stop_grace_s: float = config.stop_grace_setting()
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
+
+
+#: ``pull_service_id`` is ``--id``, ``endpoints`` ``--etcd``.
+SPEC = config.ServiceSpec(
+    "basalt-pull-service",
+    (
+        config.Section(PullServiceProcessConfig),
+        config.Section(PullServiceConfig, aliases={"pull_service_id": "id"}),
+        config.Section(MetaConfig, aliases={"endpoints": "etcd"}),
+    ),
+    derived=(
+        config.Derived(
+            "advertise_host", lambda v: config.reachable_host(str(v["listen"])), "listen"
+        ),
+    ),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--id", required=True, help="pull-service id, unique in the cluster")
-    parser.add_argument("--listen", default="127.0.0.1:8081", help="host:port to serve on")
-    parser.add_argument(
-        "--advertise-host",
-        default=None,
-        help="host others reach it at (default: the --listen host; 127.0.0.1 for 0.0.0.0)",
-    )
-    parser.add_argument("--etcd", required=True, help="etcd endpoints host:port[,host:port]")
-    parser.add_argument("--cluster", default="DefaultCluster", help="etcd key prefix's cluster")
-    parser.add_argument("--lease-ttl-s", type=int, default=10)
-    parser.add_argument("--heartbeat-interval-ms", type=int, default=10_000)
-    parser.add_argument("--max-suspend-timeout-ms", type=int, default=30_000)
-    parser.add_argument(
-        "--max-pending-calls",
-        type=int,
-        default=process.MAX_PENDING_CALLS,
-        help="arrived calls gRPC queues before the event loop picks them up",
-    )
-
-
-def _advertise_host(listen: str, given: str | None) -> str:
-    if given:
-        return given
-    host = listen.rpartition(":")[0]
-    # A wildcard bind is reachable on loopback at least; give --advertise-host otherwise.
-    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+    config.add_arguments(parser, SPEC)
 
 
 async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status."""
     stop = process.stop_signal()
-    config = PullServiceConfig(
-        pull_service_id=args.id,
-        heartbeat_interval_ms=args.heartbeat_interval_ms,
-        max_suspend_timeout_ms=args.max_suspend_timeout_ms,
-        max_pending_calls=args.max_pending_calls,
-    )
-    meta = MetaClient(
-        MetaConfig(
-            endpoints=parse_endpoints(args.etcd), cluster=args.cluster, lease_ttl_s=args.lease_ttl_s
-        )
-    )
+    settings = process.settings(args)
+    addresses = settings.build(PullServiceProcessConfig)
+    service_config = settings.build(PullServiceConfig)
+    meta = MetaClient(settings.build(MetaConfig))
     try:
         await meta.connect()
         running = await start_pull_service(
-            config,
+            service_config,
             meta,
-            listen=args.listen,
-            advertise_host=_advertise_host(args.listen, args.advertise_host),
+            listen=addresses.listen,
+            advertise_host=addresses.advertise_host,
+            client_address=addresses.client_address,
         )
-        await process.serve_until_stopped(f"pull-service {args.id}", running, stop)
+        await process.serve_until_stopped(
+            f"pull-service {service_config.pull_service_id}",
+            running,
+            stop,
+            grace_s=addresses.stop_grace_s,
+        )
     finally:
         await meta.close()
     return 0

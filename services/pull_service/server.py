@@ -90,12 +90,14 @@ async def start_pull_service(
     *,
     listen: str = "127.0.0.1:0",
     advertise_host: str = "127.0.0.1",
+    client_address: str = "",
     register: bool = True,
 ) -> RunningPullService:
     """Start the caches (MetaUnavailableError if etcd does not answer their first
     listing) and serve on ``listen``; with ``register``, put
-    ``pull-services/<id>`` = ``advertise_host:port`` under a lease (retried in
-    the background while etcd is away)."""
+    ``pull-services/<id>`` = ``advertise_host:port`` (and ``client_address``,
+    empty: the same) under a lease (retried in the background while etcd is
+    away)."""
     view = ClusterView(
         meta.topic_cache(), meta.broker_cache(), meta.pull_service_cache(), _consumers(meta)
     )
@@ -136,6 +138,7 @@ async def start_pull_service(
                 pull_service_id=config.pull_service_id,
                 address=address,
                 started_at_ms=int(time.time() * 1000),
+                client_address=client_address,
             ),
             wait=False,
         )

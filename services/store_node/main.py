@@ -4,7 +4,11 @@
 
     basalt store-node --name broker-a --data-dir .basalt/broker-a \\
         --listen 127.0.0.1:10911 --etcd 127.0.0.1:2379 [--cluster DefaultCluster] \\
-        [--flush-disk-type SYNC_FLUSH]
+        [--flush-disk-type SYNC_FLUSH] [--config broker.conf] [--print-config]
+
+Every setting of MessageStoreConfig, StoreNodeConfig, MetaConfig and
+StoreNodeProcessConfig is a flag, a ``BASALT_*`` env var and a config file key
+(:mod:`basalt.services.config`, docs/configuration.md).
 
 With ``--etcd`` the node registers ``brokers/<name>`` under a lease it keeps
 alive, reads topic configs from a watched cache (serving from it while etcd
@@ -21,24 +25,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from basalt.services import process
+from basalt.common.settings import config_dataclass, positive, setting, validate
+from basalt.services import config, process
 from basalt.services.meta import (
     BrokerRegistration,
     MetaClient,
     MetaConfig,
     MetaWatcher,
     TopicConfig,
-    parse_endpoints,
 )
 from basalt.services.store_node.server import start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics, TopicDirectory
-from basalt.store import FlushDiskType, MessageStoreConfig
+from basalt.store import MessageStoreConfig
 
 log = logging.getLogger("basalt.services.store_node.service")
 
@@ -70,89 +74,146 @@ class EtcdTopics:
         return config
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", required=True, help="broker name, unique in the cluster")
-    parser.add_argument("--data-dir", required=True, type=Path, help="the store's root directory")
-    parser.add_argument("--listen", default="127.0.0.1:10911", help="host:port to serve on")
-    parser.add_argument("--etcd", help="etcd endpoints host:port[,host:port]; none: no etcd")
-    parser.add_argument("--cluster", default="DefaultCluster", help="etcd key prefix's cluster")
-    parser.add_argument(
-        "--flush-disk-type",
-        choices=[t.value for t in FlushDiskType],
-        default=FlushDiskType.ASYNC_FLUSH.value,
+def _reachable(address: str) -> str:
+    """``address`` with a wildcard host replaced (:func:`config.reachable_host`)."""
+    return f"{config.reachable_host(address)}:{address.rpartition(':')[2]}"
+
+
+def _store_host(advertise_address: str) -> str:
+    """STOREHOST must be ``ip:port``: the advertise address when its host is an
+    IP, else 127.0.0.1 with its port (a DNS name is not looked up at start)."""
+    host, _, port = advertise_address.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return f"127.0.0.1:{port}"
+    return advertise_address
+
+
+@config_dataclass
+class StoreNodeProcessConfig:
+    """A store-node process's addresses and topic defaults (what has no home in
+    StoreNodeConfig, MessageStoreConfig or MetaConfig)."""
+
+    listen: str = setting(
+        default="127.0.0.1:10911",
+        check=config.listen_address,
+        doc="host:port to serve on (port 0: any).",
     )
-    # RocketMQ caps a pull from memory at 32 records / 256 KiB, sized for its
-    # remoting protocol's per-request cost. A gRPC call costs far more here
-    # (~0.5-1 ms of CPU), so a store-node serves up to 1024 records / 1 MiB per
-    # queue read: a consumer's pull of 256 gets 256.
-    parser.add_argument("--max-transfer-count-on-message-in-memory", type=int, default=1024)
-    parser.add_argument("--max-transfer-bytes-on-message-in-memory", type=int, default=1024 * 1024)
-    parser.add_argument("--default-topic-queue-nums", type=int, default=4)
-    parser.add_argument("--no-auto-create-topic", action="store_true")
-    parser.add_argument("--lease-ttl-s", type=int, default=10)
+    advertise_address: str = setting(
+        default="",
+        check=config.address_or_empty,
+        doc="host:port registered in etcd, what services dial; empty: the listen "
+        "address as bound, a wildcard host replaced by 127.0.0.1.",
+    )
+    client_address: str = setting(
+        default="",
+        check=config.address_or_empty,
+        doc="host:port clients are given in routes (Kafka's external listener); "
+        "empty: the advertise address.",
+    )
+    default_topic_queue_nums: int = setting(
+        default=4, check=positive, doc="Queues of a topic created by its first send."
+    )
+    stop_grace_s: float = config.stop_grace_setting()
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
+
+
+#: ``broker_name`` is ``--name``, ``store_path_root_dir`` ``--data-dir`` and
+#: ``endpoints`` ``--etcd`` (none given: no etcd, topics in memory).
+SPEC = config.ServiceSpec(
+    "basalt-store-node",
+    (
+        config.Section(StoreNodeProcessConfig),
+        config.Section(StoreNodeConfig, aliases={"broker_name": "name"}),
+        config.Section(MessageStoreConfig, aliases={"store_path_root_dir": "data_dir"}),
+        config.Section(
+            MetaConfig, aliases={"endpoints": "etcd"}, defaults={"endpoints": ()}, enabled_by="etcd"
+        ),
+    ),
+    derived=(
+        # Port 0 is known once bound: left empty here, taken from the bound address.
+        config.Derived(
+            "advertise_address",
+            lambda v: "" if str(v["listen"]).endswith(":0") else _reachable(str(v["listen"])),
+            "listen",
+        ),
+        config.Derived("client_address", lambda v: v["advertise_address"], "advertise_address"),
+        config.Derived(
+            "store_host",
+            lambda v: _store_host(str(v["advertise_address"] or _reachable(str(v["listen"])))),
+            "advertise_address",
+        ),
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    config.add_arguments(parser, SPEC)
+    # Today's switch, kept: the same as --auto-create-topic-enable false.
     parser.add_argument(
-        "--max-pending-calls",
-        type=int,
-        default=process.MAX_PENDING_CALLS,
-        help="arrived calls gRPC queues before the event loop picks them up",
+        "--no-auto-create-topic",
+        dest="auto_create_topic_enable",
+        action="store_const",
+        const="false",
+        default=argparse.SUPPRESS,
+        help="the same as --auto-create-topic-enable false",
     )
 
 
 async def serve(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; returns the exit status."""
     stop = process.stop_signal()
-    store_config = MessageStoreConfig(
-        store_path_root_dir=args.data_dir,
-        flush_disk_type=FlushDiskType(args.flush_disk_type),
-        store_host=args.listen if ":" in args.listen else f"{args.listen}:10911",
-        max_transfer_count_on_message_in_memory=args.max_transfer_count_on_message_in_memory,
-        max_transfer_bytes_on_message_in_memory=args.max_transfer_bytes_on_message_in_memory,
-    )
-    node = StoreNodeConfig(
-        broker_name=args.name,
-        auto_create_topic_enable=not args.no_auto_create_topic,
-        max_pending_calls=args.max_pending_calls,
-    )
+    settings = process.settings(args)
+    addresses = settings.build(StoreNodeProcessConfig)
+    store_config = settings.build(MessageStoreConfig)
+    node = settings.build(StoreNodeConfig)
     meta: MetaClient | None = None
     topics: TopicDirectory
     cache: MetaWatcher[TopicConfig] | None = None
-    if args.etcd:
-        meta = MetaClient(
-            MetaConfig(
-                endpoints=parse_endpoints(args.etcd),
-                cluster=args.cluster,
-                lease_ttl_s=args.lease_ttl_s,
-            )
-        )
+    if settings.given("etcd"):
+        meta = MetaClient(settings.build(MetaConfig))
         await meta.connect()
         cache = meta.topic_cache()
         # Listed while the store recovers (a restart over 20,000 topics overlaps
         # ~0.4 s of etcd listing with the queues' recovery); served only once both end.
         listing = asyncio.ensure_future(cache.start())
-        topics = EtcdTopics(meta, cache, args.default_topic_queue_nums)
+        topics = EtcdTopics(meta, cache, addresses.default_topic_queue_nums)
     else:
         listing = None
-        topics = LocalTopics(args.default_topic_queue_nums)
-    running = await start_store_node(node, store_config, topics, listen=args.listen, ready=listing)
+        topics = LocalTopics(addresses.default_topic_queue_nums)
+    running = await start_store_node(
+        node, store_config, topics, listen=addresses.listen, ready=listing
+    )
+    # Not given: the address as bound (port 0 resolved), as services reach it.
+    advertise = (
+        addresses.advertise_address
+        if settings.given("advertise_address")
+        else _reachable(running.address)
+    )
+    client = addresses.client_address if settings.given("client_address") else advertise
     registration = None
     if meta is not None:
         registration = await meta.register(
             BrokerRegistration(
-                broker_name=args.name,
-                address=running.address,
-                store_root_id=str(Path(args.data_dir).resolve()),
+                broker_name=node.broker_name,
+                address=advertise,
+                client_address="" if client == advertise else client,
+                store_root_id=str(store_config.store_path_root_dir.resolve()),
                 started_at_ms=int(time.time() * 1000),
             ),
             wait=False,
         )
-    print(f"store-node {args.name} serving on {running.address}", flush=True)
+    print(f"store-node {node.broker_name} serving on {running.address}", flush=True)
     await stop.wait()
     log.info("stopping")
     if registration is not None:
         with contextlib.suppress(Exception):
             await registration.close()
     # Not clean (a flush or the offsets' last save failed): the exit status says so.
-    clean = await running.stop()
+    clean = await running.stop(addresses.stop_grace_s)
     if cache is not None:
         await cache.close()
     if meta is not None:

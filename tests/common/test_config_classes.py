@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from basalt.admin.service_main import AdminServiceProcessConfig
 from basalt.client.consumer_base import ConsumerConfig
 from basalt.client.lite_pull_consumer import LitePullConfig
 from basalt.client.producer import ProducerConfig
@@ -24,7 +25,9 @@ from basalt.common.telemetry import TelemetryConfig
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.model import TopicConfig
+from basalt.services.pull_service.main import PullServiceProcessConfig
 from basalt.services.pull_service.service import PullServiceConfig
+from basalt.services.store_node.main import StoreNodeProcessConfig
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.store.config import MessageStoreConfig
 from basalt.store.errors import StoreConfigError
@@ -41,6 +44,9 @@ CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {
     PushConsumerConfig: ({"consumer_group": "G"}, ValueError),
     LitePullConfig: ({"consumer_group": "G"}, ValueError),
     TelemetryConfig: ({"service_name": "basalt-test"}, ValueError),
+    StoreNodeProcessConfig: ({}, ValueError),
+    PullServiceProcessConfig: ({}, ValueError),
+    AdminServiceProcessConfig: ({}, ValueError),
 }
 PACKAGES = ("basalt.store", "basalt.services", "basalt.admin", "basalt.client", "basalt.common")
 

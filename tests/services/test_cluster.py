@@ -61,6 +61,13 @@ def test_up_serves_a_send_and_a_pull_then_down_stops_everything(tmp_path: Path) 
         pull_service = next(p for p in procs if p["role"] == "pull-service")
         bodies = asyncio.run(send_and_pull(broker["address"], pull_service["address"]))
         assert bodies == [b"hello cluster"]
+        # Laptop-sized files, said at start: a 64 MiB CommitLog file, a ~4 MB IndexFile.
+        assert "laptop-sized files" in started.stdout and "RocketMQ's" in started.stdout
+        (commitlog,) = (data / "broker-a" / "commitlog").iterdir()
+        assert commitlog.stat().st_size == 64 << 20
+        # (The IndexFile appears once the dispatcher has indexed the send.)
+        assert all(f.stat().st_size < 5 << 20 for f in data.glob("broker-a/index/*"))
+        assert "max_index_num=200000" in (data / "store-node.conf").read_text()
         # The admin service answers, over the cluster's etcd: the topic the send created.
         admin = next(p for p in procs if p["role"] == "admin")
         assert asyncio.run(topic_list(admin["address"])) == ["Hello"]

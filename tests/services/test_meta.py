@@ -604,3 +604,23 @@ async def _try(coro) -> bool:  # type: ignore[no-untyped-def]
 
 async def _alive(reg) -> bool:  # type: ignore[no-untyped-def]
     return bool(reg.alive)
+
+
+def test_a_client_address_round_trips_and_old_records_load_without_one() -> None:
+    b = BrokerRegistration(
+        broker_name="broker-a",
+        address="10.0.0.5:10911",
+        client_address="broker-a.example.com:30911",
+        store_root_id="r",
+        started_at_ms=1,
+    )
+    assert BrokerRegistration.from_json(b.to_json()) == b
+    old = (
+        b'{"broker_name":"broker-a","address":"10.0.0.5:10911",'
+        b'"store_root_id":"r","started_at_ms":1}'
+    )
+    assert BrokerRegistration.from_json(old).client_address == ""
+    p = PullServiceRegistration(
+        pull_service_id="ps-1", address="10.0.0.6:8081", client_address="ps.example.com:443"
+    )
+    assert PullServiceRegistration.from_json(p.to_json()) == p

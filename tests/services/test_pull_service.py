@@ -21,7 +21,7 @@ import pytest
 
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.errors import pull_outcome
-from basalt.services.meta import MetaConfig, Perm, TopicConfig
+from basalt.services.meta import BrokerRegistration, MetaConfig, Perm, TopicConfig
 from basalt.services.pull_service.service import SCOPE_KEY, SCOPE_LOCAL
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -111,6 +111,38 @@ async def test_query_route_gives_brokers_addresses_queue_counts_and_perms(
         status, code, details = await refused(h.stub.QueryRoute(ps.QueryRouteRequest(topic="Nope")))
         assert (status, code) == (grpc.StatusCode.NOT_FOUND, pb.RESPONSE_CODE_TOPIC_NOT_EXIST)
         assert "'Nope' does not exist" in details
+
+
+@async_test
+async def test_routes_give_clients_the_client_address_and_pulls_dial_the_address(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    async with cluster(tmp_path, meta_config) as h:
+        node = h.nodes["broker-a"]
+        # An address only clients could reach (Kafka's external listener): the
+        # pull-service must keep dialing the registered address.
+        await h.meta.register(
+            BrokerRegistration(
+                broker_name="broker-a",
+                address=node.address,
+                client_address="broker-a.example.com:30911",
+                store_root_id="root-broker-a",
+                started_at_ms=1,
+            )
+        )
+        await h.seen(
+            lambda s: (
+                (b := s.servicer.view.brokers.get("broker-a")) is not None
+                and b.client_address != ""
+            )
+        )
+        route = (await h.stub.QueryRoute(ps.QueryRouteRequest(topic=TOPIC))).route
+        assert {b.broker_name: b.address for b in route.broker_datas} == {
+            "broker-a": "broker-a.example.com:30911",
+            "broker-b": h.nodes["broker-b"].address,
+        }
+        await h.send("broker-a", 0, b"through the address")
+        assert await pull_queue(h.stub, "broker-a", 0) == [b"through the address"]
 
 
 # -- pulls --------------------------------------------------------------------------

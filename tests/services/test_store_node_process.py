@@ -115,3 +115,40 @@ def test_kill_9_under_sync_flush_then_restart_keeps_every_ack_and_re_registers(
     assert asyncio.run(pull_all(node.address)) == [b"%d" % i for i in range(50)]
     assert node.stop(signal.SIGTERM) == 0
     assert not (data_dir / "abort").exists()  # graceful stop: clean shutdown
+
+
+def test_a_node_set_up_by_file_and_env_registers_its_client_address(
+    tmp_path: Path, etcd: EtcdProcess, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(
+        f"brokerClusterName={cluster}\nbrokerId=0\nnamesrvAddr={etcd.endpoint}\n"
+        f"etcd={etcd.endpoint}\nstorePathRootDir={tmp_path / 'broker-b'}\n"
+    )
+    monkeypatch.setenv("BASALT_CLIENT_ADDRESS", "broker-b.example.com:30911")
+    n = ServiceProcess(
+        tmp_path / "broker-b.log",
+        "basalt.services.store_node.main",
+        "--name",
+        "broker-b",
+        "--config",
+        str(conf),
+    )
+    try:
+        n.wait_serving()
+
+        async def registered() -> tuple[str, str] | None:
+            async with MetaClient(MetaConfig(endpoints=(etcd.endpoint,), cluster=cluster)) as m:
+                b = (await m.list_brokers()).get("broker-b")
+                return None if b is None else (b.address, b.client_address)
+
+        # The cluster came from the file, the client address from the env.
+        eventually_sync(
+            lambda: asyncio.run(registered()) == (n.address, "broker-b.example.com:30911"),
+            what="broker-b registered with its client address",
+        )
+        assert (tmp_path / "broker-b" / "checkpoint").exists()
+    finally:
+        n.stop(signal.SIGTERM if n.proc.poll() is None else signal.SIGKILL)
+    log = n.log.read_text()
+    assert "brokerId" in log and "namesrvAddr" in log and "is ignored" in log
