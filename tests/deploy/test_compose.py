@@ -4,7 +4,8 @@ host producing and consuming through the published ports, a restart keeping volu
 **The one difference from what users run** is ``tests/deploy/compose.host.yml``:
 the engine here has no bridge network (``dockerd --bridge=none``), so every
 container uses host networking and listens on 127.0.0.1 at the port the main
-file would publish it on. Everything else is the file users run: the same
+file would publish it on (and etcd, run from the Basalt image here, gets a
+tmpfs over that image's unused store volume). Everything else is the file users run: the same
 image (built from the Dockerfile, on a debootstrapped Debian base instead of
 ``python:3.11-slim`` since no registry is reachable; etcd runs from it too,
 through ``BASALT_ETCD_IMAGE``), the same healthchecks and ``depends_on``
@@ -83,6 +84,9 @@ def stack() -> Iterator[tuple[Compose, dict[str, str]]]:
             yield compose, ports
         finally:
             compose.run("down", "-v", "--remove-orphans", "--timeout", "30")
+            # Nothing of the project is left: no container, no volume.
+            assert compose.run("ps", "-a", "-q").strip() == ""
+            assert compose.run("volumes", "-q").strip() == ""
 
 
 async def _produce(endpoints: str) -> None:

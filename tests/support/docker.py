@@ -151,7 +151,18 @@ def docker_engine() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait()
+        _unmount_under(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _unmount_under(directory: Path) -> None:
+    """Unmount what a stopped dockerd left mounted under ``directory`` (its exec root's
+    network namespace stays bind-mounted), deepest first, so the directory can go."""
+    prefix = f"{directory}/"
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", point], capture_output=True, check=False)
 
 
 def _debootstrapped_root() -> Path:
