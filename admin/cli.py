@@ -65,6 +65,13 @@ def add_admin(parser: argparse.ArgumentParser) -> None:
     verbs.add_commands(parser)
 
 
+def add_health(parser: argparse.ArgumentParser) -> None:
+    """``basalt health ADDRESS`` (admin.health)."""
+    from basalt.admin import health
+
+    health.add_commands(parser)
+
+
 def add_produce(parser: argparse.ArgumentParser) -> None:
     """``basalt produce`` (client.quickstart)."""
     from basalt.client import quickstart
@@ -116,6 +123,7 @@ GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
         add_admin_service_command,
     ),
     ("admin", "mqadmin's verbs: topics, routes, status, consumer progress", add_admin),
+    ("health", "ask a Basalt service (or etcd) for its grpc.health.v1 status", add_health),
     ("produce", "send messages to a topic (RocketMQ's quickstart Producer)", add_produce),
     ("consume", "read a topic as a consumer group (RocketMQ's quickstart Consumer)", add_consume),
 )
