@@ -44,6 +44,7 @@ from basalt.common.local_cluster import (
     CLUSTER_FILE,
     DEFAULT_DATA_DIR,
     ProcessInfo,
+    find_data_dir,
     load_processes,
     write_processes,
 )
@@ -323,7 +324,17 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         ("status", "each process, its health, its etcd registration and its metrics endpoint"),
     ):
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+        if name == "up":
+            sub.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+        else:
+            # The cluster `up` started in this directory or one above it, as the
+            # other commands find it (basalt.common.local_cluster.find_data_dir).
+            sub.add_argument(
+                "--data-dir",
+                type=Path,
+                default=None,
+                help="the cluster's directory (default: the nearest .basalt upward)",
+            )
         if name == "up":
             sub.add_argument("--store-nodes", type=int, default=2)
             sub.add_argument(
@@ -352,8 +363,9 @@ def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]
                 stdout,
                 otlp_endpoint=args.otlp_endpoint,
             )
+        data_dir = args.data_dir or find_data_dir() or DEFAULT_DATA_DIR
         if name == "down":
-            return down(args.data_dir, stdout)
-        return status(args.data_dir, stdout, as_json=args.json)
+            return down(data_dir, stdout)
+        return status(data_dir, stdout, as_json=args.json)
 
     return run

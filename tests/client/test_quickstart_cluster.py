@@ -89,6 +89,11 @@ def test_a_newcomers_session_finds_the_cluster_and_reads_plainly(tmp_path: Path)
         )
         assert code == 0, err
 
+        # `cluster status` finds the cluster upward too.
+        code, out, err = basalt("cluster", "status", "--json")
+        assert code == 0, err
+        assert {row["address"] for row in json.loads(out)} >= {store_node, pull_service}
+
     # Nothing running any more, nothing given: the message names every place looked.
     code, _, err = basalt("admin", "topicList")
     assert code == 2

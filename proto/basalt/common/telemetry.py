@@ -128,6 +128,7 @@ class TelemetryConfig:
     root_sampling_ratio: float = setting(
         default=1.0,
         check=between(0.0, 1.0),
+        unit="fraction",  # 0..1, not the percent RocketMQ's *_ratio names carry
         doc="When OTEL_TRACES_SAMPLER is unset: the share of traces this process starts "
         "(a span with no parent) that are sampled; a span whose parent arrives is sampled "
         "as its parent was (parent-based). 1.0 is the SDK's own default "
