@@ -88,6 +88,9 @@ class Cluster:
                 "up",
                 "--data-dir",
                 str(self.data_dir),
+                # What the figures have always measured: RocketMQ's file sizes.
+                "--store-files",
+                "production",
             ],
             capture_output=True,
             text=True,

@@ -65,15 +65,24 @@ LAPTOP_STORE_CONFIG = {
 STORE_NODE_CONFIG_FILE = "store-node.conf"
 
 
-def write_store_node_config(data_dir: Path) -> Path:
-    """``<data_dir>/store-node.conf`` with :data:`LAPTOP_STORE_CONFIG` (rewritten
-    on every ``up``, so it follows this module); returns its path."""
+#: ``cluster up --store-files``: laptop-sized (the default) or RocketMQ's own sizes.
+STORE_FILES = ("laptop", "production")
+
+
+def write_store_node_config(data_dir: Path, store_files: str = "laptop") -> Path:
+    """``<data_dir>/store-node.conf`` (rewritten on every ``up``, so it follows
+    this module); returns its path. ``laptop``: :data:`LAPTOP_STORE_CONFIG`;
+    ``production``: no setting, so RocketMQ's defaults hold (what the benchmarks
+    measure)."""
     path = data_dir / STORE_NODE_CONFIG_FILE
-    lines = [
-        "# Written by `basalt cluster up`: laptop-sized store files.",
-        "# Production defaults stay RocketMQ's (see docs/configuration.md).",
-        *(f"{key}={value}" for key, value in LAPTOP_STORE_CONFIG.items()),
-    ]
+    if store_files == "laptop":
+        lines = [
+            "# Written by `basalt cluster up`: laptop-sized store files.",
+            "# Production defaults stay RocketMQ's (see docs/configuration.md).",
+            *(f"{key}={value}" for key, value in LAPTOP_STORE_CONFIG.items()),
+        ]
+    else:
+        lines = ["# Written by `basalt cluster up --store-files production`: RocketMQ's defaults."]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -130,10 +139,12 @@ def up(
     out: IO[str],
     *,
     otlp_endpoint: str | None = None,
+    store_files: str = "laptop",
 ) -> int:
     """Start the cluster; returns the exit status (2 when one is already running).
     ``otlp_endpoint`` (a URL) becomes every service's ``OTEL_EXPORTER_OTLP_ENDPOINT``,
-    overriding the caller's."""
+    overriding the caller's. ``store_files`` (:data:`STORE_FILES`) sizes the
+    store-nodes' files (:func:`write_store_node_config`)."""
     data_dir = data_dir.resolve()
     state = data_dir / CLUSTER_FILE
     if state.exists() and any(_alive(p.pid) for p in load_processes(state)):
@@ -171,13 +182,19 @@ def up(
         children.append(proc)
         procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics))
 
-    store_config = write_store_node_config(data_dir)
-    print(
-        f"store-nodes use laptop-sized files ({store_config}): CommitLog "
-        f"{LAPTOP_STORE_CONFIG['mapped_file_size_commit_log'] >> 20} MiB, IndexFile ~4 MB; "
-        "production defaults stay RocketMQ's",
-        file=out,
-    )
+    store_config = write_store_node_config(data_dir, store_files)
+    if store_files == "laptop":
+        print(
+            f"store-nodes use laptop-sized files ({store_config}): CommitLog "
+            f"{LAPTOP_STORE_CONFIG['mapped_file_size_commit_log'] >> 20} MiB, IndexFile ~4 MB; "
+            "production defaults stay RocketMQ's (--store-files production)",
+            file=out,
+        )
+    else:
+        print(
+            "store-nodes use RocketMQ's file sizes: 1 GiB CommitLog files, 420 MB IndexFiles",
+            file=out,
+        )
     for i in range(store_nodes):
         name = f"broker-{chr(ord('a') + i)}"
         start_service(
@@ -341,6 +358,13 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                 "--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH"
             )
             sub.add_argument(
+                "--store-files",
+                choices=STORE_FILES,
+                default="laptop",
+                help="laptop: 64 MiB CommitLog files and ~4 MB IndexFiles (the default); "
+                "production: RocketMQ's sizes, as the benchmarks run",
+            )
+            sub.add_argument(
                 "--otlp-endpoint",
                 metavar="URL",
                 help="export every service's traces and metrics by OTLP/gRPC to URL "
@@ -362,6 +386,7 @@ def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]
                 args.flush_disk_type,
                 stdout,
                 otlp_endpoint=args.otlp_endpoint,
+                store_files=args.store_files,
             )
         data_dir = args.data_dir or find_data_dir() or DEFAULT_DATA_DIR
         if name == "down":

@@ -119,3 +119,31 @@ async def send_and_pull(broker: str, pull_service: str) -> list[bytes]:
 
         await eventually(topic_known, interval_s=0.05, what="the topic reaching the pull-service")
         return [decode_record(r).body for r in split_records(pulled.records.data)]
+
+
+@pytest.mark.parametrize("store_files", ["laptop", "production"])
+def test_cluster_ups_store_node_config_sizes_the_files_as_asked(
+    tmp_path: Path, store_files: str
+) -> None:
+    """``--store-files laptop`` (the default) writes small files' sizes into the
+    store-nodes' config; ``production`` writes none, so RocketMQ's defaults hold
+    (what the benchmarks measure). Read by the store-node's own settings layer."""
+    from basalt.services import config
+    from basalt.services.cluster.local import LAPTOP_STORE_CONFIG, write_store_node_config
+    from basalt.services.store_node.main import SPEC
+    from basalt.store import MessageStoreConfig
+
+    path = write_store_node_config(tmp_path, store_files)
+    resolved = config.resolve(
+        SPEC, flags={"name": "b", "data_dir": str(tmp_path)}, config_file=path
+    )
+    store = resolved.build(MessageStoreConfig)
+    if store_files == "laptop":
+        assert (
+            store.mapped_file_size_commit_log == LAPTOP_STORE_CONFIG["mapped_file_size_commit_log"]
+        )
+        assert store.max_index_num == LAPTOP_STORE_CONFIG["max_index_num"]
+    else:
+        assert store.mapped_file_size_commit_log == 1024 * 1024 * 1024
+        assert store.max_index_num == 20_000_000
+        assert resolved.values["max_index_num"].source == "default"
