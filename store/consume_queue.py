@@ -361,6 +361,19 @@ class ConsumeQueue:
             return self.put_units(first_offset, len(entries), units)
         return sum(self._put_one(*entry) for entry in entries)
 
+    def fits_in_last_file(self, first_offset: int, count: int) -> bool:
+        """Whether ``count`` units from queue offset ``first_offset`` continue the
+        queue inside its last file: :meth:`put_units` then creates no file (no
+        mkdir, no open) and makes one write."""
+        last = self.files.last_file
+        if last is None:
+            return False
+        pos = first_offset * CQ_STORE_UNIT_SIZE
+        return (
+            pos == last.file_from_offset + last.wrote_position
+            and last.wrote_position + count * CQ_STORE_UNIT_SIZE <= last.file_size
+        )
+
     def put_units(self, first_offset: int, count: int, units: bytes) -> int:
         """Append ``count`` packed units for queue offsets ``first_offset``, ``+1``, …;
         returns how many were written. Idempotent like :meth:`put_entries`.

@@ -23,6 +23,7 @@ it could ever be consumed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -35,10 +36,24 @@ from basalt.common import _records
 from basalt.common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, property_value
 from basalt.store.commitlog import Appended, CommitLog, UnitRun
 from basalt.store.consume_queue_table import ConsumeQueueTable
-from basalt.store.errors import CorruptRecordError
+from basalt.store.errors import CorruptRecordError, StoreError
 from basalt.store.failures import FailureChannel
 
 log = logging.getLogger(__name__)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _NeedsFile(StoreError):
+    """A writer's inline dispatch reached a run that would create a ConsumeQueue
+    file, which it leaves for later (see ``on_append``). It never leaves the
+    dispatcher."""
+
 
 #: Pause between dispatch rounds: the visibility latency a send may see.
 DISPATCH_PAUSE_S = 0.001
@@ -161,30 +176,60 @@ class ReputMessageService:
         Anything else (a roll, a backlog, an overflowed hand-off, a writer
         already dispatching) wakes the thread.
         """
-        if self._inline and not self.listeners and self._dispatch_lock.acquire(blocking=False):
-            try:
-                handoff = self.commitlog.handoff
-                start = self.reput_from_offset
-                while handoff and handoff[0].end <= start:
-                    handoff.popleft()
-                if (
-                    handoff
-                    and handoff[0].start == start
-                    and self.stalled_reason is None
-                    and self._inline
-                ):
-                    try:
-                        self._take_handoff(handoff)
-                    except Exception as e:
-                        # The writer's append itself succeeded: the failure is the
-                        # dispatcher's, and stops it as it would on its thread.
-                        self._fail(e)
-                        return
-                    if self._caught_up:
-                        return  # followers catch up on the thread's own schedule
-            finally:
-                self._dispatch_lock.release()
+        loop = _running_loop()
+        try:
+            if self._apply_inline(may_create=loop is None):
+                return
+        except _NeedsFile:
+            # A writer on an event loop (a send being answered): the run that makes a
+            # ConsumeQueue file (a mkdir and an open, which wait on the filesystem's
+            # journal while a flusher fsyncs: ~0.1 ms measured) is applied on the loop
+            # after the callbacks already queued, so the sends this append settles
+            # are answered first. A read that arrives after an answer is a later
+            # event: it finds the units applied.
+            loop.call_soon(loop.call_soon, self._apply_deferred)  # type: ignore[union-attr]
+            return
         self.wakeup()
+
+    def _apply_deferred(self) -> None:
+        if not self._apply_inline(may_create=True):
+            self.wakeup()
+
+    def _apply_inline(self, *, may_create: bool) -> bool:
+        """Apply the writer's hand-off on the writer's thread if the dispatcher is
+        idle and the hand-off continues at ``reput_from_offset``; True when that
+        left the dispatcher caught up (nothing for the thread to do). Raises
+        :class:`_NeedsFile` (the rest left in the hand-off) at a run that would
+        create a file, unless ``may_create``."""
+        if not (
+            self._inline and not self.listeners and self._dispatch_lock.acquire(blocking=False)
+        ):
+            return False
+        try:
+            handoff = self.commitlog.handoff
+            start = self.reput_from_offset
+            while handoff and handoff[0].end <= start:
+                handoff.popleft()
+            if not (
+                handoff
+                and handoff[0].start == start
+                and self.stalled_reason is None
+                and self._inline
+            ):
+                return False
+            try:
+                self._take_handoff(handoff, inline=not may_create)
+            except _NeedsFile:
+                raise  # not a failure: the caller applies the rest later
+            except Exception as e:
+                # The writer's append itself succeeded: the failure is the
+                # dispatcher's, and stops it as it would on its thread.
+                self._fail(e)
+                return True
+            # Followers catch up on the thread's own schedule.
+            return self._caught_up
+        finally:
+            self._dispatch_lock.release()
 
     def start(self) -> None:
         self._stopping = False
@@ -321,33 +366,52 @@ class ReputMessageService:
         self._caught_up = kind == _records.KIND_END
         return consumed if consumed or kind != _records.KIND_MORE else 1
 
-    def _take_handoff(self, handoff: deque[Appended]) -> int:
-        """Apply the writer's consecutive hand-offs from ``reput_from_offset`` on."""
+    def _take_handoff(self, handoff: deque[Appended], *, inline: bool = False) -> int:
+        """Apply the writer's consecutive hand-offs from ``reput_from_offset`` on.
+
+        ``inline`` (a writer applying its own append): raises :class:`_NeedsFile`
+        at the first run that would create a ConsumeQueue file, with that entry
+        back at the hand-off's head and what came before it applied."""
         end = self.reput_from_offset
         records = 0
         last_ts = self.last_store_timestamp_ms
-        while handoff:
-            # Pop, then check: the writer may drop the oldest entry (a full hand-off)
-            # between a look at handoff[0] and a popleft. Whatever is not contiguous
-            # is left to a walk of the CommitLog.
-            appended = handoff.popleft()
-            if appended.start != end:
-                handoff.appendleft(appended)
-                break
-            self._apply(appended.runs)
-            end = appended.end
-            records += appended.records
-            last_ts = appended.store_timestamp_ms
-        self.last_store_timestamp_ms = last_ts
-        self.records_from_handoff += records
-        self._advance(end)
-        self._caught_up = end >= self.commitlog.max_offset
+        try:
+            while handoff:
+                # Pop, then check: the writer may drop the oldest entry (a full
+                # hand-off) between a look at handoff[0] and a popleft. Whatever is
+                # not contiguous is left to a walk of the CommitLog.
+                appended = handoff.popleft()
+                if appended.start != end:
+                    handoff.appendleft(appended)
+                    break
+                try:
+                    self._apply(appended.runs, inline=inline)
+                except _NeedsFile:
+                    # Its runs before the one that stopped are written: applied
+                    # again by the thread, they are skipped (put_units is idempotent).
+                    handoff.appendleft(appended)
+                    raise
+                end = appended.end
+                records += appended.records
+                last_ts = appended.store_timestamp_ms
+        finally:
+            self.last_store_timestamp_ms = last_ts
+            self.records_from_handoff += records
+            self._advance(end)
+            self._caught_up = end >= self.commitlog.max_offset
         return records
 
-    def _apply(self, runs: list[UnitRun]) -> None:
+    def _apply(self, runs: list[UnitRun], *, inline: bool = False) -> None:
         find = self.consume_queues.find_or_create
         for topic, queue_id, first_offset, count, units in runs:
-            self.entries_written += find(topic, queue_id).put_units(first_offset, count, units)
+            cq = find(topic, queue_id)
+            # A new queue's (or a full file's) first unit creates a file: a mkdir
+            # and an open, which wait on the filesystem's journal while a flusher
+            # fsyncs (~0.1-0.3 ms each measured). Left to the thread, so that a
+            # first put into a new queue is answered without waiting for them.
+            if inline and not cq.fits_in_last_file(first_offset, count):
+                raise _NeedsFile
+            self.entries_written += cq.put_units(first_offset, count, units)
             for arrived in self.arrival_listeners:
                 arrived(topic, queue_id, first_offset + count)
 

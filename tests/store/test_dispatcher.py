@@ -7,6 +7,7 @@ The store's shutdown drains whatever is left.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,8 @@ from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consume_queue import UNIT
 from basalt.store.dispatcher import DispatchRequest
 from basalt.store.hashing import tags_code
+from basalt.store.mapped_file import MappedFile
+from basalt.store.mapped_file_queue import MappedFileQueue
 from tests.support.stores import SMALL_COMMITLOG_FILE, SMALL_CQ_FILE, ConfigFactory
 
 
@@ -428,3 +431,45 @@ def test_arrival_listeners_hear_every_queue_that_grew_once_it_is_readable(
     store.commitlog.handoff.clear()  # the walk path
     dispatch_all(store)
     assert heard == [("Arrive", 1, 3, 3), ("Arrive", 2, 1, 1), ("Arrive", 1, 4, 4)]
+
+
+def test_a_send_on_an_event_loop_is_answered_before_its_queues_file_is_made(
+    store: MessageStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new queue's first unit (and one that starts the queue's next file) makes
+    a file: a mkdir and an open. A writer on an event loop answers first and
+    makes the file on the loop after the answers it settled; every unit lands.
+    A writer with no loop applies its units at once (read-your-writes)."""
+    per_file = SMALL_CQ_FILE // CQ_STORE_UNIT_SIZE
+    answered: list[int] = []
+    made: list[tuple[str, int]] = []  # (thread, sends answered by then)
+    create = MappedFileQueue._create
+
+    def recording(self: MappedFileQueue, offset: int, *, first: bool) -> MappedFile:
+        if self.directory.is_relative_to(store.config.consume_queue_dir):
+            made.append((threading.current_thread().name, len(answered)))
+        return create(self, offset, first=first)
+
+    monkeypatch.setattr(MappedFileQueue, "_create", recording)
+
+    async def scenario() -> None:
+        assert store.wait_dispatched()
+        # The first file, then the last send starts the queue's second file.
+        for i in range(per_file + 1):
+            assert (await store.put_messages_async([Message("Fresh", b"%d" % i, queue_id=1)])).ok
+            answered.append(i)
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert store.wait_dispatched()
+    assert len(made) == 2
+    loop_thread = threading.current_thread().name
+    for index, (thread, sends) in enumerate(made):
+        # Made on the loop (the writer's thread) only once the send that needed it
+        # was answered; the dispatcher's own thread may take one over (no order then).
+        if thread == loop_thread:
+            assert sends == (1 if index == 0 else per_file + 1)
+    bodies = [record.body for _, record in store.iter_queue("Fresh", 1)]
+    assert bodies == [b"%d" % i for i in range(per_file + 1)]
+    assert store.put_message(Message("FreshSync", b"s", queue_id=0)).ok
+    assert store.get_max_offset_in_queue("FreshSync", 0) == 1
