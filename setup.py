@@ -20,7 +20,13 @@ CRC32 is its own), so a fresh machine builds it with ``pip install``.
 from setuptools import Extension, find_packages, setup
 
 #: Source folder -> the sub-package of ``basalt`` it becomes.
-SOURCE_FOLDERS = {"store": "store", "services": "services", "admin": "admin", "client": "client"}
+SOURCE_FOLDERS = {
+    "store": "store",
+    "services": "services",
+    "admin": "admin",
+    "client": "client",
+    "pipeline": "pipeline",
+}
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:

@@ -1,0 +1,9 @@
+"""The data pipeline on Spark: ``basalt.pipeline``.
+
+Basalt's topics as a Spark source and sink through PySpark 4's Python Data
+Source API (``spark.read.format("basalt")``, ``readStream``, ``write``,
+``writeStream``), and jobs over store roots on disk (``basalt pipeline
+<job>``). Needs the ``spark`` extra: ``pip install 'basalt[spark]'``
+(PySpark and pyarrow; a local Java 17 runs ``local[N]``). docs/pipeline.md
+says how to use it.
+"""
