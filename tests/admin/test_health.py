@@ -5,20 +5,13 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from tests.support.processes import ServiceProcess, run_basalt_sync
+from tests.support.processes import ServiceProcess, run_basalt_sync, store_node_process
 
 
 def test_health_of_a_store_node_process_serving_then_gone(
     tmp_path: Path, processes: list[ServiceProcess]
 ) -> None:
-    node = ServiceProcess(
-        tmp_path / "broker-a.log",
-        "basalt.services.store_node.main",
-        "--name",
-        "broker-a",
-        "--data-dir",
-        str(tmp_path / "broker-a"),
-    )
+    node = store_node_process(tmp_path)
     processes.append(node)
     node.wait_serving()
 

@@ -18,7 +18,7 @@ from basalt.services.process import (
     raise_open_files_limit,
     service_env,
 )
-from tests.support.processes import ServiceProcess
+from tests.support.processes import ServiceProcess, store_node_process
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 
@@ -89,14 +89,7 @@ def test_a_service_process_raises_its_open_files_limit_to_the_hard_one(
     # for the spawn, as a distribution's default 1,024 would be.
     resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
     try:
-        node = ServiceProcess(
-            tmp_path / "broker-a.log",
-            "basalt.services.store_node.main",
-            "--name",
-            "broker-a",
-            "--data-dir",
-            str(tmp_path / "broker-a"),
-        )
+        node = store_node_process(tmp_path)
         processes.append(node)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -19,7 +19,7 @@ from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.etcd import unique_cluster
 from tests.support.polling import eventually_sync
-from tests.support.processes import ServiceProcess
+from tests.support.processes import ServiceProcess, store_node_process
 
 pytestmark = pytest.mark.slow
 
@@ -32,13 +32,9 @@ def cluster() -> str:
 @pytest.fixture
 def node(tmp_path: Path, etcd: EtcdProcess, cluster: str) -> Iterator[ServiceProcess]:
     """``broker-a`` as a store-node process with its data in ``tmp_path / "broker-a"``."""
-    n = ServiceProcess(
-        tmp_path / "broker-a.log",
-        "basalt.services.store_node.main",
-        "--name",
+    n = store_node_process(
+        tmp_path,
         "broker-a",
-        "--data-dir",
-        str(tmp_path / "broker-a"),
         "--etcd",
         etcd.endpoint,
         "--cluster",

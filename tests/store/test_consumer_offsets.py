@@ -37,7 +37,7 @@ from basalt.store.consumer_offsets import (
 from basalt.store.errors import StoreConfigError
 from tests.support import offset_writer
 from tests.support.polling import eventually_sync
-from tests.support.processes import ServiceProcess
+from tests.support.processes import store_node_process
 from tests.support.stores import ConfigFactory
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
@@ -589,14 +589,7 @@ def test_a_store_node_process_with_a_torn_offset_file_serves(tmp_path: Path) -> 
     path = consumer_offset_path(root)
     path.parent.mkdir(parents=True)
     path.write_bytes(b'{"offsetTable":{"T@g":{"0":7},"T@h":{"0"')
-    node = ServiceProcess(
-        tmp_path / "broker-a.log",
-        "basalt.services.store_node.main",
-        "--name",
-        "broker-a",
-        "--data-dir",
-        str(root),
-    )
+    node = store_node_process(tmp_path)
     try:
         node.wait_serving()
         assert node.proc.poll() is None

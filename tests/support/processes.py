@@ -97,6 +97,21 @@ def local_cluster(
 # -- service processes ---------------------------------------------------------------------
 
 
+def store_node_process(directory: Path, name: str = "broker-a", *args: str) -> ServiceProcess:
+    """A store-node process named ``name`` with its store in ``directory / name``
+    and its log in ``directory / "<name>.log"``, started with ``args`` after
+    those (see :class:`ServiceProcess`)."""
+    return ServiceProcess(
+        directory / f"{name}.log",
+        "basalt.services.store_node.main",
+        "--name",
+        name,
+        "--data-dir",
+        str(directory / name),
+        *args,
+    )
+
+
 class ServiceProcess:
     """``python -m <module> --listen 127.0.0.1:<free port> ARGS...``, a service
     whose first stdout line says where it serves; stderr goes to ``log``."""
@@ -199,15 +214,7 @@ def start_processes(
     common = ("--etcd", etcd.endpoint, "--cluster", cluster, "--lease-ttl-s", str(lease_ttl_s))
     nodes: dict[str, ServiceProcess] = {}
     for name in BROKERS:
-        nodes[name] = ServiceProcess(
-            tmp_path / f"{name}.log",
-            "basalt.services.store_node.main",
-            "--name",
-            name,
-            "--data-dir",
-            str(tmp_path / name),
-            *common,
-        )
+        nodes[name] = store_node_process(tmp_path, name, *common)
         started.append(nodes[name])
     pull = ServiceProcess(
         tmp_path / "ps-1.log",
