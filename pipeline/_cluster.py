@@ -184,14 +184,15 @@ def pull_range(
 
 
 def check_subscription(endpoint: str, group: str, queue: QueueRef, sub: pb.Subscription) -> None:
-    """One pull of one record on ``queue`` with ``sub``, so that an expression
-    the store-node cannot parse fails on the driver, before any task runs.
+    """One pull on ``queue`` with ``sub`` at the queue's max offset (so it
+    returns no record and counts no read), so that an expression the
+    pull-service cannot parse fails on the driver, before any task runs.
 
     Raises :class:`BasaltSourceError` quoting the pull-service's refusal."""
     request = ps.PullRequest(
         group=group,
         queue=pb.MessageQueue(topic=queue.topic, broker_name=queue.broker, queue_id=queue.queue_id),
-        offset=0,
+        offset=min_max(queue)[1],
         max_nums=1,
         subscription=sub,
     )
