@@ -34,7 +34,7 @@ queue to its store-node); each input partition is one queue's offset range
 and yielded as Arrow RecordBatches (schema in :mod:`basalt.pipeline._rows`).
 An option the cluster refuses (unknown topic, unreachable endpoint, an
 expression that does not parse) raises :class:`BasaltSourceError` on the
-driver, before any task runs.
+driver from ``load()`` (``schema()`` checks), before any task runs.
 
 Streaming offsets (Spark's checkpoint) are the per-queue next offsets as
 ``{"topic": {"broker": {"queue_id": offset}}}``: a micro-batch reads each
@@ -422,6 +422,10 @@ class BasaltDataSource(DataSource):
         return "basalt"
 
     def schema(self) -> StructType | str:
+        """The fixed schema; first checks the options against the cluster
+        (topics exist, the endpoint answers, the subscription parses), so
+        that ``load()`` itself fails on a bad one."""
+        _Planner(self._options)
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -131,10 +131,7 @@ async def sdk_consume(endpoint: str, topic: str, count: int) -> list[MessageReco
 
 def read(spark: Any, cluster: Cluster, **options: str) -> Any:  # noqa: F811
     return (
-        spark.read.format("basalt")
-        .option("endpoint", cluster.endpoint)
-        .options(**options)
-        .load()
+        spark.read.format("basalt").option("endpoint", cluster.endpoint).options(**options).load()
     )
 
 
@@ -172,9 +169,7 @@ def test_a_batch_read_equals_what_the_sdk_consumes(spark: Any, cluster: Cluster)
         startingOffsets=bounds % (TOPIC, -2),
         endingOffsets=bounds % (TOPIC, 3),
     ).collect()
-    a0 = sorted(
-        r.queue_offset for r in rows.values() if (r.broker, r.queue_id) == ("broker-a", 0)
-    )
+    a0 = sorted(r.queue_offset for r in rows.values() if (r.broker, r.queue_id) == ("broker-a", 0))
     assert sorted(r.queue_offset for r in part if (r.broker, r.queue_id) == ("broker-a", 0)) == [
         o for o in a0 if o < 3
     ]
@@ -207,15 +202,16 @@ def test_timestamp_bounds_are_search_offsets(spark: Any, cluster: Cluster) -> No
 def test_filters_are_applied_on_the_store_node(spark: Any, cluster: Cluster) -> None:  # noqa: F811
     before = cluster.got_messages(FILTERED)
     tagged = read(spark, cluster, topic=FILTERED, subscription="TagA").collect()
-    assert sorted(bytes(r.body) for r in tagged) == sorted(
-        b"m%d" % i for i in range(SENT) if i % 2
-    )
+    assert sorted(bytes(r.body) for r in tagged) == sorted(b"m%d" % i for i in range(SENT) if i % 2)
     # The store-nodes read out only the matching records (and the driver's
     # subscription check read none).
     assert cluster.got_messages(FILTERED) - before == len(tagged)
 
     sql = read(
-        spark, cluster, topic=FILTERED, subscription="n < 10 AND TAGS = 'TagB'",
+        spark,
+        cluster,
+        topic=FILTERED,
+        subscription="n < 10 AND TAGS = 'TagB'",
         subscriptionType="SQL92",
     ).collect()
     assert sorted(bytes(r.body) for r in sql) == sorted(b"m%d" % i for i in range(0, 10, 2))
@@ -223,7 +219,9 @@ def test_filters_are_applied_on_the_store_node(spark: Any, cluster: Cluster) -> 
 
 
 def test_a_restarted_stream_reads_every_message_exactly_once(
-    spark: Any, cluster: Cluster, tmp_path: Path  # noqa: F811
+    spark: Any,
+    cluster: Cluster,
+    tmp_path: Path,  # noqa: F811
 ) -> None:
     asyncio.run(send(cluster.endpoint, STREAMED, range(20)))
 
@@ -276,7 +274,10 @@ def test_a_restarted_stream_reads_every_message_exactly_once(
     ],
 )
 def test_a_bad_option_fails_on_the_driver_with_a_clear_message(
-    spark: Any, cluster: Cluster, options: dict[str, str], message: str  # noqa: F811
+    spark: Any,
+    cluster: Cluster,
+    options: dict[str, str],
+    message: str,  # noqa: F811
 ) -> None:
     with pytest.raises(Exception, match=re.escape(message)):
-        read(spark, cluster, **options).collect()
+        read(spark, cluster, **options)  # load() alone: planning, no job
