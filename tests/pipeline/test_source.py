@@ -6,6 +6,9 @@ store-node; a streaming query restarted from its checkpoint reads every
 message exactly once; bad options fail on the driver with a clear message.
 """
 
+# The module-scoped `spark` fixture is imported, then named by the tests' parameters.
+# ruff: noqa: F811
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +31,17 @@ from basalt.client import (
     Producer,
 )
 from basalt.pipeline import register
+from basalt.pipeline._cluster import BasaltSourceError, QueueRef
+from basalt.pipeline.source import (
+    MAX_PARTITION_OFFSETS,
+    BasaltPartition,
+    SourceOptions,
+    _cap,
+    _split,
+)
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.nodes import BROKERS
@@ -104,7 +116,7 @@ async def setup(cluster: Cluster) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Cluster]:  # noqa: F811
+def cluster(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Cluster]:
     """The module's cluster with TOPIC and FILTERED sent; ``basalt`` registered."""
     register(spark)
     with local_cluster(tmp_path_factory.mktemp("source") / "cluster") as rows:
@@ -129,13 +141,13 @@ async def sdk_consume(endpoint: str, topic: str, count: int) -> list[MessageReco
     return got
 
 
-def read(spark: Any, cluster: Cluster, **options: str) -> Any:  # noqa: F811
+def read(spark: Any, cluster: Cluster, **options: str) -> Any:
     return (
         spark.read.format("basalt").option("endpoint", cluster.endpoint).options(**options).load()
     )
 
 
-def test_a_batch_read_equals_what_the_sdk_consumes(spark: Any, cluster: Cluster) -> None:  # noqa: F811
+def test_a_batch_read_equals_what_the_sdk_consumes(spark: Any, cluster: Cluster) -> None:
     df = read(spark, cluster, topic=TOPIC, minPartitions="6")
     assert df.rdd.getNumPartitions() >= 6  # 4 queues of ~10 offsets, split further
     rows = {r.msg_id: r for r in df.collect()}
@@ -176,7 +188,7 @@ def test_a_batch_read_equals_what_the_sdk_consumes(spark: Any, cluster: Cluster)
     assert len(part) == SENT - len([o for o in a0 if o >= 3])  # other queues read whole
 
 
-def test_timestamp_bounds_are_search_offsets(spark: Any, cluster: Cluster) -> None:  # noqa: F811
+def test_timestamp_bounds_are_search_offsets(spark: Any, cluster: Cluster) -> None:
     rows = read(spark, cluster, topic=TOPIC).collect()
     times = sorted(r.store_timestamp for r in rows)
     start_ms, end_ms = times[SENT // 4], times[3 * SENT // 4]
@@ -199,7 +211,7 @@ def test_timestamp_bounds_are_search_offsets(spark: Any, cluster: Cluster) -> No
     assert {(r.broker, r.queue_id, r.queue_offset) for r in got} == expected
 
 
-def test_filters_are_applied_on_the_store_node(spark: Any, cluster: Cluster) -> None:  # noqa: F811
+def test_filters_are_applied_on_the_store_node(spark: Any, cluster: Cluster) -> None:
     before = cluster.got_messages(FILTERED)
     tagged = read(spark, cluster, topic=FILTERED, subscription="TagA").collect()
     assert sorted(bytes(r.body) for r in tagged) == sorted(b"m%d" % i for i in range(SENT) if i % 2)
@@ -221,7 +233,7 @@ def test_filters_are_applied_on_the_store_node(spark: Any, cluster: Cluster) -> 
 def test_a_restarted_stream_reads_every_message_exactly_once(
     spark: Any,
     cluster: Cluster,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     asyncio.run(send(cluster.endpoint, STREAMED, range(20)))
 
@@ -277,7 +289,69 @@ def test_a_bad_option_fails_on_the_driver_with_a_clear_message(
     spark: Any,
     cluster: Cluster,
     options: dict[str, str],
-    message: str,  # noqa: F811
+    message: str,
 ) -> None:
     with pytest.raises(Exception, match=re.escape(message)):
         read(spark, cluster, **options)  # load() alone: planning, no job
+
+
+# -- planning without a cluster ------------------------------------------------------------
+
+
+def test_options_are_validated_without_the_network() -> None:
+    parsed = SourceOptions.parse(
+        {
+            "endpoint": "h:1",
+            "topic": "A, B",
+            "startingOffsets": '{"A": {"broker-a": {"0": 12, "1": -2}}}',
+            "subscription": "x > 1",
+            "subscriptionType": "sql92",
+        }
+    )
+    assert parsed.topics == ("A", "B") and parsed.ending == "latest"
+    assert parsed.starting == {"A": {"broker-a": {"0": 12, "1": -2}}}
+    assert parsed.subscription_pb() == pb.Subscription(
+        type=pb.EXPRESSION_TYPE_SQL92, expression="x > 1"
+    )
+    for options, message in [
+        ({"endpoint": " "}, "option endpoint is required"),
+        ({"topic": ", "}, "option topic is required"),
+        ({"startingOffsets": '{"C": {}}'}, "names topic 'C', not one of"),
+        ({"startingOffsets": '{"A": {"b": {"0": -3}}}'}, "A/b/0: -3 is not a queue id"),
+        ({"startingOffsets": '{"A": {"b": {"x": 1}}}'}, "A/b/x: 1 is not a queue id"),
+        ({"startingOffsets": "[]"}, "must be a JSON object"),
+        ({"startingOffsets": "0", "startingTimestamp": "5"}, "not both"),
+        ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger '0' is not an integer >= 1"),
+        ({"subscriptionType": "regex"}, "is not TAG or SQL92"),
+    ]:
+        with pytest.raises(BasaltSourceError, match=re.escape(message)):
+            SourceOptions.parse({"endpoint": "h:1", "topic": "A", **options})
+
+
+def test_ranges_split_into_partitions() -> None:
+    ranges = [("T", "b", 0, 0, 10), ("T", "b", 1, 5, 5), ("T", "b", 2, 3, 4)]
+    assert _split(ranges, None) == [
+        BasaltPartition("T", "b", 0, 0, 10),
+        BasaltPartition("T", "b", 2, 3, 4),
+    ]
+    parts = _split(ranges, 4)  # 11 offsets: at most 3 a partition
+    assert [(p.queue_id, p.start, p.end) for p in parts] == [
+        (0, 0, 3),
+        (0, 3, 6),
+        (0, 6, 9),
+        (0, 9, 10),
+        (2, 3, 4),
+    ]
+    big = _split([("T", "b", 0, 0, 2 * MAX_PARTITION_OFFSETS + 1)], None)
+    assert len(big) == 3 and big[-1].end == 2 * MAX_PARTITION_OFFSETS + 1
+
+
+def test_max_offsets_per_trigger_shares_the_limit_over_queues() -> None:
+    a, b, c = (QueueRef("T", "b", q, "h:1") for q in range(3))
+    begin = {("T", "b", 0): 0, ("T", "b", 1): 10}  # queue 2 is new: from 0
+    end = {a: 30, b: 20, c: 0}
+    assert _cap(begin, end, 100) == end
+    capped = _cap(begin, end, 8)  # waiting 30 and 10: shares 6 and 2
+    assert capped == {a: 6, b: 12, c: 0}
+    assert sum(capped[q] for q in (a, b)) - 10 == 8
+    assert _cap(begin, {a: 30, b: 20}, 1) == {a: 1, b: 10}  # always moves
