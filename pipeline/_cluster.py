@@ -13,8 +13,10 @@ naming the endpoint, topic or queue; the original gRPC error is chained.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
@@ -33,6 +35,10 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+
+T = TypeVar("T")
+_lock = threading.Lock()
+_store_channels: dict[str, grpc.Channel] = {}
 
 
 class BasaltSourceError(ValueError):
@@ -93,48 +99,55 @@ def queues_of(endpoint: str, topics: list[str]) -> list[QueueRef]:
     return sorted(out)
 
 
+def _on_store_node(queue: QueueRef, what: str, call: Callable[[sn_grpc.StoreNodeStub], T]) -> T:
+    """``call`` on the stub of ``queue``'s store-node; a failure becomes a
+    :class:`BasaltSourceError` saying ``what`` failed on which queue.
+
+    Channels are kept per address for the process: planning calls each
+    store-node once per queue, and a channel per call would connect again."""
+    with _lock:
+        ch = _store_channels.get(queue.address)
+        if ch is None:
+            ch = _store_channels[queue.address] = channel(queue.address)
+    try:
+        return call(sn_grpc.StoreNodeStub(ch))
+    except grpc.RpcError as e:
+        raise _refusal(f"{what} of {queue.broker}/{queue.queue_id}", queue.address, e) from e
+
+
 def min_max(queue: QueueRef) -> tuple[int, int]:
     """The queue's first stored offset and one past its last (0, 0 if never written)."""
-    try:
-        with channel(queue.address) as ch:
-            got = sn_grpc.StoreNodeStub(ch).GetMinMaxOffset(
-                sn.GetMinMaxOffsetRequest(topic=queue.topic, queue_id=queue.queue_id),
-                timeout=CALL_TIMEOUT_S,
-            )
-    except grpc.RpcError as e:
-        raise _refusal(f"offsets of {queue.broker}/{queue.queue_id}", queue.address, e) from e
+    got = _on_store_node(
+        queue,
+        "offsets",
+        lambda stub: stub.GetMinMaxOffset(
+            sn.GetMinMaxOffsetRequest(topic=queue.topic, queue_id=queue.queue_id),
+            timeout=CALL_TIMEOUT_S,
+        ),
+    )
     return got.min_offset, got.max_offset
 
 
 def search_offset(queue: QueueRef, timestamp_ms: int) -> int:
     """``SearchOffset``'s answer for ``timestamp_ms`` on ``queue`` (RocketMQ
     4.x's rule: the first message stored at that ms, else the nearer neighbour)."""
-    try:
-        with channel(queue.address) as ch:
-            got = sn_grpc.StoreNodeStub(ch).SearchOffset(
-                sn.SearchOffsetRequest(
-                    topic=queue.topic, queue_id=queue.queue_id, timestamp_ms=timestamp_ms
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-    except grpc.RpcError as e:
-        raise _refusal(f"time search on {queue.broker}/{queue.queue_id}", queue.address, e) from e
-    return got.offset
+    request = sn.SearchOffsetRequest(
+        topic=queue.topic, queue_id=queue.queue_id, timestamp_ms=timestamp_ms
+    )
+    return _on_store_node(
+        queue, "time search", lambda stub: stub.SearchOffset(request, timeout=CALL_TIMEOUT_S)
+    ).offset
 
 
 def commit_offset(queue: QueueRef, group: str, offset: int) -> None:
     """Store ``offset`` as ``group``'s next offset of ``queue`` (unfenced, as
     admin tools commit), so ``consumerProgress`` shows the pipeline."""
-    try:
-        with channel(queue.address) as ch:
-            sn_grpc.StoreNodeStub(ch).UpdateConsumerOffset(
-                sn.UpdateConsumerOffsetRequest(
-                    group=group, topic=queue.topic, queue_id=queue.queue_id, offset=offset
-                ),
-                timeout=CALL_TIMEOUT_S,
-            )
-    except grpc.RpcError as e:
-        raise _refusal(f"commit of {queue.broker}/{queue.queue_id}", queue.address, e) from e
+    request = sn.UpdateConsumerOffsetRequest(
+        group=group, topic=queue.topic, queue_id=queue.queue_id, offset=offset
+    )
+    _on_store_node(
+        queue, "commit", lambda stub: stub.UpdateConsumerOffset(request, timeout=CALL_TIMEOUT_S)
+    )
 
 
 def pull_range(
