@@ -12,7 +12,11 @@ message exactly once; bad options fail on the driver with a clear message.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,8 +49,10 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.nodes import BROKERS
-from tests.support.processes import local_cluster
+from tests.support.polling import eventually_sync
+from tests.support.processes import REPO_ROOT, local_cluster
 from tests.support.spark import spark  # noqa: F401
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 pytestmark = pytest.mark.slow
 
@@ -102,15 +108,20 @@ async def send(endpoint: str, topic: str, numbers: range) -> None:
             assert (await producer.send(message(topic, i))).ok
 
 
-async def setup(cluster: Cluster) -> None:
+async def create_topic(cluster: Cluster, *topics: str) -> None:
+    """``topics`` with 2 queues on each store-node."""
     meta_config = MetaConfig(endpoints=(cluster.address("etcd"),), cluster=CLUSTER_NAME)
     async with MetaClient(meta_config) as meta:
-        for topic in (TOPIC, FILTERED, STREAMED):
+        for topic in topics:
             await meta.create_topic(
                 TopicConfig(
                     topic_name=topic, read_queue_nums=2, write_queue_nums=2, brokers=BROKERS
                 )
             )
+
+
+async def setup(cluster: Cluster) -> None:
+    await create_topic(cluster, TOPIC, FILTERED, STREAMED)
     await send(cluster.endpoint, TOPIC, range(SENT))
     await send(cluster.endpoint, FILTERED, range(SENT))
 
@@ -274,6 +285,85 @@ def test_a_restarted_stream_reads_every_message_exactly_once(
                 )
                 committed += max(got.offset, 0)
     assert 20 <= committed <= 35
+
+
+#: A streaming driver in its own process (its own session: the JVM is its child):
+#: ``ENDPOINT TOPIC OUT CHECKPOINT WAREHOUSE forever|drain``. ``forever`` runs
+#: until killed; ``drain`` stops once everything sent so far is written.
+DRIVER = """
+import sys
+from pathlib import Path
+
+from basalt.pipeline import register
+from tests.support.spark import start_spark
+
+endpoint, topic, out, checkpoint, warehouse, mode = sys.argv[1:7]
+spark = start_spark(Path(warehouse), app="basalt-driver")
+register(spark)
+query = (
+    spark.readStream.format("basalt")
+    .option("endpoint", endpoint)
+    .option("topic", topic)
+    .option("startingOffsets", "earliest")
+    .option("maxOffsetsPerTrigger", "4")
+    .load()
+    .writeStream.format("parquet")
+    .option("path", out)
+    .option("checkpointLocation", checkpoint)
+    .trigger(processingTime="200 milliseconds")
+    .start()
+)
+if mode == "forever":
+    query.awaitTermination()
+query.processAllAvailable()
+query.stop()
+spark.stop()
+"""
+
+
+def test_a_killed_driver_restarted_from_its_checkpoint_writes_every_message_once(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    topic = "SparkKilled"
+    asyncio.run(create_topic(cluster, topic))
+    asyncio.run(send(cluster.endpoint, topic, range(30)))
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    argv = [sys.executable, str(script), cluster.endpoint, topic, str(out), str(checkpoint)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+    def driver(mode: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [*argv, str(tmp_path / f"warehouse-{mode}"), mode],
+            env=env,
+            cwd=REPO_ROOT,
+            start_new_session=True,  # one process group: the driver and its JVM
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / f"driver-{mode}.log").open("wb"),
+        )
+
+    first = driver("forever")
+    try:
+        # 30 offsets at 4 a trigger: killed after two batches, before the eighth.
+        eventually_sync(
+            lambda: len(list((checkpoint / "commits").glob("[0-9]*"))) >= 2,
+            timeout_s=90,
+            what="two committed micro-batches",
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # kill -9 of the driver and its JVM
+        first.wait(timeout=SUBPROCESS_TIMEOUT_S)
+    assert len(list((checkpoint / "commits").glob("[0-9]*"))) < 8
+    asyncio.run(send(cluster.endpoint, topic, range(30, 40)))
+    second = driver("drain")
+    try:
+        assert second.wait(timeout=SUBPROCESS_TIMEOUT_S) == 0, tmp_path / "driver-drain.log"
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+    bodies = [bytes(r.body) for r in spark.read.parquet(str(out)).collect()]
+    assert sorted(bodies) == sorted(b"m%d" % i for i in range(40))
 
 
 @pytest.mark.parametrize(
