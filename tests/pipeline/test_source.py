@@ -358,7 +358,8 @@ def test_a_killed_driver_restarted_from_its_checkpoint_writes_every_message_once
     asyncio.run(send(cluster.endpoint, topic, range(30, 40)))
     second = driver("drain")
     try:
-        assert second.wait(timeout=SUBPROCESS_TIMEOUT_S) == 0, tmp_path / "driver-drain.log"
+        code = second.wait(timeout=SUBPROCESS_TIMEOUT_S)
+        assert code == 0, (tmp_path / "driver-drain.log").read_text()[-3000:]
     finally:
         if second.poll() is None:
             os.killpg(second.pid, signal.SIGKILL)
