@@ -334,14 +334,15 @@ def test_a_killed_driver_restarted_from_its_checkpoint_writes_every_message_once
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
     def driver(mode: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [*argv, str(tmp_path / f"warehouse-{mode}"), mode],
-            env=env,
-            cwd=REPO_ROOT,
-            start_new_session=True,  # one process group: the driver and its JVM
-            stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / f"driver-{mode}.log").open("wb"),
-        )
+        with (tmp_path / f"driver-{mode}.log").open("wb") as log:
+            return subprocess.Popen(
+                [*argv, str(tmp_path / f"warehouse-{mode}"), mode],
+                env=env,
+                cwd=REPO_ROOT,
+                start_new_session=True,  # one process group: the driver and its JVM
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
 
     first = driver("forever")
     try:
