@@ -1,0 +1,435 @@
+"""``spark.read.format("basalt")`` and ``spark.readStream.format("basalt")``.
+
+:class:`BasaltDataSource` is a PySpark 4 Python data source. Options, in the
+style of Spark's Kafka source (docs/pipeline.md has the table):
+
+``endpoint``
+    a pull-service's ``host:port`` (required).
+``topic``
+    a topic, or a comma list (required).
+``startingOffsets`` / ``endingOffsets``
+    ``earliest``, ``latest``, or JSON per topic, broker and queue id:
+    ``{"TopicA": {"broker-a": {"0": 12, "1": -2}}}``, -2 earliest and -1
+    latest as in Kafka; a queue the JSON leaves out takes the default
+    (batch: earliest .. latest; streaming starts at latest). An offset is
+    clamped to the queue's stored range. ``endingOffsets`` is batch only.
+``startingTimestamp`` / ``endingTimestamp``
+    Unix ms, each queue's bound being the store-node's ``SearchOffset``
+    answer for it (in place of the ``...Offsets`` option of the same end).
+``subscription`` / ``subscriptionType``
+    an expression the store-node applies (only matching records leave it):
+    ``TAG`` (the default; ``a || b``, ``*``) or ``SQL92``.
+``maxOffsetsPerTrigger``
+    streaming: at most this many offsets per micro-batch, over all queues.
+``minPartitions``
+    at least this many input partitions (a queue's range is split).
+``group``
+    the consumer group the pulls name; streaming commits each micro-batch's
+    end offsets to it once Spark has committed the batch (``commit``), so
+    ``basalt admin consumerProgress`` shows the query.
+
+Planning happens on the driver (routes, bounds, time searches: one call per
+queue to its store-node); each input partition is one queue's offset range
+``[start, end)``, read on an executor through the pull-service's ``Pull``
+and yielded as Arrow RecordBatches (schema in :mod:`basalt.pipeline._rows`).
+An option the cluster refuses (unknown topic, unreachable endpoint, an
+expression that does not parse) raises :class:`BasaltSourceError` on the
+driver from ``load()`` (``schema()`` checks), before any task runs.
+
+Streaming offsets (Spark's checkpoint) are the per-queue next offsets as
+``{"topic": {"broker": {"queue_id": offset}}}``: a micro-batch reads each
+queue's ``[start, end)`` exactly, so a query restarted from its checkpoint
+reads every message once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from basalt.common.record import decode_records
+from basalt.pipeline import _cluster
+from basalt.pipeline._cluster import BasaltSourceError, QueueRef
+from basalt.pipeline._rows import SCHEMA_DDL, record_batch
+from basalt.v1 import common_pb2 as pb
+
+__all__ = ["BasaltDataSource", "BasaltSourceError", "SourceOptions"]
+
+#: The group pulls name when the ``group`` option is not given (reads only:
+#: nothing is committed to it).
+DEFAULT_GROUP = "basalt-spark-source"
+#: A queue range longer than this many offsets is split into several partitions.
+MAX_PARTITION_OFFSETS = 1_000_000
+#: Records asked of one pull (the store's transfer caps may answer fewer).
+PULL_MAX_NUMS = 4096
+#: Rows gathered before a RecordBatch is yielded.
+BATCH_ROWS = 8192
+#: Kafka's special offsets in offsets JSON.
+EARLIEST, LATEST = -2, -1
+
+#: Offsets as options and checkpoints carry them: topic -> broker -> queue id (str) -> offset.
+OffsetJson = dict[str, dict[str, dict[str, int]]]
+_EXAMPLE = '{"TopicA": {"broker-a": {"0": 12, "1": -2}}}'
+
+
+def _parse_offsets(name: str, text: str, topics: Sequence[str]) -> str | OffsetJson:
+    """``earliest``, ``latest`` or the validated JSON of option ``name``."""
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise BasaltSourceError(
+            f"option {name} {text!r} is not 'earliest', 'latest' or JSON such as {_EXAMPLE}: {e}"
+        ) from e
+    out: OffsetJson = {}
+    if not isinstance(raw, dict):
+        raise BasaltSourceError(f"option {name} must be a JSON object such as {_EXAMPLE}")
+    for topic, brokers in raw.items():
+        if topic not in topics:
+            raise BasaltSourceError(f"option {name} names topic {topic!r}, not one of {topics}")
+        if not isinstance(brokers, dict):
+            raise BasaltSourceError(f"option {name}: {topic!r} must map brokers to queues")
+        for broker, queues in brokers.items():
+            if not isinstance(queues, dict):
+                raise BasaltSourceError(f"option {name}: {topic}/{broker} must map queue ids")
+            for queue_id, offset in queues.items():
+                if not queue_id.isdigit() or type(offset) is not int or offset < EARLIEST:
+                    raise BasaltSourceError(
+                        f"option {name}: {topic}/{broker}/{queue_id}: {offset!r} is not a "
+                        "queue id mapped to an offset >= 0, -2 (earliest) or -1 (latest)"
+                    )
+                out.setdefault(topic, {}).setdefault(broker, {})[str(int(queue_id))] = offset
+    return out
+
+
+def _int_option(options: Mapping[str, str], name: str, *, minimum: int) -> int | None:
+    text = options.get(name)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise BasaltSourceError(f"option {name} {text!r} is not an integer >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, validated without the network (see the module docstring)."""
+
+    endpoint: str
+    topics: tuple[str, ...]
+    starting: str | OffsetJson | None  # None: the read's default (batch earliest, stream latest)
+    ending: str | OffsetJson
+    starting_timestamp_ms: int | None
+    ending_timestamp_ms: int | None
+    subscription: tuple[pb.ExpressionType.ValueType, str] | None  # (type, expression)
+    max_offsets_per_trigger: int | None
+    min_partitions: int | None
+    group: str | None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        """Validate Spark's (case-insensitive) options; raises :class:`BasaltSourceError`."""
+        endpoint = options.get("endpoint", "").strip()
+        if not endpoint:
+            raise BasaltSourceError("option endpoint is required: a pull-service's host:port")
+        topics = tuple(t.strip() for t in options.get("topic", "").split(",") if t.strip())
+        if not topics:
+            raise BasaltSourceError("option topic is required: a topic or a comma list")
+        for end in ("starting", "ending"):
+            if options.get(f"{end}Offsets") is not None and options.get(f"{end}Timestamp"):
+                raise BasaltSourceError(f"give {end}Offsets or {end}Timestamp, not both")
+        kind = options.get("subscriptionType", "TAG").upper()
+        if kind not in ("TAG", "SQL92"):
+            raise BasaltSourceError(f"option subscriptionType {kind!r} is not TAG or SQL92")
+        expression = options.get("subscription")
+        return cls(
+            endpoint=endpoint,
+            topics=topics,
+            starting=None
+            if options.get("startingOffsets") is None
+            else _parse_offsets("startingOffsets", options["startingOffsets"], topics),
+            ending=_parse_offsets("endingOffsets", options.get("endingOffsets", "latest"), topics),
+            starting_timestamp_ms=_int_option(options, "startingTimestamp", minimum=0),
+            ending_timestamp_ms=_int_option(options, "endingTimestamp", minimum=0),
+            subscription=None
+            if expression is None
+            else (pb.ExpressionType.Value(f"EXPRESSION_TYPE_{kind}"), expression),
+            max_offsets_per_trigger=_int_option(options, "maxOffsetsPerTrigger", minimum=1),
+            min_partitions=_int_option(options, "minPartitions", minimum=1),
+            group=options.get("group") or None,
+        )
+
+    @property
+    def pull_group(self) -> str:
+        return self.group or DEFAULT_GROUP
+
+    def subscription_pb(self) -> pb.Subscription | None:
+        if self.subscription is None:
+            return None
+        return pb.Subscription(type=self.subscription[0], expression=self.subscription[1])
+
+
+@dataclass(frozen=True)
+class BasaltPartition(InputPartition):
+    """Queue offsets ``[start, end)`` of one queue: one Spark input partition."""
+
+    topic: str
+    broker: str
+    queue_id: int
+    start: int
+    end: int
+
+
+def _position(
+    spec: str | OffsetJson | None,
+    timestamp_ms: int | None,
+    queue: QueueRef,
+    bounds: tuple[int, int],
+    default: int,
+) -> int:
+    """Where ``spec`` (or the time search for ``timestamp_ms``) puts ``queue``,
+    whose stored range is ``bounds``; ``default`` (EARLIEST or LATEST) for a
+    queue the JSON leaves out."""
+    low, high = bounds
+    if timestamp_ms is not None:
+        return _cluster.search_offset(queue, timestamp_ms)
+    if spec is None:
+        offset = default
+    elif isinstance(spec, str):
+        offset = EARLIEST if spec == "earliest" else LATEST
+    else:
+        offset = spec.get(queue.topic, {}).get(queue.broker, {}).get(str(queue.queue_id), default)
+    if offset == EARLIEST:
+        return low
+    if offset == LATEST:
+        return high
+    return min(max(offset, low), high)
+
+
+def _split(
+    ranges: Sequence[tuple[str, str, int, int, int]], min_partitions: int | None
+) -> list[BasaltPartition]:
+    """One partition per non-empty range, split into equal parts so that none
+    is over MAX_PARTITION_OFFSETS and there are at least ``min_partitions``
+    when the offsets allow."""
+    total = sum(end - start for *_, start, end in ranges)
+    size = MAX_PARTITION_OFFSETS
+    if min_partitions:
+        size = min(size, max(1, math.ceil(total / min_partitions)))
+    out: list[BasaltPartition] = []
+    for topic, broker, queue_id, start, end in ranges:
+        if end <= start:
+            continue
+        parts = math.ceil((end - start) / size)
+        step = math.ceil((end - start) / parts)
+        out.extend(
+            BasaltPartition(topic, broker, queue_id, s, min(s + step, end))
+            for s in range(start, end, step)
+        )
+    return out
+
+
+def _read(options: SourceOptions, part: BasaltPartition) -> Iterator[pa.RecordBatch]:
+    """The matching messages of ``part`` as RecordBatches of about BATCH_ROWS rows."""
+    pending: list[Any] = []
+    for records in _cluster.pull_range(
+        options.endpoint,
+        group=options.pull_group,
+        topic=part.topic,
+        broker=part.broker,
+        queue_id=part.queue_id,
+        start=part.start,
+        end=part.end,
+        subscription=options.subscription_pb(),
+        max_nums=PULL_MAX_NUMS,
+    ):
+        pending.extend(r for r in decode_records(records.data) if r.queue_offset < part.end)
+        if len(pending) >= BATCH_ROWS:
+            yield record_batch(part.broker, pending)
+            pending = []
+    if pending:
+        yield record_batch(part.broker, pending)
+
+
+def _offsets_json(positions: Mapping[QueueRef, int]) -> OffsetJson:
+    out: OffsetJson = {}
+    for queue, offset in sorted(positions.items()):
+        out.setdefault(queue.topic, {}).setdefault(queue.broker, {})[str(queue.queue_id)] = offset
+    return out
+
+
+def _flatten(offsets: Mapping[str, Any]) -> dict[tuple[str, str, int], int]:
+    return {
+        (topic, broker, int(queue_id)): int(offset)
+        for topic, brokers in offsets.items()
+        for broker, queues in brokers.items()
+        for queue_id, offset in queues.items()
+    }
+
+
+class _Planner:
+    """The driver's view of the cluster for one reader: the topics' queues,
+    checked to exist and, with a subscription, that it parses."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.queues = self.refresh()
+        sub = options.subscription_pb()
+        if sub is not None and self.queues:
+            _cluster.check_subscription(options.endpoint, options.pull_group, self.queues[0], sub)
+
+    def refresh(self) -> list[QueueRef]:
+        """The topics' queues now (raises :class:`BasaltSourceError` if a topic is gone)."""
+        self.queues = _cluster.queues_of(self.options.endpoint, list(self.options.topics))
+        return self.queues
+
+    def starting(self, default: int) -> dict[QueueRef, int]:
+        """Each queue's first offset to read, by startingOffsets / startingTimestamp."""
+        o = self.options
+        return {
+            q: _position(o.starting, o.starting_timestamp_ms, q, _cluster.min_max(q), default)
+            for q in self.queues
+        }
+
+
+class BasaltReader(DataSourceReader):
+    """A batch read: ranges resolved on the driver when constructed."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        planner = _Planner(options)
+        ranges = []
+        for q in planner.queues:
+            bounds = _cluster.min_max(q)
+            start = _position(options.starting, options.starting_timestamp_ms, q, bounds, EARLIEST)
+            end = _position(options.ending, options.ending_timestamp_ms, q, bounds, LATEST)
+            ranges.append((q.topic, q.broker, q.queue_id, start, end))
+        self._partitions = _split(ranges, options.min_partitions)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        # Spark needs at least one partition; an empty one reads nothing.
+        return self._partitions or [BasaltPartition("", "", 0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        assert isinstance(partition, BasaltPartition)
+        if partition.end > partition.start:
+            yield from _read(self.options, partition)
+
+
+class BasaltStreamReader(DataSourceStreamReader):
+    """A micro-batch stream; offsets are :data:`OffsetJson` (see the module docstring)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        if options.ending != "latest" or options.ending_timestamp_ms is not None:
+            raise BasaltSourceError("endingOffsets / endingTimestamp are for batch reads only")
+        self.options = options
+        self._planner = _Planner(options)
+
+    def initialOffset(self) -> dict[str, Any]:
+        # Kafka's streaming default: only what arrives after the query starts.
+        return dict(_offsets_json(self._planner.starting(LATEST)))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Every queue's max offset now (a queue new since ``start`` from 0, i.e.
+        its first stored offset), capped by ``limit`` over all queues in
+        proportion to what each has waiting."""
+        begin = _flatten(start)
+        end: dict[QueueRef, int] = {}
+        for q in self._planner.refresh():
+            at = begin.get((q.topic, q.broker, q.queue_id), 0)
+            end[q] = max(at, _cluster.min_max(q)[1])
+        if isinstance(limit, ReadMaxRows):
+            end = _cap(begin, end, limit.max_rows)
+        return dict(_offsets_json(end))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin = _flatten(start)
+        ranges = [
+            (topic, broker, queue_id, begin.get((topic, broker, queue_id), 0), offset)
+            for (topic, broker, queue_id), offset in sorted(_flatten(end).items())
+        ]
+        return _split(ranges, self.options.min_partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        assert isinstance(partition, BasaltPartition)
+        yield from _read(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark has committed the batch ending at ``end``: store it as the
+        group's progress (only with the ``group`` option)."""
+        group = self.options.group
+        if group is None:
+            return
+        done = _flatten(end)
+        for q in self._planner.queues:
+            offset = done.get((q.topic, q.broker, q.queue_id))
+            if offset is not None:
+                _cluster.commit_offset(q, group, offset)
+
+
+def _cap(
+    begin: Mapping[tuple[str, str, int], int], end: Mapping[QueueRef, int], max_rows: int
+) -> dict[QueueRef, int]:
+    """``end`` moved back so that at most ``max_rows`` offsets lie past ``begin``
+    in all, each queue getting its share of what it has waiting (at least one
+    offset overall, so a stream always moves)."""
+    waiting = {q: e - begin.get((q.topic, q.broker, q.queue_id), 0) for q, e in end.items()}
+    total = sum(waiting.values())
+    if total <= max_rows:
+        return dict(end)
+    grant = {q: w * max_rows // total for q, w in waiting.items()}
+    spare = max_rows - sum(grant.values())
+    for q in sorted(waiting):
+        if spare == 0:
+            break
+        if grant[q] < waiting[q]:
+            grant[q] += 1
+            spare -= 1
+    return {q: e - waiting[q] + grant[q] for q, e in end.items()}
+
+
+class BasaltDataSource(DataSource):
+    """The ``basalt`` format: batch and streaming reads of Basalt topics."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self._options = SourceOptions.parse(self.options)
+
+    @classmethod
+    def name(cls) -> str:
+        return "basalt"
+
+    def schema(self) -> StructType | str:
+        """The fixed schema; first checks the options against the cluster
+        (topics exist, the endpoint answers, the subscription parses), so
+        that ``load()`` itself fails on a bad one."""
+        _Planner(self._options)
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BasaltReader(self._options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return BasaltStreamReader(self._options)
