@@ -126,7 +126,9 @@ class SinkOptions:
         try:
             return cls(**values)
         except SinkError as e:
-            raise SinkError(f"option {e}") from None
+            # validate() names the field; the user wrote the option's name.
+            field, _, rule = str(e).partition(" ")
+            raise SinkError(f"option {_camel(field)} {rule}") from None
 
 
 def _camel(name: str) -> str:
