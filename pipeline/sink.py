@@ -216,6 +216,15 @@ class QueueRange:
     last: int
     messages: int
 
+    def merged(self, other: QueueRange) -> QueueRange:
+        """The range over both (of the same queue), their messages added."""
+        return dataclasses.replace(
+            self,
+            first=min(self.first, other.first),
+            last=max(self.last, other.last),
+            messages=self.messages + other.messages,
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class SinkCommitMessage(WriterCommitMessage):
@@ -247,16 +256,7 @@ def summarize(messages: Sequence[WriterCommitMessage | None]) -> SinkSummary:
         for q in m.queues:
             key = (q.topic, q.broker_name, q.queue_id)
             had = merged.get(key)
-            merged[key] = (
-                q
-                if had is None
-                else dataclasses.replace(
-                    had,
-                    first=min(had.first, q.first),
-                    last=max(had.last, q.last),
-                    messages=had.messages + q.messages,
-                )
-            )
+            merged[key] = q if had is None else had.merged(q)
     return SinkSummary(
         tasks=len(sent),
         messages=sum(m.messages for m in sent),
@@ -329,19 +329,19 @@ class _Batches:
             ) from e
         self.messages += len(results)
         self.body_bytes += sum(len(m.body) for m in batch)
-        for r in results:
-            key = (r.topic, r.broker_name, r.queue_id)
-            had = self.ranges.get(key)
-            self.ranges[key] = (
-                QueueRange(r.topic, r.broker_name, r.queue_id, r.queue_offset, r.queue_offset, 1)
-                if had is None
-                else dataclasses.replace(
-                    had,
-                    first=min(had.first, r.queue_offset),
-                    last=max(had.last, r.queue_offset),
-                    messages=had.messages + 1,
-                )
-            )
+        # A batch lands in one queue at consecutive offsets.
+        first, last = results[0], results[-1]
+        sent = QueueRange(
+            first.topic,
+            first.broker_name,
+            first.queue_id,
+            first.queue_offset,
+            last.queue_offset,
+            len(results),
+        )
+        key = (sent.topic, sent.broker_name, sent.queue_id)
+        had = self.ranges.get(key)
+        self.ranges[key] = sent if had is None else had.merged(sent)
 
     def cancel(self) -> None:
         for task in self.in_flight:

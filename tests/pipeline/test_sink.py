@@ -28,6 +28,7 @@ from basalt.pipeline.sink import (
     SinkCommitMessage,
     SinkError,
     SinkOptions,
+    send_partition,
     summarize,
 )
 from basalt.services.cluster.etcd import free_port
@@ -105,6 +106,28 @@ def test_summarize_merges_each_queue_over_tasks() -> None:
 
 
 # -- against the cluster --------------------------------------------------------------------
+
+
+def test_a_task_reports_each_queue_it_sent_to(endpoint: str) -> None:
+    import pyarrow as pa
+
+    options = SinkOptions.from_options(
+        {"endpoint": endpoint, "topic": "SinkReport", "batchSize": "4", "maxInFlight": "2"}
+    )
+    bodies = [b"r%d" % i for i in range(10)]
+    report = send_partition(options, iter([pa.RecordBatch.from_pydict({"body": bodies})]))
+    # No Spark task here: no partition id.
+    assert (report.partition_id, report.messages, report.body_bytes) == (
+        -1,
+        10,
+        sum(map(len, bodies)),
+    )
+    # Batches of 4, 4 and 2, each to one queue of a topic only this test writes.
+    assert sum(q.messages for q in report.queues) == 10
+    assert all(q.topic == "SinkReport" for q in report.queues)
+    assert all(q.last - q.first + 1 == q.messages for q in report.queues)
+    assert {q.messages for q in report.queues} <= {2, 4, 6, 8, 10}
+    assert sorted(r.body for r in read_all(endpoint, "SinkReport", 10)) == sorted(bodies)
 
 
 def test_a_batch_write_is_read_back_equal(sink: Any, endpoint: str) -> None:
