@@ -317,7 +317,7 @@ class _Batches:
             self.in_flight, return_when=asyncio.FIRST_COMPLETED
         )
         for task in done:
-            task.result()  # the first failure fails the task (the rest are cancelled below)
+            task.result()  # the first failure fails the task; send_partition cancels the rest
 
     async def _send(self, topic: str, batch: list[Message]) -> None:
         try:
@@ -344,8 +344,13 @@ class _Batches:
         self.ranges[key] = sent if had is None else had.merged(sent)
 
     def cancel(self) -> None:
+        """Cancel the sends still in flight (a failed task's others)."""
         for task in self.in_flight:
             task.cancel()
+
+
+#: The columns the sink reads; any other is ignored.
+_COLUMNS = ("topic", "body", "tags", "keys", "properties")
 
 
 def rows_of(batch: Any, topic: str) -> Iterator[Message]:
@@ -377,9 +382,6 @@ def rows_of(batch: Any, topic: str) -> Iterator[Message]:
             # Arrow gives a map as (key, value) pairs.
             properties=dict(props) if props else {},
         )
-
-
-_COLUMNS = ("topic", "body", "tags", "keys", "properties")
 
 
 def send_partition(options: SinkOptions, batches: Iterator[Any]) -> SinkCommitMessage:
