@@ -26,9 +26,10 @@ fails its task with a :class:`SinkError` naming the topic, the partition and
 the cause, and so the job. Each task's :class:`SinkCommitMessage` reports what
 it sent; the driver's ``commit`` logs the total (:func:`summarize`).
 
-The writer classes take a :class:`SinkOptions` and the DataFrame's schema, so
-any :class:`DataSource` returns them from ``writer()`` / ``streamWriter()``:
-:class:`BasaltSinkSource` (``format("basalt-sink")``) is such a source.
+The writer classes take a :class:`SinkOptions` checked against the DataFrame's
+schema (:func:`sink_options`); the ``basalt`` format's DataSource
+(:class:`basalt.pipeline.source.BasaltDataSource`) returns them from
+``writer()`` / ``streamWriter()``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
@@ -453,18 +453,3 @@ def sink_options(options: Mapping[str, str], schema: StructType) -> SinkOptions:
     check_schema(schema, parsed)
     check_endpoint(parsed)
     return parsed
-
-
-class BasaltSinkSource(DataSource):
-    """A DataSource that only writes: ``format("basalt-sink")``. The Basalt
-    source returns the same writers from its ``writer()`` / ``streamWriter()``."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "basalt-sink"
-
-    def writer(self, schema: StructType, overwrite: bool) -> BasaltWriter:
-        return BasaltWriter(sink_options(self.options, schema))
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> BasaltStreamWriter:
-        return BasaltStreamWriter(sink_options(self.options, schema))

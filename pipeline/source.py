@@ -44,6 +44,7 @@ reads every message once.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,6 +65,7 @@ from basalt.common.record import decode_records
 from basalt.pipeline import _cluster
 from basalt.pipeline._cluster import BasaltSourceError, QueueRef
 from basalt.pipeline._rows import SCHEMA_DDL, record_batch
+from basalt.pipeline.sink import BasaltStreamWriter, BasaltWriter, sink_options
 from basalt.v1 import common_pb2 as pb
 
 __all__ = ["BasaltDataSource", "BasaltSourceError", "SourceOptions"]
@@ -411,25 +413,36 @@ def _cap(
 
 
 class BasaltDataSource(DataSource):
-    """The ``basalt`` format: batch and streaming reads of Basalt topics."""
+    """The ``basalt`` format: batch and streaming reads of Basalt topics, and
+    writes to them (:mod:`basalt.pipeline.sink`).
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self._options = SourceOptions.parse(self.options)
+    A read's options are checked by :meth:`schema` (``load()``), a write's by
+    :meth:`writer` / :meth:`streamWriter`: each on the driver, before any task
+    runs. The two take different options (a write's topic may be a column)."""
 
     @classmethod
     def name(cls) -> str:
         return "basalt"
 
+    @functools.cached_property
+    def _source_options(self) -> SourceOptions:
+        return SourceOptions.parse(self.options)
+
     def schema(self) -> StructType | str:
-        """The fixed schema; first checks the options against the cluster
+        """The fixed schema; first checks the options, then against the cluster
         (topics exist, the endpoint answers, the subscription parses), so
         that ``load()`` itself fails on a bad one."""
-        _Planner(self._options)
+        _Planner(self._source_options)
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BasaltReader(self._options)
+        return BasaltReader(self._source_options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return BasaltStreamReader(self._options)
+        return BasaltStreamReader(self._source_options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> BasaltWriter:
+        return BasaltWriter(sink_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> BasaltStreamWriter:
+        return BasaltStreamWriter(sink_options(self.options, schema))

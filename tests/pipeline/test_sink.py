@@ -22,8 +22,8 @@ from basalt.client import (
     SyncLitePullConsumer,
 )
 from basalt.common.message import MessageRecord
+from basalt.pipeline import register
 from basalt.pipeline.sink import (
-    BasaltSinkSource,
     QueueRange,
     SinkCommitMessage,
     SinkError,
@@ -51,7 +51,7 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def sink(spark: Any) -> Any:  # noqa: F811
-    spark.dataSource.register(BasaltSinkSource)
+    register(spark)
     return spark
 
 
@@ -156,7 +156,7 @@ def test_a_batch_write_is_read_back_equal(sink: Any, endpoint: str) -> None:
     ]
     rows.append(("SinkBatch", b"", None, None, None, None))  # every optional column null
     frame = sink.createDataFrame(rows, schema).repartition(3)
-    frame.write.format("basalt-sink").option("endpoint", endpoint).option("batchSize", "7").mode(
+    frame.write.format("basalt").option("endpoint", endpoint).option("batchSize", "7").mode(
         "append"
     ).save()
 
@@ -179,7 +179,7 @@ def test_a_stream_from_a_checkpointed_query_arrives(
     query = (
         sink.readStream.schema("body string, keys string")
         .json(str(incoming))
-        .writeStream.format("basalt-sink")
+        .writeStream.format("basalt")
         .option("endpoint", endpoint)
         .option("topic", "SinkStream")
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
@@ -201,7 +201,7 @@ def test_a_refused_send_fails_the_job_naming_topic_partition_and_cause(
     # One body past the store-node's max_message_size (4 MiB).
     frame = sink.range(1).selectExpr("cast(repeat('x', 5 * 1024 * 1024) as binary) as body")
     with pytest.raises(Exception) as failed:
-        frame.write.format("basalt-sink").option("endpoint", endpoint).option(
+        frame.write.format("basalt").option("endpoint", endpoint).option(
             "topic", "SinkTooBig"
         ).mode("append").save()
     text = str(failed.value)
@@ -230,7 +230,7 @@ def test_a_bad_column_or_option_fails_before_any_job(
     group = f"bad-{abs(hash(says))}"
     sink.sparkContext.setJobGroup(group, "a write the driver must refuse")
     try:
-        writer = sink.range(3).selectExpr(columns).write.format("basalt-sink").mode("append")
+        writer = sink.range(3).selectExpr(columns).write.format("basalt").mode("append")
         with pytest.raises(Exception) as refused:
             writer.options(**given).save()
         assert says in str(refused.value)
