@@ -133,7 +133,11 @@ GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
     ("health", "ask a Basalt service (or etcd) for its grpc.health.v1 status", add_health),
     ("produce", "send messages to a topic (RocketMQ's quickstart Producer)", add_produce),
     ("consume", "read a topic as a consumer group (RocketMQ's quickstart Consumer)", add_consume),
-    ("pipeline", "Spark jobs over store roots (export, verify, rebuild-index) and lag", add_pipeline),
+    (
+        "pipeline",
+        "Spark jobs over store roots (export, verify, rebuild-index) and lag",
+        add_pipeline,
+    ),
 )
 
 

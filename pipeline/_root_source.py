@@ -23,7 +23,13 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from basalt.pipeline._store_read import SCHEMA_DDL, FileScan, FileSpec, commitlog_files, export_batches
+from basalt.pipeline._store_read import (
+    SCHEMA_DDL,
+    FileScan,
+    FileSpec,
+    commitlog_files,
+    export_batches,
+)
 
 __all__ = ["FORMAT", "source_class"]
 
@@ -55,6 +61,7 @@ def source_class(bad_count: Any = None, bad_first: Any = None) -> type[DataSourc
             return [_FilePartition(f) for f in self.files]
 
         def read(self, partition: InputPartition) -> Iterator[Any]:
+            assert isinstance(partition, _FilePartition)  # partitions() makes only these
             scan = FileScan()
             yield from export_batches(
                 partition.spec, scan, broker=self.broker, topic=self.topic,

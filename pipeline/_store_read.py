@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 
 from basalt.common.message import PROPERTY_TAGS, decode_properties, is_dispatchable
 from basalt.common.record import RecordInfo, RecordKind, decode_record
@@ -214,7 +214,12 @@ def verify_file(spec: FileSpec) -> FileScan:
     check``). Units below a queue's first file are not checked (expired).
     """
     scan = FileScan(
-        extra={"cq_units_checked": 0, "cq_mismatches": 0, "first_cq_mismatch": -1, "undispatched": 0}
+        extra={
+            "cq_units_checked": 0,
+            "cq_mismatches": 0,
+            "first_cq_mismatch": -1,
+            "undispatched": 0,
+        }
     )
     layout = store_layout(Path(spec.root))
     queues: dict[tuple[str, int], ConsumeQueue | None] = {}
@@ -272,7 +277,10 @@ def queue_runs(spec: FileSpec) -> Iterator[tuple[tuple[str, int], tuple[int, byt
             )
             queue = runs.setdefault((info.topic, info.queue_id), [])
             last = queue[-1] if queue else None
-            if last is not None and last[0] + len(last[1]) // CQ_STORE_UNIT_SIZE == info.queue_offset:
+            if (
+                last is not None
+                and last[0] + len(last[1]) // CQ_STORE_UNIT_SIZE == info.queue_offset
+            ):
                 last[1].extend(unit)
             else:
                 queue.append((info.queue_offset, bytearray(unit)))

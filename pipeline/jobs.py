@@ -33,8 +33,8 @@ import csv
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import astuple, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -159,7 +159,7 @@ def export(
     files = commitlog_files(root)
     sc = spark.sparkContext
     bad_count = sc.accumulator(0)
-    bad_first = sc.accumulator([], _ListParam())
+    bad_first = sc.accumulator([], _list_param())
     spark.dataSource.register(source_class(bad_count, bad_first))
     reader = spark.read.format(FORMAT).option("root", str(root))
     for key, value in (("broker", broker), ("topic", topic), ("fromMs", from_ms), ("toMs", to_ms)):
@@ -170,15 +170,22 @@ def export(
     return ExportResult(rows, len(files), bad_count.value, sorted(bad_first.value))
 
 
-class _ListParam:
-    """An accumulator of lists (pyspark's AccumulatorParam protocol)."""
+_BadList = list[tuple[int, str]]
 
-    def zero(self, value: list[Any]) -> list[Any]:
-        return []
 
-    def addInPlace(self, a: list[Any], b: list[Any]) -> list[Any]:  # noqa: N802 (pyspark's name)
-        a.extend(b)
-        return a
+def _list_param() -> Any:
+    """An AccumulatorParam of lists: (offset, reason) of bad records, appended."""
+    from pyspark.accumulators import AccumulatorParam
+
+    class ListParam(AccumulatorParam[_BadList]):
+        def zero(self, value: _BadList) -> _BadList:
+            return []
+
+        def addInPlace(self, a: _BadList, b: _BadList) -> _BadList:
+            a.extend(b)
+            return a
+
+    return ListParam()
 
 
 # -- verify --------------------------------------------------------------------------------
@@ -388,13 +395,11 @@ def lag_report(etcd: str, groups: list[str], topic: str | None = None) -> list[L
         now = int(time.time() * 1000)
         async with MetaClient(config) as meta:
             for group in groups:
-                for r in await ops.consumer_progress(meta, group, topic):
-                    rows.append(
-                        LagRow(
-                            now, group, r.topic, r.broker_name, r.queue_id,
-                            r.broker_offset, r.consumer_offset, r.lag,
-                        )  # fmt: skip
-                    )
+                rows += [
+                    LagRow(now, group, r.topic, r.broker_name, r.queue_id, r.broker_offset,
+                           r.consumer_offset, r.lag)
+                    for r in await ops.consumer_progress(meta, group, topic)
+                ]  # fmt: skip
         return rows
 
     return asyncio.run(run())
@@ -408,11 +413,7 @@ def append_csv(path: Path, rows: list[LagRow]) -> None:
         writer = csv.writer(f)
         if new:
             writer.writerow(LAG_HEADER)
-        for r in rows:
-            writer.writerow(
-                [r.at_ms, r.group, r.topic, r.broker, r.queue_id]
-                + [r.broker_offset, r.consumer_offset, r.lag]
-            )
+        writer.writerows(astuple(r) for r in rows)
 
 
 # -- the command group ---------------------------------------------------------------------
