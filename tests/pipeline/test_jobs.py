@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from basalt.admin import cli
 from basalt.common.record import decode_record
 from basalt.pipeline import jobs
 from basalt.store import Message, MessageStore
@@ -132,6 +133,24 @@ def test_verify_a_sound_root_then_a_flipped_byte(session: Any, root: Path, tmp_p
     assert exported.bad[0][0] == victim.commit_log_offset
 
 
+def test_verify_finds_a_consume_queue_unit_that_points_elsewhere(
+    session: Any, root: Path, tmp_path: Path
+) -> None:
+    damaged = tmp_path / "cq"
+    shutil.copytree(root, damaged)
+    victim = next(r for r in _store_records(root) if (r.topic, r.queue_id) == ("orders", 0))
+    first = sorted((damaged / "consumequeue" / "orders" / "0").iterdir())[0]
+    data = bytearray(first.read_bytes())
+    at = victim.queue_offset * 20
+    data[at : at + 8] = (victim.commit_log_offset + 1).to_bytes(8, "big")
+    first.write_bytes(bytes(data))
+    result = jobs.verify(session, damaged)
+    assert not result.ok and result.bad_records == 0 and result.cq_mismatches == 1
+    assert result.report.where("cq_mismatches > 0").first().first_cq_mismatch == (
+        victim.commit_log_offset
+    )
+
+
 def test_rebuild_index_is_byte_identical_to_the_dispatchers(
     session: Any, root: Path, tmp_path: Path
 ) -> None:
@@ -165,6 +184,8 @@ def test_bad_roots_fail_with_a_clear_message(tmp_path: Path) -> None:
         out, err = io.StringIO(), io.StringIO()
         assert parsed.handler(parsed, out, err) == 2
         assert reason in err.getvalue() and "Traceback" not in err.getvalue()
+    # Through the ``basalt`` console script's parser: the pipeline group is wired.
+    assert cli.main(["pipeline", "verify", "--root", str(tmp_path / "plain")]) == 2
     with pytest.raises(StoreRootError):
         jobs.verify(None, tmp_path / "plain")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a time"):
