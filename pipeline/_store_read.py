@@ -24,7 +24,15 @@ from pathlib import Path
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from basalt.common import _records
-from basalt.common.message import PROPERTY_KEYS, PROPERTY_TAGS, decode_properties, is_dispatchable
+from basalt.common.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    MessageRecord,
+    decode_properties,
+    encode_host,
+    is_dispatchable,
+    offset_msg_id,
+)
 from basalt.common.record import RecordInfo, RecordKind, decode_records
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consume_queue import ConsumeQueue
@@ -182,6 +190,37 @@ def _open(spec: FileSpec) -> MappedFile:
     return mf
 
 
+def _batch(records: list[MessageRecord], broker: str) -> pa.RecordBatch:
+    """Records as one Arrow batch of :data:`ARROW_SCHEMA`, a column at a time."""
+    hosts: dict[str, bytes] = {}  # encode_host parses the address: once per host
+
+    def msg_id(r: MessageRecord) -> str:
+        host = hosts.get(r.store_host)
+        if host is None:
+            host = hosts[r.store_host] = encode_host(r.store_host)
+        return offset_msg_id(host, r.commit_log_offset)
+
+    props = [r.properties for r in records]
+    columns = [
+        [r.topic for r in records],
+        [broker] * len(records),
+        [r.queue_id for r in records],
+        [r.queue_offset for r in records],
+        [r.commit_log_offset for r in records],
+        [msg_id(r) for r in records],
+        [p.get(PROPERTY_TAGS) for p in props],
+        [p.get(PROPERTY_KEYS) for p in props],
+        [list(p.items()) for p in props],
+        [r.born_timestamp_ms * 1000 for r in records],
+        [r.store_timestamp_ms * 1000 for r in records],
+        [r.body for r in records],
+    ]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)],
+        schema=ARROW_SCHEMA,
+    )
+
+
 def export_batches(
     spec: FileSpec,
     scan: FileScan,
@@ -199,32 +238,20 @@ def export_batches(
     """
     mf = _open(spec)
     try:
-        cols: dict[str, list[object]] = {name: [] for name in ARROW_SCHEMA.names}
+        kept: list[MessageRecord] = []
         for start, end in _runs(mf, scan):
-            for r in decode_records(mf.buffer[start:end]):
-                if (topic is not None and r.topic != topic) or (
-                    (from_ms is not None and r.store_timestamp_ms < from_ms)
-                    or (to_ms is not None and r.store_timestamp_ms >= to_ms)
-                ):
-                    continue
-                props = r.properties
-                cols["topic"].append(r.topic)
-                cols["broker"].append(broker)
-                cols["queue_id"].append(r.queue_id)
-                cols["queue_offset"].append(r.queue_offset)
-                cols["commitlog_offset"].append(r.commit_log_offset)
-                cols["msg_id"].append(r.msg_id)
-                cols["tags"].append(props.get(PROPERTY_TAGS))
-                cols["keys"].append(props.get(PROPERTY_KEYS))
-                cols["properties"].append(list(props.items()))
-                cols["born_timestamp"].append(r.born_timestamp_ms * 1000)
-                cols["store_timestamp"].append(r.store_timestamp_ms * 1000)
-                cols["body"].append(r.body)
-                if len(cols["topic"]) >= batch_rows:
-                    yield pa.RecordBatch.from_pydict(cols, schema=ARROW_SCHEMA)
-                    cols = {name: [] for name in ARROW_SCHEMA.names}
-        if cols["topic"]:
-            yield pa.RecordBatch.from_pydict(cols, schema=ARROW_SCHEMA)
+            kept += [
+                r
+                for r in decode_records(mf.buffer[start:end])
+                if (topic is None or r.topic == topic)
+                and (from_ms is None or r.store_timestamp_ms >= from_ms)
+                and (to_ms is None or r.store_timestamp_ms < to_ms)
+            ]
+            while len(kept) >= batch_rows:
+                yield _batch(kept[:batch_rows], broker)
+                del kept[:batch_rows]
+        if kept:
+            yield _batch(kept, broker)
     finally:
         mf.close()
 

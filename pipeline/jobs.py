@@ -105,6 +105,14 @@ def parse_time(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def _time_arg(text: str) -> int:
+    """:func:`parse_time` for argparse: its message, not "invalid value"."""
+    try:
+        return parse_time(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _files_rdd(spark: SparkSession, files: list[FileSpec]) -> Any:
     """One partition per CommitLog file: one task reads one file."""
     return spark.sparkContext.parallelize(files, max(1, len(files)))
@@ -427,8 +435,8 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     ex.add_argument("--root", type=Path, required=True, help="the store root")
     ex.add_argument("--out", required=True, help="the Parquet output path")
     ex.add_argument("--topic", help="only this topic")
-    ex.add_argument("--from-time", type=parse_time, help="store time >= (ISO 8601 or ms)")
-    ex.add_argument("--to-time", type=parse_time, help="store time < (ISO 8601 or ms)")
+    ex.add_argument("--from-time", type=_time_arg, help="store time >= (ISO 8601 or ms)")
+    ex.add_argument("--to-time", type=_time_arg, help="store time < (ISO 8601 or ms)")
     ex.add_argument("--broker", help="the broker column (default: the root's name)")
     ex.set_defaults(handler=_run_export)
     ve = sub.add_parser("verify", help="CRC and ConsumeQueue consistency per CommitLog file")
@@ -458,6 +466,9 @@ def _session(args: argparse.Namespace) -> SparkSession:
 def _run_export(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         commitlog_files(args.root)  # a bad root fails before Spark starts
+        if Path(args.out).exists():
+            err.write(f"basalt pipeline export: error: {args.out} exists\n")
+            return EXIT_USAGE
         result = export(
             _session(args), args.root, args.out, topic=args.topic,
             from_ms=args.from_time, to_ms=args.to_time, broker=args.broker,

@@ -171,11 +171,12 @@ def test_rebuild_index_is_byte_identical_to_the_dispatchers(
         jobs.rebuild_index(session, root, out)
 
 
-def test_bad_roots_fail_with_a_clear_message(tmp_path: Path) -> None:
+def test_bad_arguments_fail_with_a_clear_message(root: Path, tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     for args, reason in (
         (["export", "--root", str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "no such"),
         (["verify", "--root", str(tmp_path / "plain")], "not a store root"),
+        (["export", "--root", str(root), "--out", str(tmp_path / "plain")], "exists"),
         (["rebuild-index", "--root", str(tmp_path / "plain"), "--out", "x"], "not a store root"),
     ):
         parser = argparse.ArgumentParser()
