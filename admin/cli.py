@@ -86,6 +86,13 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
     quickstart.add_consume(parser)
 
 
+def add_pipeline(parser: argparse.ArgumentParser) -> None:
+    """``basalt pipeline <job>`` (basalt.pipeline.jobs; needs the ``spark`` extra)."""
+    from basalt.pipeline import jobs
+
+    jobs.add_commands(parser)
+
+
 add_store_node_command = _service_command("basalt.services.store_node.main", "basalt-store-node")
 add_pull_service_command = _service_command(
     "basalt.services.pull_service.main", "basalt-pull-service"
@@ -126,6 +133,11 @@ GROUPS: tuple[tuple[str, str, GroupRegistrar], ...] = (
     ("health", "ask a Basalt service (or etcd) for its grpc.health.v1 status", add_health),
     ("produce", "send messages to a topic (RocketMQ's quickstart Producer)", add_produce),
     ("consume", "read a topic as a consumer group (RocketMQ's quickstart Consumer)", add_consume),
+    (
+        "pipeline",
+        "Spark jobs over store roots (export, verify, rebuild-index) and lag",
+        add_pipeline,
+    ),
 )
 
 

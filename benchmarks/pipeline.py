@@ -1,0 +1,138 @@
+"""Pipeline benchmark: rows/s of ``basalt pipeline export``, and of a batch read.
+
+Usage::
+
+    python benchmarks/pipeline.py [--messages 1000000] [--body 1024] [--master local[2]]
+                                  [--root DIR] [--no-batch-read]
+
+Export: writes a store root with the engine directly (``MessageStore`` puts in
+batches of 256 over 8 queues, 128 MiB CommitLog files so the export has one
+task per file to spread over the cores), then times ``jobs.export`` of the
+whole root to Parquet (snappy) and, apart, the same read into Spark's
+``noop`` sink (the reading alone). Targets: export >= 300,000 rows/s.
+
+Batch read (only when ``basalt.pipeline.source`` is installed; it is the
+``format("basalt")`` source): ``basalt cluster up``, the same messages sent
+with ``basalt produce --batch 256``, then ``spark.read.format("basalt")`` of
+the topic into the ``noop`` sink. Target: >= 500,000 rows/s.
+
+Prints a table: what, rows, seconds, rows/s, target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from basalt.pipeline import jobs
+from basalt.pipeline._root_source import FORMAT, source_class
+from basalt.store import Message, MessageStore, MessageStoreConfig
+
+QUEUES = 8
+BATCH = 256
+
+
+def write_root(root: Path, messages: int, body: int) -> float:
+    """A store root of ``messages`` bodies of ``body`` bytes; returns the seconds it took."""
+    config = MessageStoreConfig(
+        store_path_root_dir=root,
+        mapped_file_size_commit_log=128 << 20,
+        disk_max_used_space_ratio=100,
+        disk_space_clean_forcibly_ratio=100,
+        disk_space_warning_level_ratio=100,
+    )
+    payload = b"x" * body
+    started = time.perf_counter()
+    store = MessageStore.open(config)
+    try:
+        for at in range(0, messages, BATCH):
+            n = min(BATCH, messages - at)
+            queue = (at // BATCH) % QUEUES
+            store.put_messages([Message("Bench", payload, queue_id=queue) for _ in range(n)])
+    finally:
+        store.shutdown()
+    return time.perf_counter() - started
+
+
+def _basalt(*argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "basalt.admin", *argv], capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        raise RuntimeError(f"basalt {' '.join(argv)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def batch_read(spark: object, work: Path, messages: int, body: int) -> tuple[int, float]:
+    """Rows and seconds of a ``format("basalt")`` read of ``messages`` sent to a local cluster."""
+    from basalt.pipeline import source  # type: ignore[attr-defined]
+
+    source.register(spark)
+    data = work / "cluster"
+    _basalt("cluster", "up", "--data-dir", str(data))
+    try:
+        rows = json.loads(_basalt("cluster", "status", "--data-dir", str(data), "--json"))
+        pull = next(r["address"] for r in rows if r["role"] == "pull-service")
+        _basalt("produce", "-t", "Bench", "-n", str(messages), "--size", str(body),
+                "--batch", str(BATCH), "--endpoints", pull)  # fmt: skip
+        started = time.perf_counter()
+        df = spark.read.format("basalt").option("endpoint", pull).option("topic", "Bench").load()  # type: ignore[attr-defined]
+        df.write.format("noop").mode("overwrite").save()
+        seconds = time.perf_counter() - started
+        return messages, seconds
+    finally:
+        _basalt("cluster", "down", "--data-dir", str(data))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="rows/s of the pipeline's export and read")
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--body", type=int, default=1024, help="body bytes")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--root", type=Path, help="work directory (default: a temporary one)")
+    parser.add_argument("--no-batch-read", action="store_true")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="basalt-pipeline-", dir=args.root))
+    table: list[tuple[str, int, float, str]] = []
+    try:
+        root = work / "broker-a"
+        seconds = write_root(root, args.messages, args.body)
+        table.append(("write root (MessageStore)", args.messages, seconds, ""))
+        spark = jobs.start_session(args.master, app="basalt-bench")
+        spark.sparkContext.setLogLevel("ERROR")
+        jobs.export(spark, root, str(work / "warm.parquet"), to_ms=0)  # JVM and workers warm
+        started = time.perf_counter()
+        spark.dataSource.register(source_class())
+        reader = spark.read.format(FORMAT).option("root", str(root)).load()
+        reader.write.format("noop").mode("overwrite").save()
+        table.append(("read root (noop sink)", args.messages, time.perf_counter() - started, ""))
+        started = time.perf_counter()
+        result = jobs.export(spark, root, str(work / "export.parquet"))
+        seconds = time.perf_counter() - started
+        assert result.rows == args.messages and result.ok, result.summary()
+        table.append(("export -> Parquet", result.rows, seconds, ">= 300,000"))
+        if args.no_batch_read:
+            pass
+        elif importlib.util.find_spec("basalt.pipeline.source") is None:
+            print("batch read: skipped (basalt.pipeline.source is not installed)")
+        else:
+            rows, seconds = batch_read(spark, work, args.messages, args.body)
+            table.append(('read format("basalt") (noop)', rows, seconds, ">= 500,000"))
+        spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{'what':<32} {'rows':>10} {'seconds':>8} {'rows/s':>10}  target")
+    for what, rows, seconds, target in table:
+        print(f"{what:<32} {rows:>10} {seconds:>8.2f} {rows / seconds:>10,.0f}  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
