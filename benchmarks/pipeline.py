@@ -72,11 +72,11 @@ def _basalt(*argv: str) -> str:
 
 def batch_read(spark: object, work: Path, messages: int, body: int) -> tuple[int, float]:
     """Rows and seconds of a ``format("basalt")`` read of ``messages`` sent to a local cluster."""
-    from basalt.pipeline import source  # type: ignore[attr-defined]
+    from basalt.pipeline import register
 
-    source.register(spark)
+    register(spark)
     data = work / "cluster"
-    _basalt("cluster", "up", "--data-dir", str(data))
+    _basalt("cluster", "up", "--data-dir", str(data), "--store-files", "production")
     try:
         rows = json.loads(_basalt("cluster", "status", "--data-dir", str(data), "--json"))
         pull = next(r["address"] for r in rows if r["role"] == "pull-service")

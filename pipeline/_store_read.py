@@ -21,19 +21,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow as pa
 
 from basalt.common import _records
 from basalt.common.message import (
-    PROPERTY_KEYS,
     PROPERTY_TAGS,
     MessageRecord,
     decode_properties,
-    encode_host,
     is_dispatchable,
-    offset_msg_id,
 )
 from basalt.common.record import RecordInfo, RecordKind, decode_records
+from basalt.pipeline._rows import ARROW_SCHEMA, SCHEMA_DDL, record_batch
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.hashing import tags_code
@@ -50,31 +48,6 @@ __all__ = [
     "queue_runs",
     "verify_file",
 ]
-
-#: The source schema (issue 18 §1), as Spark DDL and as Arrow.
-SCHEMA_DDL = (
-    "topic string, broker string, queue_id int, queue_offset long, commitlog_offset long, "
-    "msg_id string, tags string, keys string, properties map<string,string>, "
-    "born_timestamp timestamp, store_timestamp timestamp, body binary"
-)
-#: Spark's TimestampType is microseconds: the stored milliseconds times 1000.
-_TS = pa.timestamp("us", tz="UTC")
-ARROW_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("broker", pa.string()),
-        ("queue_id", pa.int32()),
-        ("queue_offset", pa.int64()),
-        ("commitlog_offset", pa.int64()),
-        ("msg_id", pa.string()),
-        ("tags", pa.string()),
-        ("keys", pa.string()),
-        ("properties", pa.map_(pa.string(), pa.string())),
-        ("born_timestamp", _TS),
-        ("store_timestamp", _TS),
-        ("body", pa.binary()),
-    ]
-)
 
 _UNIT = struct.Struct(">qiq")
 
@@ -190,37 +163,6 @@ def _open(spec: FileSpec) -> MappedFile:
     return mf
 
 
-def _batch(records: list[MessageRecord], broker: str) -> pa.RecordBatch:
-    """Records as one Arrow batch of :data:`ARROW_SCHEMA`, a column at a time."""
-    hosts: dict[str, bytes] = {}  # encode_host parses the address: once per host
-
-    def msg_id(r: MessageRecord) -> str:
-        host = hosts.get(r.store_host)
-        if host is None:
-            host = hosts[r.store_host] = encode_host(r.store_host)
-        return offset_msg_id(host, r.commit_log_offset)
-
-    props = [r.properties for r in records]
-    columns = [
-        [r.topic for r in records],
-        [broker] * len(records),
-        [r.queue_id for r in records],
-        [r.queue_offset for r in records],
-        [r.commit_log_offset for r in records],
-        [msg_id(r) for r in records],
-        [p.get(PROPERTY_TAGS) for p in props],
-        [p.get(PROPERTY_KEYS) for p in props],
-        [list(p.items()) for p in props],
-        [r.born_timestamp_ms * 1000 for r in records],
-        [r.store_timestamp_ms * 1000 for r in records],
-        [r.body for r in records],
-    ]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)],
-        schema=ARROW_SCHEMA,
-    )
-
-
 def export_batches(
     spec: FileSpec,
     scan: FileScan,
@@ -248,10 +190,10 @@ def export_batches(
                 and (to_ms is None or r.store_timestamp_ms < to_ms)
             ]
             while len(kept) >= batch_rows:
-                yield _batch(kept[:batch_rows], broker)
+                yield record_batch(broker, kept[:batch_rows])
                 del kept[:batch_rows]
         if kept:
-            yield _batch(kept, broker)
+            yield record_batch(broker, kept)
     finally:
         mf.close()
 
