@@ -424,6 +424,47 @@ def append_csv(path: Path, rows: list[LagRow]) -> None:
         writer.writerows(astuple(r) for r in rows)
 
 
+def lag_series(csv_path: Path) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """The lag history in a ``lag.csv`` (:func:`append_csv`): per ``(group, topic)``,
+    ``(at_ms, lag summed over its queues)`` for each snapshot, oldest first."""
+    sums: dict[tuple[str, str], dict[int, int]] = {}
+    with csv_path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            at = sums.setdefault((row["group"], row["topic"]), {})
+            at[int(row["at_ms"])] = at.get(int(row["at_ms"]), 0) + int(row["lag"])
+    return {key: sorted(points.items()) for key, points in sorted(sums.items())}
+
+
+def write_chart(csv_path: Path, png_path: Path) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """Draw the lag history of ``csv_path`` (:func:`lag_series`) as a PNG: one line
+    per group and topic, lag against seconds since the first snapshot (its UTC
+    time in the axis label). Returns the series drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display here or on a server
+    import matplotlib.pyplot as plt
+
+    series = lag_series(csv_path)
+    first = min((at for points in series.values() for at, _ in points), default=0)
+    start = datetime.fromtimestamp(first / 1000, tz=UTC).isoformat(timespec="seconds")
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
+    try:
+        for (group, topic), points in series.items():
+            seconds = [(at - first) / 1000 for at, _ in points]
+            axes.plot(seconds, [lag for _, lag in points], marker="o", label=f"{group} / {topic}")
+        axes.set_title("consumer lag (messages), summed over each topic's queues")
+        axes.set_xlabel(f"seconds since {start}")
+        axes.set_ylabel("lag")
+        axes.set_ylim(bottom=0)
+        axes.grid(True, alpha=0.3)
+        if series:
+            axes.legend(loc="upper left", fontsize="small")
+        figure.savefig(png_path, format="png")
+    finally:
+        plt.close(figure)
+    return series
+
+
 # -- the command group ---------------------------------------------------------------------
 
 
@@ -455,7 +496,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         help="etcd host:port (default: env BASALT_ETCD, else the nearest local cluster)",
     )
     lag.add_argument("-t", "--topic", help="only this topic")
-    lag.add_argument("--out", type=Path, help="append the rows to DIR/lag.csv")
+    lag.add_argument(
+        "--out",
+        type=Path,
+        help="append the rows to DIR/lag.csv and draw its whole history as DIR/lag.png",
+    )
     lag.set_defaults(handler=_run_lag)
 
 
@@ -526,5 +571,9 @@ def _run_lag(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.write(format_table(LAG_HEADER[1:], table))
     if args.out is not None:
         append_csv(args.out / "lag.csv", rows)
-        out.write(f"appended {len(rows)} rows to {args.out / 'lag.csv'}\n")
+        write_chart(args.out / "lag.csv", args.out / "lag.png")
+        out.write(
+            f"appended {len(rows)} rows to {args.out / 'lag.csv'}; "
+            f"the chart of every snapshot so far: {args.out / 'lag.png'}\n"
+        )
     return EXIT_OK

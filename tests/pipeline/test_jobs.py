@@ -220,6 +220,12 @@ def test_lag_report_of_a_group_that_consumed_part(tmp_path: Path) -> None:
         assert sum(int(r[5]) for r in snapshot) == 10
         assert sum(int(r[7]) for r in snapshot) == 6  # 4 of 10 consumed
         assert "Lagging" in out.getvalue()
+        # The chart: the CSV's history, one line per group and topic, as a PNG.
+        png = (tmp_path / "r" / "lag.png").read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+        (series,) = jobs.lag_series(tmp_path / "r" / "lag.csv").items()
+        assert series[0] == ("Part", "Lagging")
+        assert [lag for _, lag in series[1]] == [6, 6]
         parsed = parser.parse_args(["lag-report", "-g", "Nobody", "--endpoint", etcd])
         out, err = io.StringIO(), io.StringIO()
         assert parsed.handler(parsed, out, err) == 1 and "Nobody" in err.getvalue()
