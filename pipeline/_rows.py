@@ -29,7 +29,13 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from basalt.common.message import PROPERTY_KEYS, PROPERTY_TAGS, MessageRecord, encode_host
+from basalt.common.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    MessageRecord,
+    encode_host,
+    offset_msg_id,
+)
 
 #: The schema as Spark DDL (what ``DataSource.schema()`` answers).
 SCHEMA_DDL = (
@@ -58,17 +64,17 @@ ARROW_SCHEMA = pa.schema(
 
 
 def _msg_ids(records: Sequence[MessageRecord]) -> list[str]:
-    """Each record's offset message id, the store host's hex computed once per
-    host (a partition's records share one): the per-record
-    :attr:`MessageRecord.msg_id` would re-encode it and cost a third of a row."""
-    prefixes: dict[str, str] = {}
+    """Each record's offset message id (:func:`offset_msg_id`), the store host
+    encoded once per host (a partition's records share one): the per-record
+    :attr:`MessageRecord.msg_id` would parse the address again and cost a third
+    of a row."""
+    hosts: dict[str, bytes] = {}
     out = []
     for r in records:
-        prefix = prefixes.get(r.store_host)
-        if prefix is None:
-            prefix = prefixes[r.store_host] = encode_host(r.store_host).hex().upper()
-        offset = r.commit_log_offset
-        out.append(prefix + format(offset, "016X") if offset >= 0 else r.msg_id)
+        host = hosts.get(r.store_host)
+        if host is None:
+            host = hosts[r.store_host] = encode_host(r.store_host)
+        out.append(offset_msg_id(host, r.commit_log_offset))
     return out
 
 
