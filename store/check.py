@@ -50,7 +50,15 @@ from basalt.store.readonly import (
 )
 from basalt.store.resync import is_tombstone
 
-__all__ = ["CheckCounts", "CheckReport", "Problem", "QueueReport", "StoreRootError", "check_store"]
+__all__ = [
+    "CheckCounts",
+    "CheckReport",
+    "Problem",
+    "QueueReport",
+    "StoreRootError",
+    "check_store",
+    "unit_mismatch",
+]
 
 #: Problems kept in a report; the rest are only counted (``problems_total``).
 MAX_PROBLEMS = 1000
@@ -443,27 +451,7 @@ class _Checker:
         )
 
     def _unit_mismatch(self, key: QueueKey, index: int, phy: int, size: int, code: int) -> str:
-        """Why the unit does not describe the record at ``phy``; "" when it does."""
-        mf = self.commitlog.find_by_offset(phy)
-        if mf is None:
-            return f"points at commitlog offset {phy}, which no CommitLog file holds"
-        info = check_at(mf, phy - mf.file_from_offset, check_crc=False)
-        if info.kind is not RecordKind.MESSAGE:
-            why = info.reason or info.kind.value
-            return f"points at commitlog offset {phy}, where there is no record ({why})"
-        wrong = []
-        if (info.topic, info.queue_id) != key:
-            wrong.append(f"the record belongs to {info.topic}/{info.queue_id}")
-        if info.size != size:
-            wrong.append(f"size {size} but the record is {info.size} bytes")
-        if info.queue_offset != index:
-            wrong.append(f"the record has queue offset {info.queue_offset}")
-        if not is_dispatchable(info.sys_flag):
-            wrong.append(f"the record is not dispatchable (sysflag 0x{info.sys_flag:x})")
-        expected_code = tags_code(decode_properties(info.properties).get(PROPERTY_TAGS))
-        if expected_code != code:
-            wrong.append(f"tagsCode {code} but the record's tags hash to {expected_code}")
-        return f"commitlog offset {phy}: " + "; ".join(wrong) if wrong else ""
+        return unit_mismatch(self.commitlog, key, index, phy, size, code)
 
     # -- the verdict on lag, and the report --------------------------------------------
 
@@ -531,6 +519,37 @@ class _Checker:
             queues,
             f.total,
         )
+
+
+def unit_mismatch(
+    commitlog: MappedFileQueue, key: QueueKey, index: int, phy: int, size: int, code: int
+) -> str:
+    """Why the ConsumeQueue unit ``index`` of queue ``key`` (``phy``, ``size``,
+    ``code``) does not describe the record at ``phy`` of ``commitlog``; "" when it
+    does. Pass 3's rule: a CommitLog file holds ``phy``, a record starts there
+    (CRC not checked: pass 2 does that), of the unit's topic, queue, size, queue
+    offset and tagsCode, and dispatchable. Shared with ``basalt pipeline verify``.
+    """
+    mf = commitlog.find_by_offset(phy)
+    if mf is None:
+        return f"points at commitlog offset {phy}, which no CommitLog file holds"
+    info = check_at(mf, phy - mf.file_from_offset, check_crc=False)
+    if info.kind is not RecordKind.MESSAGE:
+        why = info.reason or info.kind.value
+        return f"points at commitlog offset {phy}, where there is no record ({why})"
+    wrong = []
+    if (info.topic, info.queue_id) != key:
+        wrong.append(f"the record belongs to {info.topic}/{info.queue_id}")
+    if info.size != size:
+        wrong.append(f"size {size} but the record is {info.size} bytes")
+    if info.queue_offset != index:
+        wrong.append(f"the record has queue offset {info.queue_offset}")
+    if not is_dispatchable(info.sys_flag):
+        wrong.append(f"the record is not dispatchable (sysflag 0x{info.sys_flag:x})")
+    expected_code = tags_code(decode_properties(info.properties).get(PROPERTY_TAGS))
+    if expected_code != code:
+        wrong.append(f"tagsCode {code} but the record's tags hash to {expected_code}")
+    return f"commitlog offset {phy}: " + "; ".join(wrong) if wrong else ""
 
 
 def check_store(root: Path) -> CheckReport:
