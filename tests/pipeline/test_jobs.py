@@ -13,7 +13,11 @@ import pytest
 from basalt.admin import cli
 from basalt.common.record import decode_record
 from basalt.pipeline import jobs
+from basalt.pipeline._index import SCRATCH_DIR
 from basalt.store import Message, MessageStore
+from basalt.store.clock import ManualClock
+from basalt.store.index_file import index_file_name
+from basalt.store.index_service import IndexService
 from basalt.store.readonly import StoreRootError, check_at, open_data_files, store_layout
 from tests.support.processes import local_cluster, run_basalt_sync
 from tests.support.spark import spark  # noqa: F401
@@ -169,6 +173,122 @@ def test_rebuild_index_is_byte_identical_to_the_dispatchers(
         assert (out / "consumequeue" / rel).read_bytes() == (original / rel).read_bytes(), rel
     with pytest.raises(ValueError, match="not empty"):
         jobs.rebuild_index(session, root, out)
+
+
+#: IndexFiles small enough that the keyed root rolls several: 63 entries a file.
+KEYED_INDEX = {"max_hash_slot_num": 16, "max_index_num": 64}
+
+
+@pytest.fixture(scope="module")
+def keyed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root whose 240 messages carry a UNIQ_KEY and one or two KEYS each (600
+    index entries), some keys shared: about ten IndexFiles, several records'
+    keys split over two files."""
+    path = tmp_path_factory.mktemp("keyed") / "broker-k"
+    messages = [
+        Message(
+            topic=TOPICS[i % 2],
+            body=b"%05d" % i,
+            queue_id=i % 2,
+            keys=[f"k{i}", f"group{i % 7}"] if i % 2 else [f"k{i}"],
+            properties={"UNIQ_KEY": f"U{i:08X}"},
+        )
+        for i in range(240)
+    ]
+    store = MessageStore.open(small_store_config(path, **KEYED_INDEX))
+    try:
+        for at in range(0, len(messages), 16):
+            store.put_messages(messages[at : at + 16])
+    finally:
+        store.shutdown()
+    return path
+
+
+def _index_files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "index").iterdir())}
+
+
+def _query(root: Path, topic: str, key: str) -> list[int]:
+    service = IndexService(root, clock=ManualClock(), **KEYED_INDEX)
+    service.load(True, 0)
+    try:
+        return service.query_offset(topic, key, 64, 0, 2**62).phy_offsets
+    finally:
+        service.shutdown()
+
+
+def test_rebuild_index_writes_the_stores_index_files_byte_for_byte(
+    session: Any, keyed_root: Path, tmp_path: Path
+) -> None:
+    original = _index_files(keyed_root)
+    assert len(original) >= 3
+    out = tmp_path / "rebuilt"
+    result = jobs.rebuild_index(session, keyed_root, out, **KEYED_INDEX)
+    assert result.ok and result.index_files == len(original)
+    assert result.index_entries == 600 and result.units == 240
+    assert _index_files(out) == original  # names and bytes
+    assert not (out / SCRATCH_DIR).exists()
+    for topic, key in (("orders", "k10"), ("audit", "group3"), ("orders", "U0000000A")):
+        want = _query(keyed_root, topic, key)
+        assert want and _query(out, topic, key) == want, (topic, key)
+    # The geometry is found from the files' size; a wrong one is refused before any task.
+    assert jobs.rebuild_index(session, keyed_root, tmp_path / "found").index_files == len(original)
+    assert _index_files(tmp_path / "found") == original
+    with pytest.raises(ValueError, match="fit no geometry"):
+        jobs.rebuild_index(session, keyed_root, tmp_path / "other", max_hash_slot_num=17)
+
+
+def test_rebuild_index_of_a_root_whose_index_is_damaged_or_gone(
+    session: Any, keyed_root: Path, tmp_path: Path
+) -> None:
+    original = _index_files(keyed_root)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(keyed_root, damaged)
+    second = sorted((damaged / "index").iterdir())[1]
+    second.write_bytes(second.read_bytes()[:1000])  # truncated: damaged, name kept
+    jobs.rebuild_index(session, damaged, tmp_path / "a", **KEYED_INDEX)
+    assert _index_files(tmp_path / "a") == original
+    shutil.rmtree(damaged / "index")
+    result = jobs.rebuild_index(session, damaged, tmp_path / "b", **KEYED_INDEX)
+    rebuilt = _index_files(tmp_path / "b")
+    assert result.ok and list(rebuilt.values()) == list(original.values())
+    # No names to keep: each file is named by its first entry's store time, or one
+    # millisecond after the previous name when files begin within the same one.
+    names = list(rebuilt)
+    firsts = [index_file_name(int.from_bytes(data[:8], "big")) for data in rebuilt.values()]
+    assert names[0] == firsts[0] and names == sorted(set(names))
+    assert all(name >= first for name, first in zip(names, firsts, strict=True))
+
+
+def test_verify_finds_consume_queue_units_past_the_commitlog_or_at_no_record(
+    session: Any, root: Path, tmp_path: Path
+) -> None:
+    good = jobs.verify(session, root)
+    assert good.bad_units == 0 and good.units_report.count() == 6
+    assert good.units_report.agg({"units_checked": "sum"}).first()[0] == 600
+    damaged = tmp_path / "units"
+    shutil.copytree(root, damaged)
+    queue = damaged / "consumequeue" / "audit" / "1"
+    files = sorted(queue.iterdir())
+    units = sum((r.topic, r.queue_id) == ("audit", 1) for r in _store_records(root))
+    file_units = files[0].stat().st_size // 20
+    at_file = queue / f"{units // file_units * file_units * 20:020d}"
+    data = bytearray(at_file.read_bytes() if at_file.exists() else bytes(file_units * 20))
+    end = sum(f.stat().st_size for f in (damaged / "commitlog").iterdir())
+    # One more unit after the queue's last: a record far past the CommitLog's end.
+    at = units % file_units * 20
+    data[at : at + 20] = (end + 4096).to_bytes(8, "big") + (99).to_bytes(4, "big") + bytes(8)
+    at_file.write_bytes(bytes(data))
+    result = jobs.verify(session, damaged)
+    assert not result.ok and result.bad_units == 1 and result.cq_mismatches == 0
+    row = result.units_report.where("bad_units > 0").first()
+    assert (row.topic, row.queue_id, row.first_bad_unit) == ("audit", 1, units)
+    assert "no CommitLog file holds" in row.first_bad_reason
+    out, err = io.StringIO(), io.StringIO()
+    parser = argparse.ArgumentParser()
+    jobs.add_commands(parser)
+    parsed = parser.parse_args(["verify", "--root", str(damaged)])
+    assert parsed.handler(parsed, out, err) == 1 and "bad_units=1" in out.getvalue()
 
 
 def test_bad_arguments_fail_with_a_clear_message(root: Path, tmp_path: Path) -> None:
