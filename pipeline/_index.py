@@ -168,6 +168,7 @@ def rebuild_index_files(
     """
     layout = store_layout(Path(root))
     scratch = Path(out) / SCRATCH_DIR
+    shutil.rmtree(scratch, ignore_errors=True)  # a failed attempt's files (a task retried)
     commitlog = CommitLog(layout, read_only=True)
     commitlog.files = open_data_files(layout.commitlog_dir, "commitlog", _Ignore())
     # Names are chosen afterwards: the clock only has to give the scratch files names.
@@ -187,7 +188,7 @@ def rebuild_index_files(
         built, choose_names(names, [b for _, b, _ in built]), strict=True
     ):
         path.rename(target / name)
-    shutil.rmtree(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)  # absent when nothing was indexed
     return IndexBuild(len(built), sum(n for _, _, n in built), end, error)
 
 
