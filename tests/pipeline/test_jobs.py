@@ -249,9 +249,18 @@ def test_rebuild_index_of_a_root_whose_index_is_damaged_or_gone(
     jobs.rebuild_index(session, damaged, tmp_path / "a", **KEYED_INDEX)
     assert _index_files(tmp_path / "a") == original
     shutil.rmtree(damaged / "index")
-    result = jobs.rebuild_index(session, damaged, tmp_path / "b", **KEYED_INDEX)
+    # Through the command: no IndexFiles to size the geometry from, so the flags give it.
+    parser = argparse.ArgumentParser()
+    jobs.add_commands(parser)
+    flags = ["--max-hash-slot-num", "16", "--max-index-num", "64"]
+    parsed = parser.parse_args(
+        ["rebuild-index", "--root", str(damaged), "--out", str(tmp_path / "b"), *flags]
+    )
+    out, err = io.StringIO(), io.StringIO()
+    assert parsed.handler(parsed, out, err) == 0, err.getvalue()
+    assert f"{len(original)} IndexFiles: 600 entries" in out.getvalue()
     rebuilt = _index_files(tmp_path / "b")
-    assert result.ok and list(rebuilt.values()) == list(original.values())
+    assert list(rebuilt.values()) == list(original.values())
     # No names to keep: each file is named by its first entry's store time, or one
     # millisecond after the previous name when files begin within the same one.
     names = list(rebuilt)
