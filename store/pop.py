@@ -146,6 +146,8 @@ class PopReads(Protocol):
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
 
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class PoppedMessage:
@@ -337,7 +339,7 @@ class PopStore:
             out: list[bytes] = []
             visible_at = now_ms + invisible_ms
             popped: list[PoppedMessage] = []
-            self._skip_expired(key, q, out)
+            self._clamp(key, q, out)
             for offset in sorted(o for o, e in q.in_flight.items() if e.visible_at_ms <= now_ms):
                 if len(popped) == max_messages:
                     break
@@ -448,16 +450,27 @@ class PopStore:
             q = self._queues[key] = _Queue(start)
         return q
 
-    def _skip_expired(self, key: _Key, q: _Queue, out: list[bytes]) -> None:
-        """CommitLog expiry took what is below the queue's min offset: forget it."""
+    def _clamp(self, key: _Key, q: _Queue, out: list[bytes]) -> None:
+        """Keep the tables within the queue's offsets. Below the min offset,
+        CommitLog expiry took the messages: forget them. At or past the max,
+        the store lost messages it had (a machine crash under ASYNC_FLUSH cut
+        the CommitLog's tail) and new ones will take those offsets: the cursor
+        moves back so they are delivered, not skipped."""
         group, topic, queue_id = key
         low = self._reads.get_min_offset_in_queue(topic, queue_id)
-        for offset in [o for o in q.in_flight if o < low]:
+        high = self._reads.get_max_offset_in_queue(topic, queue_id)
+        for offset in [o for o in q.in_flight if not low <= o < high]:
             del q.in_flight[offset]
             out.append(encode_record(Kind.ACK, group, topic, queue_id, offset))
-        if q.cursor < low:
-            q.cursor = low
-            out.append(encode_record(Kind.CURSOR, group, topic, queue_id, low))
+        cursor = min(max(q.cursor, low), high)
+        if cursor != q.cursor:
+            if cursor < q.cursor:
+                log.warning(
+                    "pop %s: queue %s-%d ends at %d, before the cursor %d: moved back",
+                    group, topic, queue_id, high, q.cursor,
+                )  # fmt: skip
+            q.cursor = cursor
+            out.append(encode_record(Kind.CURSOR, group, topic, queue_id, cursor))
 
     def _read_one(self, group: str, topic: str, queue_id: int, offset: int) -> bytes | None:
         result = self._reads.get_message(group, topic, queue_id, offset, 1)
@@ -492,8 +505,8 @@ class PopStore:
             if result.next_begin_offset == q.cursor:
                 return
             moved_past = result.next_begin_offset
-            if result.status is GetStatus.OFFSET_OVERFLOW_BADLY and moved_past < q.cursor:
-                return  # the queue shrank under the cursor (a CommitLog truncated): keep it
+            if moved_past < q.cursor:
+                return  # a read's correction backwards: _clamp alone moves the cursor back
             q.cursor = moved_past
             out.append(encode_record(Kind.CURSOR, group, topic, queue_id, moved_past))
             if result.status is GetStatus.FOUND:

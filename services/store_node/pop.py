@@ -81,37 +81,45 @@ class PopRpcs:
             raise invalid(f"poll_timeout_ms {request.poll_timeout_ms} is negative")
         return subscription_filter(request.subscription)
 
-    def _pop_all(self, request: sn.PopMessagesRequest, flt: MessageFilter) -> list[PoppedMessage]:
-        """One pop round over the queues in order, until max_messages (worker thread)."""
-        pops, now = self.store.pop, self.store.clock.now_ms()
+    def _pop_all(
+        self, request: sn.PopMessagesRequest, flt: MessageFilter
+    ) -> tuple[list[PoppedMessage], list[int]]:
+        """One pop round over the queues in order, until max_messages (worker
+        thread); with each queue's max offset as it was before the round."""
+        store, now = self.store, self.store.clock.now_ms()
+        ends = [store.get_max_offset_in_queue(request.topic, q) for q in request.queue_ids]
         out: list[PoppedMessage] = []
         for queue_id in request.queue_ids:
             room = request.max_messages - len(out)
             if room <= 0:
                 break
-            out += pops.pop(
+            out += store.pop.pop(
                 request.group, request.topic, queue_id, room, request.invisible_duration_ms,
                 now, fifo=request.fifo, message_filter=flt,
             )  # fmt: skip
-        return out
+        return out, ends
 
-    def _wait_reads(self, request: sn.PopMessagesRequest) -> list[HeldRead[None]]:
-        """What the hold service parks on: each queue past its cursor."""
-        store, topic, group = self.store, request.topic, request.group
+    def _wait_reads(
+        self, topic: str, queue_ids: list[int], ends: list[int]
+    ) -> list[HeldRead[None]]:
+        """What the hold service parks on: each queue past its max offset before
+        the round that found nothing. Not past the cursor: a FIFO queue blocked by
+        an in-flight message has undelivered messages past it, and the wait would
+        end at once, again and again; an arrival after the round still wakes it."""
+        store = self.store
 
-        def read(queue_id: int) -> HeldRead[None]:
-            cursor = store.pop.cursor(group, topic, queue_id) or 0
+        def read(queue_id: int, end: int) -> HeldRead[None]:
             return HeldRead(
                 topic=topic,
                 queue_id=queue_id,
-                offset=cursor,
+                offset=end,
                 pull=lambda _: None,
                 found=lambda _: False,
-                next_offset=lambda _: cursor,
+                next_offset=lambda _: end,
                 max_offset=lambda: store.get_max_offset_in_queue(topic, queue_id),
             )
 
-        return [read(q) for q in request.queue_ids]
+        return [read(q, end) for q, end in zip(queue_ids, ends, strict=True)]
 
     def _until_visible_s(self, request: sn.PopMessagesRequest) -> float | None:
         """Seconds until an in-flight message of the queues is visible again."""
@@ -143,13 +151,14 @@ class PopRpcs:
         timeout_ms = min(request.poll_timeout_ms, self.config.max_suspend_timeout_ms)
         deadline = loop.time() + timeout_ms / 1000
         while True:
-            popped = await asyncio.to_thread(self._pop_all, request, flt)
+            popped, ends = await asyncio.to_thread(self._pop_all, request, flt)
             remaining = deadline - loop.time()
             if popped or remaining <= 0:
                 break
             visible = self._until_visible_s(request)
             wait = remaining if visible is None else min(remaining, visible)
-            await self.hold.wait_for_arrival(self._wait_reads(request), wait)
+            reads = self._wait_reads(request.topic, list(request.queue_ids), ends)
+            await self.hold.wait_for_arrival(reads, wait)
             if not self.writable:
                 break
         ms = request.invisible_duration_ms

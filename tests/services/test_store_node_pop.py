@@ -238,3 +238,28 @@ def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
             assert len((await stub.PopMessages(pop_request())).messages) == 1
 
     run(scenario)
+
+
+def test_a_held_pop_of_a_blocked_fifo_queue_waits_instead_of_spinning(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            await send(stub, 2)
+            first = await stub.PopMessages(pop_request(max_messages=1, fifo=True))
+            assert [m.queue_offset for m in first.messages] == [0]
+            pops = running.store.pop
+            calls = 0
+            real = pops.pop
+
+            def counted(*args: Any, **kw: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                return real(*args, **kw)
+
+            pops.pop = counted  # type: ignore[method-assign]
+            started = time.monotonic()
+            held = await stub.PopMessages(pop_request(fifo=True, poll_timeout_ms=600))
+            assert held.messages == []
+            assert time.monotonic() - started >= 0.5
+            assert calls <= 3  # the first round, and one at the deadline
+
+    run(scenario)

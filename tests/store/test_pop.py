@@ -13,7 +13,7 @@ import pytest
 
 from basalt.common.record import decode_record
 from basalt.store import ManualClock, Message, MessageStore
-from basalt.store.get_message import GetMessageResult
+from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter, build_filter
 from basalt.store.pop import JOURNAL_NAME, AckStatus, Kind, PopStore, decode_records, encode_record
 from tests.support.stores import ConfigFactory
@@ -180,11 +180,12 @@ def test_reset_by_time_clears_the_tables_and_moves_the_cursor(
     assert pop(store, clock, 2) == [0, 1]
 
 
-class _Expired:
-    """The store's reads with a queue's min offset raised, as CommitLog expiry does."""
+class _Bounds:
+    """The store's reads with a queue's min offset raised, as CommitLog expiry
+    does, or its max lowered, as a CommitLog that lost its tail does."""
 
-    def __init__(self, store: MessageStore, min_offset: int) -> None:
-        self.store, self.min_offset = store, min_offset
+    def __init__(self, store: MessageStore, min_offset: int, max_offset: int = 2**62) -> None:
+        self.store, self.min_offset, self.max_offset = store, min_offset, max_offset
 
     def get_message(
         self,
@@ -196,17 +197,24 @@ class _Expired:
         message_filter: MessageFilter | None = None,
     ) -> GetMessageResult:
         offset = max(offset, self.min_offset)
+        high = self.get_max_offset_in_queue(topic, queue_id)
+        if offset >= high:
+            return GetMessageResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, self.min_offset, high)
+        max_msg_nums = min(max_msg_nums, high - offset)
         return self.store.get_message(group, topic, queue_id, offset, max_msg_nums, message_filter)
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         return self.min_offset
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        return min(self.max_offset, self.store.get_max_offset_in_queue(topic, queue_id))
 
 
 def test_expired_messages_are_skipped_to_the_min_offset(
     store: MessageStore, clock: ManualClock, tmp_path: Path
 ) -> None:
     put(store, 6)
-    reads = _Expired(store, 0)
+    reads = _Bounds(store, 0)
     pops = PopStore(tmp_path / "pop", reads, store.consumer_offsets)
     pops.load()
     assert [m.queue_offset for m in pops.pop(GROUP, TOPIC, 0, 2, 10, clock.now_ms())] == [0, 1]
@@ -215,6 +223,24 @@ def test_expired_messages_are_skipped_to_the_min_offset(
     got = pops.pop(GROUP, TOPIC, 0, 10, 10, clock.now_ms())
     assert [(m.queue_offset, m.attempt) for m in got] == [(4, 1), (5, 1)]
     assert set(pops.in_flight(GROUP, TOPIC, 0)) == {4, 5}
+    pops.close()
+
+
+def test_a_queue_that_lost_its_tail_moves_the_cursor_back(
+    store: MessageStore, clock: ManualClock, tmp_path: Path
+) -> None:
+    put(store, 6)
+    reads = _Bounds(store, 0)
+    pops = PopStore(tmp_path / "pop", reads, store.consumer_offsets)
+    pops.load()
+    assert len(pops.pop(GROUP, TOPIC, 0, 10, INVISIBLE_MS, clock.now_ms())) == 6
+    reads.max_offset = 4  # offsets 4 and 5 are gone; the next sends will take them
+    assert pops.pop(GROUP, TOPIC, 0, 10, INVISIBLE_MS, clock.now_ms()) == []
+    assert set(pops.in_flight(GROUP, TOPIC, 0)) == {0, 1, 2, 3}
+    assert pops.cursor(GROUP, TOPIC, 0) == 4
+    reads.max_offset = 5
+    got = pops.pop(GROUP, TOPIC, 0, 10, INVISIBLE_MS, clock.now_ms())
+    assert [(m.queue_offset, m.attempt) for m in got] == [(4, 1)]
     pops.close()
 
 
