@@ -300,6 +300,10 @@ class PopStore:
             os.fsync(self._fd)
         fsync_dir(self.directory)
         self._size = end
+        # The offsets file is saved every few seconds, the journal at once: after a
+        # crash the journal's committed offsets are the newer ones.
+        for (group, topic, queue_id), q in self._queues.items():
+            self._publish(group, topic, queue_id, q)
         in_flight = sum(len(q.in_flight) for q in self._queues.values())
         return PopLoadReport(count, truncated, len(self._queues), in_flight)
 
@@ -559,7 +563,10 @@ class PopStore:
         if not records:
             return
         self._append(records)
-        group, topic, queue_id = key
+        self._publish(*key, q)
+
+    def _publish(self, group: str, topic: str, queue_id: int, q: _Queue) -> None:
+        """Store the queue's committed offset in the consumer offsets."""
         committed = q.committed()
         if self._offsets.query_offset(group, topic, queue_id) != committed:
             self._offsets.commit_offset(group, topic, queue_id, committed)

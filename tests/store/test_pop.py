@@ -13,6 +13,7 @@ import pytest
 
 from basalt.common.record import decode_record
 from basalt.store import ManualClock, Message, MessageStore
+from basalt.store.consumer_offsets import consumer_offset_path
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter, build_filter
 from basalt.store.pop import JOURNAL_NAME, AckStatus, Kind, PopStore, decode_records, encode_record
@@ -252,9 +253,13 @@ def test_journal_replays_after_reopen(make_config: ConfigFactory, clock: ManualC
     changed = store.pop.change_invisible(GROUP, TOPIC, 0, 2, got[2].nonce, 5, clock.now_ms())
     before = store.pop.in_flight(GROUP, TOPIC, 0)
     store.shutdown()
+    # As if the crash came before the offsets file was saved: the journal has them.
+    for path in consumer_offset_path(make_config().store_path_root_dir).parent.iterdir():
+        path.unlink()
     store = MessageStore.open(make_config(), clock=clock)
     try:
         assert store.pop_load_report is not None and store.pop_load_report.in_flight == 2
+        assert store.query_offset(GROUP, TOPIC, 0) == 0
         assert store.pop.in_flight(GROUP, TOPIC, 0) == before
         assert store.pop.cursor(GROUP, TOPIC, 0) == 3
         assert store.pop.ack(GROUP, TOPIC, 0, 2, changed.nonce) is AckStatus.OK
