@@ -263,3 +263,26 @@ def test_a_held_pop_of_a_blocked_fifo_queue_waits_instead_of_spinning(tmp_path: 
             assert calls <= 3  # the first round, and one at the deadline
 
     run(scenario)
+
+
+def test_reset_offset_clears_in_flight_messages(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            await send(stub, 3)
+            got = await stub.PopMessages(pop_request(invisible_duration_ms=100))
+            assert len(got.messages) == 3
+            reset = await stub.ResetOffset(
+                sn.ResetOffsetRequest(topic=TOPIC, group=GROUP, timestamp_ms=-1, force=True)
+            )
+            assert reset.offsets[0] == 3
+            acked = await stub.AckMessages(
+                sn.AckMessagesRequest(
+                    group=GROUP, topic=TOPIC, receipt_handles=[got.messages[0].receipt_handle]
+                )
+            )
+            assert acked.results[0].status == sn.POP_ACK_STATUS_STALE_HANDLE
+            again = await stub.PopMessages(pop_request(poll_timeout_ms=300))
+            assert again.messages == []  # nothing redelivered after the invisible time
+            assert running.store.query_offset(GROUP, TOPIC, 0) == 3
+
+    run(scenario)
