@@ -16,7 +16,8 @@ from basalt.store import ManualClock, Message, MessageStore
 from basalt.store.consumer_offsets import consumer_offset_path
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter, build_filter
-from basalt.store.pop import JOURNAL_NAME, AckStatus, Kind, PopStore, decode_records, encode_record
+from basalt.store.pop import AckStatus, PopStore
+from basalt.store.pop_journal import JOURNAL_NAME, Kind, decode_records, encode_record
 from tests.support.stores import ConfigFactory
 
 TOPIC = "PopTopic"
