@@ -6,6 +6,7 @@ Owns one store root::
     <root>/consumequeue/T/Q/     ConsumeQueue files         (store.consume_queue)
     <root>/index/                IndexFiles                 (store.index_file)
     <root>/config/               consumerOffset.json        (store.consumer_offsets)
+    <root>/pop/journal           pop-and-ack consumer state (store.pop)
     <root>/checkpoint            flush timestamps           (store.checkpoint)
     <root>/abort                 present while running; left behind by a crash
     <root>/lock                  flock'ed while a store has the root open
@@ -64,6 +65,7 @@ from basalt.store.get_message import (
     TransferLimits,
 )
 from basalt.store.index_service import IndexRebuild, IndexService
+from basalt.store.pop import PopLoadReport, PopStore
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.recovery import RecoveryReport, recover
@@ -111,6 +113,17 @@ class MessageStore(StoreReads):
             consumer_offset_path(config.store_path_root_dir), clock=self.clock, space_reserve=True
         )
         self._offset_persister: OffsetPersistService | None = None
+        #: Pop-and-ack consumer state (RocketMQ 5's POP), journaled under <root>/pop.
+        self.pop = PopStore(
+            config.store_path_root_dir / "pop",
+            self,
+            self.consumer_offsets,
+            fsync_interval_ms=0
+            if config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+            else config.flush_interval_commit_log_ms,
+        )
+        #: What the last start replayed of the pop journal.
+        self.pop_load_report: PopLoadReport | None = None
         #: What the last shutdown() returned (False before one).
         self.shut_down_cleanly = False
         #: The IndexFiles (None with message_index_enable off): built behind the
@@ -175,6 +188,9 @@ class MessageStore(StoreReads):
                 self._catch_up_index(report)
             # load() logs what it had to fall back on; the report carries it too.
             report = replace(report, consumer_offsets=self.consumer_offsets.load())
+            # After the offsets: a queue the journal does not know starts at its
+            # committed offset.
+            self.pop_load_report = self.pop.load()
             create_abort_file(cfg.abort_path)
         except BaseException:
             self._close_files()
@@ -263,6 +279,10 @@ class MessageStore(StoreReads):
             except OSError as e:
                 # Commits answered OK would be lost: not a clean stop.
                 self.failures.record(OffsetPersistService.name, e)
+        try:
+            self.pop.close()
+        except OSError as e:
+            self.failures.record("pop-journal", e)
         clean = self.dispatcher.stalled_reason is None and self.dispatcher.behind_bytes == 0
         self._close_files()
         failure = self.failures.first
@@ -357,6 +377,7 @@ class MessageStore(StoreReads):
             self._checkpoint.close()
         self.commitlog.close()
         self.consume_queues.close()
+        self.pop.close()
 
     @property
     def running(self) -> bool:
@@ -567,7 +588,11 @@ class MessageStore(StoreReads):
                 by_time = max(0, self.get_offset_in_queue_by_time(topic, queue_id, timestamp_ms))
             current = self.query_offset(group, topic, queue_id)
             table[queue_id] = by_time if force or current < 0 or by_time < current else current
-        epoch = self.consumer_offsets.reset_offsets(group, topic, table)
+        # Pop groups: in-flight messages are dropped and cursors restart at the new
+        # offsets, in one step with the reset so no pop commits an older offset between.
+        epoch = self.pop.reset(
+            group, topic, lambda: self.consumer_offsets.reset_offsets(group, topic, table)
+        )
         # A reset must survive a crash right after it is acknowledged.
         self.consumer_offsets.persist()
         return table, epoch

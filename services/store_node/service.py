@@ -67,6 +67,7 @@ from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
+from basalt.services.store_node.pop import PopRpcs
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.store_node.wire import pull_batch_wire
@@ -182,8 +183,9 @@ class _Stats:
         return (count - before) / (now - then) if now > then else 0.0
 
 
-class StoreNodeServicer(sn_grpc.StoreNodeServicer):
-    """The StoreNode RPCs over one running store."""
+class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
+    """The StoreNode RPCs over one running store (the pop-and-ack ones from
+    :class:`~basalt.services.store_node.pop.PopRpcs`)."""
 
     def __init__(
         self,

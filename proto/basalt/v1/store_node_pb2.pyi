@@ -16,6 +16,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -26,6 +27,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _PopAckStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PopAckStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PopAckStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    POP_ACK_STATUS_UNSPECIFIED: _PopAckStatus.ValueType  # 0
+    POP_ACK_STATUS_OK: _PopAckStatus.ValueType  # 1
+    POP_ACK_STATUS_STALE_HANDLE: _PopAckStatus.ValueType  # 2
+    """Not in flight for the group (acked already, reset, never delivered) or an
+    earlier delivery's handle: RocketMQ 5's INVALID_RECEIPT_HANDLE.
+    """
+    POP_ACK_STATUS_MALFORMED_HANDLE: _PopAckStatus.ValueType  # 3
+    """Does not decode, or names another topic than the request's."""
+    POP_ACK_STATUS_WRONG_BROKER: _PopAckStatus.ValueType  # 4
+    """Names another store-node: route it to the broker the handle names."""
+
+class PopAckStatus(_PopAckStatus, metaclass=_PopAckStatusEnumTypeWrapper):
+    """Outcome of one ack or change of invisible time."""
+
+POP_ACK_STATUS_UNSPECIFIED: PopAckStatus.ValueType  # 0
+POP_ACK_STATUS_OK: PopAckStatus.ValueType  # 1
+POP_ACK_STATUS_STALE_HANDLE: PopAckStatus.ValueType  # 2
+"""Not in flight for the group (acked already, reset, never delivered) or an
+earlier delivery's handle: RocketMQ 5's INVALID_RECEIPT_HANDLE.
+"""
+POP_ACK_STATUS_MALFORMED_HANDLE: PopAckStatus.ValueType  # 3
+"""Does not decode, or names another topic than the request's."""
+POP_ACK_STATUS_WRONG_BROKER: PopAckStatus.ValueType  # 4
+"""Names another store-node: route it to the broker the handle names."""
+Global___PopAckStatus: _TypeAlias = PopAckStatus  # noqa: Y015
 
 @_typing.final
 class SendMessageRequest(_message.Message):
@@ -918,3 +951,276 @@ class GetRuntimeInfoResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRuntimeInfoResponse: _TypeAlias = GetRuntimeInfoResponse  # noqa: Y015
+
+@_typing.final
+class PopMessagesRequest(_message.Message):
+    """Refusals of the whole call (gRPC status and ResponseCode, see common.proto):
+    unknown topic NOT_FOUND TOPIC_NOT_EXIST; a topic not readable
+    PERMISSION_DENIED NO_PERMISSION; empty or invalid group, no queue ids, a
+    queue id twice or out of 0..read_queue_nums-1, max_messages out of
+    1..max_msg_nums_per_pull, invisible_duration_ms < 1, poll_timeout_ms < 0:
+    INVALID_ARGUMENT INVALID_PARAMETER; a subscription that does not parse
+    INVALID_ARGUMENT SUBSCRIPTION_PARSE_FAILED.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_IDS_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGES_FIELD_NUMBER: _builtins.int
+    INVISIBLE_DURATION_MS_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    POLL_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    FIFO_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    topic: _builtins.str
+    max_messages: _builtins.int
+    invisible_duration_ms: _builtins.int
+    """How long a delivered message stays invisible to the group, ms (>= 1)."""
+    poll_timeout_ms: _builtins.int
+    """0 = answer at once. > 0: when nothing is deliverable, hold the call until
+    a message arrives on one of the queues, an in-flight one becomes visible
+    again, or this many ms pass (capped by max_suspend_timeout_ms); then
+    answer with a fresh pop (possibly empty).
+    """
+    fifo: _builtins.bool
+    """RocketMQ 5 FIFO: a queue delivers nothing new while any of its messages
+    is in flight for the group (in-flight ones are still redelivered when
+    their invisible time passes).
+    """
+    @_builtins.property
+    def queue_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Queues of this store-node to pop from, in this order, until
+        max_messages are delivered; at most max_queues_per_get_messages.
+        """
+
+    @_builtins.property
+    def subscription(self) -> _common_pb2.Subscription:
+        """Unset = every message. Messages that do not match are skipped for good
+        (they count as consumed by this group).
+        """
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        queue_ids: _abc.Iterable[_builtins.int] | None = ...,
+        max_messages: _builtins.int = ...,
+        invisible_duration_ms: _builtins.int = ...,
+        subscription: _common_pb2.Subscription | None = ...,
+        poll_timeout_ms: _builtins.int = ...,
+        fifo: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fifo", b"fifo", "group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "max_messages", b"max_messages", "poll_timeout_ms", b"poll_timeout_ms", "queue_ids", b"queue_ids", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PopMessagesRequest: _TypeAlias = PopMessagesRequest  # noqa: Y015
+
+@_typing.final
+class PopMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoppedMessage]:
+        """The deliveries, queue by queue in request order, offsets ascending within
+        a queue (redeliveries first). Empty: nothing to deliver now.
+        """
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___PoppedMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PopMessagesResponse: _TypeAlias = PopMessagesResponse  # noqa: Y015
+
+@_typing.final
+class PoppedMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    DELIVERY_ATTEMPT_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    VISIBLE_AT_MS_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    queue_id: _builtins.int
+    queue_offset: _builtins.int
+    delivery_attempt: _builtins.int
+    """1 on the first delivery, + 1 on each redelivery (RocketMQ 5's
+    delivery_attempt): a front dead-letters past its max attempts.
+    """
+    receipt_handle: _builtins.str
+    """What acks this delivery (basalt.common.receipt), on any front."""
+    visible_at_ms: _builtins.int
+    """When the message becomes visible again unless acked, Unix ms."""
+    record: _builtins.bytes
+    """The record exactly as stored, in the CommitLog layout (common.proto's Records)."""
+    def __init__(
+        self,
+        *,
+        queue_id: _builtins.int = ...,
+        queue_offset: _builtins.int = ...,
+        delivery_attempt: _builtins.int = ...,
+        receipt_handle: _builtins.str = ...,
+        visible_at_ms: _builtins.int = ...,
+        record: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_attempt", b"delivery_attempt", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "receipt_handle", b"receipt_handle", "record", b"record", "visible_at_ms", b"visible_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoppedMessage: _TypeAlias = PoppedMessage  # noqa: Y015
+
+@_typing.final
+class AckMessagesRequest(_message.Message):
+    """Refusals: empty or invalid group, more than max_msg_nums_per_pull handles:
+    INVALID_ARGUMENT INVALID_PARAMETER; unknown topic NOT_FOUND TOPIC_NOT_EXIST.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLES_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    topic: _builtins.str
+    @_builtins.property
+    def receipt_handles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        receipt_handles: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "receipt_handles", b"receipt_handles", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckMessagesRequest: _TypeAlias = AckMessagesRequest  # noqa: Y015
+
+@_typing.final
+class AckMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___AckResult]:
+        """One per handle, in request order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___AckResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckMessagesResponse: _TypeAlias = AckMessagesResponse  # noqa: Y015
+
+@_typing.final
+class AckResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    receipt_handle: _builtins.str
+    status: Global___PopAckStatus.ValueType
+    detail: _builtins.str
+    """Why, for a status other than OK."""
+    def __init__(
+        self,
+        *,
+        receipt_handle: _builtins.str = ...,
+        status: Global___PopAckStatus.ValueType = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "receipt_handle", b"receipt_handle", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckResult: _TypeAlias = AckResult  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleDurationRequest(_message.Message):
+    """Refusals as AckMessages', and invisible_duration_ms < 0: INVALID_ARGUMENT
+    INVALID_PARAMETER. 0 makes the message visible at once.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    INVISIBLE_DURATION_MS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    topic: _builtins.str
+    receipt_handle: _builtins.str
+    invisible_duration_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        receipt_handle: _builtins.str = ...,
+        invisible_duration_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "receipt_handle", b"receipt_handle", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleDurationRequest: _TypeAlias = ChangeInvisibleDurationRequest  # noqa: Y015
+
+@_typing.final
+class ChangeInvisibleDurationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    RECEIPT_HANDLE_FIELD_NUMBER: _builtins.int
+    VISIBLE_AT_MS_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    status: Global___PopAckStatus.ValueType
+    receipt_handle: _builtins.str
+    """With OK: the delivery's new handle; the old one is stale."""
+    visible_at_ms: _builtins.int
+    """With OK: when the message becomes visible again, Unix ms."""
+    detail: _builtins.str
+    def __init__(
+        self,
+        *,
+        status: Global___PopAckStatus.ValueType = ...,
+        receipt_handle: _builtins.str = ...,
+        visible_at_ms: _builtins.int = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "receipt_handle", b"receipt_handle", "status", b"status", "visible_at_ms", b"visible_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeInvisibleDurationResponse: _TypeAlias = ChangeInvisibleDurationResponse  # noqa: Y015

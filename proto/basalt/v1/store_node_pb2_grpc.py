@@ -101,6 +101,21 @@ class StoreNodeStub:
                 request_serializer=basalt_dot_v1_dot_store__node__pb2.GetRuntimeInfoRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_store__node__pb2.GetRuntimeInfoResponse.FromString,
                 _registered_method=True)
+        self.PopMessages = channel.unary_unary(
+                '/basalt.v1.StoreNode/PopMessages',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.PopMessagesRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.PopMessagesResponse.FromString,
+                _registered_method=True)
+        self.AckMessages = channel.unary_unary(
+                '/basalt.v1.StoreNode/AckMessages',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.AckMessagesRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.AckMessagesResponse.FromString,
+                _registered_method=True)
+        self.ChangeInvisibleDuration = channel.unary_unary(
+                '/basalt.v1.StoreNode/ChangeInvisibleDuration',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationResponse.FromString,
+                _registered_method=True)
 
 
 class StoreNodeServicer:
@@ -221,6 +236,32 @@ class StoreNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PopMessages(self, request, context):
+        """Pop-and-ack (RocketMQ 5's POP, for a stateless front such as the
+        apache.rocketmq.v2 MessagingService): deliver messages of a group from one
+        or more queues of this store-node, each invisible to the group for a
+        while; what is not acked in time is delivered again (attempt + 1). The
+        state is this store-node's (store/pop.py), journaled in its store root.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckMessages(self, request, context):
+        """Ack deliveries by receipt handle, each answered on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleDuration(self, request, context):
+        """Give a delivery a new invisible time from now; answers a new handle
+        (the old one is stale from then on).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -288,6 +329,21 @@ def add_StoreNodeServicer_to_server(servicer, server):
                     servicer.GetRuntimeInfo,
                     request_deserializer=basalt_dot_v1_dot_store__node__pb2.GetRuntimeInfoRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_store__node__pb2.GetRuntimeInfoResponse.SerializeToString,
+            ),
+            'PopMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.PopMessages,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.PopMessagesRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.PopMessagesResponse.SerializeToString,
+            ),
+            'AckMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckMessages,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.AckMessagesRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.AckMessagesResponse.SerializeToString,
+            ),
+            'ChangeInvisibleDuration': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleDuration,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -642,6 +698,87 @@ class StoreNode:
             '/basalt.v1.StoreNode/GetRuntimeInfo',
             basalt_dot_v1_dot_store__node__pb2.GetRuntimeInfoRequest.SerializeToString,
             basalt_dot_v1_dot_store__node__pb2.GetRuntimeInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PopMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/PopMessages',
+            basalt_dot_v1_dot_store__node__pb2.PopMessagesRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.PopMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/AckMessages',
+            basalt_dot_v1_dot_store__node__pb2.AckMessagesRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.AckMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleDuration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/ChangeInvisibleDuration',
+            basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationResponse.FromString,
             options,
             channel_credentials,
             insecure,

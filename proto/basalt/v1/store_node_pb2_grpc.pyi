@@ -98,6 +98,19 @@ class StoreNodeStub:
     """
     GetRuntimeInfo: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetRuntimeInfoRequest, _store_node_pb2.GetRuntimeInfoResponse]
     """Counters and gauges of the store (RocketMQ's GET_BROKER_RUNTIME_INFO)."""
+    PopMessages: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.PopMessagesRequest, _store_node_pb2.PopMessagesResponse]
+    """Pop-and-ack (RocketMQ 5's POP, for a stateless front such as the
+    apache.rocketmq.v2 MessagingService): deliver messages of a group from one
+    or more queues of this store-node, each invisible to the group for a
+    while; what is not acked in time is delivered again (attempt + 1). The
+    state is this store-node's (store/pop.py), journaled in its store root.
+    """
+    AckMessages: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.AckMessagesRequest, _store_node_pb2.AckMessagesResponse]
+    """Ack deliveries by receipt handle, each answered on its own."""
+    ChangeInvisibleDuration: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.ChangeInvisibleDurationRequest, _store_node_pb2.ChangeInvisibleDurationResponse]
+    """Give a delivery a new invisible time from now; answers a new handle
+    (the old one is stale from then on).
+    """
 
 @_typing.type_check_only
 class StoreNodeAsyncStub(StoreNodeStub):
@@ -160,6 +173,19 @@ class StoreNodeAsyncStub(StoreNodeStub):
     """
     GetRuntimeInfo: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetRuntimeInfoRequest, _store_node_pb2.GetRuntimeInfoResponse]  # type: ignore[assignment]
     """Counters and gauges of the store (RocketMQ's GET_BROKER_RUNTIME_INFO)."""
+    PopMessages: _aio.UnaryUnaryMultiCallable[_store_node_pb2.PopMessagesRequest, _store_node_pb2.PopMessagesResponse]  # type: ignore[assignment]
+    """Pop-and-ack (RocketMQ 5's POP, for a stateless front such as the
+    apache.rocketmq.v2 MessagingService): deliver messages of a group from one
+    or more queues of this store-node, each invisible to the group for a
+    while; what is not acked in time is delivered again (attempt + 1). The
+    state is this store-node's (store/pop.py), journaled in its store root.
+    """
+    AckMessages: _aio.UnaryUnaryMultiCallable[_store_node_pb2.AckMessagesRequest, _store_node_pb2.AckMessagesResponse]  # type: ignore[assignment]
+    """Ack deliveries by receipt handle, each answered on its own."""
+    ChangeInvisibleDuration: _aio.UnaryUnaryMultiCallable[_store_node_pb2.ChangeInvisibleDurationRequest, _store_node_pb2.ChangeInvisibleDurationResponse]  # type: ignore[assignment]
+    """Give a delivery a new invisible time from now; answers a new handle
+    (the old one is stale from then on).
+    """
 
 class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
     """One store-node's RPCs; see the file comment."""
@@ -297,5 +323,36 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_store_node_pb2.GetRuntimeInfoResponse, _abc.Awaitable[_store_node_pb2.GetRuntimeInfoResponse]]:
         """Counters and gauges of the store (RocketMQ's GET_BROKER_RUNTIME_INFO)."""
+
+    @_abc_1.abstractmethod
+    def PopMessages(
+        self,
+        request: _store_node_pb2.PopMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.PopMessagesResponse, _abc.Awaitable[_store_node_pb2.PopMessagesResponse]]:
+        """Pop-and-ack (RocketMQ 5's POP, for a stateless front such as the
+        apache.rocketmq.v2 MessagingService): deliver messages of a group from one
+        or more queues of this store-node, each invisible to the group for a
+        while; what is not acked in time is delivered again (attempt + 1). The
+        state is this store-node's (store/pop.py), journaled in its store root.
+        """
+
+    @_abc_1.abstractmethod
+    def AckMessages(
+        self,
+        request: _store_node_pb2.AckMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.AckMessagesResponse, _abc.Awaitable[_store_node_pb2.AckMessagesResponse]]:
+        """Ack deliveries by receipt handle, each answered on its own."""
+
+    @_abc_1.abstractmethod
+    def ChangeInvisibleDuration(
+        self,
+        request: _store_node_pb2.ChangeInvisibleDurationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.ChangeInvisibleDurationResponse, _abc.Awaitable[_store_node_pb2.ChangeInvisibleDurationResponse]]:
+        """Give a delivery a new invisible time from now; answers a new handle
+        (the old one is stale from then on).
+        """
 
 def add_StoreNodeServicer_to_server(servicer: StoreNodeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
