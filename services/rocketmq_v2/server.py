@@ -28,6 +28,9 @@ SERVED = (
     "NotifyClientTermination",
     "Telemetry",
     "SendMessage",
+    "QueryOffset",
+    "GetOffset",
+    "UpdateOffset",
     "EndTransaction",
     "RecallMessage",
 )

@@ -18,10 +18,14 @@ pull-service serves any client. The RPCs:
   queue with records from :func:`basalt.common.record.encode_batch`. A FIFO
   message's group picks its queue by hash; otherwise the client's
   ``queue_id`` when writable, else the next queue round robin.
+* ``QueryOffset`` (BEGINNING / END / TIMESTAMP: the store-node's
+  GetMinMaxOffset or SearchOffset), ``GetOffset`` (a group's committed
+  offset: QueryConsumerOffset; OFFSET_NOT_FOUND when it has none) and
+  ``UpdateOffset`` (UpdateConsumerOffset) on the queue's store-node.
 * ``EndTransaction``, ``RecallMessage``: UNSUPPORTED.
 
 Consumption (ReceiveMessage, AckMessage, ChangeInvisibleDuration,
-QueryAssignment, ForwardMessageToDeadLetterQueue) and offset RPCs are not
+QueryAssignment, ForwardMessageToDeadLetterQueue, PullMessage) is not
 registered yet: gRPC answers UNIMPLEMENTED. Every answer carries a v2
 ``Status``; refusals are Statuses, never gRPC errors. ``authorization``
 headers are accepted and ignored. Concurrency: one event loop.
@@ -32,7 +36,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -113,6 +117,12 @@ def _consumer_backoff() -> v2.RetryPolicy:
             initial=_duration_ms(1000), max=_duration_ms(7_200_000), multiplier=2.0
         ),
     )
+
+
+def _group(group: v2.Resource) -> str:
+    if not group.name:
+        raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
+    return group.name
 
 
 class MessagingServiceServicer:
@@ -292,6 +302,102 @@ class MessagingServiceServicer:
             refusal = downstream_refusal(e, peer, timeout)
             raise V2Error(code_of_response(refusal.code), refusal.message) from None
         return response.result
+
+    # -- offsets ------------------------------------------------------------------------
+
+    async def QueryOffset(
+        self, request: sv.QueryOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.QueryOffsetResponse:
+        try:
+            mq = request.message_queue
+            if request.query_offset_policy == v2.TIMESTAMP:
+                if not request.HasField("timestamp"):
+                    raise V2Error(v2.BAD_REQUEST, "a TIMESTAMP query without a timestamp")
+                ms = request.timestamp.ToMilliseconds()
+                found = await self._on_store_node(
+                    mq, "SearchOffset", lambda t, q: sn.SearchOffsetRequest(
+                        topic=t, queue_id=q, timestamp_ms=ms
+                    ), context,
+                )  # fmt: skip
+                return sv.QueryOffsetResponse(status=ok_status(), offset=found.offset)
+            bounds = await self._on_store_node(
+                mq, "GetMinMaxOffset",
+                lambda t, q: sn.GetMinMaxOffsetRequest(topic=t, queue_id=q), context,
+            )  # fmt: skip
+            end = request.query_offset_policy == v2.END
+            offset = bounds.max_offset if end else bounds.min_offset
+            return sv.QueryOffsetResponse(status=ok_status(), offset=offset)
+        except V2Error as e:
+            return sv.QueryOffsetResponse(status=e.status())
+
+    async def GetOffset(
+        self, request: sv.GetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.GetOffsetResponse:
+        try:
+            group = _group(request.group)
+            found = await self._on_store_node(
+                request.message_queue, "QueryConsumerOffset",
+                lambda t, q: sn.QueryConsumerOffsetRequest(group=group, topic=t, queue_id=q),
+                context,
+            )  # fmt: skip
+        except V2Error as e:
+            return sv.GetOffsetResponse(status=e.status())
+        if found.offset < 0:
+            return sv.GetOffsetResponse(
+                status=V2Error(v2.OFFSET_NOT_FOUND, f"group {group!r} has no offset here").status()
+            )
+        return sv.GetOffsetResponse(status=ok_status(), offset=found.offset)
+
+    async def UpdateOffset(
+        self, request: sv.UpdateOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.UpdateOffsetResponse:
+        try:
+            group = _group(request.group)
+            if request.offset < 0:
+                raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
+            done = await self._on_store_node(
+                request.message_queue, "UpdateConsumerOffset",
+                lambda t, q: sn.UpdateConsumerOffsetRequest(
+                    group=group, topic=t, queue_id=q, offset=request.offset
+                ), context,
+            )  # fmt: skip
+        except V2Error as e:
+            return sv.UpdateOffsetResponse(status=e.status())
+        if done.commit.code != pb.RESPONSE_CODE_SUCCESS:
+            return sv.UpdateOffsetResponse(
+                status=V2Error(code_of_response(done.commit.code), done.commit.message).status()
+            )
+        return sv.UpdateOffsetResponse(status=ok_status())
+
+    async def _on_store_node(
+        self,
+        mq: v2.MessageQueue,
+        rpc: str,
+        make: Callable[[str, int], Any],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Any:
+        """Call ``rpc`` with ``make(topic, queue_id)`` on the store-node holding the
+        v2 queue ``mq``; its answer, or V2Error (TOPIC_NOT_FOUND, BAD_REQUEST for
+        a queue id outside the topic, the store-node's refusal in v2 terms)."""
+        config = self.pull.view.topics.get(mq.topic.name)
+        if config is None:
+            raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
+        queue = queue_of(config, mq.id)
+        if queue is None:
+            raise V2Error(v2.BAD_REQUEST, f"topic {mq.topic.name!r} has no queue {mq.id}")
+        broker = self.pull.brokers.get(queue.broker_name)
+        if broker is None:
+            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
+        timeout = call_timeout_s(context, _SEND_BUDGET_S)
+        stub = self.pull.channels.store_node(broker.address)
+        try:
+            return await getattr(stub, rpc)(
+                make(config.topic_name, queue.queue_id), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as e:
+            peer = f"store-node {queue.broker_name!r} at {broker.address}"
+            refusal = downstream_refusal(e, peer, timeout)
+            raise V2Error(code_of_response(refusal.code), refusal.message) from None
 
     # -- not supported yet ---------------------------------------------------------------
 

@@ -211,3 +211,41 @@ def test_telemetry_answers_settings_and_stays_open(cluster: Cluster) -> None:
         assert answer.settings.subscription.receive_batch_size == 32
         assert answer.settings.subscription.long_polling_timeout.seconds == 20
         assert not answer.settings.subscription.fifo
+
+
+def test_raw_send_to_the_clients_queue_and_offsets(cluster: Cluster) -> None:
+    channel, stub = _stub(cluster)
+    with channel:
+        message = v2.Message(
+            topic=v2.Resource(name=TOPIC),
+            system_properties=v2.SystemProperties(message_id="01OFFSETS", queue_id=1, tag="T"),
+            body=b"offsets",
+        )
+        sent = stub.SendMessage(sv.SendMessageRequest(messages=[message]), timeout=10)
+        assert sent.status.code == v2.OK, sent.status
+        assert [(e.message_id, e.offset) for e in sent.entries] == [("01OFFSETS", 0)]
+        queue = v2.MessageQueue(topic=v2.Resource(name=TOPIC), id=1)
+
+        def query(policy: int, **kw: Any) -> sv.QueryOffsetResponse:
+            request = sv.QueryOffsetRequest(message_queue=queue, query_offset_policy=policy, **kw)
+            answer: sv.QueryOffsetResponse = stub.QueryOffset(request, timeout=10)
+            return answer
+
+        assert query(v2.BEGINNING).offset == 0
+        assert query(v2.END).offset == 1
+        assert query(v2.TIMESTAMP).status.code == v2.BAD_REQUEST
+        group = v2.Resource(name="G-offsets")
+        got = stub.GetOffset(sv.GetOffsetRequest(group=group, message_queue=queue), timeout=10)
+        assert got.status.code == v2.OFFSET_NOT_FOUND
+        update = sv.UpdateOffsetRequest(group=group, message_queue=queue, offset=1)
+        assert stub.UpdateOffset(update, timeout=10).status.code == v2.OK
+        got = stub.GetOffset(sv.GetOffsetRequest(group=group, message_queue=queue), timeout=10)
+        assert (got.status.code, got.offset) == (v2.OK, 1)
+        outside = v2.MessageQueue(topic=v2.Resource(name=TOPIC), id=99)
+        bad = sv.UpdateOffsetRequest(group=group, message_queue=outside, offset=1)
+        assert stub.UpdateOffset(bad, timeout=10).status.code == v2.BAD_REQUEST
+        unknown = v2.MessageQueue(topic=v2.Resource(name="Nope"), id=0)
+        assert (
+            stub.QueryOffset(sv.QueryOffsetRequest(message_queue=unknown), timeout=10).status.code
+            == v2.TOPIC_NOT_FOUND
+        )
