@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +20,9 @@ from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from basalt.services.rocketmq_v2.conversions import PROPERTY_SHARDING_KEY
-from tests.support.processes import REPO_ROOT, local_cluster, run_basalt_sync
+from tests.support.interop import PRODUCERS, ensure_node_modules
+from tests.support.processes import local_cluster, run_basalt_sync
 
-INTEROP = REPO_ROOT / "tests" / "interop"
 TOPIC, BAD_TOPIC = "V2Topic", "V2Bad"
 
 
@@ -35,18 +33,9 @@ class Cluster:
     v2: str
 
 
-def _npm_ci() -> None:
-    """``npm ci`` once, when tests/interop/node has no node_modules yet."""
-    node = INTEROP / "node"
-    if not (node / "node_modules").is_dir():
-        npm = shutil.which("npm")
-        assert npm is not None, "npm is needed for the Node.js interop tests"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=node, check=True)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _npm_ci()
+    ensure_node_modules()
     with local_cluster(tmp_path_factory.mktemp("v2") / "c", "--store-nodes", "1") as rows:
         by_role = {r["role"]: r for r in rows}
         c = Cluster(by_role["etcd"]["address"], by_role["pull-service"]["address"],
@@ -68,12 +57,6 @@ def _produce(command: list[str], endpoints: str, spec: dict[str, Any]) -> list[d
     assert run.returncode == 0, run.stdout + run.stderr
     out: list[dict[str, str]] = json.loads(run.stdout.strip().splitlines()[-1])
     return out
-
-
-PRODUCERS = {
-    "python": [sys.executable, str(INTEROP / "python" / "produce.py")],
-    "node": ["node", str(INTEROP / "node" / "produce.js")],
-}
 
 
 async def _read_all(pull: str, topic: str, group: str, expect: int) -> list[MessageRecord]:
