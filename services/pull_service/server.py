@@ -49,7 +49,7 @@ from basalt.services.process import (
 from basalt.services.pull_service.channels import ChannelPool
 from basalt.services.pull_service.service import ClusterView, PullServiceConfig, PullServiceServicer
 from basalt.services.pull_service.sessions import SessionRegistry
-from basalt.services.rocketmq_v2.server import start_rocketmq_v2
+from basalt.services.rocketmq_v2.server import RunningFront, start_rocketmq_v2
 from basalt.services.rocketmq_v2.service import RocketMQv2Config
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2
@@ -70,8 +70,8 @@ class RunningPullService:
     servicer: PullServiceServicer
     health: health.aio.HealthServicer
     registration: Registration | None
-    #: The RocketMQ 5 front's server and "host:port", when served.
-    rocketmq_v2_server: grpc.aio.Server | None = None
+    #: The RocketMQ 5 front and its "host:port", when served.
+    rocketmq_v2: RunningFront | None = None
     rocketmq_v2_address: str = ""
 
     async def stop(self, grace_s: float = 5.0) -> None:
@@ -85,8 +85,8 @@ class RunningPullService:
             f"pull-service {self.config.pull_service_id} is stopping; reconnect to another",
         )
         await self.servicer.sessions.close_all(stopping, grace_s)
-        if self.rocketmq_v2_server is not None:
-            await self.rocketmq_v2_server.stop(grace_s)
+        if self.rocketmq_v2 is not None:
+            await self.rocketmq_v2.stop(grace_s)
         await self.server.stop(grace_s)
         await self.servicer.channels.close()
         self.servicer.brokers.close()
@@ -135,16 +135,16 @@ async def start_pull_service(
         may_answer_bytes=frozenset({"PullBatch"}),
     )
     health_servicer = add_health_and_reflection(server, PULL_SERVICE)
-    v2_server: grpc.aio.Server | None = None
+    front: RunningFront | None = None
     v2_address = ""
     try:
         port = server.add_insecure_port(listen)
         await server.start()
         if rocketmq_v2_listen:
-            v2_server, v2_port = await start_rocketmq_v2(
+            front = await start_rocketmq_v2(
                 rocketmq_v2 or RocketMQv2Config(), servicer, rocketmq_v2_listen
             )
-            v2_address = f"{advertise_host}:{v2_port}"
+            v2_address = f"{advertise_host}:{front.port}"
     except BaseException:
         await server.stop(None)
         await channels.close()
@@ -165,7 +165,7 @@ async def start_pull_service(
         )
     await set_serving(health_servicer, PULL_SERVICE, True)
     log.info("pull-service %s serving on %s", config.pull_service_id, address)
-    if v2_server is not None:
+    if front is not None:
         log.info(
             "pull-service %s serves RocketMQ 5 clients on %s", config.pull_service_id, v2_address
         )
@@ -177,7 +177,7 @@ async def start_pull_service(
         servicer,
         health_servicer,
         registration,
-        rocketmq_v2_server=v2_server,
+        rocketmq_v2=front,
         rocketmq_v2_address=v2_address,
     )
 

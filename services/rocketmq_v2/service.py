@@ -67,8 +67,8 @@ from basalt.v1 import store_node_pb2 as sn
 
 log = logging.getLogger(__name__)
 
-#: How long a send may wait on its store-node (cut to the client's deadline).
-_SEND_BUDGET_S = 10.0
+#: How long a call may wait on a store-node (cut to the client's deadline).
+_STORE_NODE_BUDGET_S = 10.0
 
 
 @config_dataclass
@@ -274,15 +274,13 @@ class MessagingServiceServicer:
     ) -> pb.SendResult:
         """One SendBatch of ``messages`` to ``queue``'s store-node; its SendResult,
         or V2Error with the store-node's refusal in v2 terms."""
-        broker = self.pull.brokers.get(queue.broker_name)
-        if broker is None:
-            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
-        hosts = await self.pull.store_hosts.of({queue.broker_name: broker.address})
+        address = self._address(queue)
+        hosts = await self.pull.store_hosts.of({queue.broker_name: address})
         store_host = hosts.get(queue.broker_name)
         if store_host is None:
             raise V2Error(
                 v2.INTERNAL_SERVER_ERROR,
-                f"store-node {queue.broker_name!r} at {broker.address} does not answer",
+                f"store-node {queue.broker_name!r} at {address} does not answer",
             )
         records = encode_batch(
             messages,
@@ -291,17 +289,39 @@ class MessagingServiceServicer:
             store_host=encode_host(store_host),
             born_timestamp_ms=int(time.time() * 1000),
         )
-        timeout = call_timeout_s(context, _SEND_BUDGET_S)
+        request = sn.SendBatchRequest(topic=topic, queue_id=queue.queue_id, records=records)
+        response: sn.SendBatchResponse = await self._call(
+            queue, address, "SendBatch", request, context
+        )
+        return response.result
+
+    def _address(self, queue: StoreQueue) -> str:
+        """The address of ``queue``'s store-node; V2Error INTERNAL_SERVER_ERROR
+        when it is not registered (down)."""
+        broker = self.pull.brokers.get(queue.broker_name)
+        if broker is None:
+            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
+        return broker.address
+
+    async def _call(
+        self,
+        queue: StoreQueue,
+        address: str,
+        rpc: str,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Any:
+        """StoreNode ``rpc`` at ``address`` (within the client's deadline); its
+        answer, or V2Error with the store-node's refusal in v2 terms."""
+        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S)
         try:
-            response = await self.pull.channels.store_node(broker.address).SendBatch(
-                sn.SendBatchRequest(topic=topic, queue_id=queue.queue_id, records=records),
-                timeout=timeout,
+            return await getattr(self.pull.channels.store_node(address), rpc)(
+                request, timeout=timeout
             )
         except grpc.aio.AioRpcError as e:
-            peer = f"store-node {queue.broker_name!r} at {broker.address}"
+            peer = f"store-node {queue.broker_name!r} at {address}"
             refusal = downstream_refusal(e, peer, timeout)
             raise V2Error(code_of_response(refusal.code), refusal.message) from None
-        return response.result
 
     # -- offsets ------------------------------------------------------------------------
 
@@ -385,19 +405,8 @@ class MessagingServiceServicer:
         queue = queue_of(config, mq.id)
         if queue is None:
             raise V2Error(v2.BAD_REQUEST, f"topic {mq.topic.name!r} has no queue {mq.id}")
-        broker = self.pull.brokers.get(queue.broker_name)
-        if broker is None:
-            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
-        timeout = call_timeout_s(context, _SEND_BUDGET_S)
-        stub = self.pull.channels.store_node(broker.address)
-        try:
-            return await getattr(stub, rpc)(
-                make(config.topic_name, queue.queue_id), timeout=timeout
-            )
-        except grpc.aio.AioRpcError as e:
-            peer = f"store-node {queue.broker_name!r} at {broker.address}"
-            refusal = downstream_refusal(e, peer, timeout)
-            raise V2Error(code_of_response(refusal.code), refusal.message) from None
+        request = make(config.topic_name, queue.queue_id)
+        return await self._call(queue, self._address(queue), rpc, request, context)
 
     # -- not supported yet ---------------------------------------------------------------
 
