@@ -148,6 +148,10 @@ def reachable_host(address: str) -> str:
 listen_address: Check = check(
     "host:port (port 0..65535)", lambda v: _is_host_port(v, port_zero=True)
 )
+#: An address to bind, or empty for "not served".
+listen_address_or_empty: Check = check(
+    "host:port (port 0..65535) or empty", lambda v: v == "" or _is_host_port(v, port_zero=True)
+)
 #: An address others dial, or empty for "derived from another setting".
 address_or_empty: Check = check(
     "host:port or empty", lambda v: v == "" or _is_host_port(v, port_zero=False)

@@ -336,13 +336,17 @@ def add_servicer(
     service: ServiceDescriptor,
     *,
     may_answer_bytes: frozenset[str] = frozenset(),
+    only: frozenset[str] | None = None,
 ) -> None:
     """Register ``servicer``'s methods for ``service``, as protoc's generated
     ``add_<Service>Servicer_to_server`` does, except that the methods named in
     ``may_answer_bytes`` may also return an already serialized answer (bytes,
-    e.g. a downstream answer passed through), sent as is."""
+    e.g. a downstream answer passed through), sent as is. With ``only``, just
+    the methods it names: gRPC answers any other UNIMPLEMENTED."""
     handlers = {}
     for method in service.methods:
+        if only is not None and method.name not in only:
+            continue
         request_class = GetMessageClass(method.input_type)
         serialize: Callable[[Any], bytes] = GetMessageClass(method.output_type).SerializeToString
         if method.name in may_answer_bytes:

@@ -161,9 +161,12 @@ def up(
     if otlp_endpoint is not None:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
 
-    def start_service(role: str, name: str, module: str, *args: str) -> None:
+    def start_service(
+        role: str, name: str, module: str, *args: str, rocketmq_v2: str | None = None
+    ) -> None:
         """``python -m module`` on free loopback ports (gRPC and metrics), on
-        this cluster's etcd."""
+        this cluster's etcd; ``rocketmq_v2``: the address its RocketMQ 5 front
+        serves on (given in ``args``), recorded."""
         address = f"127.0.0.1:{free_port()}"
         metrics = f"127.0.0.1:{free_port()}"
         proc, log = _spawn(
@@ -180,7 +183,7 @@ def up(
             env,
         )  # fmt: skip
         children.append(proc)
-        procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics))
+        procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics, rocketmq_v2))
 
     store_config = write_store_node_config(data_dir, store_files)
     if store_files == "laptop":
@@ -207,9 +210,15 @@ def up(
             "--config", str(store_config),
         )  # fmt: skip
     pull_service = "pull-service-1"
+    rocketmq_v2 = f"127.0.0.1:{free_port()}"
     start_service(
-        "pull-service", pull_service, "basalt.services.pull_service.main", "--id", pull_service
-    )
+        "pull-service",
+        pull_service,
+        "basalt.services.pull_service.main",
+        "--id", pull_service,
+        "--rocketmq-v2-listen", rocketmq_v2,
+        rocketmq_v2=rocketmq_v2,
+    )  # fmt: skip
     start_service("admin", "admin", "basalt.admin.service_main")
     write_processes(state, procs)
     deadline = time.monotonic() + 60
@@ -230,6 +239,9 @@ def up(
     for p in procs:
         metrics = f"metrics {p.metrics_url}" if p.metrics_url else ""
         print(f"  {p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} {metrics}", file=out)
+    for p in procs:
+        if p.rocketmq_v2:
+            print(f"RocketMQ 5 clients (gRPC v2): endpoints {p.rocketmq_v2} ({p.name})", file=out)
     return 0
 
 
@@ -277,7 +289,8 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
     unregistered (or there is no cluster).
 
     ``as_json``: one JSON list instead, an object per process with ``role``,
-    ``name``, ``pid``, ``address`` (gRPC), ``metrics`` (the ``/metrics`` URL or
+    ``name``, ``pid``, ``address`` (gRPC), ``rocketmq_v2`` (a pull-service's
+    endpoint for RocketMQ 5 clients, or null), ``metrics`` (the ``/metrics`` URL or
     null), ``log``, ``alive``, ``health`` (SERVING/DOWN) and ``registered``
     (true/false; null where the role registers nowhere); no cluster: ``[]``."""
     state = data_dir.resolve() / CLUSTER_FILE
@@ -313,6 +326,7 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
                 "name": p.name,
                 "pid": p.pid,
                 "address": p.address,
+                "rocketmq_v2": p.rocketmq_v2,
                 "metrics": p.metrics_url,
                 "log": p.log,
                 "alive": alive,

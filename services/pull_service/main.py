@@ -10,7 +10,8 @@ a flag, a ``BASALT_*`` env var and a config file key
 (:mod:`basalt.services.config`, docs/configuration.md).
 
 The first line on stdout is ``pull-service <id> serving on <host:port>``
-(scripts and tests wait for it). The service registers
+(scripts and tests wait for it); ``--rocketmq-v2-listen`` serves RocketMQ 5
+clients on a second port (logged; docs/rocketmq-v2.md). The service registers
 ``pull-services/<id>`` under a lease it keeps alive, reads topics, brokers
 and pull-services from watched etcd caches (serving from them while etcd is
 away) and registers each consumer session under ``consumers/``. etcd must
@@ -30,6 +31,7 @@ from basalt.services import config, process
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.server import start_pull_service
 from basalt.services.pull_service.service import PullServiceConfig
+from basalt.services.rocketmq_v2.service import RocketMQv2Config
 
 
 @config_dataclass
@@ -50,6 +52,12 @@ class PullServiceProcessConfig:
         check=config.address_or_empty,
         doc="host:port registered for clients to reach it at; empty: the advertised address.",
     )
+    rocketmq_v2_listen: str = setting(
+        default="",
+        check=config.listen_address_or_empty,
+        doc="host:port to serve RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) "
+        "on; empty: not served (docs/rocketmq-v2.md).",
+    )
     stop_grace_s: float = config.stop_grace_setting()
 
     def __post_init__(self) -> None:
@@ -62,6 +70,7 @@ SPEC = config.ServiceSpec(
     (
         config.Section(PullServiceProcessConfig),
         config.Section(PullServiceConfig, aliases={"pull_service_id": "id"}),
+        config.Section(RocketMQv2Config),
         config.Section(MetaConfig, aliases={"endpoints": "etcd"}),
     ),
     derived=(
@@ -91,6 +100,8 @@ async def serve(args: argparse.Namespace) -> int:
             listen=addresses.listen,
             advertise_host=addresses.advertise_host,
             client_address=addresses.client_address,
+            rocketmq_v2_listen=addresses.rocketmq_v2_listen,
+            rocketmq_v2=settings.build(RocketMQv2Config),
         )
         await process.serve_until_stopped(
             f"pull-service {service_config.pull_service_id}",

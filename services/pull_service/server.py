@@ -14,6 +14,10 @@ path, in the order that lets everyone else carry on:
    within the grace period;
 4. channels to store-nodes and the caches are closed.
 
+With ``rocketmq_v2_listen``, the RocketMQ 5 front
+(:mod:`basalt.services.rocketmq_v2`) is served on that second listener over
+the same caches and channels, and stops with the pull-service's server (step 3).
+
 The MetaClient belongs to the caller, who closes it afterwards.
 """
 
@@ -45,6 +49,8 @@ from basalt.services.process import (
 from basalt.services.pull_service.channels import ChannelPool
 from basalt.services.pull_service.service import ClusterView, PullServiceConfig, PullServiceServicer
 from basalt.services.pull_service.sessions import SessionRegistry
+from basalt.services.rocketmq_v2.server import RunningFront, start_rocketmq_v2
+from basalt.services.rocketmq_v2.service import RocketMQv2Config
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2
 
@@ -64,6 +70,9 @@ class RunningPullService:
     servicer: PullServiceServicer
     health: health.aio.HealthServicer
     registration: Registration | None
+    #: The RocketMQ 5 front and its "host:port", when served.
+    rocketmq_v2: RunningFront | None = None
+    rocketmq_v2_address: str = ""
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Graceful stop, in the module docstring's order."""
@@ -76,6 +85,8 @@ class RunningPullService:
             f"pull-service {self.config.pull_service_id} is stopping; reconnect to another",
         )
         await self.servicer.sessions.close_all(stopping, grace_s)
+        if self.rocketmq_v2 is not None:
+            await self.rocketmq_v2.stop(grace_s)
         await self.server.stop(grace_s)
         await self.servicer.channels.close()
         self.servicer.brokers.close()
@@ -92,6 +103,8 @@ async def start_pull_service(
     advertise_host: str = "127.0.0.1",
     client_address: str = "",
     register: bool = True,
+    rocketmq_v2_listen: str = "",
+    rocketmq_v2: RocketMQv2Config | None = None,
 ) -> RunningPullService:
     """Start the caches (MetaUnavailableError if etcd does not answer their first
     listing) and serve on ``listen``; with ``register``, put
@@ -122,10 +135,18 @@ async def start_pull_service(
         may_answer_bytes=frozenset({"PullBatch"}),
     )
     health_servicer = add_health_and_reflection(server, PULL_SERVICE)
+    front: RunningFront | None = None
+    v2_address = ""
     try:
         port = server.add_insecure_port(listen)
         await server.start()
+        if rocketmq_v2_listen:
+            front = await start_rocketmq_v2(
+                rocketmq_v2 or RocketMQv2Config(), servicer, rocketmq_v2_listen
+            )
+            v2_address = f"{advertise_host}:{front.port}"
     except BaseException:
+        await server.stop(None)
         await channels.close()
         for cache in view.caches:
             await cache.close()
@@ -144,8 +165,20 @@ async def start_pull_service(
         )
     await set_serving(health_servicer, PULL_SERVICE, True)
     log.info("pull-service %s serving on %s", config.pull_service_id, address)
+    if front is not None:
+        log.info(
+            "pull-service %s serves RocketMQ 5 clients on %s", config.pull_service_id, v2_address
+        )
     return RunningPullService(
-        config, server, port, address, servicer, health_servicer, registration
+        config,
+        server,
+        port,
+        address,
+        servicer,
+        health_servicer,
+        registration,
+        rocketmq_v2=front,
+        rocketmq_v2_address=v2_address,
     )
 
 

@@ -27,6 +27,7 @@ from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.main import PullServiceProcessConfig
 from basalt.services.pull_service.service import PullServiceConfig
+from basalt.services.rocketmq_v2.service import RocketMQv2Config
 from basalt.services.store_node.main import StoreNodeProcessConfig
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.store.config import MessageStoreConfig
@@ -47,6 +48,7 @@ CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {
     StoreNodeProcessConfig: ({}, ValueError),
     PullServiceProcessConfig: ({}, ValueError),
     AdminServiceProcessConfig: ({}, ValueError),
+    RocketMQv2Config: ({}, ValueError),
 }
 PACKAGES = ("basalt.store", "basalt.services", "basalt.admin", "basalt.client", "basalt.common")
 

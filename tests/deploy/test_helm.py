@@ -173,6 +173,21 @@ def test_services_and_disruption_budgets_cover_every_component(
         assert pdb["spec"]["maxUnavailable"] == 1
 
 
+def test_the_pull_service_exposes_the_rocketmq_v2_front(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    manifests = rendered["defaults"]
+    service = by_kind_name(manifests, "Service", f"{PREFIX}-pull-service")
+    assert {"name": "rocketmq-v2", "port": 8082, "targetPort": "rocketmq-v2"} in service["spec"][
+        "ports"
+    ]
+    deployment = by_kind_name(manifests, "Deployment", f"{PREFIX}-pull-service")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "rocketmq-v2", "containerPort": 8082} in container["ports"]
+    args = container["args"]
+    assert args[args.index("--rocketmq-v2-listen") + 1] == "0.0.0.0:8082"
+
+
 def test_every_basalt_pod_is_scraped_on_its_metrics_port(
     rendered: dict[str, list[Manifest]],
 ) -> None:

@@ -41,6 +41,9 @@ class ProcessInfo:
     log: str
     #: ``host:port`` of its Prometheus metrics endpoint (``/metrics``); None: none.
     metrics: str | None = None
+    #: A pull-service's ``host:port`` for RocketMQ 5 clients
+    #: (apache.rocketmq.v2.MessagingService); None: not served.
+    rocketmq_v2: str | None = None
 
     @property
     def metrics_url(self) -> str | None:

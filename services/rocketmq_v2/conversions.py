@@ -1,0 +1,313 @@
+"""Pure conversions between RocketMQ 5's v2 messages and Basalt's (no I/O).
+
+* **Queues.** A v2 ``MessageQueue`` has one ``id`` and the client sends with
+  ``queue_id`` alone (no broker), so a topic's queues on all its store-nodes
+  are numbered flat: the topic's ``n = max(read_queue_nums,
+  write_queue_nums)`` queues of its ``b``-th broker (in the topic config's
+  order) are ids ``b * n .. b * n + n - 1``. :func:`message_queues` and
+  :func:`queue_of` are each other's inverse for one topic config.
+* **Messages.** :func:`to_message` turns a v2 ``Message`` into a
+  :class:`basalt.common.message.Message`: tag, keys and user properties as
+  Basalt stores them, the client's ``message_id`` as the UNIQ_KEY, the FIFO
+  ``message_group`` as RocketMQ's ``__SHARDINGKEY`` property, a GZIP body
+  decoded. What Basalt cannot take is a :class:`V2Error` with its v2 code.
+* **Codes.** :func:`code_of_response` maps Basalt's (RocketMQ 4) response
+  codes to v2 codes; :data:`CODE_OF_SEND_STATUS` a stored send's flush and
+  replication outcomes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from basalt.common.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    Message,
+)
+from basalt.rocketmq.v2 import definition_pb2 as v2
+from basalt.services.meta.model import TopicConfig
+from basalt.v1 import common_pb2 as pb
+
+#: RocketMQ's message group property (MessageConst.PROPERTY_SHARDING_KEY).
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
+
+#: Property names the server owns (RocketMQ's MessageConst.STRING_HASH_SET, the
+#: ones a v2 client could otherwise smuggle in as user properties): a user
+#: property by one of these names is refused ILLEGAL_MESSAGE_PROPERTY_KEY.
+RESERVED_PROPERTIES = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_KEYS,
+        PROPERTY_UNIQ_KEY,
+        PROPERTY_SHARDING_KEY,
+        "TRACE_ON",
+        "WAIT",
+        "DELAY",
+        "RETRY_TOPIC",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "TRAN_MSG",
+        "PGROUP",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "BUYER_ID",
+        "ORIGIN_MESSAGE_ID",
+        "TRANSFER_FLAG",
+        "CORRECTION_FLAG",
+        "MQ2_FLAG",
+        "RECONSUME_TIME",
+        "MSG_REGION",
+        "TRAN_PREPARED_QUEUE_OFFSET",
+        "TRANSACTION_CHECK_TIMES",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        "MAX_RECONSUME_TIMES",
+        "CONSUME_START_TIME",
+        "POP_CK",
+        "POP_CK_OFFSET",
+        "1ST_POP_TIME",
+        "TIMER_DELIVER_MS",
+        "TIMER_DELAY_SEC",
+        "TIMER_DELAY_MS",
+        "TIMER_OUT_MS",
+        "TIMER_ENQUEUE_MS",
+        "TIMER_DEQUEUE_MS",
+        "TIMER_ROLL_TIMES",
+        "TIMER_DEL_UNIQKEY",
+        "INNER_NUM",
+        "INNER_MULTI_DISPATCH",
+        "INNER_MULTI_QUEUE_OFFSET",
+        "CLUSTER",
+        "BORNHOST",
+        "__STARTDELIVERTIME",
+        "__RECALL_HANDLE",
+    }
+)
+
+#: A stored send's SendStatus -> the v2 code of its entry (RocketMQ's proxy:
+#: a flush or replication timeout is reported, the message is stored).
+CODE_OF_SEND_STATUS: dict[int, int] = {
+    pb.SEND_STATUS_SEND_OK: v2.OK,
+    pb.SEND_STATUS_FLUSH_DISK_TIMEOUT: v2.MASTER_PERSISTENCE_TIMEOUT,
+    pb.SEND_STATUS_FLUSH_SLAVE_TIMEOUT: v2.SLAVE_PERSISTENCE_TIMEOUT,
+    pb.SEND_STATUS_SLAVE_NOT_AVAILABLE: v2.HA_NOT_AVAILABLE,
+}
+
+#: Basalt's response codes (RocketMQ 4's numbers) -> v2 codes; any other code
+#: is INTERNAL_ERROR.
+_CODE_OF_RESPONSE: dict[int, int] = {
+    pb.RESPONSE_CODE_SUCCESS: v2.OK,
+    pb.RESPONSE_CODE_TOPIC_NOT_EXIST: v2.TOPIC_NOT_FOUND,
+    pb.RESPONSE_CODE_MESSAGE_ILLEGAL: v2.BAD_REQUEST,
+    pb.RESPONSE_CODE_INVALID_PARAMETER: v2.BAD_REQUEST,
+    pb.RESPONSE_CODE_NO_PERMISSION: v2.FORBIDDEN,
+    pb.RESPONSE_CODE_SYSTEM_BUSY: v2.TOO_MANY_REQUESTS,
+    pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE: v2.INTERNAL_SERVER_ERROR,
+    pb.RESPONSE_CODE_FLUSH_DISK_TIMEOUT: v2.MASTER_PERSISTENCE_TIMEOUT,
+    pb.RESPONSE_CODE_FLUSH_SLAVE_TIMEOUT: v2.SLAVE_PERSISTENCE_TIMEOUT,
+    pb.RESPONSE_CODE_SLAVE_NOT_AVAILABLE: v2.HA_NOT_AVAILABLE,
+    pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED: v2.ILLEGAL_FILTER_EXPRESSION,
+    pb.RESPONSE_CODE_SUBSCRIPTION_GROUP_NOT_EXIST: v2.CONSUMER_GROUP_NOT_FOUND,
+    pb.RESPONSE_CODE_QUERY_NOT_FOUND: v2.MESSAGE_NOT_FOUND,
+}
+
+#: PermName bits (RocketMQ's PermName.PERM_READ / PERM_WRITE).
+_PERM_READ, _PERM_WRITE = 4, 2
+
+
+class V2Error(Exception):
+    """A request refused with a v2 ``code`` (answered as the response's Status,
+    never as a gRPC error: v2 clients read the Status)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def status(self) -> v2.Status:
+        return v2.Status(code=v2.Code.ValueType(self.code), message=self.message)
+
+
+def ok_status() -> v2.Status:
+    return v2.Status(code=v2.OK, message="OK")
+
+
+def code_of_response(code: int) -> int:
+    """The v2 code of a Basalt response code (INTERNAL_ERROR for one not listed)."""
+    return _CODE_OF_RESPONSE.get(code, v2.INTERNAL_ERROR)
+
+
+# -- queues ------------------------------------------------------------------------------
+
+
+def queues_per_broker(config: TopicConfig) -> int:
+    return max(config.read_queue_nums, config.write_queue_nums)
+
+
+def _permission(config: TopicConfig, broker_perm: int, queue_id: int) -> int:
+    perm = int(config.perm) & broker_perm
+    readable = bool(perm & _PERM_READ) and queue_id < config.read_queue_nums
+    writable = bool(perm & _PERM_WRITE) and queue_id < config.write_queue_nums
+    if readable and writable:
+        return v2.READ_WRITE
+    if readable:
+        return v2.READ
+    return v2.WRITE if writable else v2.NONE
+
+
+def message_queues(
+    config: TopicConfig,
+    broker_perms: dict[str, int],
+    *,
+    namespace: str,
+    endpoints: v2.Endpoints,
+) -> list[v2.MessageQueue]:
+    """The topic's queues on its registered brokers (``broker_perms``: name ->
+    PermName bits; a broker not in it is down and left out), numbered as the
+    module docstring says, each reachable at ``endpoints`` (the access point
+    the client called: every queue is served through this front)."""
+    n = queues_per_broker(config)
+    topic = v2.Resource(resource_namespace=namespace, name=config.topic_name)
+    out = []
+    for b, name in enumerate(config.brokers):
+        if name not in broker_perms:
+            continue
+        broker = v2.Broker(name=name, id=0, endpoints=endpoints)
+        for q in range(n):
+            out.append(
+                v2.MessageQueue(
+                    topic=topic,
+                    id=b * n + q,
+                    permission=v2.Permission.ValueType(_permission(config, broker_perms[name], q)),
+                    broker=broker,
+                    accept_message_types=[v2.NORMAL, v2.FIFO],
+                )
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class StoreQueue:
+    """Where a v2 queue id lives: a broker and its own queue id."""
+
+    broker_name: str
+    queue_id: int
+
+
+def queue_of(config: TopicConfig, v2_id: int) -> StoreQueue | None:
+    """The broker queue of a v2 queue id (inverse of :func:`message_queues`);
+    None for an id outside the topic."""
+    n = queues_per_broker(config)
+    b, q = divmod(v2_id, n)
+    if v2_id < 0 or b >= len(config.brokers):
+        return None
+    return StoreQueue(config.brokers[b], q)
+
+
+def writable_queues(config: TopicConfig, live: Sequence[str]) -> list[StoreQueue]:
+    """The topic's writable queues on the brokers in ``live``, in v2 id order."""
+    if not int(config.perm) & _PERM_WRITE:
+        return []
+    return [
+        StoreQueue(name, q)
+        for name in config.brokers
+        if name in live
+        for q in range(config.write_queue_nums)
+    ]
+
+
+def fifo_queue(group: str, queues: Sequence[StoreQueue]) -> StoreQueue:
+    """The fixed queue of a FIFO message group (a stable hash: the same group
+    goes to the same queue while the topic's writable queues stay the same)."""
+    return queues[zlib.crc32(group.encode("utf-8")) % len(queues)]
+
+
+# -- messages ----------------------------------------------------------------------------
+
+
+def _check_name_value(text: str, what: str, code: int) -> None:
+    if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+        raise V2Error(code, f"{what} {text!r} holds a reserved separator character")
+
+
+def body_of(message: v2.Message, max_body_size: int) -> bytes:
+    """The message's body as stored: a GZIP body decoded (V2Error
+    MESSAGE_CORRUPTED when it does not decode); V2Error MESSAGE_BODY_TOO_LARGE
+    past ``max_body_size`` bytes, before or after decoding."""
+    body = message.body
+    if len(body) > max_body_size:
+        raise V2Error(v2.MESSAGE_BODY_TOO_LARGE, f"body of {len(body)} bytes > max {max_body_size}")
+    encoding = message.system_properties.body_encoding
+    if encoding == v2.GZIP:
+        try:
+            # Read one byte past the limit: a zip bomb stops there.
+            with gzip.GzipFile(fileobj=io.BytesIO(body), mode="rb") as f:
+                body = f.read(max_body_size + 1)
+        except (OSError, EOFError, zlib.error) as e:
+            raise V2Error(v2.MESSAGE_CORRUPTED, f"GZIP body does not decode: {e}") from None
+        if len(body) > max_body_size:
+            raise V2Error(v2.MESSAGE_BODY_TOO_LARGE, f"decoded body > max {max_body_size} bytes")
+    elif encoding not in (v2.IDENTITY, v2.ENCODING_UNSPECIFIED):
+        raise V2Error(v2.UNSUPPORTED, f"body encoding {v2.Encoding.Name(encoding)} unsupported")
+    return body
+
+
+def check_supported(message: v2.Message) -> None:
+    """V2Error UNSUPPORTED for what Basalt does not store yet: transaction and
+    delay/timer messages."""
+    system = message.system_properties
+    if system.message_type == v2.TRANSACTION:
+        raise V2Error(v2.UNSUPPORTED, "transaction messages are not supported yet")
+    if system.message_type == v2.DELAY or system.HasField("delivery_timestamp"):
+        raise V2Error(v2.UNSUPPORTED, "delay/timer messages are not supported yet")
+
+
+def to_message(message: v2.Message, max_body_size: int) -> Message:
+    """The Basalt message of a v2 one (module docstring), or V2Error:
+    BAD_REQUEST without a topic or message id, ILLEGAL_MESSAGE_PROPERTY_KEY for
+    a reserved or unencodable property name, ILLEGAL_MESSAGE_TAG /
+    ILLEGAL_MESSAGE_KEY / ILLEGAL_MESSAGE_GROUP for values the record format
+    cannot hold, and :func:`body_of`'s and :func:`check_supported`'s."""
+    system = message.system_properties
+    if not message.topic.name:
+        raise V2Error(v2.ILLEGAL_TOPIC, "message without a topic")
+    if not system.message_id:
+        raise V2Error(v2.ILLEGAL_MESSAGE_ID, "message without a message_id")
+    _check_name_value(system.message_id, "message id", v2.ILLEGAL_MESSAGE_ID)
+    check_supported(message)
+    properties: dict[str, str] = {}
+    for name, value in message.user_properties.items():
+        if not name or name in RESERVED_PROPERTIES:
+            raise V2Error(v2.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property name {name!r} is reserved")
+        _check_name_value(name, "property name", v2.ILLEGAL_MESSAGE_PROPERTY_KEY)
+        _check_name_value(value, "property value", v2.ILLEGAL_MESSAGE_PROPERTY_KEY)
+        properties[name] = value
+    tag = system.tag if system.HasField("tag") else None
+    if tag is not None:
+        _check_name_value(tag, "tag", v2.ILLEGAL_MESSAGE_TAG)
+    for key in system.keys:
+        _check_name_value(key, "key", v2.ILLEGAL_MESSAGE_KEY)
+        if " " in key:  # Basalt's KEYS property is space separated
+            raise V2Error(v2.ILLEGAL_MESSAGE_KEY, f"key {key!r} holds a space")
+    if system.HasField("message_group"):
+        _check_name_value(system.message_group, "message group", v2.ILLEGAL_MESSAGE_GROUP)
+        if not system.message_group:
+            raise V2Error(v2.ILLEGAL_MESSAGE_GROUP, "empty message group")
+        properties[PROPERTY_SHARDING_KEY] = system.message_group
+    properties[PROPERTY_UNIQ_KEY] = system.message_id
+    born_ms = system.born_timestamp.ToMilliseconds() if system.HasField("born_timestamp") else 0
+    return Message(
+        topic=message.topic.name,
+        body=body_of(message, max_body_size),
+        tags=tag or None,
+        keys=list(system.keys),
+        properties=properties,
+        born_timestamp_ms=max(0, born_ms),
+    )

@@ -1,0 +1,70 @@
+"""Serving the v2 front on its own listener, beside a pull-service.
+
+RocketMQ's clients dial one access point and find everything there, while
+Basalt's own clients dial the pull-service's: a second gRPC server in the
+same process keeps the two protocols' ports and health apart while sharing
+the pull-service's caches and channels (the front holds nothing of its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health
+
+from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services.process import (
+    add_health_and_reflection,
+    add_servicer,
+    grpc_server,
+    set_serving,
+)
+from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.rocketmq_v2.service import MessagingServiceServicer, RocketMQv2Config
+
+SERVICE = sv.DESCRIPTOR.services_by_name["MessagingService"]
+#: The methods served so far; any other is UNIMPLEMENTED (gRPC's answer for a
+#: method the server does not register).
+SERVED = frozenset(
+    {
+        "QueryRoute",
+        "Heartbeat",
+        "NotifyClientTermination",
+        "Telemetry",
+        "SendMessage",
+        "QueryOffset",
+        "GetOffset",
+        "UpdateOffset",
+        "EndTransaction",
+        "RecallMessage",
+    }
+)
+
+
+@dataclass(slots=True)
+class RunningFront:
+    """A started v2 front; :meth:`stop` it once (the pull-service does)."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+
+    async def stop(self, grace_s: float | None) -> None:
+        """NOT_SERVING, then calls in flight get ``grace_s`` to finish."""
+        await set_serving(self.health, SERVICE.full_name, False)
+        await self.server.stop(grace_s)
+
+
+async def start_rocketmq_v2(
+    config: RocketMQv2Config, pull: PullServiceServicer, listen: str
+) -> RunningFront:
+    """Serve the front on ``listen`` (port 0: a free one) over ``pull``'s view,
+    SERVING once started. Raises what binding raises (the address in use)."""
+    server = grpc_server(pull.config.max_message_bytes)
+    add_servicer(server, MessagingServiceServicer(config, pull), SERVICE, only=SERVED)
+    health_servicer = add_health_and_reflection(server, SERVICE.full_name)
+    port = server.add_insecure_port(listen)
+    await server.start()
+    await set_serving(health_servicer, SERVICE.full_name, True)
+    return RunningFront(server, port, health_servicer)

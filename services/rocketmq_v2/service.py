@@ -1,0 +1,425 @@
+"""``apache.rocketmq.v2.MessagingService``: the official RocketMQ 5 clients' front.
+
+A thin, stateless adapter served by the pull-service on its own listener
+(:func:`start_rocketmq_v2`): it reads the pull-service's etcd view (topics,
+brokers) and sends through its channels to the store-nodes, so any
+pull-service serves any client. The RPCs:
+
+* ``QueryRoute``: one MessageQueue per queue (:mod:`.conversions` numbers a
+  topic's queues on all its brokers flat), each at the access point the
+  client called; TOPIC_NOT_FOUND for an unknown topic (no auto-creation, as
+  RocketMQ 5).
+* ``Telemetry``: each ``Settings`` the client sends is answered at once with
+  the server's (:meth:`MessagingServiceServicer.settings_answer`); the stream
+  stays open until the client closes it.
+* ``Heartbeat``, ``NotifyClientTermination``: OK (no session state here).
+* ``SendMessage``: every message is checked and converted first (one bad
+  message: nothing stored), then sent as one ``StoreNode.SendBatch`` per target
+  queue with records from :func:`basalt.common.record.encode_batch`. A FIFO
+  message's group picks its queue by hash; otherwise the client's
+  ``queue_id`` when writable, else the next queue round robin.
+* ``QueryOffset`` (BEGINNING / END / TIMESTAMP: the store-node's
+  GetMinMaxOffset or SearchOffset), ``GetOffset`` (a group's committed
+  offset: QueryConsumerOffset; OFFSET_NOT_FOUND when it has none) and
+  ``UpdateOffset`` (UpdateConsumerOffset) on the queue's store-node.
+* ``EndTransaction``, ``RecallMessage``: UNSUPPORTED.
+
+Consumption (ReceiveMessage, AckMessage, ChangeInvisibleDuration,
+QueryAssignment, ForwardMessageToDeadLetterQueue, PullMessage) is not
+registered yet: gRPC answers UNIMPLEMENTED. Every answer carries a v2
+``Status``; refusals are Statuses, never gRPC errors. ``authorization``
+headers are accepted and ignored. Concurrency: one event loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from basalt.common.message import Message, encode_host
+from basalt.common.record import encode_batch
+from basalt.common.settings import config_dataclass, positive, setting, validate
+from basalt.rocketmq.v2 import definition_pb2 as v2
+from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services.errors import downstream_refusal
+from basalt.services.pull_service.channels import call_timeout_s
+from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.rocketmq_v2.conversions import (
+    CODE_OF_SEND_STATUS,
+    StoreQueue,
+    V2Error,
+    code_of_response,
+    fifo_queue,
+    message_queues,
+    ok_status,
+    queue_of,
+    to_message,
+    writable_queues,
+)
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+
+log = logging.getLogger(__name__)
+
+#: How long a call may wait on a store-node (cut to the client's deadline).
+_STORE_NODE_BUDGET_S = 10.0
+
+
+@config_dataclass
+class RocketMQv2Config:
+    """What the v2 front tells clients in Telemetry's Settings. Validated at
+    construction: ValueError names the first bad field."""
+
+    rocketmq_v2_max_body_size_bytes: int = setting(
+        default=4 * 1024 * 1024,
+        check=positive,
+        doc="Largest message body a v2 client may send (RocketMQ's maxMessageSize); "
+        "larger is refused MESSAGE_BODY_TOO_LARGE.",
+    )
+    rocketmq_v2_receive_batch_size: int = setting(
+        default=32, check=positive, doc="Messages per receive told to v2 consumers."
+    )
+    rocketmq_v2_long_polling_timeout_ms: int = setting(
+        default=20_000, check=positive, doc="Long-polling time told to v2 consumers."
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
+
+
+def _duration_ms(ms: int) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(ms)
+    return d
+
+
+def _producer_backoff(max_attempts: int) -> v2.RetryPolicy:
+    # RocketMQ's proxy default for producers: exponential 10 ms .. 1 s, x2.
+    return v2.RetryPolicy(
+        max_attempts=max_attempts or 3,
+        exponential_backoff=v2.ExponentialBackoff(
+            initial=_duration_ms(10), max=_duration_ms(1000), multiplier=2.0
+        ),
+    )
+
+
+def _consumer_backoff() -> v2.RetryPolicy:
+    # RocketMQ's default consumer retry: 16 redeliveries, 1 s .. 2 h.
+    return v2.RetryPolicy(
+        max_attempts=17,
+        exponential_backoff=v2.ExponentialBackoff(
+            initial=_duration_ms(1000), max=_duration_ms(7_200_000), multiplier=2.0
+        ),
+    )
+
+
+def _group(group: v2.Resource) -> str:
+    if not group.name:
+        raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
+    return group.name
+
+
+class MessagingServiceServicer:
+    """The v2 RPCs (module docstring), over a running pull-service's view. Not
+    the generated servicer's subclass: only the methods it has are registered
+    (:mod:`basalt.services.rocketmq_v2.server`), the others are UNIMPLEMENTED."""
+
+    def __init__(self, config: RocketMQv2Config, pull: PullServiceServicer) -> None:
+        self.config = config
+        self.pull = pull
+        self._turn = itertools.count()
+
+    # -- routes and clients -------------------------------------------------------------
+
+    async def QueryRoute(
+        self, request: sv.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.QueryRouteResponse:
+        config = self.pull.view.topics.get(request.topic.name)
+        if config is None:
+            return sv.QueryRouteResponse(
+                status=V2Error(
+                    v2.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} not found"
+                ).status()
+            )
+        perms = {
+            name: int(broker.perm)
+            for name in config.brokers
+            if (broker := self.pull.brokers.get(name)) is not None
+        }
+        queues = message_queues(
+            config,
+            perms,
+            namespace=request.topic.resource_namespace,
+            endpoints=request.endpoints,
+        )
+        return sv.QueryRouteResponse(status=ok_status(), message_queues=queues)
+
+    async def Heartbeat(
+        self, request: sv.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.HeartbeatResponse:
+        return sv.HeartbeatResponse(status=ok_status())
+
+    async def NotifyClientTermination(
+        self,
+        request: sv.NotifyClientTerminationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> sv.NotifyClientTerminationResponse:
+        return sv.NotifyClientTerminationResponse(status=ok_status())
+
+    async def Telemetry(
+        self,
+        request_iterator: AsyncIterator[sv.TelemetryCommand],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[sv.TelemetryCommand]:
+        """Answer each Settings at once; other commands (thread stacks, verify
+        results the server never asked for) are read and dropped. Ends when the
+        client closes its side."""
+        async for command in request_iterator:
+            if command.HasField("settings"):
+                yield sv.TelemetryCommand(
+                    status=ok_status(), settings=self.settings_answer(command.settings)
+                )
+
+    def settings_answer(self, client: v2.Settings) -> v2.Settings:
+        """The client's Settings with the server's values: publishing
+        ``max_body_size``, subscription ``fifo``, ``receive_batch_size``,
+        ``long_polling_timeout``, and the backoff policy."""
+        answer = v2.Settings()
+        answer.CopyFrom(client)
+        if client.HasField("publishing"):
+            answer.publishing.max_body_size = self.config.rocketmq_v2_max_body_size_bytes
+            answer.backoff_policy.CopyFrom(_producer_backoff(client.backoff_policy.max_attempts))
+        elif client.HasField("subscription"):
+            sub = answer.subscription
+            sub.fifo = False
+            sub.receive_batch_size = self.config.rocketmq_v2_receive_batch_size
+            sub.long_polling_timeout.CopyFrom(
+                _duration_ms(self.config.rocketmq_v2_long_polling_timeout_ms)
+            )
+            answer.backoff_policy.CopyFrom(_consumer_backoff())
+        return answer
+
+    # -- sends --------------------------------------------------------------------------
+
+    async def SendMessage(
+        self, request: sv.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.SendMessageResponse:
+        try:
+            entries = await self._send(request, context)
+        except V2Error as e:
+            return sv.SendMessageResponse(status=e.status())
+        codes = {e.status.code for e in entries}
+        if len(codes) == 1:
+            status = entries[0].status
+        else:
+            status = v2.Status(code=v2.MULTIPLE_RESULTS, message="entries differ")
+        return sv.SendMessageResponse(status=status, entries=entries)
+
+    async def _send(
+        self, request: sv.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> list[sv.SendResultEntry]:
+        """Check, convert and store the request's messages (module docstring);
+        one entry per message, in order. V2Error when nothing is stored."""
+        if not request.messages:
+            raise V2Error(v2.BAD_REQUEST, "SendMessage without messages")
+        topic = request.messages[0].topic.name
+        if any(m.topic.name != topic for m in request.messages):
+            raise V2Error(v2.BAD_REQUEST, "one SendMessage carries one topic's messages")
+        max_body = self.config.rocketmq_v2_max_body_size_bytes
+        messages = [to_message(m, max_body) for m in request.messages]
+        config = self.pull.view.topics.get(topic)
+        if config is None:
+            raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic!r} not found")
+        live = [n for n in config.brokers if self.pull.brokers.get(n) is not None]
+        writable = writable_queues(config, live)
+        if not writable:
+            raise V2Error(v2.FORBIDDEN, f"topic {topic!r} has no writable queue")
+        targets: dict[StoreQueue, list[int]] = {}
+        for i, m in enumerate(request.messages):
+            system = m.system_properties
+            if system.HasField("message_group"):
+                queue = fifo_queue(system.message_group, writable)
+            else:
+                asked = queue_of(config, system.queue_id)
+                queue = asked if asked in writable else writable[next(self._turn) % len(writable)]
+            targets.setdefault(queue, []).append(i)
+        entries: list[sv.SendResultEntry | None] = [None] * len(messages)
+        for queue, indices in targets.items():
+            batch = [messages[i] for i in indices]
+            ids = [request.messages[i].system_properties.message_id for i in indices]
+            result = await self._store(topic, queue, batch, ids, context)
+            status = v2.Status(
+                code=v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
+            )
+            status.message = v2.Code.Name(status.code)
+            for k, i in enumerate(indices):
+                entries[i] = sv.SendResultEntry(
+                    status=status, message_id=ids[k], offset=result.queue_offsets[k]
+                )
+        return [e for e in entries if e is not None]
+
+    async def _store(
+        self,
+        topic: str,
+        queue: StoreQueue,
+        messages: list[Message],
+        ids: list[str],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.SendResult:
+        """One SendBatch of ``messages`` to ``queue``'s store-node; its SendResult,
+        or V2Error with the store-node's refusal in v2 terms."""
+        address = self._address(queue)
+        hosts = await self.pull.store_hosts.of({queue.broker_name: address})
+        store_host = hosts.get(queue.broker_name)
+        if store_host is None:
+            raise V2Error(
+                v2.INTERNAL_SERVER_ERROR,
+                f"store-node {queue.broker_name!r} at {address} does not answer",
+            )
+        records = encode_batch(
+            messages,
+            ids,
+            queue_id=queue.queue_id,
+            store_host=encode_host(store_host),
+            born_timestamp_ms=int(time.time() * 1000),
+        )
+        request = sn.SendBatchRequest(topic=topic, queue_id=queue.queue_id, records=records)
+        response: sn.SendBatchResponse = await self._call(
+            queue, address, "SendBatch", request, context
+        )
+        return response.result
+
+    def _address(self, queue: StoreQueue) -> str:
+        """The address of ``queue``'s store-node; V2Error INTERNAL_SERVER_ERROR
+        when it is not registered (down)."""
+        broker = self.pull.brokers.get(queue.broker_name)
+        if broker is None:
+            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
+        return broker.address
+
+    async def _call(
+        self,
+        queue: StoreQueue,
+        address: str,
+        rpc: str,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Any:
+        """StoreNode ``rpc`` at ``address`` (within the client's deadline); its
+        answer, or V2Error with the store-node's refusal in v2 terms."""
+        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S)
+        try:
+            return await getattr(self.pull.channels.store_node(address), rpc)(
+                request, timeout=timeout
+            )
+        except grpc.aio.AioRpcError as e:
+            peer = f"store-node {queue.broker_name!r} at {address}"
+            refusal = downstream_refusal(e, peer, timeout)
+            raise V2Error(code_of_response(refusal.code), refusal.message) from None
+
+    # -- offsets ------------------------------------------------------------------------
+
+    async def QueryOffset(
+        self, request: sv.QueryOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.QueryOffsetResponse:
+        try:
+            mq = request.message_queue
+            if request.query_offset_policy == v2.TIMESTAMP:
+                if not request.HasField("timestamp"):
+                    raise V2Error(v2.BAD_REQUEST, "a TIMESTAMP query without a timestamp")
+                ms = request.timestamp.ToMilliseconds()
+                found = await self._on_store_node(
+                    mq, "SearchOffset", lambda t, q: sn.SearchOffsetRequest(
+                        topic=t, queue_id=q, timestamp_ms=ms
+                    ), context,
+                )  # fmt: skip
+                return sv.QueryOffsetResponse(status=ok_status(), offset=found.offset)
+            bounds = await self._on_store_node(
+                mq, "GetMinMaxOffset",
+                lambda t, q: sn.GetMinMaxOffsetRequest(topic=t, queue_id=q), context,
+            )  # fmt: skip
+            end = request.query_offset_policy == v2.END
+            offset = bounds.max_offset if end else bounds.min_offset
+            return sv.QueryOffsetResponse(status=ok_status(), offset=offset)
+        except V2Error as e:
+            return sv.QueryOffsetResponse(status=e.status())
+
+    async def GetOffset(
+        self, request: sv.GetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.GetOffsetResponse:
+        try:
+            group = _group(request.group)
+            found = await self._on_store_node(
+                request.message_queue, "QueryConsumerOffset",
+                lambda t, q: sn.QueryConsumerOffsetRequest(group=group, topic=t, queue_id=q),
+                context,
+            )  # fmt: skip
+        except V2Error as e:
+            return sv.GetOffsetResponse(status=e.status())
+        if found.offset < 0:
+            return sv.GetOffsetResponse(
+                status=V2Error(v2.OFFSET_NOT_FOUND, f"group {group!r} has no offset here").status()
+            )
+        return sv.GetOffsetResponse(status=ok_status(), offset=found.offset)
+
+    async def UpdateOffset(
+        self, request: sv.UpdateOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.UpdateOffsetResponse:
+        try:
+            group = _group(request.group)
+            if request.offset < 0:
+                raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
+            done = await self._on_store_node(
+                request.message_queue, "UpdateConsumerOffset",
+                lambda t, q: sn.UpdateConsumerOffsetRequest(
+                    group=group, topic=t, queue_id=q, offset=request.offset
+                ), context,
+            )  # fmt: skip
+        except V2Error as e:
+            return sv.UpdateOffsetResponse(status=e.status())
+        if done.commit.code != pb.RESPONSE_CODE_SUCCESS:
+            return sv.UpdateOffsetResponse(
+                status=V2Error(code_of_response(done.commit.code), done.commit.message).status()
+            )
+        return sv.UpdateOffsetResponse(status=ok_status())
+
+    async def _on_store_node(
+        self,
+        mq: v2.MessageQueue,
+        rpc: str,
+        make: Callable[[str, int], Any],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Any:
+        """Call ``rpc`` with ``make(topic, queue_id)`` on the store-node holding the
+        v2 queue ``mq``; its answer, or V2Error (TOPIC_NOT_FOUND, BAD_REQUEST for
+        a queue id outside the topic, the store-node's refusal in v2 terms)."""
+        config = self.pull.view.topics.get(mq.topic.name)
+        if config is None:
+            raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
+        queue = queue_of(config, mq.id)
+        if queue is None:
+            raise V2Error(v2.BAD_REQUEST, f"topic {mq.topic.name!r} has no queue {mq.id}")
+        request = make(config.topic_name, queue.queue_id)
+        return await self._call(queue, self._address(queue), rpc, request, context)
+
+    # -- not supported yet ---------------------------------------------------------------
+
+    async def EndTransaction(
+        self, request: sv.EndTransactionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.EndTransactionResponse:
+        return sv.EndTransactionResponse(
+            status=V2Error(v2.UNSUPPORTED, "transaction messages are not supported yet").status()
+        )
+
+    async def RecallMessage(
+        self, request: sv.RecallMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.RecallMessageResponse:
+        return sv.RecallMessageResponse(
+            status=V2Error(v2.UNSUPPORTED, "delay/timer messages are not supported yet").status()
+        )

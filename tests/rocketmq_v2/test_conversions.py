@@ -1,0 +1,107 @@
+"""basalt.services.rocketmq_v2.conversions: queue numbering, messages, codes."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from basalt.rocketmq.v2 import definition_pb2 as v2
+from basalt.services.meta.model import TopicConfig
+from basalt.services.rocketmq_v2.conversions import (
+    PROPERTY_SHARDING_KEY,
+    StoreQueue,
+    V2Error,
+    code_of_response,
+    fifo_queue,
+    message_queues,
+    queue_of,
+    to_message,
+    writable_queues,
+)
+from basalt.v1 import common_pb2 as pb
+
+CONFIG = TopicConfig(
+    topic_name="T", read_queue_nums=4, write_queue_nums=2, brokers=("broker-a", "broker-b")
+)
+ENDPOINTS = v2.Endpoints(addresses=[v2.Address(host="127.0.0.1", port=8081)])
+
+
+def test_queues_are_numbered_flat_and_map_back() -> None:
+    queues = message_queues(
+        CONFIG, {"broker-a": 6, "broker-b": 6}, namespace="", endpoints=ENDPOINTS
+    )
+    assert [q.id for q in queues] == list(range(8))
+    assert [q.permission for q in queues[:4]] == [v2.READ_WRITE, v2.READ_WRITE, v2.READ, v2.READ]
+    assert all(q.endpoints == ENDPOINTS for q in (q.broker for q in queues))
+    for q in queues:
+        store = queue_of(CONFIG, q.id)
+        assert store == StoreQueue(q.broker.name, q.id % 4)
+    assert queue_of(CONFIG, 8) is None and queue_of(CONFIG, -1) is None
+
+
+def test_a_down_broker_is_left_out_and_perm_is_respected() -> None:
+    queues = message_queues(CONFIG, {"broker-b": 4}, namespace="ns", endpoints=ENDPOINTS)
+    assert [q.id for q in queues] == [4, 5, 6, 7]
+    assert {q.permission for q in queues} == {v2.READ}
+    assert queues[0].topic.resource_namespace == "ns"
+
+
+def test_fifo_group_hashes_to_a_fixed_writable_queue() -> None:
+    writable = writable_queues(CONFIG, ["broker-a", "broker-b"])
+    assert len(writable) == 4
+    assert {fifo_queue("g1", writable) for _ in range(5)} == {fifo_queue("g1", writable)}
+
+
+def _message(**system: object) -> v2.Message:
+    body = system.pop("body", b"hello")
+    props = system.pop("props", {"a": "1"})
+    return v2.Message(
+        topic=v2.Resource(name="T"),
+        user_properties=props,
+        system_properties=v2.SystemProperties(message_id="01ABC", **system),  # type: ignore[arg-type]
+        body=body,  # type: ignore[arg-type]
+    )
+
+
+def test_to_message_keeps_tag_keys_properties_and_id() -> None:
+    m = to_message(_message(tag="TagA", keys=["k1", "k2"], message_group="g"), 1024)
+    assert (m.topic, m.body, m.tags, list(m.keys)) == ("T", b"hello", "TagA", ["k1", "k2"])
+    assert m.properties == {"a": "1", "UNIQ_KEY": "01ABC", PROPERTY_SHARDING_KEY: "g"}
+
+
+def test_gzip_body_is_decoded() -> None:
+    m = to_message(_message(body=gzip.compress(b"x" * 100), body_encoding=v2.GZIP), 1024)
+    assert m.body == b"x" * 100
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        (_message(props={"UNIQ_KEY": "x"}), v2.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (_message(props={"a\x01": "x"}), v2.ILLEGAL_MESSAGE_PROPERTY_KEY),
+        (_message(body=b"x" * 1025), v2.MESSAGE_BODY_TOO_LARGE),
+        (
+            _message(body=gzip.compress(b"x" * 2000), body_encoding=v2.GZIP),
+            v2.MESSAGE_BODY_TOO_LARGE,
+        ),
+        (_message(body=b"not gzip", body_encoding=v2.GZIP), v2.MESSAGE_CORRUPTED),
+        (_message(message_type=v2.TRANSACTION), v2.UNSUPPORTED),
+        (_message(message_type=v2.DELAY), v2.UNSUPPORTED),
+        (_message(keys=["a b"]), v2.ILLEGAL_MESSAGE_KEY),
+        (v2.Message(topic=v2.Resource(name="T")), v2.ILLEGAL_MESSAGE_ID),
+        (v2.Message(), v2.ILLEGAL_TOPIC),
+    ],
+)
+def test_refusals(message: v2.Message, code: int) -> None:
+    with pytest.raises(V2Error) as e:
+        to_message(message, 1024)
+    assert e.value.code == code
+    assert e.value.status().code == code
+
+
+def test_response_codes() -> None:
+    assert code_of_response(pb.RESPONSE_CODE_TOPIC_NOT_EXIST) == v2.TOPIC_NOT_FOUND
+    assert code_of_response(pb.RESPONSE_CODE_FLUSH_DISK_TIMEOUT) == v2.MASTER_PERSISTENCE_TIMEOUT
+    assert code_of_response(pb.RESPONSE_CODE_SYSTEM_BUSY) == v2.TOO_MANY_REQUESTS
+    assert code_of_response(12345) == v2.INTERNAL_ERROR

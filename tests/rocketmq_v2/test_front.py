@@ -1,0 +1,234 @@
+"""The v2 front against ``basalt cluster up``: the official Python and Node.js
+Producers (subprocesses: the Python client registers apache.rocketmq.v2 in
+protobuf's pool, as basalt.rocketmq.v2 does here) and raw v2 calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+
+from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer
+from basalt.common.message import MessageRecord
+from basalt.rocketmq.v2 import definition_pb2 as v2
+from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
+from basalt.services.rocketmq_v2.conversions import PROPERTY_SHARDING_KEY
+from tests.support.interop import PRODUCERS, ensure_node_modules
+from tests.support.processes import local_cluster, run_basalt_sync
+
+TOPIC, BAD_TOPIC = "V2Topic", "V2Bad"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    etcd: str
+    pull: str
+    v2: str
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    ensure_node_modules()
+    with local_cluster(tmp_path_factory.mktemp("v2") / "c", "--store-nodes", "1") as rows:
+        by_role = {r["role"]: r for r in rows}
+        c = Cluster(by_role["etcd"]["address"], by_role["pull-service"]["address"],
+                    by_role["pull-service"]["rocketmq_v2"])  # fmt: skip
+        for topic in (TOPIC, BAD_TOPIC):
+            made = run_basalt_sync(
+                "admin", "updateTopic", "-t", topic, "-r", "4", "-w", "4", "-b", "broker-a",
+                "--etcd", c.etcd,
+            )  # fmt: skip
+            assert made.returncode == 0, made.stdout + made.stderr
+        yield c
+
+
+def _produce(command: list[str], endpoints: str, spec: dict[str, Any]) -> list[dict[str, str]]:
+    run = subprocess.run(
+        [*command, endpoints], input=json.dumps(spec), capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    out: list[dict[str, str]] = json.loads(run.stdout.strip().splitlines()[-1])
+    return out
+
+
+async def _read_all(pull: str, topic: str, group: str, expect: int) -> list[MessageRecord]:
+    consumer = LitePullConsumer(
+        pull,
+        config=LitePullConfig(
+            consumer_group=group, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+        ),
+    )
+    consumer.subscribe(topic)
+    got: list[MessageRecord] = []
+    async with consumer:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while len(got) < expect and loop.time() < deadline:
+            got += await consumer.poll(timeout_ms=500)
+        got += await consumer.poll(timeout_ms=300)  # nothing more than expected
+    return got
+
+
+@pytest.mark.parametrize("client", sorted(PRODUCERS))
+def test_official_producer_messages_read_back_exactly(cluster: Cluster, client: str) -> None:
+    normal = [
+        {"body": f"{client}-{i}", "tag": "TagA", "keys": [f"k{i}", "other"],
+         "properties": {"color": "red", "n": str(i)}}
+        for i in range(3)
+    ]  # fmt: skip
+    fifo = [{"body": f"{client}-fifo-{i}", "group": f"{client}-g", "tag": "F"} for i in range(3)]
+    topic = f"{TOPIC}-{client}"
+    made = run_basalt_sync(
+        "admin", "updateTopic", "-t", topic, "-r", "4", "-w", "4", "-b", "broker-a",
+        "--etcd", cluster.etcd,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    sent = _produce(PRODUCERS[client], cluster.v2, {"topic": topic, "messages": normal + fifo})
+    assert all("message_id" in r for r in sent), sent
+    records = asyncio.run(_read_all(cluster.pull, topic, f"G-{client}", len(sent)))
+    assert len(records) == len(sent)
+    by_id = {r.properties["UNIQ_KEY"]: r for r in records}
+    for spec, receipt in zip(normal + fifo, sent, strict=True):
+        r = by_id[receipt["message_id"]]
+        assert r.body == spec["body"].encode()
+        assert r.tags == spec["tag"]
+        assert sorted(r.keys) == sorted(spec.get("keys", []))
+        for k, v in spec.get("properties", {}).items():
+            assert r.properties[k] == v
+    fifo_records = [by_id[s["message_id"]] for s in sent[len(normal) :]]
+    assert {r.queue_id for r in fifo_records} == {fifo_records[0].queue_id}
+    assert [r.body for r in sorted(fifo_records, key=lambda r: r.queue_offset)] == [
+        f["body"].encode() for f in fifo
+    ]
+    assert {r.properties[PROPERTY_SHARDING_KEY] for r in fifo_records} == {f"{client}-g"}
+
+
+# -- raw v2 calls -------------------------------------------------------------------------
+
+
+def _stub(cluster: Cluster) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
+    channel = grpc.insecure_channel(cluster.v2)
+    return channel, sv_grpc.MessagingServiceStub(channel)
+
+
+def _send(stub: sv_grpc.MessagingServiceStub, topic: str, **kw: Any) -> sv.SendMessageResponse:
+    props = kw.pop("props", {})
+    body = kw.pop("body", b"x")
+    message = v2.Message(
+        topic=v2.Resource(name=topic),
+        user_properties=props,
+        system_properties=v2.SystemProperties(message_id="01BAD", **kw),
+        body=body,
+    )
+    auth = (
+        (
+            "authorization",
+            "MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature=00",
+        ),
+    )
+    response: sv.SendMessageResponse = stub.SendMessage(
+        sv.SendMessageRequest(messages=[message]), metadata=auth, timeout=10
+    )
+    return response
+
+
+def test_query_route_and_bad_input(cluster: Cluster) -> None:
+    channel, stub = _stub(cluster)
+    with channel:
+        host, _, port = cluster.v2.rpartition(":")
+        endpoints = v2.Endpoints(addresses=[v2.Address(host=host, port=int(port))])
+        route = stub.QueryRoute(
+            sv.QueryRouteRequest(topic=v2.Resource(name=TOPIC), endpoints=endpoints), timeout=10
+        )
+        assert route.status.code == v2.OK
+        assert [q.id for q in route.message_queues] == [0, 1, 2, 3]
+        assert {q.permission for q in route.message_queues} == {v2.READ_WRITE}
+        assert route.message_queues[0].broker.endpoints == endpoints
+        missing = stub.QueryRoute(sv.QueryRouteRequest(topic=v2.Resource(name="Nope")), timeout=10)
+        assert missing.status.code == v2.TOPIC_NOT_FOUND
+        assert _send(stub, "Nope").status.code == v2.TOPIC_NOT_FOUND
+        assert _send(stub, BAD_TOPIC, body=b"x" * (4 * 1024 * 1024 + 1)).status.code == (
+            v2.MESSAGE_BODY_TOO_LARGE
+        )
+        assert _send(stub, BAD_TOPIC, props={"UNIQ_KEY": "x"}).status.code == (
+            v2.ILLEGAL_MESSAGE_PROPERTY_KEY
+        )
+        assert _send(stub, BAD_TOPIC, message_type=v2.TRANSACTION).status.code == v2.UNSUPPORTED
+        empty = stub.SendMessage(sv.SendMessageRequest(), timeout=10)
+        assert empty.status.code == v2.BAD_REQUEST
+        ended = stub.EndTransaction(sv.EndTransactionRequest(), timeout=10)
+        assert ended.status.code == v2.UNSUPPORTED
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.ReceiveMessage(sv.ReceiveMessageRequest(), timeout=10))
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert asyncio.run(_read_all(cluster.pull, BAD_TOPIC, "G-bad", 0)) == []
+
+
+def test_telemetry_answers_settings_and_stays_open(cluster: Cluster) -> None:
+    channel, stub = _stub(cluster)
+    with channel:
+        settings = v2.Settings(
+            client_type=v2.PRODUCER,
+            publishing=v2.Publishing(topics=[v2.Resource(name=TOPIC)]),
+        )
+        sent = [sv.TelemetryCommand(settings=settings)] * 2
+        answers = stub.Telemetry(iter(sent), timeout=10)
+        got = list(answers)  # the stream ends once the client closes its side
+        assert len(got) == 2
+        assert got[0].status.code == v2.OK
+        assert got[0].settings.publishing.max_body_size == 4 * 1024 * 1024
+        assert got[0].settings.backoff_policy.max_attempts == 3
+        sub = v2.Settings(
+            client_type=v2.SIMPLE_CONSUMER,
+            subscription=v2.Subscription(group=v2.Resource(name="G")),
+        )
+        (answer,) = stub.Telemetry(iter([sv.TelemetryCommand(settings=sub)]), timeout=10)
+        assert answer.settings.subscription.receive_batch_size == 32
+        assert answer.settings.subscription.long_polling_timeout.seconds == 20
+        assert not answer.settings.subscription.fifo
+
+
+def test_raw_send_to_the_clients_queue_and_offsets(cluster: Cluster) -> None:
+    channel, stub = _stub(cluster)
+    with channel:
+        message = v2.Message(
+            topic=v2.Resource(name=TOPIC),
+            system_properties=v2.SystemProperties(message_id="01OFFSETS", queue_id=1, tag="T"),
+            body=b"offsets",
+        )
+        sent = stub.SendMessage(sv.SendMessageRequest(messages=[message]), timeout=10)
+        assert sent.status.code == v2.OK, sent.status
+        assert [(e.message_id, e.offset) for e in sent.entries] == [("01OFFSETS", 0)]
+        queue = v2.MessageQueue(topic=v2.Resource(name=TOPIC), id=1)
+
+        def query(policy: int, **kw: Any) -> sv.QueryOffsetResponse:
+            request = sv.QueryOffsetRequest(message_queue=queue, query_offset_policy=policy, **kw)
+            answer: sv.QueryOffsetResponse = stub.QueryOffset(request, timeout=10)
+            return answer
+
+        assert query(v2.BEGINNING).offset == 0
+        assert query(v2.END).offset == 1
+        assert query(v2.TIMESTAMP).status.code == v2.BAD_REQUEST
+        group = v2.Resource(name="G-offsets")
+        got = stub.GetOffset(sv.GetOffsetRequest(group=group, message_queue=queue), timeout=10)
+        assert got.status.code == v2.OFFSET_NOT_FOUND
+        update = sv.UpdateOffsetRequest(group=group, message_queue=queue, offset=1)
+        assert stub.UpdateOffset(update, timeout=10).status.code == v2.OK
+        got = stub.GetOffset(sv.GetOffsetRequest(group=group, message_queue=queue), timeout=10)
+        assert (got.status.code, got.offset) == (v2.OK, 1)
+        outside = v2.MessageQueue(topic=v2.Resource(name=TOPIC), id=99)
+        bad = sv.UpdateOffsetRequest(group=group, message_queue=outside, offset=1)
+        assert stub.UpdateOffset(bad, timeout=10).status.code == v2.BAD_REQUEST
+        unknown = v2.MessageQueue(topic=v2.Resource(name="Nope"), id=0)
+        assert (
+            stub.QueryOffset(sv.QueryOffsetRequest(message_queue=unknown), timeout=10).status.code
+            == v2.TOPIC_NOT_FOUND
+        )
