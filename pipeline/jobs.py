@@ -15,11 +15,9 @@ the engine's read-only loaders and codec, one Spark task per CommitLog file
   records are counted and reported (exit 1), never silently dropped.
 - :func:`verify`: the parallel ``basalt store check``: per CommitLog file,
   records, bad records (CRC or framing) and each record against its
-  ConsumeQueue unit; per ConsumeQueue, each unit against the CommitLog (a unit
-  past its end or at a non-record); report DataFrames and a summary line.
-- :func:`rebuild_index`: ConsumeQueue files and IndexFiles rebuilt from the
-  CommitLog into another root, byte-identical to the store's
-  (:mod:`basalt.pipeline._index`).
+  ConsumeQueue unit; a report DataFrame and a summary line.
+- :func:`rebuild_index`: ConsumeQueue files rebuilt from the CommitLog into
+  another root, byte-identical to the dispatcher's. IndexFiles are not rebuilt.
 - :func:`lag_report`: consumerProgress for groups as a table, appended to a
   CSV (one snapshot per run: a time series over runs).
 
@@ -41,12 +39,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from basalt.pipeline._index import (
-    check_queue_units,
-    consume_queues,
-    rebuild_index_files,
-    source_index,
-)
 from basalt.pipeline._root_source import FORMAT, source_class
 from basalt.pipeline._store_read import FileSpec, commitlog_files, queue_runs, verify_file
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
@@ -79,11 +71,6 @@ VERIFY_DDL = (
     "file string, start_offset long, end_offset long, records long, bad_records long, "
     "first_bad_offset long, first_bad_reason string, cq_units_checked long, "
     "cq_mismatches long, first_cq_mismatch long, undispatched long"
-)
-#: The unit report of :func:`verify`, one row per ConsumeQueue (:class:`QueueUnits`).
-UNITS_DDL = (
-    "topic string, queue_id int, units_checked long, bad_units long, "
-    "first_bad_unit long, first_bad_reason string"
 )
 
 
@@ -214,8 +201,7 @@ def _list_param() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
-    """The per-file report (a DataFrame, :data:`VERIFY_DDL`), the per-queue unit
-    report (:data:`UNITS_DDL`) and their totals."""
+    """The per-file report (a DataFrame, :data:`VERIFY_DDL`) and its totals."""
 
     report: DataFrame
     files: int
@@ -225,17 +211,12 @@ class VerifyResult:
     undispatched: int
     #: Undispatched records are a problem only on a cleanly shut down root (no ``abort``).
     running: bool
-    units_report: DataFrame
-    #: ConsumeQueue units that do not describe a record (past the CommitLog's end,
-    #: at a non-record, or at another record): the queue -> CommitLog direction.
-    bad_units: int
 
     @property
     def ok(self) -> bool:
         return (
             self.bad_records == 0
             and self.cq_mismatches == 0
-            and self.bad_units == 0
             and (self.running or self.undispatched == 0)
         )
 
@@ -244,7 +225,7 @@ class VerifyResult:
         return (
             f"{state}: {self.files} CommitLog files, {self.records} records, "
             f"{self.bad_records} bad records, {self.cq_mismatches} ConsumeQueue mismatches, "
-            f"{self.bad_units} bad ConsumeQueue units, {self.undispatched} undispatched"
+            f"{self.undispatched} undispatched"
             + (" (abort present: the dispatcher catches up)" if self.running else "")
         )
 
@@ -268,24 +249,15 @@ def _verify_row(spec: FileSpec) -> tuple[Any, ...]:
 
 
 def verify(spark: SparkSession, root: Path) -> VerifyResult:
-    """Verify every CommitLog file of ``root`` in parallel (:func:`verify_file`), then
-    every ConsumeQueue's units against the CommitLog, queues spread over tasks
-    (:func:`basalt.pipeline._index.check_queue_units`, ``basalt store check``'s rule).
+    """Verify every CommitLog file of ``root`` in parallel (:func:`verify_file`).
 
-    Raises StoreRootError for a bad root.
+    Raises StoreRootError for a bad root. The ConsumeQueue -> CommitLog
+    direction (units pointing at nothing) is ``basalt store check``'s.
     """
     layout = store_layout(root)
     files = commitlog_files(root)
     rows = _files_rdd(spark, files).map(_verify_row).collect()
     report = spark.createDataFrame(rows, VERIFY_DDL)
-    queues = consume_queues(root)
-    slices = max(1, min(len(queues), spark.sparkContext.defaultParallelism * 4))
-    root_text = str(root)
-    units = (
-        spark.sparkContext.parallelize(queues, slices)
-        .mapPartitions(lambda part: (astuple(q) for q in check_queue_units(root_text, part)))
-        .collect()
-    )
     return VerifyResult(
         report,
         len(files),
@@ -294,8 +266,6 @@ def verify(spark: SparkSession, root: Path) -> VerifyResult:
         sum(r[8] for r in rows),
         sum(r[10] for r in rows),
         layout.abort_path.exists(),
-        spark.createDataFrame(units, UNITS_DDL),
-        sum(u[3] for u in units),
     )
 
 
@@ -304,26 +274,12 @@ def verify(spark: SparkSession, root: Path) -> VerifyResult:
 
 @dataclass(frozen=True, slots=True)
 class RebuildResult:
-    """What :func:`rebuild_index` wrote: ConsumeQueues, then IndexFiles."""
-
     queues: int
     units: int
     files: int
-    index_files: int = 0
-    index_entries: int = 0
-    #: Why indexing stopped before the CommitLog's end (a record that does not parse).
-    index_error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.index_error is None
 
     def summary(self) -> str:
-        line = (
-            f"rebuilt {self.queues} ConsumeQueues: {self.units} units in {self.files} files; "
-            f"{self.index_files} IndexFiles: {self.index_entries} entries"
-        )
-        return line + (f"; indexing stopped at {self.index_error}" if self.index_error else "")
+        return f"rebuilt {self.queues} ConsumeQueues: {self.units} units in {self.files} files"
 
 
 def _write_queue(
@@ -375,63 +331,34 @@ def _cq_file_size(root: Path) -> int:
 
 
 def rebuild_index(
-    spark: SparkSession,
-    root: Path,
-    out: Path,
-    *,
-    cq_file_size: int | None = None,
-    max_hash_slot_num: int | None = None,
-    max_index_num: int | None = None,
+    spark: SparkSession, root: Path, out: Path, *, cq_file_size: int | None = None
 ) -> RebuildResult:
-    """Rebuild the ConsumeQueues of ``root`` under ``out/consumequeue`` and its
-    IndexFiles under ``out/index``, from its CommitLog, in one Spark job.
+    """Rebuild the ConsumeQueues of ``root`` under ``out/consumequeue`` from its CommitLog.
 
     One task per CommitLog file finds its records' units
     (:func:`basalt.pipeline._store_read.queue_runs`); a shuffle by queue hands
     each queue's runs to one task, which writes its files (:func:`_write_queue`).
-    Beside them one task writes the IndexFiles in CommitLog order with the
-    engine's IndexService (:func:`basalt.pipeline._index.rebuild_index_files`:
-    why one task, and how files are named). ``cq_file_size`` defaults to the
-    root's own ConsumeQueue file size; the IndexFile geometry
-    (``max_hash_slot_num``, ``max_index_num``) to what fits the size of the
-    root's IndexFiles, else the store's defaults
-    (:func:`basalt.pipeline._index.source_index`). Raises ValueError when
-    ``out`` is ``root``, already has a consumequeue/ or index/ (the source is
-    never written), or no geometry fits the root's IndexFiles; StoreRootError
-    for a bad root.
+    ``cq_file_size`` defaults to the root's own ConsumeQueue file size.
+    Raises ValueError when ``out`` is ``root`` or already has a consumequeue/
+    (the source is never written), StoreRootError for a bad root.
     """
     files = commitlog_files(root)
     out = Path(out)
     if out.resolve() == Path(root).resolve():
         raise ValueError(f"{out}: --out must not be the source root (it is read-only)")
-    layout = MessageStoreConfig(store_path_root_dir=out)
-    target = layout.consume_queue_dir
-    for directory in (target, layout.index_dir):
-        if directory.exists() and any(directory.iterdir()):
-            raise ValueError(f"{directory} exists and is not empty")
-    slots, entries, names = source_index(root, max_hash_slot_num, max_index_num)
+    target = MessageStoreConfig(store_path_root_dir=out).consume_queue_dir
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"{target} exists and is not empty")
     size = cq_file_size or _cq_file_size(root)
-    out_dir, root_text, out_text = str(target), str(root), str(out)
-    queues = (
+    out_dir = str(target)
+    written = (
         _files_rdd(spark, files)
         .flatMap(queue_runs)
         .groupByKey()
-        .map(lambda kv: ("queue", _write_queue(out_dir, size, kv[0], kv[1])))
+        .map(lambda kv: _write_queue(out_dir, size, kv[0], kv[1]))
+        .collect()
     )
-    index = spark.sparkContext.parallelize([out_text], 1).map(
-        lambda o: ("index", astuple(rebuild_index_files(root_text, o, slots, entries, names)))
-    )
-    written = queues.union(index).collect()
-    cq = [w for kind, w in written if kind == "queue"]
-    ((index_files, index_entries, _, index_error),) = [w for kind, w in written if kind == "index"]
-    return RebuildResult(
-        len(cq),
-        sum(u for u, _ in cq),
-        sum(f for _, f in cq),
-        index_files,
-        index_entries,
-        index_error,
-    )
+    return RebuildResult(len(written), sum(u for u, _ in written), sum(f for _, f in written))
 
 
 # -- lag-report ----------------------------------------------------------------------------
@@ -556,23 +483,9 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     ve = sub.add_parser("verify", help="CRC and ConsumeQueue consistency per CommitLog file")
     ve.add_argument("--root", type=Path, required=True, help="the store root")
     ve.set_defaults(handler=_run_verify)
-    rb = sub.add_parser(
-        "rebuild-index", help="rebuild ConsumeQueues and IndexFiles from the CommitLog"
-    )
+    rb = sub.add_parser("rebuild-index", help="rebuild ConsumeQueues from the CommitLog")
     rb.add_argument("--root", type=Path, required=True, help="the store root (read-only)")
-    rb.add_argument(
-        "--out", type=Path, required=True, help="where consumequeue/ and index/ are written"
-    )
-    rb.add_argument(
-        "--max-hash-slot-num",
-        type=int,
-        help="the store's IndexFile hash slots (default: from the root's IndexFiles' size)",
-    )
-    rb.add_argument(
-        "--max-index-num",
-        type=int,
-        help="the store's IndexFile entries (default: from the root's IndexFiles' size)",
-    )
+    rb.add_argument("--out", type=Path, required=True, help="where consumequeue/ is written")
     rb.set_defaults(handler=_run_rebuild)
     lag = sub.add_parser("lag-report", help="consumer lag per group, topic and queue")
     lag.add_argument("-g", "--group", action="append", required=True, help="a consumer group")
@@ -621,8 +534,6 @@ def _run_verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     for row in result.report.collect():
         out.write(" ".join(f"{k}={v}" for k, v in row.asDict().items()) + "\n")
-    for row in result.units_report.where("bad_units > 0").collect():
-        out.write(" ".join(f"{k}={v}" for k, v in row.asDict().items()) + "\n")
     out.write(result.summary() + "\n")
     return EXIT_OK if result.ok else EXIT_PROBLEM
 
@@ -630,15 +541,12 @@ def _run_verify(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _run_rebuild(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         store_layout(args.root)
-        result = rebuild_index(
-            _session(args), args.root, args.out,
-            max_hash_slot_num=args.max_hash_slot_num, max_index_num=args.max_index_num,
-        )  # fmt: skip
+        result = rebuild_index(_session(args), args.root, args.out)
     except (StoreRootError, ValueError) as e:
         err.write(f"basalt pipeline rebuild-index: error: {e}\n")
         return EXIT_USAGE
-    out.write(result.summary() + "\n")
-    return EXIT_OK if result.ok else EXIT_PROBLEM
+    out.write(result.summary() + " (IndexFiles are not rebuilt)\n")
+    return EXIT_OK
 
 
 def _run_lag(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
