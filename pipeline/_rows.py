@@ -25,10 +25,12 @@ body               binary               BODY
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from basalt.common import _records
 from basalt.common.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -36,6 +38,7 @@ from basalt.common.message import (
     encode_host,
     offset_msg_id,
 )
+from basalt.common.record import Buffer, CorruptRecordError, decode_records
 
 #: The schema as Spark DDL (what ``DataSource.schema()`` answers).
 SCHEMA_DDL = (
@@ -78,8 +81,17 @@ def _msg_ids(records: Sequence[MessageRecord]) -> list[str]:
     return out
 
 
+#: Rows of one RecordBatch made from raw records (Spark moves each to the JVM whole).
+BATCH_ROWS = 8192
+#: Body bytes after which a RecordBatch is cut short of BATCH_ROWS (large bodies).
+BATCH_BYTES = 16 << 20
+
+
 def record_batch(broker: str, records: Sequence[MessageRecord]) -> pa.RecordBatch:
-    """``records`` (all read from ``broker``) as one RecordBatch of :data:`ARROW_SCHEMA`."""
+    """``records`` (all read from ``broker``) as one RecordBatch of :data:`ARROW_SCHEMA`.
+
+    The readable reference of :func:`raw_batches` (tests hold the two equal),
+    and its fallback for property blocks that are not UTF-8."""
     columns = [
         [r.topic for r in records],
         [broker] * len(records),
@@ -98,3 +110,72 @@ def record_batch(broker: str, records: Sequence[MessageRecord]) -> pa.RecordBatc
         [pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)],
         schema=ARROW_SCHEMA,
     )
+
+
+def _column(kind: pa.DataType, rows: int, part: tuple[bytes, bytes, bytes, int]) -> pa.Array:
+    """A string or binary column from arrow_columns' (offsets, data, validity, nulls)."""
+    offsets, data, validity, nulls = part
+    bitmap = pa.py_buffer(validity) if nulls else None
+    return pa.Array.from_buffers(
+        kind, rows, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
+
+
+def raw_batches(
+    broker: str,
+    data: Buffer,
+    pos: int = 0,
+    end: int | None = None,
+    *,
+    max_rows: int = BATCH_ROWS,
+    max_bytes: int = BATCH_BYTES,
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``data[pos:end]`` (stored records back to back: a pull's
+    answer, a run of a CommitLog file; all read from ``broker``) as RecordBatches
+    of :data:`ARROW_SCHEMA` of at most ``max_rows`` rows (or ``max_bytes`` of
+    bodies), equal to :func:`record_batch` of their :func:`decode_records`.
+
+    Each batch's buffers are built by one C call
+    (:func:`basalt.common._records.arrow_columns`) from the bytes, with no
+    Python object per row; a batch holding a property block that is not
+    UTF-8 is decoded record by record instead (the decoder replaces what
+    Arrow would refuse). Raises CorruptRecordError as decode_records does."""
+    stop = len(memoryview(data)) if end is None else end
+    broker_value = pa.scalar(broker, pa.string())
+    while pos < stop:
+        got = _records.arrow_columns(data, pos, stop, max_rows, max_bytes, CorruptRecordError)
+        at, rows, utf8_ok, queue_id, queue_offset, commitlog_offset, born, stored, entries = got[:9]
+        if not utf8_ok:
+            yield record_batch(broker, decode_records(memoryview(data)[pos:at]))
+            pos = at
+            continue
+        topic, msg_id, tags, keys, names, values, body = got[9:]
+        n_entries = len(names[0]) // 4 - 1
+        properties = pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), rows + 1, [None, pa.py_buffer(entries)]),
+            _column(pa.string(), n_entries, names),
+            _column(pa.string(), n_entries, values),
+        )
+        columns = [
+            _column(pa.string(), rows, topic),
+            pa.repeat(broker_value, rows),
+            pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(queue_id)]),
+            pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(queue_offset)]),
+            pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(commitlog_offset)]),
+            _column(pa.string(), rows, msg_id),
+            _column(pa.string(), rows, tags),
+            _column(pa.string(), rows, keys),
+            properties,
+            pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(born)]),
+            pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(stored)]),
+            _column(pa.binary(), rows, body),
+        ]
+        yield pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+        pos = at
+
+
+def rows_where(batch: pa.RecordBatch, mask: pa.BooleanArray | None) -> pa.RecordBatch:
+    """``batch``'s rows where ``mask`` is true (``batch`` itself when all are, or no mask)."""
+    if mask is None or pc.all(mask).as_py():
+        return batch
+    return batch.filter(mask)

@@ -4,8 +4,8 @@ Every function here takes a :class:`FileSpec` (a plain, picklable description
 of one CommitLog file) and works on that file alone, so a job is one task per
 file. The reading is the store's own: :func:`basalt.store.readonly.check_at`
 validates each record (magic, TOTALSIZE, CRC, PHYSICALOFFSET) and
-:func:`basalt.common.record.decode_record` decodes it; nothing here writes to
-the store root (files are mapped ``read_only``).
+:func:`basalt.pipeline._rows.raw_batches` turns runs of them into Arrow
+batches; nothing here writes to the store root (files are mapped ``read_only``).
 
 A record whose CRC does not match is *bad*: it is counted and its offset
 reported, and the walk goes on past it (its TOTALSIZE is sound: the record
@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from basalt.common import _records
 from basalt.common.message import (
     PROPERTY_TAGS,
-    MessageRecord,
     decode_properties,
     is_dispatchable,
 )
-from basalt.common.record import RecordInfo, RecordKind, decode_records
-from basalt.pipeline._rows import ARROW_SCHEMA, SCHEMA_DDL, record_batch
+from basalt.common.record import RecordInfo, RecordKind
+from basalt.pipeline._rows import ARROW_SCHEMA, SCHEMA_DDL, raw_batches, rows_where
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.hashing import tags_code
@@ -136,7 +136,8 @@ def _runs(mf: MappedFile, scan: FileScan) -> Iterator[tuple[int, int]]:
 
     The checks of :func:`_walk` (check_record's rules, CRC included) made by
     the engine's C scan (:func:`basalt.common._records.scan`, as recovery
-    walks a file) a run at a time; the export decodes each run in one C call.
+    walks a file) a run at a time; the export turns each run into Arrow
+    batches, one C call per batch.
     """
     pos = end = 0
     while True:
@@ -180,22 +181,32 @@ def export_batches(
     """
     mf = _open(spec)
     try:
-        kept: list[MessageRecord] = []
         for start, end in _runs(mf, scan):
-            kept += [
-                r
-                for r in decode_records(mf.buffer[start:end])
-                if (topic is None or r.topic == topic)
-                and (from_ms is None or r.store_timestamp_ms >= from_ms)
-                and (to_ms is None or r.store_timestamp_ms < to_ms)
-            ]
-            while len(kept) >= batch_rows:
-                yield record_batch(broker, kept[:batch_rows])
-                del kept[:batch_rows]
-        if kept:
-            yield record_batch(broker, kept)
+            for batch in raw_batches(broker, mf.buffer, start, end, max_rows=batch_rows):
+                kept = rows_where(batch, _export_mask(batch, topic, from_ms, to_ms))
+                if kept.num_rows:
+                    yield kept
     finally:
         mf.close()
+
+
+def _export_mask(
+    batch: pa.RecordBatch, topic: str | None, from_ms: int | None, to_ms: int | None
+) -> pa.BooleanArray | None:
+    """Which rows of ``batch`` the export keeps (None: every row)."""
+    tests = []
+    if topic is not None:
+        tests.append(pc.equal(batch.column("topic"), topic))
+    if from_ms is not None:
+        tests.append(pc.greater_equal(batch.column("store_timestamp"), from_ms))
+    if to_ms is not None:
+        tests.append(pc.less(batch.column("store_timestamp"), to_ms))
+    if not tests:
+        return None
+    mask = tests[0]
+    for more in tests[1:]:
+        mask = pc.and_(mask, more)
+    return mask
 
 
 def verify_file(spec: FileSpec) -> FileScan:

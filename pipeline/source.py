@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -61,10 +62,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from basalt.common.record import decode_records
 from basalt.pipeline import _cluster
 from basalt.pipeline._cluster import BasaltSourceError, QueueRef
-from basalt.pipeline._rows import SCHEMA_DDL, record_batch
+from basalt.pipeline._rows import BATCH_BYTES, BATCH_ROWS, SCHEMA_DDL, raw_batches, rows_where
 from basalt.pipeline.sink import BasaltStreamWriter, BasaltWriter, sink_options
 from basalt.v1 import common_pb2 as pb
 
@@ -77,8 +77,6 @@ DEFAULT_GROUP = "basalt-spark-source"
 MAX_PARTITION_OFFSETS = 1_000_000
 #: Records asked of one pull (the store's transfer caps may answer fewer).
 PULL_MAX_NUMS = 4096
-#: Rows gathered before a RecordBatch is yielded.
-BATCH_ROWS = 8192
 #: Kafka's special offsets in offsets JSON.
 EARLIEST, LATEST = -2, -1
 
@@ -250,8 +248,13 @@ def _split(
 
 
 def _read(options: SourceOptions, part: BasaltPartition) -> Iterator[pa.RecordBatch]:
-    """The matching messages of ``part`` as RecordBatches of about BATCH_ROWS rows."""
-    pending: list[Any] = []
+    """The matching messages of ``part`` as RecordBatches of about BATCH_ROWS rows.
+
+    Pulled bytes are gathered up to BATCH_BYTES and turned into Arrow in C
+    (:func:`raw_batches`, no Python object per row); rows past ``part.end``
+    (a last pull may return some) are dropped."""
+    pending: list[bytes] = []
+    size = 0
     for records in _cluster.pull_range(
         options.endpoint,
         group=options.pull_group,
@@ -263,12 +266,18 @@ def _read(options: SourceOptions, part: BasaltPartition) -> Iterator[pa.RecordBa
         subscription=options.subscription_pb(),
         max_nums=PULL_MAX_NUMS,
     ):
-        pending.extend(r for r in decode_records(records.data) if r.queue_offset < part.end)
-        if len(pending) >= BATCH_ROWS:
-            yield record_batch(part.broker, pending)
-            pending = []
+        pending.append(records.data)
+        size += len(records.data)
+        if size >= BATCH_BYTES:
+            yield from _batches(part, b"".join(pending))
+            pending, size = [], 0
     if pending:
-        yield record_batch(part.broker, pending)
+        yield from _batches(part, b"".join(pending))
+
+
+def _batches(part: BasaltPartition, data: bytes) -> Iterator[pa.RecordBatch]:
+    for batch in raw_batches(part.broker, data, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES):
+        yield rows_where(batch, pc.less(batch.column("queue_offset"), part.end))
 
 
 def _offsets_json(positions: Mapping[QueueRef, int]) -> OffsetJson:

@@ -2200,6 +2200,221 @@ done:
     return result;
 }
 
+/* ---- arrow_columns ------------------------------------------------------------ */
+
+/* One property pair of a record: raw name and value, pointing into the record. */
+typedef struct {
+    const uint8_t *name, *value;
+    uint32_t name_len, value_len;
+} prop_t;
+
+static int put_i32_ne(bytes_t *s, int32_t v) { return bytes_put(s, &v, 4); }
+static int put_i64_ne(bytes_t *s, int64_t v) { return bytes_put(s, &v, 8); }
+
+/* One string column: native-endian int32 offsets (n + 1), data, validity bits. */
+typedef struct {
+    bytes_t off, data, valid;
+    Py_ssize_t nulls;
+} col_t;
+
+static int col_put(col_t *c, Py_ssize_t row, const uint8_t *s, Py_ssize_t n, int present) {
+    if ((row & 7) == 0) {
+        uint8_t zero = 0;
+        if (bytes_put(&c->valid, &zero, 1) < 0) return -1;
+    }
+    if (present) c->valid.p[row >> 3] |= (uint8_t)(1u << (row & 7));
+    else c->nulls++;
+    if (n > 0 && bytes_put(&c->data, s, n) < 0) return -1;
+    return put_i32_ne(&c->off, (int32_t)c->data.n);
+}
+
+static void col_free(col_t *c) {
+    PyMem_Free(c->off.p);
+    PyMem_Free(c->data.p);
+    PyMem_Free(c->valid.p);
+}
+
+static PyObject *bytes_obj(const bytes_t *s) {
+    return PyBytes_FromStringAndSize((const char *)s->p, s->n);
+}
+
+/* The record's properties as decode_properties splits them: pairs at \x02, each at
+ * its first \x01, no-\x01 pairs skipped, a later name replacing an earlier one's
+ * value in its place (a dict's rule). *props grows as needed; returns the count. */
+static Py_ssize_t split_props(const uint8_t *s, Py_ssize_t n, prop_t **props,
+                              Py_ssize_t *cap) {
+    Py_ssize_t count = 0;
+    const uint8_t *end = s + n;
+    while (n > 0) {
+        const uint8_t *e = memchr(s, 2, (size_t)(end - s));
+        if (e == NULL) e = end;
+        const uint8_t *sep = memchr(s, 1, (size_t)(e - s));
+        if (sep != NULL) {
+            prop_t p = {s, sep + 1, (uint32_t)(sep - s), (uint32_t)(e - sep - 1)};
+            Py_ssize_t i = 0;
+            while (i < count && ((*props)[i].name_len != p.name_len ||
+                                 memcmp((*props)[i].name, p.name, p.name_len) != 0))
+                i++;
+            if (i == count) {
+                if (count == *cap) {
+                    Py_ssize_t grown = *cap ? *cap * 2 : 16;
+                    prop_t *q = PyMem_Realloc(*props, (size_t)grown * sizeof *q);
+                    if (q == NULL) {
+                        PyErr_NoMemory();
+                        return -1;
+                    }
+                    *props = q;
+                    *cap = grown;
+                }
+                count++;
+                (*props)[i].name = p.name;
+                (*props)[i].name_len = p.name_len;
+            }
+            (*props)[i].value = p.value;
+            (*props)[i].value_len = p.value_len;
+        }
+        if (e == end) break;
+        s = e + 1;
+    }
+    return count;
+}
+
+static const prop_t *find_pair(const prop_t *props, Py_ssize_t count, const char *name) {
+    size_t len = strlen(name);
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (props[i].name_len == len && memcmp(props[i].name, name, len) == 0) return &props[i];
+    return NULL;
+}
+
+enum { AC_TOPIC, AC_MSG_ID, AC_TAGS, AC_KEYS, AC_PROP_KEYS, AC_PROP_VALUES, AC_BODY, AC_N };
+
+/*
+ * arrow_columns(data, pos, end, max_rows, max_bytes, error_type)
+ *   -> (next_pos, rows, utf8_ok, queue_id, queue_offset, commitlog_offset,
+ *       born_timestamp, store_timestamp, map_offsets,
+ *       (offsets, data, validity, null_count) for topic, msg_id, tags, keys,
+ *       property names, property values, body)
+ * The records of data[pos:end] (back to back, as a pull returns them) as the
+ * buffers of Arrow columns (pipeline._rows.ARROW_SCHEMA), without a Python
+ * object per row: fixed-width columns as native-endian int32/int64 arrays,
+ * variable ones as int32 offsets + data (+ a validity bitmap; tags and keys are
+ * null when the property is absent), properties as a map's entry offsets and
+ * its flat names and values. Stops after max_rows records, or once the body
+ * bytes reach max_bytes (at least one record), at next_pos. Same validation as
+ * decode_records (error_type(position in data, reason) on a bad record).
+ * utf8_ok is False when some property block is not UTF-8 (the decoder's
+ * errors="replace" would change it): the caller then decodes that range with
+ * decode_records. The readable reference is pipeline._rows.record_batch_py.
+ */
+static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t pos, end, max_rows, max_bytes;
+    PyObject *error_type;
+    if (!PyArg_ParseTuple(args, "y*nnnnO", &b, &pos, &end, &max_rows, &max_bytes, &error_type))
+        return NULL;
+    PyObject *result = NULL;
+    bytes_t ints[5] = {{0}}, map_off = {0};
+    col_t cols[AC_N];
+    memset(cols, 0, sizeof cols);
+    prop_t *props = NULL;
+    Py_ssize_t props_cap = 0, rows = 0;
+    int utf8_ok = 1;
+    static const char hex[] = "0123456789ABCDEF";
+    if (pos < 0 || end > b.len || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "arrow_columns: pos/end outside data");
+        goto done;
+    }
+    for (int c = 0; c < AC_N; c++)
+        if (put_i32_ne(&cols[c].off, 0) < 0) goto done;
+    if (put_i32_ne(&map_off, 0) < 0) goto done;
+    const uint8_t *data = b.buf;
+    while (pos < end && rows < max_rows && (rows == 0 || cols[AC_BODY].data.n < max_bytes)) {
+        const uint8_t *p = data + pos;
+        rec_t r;
+        reason_t why;
+        int kind = parse_record(p, end - pos, &r, &why);
+        if (kind == KIND_MORE && !utf8_valid(p + r.topic_off, r.topic_len)) {
+            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
+            kind = KIND_CORRUPT;
+        }
+        if (kind != KIND_MORE) {
+            if (end - pos < 8)
+                snprintf(why.text, sizeof why.text, "%zd bytes left, too few for a record",
+                         end - pos);
+            else if (kind != KIND_CORRUPT)
+                snprintf(why.text, sizeof why.text, "bad magic code 0x%08X", get_u32(p + 4));
+            PyObject *err = PyObject_CallFunction(error_type, "ns", pos, why.text);
+            if (err != NULL) {
+                PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+                Py_DECREF(err);
+            }
+            goto done;
+        }
+        /* Offsets are int32: stop before a column could pass 2 GiB. */
+        if (rows > 0 && cols[AC_BODY].data.n + r.body_len + r.props_len > INT32_MAX / 2) break;
+        Py_ssize_t sh = (r.sys_flag & STOREHOSTADDRESS_V6_FLAG) ? 20 : 8;
+        uint8_t id[28 + 8];
+        char id_hex[2 * sizeof id];
+        memcpy(id, p + r.store_ts_off + 8, (size_t)sh);
+        put_i64(id + sh, r.phys);
+        for (Py_ssize_t i = 0; i < sh + 8; i++) {
+            id_hex[2 * i] = hex[id[i] >> 4];
+            id_hex[2 * i + 1] = hex[id[i] & 15];
+        }
+        uint32_t props_len = r.props_len - (has_crc32_prop(p, &r) ? CRC32_RESERVED_LEN : 0);
+        const uint8_t *block = p + r.props_off;
+        if (!utf8_valid(block, props_len)) utf8_ok = 0;
+        Py_ssize_t count = split_props(block, props_len, &props, &props_cap);
+        if (count < 0) goto done;
+        const prop_t *tags = find_pair(props, count, "TAGS");
+        const prop_t *keys = find_pair(props, count, "KEYS");
+        if (put_i32_ne(&ints[0], r.queue_id) < 0 || put_i64_ne(&ints[1], r.queue_offset) < 0 ||
+            put_i64_ne(&ints[2], r.phys) < 0 || put_i64_ne(&ints[3], get_i64(p + 40)) < 0 ||
+            put_i64_ne(&ints[4], r.store_ts) < 0 ||
+            col_put(&cols[AC_TOPIC], rows, p + r.topic_off, r.topic_len, 1) < 0 ||
+            col_put(&cols[AC_MSG_ID], rows, (const uint8_t *)id_hex, 2 * (sh + 8), 1) < 0 ||
+            col_put(&cols[AC_TAGS], rows, tags ? tags->value : NULL, tags ? tags->value_len : 0,
+                    tags != NULL) < 0 ||
+            col_put(&cols[AC_KEYS], rows, keys ? keys->value : NULL, keys ? keys->value_len : 0,
+                    keys != NULL) < 0 ||
+            col_put(&cols[AC_BODY], rows, p + r.body_off, r.body_len, 1) < 0)
+            goto done;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_ssize_t k = cols[AC_PROP_KEYS].off.n / 4 - 1; /* entries so far */
+            if (col_put(&cols[AC_PROP_KEYS], k, props[i].name, props[i].name_len, 1) < 0 ||
+                col_put(&cols[AC_PROP_VALUES], k, props[i].value, props[i].value_len, 1) < 0)
+                goto done;
+        }
+        if (put_i32_ne(&map_off, (int32_t)(cols[AC_PROP_KEYS].off.n / 4 - 1)) < 0) goto done;
+        rows++;
+        pos += r.size;
+    }
+    PyObject *parts = PyTuple_New(9 + AC_N);
+    if (parts == NULL) goto done;
+    PyTuple_SET_ITEM(parts, 0, PyLong_FromSsize_t(pos));
+    PyTuple_SET_ITEM(parts, 1, PyLong_FromSsize_t(rows));
+    PyTuple_SET_ITEM(parts, 2, PyBool_FromLong(utf8_ok));
+    for (int i = 0; i < 5; i++) PyTuple_SET_ITEM(parts, 3 + i, bytes_obj(&ints[i]));
+    PyTuple_SET_ITEM(parts, 8, bytes_obj(&map_off));
+    for (int c = 0; c < AC_N; c++)
+        PyTuple_SET_ITEM(parts, 9 + c,
+                         Py_BuildValue("(NNNn)", bytes_obj(&cols[c].off), bytes_obj(&cols[c].data),
+                                       bytes_obj(&cols[c].valid), cols[c].nulls));
+    for (Py_ssize_t i = 0; i < 9 + AC_N; i++)
+        if (PyTuple_GET_ITEM(parts, i) == NULL) {
+            Py_DECREF(parts); /* an allocation failed: its error is set */
+            goto done;
+        }
+    result = parts;
+done:
+    for (int i = 0; i < 5; i++) PyMem_Free(ints[i].p);
+    PyMem_Free(map_off.p);
+    for (int c = 0; c < AC_N; c++) col_free(&cols[c]);
+    PyMem_Free(props);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> zlib-compatible CRC32."},
     {"crc32_portable", py_crc32_portable, METH_VARARGS,
@@ -2235,6 +2450,9 @@ static PyMethodDef methods[] = {
     {"encode_batch", py_encode_batch, METH_VARARGS,
      "encode_batch(messages, uniq_keys, queue_id, store_host, born_timestamp_ms, "
      "message_type, host_parts) -> bytes, or None: use common.record.encode_batch_py."},
+    {"arrow_columns", py_arrow_columns, METH_VARARGS,
+     "arrow_columns(data, pos, end, max_rows, max_bytes, error_type) -> the buffers of "
+     "pipeline._rows.ARROW_SCHEMA's columns for the records of data[pos:end]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -131,3 +131,33 @@ def encode_batch(
 def slotted(
     cls: type[_R], fields: tuple[str, ...], columns: tuple[Sequence[object], ...], /
 ) -> list[_R]: ...
+
+#: One variable-width Arrow column: int32 offsets, data, validity bitmap, null count.
+ArrowColumn = tuple[bytes, bytes, bytes, int]
+
+def arrow_columns(
+    data: Buffer,
+    pos: int,
+    end: int,
+    max_rows: int,
+    max_bytes: int,
+    error_type: Callable[[int, str], BaseException],
+    /,
+) -> tuple[
+    int,
+    int,
+    bool,
+    bytes,
+    bytes,
+    bytes,
+    bytes,
+    bytes,
+    bytes,
+    ArrowColumn,
+    ArrowColumn,
+    ArrowColumn,
+    ArrowColumn,
+    ArrowColumn,
+    ArrowColumn,
+    ArrowColumn,
+]: ...

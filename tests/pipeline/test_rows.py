@@ -1,0 +1,91 @@
+"""Raw records to Arrow in C (``_records.arrow_columns`` via ``_rows.raw_batches``)
+against the readable reference, ``record_batch`` of ``decode_records``: the
+same rows on every input, or the same CorruptRecordError."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from basalt.common.message import Message, encode_host
+from basalt.common.record import CorruptRecordError, EncodedMessage, decode_records
+from basalt.pipeline._rows import ARROW_SCHEMA, raw_batches, record_batch
+from tests.support.strategies import hosts, messages
+
+#: Property blocks as a store may hold them: separators anywhere, names repeated,
+#: TAGS / KEYS present or not, and (rarely) bytes that are not UTF-8.
+raw_properties = st.lists(
+    st.sampled_from(
+        [b"\x01", b"\x02", b"TAGS", b"KEYS", b"UNIQ_KEY", b"a", b"\xc3\xa9", b"\xe2\x82", b"\xff"]
+    ),
+    max_size=24,
+).map(b"".join)
+
+
+def run_of(items: list[tuple[Message, str, bytes | None]]) -> bytes:
+    """Stored records back to back: each message with its store host and raw properties."""
+    parts, pos = [], 0
+    for k, (message, store_host, props) in enumerate(items):
+        encoded = EncodedMessage(message, store_host=encode_host(store_host), properties=props)
+        parts.append(encoded.encode(1000 + k, pos, 1_700_000_000_000 + k))
+        pos += encoded.size
+    return b"".join(parts)
+
+
+def reference(data: bytes) -> pa.Table:
+    return pa.Table.from_batches([record_batch("broker-a", decode_records(data))], ARROW_SCHEMA)
+
+
+def fast(data: bytes, max_rows: int = 8192, max_bytes: int = 1 << 20) -> pa.Table:
+    batches = list(raw_batches("broker-a", data, max_rows=max_rows, max_bytes=max_bytes))
+    for b in batches:
+        b.validate(full=True)
+    return pa.Table.from_batches(batches, ARROW_SCHEMA)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(messages(), hosts, st.one_of(st.none(), raw_properties)), min_size=0, max_size=6
+    ),
+    st.integers(1, 4),
+    st.integers(1, 2048),
+)
+def test_raw_batches_equal_the_reference(
+    items: list[tuple[Message, str, bytes | None]], max_rows: int, max_bytes: int
+) -> None:
+    data = run_of(items)
+    assert fast(data, max_rows, max_bytes).equals(reference(data))
+
+
+def test_ordinary_records_and_batch_limits() -> None:
+    message = Message("T", b"body", tags="TagA", keys=["k1", "k2"], properties={"a": "b"})
+    plain = Message("T", b"x" * 100)
+    data = run_of([(message, "[::1]:10911", None), (plain, "10.0.0.1:10911", None)] * 5)
+    got = fast(data, max_rows=3)
+    assert got.equals(reference(data))
+    row = got.slice(0, 2).to_pylist()
+    assert (row[0]["tags"], row[0]["keys"], row[1]["tags"], row[1]["keys"]) == (
+        "TagA",
+        "k1 k2",
+        None,
+        None,
+    )
+    assert len(row[0]["msg_id"]) == 56 and len(row[1]["msg_id"]) == 32
+    assert [b.num_rows for b in raw_batches("b", data, max_rows=3)] == [3, 3, 3, 1]
+    # stops once the bodies reach max_bytes: 4 + 100 + 4 < 150 <= 4 + 100 + 4 + 100
+    assert [b.num_rows for b in raw_batches("b", data, max_bytes=150)] == [4, 4, 2]
+    assert list(raw_batches("b", data, 10, 10)) == []
+
+
+def test_a_damaged_run_fails_as_decode_records_does() -> None:
+    data = bytearray(run_of([(Message("T", b"x" * 50), "127.0.0.1:1", None)] * 3))
+    data[len(data) // 3 + 4] ^= 0xFF  # the second record's magic code
+    for broken in (bytes(data), bytes(data[:-10])):
+        with pytest.raises(CorruptRecordError) as want:
+            decode_records(broken)
+        with pytest.raises(CorruptRecordError) as got:
+            fast(broken)
+        assert (got.value.offset, got.value.reason) == (want.value.offset, want.value.reason)
