@@ -25,10 +25,11 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from basalt.common.telemetry import (
     TelemetryConfig,
@@ -369,13 +370,58 @@ def _bytes_or(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
     return serialize_unless_bytes
 
 
+#: gRPC server reflection v1. grpcio-reflection (1.85) serves only v1alpha;
+#: v1 is the same service renamed (same messages, field for field, and the same
+#: one method), so the v1alpha servicer answers both names. Current clients
+#: (grpcurl, Postman, grpc-java/go reflection) ask v1 first.
+REFLECTION_V1_SERVICE = "grpc.reflection.v1.ServerReflection"
+_REFLECTION_V1_FILE = "grpc/reflection/v1/reflection.proto"
+
+
+def _register_reflection_v1() -> None:
+    """Add v1's reflection.proto to the default descriptor pool (v1alpha's with
+    its package renamed), so that reflection can describe the v1 service it
+    lists. Nothing when some library registered it already."""
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileByName(_REFLECTION_V1_FILE)
+        return
+    except KeyError:
+        pass
+    old, new = "grpc.reflection.v1alpha", "grpc.reflection.v1"
+    file = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(file)
+    file.name, file.package = _REFLECTION_V1_FILE, new
+    file.ClearField("options")  # v1alpha's are marked deprecated; v1 is not
+    for message in file.message_type:
+        for f in message.field:
+            if f.type_name.startswith(f".{old}."):
+                f.type_name = f".{new}." + f.type_name[len(old) + 2 :]
+    for rpc in file.service[0].method:
+        rpc.input_type = rpc.input_type.replace(f".{old}.", f".{new}.")
+        rpc.output_type = rpc.output_type.replace(f".{old}.", f".{new}.")
+    pool.Add(file)
+
+
 def add_health_and_reflection(server: grpc.aio.Server, service: str) -> health.aio.HealthServicer:
-    """``grpc.health.v1`` (call :func:`set_serving` once ready) and reflection of
-    ``service``, health and reflection themselves."""
+    """``grpc.health.v1`` (call :func:`set_serving` once ready) and reflection,
+    v1 and v1alpha (see :data:`REFLECTION_V1_SERVICE`), of ``service``, health
+    and reflection themselves."""
     servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    reflection.enable_server_reflection(
-        (service, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    _register_reflection_v1()
+    names = (service, health.SERVICE_NAME, REFLECTION_V1_SERVICE, reflection.SERVICE_NAME)
+    reflecting = reflection.aio.ReflectionServicer(names)
+    info = grpc.stream_stream_rpc_method_handler(
+        reflecting.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        tuple(
+            grpc.method_handlers_generic_handler(name, {"ServerReflectionInfo": info})
+            for name in (REFLECTION_V1_SERVICE, reflection.SERVICE_NAME)
+        )
     )
     return servicer
 

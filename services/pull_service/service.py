@@ -62,6 +62,7 @@ from basalt.services.meta.model import (
 )
 from basalt.services.meta.watch import MetaWatcher
 from basalt.services.process import MAX_PENDING_CALLS
+from basalt.services.pull_service.answers import cap_bytes, decode_answer
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
 from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_timeout_s
 from basalt.services.pull_service.checks import check_pull, topic_route
@@ -281,7 +282,10 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
             got = await self._call_store_node(
                 broker, lambda a: self.channels.store_node(a).GetMessage, get, suspend_ms, context
             )
-        return _pull_response(got, request.offset)
+        answer = _pull_response(got, request.offset)
+        if request.decode:
+            decode_answer(answer)
+        return answer
 
     @rpc_method
     async def PullBatch(  # type: ignore[override]  # may answer serialized bytes
@@ -313,9 +317,14 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
         )
         if request.suspend_timeout_ms < 0:
             raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
+        max_bytes = request.max_bytes if request.HasField("max_bytes") else None
+        if max_bytes is not None and max_bytes < 1:
+            raise invalid(f"max_bytes {max_bytes} must be at least 1 (unset = no cap)")
         for p in pulls:
             if p.group and p.group != group:
                 raise invalid(f"an entry's group {p.group!r} is not the call's {group!r}")
+            if p.decode:
+                raise invalid("an entry sets decode: set PullBatchRequest.decode for the call")
             p.group = group  # the checks below read each entry's own group
         answers: list[pb.PullResponse | None] = []
         gets: list[sn.GetMessageRequest] = []
@@ -332,7 +341,8 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
             return pb.PullBatchResponse(results=[a for a in answers if a is not None])
         suspend_ms = min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms)
         get_messages = sn.GetMessagesRequest(reads=gets, suspend_timeout_ms=suspend_ms)
-        if len(gets) == len(pulls):
+        reshape = request.decode or max_bytes is not None
+        if len(gets) == len(pulls) and not reshape:
             # The store-node's answer is this call's, entry for entry: pass its
             # bytes through undecoded (the registration in pull_server lets
             # PullBatch answer with bytes). Decoding and re-encoding the
@@ -342,15 +352,99 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
             )
             return raw
         # Some entries were refused here: answer at once (nothing held), the
-        # store-node's answers slotted in between.
-        get_messages.suspend_timeout_ms = 0
+        # store-node's answers slotted in between. Decoding or capping needs the
+        # answer parsed; it is held as the fast path's is when nothing was refused.
+        if len(gets) < len(pulls):
+            get_messages.suspend_timeout_ms = suspend_ms = 0
         got = await self._call_store_node(
-            broker, lambda a: self.channels.store_node(a).GetMessages, get_messages, 0, context
+            broker,
+            lambda a: self.channels.store_node(a).GetMessages,
+            get_messages,
+            suspend_ms,
+            context,
         )
         results = iter(got.results)
-        return pb.PullBatchResponse(
-            results=[a if a is not None else next(results) for a in answers]
+        merged = [a if a is not None else next(results) for a in answers]
+        if max_bytes is not None:
+            cap_bytes(merged, max_bytes)
+        if request.decode:
+            for answer in merged:
+                decode_answer(answer)
+        return pb.PullBatchResponse(results=merged)
+
+    # -- offsets ----------------------------------------------------------------------
+
+    def _offset_broker(self, group: str, q: pb.MessageQueue) -> BrokerRegistration:
+        """The broker holding ``q``'s offsets, after QueryOffsetRequest's checks
+        (pull_service.proto) in their order."""
+        check_group(group)
+        broker = self.brokers.get(q.broker_name)
+        if broker is None:
+            raise Refusal(
+                pb.RESPONSE_CODE_BROKER_NOT_EXIST, f"broker {q.broker_name!r} is not registered"
+            )
+        config = self.view.topics.get(q.topic)
+        if config is None:
+            raise no_such_topic(q.topic)
+        if not 0 <= q.queue_id < config.read_queue_nums:
+            raise invalid(
+                f"queue id {q.queue_id} is out of range: topic {q.topic!r} has "
+                f"{config.read_queue_nums} read queues"
+            )
+        return broker
+
+    @rpc_method
+    async def QueryOffset(
+        self, request: ps.QueryOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.QueryOffsetResponse:
+        q = request.queue
+        broker = self._offset_broker(request.group, q)
+        committed, bounds = await asyncio.gather(
+            self._call_store_node(
+                broker,
+                lambda a: self.channels.store_node(a).QueryConsumerOffset,
+                sn.QueryConsumerOffsetRequest(
+                    group=request.group, topic=q.topic, queue_id=q.queue_id
+                ),
+                0,
+                context,
+            ),
+            self._call_store_node(
+                broker,
+                lambda a: self.channels.store_node(a).GetMinMaxOffset,
+                sn.GetMinMaxOffsetRequest(topic=q.topic, queue_id=q.queue_id),
+                0,
+                context,
+            ),
         )
+        return ps.QueryOffsetResponse(
+            offset=committed.offset,
+            reset_epoch=committed.reset_epoch,
+            min_offset=bounds.min_offset,
+            max_offset=bounds.max_offset,
+        )
+
+    @rpc_method
+    async def CommitOffset(
+        self, request: ps.CommitOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ps.CommitOffsetResponse:
+        q = request.queue
+        broker = self._offset_broker(request.group, q)
+        if request.offset < 0:
+            raise invalid(f"offset {request.offset} is negative")
+        update = sn.UpdateConsumerOffsetRequest(
+            group=request.group, topic=q.topic, queue_id=q.queue_id, offset=request.offset
+        )
+        if request.HasField("reset_epoch"):
+            update.reset_epoch = request.reset_epoch
+        got = await self._call_store_node(
+            broker,
+            lambda a: self.channels.store_node(a).UpdateConsumerOffset,
+            update,
+            0,
+            context,
+        )
+        return ps.CommitOffsetResponse(commit=got.commit)
 
     # -- consumers --------------------------------------------------------------------
 

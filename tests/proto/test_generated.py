@@ -229,6 +229,8 @@ def test_services_and_methods() -> None:
         "NotifyConsumers": unary,
         "LockQueues": unary,
         "UnlockQueues": unary,
+        "QueryOffset": unary,
+        "CommitOffset": unary,
     }
     for stub in (
         store_node_pb2_grpc.StoreNodeStub,

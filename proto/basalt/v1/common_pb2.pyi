@@ -760,6 +760,7 @@ class PullResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     code: Global___ResponseCode.ValueType
     """SUCCESS, PULL_NOT_FOUND, PULL_RETRY_IMMEDIATELY or PULL_OFFSET_MOVED,
     from store_status by RocketMQ's PullMessageProcessor table (see
@@ -791,6 +792,14 @@ class PullResponse(_message.Message):
         other fields unset).
         """
 
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredMessage]:
+        """Only when the pull asked for them (PullRequest.decode,
+        PullBatchRequest.decode): the matched records decoded, in queue order,
+        and `records` is then empty. The pull-service decodes them with the
+        record codec the SDK uses, so a client in any language needs no decoder.
+        """
+
     def __init__(
         self,
         *,
@@ -803,14 +812,139 @@ class PullResponse(_message.Message):
         records: Global___Records | None = ...,
         commit: Global___CommitResult | None = ...,
         refused: Global___Refused | None = ...,
+        messages: _abc.Iterable[Global___StoredMessage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "records", b"records", "refused", b"refused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "commit", b"commit", "max_offset", b"max_offset", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "refused", b"refused", "status", b"status", "store_status", b"store_status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "commit", b"commit", "max_offset", b"max_offset", "messages", b"messages", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "refused", b"refused", "status", b"status", "store_status", b"store_status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
+
+@_typing.final
+class StoredMessage(_message.Message):
+    """One stored record, decoded (RocketMQ's MessageExt): what a pull with
+    `decode` returns instead of the raw Records. Every field is the record's
+    own (see the layout at Records); nothing is re-derived from the request.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PropertiesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    COMMIT_LOG_OFFSET_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    UNIQ_KEY_FIELD_NUMBER: _builtins.int
+    TAGS_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    PROPERTIES_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    BORN_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    BORN_HOST_FIELD_NUMBER: _builtins.int
+    STORE_HOST_FIELD_NUMBER: _builtins.int
+    FLAG_FIELD_NUMBER: _builtins.int
+    SYS_FLAG_FIELD_NUMBER: _builtins.int
+    RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    BODY_CRC_FIELD_NUMBER: _builtins.int
+    STORE_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    queue_offset: _builtins.int
+    """Its index in the ConsumeQueue; the next pull of this queue after it
+    starts at queue_offset + 1 (or at PullResponse.next_begin_offset).
+    """
+    commit_log_offset: _builtins.int
+    """Where the record starts in the CommitLog."""
+    msg_id: _builtins.str
+    """RocketMQ's offset message id (store host + commit_log_offset, upper-case
+    hex); StoreNode.ViewMessage accepts it.
+    """
+    uniq_key: _builtins.str
+    """The producer's message id (the UNIQ_KEY property); empty when it set none."""
+    tags: _builtins.str
+    """The TAGS property; empty = no tag."""
+    body: _builtins.bytes
+    """The payload as stored (zlib-compressed when sys_flag has 0x01, which
+    Basalt's producers never set).
+    """
+    born_timestamp_ms: _builtins.int
+    """Unix ms: when the producer made it, and when the store-node wrote it."""
+    store_timestamp_ms: _builtins.int
+    born_host: _builtins.str
+    """"ip:port" (IPv6 as "[ip]:port")."""
+    store_host: _builtins.str
+    flag: _builtins.int
+    """RocketMQ's application flag, as sent."""
+    sys_flag: _builtins.int
+    """The SYSFLAG bits (see Records)."""
+    reconsume_times: _builtins.int
+    body_crc: _builtins.int
+    """CRC32(body) & 0x7FFFFFFF, as stored."""
+    store_size_bytes: _builtins.int
+    """The record's size in the CommitLog (TOTALSIZE), bytes: what a PullBatch
+    byte cap counts.
+    """
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The KEYS property split on its spaces."""
+
+    @_builtins.property
+    def properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Every property as stored, TAGS, KEYS and UNIQ_KEY included."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        queue_offset: _builtins.int = ...,
+        commit_log_offset: _builtins.int = ...,
+        msg_id: _builtins.str = ...,
+        uniq_key: _builtins.str = ...,
+        tags: _builtins.str = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+        properties: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        body: _builtins.bytes = ...,
+        born_timestamp_ms: _builtins.int = ...,
+        store_timestamp_ms: _builtins.int = ...,
+        born_host: _builtins.str = ...,
+        store_host: _builtins.str = ...,
+        flag: _builtins.int = ...,
+        sys_flag: _builtins.int = ...,
+        reconsume_times: _builtins.int = ...,
+        body_crc: _builtins.int = ...,
+        store_size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "body_crc", b"body_crc", "born_host", b"born_host", "born_timestamp_ms", b"born_timestamp_ms", "commit_log_offset", b"commit_log_offset", "flag", b"flag", "keys", b"keys", "msg_id", b"msg_id", "properties", b"properties", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reconsume_times", b"reconsume_times", "store_host", b"store_host", "store_size_bytes", b"store_size_bytes", "store_timestamp_ms", b"store_timestamp_ms", "sys_flag", b"sys_flag", "tags", b"tags", "topic", b"topic", "uniq_key", b"uniq_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoredMessage: _TypeAlias = StoredMessage  # noqa: Y015
 
 @_typing.final
 class PullBatchResponse(_message.Message):

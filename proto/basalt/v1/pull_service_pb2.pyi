@@ -130,6 +130,7 @@ class PullRequest(_message.Message):
     SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
     RESET_EPOCH_FIELD_NUMBER: _builtins.int
+    DECODE_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     offset: _builtins.int
     """The queue offset to read from; >= 0."""
@@ -148,6 +149,12 @@ class PullRequest(_message.Message):
     reset_epoch: _builtins.int
     """The reset epoch the consumer last learned for (group, topic) on this
     queue's broker; unset = not fenced.
+    """
+    decode: _builtins.bool
+    """true: answer with the records decoded (PullResponse.messages) instead of
+    raw (PullResponse.records), for clients without a record decoder. The
+    raw records are the default and the fast path. In a PullBatch entry it
+    must stay false: PullBatchRequest.decode applies to the whole call.
     """
     @_builtins.property
     def queue(self) -> _common_pb2.MessageQueue:
@@ -168,10 +175,11 @@ class PullRequest(_message.Message):
         suspend_timeout_ms: _builtins.int = ...,
         commit_offset: _builtins.int | None = ...,
         reset_epoch: _builtins.int | None = ...,
+        decode: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "_reset_epoch", b"_reset_epoch", "commit_offset", b"commit_offset", "queue", b"queue", "reset_epoch", b"reset_epoch", "subscription", b"subscription"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "_reset_epoch", b"_reset_epoch", "commit_offset", b"commit_offset", "group", b"group", "max_nums", b"max_nums", "offset", b"offset", "queue", b"queue", "reset_epoch", b"reset_epoch", "subscription", b"subscription", "suspend_timeout_ms", b"suspend_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "_reset_epoch", b"_reset_epoch", "commit_offset", b"commit_offset", "decode", b"decode", "group", b"group", "max_nums", b"max_nums", "offset", b"offset", "queue", b"queue", "reset_epoch", b"reset_epoch", "subscription", b"subscription", "suspend_timeout_ms", b"suspend_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__commit_offset: _TypeAlias = _typing.Literal["commit_offset"]  # noqa: Y015
     _WhichOneofArgType__commit_offset: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset"]  # noqa: Y015
@@ -190,9 +198,10 @@ class PullBatchRequest(_message.Message):
     group, no entries or more than PullServiceConfig.max_queues_per_pull (32
     by default), entries on more than one broker or twice on one queue, an
     entry whose group is set and differs, an entry with a suspend_timeout_ms,
-    a negative suspend_timeout_ms. Otherwise each entry gets its own answer:
-    an entry Pull would refuse (steps 0-6 above, or the store-node refusing
-    it) has `refused` set; the others are served.
+    a negative suspend_timeout_ms, an entry with `decode` set, a max_bytes
+    set below 1. Otherwise each entry gets its own answer: an entry Pull would
+    refuse (steps 0-6 above, or the store-node refusing it) has `refused` set;
+    the others are served.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -200,10 +209,25 @@ class PullBatchRequest(_message.Message):
     GROUP_FIELD_NUMBER: _builtins.int
     PULLS_FIELD_NUMBER: _builtins.int
     SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    DECODE_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     """The group of every entry (an entry's own group may be left empty)."""
     suspend_timeout_ms: _builtins.int
     """As PullRequest.suspend_timeout_ms, for the call as a whole."""
+    decode: _builtins.bool
+    """As PullRequest.decode, for every entry."""
+    max_bytes: _builtins.int
+    """The most record bytes (stored sizes, TOTALSIZE) the whole answer carries,
+    across entries (Kafka's fetch.max.bytes); unset = only the per-entry
+    caps (max_nums, the store's transfer caps). Records are kept in entry
+    order and queue order until the next would pass the cap; the first
+    record is always kept, however large, so a large message is never stuck.
+    An entry cut short answers the records it kept, with next_begin_offset
+    at its first record left out; an entry cut to nothing answers FOUND with
+    no records and next_begin_offset where it resumes. Set it below the
+    client's gRPC max receive size (less ~1 KiB of framing per entry).
+    """
     @_builtins.property
     def pulls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PullRequest]: ...
     def __init__(
@@ -212,12 +236,16 @@ class PullBatchRequest(_message.Message):
         group: _builtins.str = ...,
         pulls: _abc.Iterable[Global___PullRequest] | None = ...,
         suspend_timeout_ms: _builtins.int = ...,
+        decode: _builtins.bool = ...,
+        max_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "max_bytes", b"max_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "pulls", b"pulls", "suspend_timeout_ms", b"suspend_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "decode", b"decode", "group", b"group", "max_bytes", b"max_bytes", "pulls", b"pulls", "suspend_timeout_ms", b"suspend_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_bytes: _TypeAlias = _typing.Literal["max_bytes"]  # noqa: Y015
+    _WhichOneofArgType__max_bytes: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_bytes) -> _WhichOneofReturnType__max_bytes | None: ...
 
 Global___PullBatchRequest: _TypeAlias = PullBatchRequest  # noqa: Y015
 
@@ -783,3 +811,136 @@ class UnlockQueuesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UnlockQueuesResponse: _TypeAlias = UnlockQueuesResponse  # noqa: Y015
+
+@_typing.final
+class QueryOffsetRequest(_message.Message):
+    """Checked in this order, the first failure answering: the group is valid
+    (INVALID_ARGUMENT, INVALID_PARAMETER); the broker is registered
+    (UNAVAILABLE, BROKER_NOT_EXIST); the topic exists (NOT_FOUND,
+    TOPIC_NOT_EXIST); 0 <= queue_id < read_queue_nums (INVALID_ARGUMENT,
+    INVALID_PARAMETER). A store-node that cannot be reached: UNAVAILABLE,
+    naming it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    @_builtins.property
+    def queue(self) -> _common_pb2.MessageQueue:
+        """topic, broker_name and queue_id."""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        queue: _common_pb2.MessageQueue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryOffsetRequest: _TypeAlias = QueryOffsetRequest  # noqa: Y015
+
+@_typing.final
+class QueryOffsetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    RESET_EPOCH_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """The next offset the group consumes; -1 when it has committed none (start
+    at min_offset or max_offset, as the consumer's consume-from policy says).
+    """
+    reset_epoch: _builtins.int
+    """The (group, topic)'s reset epoch on the queue's broker: send it with
+    CommitOffset and PullRequest.commit_offset.
+    """
+    min_offset: _builtins.int
+    """The queue's first offset still stored and one past its last (0 and 0
+    for a queue never written).
+    """
+    max_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        reset_epoch: _builtins.int = ...,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "min_offset", b"min_offset", "offset", b"offset", "reset_epoch", b"reset_epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueryOffsetResponse: _TypeAlias = QueryOffsetResponse  # noqa: Y015
+
+@_typing.final
+class CommitOffsetRequest(_message.Message):
+    """Checked as QueryOffsetRequest, and offset >= 0 (INVALID_ARGUMENT,
+    INVALID_PARAMETER).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    RESET_EPOCH_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    offset: _builtins.int
+    """The next offset to consume."""
+    reset_epoch: _builtins.int
+    """The epoch from QueryOffset (or a ResetOffsetCommand); unset = not fenced
+    (tools: a consumer should always set it).
+    """
+    @_builtins.property
+    def queue(self) -> _common_pb2.MessageQueue: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        queue: _common_pb2.MessageQueue | None = ...,
+        offset: _builtins.int = ...,
+        reset_epoch: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_reset_epoch", b"_reset_epoch", "queue", b"queue", "reset_epoch", b"reset_epoch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reset_epoch", b"_reset_epoch", "group", b"group", "offset", b"offset", "queue", b"queue", "reset_epoch", b"reset_epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__reset_epoch: _TypeAlias = _typing.Literal["reset_epoch"]  # noqa: Y015
+    _WhichOneofArgType__reset_epoch: _TypeAlias = _typing.Literal["_reset_epoch", b"_reset_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__reset_epoch) -> _WhichOneofReturnType__reset_epoch | None: ...
+
+Global___CommitOffsetRequest: _TypeAlias = CommitOffsetRequest  # noqa: Y015
+
+@_typing.final
+class CommitOffsetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMIT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commit(self) -> _common_pb2.CommitResult:
+        """SUCCESS, or STALE_RESET_EPOCH (nothing stored): the group's offsets were
+        reset since that epoch; QueryOffset again and go on from there.
+        """
+
+    def __init__(
+        self,
+        *,
+        commit: _common_pb2.CommitResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetResponse: _TypeAlias = CommitOffsetResponse  # noqa: Y015

@@ -76,6 +76,16 @@ class PullServiceStub:
                 request_serializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesResponse.FromString,
                 _registered_method=True)
+        self.QueryOffset = channel.unary_unary(
+                '/basalt.v1.PullService/QueryOffset',
+                request_serializer=basalt_dot_v1_dot_pull__service__pb2.QueryOffsetRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_pull__service__pb2.QueryOffsetResponse.FromString,
+                _registered_method=True)
+        self.CommitOffset = channel.unary_unary(
+                '/basalt.v1.PullService/CommitOffset',
+                request_serializer=basalt_dot_v1_dot_pull__service__pb2.CommitOffsetRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_pull__service__pb2.CommitOffsetResponse.FromString,
+                _registered_method=True)
 
 
 class PullServiceServicer:
@@ -155,6 +165,25 @@ class PullServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryOffset(self, request, context):
+        """A group's committed offset of one queue, with the (group, topic)'s reset
+        epoch and the queue's min and max offsets: where a consumer starts
+        (StoreNode.QueryConsumerOffset and GetMinMaxOffset on the queue's
+        broker, through this service), so a consumer needs no store-node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitOffset(self, request, context):
+        """Store a group's offset of one queue, fenced by the reset epoch
+        (StoreNode.UpdateConsumerOffset through this service): a stale epoch is
+        answered STALE_RESET_EPOCH in CommitOffsetResponse.commit, nothing stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PullServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +226,16 @@ def add_PullServiceServicer_to_server(servicer, server):
                     servicer.UnlockQueues,
                     request_deserializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesResponse.SerializeToString,
+            ),
+            'QueryOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryOffset,
+                    request_deserializer=basalt_dot_v1_dot_pull__service__pb2.QueryOffsetRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_pull__service__pb2.QueryOffsetResponse.SerializeToString,
+            ),
+            'CommitOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitOffset,
+                    request_deserializer=basalt_dot_v1_dot_pull__service__pb2.CommitOffsetRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_pull__service__pb2.CommitOffsetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -416,6 +455,60 @@ class PullService:
             '/basalt.v1.PullService/UnlockQueues',
             basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesRequest.SerializeToString,
             basalt_dot_v1_dot_pull__service__pb2.UnlockQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.PullService/QueryOffset',
+            basalt_dot_v1_dot_pull__service__pb2.QueryOffsetRequest.SerializeToString,
+            basalt_dot_v1_dot_pull__service__pb2.QueryOffsetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.PullService/CommitOffset',
+            basalt_dot_v1_dot_pull__service__pb2.CommitOffsetRequest.SerializeToString,
+            basalt_dot_v1_dot_pull__service__pb2.CommitOffsetResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -81,6 +81,17 @@ class PullServiceStub:
     """Release locks this consumer holds (RocketMQ's UNLOCK_BATCH_MQ); a queue
     locked by another consumer, or not locked, is left as it is.
     """
+    QueryOffset: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.QueryOffsetRequest, _pull_service_pb2.QueryOffsetResponse]
+    """A group's committed offset of one queue, with the (group, topic)'s reset
+    epoch and the queue's min and max offsets: where a consumer starts
+    (StoreNode.QueryConsumerOffset and GetMinMaxOffset on the queue's
+    broker, through this service), so a consumer needs no store-node.
+    """
+    CommitOffset: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.CommitOffsetRequest, _pull_service_pb2.CommitOffsetResponse]
+    """Store a group's offset of one queue, fenced by the reset epoch
+    (StoreNode.UpdateConsumerOffset through this service): a stale epoch is
+    answered STALE_RESET_EPOCH in CommitOffsetResponse.commit, nothing stored.
+    """
 
 @_typing.type_check_only
 class PullServiceAsyncStub(PullServiceStub):
@@ -127,6 +138,17 @@ class PullServiceAsyncStub(PullServiceStub):
     UnlockQueues: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.UnlockQueuesRequest, _pull_service_pb2.UnlockQueuesResponse]  # type: ignore[assignment]
     """Release locks this consumer holds (RocketMQ's UNLOCK_BATCH_MQ); a queue
     locked by another consumer, or not locked, is left as it is.
+    """
+    QueryOffset: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.QueryOffsetRequest, _pull_service_pb2.QueryOffsetResponse]  # type: ignore[assignment]
+    """A group's committed offset of one queue, with the (group, topic)'s reset
+    epoch and the queue's min and max offsets: where a consumer starts
+    (StoreNode.QueryConsumerOffset and GetMinMaxOffset on the queue's
+    broker, through this service), so a consumer needs no store-node.
+    """
+    CommitOffset: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.CommitOffsetRequest, _pull_service_pb2.CommitOffsetResponse]  # type: ignore[assignment]
+    """Store a group's offset of one queue, fenced by the reset epoch
+    (StoreNode.UpdateConsumerOffset through this service): a stale epoch is
+    answered STALE_RESET_EPOCH in CommitOffsetResponse.commit, nothing stored.
     """
 
 class PullServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -219,6 +241,29 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_pull_service_pb2.UnlockQueuesResponse, _abc.Awaitable[_pull_service_pb2.UnlockQueuesResponse]]:
         """Release locks this consumer holds (RocketMQ's UNLOCK_BATCH_MQ); a queue
         locked by another consumer, or not locked, is left as it is.
+        """
+
+    @_abc_1.abstractmethod
+    def QueryOffset(
+        self,
+        request: _pull_service_pb2.QueryOffsetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pull_service_pb2.QueryOffsetResponse, _abc.Awaitable[_pull_service_pb2.QueryOffsetResponse]]:
+        """A group's committed offset of one queue, with the (group, topic)'s reset
+        epoch and the queue's min and max offsets: where a consumer starts
+        (StoreNode.QueryConsumerOffset and GetMinMaxOffset on the queue's
+        broker, through this service), so a consumer needs no store-node.
+        """
+
+    @_abc_1.abstractmethod
+    def CommitOffset(
+        self,
+        request: _pull_service_pb2.CommitOffsetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pull_service_pb2.CommitOffsetResponse, _abc.Awaitable[_pull_service_pb2.CommitOffsetResponse]]:
+        """Store a group's offset of one queue, fenced by the reset epoch
+        (StoreNode.UpdateConsumerOffset through this service): a stale epoch is
+        answered STALE_RESET_EPOCH in CommitOffsetResponse.commit, nothing stored.
         """
 
 def add_PullServiceServicer_to_server(servicer: PullServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
