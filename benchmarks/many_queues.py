@@ -161,6 +161,12 @@ def disk_used(root: Path) -> int:
     return total
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (``/proc/<pid>/stat``), all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vm_rss(pid: int) -> int:
     """The resident set of ``pid`` in bytes (``/proc/<pid>/status`` VmRSS)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -442,6 +448,8 @@ class Step:
     usage: dict[str, NodeUsage] = field(default_factory=dict)
     produce_rate: float = 0.0
     produced: int = 0
+    #: CPU µs a produced message, by process (store-nodes, pull-service, this client).
+    produce_cpu_us: dict[str, float] = field(default_factory=dict)
     restart_term_s: float = math.nan
     start_term_s: float = math.nan
     restart_kill_s: float = math.nan
@@ -530,7 +538,14 @@ async def run_step(
         wake_ms, _ = await conn.wake(q, await conn.max_offset(q))
         step.wake_old_ms.append(wake_ms)
 
+    watched = {p.name: p.pid for p in cluster.of_role("store-node")}
+    watched["client"] = os.getpid()
+    before = {name: cpu_seconds(pid) for name, pid in watched.items()}
     step.produce_rate, step.produced = await produce(cluster.pull_address, topics, args)
+    step.produce_cpu_us = {
+        name: (cpu_seconds(pid) - before[name]) * 1e6 / max(1, step.produced)
+        for name, pid in watched.items()
+    }
     print(f"  produced {step.produced:,} messages", file=sys.stderr)
 
     step.restart_term_s, step.start_term_s = await restart(cluster, "broker-a", signal.SIGTERM)
@@ -567,7 +582,11 @@ def report_step(step: Step, baseline: dict[str, NodeUsage]) -> str:
     )
     latency("long-poll wake, fresh queue", step.wake_fresh_ms)
     latency("long-poll wake, old queue", step.wake_old_ms)
-    lines.append(f"  {'produce (SDK, round robin)':<34} {step.produce_rate:,.0f} msgs/s")
+    cpu = ", ".join(f"{name} {us:.2f}" for name, us in step.produce_cpu_us.items())
+    lines.append(
+        f"  {'produce (SDK, round robin)':<34} {step.produce_rate:,.0f} msgs/s"
+        f" (CPU µs a message: {cpu})"
+    )
     costs = per_queue(step, baseline)
     for name, u in step.usage.items():
         base = baseline[name]

@@ -18,6 +18,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
@@ -35,6 +36,20 @@ TORN_WRITE_WINDOW_BYTES = 8 * 1024 * 1024
 #: Makes the file object for (path, file size, read_only): MappedFile by default;
 #: ConsumeQueues pass one making unmapped QueueFiles (store/queue_file.py).
 FileFactory: TypeAlias = Callable[[Path, int, bool], MappedFile]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushMarks:
+    """A :class:`MappedFileQueue`'s unflushed state, taken before a filesystem sync."""
+
+    #: The queue's end when taken: what the sync vouches for.
+    target: int
+    #: Each file with unflushed bytes and its written position when taken.
+    files: list[tuple[MappedFile, int]]
+    #: Whether a new file's name was waiting for its folder's fsync.
+    dir_sync_pending: bool
+    #: The last file when taken (a later one is not covered).
+    last_file: MappedFile | None
 
 
 class MappedFileQueue:
@@ -251,6 +266,31 @@ class MappedFileQueue:
 
     def unflushed_bytes(self) -> int:
         return self.max_offset - self.flushed_where
+
+    def flush_marks(self) -> FlushMarks | None:
+        """What a flush now would vouch for, for a filesystem-wide sync to cover
+        (:meth:`mark_synced`); None when nothing is unflushed. Read before the sync,
+        as :meth:`flush` reads its end before the fsyncs."""
+        target = self.max_offset
+        files = [
+            (mf, mf.wrote_position) for mf in self.files if mf.flushed_position < mf.wrote_position
+        ]
+        if not files and not self._dir_sync_pending and target <= self.flushed_where:
+            return None
+        last = self.files[-1] if self.files else None
+        return FlushMarks(target, files, self._dir_sync_pending, last)
+
+    def mark_synced(self, marks: FlushMarks) -> None:
+        """Record that a ``syncfs`` issued after ``marks`` were taken made them durable
+        (data, and the folder entries a pending dir sync was for)."""
+        for mf, position in marks.files:
+            mf.flushed_position = max(mf.flushed_position, position)
+        # A file created after the marks (appended at the end) still needs its name
+        # synced: only a pending sync for the files the marks saw is done.
+        last = self.files[-1] if self.files else None
+        if marks.dir_sync_pending and last is marks.last_file:
+            self._dir_sync_pending = False
+        self.flushed_where = max(self.flushed_where, marks.target)
 
     # -- shrinking ----------------------------------------------------------------------
 
