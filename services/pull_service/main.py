@@ -91,7 +91,8 @@ async def serve(args: argparse.Namespace) -> int:
     settings = process.settings(args)
     addresses = settings.build(PullServiceProcessConfig)
     service_config = settings.build(PullServiceConfig)
-    meta = MetaClient(settings.build(MetaConfig))
+    tls = process.tls_config(args)
+    meta = MetaClient(settings.build(MetaConfig), tls=tls)
     try:
         await meta.connect()
         running = await start_pull_service(
@@ -102,6 +103,7 @@ async def serve(args: argparse.Namespace) -> int:
             client_address=addresses.client_address,
             rocketmq_v2_listen=addresses.rocketmq_v2_listen,
             rocketmq_v2=settings.build(RocketMQv2Config),
+            tls=tls,
         )
         await process.serve_until_stopped(
             f"pull-service {service_config.pull_service_id}",
