@@ -108,13 +108,15 @@ async def start_pull_service(
     rocketmq_v2_listen: str = "",
     rocketmq_v2: RocketMQv2Config | None = None,
     tls: TlsConfig | None = None,
+    rocketmq_v2_tls: TlsConfig | None = None,
 ) -> RunningPullService:
     """Start the caches (MetaUnavailableError if etcd does not answer their first
     listing) and serve on ``listen``; with ``register``, put
     ``pull-services/<id>`` = ``advertise_host:port`` (and ``client_address``,
     empty: the same) under a lease (retried in the background while etcd is
     away). With ``tls`` enabled it serves (the v2 front too) and dials store-nodes
-    and other pull-services with TLS."""
+    and other pull-services with TLS; the v2 front serves with ``rocketmq_v2_tls``
+    (None: ``tls``), whose client authentication may differ."""
     view = ClusterView(
         meta.topic_cache(), meta.broker_cache(), meta.pull_service_cache(), _consumers(meta)
     )
@@ -146,7 +148,10 @@ async def start_pull_service(
         await server.start()
         if rocketmq_v2_listen:
             front = await start_rocketmq_v2(
-                rocketmq_v2 or RocketMQv2Config(), servicer, rocketmq_v2_listen, tls=tls
+                rocketmq_v2 or RocketMQv2Config(),
+                servicer,
+                rocketmq_v2_listen,
+                tls=tls if rocketmq_v2_tls is None else rocketmq_v2_tls,
             )
             v2_address = f"{advertise_host}:{front.port}"
     except BaseException:
