@@ -182,13 +182,20 @@ class ClusterCertificates:
         ]  # fmt: skip
 
 
-def make_cluster_certificates(directory: Path) -> ClusterCertificates:
+def make_cluster_certificates(
+    directory: Path, *, hosts: tuple[str, ...] = ()
+) -> ClusterCertificates:
     """A new CA and its node and client certificates in ``directory`` (created;
-    files there replaced): see the module's docstring."""
+    files there replaced): see the module's docstring. ``hosts``: more names
+    the node certificate is valid for (compose's service names: ``etcd``,
+    ``store-node-a`` ...), beside loopback's."""
     authority = Authority.create()
     authority.write(directory / CA_FILE, directory / CA_KEY_FILE)
     authority.issue(
-        directory / NODE_CERT_FILE, directory / NODE_KEY_FILE, common_name="basalt-node"
+        directory / NODE_CERT_FILE,
+        directory / NODE_KEY_FILE,
+        common_name="basalt-node",
+        names=(*LOOPBACK_NAMES, *hosts),
     )
     authority.issue(
         directory / CLIENT_CERT_FILE,

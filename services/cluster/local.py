@@ -378,13 +378,26 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
-    """``basalt cluster {up,down,status}``."""
+    """``basalt cluster {up,down,status,certs}``."""
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in (
         ("up", "start etcd, the store-nodes, a pull-service and the admin service on loopback"),
         ("down", "stop them (SIGTERM, then SIGKILL)"),
         ("status", "each process, its health, its etcd registration and its metrics endpoint"),
+        ("certs", "make a throwaway CA and certificates in a directory (as `up --tls` does)"),
     ):
+        if name == "certs":
+            sub = commands.add_parser(name, help=help_text, description=help_text)
+            sub.add_argument("directory", type=Path, metavar="DIR")
+            sub.add_argument(
+                "--host",
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="a DNS name or IP the node certificate is also valid for (repeat)",
+            )
+            sub.set_defaults(handler=_certs)
+            continue
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name == "up":
             sub.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -426,6 +439,12 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                 "--json", action="store_true", help="every process's endpoints as a JSON list"
             )
         sub.set_defaults(handler=_handler(name))
+
+
+def _certs(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
+    certs = make_cluster_certificates(args.directory, hosts=tuple(args.host))
+    print(f"CA, node and client certificates in {certs.directory}", file=stdout)
+    return 0
 
 
 def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:

@@ -69,6 +69,7 @@ def test_from_env_reads_the_services_variable_names(tmp_path: Path) -> None:
         {"BASALT_TLS_ENABLE": "true", "BASALT_TLS_CA_FILE": str(tmp_path / "ca.pem")}
     )
     assert tls.tls_enable and tls.tls_ca_file == tmp_path / "ca.pem"
+    assert transport.from_env({"BASALT_TLS_RELOAD_INTERVAL_MS": "0"}).tls_reload_interval_ms == 0
     with pytest.raises(ValueError, match="BASALT_TLS_ENABLE"):
         transport.from_env({"BASALT_TLS_ENABLE": "yes"})
 

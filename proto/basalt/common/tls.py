@@ -40,6 +40,7 @@ from basalt.common.settings import (
     boolean,
     check,
     config_dataclass,
+    describe,
     instance_of,
     integer,
     non_negative,
@@ -162,16 +163,22 @@ def from_env(environ: Mapping[str, str] | None = None) -> TlsConfig:
     :data:`PLAINTEXT`. Raises ValueError for a bad value."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for name in TlsConfig.__dataclass_fields__:
-        text = environ.get(ENV_PREFIX + name.upper(), "").strip()
+    for field in describe(TlsConfig):
+        variable = ENV_PREFIX + field.name.upper()
+        text = environ.get(variable, "").strip()
         if not text:
             continue
-        if name == "tls_enable":
+        if field.type is bool:
             if text.lower() not in ("true", "false"):
-                raise ValueError(f"{ENV_PREFIX}TLS_ENABLE must be true or false, got {text!r}")
-            values[name] = text.lower() == "true"
+                raise ValueError(f"{variable} must be true or false, got {text!r}")
+            values[field.name] = text.lower() == "true"
+        elif field.type is int:
+            try:
+                values[field.name] = int(text)
+            except ValueError:
+                raise ValueError(f"{variable} must be an integer, got {text!r}") from None
         else:
-            values[name] = text
+            values[field.name] = text  # paths and the enum: TlsConfig converts them
     return TlsConfig(**values)
 
 
