@@ -25,7 +25,7 @@ from basalt.services.cluster.certs import Authority, ClusterCertificates
 from basalt.services.meta import MetaClient, MetaConfig, MetaUnavailableError
 from basalt.services.process import add_health_and_reflection, add_port, grpc_server, set_serving
 from tests.support.aio import async_test
-from tests.support.interop import PRODUCERS
+from tests.support.interop import PRODUCERS, ensure_node_modules
 from tests.support.processes import local_cluster, run_basalt_sync
 from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
@@ -165,10 +165,12 @@ async def _consume(
     return got
 
 
-def test_the_official_python_client_sends_over_tls(cluster: Cluster) -> None:
+@pytest.mark.parametrize("client", sorted(PRODUCERS))
+def test_the_official_clients_send_over_tls(cluster: Cluster, client: str) -> None:
+    ensure_node_modules()
     spec = {"topic": TOPIC, "messages": [{"body": f"v2-{i}"} for i in range(3)]}
     run = subprocess.run(
-        [*PRODUCERS["python"], cluster.v2, "tls"], input=json.dumps(spec), capture_output=True,
+        [*PRODUCERS[client], cluster.v2, "tls"], input=json.dumps(spec), capture_output=True,
         text=True, timeout=60, check=False,
         env={**os.environ, "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(cluster.certs.ca_file)},
     )  # fmt: skip
