@@ -21,16 +21,25 @@ from typing import IO, Any, cast
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from basalt.common import tls as transport
+from basalt.common.local_cluster import discover_tls
+
 #: What the services report for the whole server (services/process.py registers "").
 WHOLE_SERVER = ""
 
 
-def check(address: str, *, service: str = WHOLE_SERVER, timeout_s: float = 3.0) -> str:
+def check(
+    address: str,
+    *,
+    service: str = WHOLE_SERVER,
+    timeout_s: float = 3.0,
+    tls: transport.TlsConfig | None = None,
+) -> str:
     """The health status name ``address`` answers for ``service`` within ``timeout_s``
     (``SERVING``, ``NOT_SERVING``, ...), or ``UNREACHABLE: <gRPC status and detail>``
     when the call failed (nothing listening, the deadline passed, no health service).
-    Never raises for a failed call."""
-    with grpc.insecure_channel(address) as channel:
+    Never raises for a failed call. With ``tls`` enabled, over TLS."""
+    with transport.sync_channel(address, tls) as channel:
         # types-grpcio-health-checking leaves the stub's methods untyped.
         stub = cast(Any, health_pb2_grpc.HealthStub(channel))
         try:
@@ -44,7 +53,7 @@ def check(address: str, *, service: str = WHOLE_SERVER, timeout_s: float = 3.0) 
 
 
 def _run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
-    status = check(args.address, service=args.service, timeout_s=args.timeout_s)
+    status = check(args.address, service=args.service, timeout_s=args.timeout_s, tls=discover_tls())
     print(status, file=stdout)
     return 0 if status == "SERVING" else 1
 

@@ -26,10 +26,11 @@ from opentelemetry import trace
 
 from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
 from basalt.admin.topics import TopicChange, topic_config, update_topic
+from basalt.common import tls as transport
 from basalt.common.message import MessageRecord, parse_offset_msg_id
 from basalt.common.record import decode_record
 from basalt.common.status import response_code_of
-from basalt.common.telemetry import insecure_channel
+from basalt.common.tls import TlsConfig
 from basalt.services.meta import BrokerRegistration, MetaClient, TopicConfig
 from basalt.store.get_message import split_records
 from basalt.store.record import store_timestamp_at
@@ -81,7 +82,7 @@ async def topic_status(meta: MetaClient, topic: str) -> list[QueueStatus]:
     brokers = await meta.list_brokers()
     rows: list[QueueStatus] = []
     for name in config.brokers:
-        async with _store_node(brokers, name) as stub:
+        async with _store_node(meta.tls, brokers, name) as stub:
             rows += await asyncio.gather(
                 *(_queue_status(stub, name, topic, q) for q in range(config.read_queue_nums))
             )
@@ -130,7 +131,7 @@ async def consumer_progress(
     rows: list[QueueProgress] = []
     for config in topics:
         for name in config.brokers:
-            async with _store_node(brokers, name) as stub:
+            async with _store_node(meta.tls, brokers, name) as stub:
                 rows += await asyncio.gather(
                     *(
                         _progress(stub, name, group, config.topic_name, q)
@@ -174,7 +175,7 @@ async def cluster_list(
     brokers = await meta.list_brokers()
 
     async def info(name: str) -> sn.GetRuntimeInfoResponse | None:
-        async with _store_node(brokers, name) as stub:
+        async with _store_node(meta.tls, brokers, name) as stub:
             try:
                 return await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError:
@@ -187,14 +188,14 @@ async def cluster_list(
 
 @contextlib.asynccontextmanager
 async def _store_node(
-    brokers: dict[str, BrokerRegistration], name: str
+    tls: TlsConfig | None, brokers: dict[str, BrokerRegistration], name: str
 ) -> AsyncIterator[sn_grpc.StoreNodeAsyncStub]:
     """A stub of registered store-node ``name`` (BrokerNotRegisteredError when it
-    is not), on a channel of its own for the block."""
+    is not), on a channel of its own for the block (TLS when ``tls`` is enabled)."""
     broker = brokers.get(name)
     if broker is None:
         raise BrokerNotRegisteredError((name,), f"store-node {name!r} is not registered (down?)")
-    async with insecure_channel(broker.address) as channel:
+    async with transport.channel(broker.address, tls) as channel:
         yield sn_grpc.StoreNodeStub(channel)
 
 
@@ -315,7 +316,7 @@ async def _reset_offset_by_time(
             return await reset_on(name)
 
     async def reset_on(name: str) -> sn.ResetOffsetResponse:
-        async with _store_node(brokers, name) as stub:
+        async with _store_node(meta.tls, brokers, name) as stub:
             return await _call(
                 name,
                 stub.ResetOffset(
@@ -365,7 +366,7 @@ async def _notify_reset(
         timeout_ms=ack_timeout_ms,
         reset_offset=ps.ResetOffsetCommand(topic=topic, offsets=offsets),
     )
-    async with insecure_channel(address) as channel:
+    async with transport.channel(address, meta.tls) as channel:
         try:
             reply = await ps_grpc.PullServiceStub(channel).NotifyConsumers(
                 ps.NotifyConsumersRequest(group=group, command=command),
@@ -387,7 +388,7 @@ async def consumer_connection(meta: MetaClient, group: str) -> list[pb.ConsumerI
     address = await _pull_service_address(meta)
     if address is None:
         raise AdminError("no pull-service is registered")
-    async with insecure_channel(address) as channel:
+    async with transport.channel(address, meta.tls) as channel:
         try:
             reply = await ps_grpc.PullServiceStub(channel).ListConsumers(
                 ps.ListConsumersRequest(group=group), timeout=CALL_TIMEOUT_S
@@ -406,7 +407,7 @@ async def query_msg_by_key(
     brokers = await meta.list_brokers()
     out: list[tuple[str, MessageRecord]] = []
     for name in config.brokers:
-        async with _store_node(brokers, name) as stub:
+        async with _store_node(meta.tls, brokers, name) as stub:
             got = await _call(
                 name,
                 stub.QueryMessage(
@@ -442,7 +443,7 @@ async def query_msg_by_id(
         ) from None
     brokers = await meta.list_brokers()
     for name in sorted(brokers):
-        async with _store_node(brokers, name) as stub:
+        async with _store_node(meta.tls, brokers, name) as stub:
             try:
                 info = await stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S)
                 if info.store_host != host:
@@ -473,7 +474,7 @@ async def query_msg_by_id(
 
 async def broker_status(meta: MetaClient, broker_name: str) -> sn.GetRuntimeInfoResponse:
     """mqadmin brokerStatus: one store-node's runtime info."""
-    async with _store_node(await meta.list_brokers(), broker_name) as stub:
+    async with _store_node(meta.tls, await meta.list_brokers(), broker_name) as stub:
         return await _call(
             broker_name,
             stub.GetRuntimeInfo(sn.GetRuntimeInfoRequest(), timeout=CALL_TIMEOUT_S),

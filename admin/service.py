@@ -32,6 +32,7 @@ from basalt.services.errors import Refusal, as_refusal, invalid
 from basalt.services.meta import MetaClient, MetaValidationError, Perm
 from basalt.services.process import (
     add_health_and_reflection,
+    add_port,
     add_servicer,
     grpc_server,
     set_serving,
@@ -185,11 +186,13 @@ async def start_admin_service(
     meta: MetaClient, *, listen: str = "127.0.0.1:0", advertise_host: str = "127.0.0.1"
 ) -> RunningAdminService:
     """Serve Admin, ``grpc.health.v1`` (SERVING once started) and reflection on
-    ``listen`` (port 0 picks a free port); ``meta`` must be connected."""
+    ``listen`` (port 0 picks a free port); ``meta`` must be connected. The
+    service serves, and dials store-nodes and pull-services, with ``meta.tls``
+    (TLS when it is enabled), the transport of the cluster ``meta`` reaches."""
     server = grpc_server(MAX_MESSAGE_BYTES)
     add_servicer(server, AdminServicer(meta), adm.DESCRIPTOR.services_by_name["Admin"])
     health_servicer = add_health_and_reflection(server, ADMIN_SERVICE)
-    port = server.add_insecure_port(listen)
+    port = add_port(server, listen, meta.tls)
     await server.start()
     await set_serving(health_servicer, ADMIN_SERVICE, True)
     address = f"{advertise_host}:{port}"

@@ -69,14 +69,15 @@ async def serve(args: argparse.Namespace) -> int:
     settings = process.settings(args)
     process_config = settings.build(AdminServiceProcessConfig)
     listen = process_config.listen
-    meta = MetaClient(settings.build(MetaConfig))
+    meta = MetaClient(settings.build(MetaConfig), tls=process.tls_config(args))
     try:
         try:
             await meta.connect()
             running = await start_admin_service(
                 meta, listen=listen, advertise_host=config.reachable_host(listen)
             )
-        except (MetaError, RuntimeError) as e:  # grpc raises RuntimeError for a bad bind
+        # grpc raises RuntimeError for a bad bind; OSError: TLS files it cannot read.
+        except (MetaError, RuntimeError, OSError) as e:
             print(f"basalt admin-service: {e}", file=sys.stderr)
             return 1
         await process.serve_until_stopped(

@@ -236,7 +236,7 @@ def _read_back(kv: KeyValue | None, written: TopicConfig, created: bool) -> Topi
 
 @contextlib.asynccontextmanager
 async def _etcd(meta: MetaClient) -> AsyncIterator[EtcdSession]:
-    session = EtcdSession(meta.config)
+    session = EtcdSession(meta.config, tls=meta.tls)
     try:
         yield session
     finally:

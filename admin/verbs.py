@@ -51,9 +51,9 @@ from typing import IO, Any
 from basalt.admin import ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
-from basalt.common.local_cluster import ClusterNotFoundError, discover
+from basalt.common import tls as transport
+from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
 from basalt.common.message import MessageRecord
-from basalt.common.telemetry import insecure_channel
 from basalt.services.meta import (
     MetaClient,
     MetaConfig,
@@ -462,14 +462,14 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
 
 async def _with_meta(etcd: str, args: argparse.Namespace, operation: Verb | Served) -> Table:
     config = MetaConfig(endpoints=parse_endpoints(etcd), cluster=args.cluster, op_timeout_s=3.0)
-    async with MetaClient(config) as meta:
+    async with MetaClient(config, tls=discover_tls()) as meta:
         if isinstance(operation, Served):
             return await operation.operation(DirectAdmin(meta), args)
         return await operation(meta, args)
 
 
 async def _through_service(address: str, args: argparse.Namespace, operation: Served) -> Table:
-    async with insecure_channel(address) as channel:
+    async with transport.channel(address, discover_tls()) as channel:
         return await operation.operation(ServiceAdmin(channel, address), args)
 
 

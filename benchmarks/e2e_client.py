@@ -31,6 +31,7 @@ import sys
 import time
 import zlib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -73,8 +74,10 @@ class ProcessEntry:
 class Cluster:
     """``basalt cluster up`` in ``data_dir`` (a subprocess); :meth:`down` always."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, up_args: Sequence[str] = ()) -> None:
         self.data_dir = data_dir
+        #: More ``cluster up`` flags (``--tls``: benchmarks/security.py).
+        self.up_args = tuple(up_args)
         self.processes: list[ProcessEntry] = []
 
     def up(self) -> str:
@@ -91,6 +94,7 @@ class Cluster:
                 # What the figures have always measured: RocketMQ's file sizes.
                 "--store-files",
                 "production",
+                *self.up_args,
             ],
             capture_output=True,
             text=True,

@@ -40,6 +40,7 @@ if __package__ in (None, ""):
 
 from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
 from basalt.common.message import Message
+from basalt.common.tls import TlsConfig
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
@@ -49,11 +50,13 @@ TOPIC = "SdkBench"
 BODY = 1024
 
 
-async def produce(address: str, senders: int, batch: int, duration_s: float) -> Row:
+async def produce(
+    address: str, senders: int, batch: int, duration_s: float, *, tls: TlsConfig | None = None
+) -> Row:
     body = bytes(BODY)
     sent = 0
     calls = 0
-    async with Producer(address, group="sdk-bench") as producer:
+    async with Producer(address, group="sdk-bench", tls=tls) as producer:
         await producer.send(Message(TOPIC, body, tags="TagA"))  # routes and streams up
         stop = time.monotonic() + duration_s
 
@@ -80,7 +83,7 @@ async def produce(address: str, senders: int, batch: int, duration_s: float) -> 
     )
 
 
-async def consume(address: str, expected: int) -> Row:
+async def consume(address: str, expected: int, *, tls: TlsConfig | None = None) -> Row:
     config = LitePullConfig(
         consumer_group="sdk-bench",
         pull_batch_size=256,
@@ -88,7 +91,7 @@ async def consume(address: str, expected: int) -> Row:
     )
     got = 0
     polls = 0
-    async with LitePullConsumer(address, config=config) as consumer:
+    async with LitePullConsumer(address, config=config, tls=tls) as consumer:
         await consumer.assign(await consumer.queues_of(TOPIC))
         started, cpu = time.monotonic(), time.process_time()
         while got < expected:

@@ -6,7 +6,7 @@ from typing import Self
 
 import grpc
 
-from basalt.common.telemetry import insecure_channel
+from basalt.common import tls as transport
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 
 #: Room for a batch of large records either way (gRPC's default is 4 MiB).
@@ -16,10 +16,13 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 class Client:
     """A client of one pull-service (``endpoints``) that also reaches store-nodes;
     ``async with`` it, or :meth:`start` / :meth:`close`. Channels are made on
-    first use, one per address, and belong to the event loop that made them."""
+    first use, one per address, and belong to the event loop that made them.
+    With ``tls`` enabled every channel is TLS (its CA trusted, its certificate
+    presented to a cluster that requires one: basalt.common.tls)."""
 
-    def __init__(self, endpoints: str) -> None:
+    def __init__(self, endpoints: str, *, tls: transport.TlsConfig | None = None) -> None:
         self.endpoints = endpoints
+        self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._pull: ps_grpc.PullServiceAsyncStub | None = None
 
@@ -47,8 +50,9 @@ class Client:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = insecure_channel(
+            channel = self._channels[address] = transport.channel(
                 address,
+                self.tls,
                 options=(
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -28,6 +28,7 @@ from basalt.common.settings import (
     setting,
     validate,
 )
+from basalt.common.tls import TlsConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
@@ -138,9 +139,14 @@ class ConsumerClient(Client):
     """A :class:`Client` of one consumer group."""
 
     def __init__(
-        self, endpoints: str, *, consumer_group: str, consume_from_where: ConsumeFromWhere
+        self,
+        endpoints: str,
+        *,
+        consumer_group: str,
+        consume_from_where: ConsumeFromWhere,
+        tls: TlsConfig | None = None,
     ) -> None:
-        super().__init__(endpoints)
+        super().__init__(endpoints, tls=tls)
         self.consumer_group = consumer_group
         self.consume_from_where = consume_from_where
         #: Store-node addresses by broker name, as the last routes gave them.

@@ -92,6 +92,7 @@ from basalt.common.settings import (
     positive,
     setting,
 )
+from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links, untraced_task
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -177,9 +178,12 @@ class LitePullConsumer(ConsumerClient):
     :meth:`close` (close stops fetching, then commits; in subscribe mode it
     also leaves the group)."""
 
-    def __init__(self, endpoints: str, *, config: LitePullConfig) -> None:
+    def __init__(
+        self, endpoints: str, *, config: LitePullConfig, tls: TlsConfig | None = None
+    ) -> None:
         super().__init__(
             endpoints,
+            tls=tls,
             consumer_group=config.consumer_group,
             consume_from_where=config.consume_from_where,
         )

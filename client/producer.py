@@ -62,6 +62,7 @@ from basalt.common.settings import (
     setting,
     validate,
 )
+from basalt.common.tls import TlsConfig
 from basalt.common.tracing import (
     MESSAGING_BATCH_MESSAGE_COUNT,
     MESSAGING_DESTINATION_NAME,
@@ -315,8 +316,15 @@ class Producer(Client):
     """Sends messages to a Basalt cluster; ``async with Producer(...)`` or
     :meth:`start` / :meth:`close`."""
 
-    def __init__(self, endpoints: str, *, group: str, config: ProducerConfig | None = None) -> None:
-        super().__init__(endpoints)
+    def __init__(
+        self,
+        endpoints: str,
+        *,
+        group: str,
+        config: ProducerConfig | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
+        super().__init__(endpoints, tls=tls)
         self.config = config or ProducerConfig(producer_group=group)
         self._streams: dict[str, _Stream] = {}
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}

@@ -61,6 +61,7 @@ from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
+from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links, untraced_task
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -171,9 +172,17 @@ class PushConsumer(ConsumerClient):
     ``async with`` it (or :meth:`start` / :meth:`close`, which commits and
     releases the queues)."""
 
-    def __init__(self, endpoints: str, *, config: PushConsumerConfig, listener: Listener) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        *,
+        config: PushConsumerConfig,
+        listener: Listener,
+        tls: TlsConfig | None = None,
+    ) -> None:
         super().__init__(
             endpoints,
+            tls=tls,
             consumer_group=config.consumer_group,
             consume_from_where=config.consume_from_where,
         )

@@ -31,7 +31,7 @@ from typing import IO, Any
 from basalt.client.errors import ClientError
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from basalt.client.producer import Producer
-from basalt.common.local_cluster import ClusterNotFoundError, discover
+from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
 from basalt.common.message import Message
 
 EXIT_FAILED = 1
@@ -57,7 +57,7 @@ async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
     body = b"x" * args.size
     started = time.monotonic()
     sent = 0
-    async with Producer(endpoints, group=args.group_name) as producer:
+    async with Producer(endpoints, group=args.group_name, tls=discover_tls()) as producer:
         while sent < args.count:
             n = min(args.batch, args.count - sent)
             messages = [
@@ -94,7 +94,7 @@ async def consume(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
         sql92=args.sql is not None,
     )
     received = 0
-    async with LitePullConsumer(endpoints, config=config) as consumer:
+    async with LitePullConsumer(endpoints, config=config, tls=discover_tls()) as consumer:
         queues = await consumer.queues_of(args.topic)
         if args.sql is not None and queues:
             # Once, before the fetches: each queue's would fail alike.

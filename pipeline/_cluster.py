@@ -21,6 +21,7 @@ from typing import TypeVar
 import grpc
 
 from basalt.client.channels import MAX_MESSAGE_BYTES
+from basalt.common import tls as transport
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -57,8 +58,10 @@ class QueueRef:
 
 
 def channel(address: str) -> grpc.Channel:
-    """A blocking channel to ``address`` with the SDK's message size limit."""
-    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    """A blocking channel to ``address`` with the SDK's message size limit; TLS
+    when ``BASALT_TLS_*`` in the environment says so (basalt.common.tls.from_env:
+    Spark's executors inherit the driver's environment)."""
+    return transport.sync_channel(address, transport.from_env(), options=_CHANNEL_OPTIONS)
 
 
 def _refusal(what: str, address: str, e: grpc.RpcError) -> BasaltSourceError:

@@ -612,7 +612,8 @@ def format_table(resolved: Resolved) -> str:
 
 
 def service_specs() -> dict[str, ServiceSpec]:
-    """Every service's spec with the telemetry section, by command name."""
+    """Every service's spec with the sections all services share (telemetry,
+    TLS), by command name."""
     # Imported here: the services import this module.
     from basalt.admin import service_main
     from basalt.services import process
@@ -620,9 +621,9 @@ def service_specs() -> dict[str, ServiceSpec]:
     from basalt.services.store_node import main as store_node
 
     return {
-        "store-node": store_node.SPEC.with_sections(process.TELEMETRY),
-        "pull-service": pull_service.SPEC.with_sections(process.TELEMETRY),
-        "admin-service": service_main.SPEC.with_sections(process.TELEMETRY),
+        "store-node": store_node.SPEC.with_sections(*process.COMMON_SECTIONS),
+        "pull-service": pull_service.SPEC.with_sections(*process.COMMON_SECTIONS),
+        "admin-service": service_main.SPEC.with_sections(*process.COMMON_SECTIONS),
     }
 
 

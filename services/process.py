@@ -31,6 +31,7 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from basalt.common import tls as transport
 from basalt.common.telemetry import (
     TelemetryConfig,
     server_interceptors,
@@ -146,20 +147,27 @@ TELEMETRY = config.Section(
 )
 
 
+#: The TLS settings every service takes (``--tls-enable``, ``--tls-cert-file`` ...,
+#: basalt.common.tls): what it serves with and what it dials the others and etcd with.
+TLS = config.Section(transport.TlsConfig)
+#: The sections every service adds to its own.
+COMMON_SECTIONS = (TELEMETRY, TLS)
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> None:
     """The flags every service takes: :data:`TELEMETRY`'s (``--metrics-port``:
     Prometheus text over HTTP, 0 picks a free port, none by default;
     ``--metrics-host``, ``--log-format``, ``--log-level`` ...), ``--config FILE``
     and ``--print-config`` (basalt.services.config). ``service_name`` (e.g.
     ``basalt-store-node``) becomes the telemetry resource's ``service.name``."""
-    config.add_flags(parser, config.ServiceSpec(service_name, (TELEMETRY,)).options())
+    config.add_flags(parser, config.ServiceSpec(service_name, COMMON_SECTIONS).options())
     config.add_config_arguments(parser)
     parser.set_defaults(service_name=service_name)
 
 
 def settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> config.Resolved:
     """The effective settings of the service run with ``args``: its
-    ``service_spec`` (set by its ``add_arguments``) and :data:`TELEMETRY`, from
+    ``service_spec`` (set by its ``add_arguments``), :data:`TELEMETRY` and :data:`TLS`, from
     the flags, the environment and the config file. Resolved once, then kept on
     ``args.settings``. Raises config.ConfigError."""
     resolved: config.Resolved | None = getattr(args, "settings", None)
@@ -167,7 +175,7 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
         spec: config.ServiceSpec = getattr(
             args, "service_spec", config.ServiceSpec(args.service_name, ())
         )
-        resolved = config.resolve_args(spec.with_sections(TELEMETRY), args, environ)
+        resolved = config.resolve_args(spec.with_sections(*COMMON_SECTIONS), args, environ)
         args.settings = resolved
     return resolved
 
@@ -182,6 +190,12 @@ def telemetry_config(args: argparse.Namespace) -> TelemetryConfig:
     return resolved.build(
         TelemetryConfig, service_name=args.service_name, service_instance_id=instance
     )
+
+
+def tls_config(args: argparse.Namespace) -> transport.TlsConfig:
+    """The TLS of a service run with ``args`` (:func:`settings`): what it serves
+    with (:func:`add_port`) and dials with. Raises config.ConfigError."""
+    return settings(args).build(transport.TlsConfig)
 
 
 def run(serve: Serve, args: argparse.Namespace) -> int:
@@ -321,6 +335,18 @@ def grpc_server(
             ("grpc.server.max_pending_requests_hard_limit", max_pending_calls),
         ),
     )
+
+
+def add_port(server: grpc.aio.Server, listen: str, tls: transport.TlsConfig | None) -> int:
+    """Bind ``server`` to ``listen`` (port 0: a free one) - with TLS when ``tls``
+    is enabled (:func:`basalt.common.tls.server_credentials`: certificates
+    re-read when their files change, client certificates required when it
+    says so), plaintext otherwise; the port bound. Raises what binding raises
+    (the address in use), ValueError/OSError for TLS files it cannot use."""
+    if transport.enabled(tls):
+        assert tls is not None
+        return server.add_secure_port(listen, transport.server_credentials(tls))
+    return server.add_insecure_port(listen)
 
 
 _HANDLERS = {

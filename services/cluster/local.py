@@ -18,6 +18,12 @@ endpoint, its health and its etcd registration (``--json``: the same as one
 JSON list, for scripts; the admin service registers nowhere: tools find it
 in cluster.json, through :func:`basalt.common.local_cluster.local_address`).
 
+``up --tls`` makes a throwaway CA and certificates in ``<data-dir>/tls/``
+(:mod:`basalt.services.cluster.certs`) and runs every process with mutual
+TLS, etcd included (https, client certificates required); cluster.json
+records it, so ``status``, the CLI and the quickstart dial with the CA and
+the tools' client certificate (:func:`basalt.common.local_cluster.local_tls`).
+
 The processes outlive the command (their own sessions): ``up`` returns once
 the cluster serves, and ``down`` may run from another shell.
 """
@@ -40,15 +46,19 @@ from typing import IO, Any, cast
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from basalt.common import tls as transport
 from basalt.common.local_cluster import (
     CLUSTER_FILE,
     DEFAULT_DATA_DIR,
+    TLS_DIR,
     ProcessInfo,
     find_data_dir,
     load_processes,
+    local_tls,
     write_processes,
 )
 from basalt.services import process
+from basalt.services.cluster.certs import make_cluster_certificates
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig
 
@@ -102,11 +112,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def healthy(address: str, timeout_s: float = 1.0) -> bool:
+async def healthy(
+    address: str, timeout_s: float = 1.0, *, tls: transport.TlsConfig | None = None
+) -> bool:
     """Whether the gRPC server at ``address`` answers health SERVING within ``timeout_s``
-    (False for any RPC error: not up yet, gone, NOT_SERVING)."""
+    (False for any RPC error: not up yet, gone, NOT_SERVING); over TLS when
+    ``tls`` is enabled."""
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with transport.channel(address, tls) as channel:
             # types-grpcio-health-checking types the stub for sync channels only.
             stub = cast(Any, health_pb2_grpc.HealthStub(channel))
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
@@ -140,8 +153,11 @@ def up(
     *,
     otlp_endpoint: str | None = None,
     store_files: str = "laptop",
+    tls: bool = False,
 ) -> int:
     """Start the cluster; returns the exit status (2 when one is already running).
+    ``tls``: every process with mutual TLS, on certificates made for it in
+    ``<data_dir>/tls/`` (the module's docstring).
     ``otlp_endpoint`` (a URL) becomes every service's ``OTEL_EXPORTER_OTLP_ENDPOINT``,
     overriding the caller's. ``store_files`` (:data:`STORE_FILES`) sizes the
     store-nodes' files (:func:`write_store_node_config`)."""
@@ -152,10 +168,14 @@ def up(
         return 2
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    etcd = EtcdProcess(data_dir / "etcd", log_path=logs / "etcd.log")
+    certs = make_cluster_certificates(data_dir / TLS_DIR) if tls else None
+    node_tls = None if certs is None else certs.node_tls()
+    tool_tls = None if certs is None else certs.client_tls()
+    tls_flags = [] if certs is None else certs.service_flags()
+    etcd = EtcdProcess(data_dir / "etcd", log_path=logs / "etcd.log", tls=node_tls)
     etcd.start()
     assert etcd.pid is not None
-    procs = [ProcessInfo("etcd", "etcd", etcd.pid, etcd.endpoint, str(logs / "etcd.log"))]
+    procs = [ProcessInfo("etcd", "etcd", etcd.pid, etcd.endpoint, str(logs / "etcd.log"), tls=tls)]
     children: list[subprocess.Popen[bytes]] = []
     env = process.service_env()
     if otlp_endpoint is not None:
@@ -178,12 +198,13 @@ def up(
                 "--etcd", etcd.endpoint,
                 "--cluster", CLUSTER_NAME,
                 "--metrics-port", metrics.rpartition(":")[2],
+                *tls_flags,
             ],
             logs,
             env,
         )  # fmt: skip
         children.append(proc)
-        procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics, rocketmq_v2))
+        procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics, rocketmq_v2, tls=tls))
 
     store_config = write_store_node_config(data_dir, store_files)
     if store_files == "laptop":
@@ -229,7 +250,7 @@ def up(
                 print(f"a process exited at start (code {child.returncode}): see {logs}", file=out)
                 down(data_dir, out)
                 return 1
-        pending = [p for p in pending if not asyncio.run(healthy(p.address))]
+        pending = [p for p in pending if not asyncio.run(healthy(p.address, tls=tool_tls))]
         time.sleep(0.2)
     if pending:
         print(f"not healthy after 60 s: {[p.name for p in pending]}; see {logs}", file=out)
@@ -242,6 +263,12 @@ def up(
     for p in procs:
         if p.rocketmq_v2:
             print(f"RocketMQ 5 clients (gRPC v2): endpoints {p.rocketmq_v2} ({p.name})", file=out)
+    if certs is not None:
+        print(
+            f"mutual TLS everywhere: CA {certs.ca_file}, client certificate in {certs.directory} "
+            "(the CLI finds them; docs/security.md)",
+            file=out,
+        )
     return 0
 
 
@@ -277,9 +304,11 @@ def down(data_dir: Path, out: IO[str], grace_s: float = 20.0) -> int:
     return 0
 
 
-async def _registrations(etcd_address: str) -> tuple[set[str], set[str]]:
+async def _registrations(
+    etcd_address: str, tls: transport.TlsConfig | None
+) -> tuple[set[str], set[str]]:
     config = MetaConfig(endpoints=(etcd_address,), cluster=CLUSTER_NAME, op_timeout_s=1.0)
-    async with MetaClient(config) as meta:
+    async with MetaClient(config, tls=tls) as meta:
         return set(await meta.list_brokers()), set(await meta.list_pull_services())
 
 
@@ -299,8 +328,9 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
         return 1
     procs = load_processes(state)
     etcd = next(p for p in procs if p.role == "etcd")
+    tls = local_tls(data_dir.resolve())
     try:
-        brokers, pull_services = asyncio.run(_registrations(etcd.address))
+        brokers, pull_services = asyncio.run(_registrations(etcd.address, tls))
         etcd_ok = True
     except Exception:
         brokers, pull_services, etcd_ok = set(), set(), False
@@ -312,7 +342,8 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
         if p.role == "etcd":
             health, registered = ("SERVING" if etcd_ok else "DOWN"), "-"
         else:
-            health = "SERVING" if alive and asyncio.run(healthy(p.address)) else "DOWN"
+            serving = alive and asyncio.run(healthy(p.address, tls=tls))
+            health = "SERVING" if serving else "DOWN"
             if p.role == "admin":
                 registered = "-"  # stateless, registers nowhere (found through cluster.json)
             else:
@@ -347,13 +378,26 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
-    """``basalt cluster {up,down,status}``."""
+    """``basalt cluster {up,down,status,certs}``."""
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in (
         ("up", "start etcd, the store-nodes, a pull-service and the admin service on loopback"),
         ("down", "stop them (SIGTERM, then SIGKILL)"),
         ("status", "each process, its health, its etcd registration and its metrics endpoint"),
+        ("certs", "make a throwaway CA and certificates in a directory (as `up --tls` does)"),
     ):
+        if name == "certs":
+            sub = commands.add_parser(name, help=help_text, description=help_text)
+            sub.add_argument("directory", type=Path, metavar="DIR")
+            sub.add_argument(
+                "--host",
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="a DNS name or IP the node certificate is also valid for (repeat)",
+            )
+            sub.set_defaults(handler=_certs)
+            continue
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name == "up":
             sub.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -379,6 +423,12 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                 "production: RocketMQ's sizes, as the benchmarks run",
             )
             sub.add_argument(
+                "--tls",
+                action="store_true",
+                help="mutual TLS on every hop, etcd included, with a throwaway CA and "
+                "certificates made in DATA_DIR/tls/",
+            )
+            sub.add_argument(
                 "--otlp-endpoint",
                 metavar="URL",
                 help="export every service's traces and metrics by OTLP/gRPC to URL "
@@ -391,6 +441,12 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
         sub.set_defaults(handler=_handler(name))
 
 
+def _certs(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
+    certs = make_cluster_certificates(args.directory, hosts=tuple(args.host))
+    print(f"CA, node and client certificates in {certs.directory}", file=stdout)
+    return 0
+
+
 def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]:
     def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
         if name == "up":
@@ -401,6 +457,7 @@ def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]
                 stdout,
                 otlp_endpoint=args.otlp_endpoint,
                 store_files=args.store_files,
+                tls=args.tls,
             )
         data_dir = args.data_dir or find_data_dir() or DEFAULT_DATA_DIR
         if name == "down":

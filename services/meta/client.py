@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from basalt.common.tls import TlsConfig
 from basalt.services.meta.config import MetaConfig, MetaKeys
 from basalt.services.meta.errors import (
     MetaConflictError,
@@ -56,10 +57,14 @@ _CAS_BACKOFF_MAX_S = 0.05
 class MetaClient:
     """The metadata API of one cluster (``/basalt/<config.cluster>/``)."""
 
-    def __init__(self, config: MetaConfig) -> None:
+    def __init__(self, config: MetaConfig, *, tls: TlsConfig | None = None) -> None:
         self.config = config
+        #: The transport of the cluster this client reaches: etcd is dialed with
+        #: it, and so are the services whose addresses etcd gives (admin's
+        #: fan-outs). One CA signs a cluster's certificates (docs/security.md).
+        self.tls = tls
         self.keys = MetaKeys(config.cluster)
-        self._session = EtcdSession(config)
+        self._session = EtcdSession(config, tls=tls)
         self._registrations: set[Registration] = set()
         self._watchers: list[MetaWatcher[Any]] = []
         #: Compare-and-swap attempts that lost to a concurrent writer (observability).
@@ -303,7 +308,7 @@ class MetaClient:
         )
 
     def _watcher(self, prefix: str, decode: Callable[[str, bytes], V], what: str) -> MetaWatcher[V]:
-        watcher = MetaWatcher(self.config, prefix, decode, what=what)
+        watcher = MetaWatcher(self.config, prefix, decode, what=what, tls=self.tls)
         # Closed with the client; the list holds them only for that.
         self._watchers.append(watcher)
         return watcher

@@ -38,8 +38,10 @@ import aetcd  # type: ignore[import-untyped]  # ships no type information
 import aetcd.rpc  # type: ignore[import-untyped]
 import grpc
 
+from basalt.common.tls import TlsConfig
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaError, MetaUnavailableError
+from basalt.services.meta.etcd_tls import TlsEtcdClient
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +122,10 @@ def _kv(raw: Any) -> KeyValue:
 class EtcdSession:
     """One logical connection to the etcd cluster of a :class:`MetaConfig`."""
 
-    def __init__(self, config: MetaConfig) -> None:
+    def __init__(self, config: MetaConfig, *, tls: TlsConfig | None = None) -> None:
         self.config = config
+        #: With TLS enabled, etcd is dialed over TLS (https endpoints).
+        self.tls = tls
         self._index = 0
         self._client: Any = None
         #: Clients given up on while other tasks may still be waiting on them,
@@ -140,12 +144,16 @@ class EtcdSession:
             raise MetaError("the etcd session is closed")
         if self._client is None:
             host, _, port = self.endpoint.rpartition(":")
-            self._client = aetcd.Client(
-                host=host.strip("[]"),
-                port=int(port),
-                timeout=self.config.op_timeout_s,
-                options=dict(_CHANNEL_OPTIONS),
-            )
+            kwargs: dict[str, Any] = {
+                "host": host.strip("[]"),
+                "port": int(port),
+                "timeout": self.config.op_timeout_s,
+                "options": dict(_CHANNEL_OPTIONS),
+            }
+            if self.tls is not None and self.tls.tls_enable:
+                self._client = TlsEtcdClient(tls=self.tls, **kwargs)
+            else:
+                self._client = aetcd.Client(**kwargs)
         return self._client
 
     def _fail_over(self, client: Any) -> None:

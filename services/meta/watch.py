@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from basalt.common.tls import TlsConfig
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaError, MetaUnavailableError
 from basalt.services.meta.metrics import track as track_watcher
@@ -70,6 +71,7 @@ class MetaWatcher(Generic[T]):
         *,
         what: str,
         lag_check_interval_s: float = LAG_CHECK_INTERVAL_S,
+        tls: TlsConfig | None = None,
     ) -> None:
         if lag_check_interval_s <= 0:
             raise ValueError(f"lag_check_interval_s must be positive, not {lag_check_interval_s}")
@@ -77,7 +79,7 @@ class MetaWatcher(Generic[T]):
         self.what = what
         self._config = config
         self._decode = decode
-        self._session = EtcdSession(config)
+        self._session = EtcdSession(config, tls=tls)
         self._data: dict[str, T] = {}
         self._revision = 0
         self._version = 0

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from basalt.common.telemetry import insecure_channel
+from basalt.common import tls as transport
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
@@ -40,9 +40,11 @@ _STORE_HOST_TIMEOUT_S = 1.0
 
 
 class ChannelPool:
-    """Channels and stubs by address; :meth:`close` them all when stopping."""
+    """Channels and stubs by address (TLS when ``tls`` is enabled); :meth:`close`
+    them all when stopping."""
 
-    def __init__(self, *, max_message_bytes: int) -> None:
+    def __init__(self, *, max_message_bytes: int, tls: transport.TlsConfig | None = None) -> None:
+        self._tls = tls
         self._options = (
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -60,7 +62,7 @@ class ChannelPool:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = insecure_channel(address, options=self._options)
+            channel = transport.channel(address, self._tls, options=self._options)
             self._channels[address] = channel
         return channel
 

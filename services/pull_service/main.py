@@ -24,9 +24,11 @@ per event: ``time level logger [trace_id span_id] message`` or JSON, and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 
-from basalt.common.settings import config_dataclass, instance_of, setting, validate
+from basalt.common.settings import config_dataclass, instance_of, one_of, setting, validate
+from basalt.common.tls import ClientAuth
 from basalt.services import config, process
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.server import start_pull_service
@@ -57,6 +59,13 @@ class PullServiceProcessConfig:
         check=config.listen_address_or_empty,
         doc="host:port to serve RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) "
         "on; empty: not served (docs/rocketmq-v2.md).",
+    )
+    rocketmq_v2_tls_client_auth: ClientAuth = setting(
+        default=ClientAuth.NONE,
+        check=one_of(*ClientAuth),
+        doc="With tls_enable: whether the RocketMQ 5 front requires client certificates. "
+        "NONE by default, as RocketMQ's proxy: the official clients present none "
+        "(they trust the server's; docs/security.md).",
     )
     stop_grace_s: float = config.stop_grace_setting()
 
@@ -91,7 +100,8 @@ async def serve(args: argparse.Namespace) -> int:
     settings = process.settings(args)
     addresses = settings.build(PullServiceProcessConfig)
     service_config = settings.build(PullServiceConfig)
-    meta = MetaClient(settings.build(MetaConfig))
+    tls = process.tls_config(args)
+    meta = MetaClient(settings.build(MetaConfig), tls=tls)
     try:
         await meta.connect()
         running = await start_pull_service(
@@ -102,6 +112,10 @@ async def serve(args: argparse.Namespace) -> int:
             client_address=addresses.client_address,
             rocketmq_v2_listen=addresses.rocketmq_v2_listen,
             rocketmq_v2=settings.build(RocketMQv2Config),
+            tls=tls,
+            rocketmq_v2_tls=dataclasses.replace(
+                tls, tls_client_auth=addresses.rocketmq_v2_tls_client_auth
+            ),
         )
         await process.serve_until_stopped(
             f"pull-service {service_config.pull_service_id}",

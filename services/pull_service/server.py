@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health
 
+from basalt.common.tls import TlsConfig
 from basalt.services.errors import Refusal
 from basalt.services.meta.client import MetaClient, decode_consumer
 from basalt.services.meta.lease import Registration
@@ -42,6 +43,7 @@ from basalt.services.meta.model import (
 from basalt.services.meta.watch import MetaChange, MetaWatcher
 from basalt.services.process import (
     add_health_and_reflection,
+    add_port,
     add_servicer,
     grpc_server,
     set_serving,
@@ -105,18 +107,22 @@ async def start_pull_service(
     register: bool = True,
     rocketmq_v2_listen: str = "",
     rocketmq_v2: RocketMQv2Config | None = None,
+    tls: TlsConfig | None = None,
+    rocketmq_v2_tls: TlsConfig | None = None,
 ) -> RunningPullService:
     """Start the caches (MetaUnavailableError if etcd does not answer their first
     listing) and serve on ``listen``; with ``register``, put
     ``pull-services/<id>`` = ``advertise_host:port`` (and ``client_address``,
     empty: the same) under a lease (retried in the background while etcd is
-    away)."""
+    away). With ``tls`` enabled it serves (the v2 front too) and dials store-nodes
+    and other pull-services with TLS; the v2 front serves with ``rocketmq_v2_tls``
+    (None: ``tls``), whose client authentication may differ."""
     view = ClusterView(
         meta.topic_cache(), meta.broker_cache(), meta.pull_service_cache(), _consumers(meta)
     )
     for cache in view.caches:
         await cache.start()
-    channels = ChannelPool(max_message_bytes=config.max_message_bytes)
+    channels = ChannelPool(max_message_bytes=config.max_message_bytes, tls=tls)
     _evict_departed(view, channels)
     sessions = SessionRegistry(
         config.pull_service_id,
@@ -138,11 +144,14 @@ async def start_pull_service(
     front: RunningFront | None = None
     v2_address = ""
     try:
-        port = server.add_insecure_port(listen)
+        port = add_port(server, listen, tls)
         await server.start()
         if rocketmq_v2_listen:
             front = await start_rocketmq_v2(
-                rocketmq_v2 or RocketMQv2Config(), servicer, rocketmq_v2_listen
+                rocketmq_v2 or RocketMQv2Config(),
+                servicer,
+                rocketmq_v2_listen,
+                tls=tls if rocketmq_v2_tls is None else rocketmq_v2_tls,
             )
             v2_address = f"{advertise_host}:{front.port}"
     except BaseException:
@@ -209,5 +218,9 @@ def _consumers(meta: MetaClient) -> MetaWatcher[ConsumerRegistration]:
     """A watch of every consumer registration, named ``group/client_id`` (MetaClient
     offers one group's; a session may move between pull-services in any group)."""
     return MetaWatcher(
-        meta.config, meta.keys.consumers, decode_consumer, what="consumer registrations"
+        meta.config,
+        meta.keys.consumers,
+        decode_consumer,
+        what="consumer registrations",
+        tls=meta.tls,
     )

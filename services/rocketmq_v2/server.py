@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health
 
+from basalt.common.tls import TlsConfig
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.process import (
     add_health_and_reflection,
+    add_port,
     add_servicer,
     grpc_server,
     set_serving,
@@ -57,14 +59,19 @@ class RunningFront:
 
 
 async def start_rocketmq_v2(
-    config: RocketMQv2Config, pull: PullServiceServicer, listen: str
+    config: RocketMQv2Config,
+    pull: PullServiceServicer,
+    listen: str,
+    *,
+    tls: TlsConfig | None = None,
 ) -> RunningFront:
-    """Serve the front on ``listen`` (port 0: a free one) over ``pull``'s view,
+    """Serve the front on ``listen`` (port 0: a free one; TLS when ``tls`` is
+    enabled, as the official clients dial it with ``tls_enable``) over ``pull``'s view,
     SERVING once started. Raises what binding raises (the address in use)."""
     server = grpc_server(pull.config.max_message_bytes)
     add_servicer(server, MessagingServiceServicer(config, pull), SERVICE, only=SERVED)
     health_servicer = add_health_and_reflection(server, SERVICE.full_name)
-    port = server.add_insecure_port(listen)
+    port = add_port(server, listen, tls)
     await server.start()
     await set_serving(health_servicer, SERVICE.full_name, True)
     return RunningFront(server, port, health_servicer)

@@ -170,11 +170,12 @@ async def serve(args: argparse.Namespace) -> int:
     addresses = settings.build(StoreNodeProcessConfig)
     store_config = settings.build(MessageStoreConfig)
     node = settings.build(StoreNodeConfig)
+    tls = process.tls_config(args)
     meta: MetaClient | None = None
     topics: TopicDirectory
     cache: MetaWatcher[TopicConfig] | None = None
     if settings.given("etcd"):
-        meta = MetaClient(settings.build(MetaConfig))
+        meta = MetaClient(settings.build(MetaConfig), tls=tls)
         await meta.connect()
         cache = meta.topic_cache()
         # Listed while the store recovers (a restart over 20,000 topics overlaps
@@ -185,7 +186,7 @@ async def serve(args: argparse.Namespace) -> int:
         listing = None
         topics = LocalTopics(addresses.default_topic_queue_nums)
     running = await start_store_node(
-        node, store_config, topics, listen=addresses.listen, ready=listing
+        node, store_config, topics, listen=addresses.listen, ready=listing, tls=tls
     )
     # Not given: the address as bound (port 0 resolved), as services reach it.
     advertise = (

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health
 
+from basalt.common.tls import TlsConfig
 from basalt.services.process import (
     add_health_and_reflection,
+    add_port,
     add_servicer,
     grpc_server,
     set_serving,
@@ -77,8 +79,10 @@ async def start_store_node(
     *,
     listen: str = "127.0.0.1:0",
     ready: asyncio.Future[None] | None = None,
+    tls: TlsConfig | None = None,
 ) -> RunningStoreNode:
-    """Recover and open the store, then serve it on ``listen``.
+    """Recover and open the store, then serve it on ``listen`` (with TLS when
+    ``tls`` is enabled: basalt.services.process.add_port).
 
     ``ready``, when given, is work the node needs before it serves (the topic
     cache's first listing from etcd) that runs while the store recovers on its
@@ -120,7 +124,7 @@ async def start_store_node(
     )
     health_servicer = add_health_and_reflection(server, STORE_NODE_SERVICE)
     try:
-        port = server.add_insecure_port(listen)
+        port = add_port(server, listen, tls)
         await server.start()
     except BaseException:
         await asyncio.to_thread(store.shutdown)

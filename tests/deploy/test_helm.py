@@ -394,3 +394,29 @@ def test_every_container_command_line_parses_with_print_config(
         for written in invocation.config_files.values():
             if any("=" in line for line in written.read_text().splitlines()):
                 assert f"file:{written}" in done.stdout, f"{where}\n{done.stdout}"
+
+
+def test_with_tls_every_hop_serves_and_dials_with_the_secret(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    manifests = rendered["tls"]
+    for _, container in basalt_containers(manifests):
+        env = {v["name"]: v.get("value") for v in container["env"]}
+        assert env["BASALT_TLS_ENABLE"] == "true"
+        assert env["BASALT_TLS_CERT_FILE"] == "/etc/basalt/tls/tls.crt"
+        assert env["BASALT_TLS_KEY_FILE"] == "/etc/basalt/tls/tls.key"
+        assert env["BASALT_TLS_CA_FILE"] == "/etc/basalt/tls/ca.crt"
+        assert env["BASALT_TLS_CLIENT_AUTH"] == "REQUIRE"
+        # Kubernetes' gRPC probes speak no TLS: `basalt health` with the container's settings.
+        for probe in ("readinessProbe", "livenessProbe"):
+            command = container[probe]["exec"]["command"]
+            assert command[:2] == ["basalt", "health"] and command[2].startswith("localhost:")
+    for _, container in basalt_containers(rendered["defaults"]):
+        assert all(not v["name"].startswith("BASALT_TLS") for v in container["env"])
+        assert "grpc" in container["readinessProbe"]
+    etcd = by_kind_name(manifests, "StatefulSet", f"{PREFIX}-etcd")
+    (container,) = pod_spec(etcd)["containers"]
+    args = container["args"]
+    assert "--listen-client-urls=https://0.0.0.0:2379" in args
+    assert {"--cert-file=/etc/basalt/tls/tls.crt", "--client-cert-auth"} <= set(args)
+    assert {"name": "tls", "secret": {"secretName": "basalt-tls"}} in pod_spec(etcd)["volumes"]

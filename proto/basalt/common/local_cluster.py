@@ -13,21 +13,31 @@ else the nearest ``.basalt`` directory upward). The file is a JSON list of
      {"role": "store-node", "name": "broker-a", ..., "metrics": "127.0.0.1:40211"}, ...]
 
 ``metrics`` (the process's Prometheus endpoint, ``host:port``; null for etcd)
-came later: a file written before it reads back with ``metrics`` None.
+came later: a file written before it reads back with ``metrics`` None; so did
+``tls`` (true: the process serves TLS, ``basalt cluster up --tls``; its CA and
+a client certificate are in ``<data-dir>/tls/``, :func:`local_tls`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from basalt.common import tls as transport
 
 #: The state file's name, in the cluster's data directory.
 CLUSTER_FILE = "cluster.json"
 #: Where ``basalt cluster up`` keeps its state unless told otherwise.
 DEFAULT_DATA_DIR = Path(".basalt")
+#: ``basalt cluster up --tls``'s certificates, in the cluster's data directory.
+TLS_DIR = "tls"
+#: In :data:`TLS_DIR`: the CA, and the certificate and key the tools present.
+CA_FILE = "ca.pem"
+CLIENT_CERT_FILE = "client.pem"
+CLIENT_KEY_FILE = "client-key.pem"
 
 
 @dataclass(slots=True)
@@ -44,6 +54,8 @@ class ProcessInfo:
     #: A pull-service's ``host:port`` for RocketMQ 5 clients
     #: (apache.rocketmq.v2.MessagingService); None: not served.
     rocketmq_v2: str | None = None
+    #: Serves (and, etcd, is dialed) with mutual TLS: ``basalt cluster up --tls``.
+    tls: bool = False
 
     @property
     def metrics_url(self) -> str | None:
@@ -74,6 +86,41 @@ def local_address(role: str, data_dir: Path = DEFAULT_DATA_DIR) -> str | None:
     except (OSError, ValueError, TypeError):
         return None
     return next((p.address for p in processes if p.role == role), None)
+
+
+def client_tls(data_dir: Path) -> transport.TlsConfig:
+    """The TlsConfig a tool dials ``basalt cluster up --tls``'s cluster in
+    ``data_dir`` with: its CA, and the client certificate made for the tools."""
+    certs = data_dir / TLS_DIR
+    return transport.TlsConfig(
+        tls_enable=True,
+        tls_ca_file=certs / CA_FILE,
+        tls_cert_file=certs / CLIENT_CERT_FILE,
+        tls_key_file=certs / CLIENT_KEY_FILE,
+    )
+
+
+def local_tls(data_dir: Path = DEFAULT_DATA_DIR) -> transport.TlsConfig | None:
+    """:func:`client_tls` when the cluster recorded in ``data_dir`` runs with TLS;
+    None when it does not (or there is none)."""
+    try:
+        processes = load_processes(data_dir / CLUSTER_FILE)
+    except (OSError, ValueError, TypeError):
+        return None
+    return client_tls(data_dir) if any(p.tls for p in processes) else None
+
+
+def discover_tls(environ: Mapping[str, str] | None = None) -> transport.TlsConfig:
+    """The TLS a CLI command dials with, strongest first: ``BASALT_TLS_*`` in the
+    environment when ``BASALT_TLS_ENABLE`` is set (:func:`basalt.common.tls.from_env`);
+    the local cluster's in the nearest ``.basalt`` (:func:`local_tls`);
+    plaintext. Raises ValueError for a bad ``BASALT_TLS_*`` value."""
+    environ = os.environ if environ is None else environ
+    if environ.get(transport.ENV_PREFIX + "TLS_ENABLE", "").strip():
+        return transport.from_env(environ)
+    data_dir = find_data_dir()
+    found = None if data_dir is None else local_tls(data_dir)
+    return found or transport.PLAINTEXT
 
 
 def find_data_dir(start: Path | None = None) -> Path | None:

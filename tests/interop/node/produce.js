@@ -1,13 +1,17 @@
 // Send messages with the official RocketMQ 5 Node.js Producer.
-//   node produce.js ENDPOINTS < messages.json
+//   node produce.js ENDPOINTS [tls] < messages.json
 // messages.json as tests/interop/python/produce.py's; prints the same JSON list.
+// tls: sslEnabled (the CA trusted through GRPC_DEFAULT_SSL_ROOTS_FILE_PATH).
 'use strict';
 const { Producer } = require('rocketmq-client-nodejs');
 
 async function main() {
   const endpoints = process.argv[2];
   const spec = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-  const producer = new Producer({ endpoints, topics: [spec.topic], requestTimeout: 5000 });
+  const sslEnabled = process.argv[3] === 'tls';
+  const producer = new Producer({
+    endpoints, topics: [spec.topic], requestTimeout: 5000, sslEnabled,
+  });
   await producer.startup();
   const out = [];
   try {

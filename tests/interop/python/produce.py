@@ -1,7 +1,10 @@
 """Send messages with the official RocketMQ 5 Python Producer (run as a script,
 never imported: the client registers apache.rocketmq.v2 in protobuf's pool).
 
-    python produce.py ENDPOINTS < messages.json
+    python produce.py ENDPOINTS [tls] < messages.json
+
+``tls``: dial with ``tls_enable`` (the server's CA trusted through
+GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, as gRPC reads it).
 
 ``messages.json``: ``{"topic": T, "messages": [{"body": str, "tag": str?,
 "keys": [str]?, "properties": {str: str}?, "group": str?}]}``. Prints one JSON
@@ -18,9 +21,12 @@ from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
 def main() -> int:
     endpoints = sys.argv[1]
+    tls = sys.argv[2:] == ["tls"]
     spec = json.load(sys.stdin)
     producer = Producer(
-        ClientConfiguration(endpoints, Credentials(), request_timeout=5), (spec["topic"],)
+        ClientConfiguration(endpoints, Credentials(), request_timeout=5),
+        (spec["topic"],),
+        tls_enable=tls,
     )
     producer.startup()
     out = []

@@ -82,6 +82,34 @@ environment (the etcd endpoints, the cluster, the log format), pass the root.
   value: {{ .Values.log.format | quote }}
 - name: BASALT_LOG_LEVEL
   value: {{ .Values.log.level | quote }}
+{{- if .Values.tls.enabled }}
+- name: BASALT_TLS_ENABLE
+  value: "true"
+- name: BASALT_TLS_CERT_FILE
+  value: /etc/basalt/tls/tls.crt
+- name: BASALT_TLS_KEY_FILE
+  value: /etc/basalt/tls/tls.key
+- name: BASALT_TLS_CA_FILE
+  value: /etc/basalt/tls/ca.crt
+- name: BASALT_TLS_CLIENT_AUTH
+  value: {{ .Values.tls.clientAuth | default "REQUIRE" | quote }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A probe's check of a Basalt container's gRPC health on its port: Kubernetes'
+own gRPC probe, which cannot speak TLS, so with tls.enabled `basalt health`
+on localhost instead (it dials with the container's BASALT_TLS_* settings).
+Pass (dict "root" $ "port" 10911).
+*/}}
+{{- define "basalt.healthCheck" -}}
+{{- if .root.Values.tls.enabled -}}
+exec:
+  command: ["basalt", "health", "localhost:{{ .port }}", "--timeout-s", "3"]
+{{- else -}}
+grpc:
+  port: {{ .port }}
+{{- end -}}
 {{- end -}}
 
 {{/*

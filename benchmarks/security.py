@@ -1,0 +1,139 @@
+"""Security's throughput cost: batched produce and consume through the SDK with
+TLS off and on, in one run (issue 20's target: TLS costs at most 15 %).
+
+For each :data:`VARIANTS` entry, ``basalt cluster up`` (etcd, 2 store-nodes,
+a pull-service; RocketMQ's file sizes) with that variant's flags, a topic of
+``--queues`` queues per store-node, then benchmarks/sdk_throughput.py's
+``produce`` (``--senders`` ``send_batch`` calls of ``--batch`` 1 KiB messages
+in flight, ``--duration`` s) and ``consume`` (a LitePullConsumer reading it
+all back) with that variant's client settings; ``cluster down``. ``--rounds``
+repeats the list (plain, TLS, plain, TLS ...) so drift on a shared machine
+lands on both. Prints every row, then each variant's best rate against the
+plaintext one's as a cost in percent.
+
+A variant is a name, ``cluster up`` flags and the client's settings made from
+the cluster's data directory: authentication on/off is another entry (or a
+product of the two lists) once ``cluster up`` can turn it on.
+
+Usage::
+
+    .venv/bin/python benchmarks/security.py [--duration 10] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from basalt.common.local_cluster import client_tls
+from basalt.common.tls import TlsConfig
+from basalt.services.cluster.local import CLUSTER_NAME
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from benchmarks.e2e_client import Cluster
+from benchmarks.sdk_throughput import TOPIC, consume, produce
+from benchmarks.store_read import Row, format_table
+
+#: The most throughput TLS may cost (issue 20).
+TLS_COST_TARGET_PERCENT = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One way of running the cluster and its clients."""
+
+    name: str
+    up_args: tuple[str, ...]
+    #: The SDK's TLS from the cluster's data directory (None: plaintext).
+    client: Callable[[Path], TlsConfig | None]
+
+
+VARIANTS = (
+    Variant("plaintext", (), lambda data: None),
+    Variant("mutual TLS", ("--tls",), client_tls),
+)
+
+
+async def measure(variant: Variant, args: argparse.Namespace, data: Path) -> list[Row]:
+    """One variant's produce and consume rows, on a new cluster in ``data``."""
+    cluster = Cluster(data, up_args=variant.up_args)
+    try:
+        print(cluster.up().rstrip(), file=sys.stderr)
+        tls = variant.client(data)
+        meta_config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
+        async with MetaClient(meta_config, tls=tls) as meta:
+            await meta.create_topic(
+                TopicConfig(
+                    topic_name=TOPIC,
+                    read_queue_nums=args.queues,
+                    write_queue_nums=args.queues,
+                    brokers=tuple(p.name for p in cluster.of_role("store-node")),
+                )
+            )
+        await asyncio.sleep(1.0)  # the pull-service's watch
+        address = cluster.pull_address
+        produced = await produce(address, args.senders, args.batch, args.duration, tls=tls)
+        consumed = await consume(address, produced.count + 1, tls=tls)
+        return [
+            Row(f"{r.path} ({variant.name})", r.config, r.rate, r.unit, r.count, r.seconds,
+                None, r.extra)
+            for r in (produced, consumed)
+        ]  # fmt: skip
+    finally:
+        print(cluster.down().rstrip(), file=sys.stderr)
+
+
+def costs(rows: Sequence[Row]) -> list[str]:
+    """Each variant's best rate per path against plaintext's, as lines."""
+    best: dict[tuple[str, str], float] = {}
+    for row in rows:
+        path, _, rest = row.path.partition(" (")
+        key = (path, rest.rstrip(")"))
+        best[key] = max(best.get(key, 0.0), row.rate)
+    lines = []
+    for (path, name), rate in sorted(best.items()):
+        base = best.get((path, VARIANTS[0].name))
+        if name == VARIANTS[0].name or not base:
+            continue
+        cost = (1 - rate / base) * 100
+        verdict = "met" if cost <= TLS_COST_TARGET_PERCENT else "NOT MET"
+        lines.append(
+            f"{path}: {name} {rate:,.0f} vs {base:,.0f} msgs/s: cost {cost:.1f} % "
+            f"(target <= {TLS_COST_TARGET_PERCENT:.0f} %: {verdict})"
+        )
+    return lines
+
+
+async def run(args: argparse.Namespace, root: Path) -> list[Row]:
+    rows: list[Row] = []
+    for round_ in range(args.rounds):
+        for variant in VARIANTS:
+            data = root / f"{variant.name.replace(' ', '-')}-{round_}"
+            rows += await measure(variant, args, data)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--senders", type=int, default=32, help="send_batch calls in flight")
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--queues", type=int, default=8, help="queues per store-node")
+    parser.add_argument("--rounds", type=int, default=2, help="times through the variants")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="basalt-security-") as tmp:
+        rows = asyncio.run(run(args, Path(tmp)))
+    print(format_table(rows))
+    print("\n".join(costs(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
