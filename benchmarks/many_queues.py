@@ -456,9 +456,12 @@ class Step:
     start_kill_s: float = math.nan
 
 
-async def produce(address: str, topics: int, args: argparse.Namespace) -> tuple[float, int]:
+async def produce(
+    address: str, topics: int, args: argparse.Namespace, watched: dict[str, int]
+) -> tuple[float, int, dict[str, float]]:
     """SDK send_batch round robin over ``topics`` topics for ``args.duration`` s:
-    (msgs/s, messages)."""
+    (msgs/s, messages, CPU µs a message of each ``watched`` process, by name), all
+    measured after the routes are fetched."""
     names = [topic_name(i) for i in range(topics)]
     sent = 0
     turn = 0
@@ -475,10 +478,15 @@ async def produce(address: str, topics: int, args: argparse.Namespace) -> tuple[
                 results = await producer.send_batch(batch)
                 sent += len(results)  # after the await: `sent +=` over it would lose counts
 
+        cpu_before = {name: cpu_seconds(pid) for name, pid in watched.items()}
         started = time.monotonic()
         await asyncio.gather(*(sender() for _ in range(args.senders)))
         secs = time.monotonic() - started
-    return sent / secs, sent
+        cpu_us = {
+            name: (cpu_seconds(pid) - cpu_before[name]) * 1e6 / max(1, sent)
+            for name, pid in watched.items()
+        }
+    return sent / secs, sent, cpu_us
 
 
 def queues_of(nodes: Sequence[ProcessEntry], first: int, end: int) -> list[QueueId]:
@@ -540,12 +548,9 @@ async def run_step(
 
     watched = {p.name: p.pid for p in cluster.of_role("store-node")}
     watched["client"] = os.getpid()
-    before = {name: cpu_seconds(pid) for name, pid in watched.items()}
-    step.produce_rate, step.produced = await produce(cluster.pull_address, topics, args)
-    step.produce_cpu_us = {
-        name: (cpu_seconds(pid) - before[name]) * 1e6 / max(1, step.produced)
-        for name, pid in watched.items()
-    }
+    step.produce_rate, step.produced, step.produce_cpu_us = await produce(
+        cluster.pull_address, topics, args, watched
+    )
     print(f"  produced {step.produced:,} messages", file=sys.stderr)
 
     step.restart_term_s, step.start_term_s = await restart(cluster, "broker-a", signal.SIGTERM)
