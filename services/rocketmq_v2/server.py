@@ -38,6 +38,11 @@ SERVED = frozenset(
         "UpdateOffset",
         "EndTransaction",
         "RecallMessage",
+        "ReceiveMessage",
+        "AckMessage",
+        "ChangeInvisibleDuration",
+        "ForwardMessageToDeadLetterQueue",
+        "QueryAssignment",
     }
 )
 
