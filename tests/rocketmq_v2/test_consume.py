@@ -19,7 +19,7 @@ from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from tests.support.interop import (
     PRODUCERS,
-    PUSH_CONSUMER,
+    PUSH_CONSUMERS,
     SIMPLE_CONSUMERS,
     ensure_node_modules,
     run_client,
@@ -110,14 +110,15 @@ def test_simple_consumer_receive_ack_invisible_redelivery(cluster: Cluster, clie
         assert _receive(stub, topic, f"GSimple-{client}").status.code == v2.MESSAGE_NOT_FOUND
 
 
-def test_push_consumer_retries_then_dead_letters(cluster: Cluster) -> None:
-    topic, group = cluster.topic("V2Push"), "GPush"
+@pytest.mark.parametrize("client", sorted(PUSH_CONSUMERS))
+def test_push_consumer_retries_then_dead_letters(cluster: Cluster, client: str) -> None:
+    topic, group = cluster.topic(f"V2Push-{client}"), f"GPush-{client}"
     specs = [{"body": f"ok-{i}", "tag": "A"} for i in range(5)]
     specs += [{"body": f"fail-{i}", "tag": "B", "properties": {"p": "x"}} for i in range(2)]
     sent = run_client(PRODUCERS["python"], cluster.v2, {"topic": topic, "messages": specs})
     ids = {s["body"]: r["message_id"] for s, r in zip(specs, sent, strict=True)}
     calls = run_client(
-        PUSH_CONSUMER, cluster.v2,
+        PUSH_CONSUMERS[client], cluster.v2,
         {"topic": topic, "group": group, "succeed": 5, "fail_prefix": "fail-", "settle_s": 6},
     )  # fmt: skip
     by_body: dict[str, list[int]] = {}
@@ -141,7 +142,7 @@ def test_fifo_push_consumer_keeps_each_message_groups_order(cluster: Cluster) ->
     specs = [{"body": f"{g}-{i}", "group": g} for i in range(5) for g in ("ga", "gb")]
     run_client(PRODUCERS["python"], cluster.v2, {"topic": topic, "messages": specs})
     calls = run_client(
-        PUSH_CONSUMER, cluster.v2,
+        PUSH_CONSUMERS["python"], cluster.v2,
         {"topic": topic, "group": FIFO_GROUP, "succeed": 10, "fail_prefix": "", "settle_s": 1},
     )  # fmt: skip
     for g in ("ga", "gb"):
@@ -215,7 +216,7 @@ def test_raw_consumption_calls_and_bad_input(cluster: Cluster) -> None:
                 v2.INVALID_RECEIPT_HANDLE
             )
         other_topic = sv.AckMessageRequest(
-            group=group, topic=v2.Resource(name="V2Push"),
+            group=group, topic=v2.Resource(name="V2Other"),
             entries=[sv.AckMessageEntry(message_id="x", receipt_handle=handle)],
         )  # fmt: skip
         assert stub.AckMessage(other_topic, timeout=10).status.code == v2.INVALID_RECEIPT_HANDLE

@@ -29,8 +29,11 @@ SIMPLE_CONSUMERS = {
     "python": [sys.executable, str(INTEROP / "python" / "simple.py")],
     "node": ["node", str(NODE / "simple.js")],
 }
-#: The Python PushConsumer (tests/interop/python/push.py).
-PUSH_CONSUMER = [sys.executable, str(INTEROP / "python" / "push.py")]
+#: Command lines of each client's PushConsumer (tests/interop/*/push*).
+PUSH_CONSUMERS = {
+    "python": [sys.executable, str(INTEROP / "python" / "push.py")],
+    "node": ["node", str(NODE / "push.js")],
+}
 
 
 def run_client(
