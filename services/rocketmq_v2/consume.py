@@ -36,7 +36,6 @@ routes its ack. What RocketMQ 5's proxy does, mapped:
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +51,7 @@ from basalt.services.rocketmq_v2.conversions import (
     V2Error,
     dead_letter,
     dlq_topic,
+    group_name,
     ok_status,
     queues_per_broker,
     to_v2_message,
@@ -98,12 +98,6 @@ def _handle(text: str, topic: str) -> ReceiptHandle:
 
 def _ack_code(status: int) -> int:
     return v2.OK if status == sn.POP_ACK_STATUS_OK else v2.INVALID_RECEIPT_HANDLE
-
-
-def _group_name(group: v2.Resource) -> str:
-    if not group.name:
-        raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
-    return group.name
 
 
 class ConsumeRpcs:
@@ -165,7 +159,7 @@ class ConsumeRpcs:
     ) -> list[v2.Message]:
         """The checked request's deliveries (dead letters taken out); V2Error
         for a refusal."""
-        group = _group_name(request.group)
+        group = group_name(request.group)
         topic = request.message_queue.topic
         config = self.pull.view.topics.get(topic.name)
         if config is None:
@@ -230,7 +224,7 @@ class ConsumeRpcs:
                 )
                 for m in popped.messages:
                     delivered = await self._delivery(
-                        group, name, config.brokers.index(name) * n, m, topic, context
+                        group, config.brokers.index(name) * n, m, invisible_ms, topic, context
                     )
                     if delivered is not None:
                         out.append(delivered)
@@ -239,16 +233,16 @@ class ConsumeRpcs:
     async def _delivery(
         self,
         group: str,
-        broker: str,
         first_id: int,
         popped: sn.PoppedMessage,
+        invisible_ms: int,
         topic: v2.Resource,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> v2.Message | None:
         """The v2 message of one popped delivery; None when it went to the
         dead-letter topic instead (past the max attempts). V2Error
-        INTERNAL_SERVER_ERROR for a record that does not decode (it stays in
-        flight and comes again: nothing is dropped)."""
+        INTERNAL_SERVER_ERROR for a record that does not decode (the receive's
+        deliveries stay in flight and come again: nothing is dropped)."""
         try:
             record = decode_record(popped.record)
         except CorruptRecordError as e:
@@ -263,7 +257,7 @@ class ConsumeRpcs:
             v2_queue_id=first_id + popped.queue_id,
             delivery_attempt=popped.delivery_attempt,
             receipt_handle=popped.receipt_handle,
-            invisible_ms=max(0, popped.visible_at_ms - int(time.time() * 1000)),
+            invisible_ms=invisible_ms,
         )
 
     # -- dead letters -------------------------------------------------------------------
@@ -308,7 +302,7 @@ class ConsumeRpcs:
         """Dead-letter one delivery now (a FIFO PushConsumer past its local
         retries): its record is read again by the handle's queue offset."""
         try:
-            group = _group_name(request.group)
+            group = group_name(request.group)
             handle = _handle(request.receipt_handle, request.topic.name)
             queue = StoreQueue(handle.broker_name, handle.queue_id)
             get = sn.GetMessageRequest(
@@ -350,7 +344,7 @@ class ConsumeRpcs:
         self, request: sv.AckMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.AckMessageResponse:
         try:
-            group = _group_name(request.group)
+            group = group_name(request.group)
             if not request.entries:
                 raise V2Error(v2.BAD_REQUEST, "AckMessage without entries")
             codes: list[v2.Status | None] = [None] * len(request.entries)
@@ -395,7 +389,7 @@ class ConsumeRpcs:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> sv.ChangeInvisibleDurationResponse:
         try:
-            group = _group_name(request.group)
+            group = group_name(request.group)
             handle = _handle(request.receipt_handle, request.topic.name)
             ms = request.invisible_duration.ToMilliseconds()
             if ms < 0:
@@ -427,7 +421,7 @@ class ConsumeRpcs:
         self, request: sv.QueryAssignmentRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.QueryAssignmentResponse:
         try:
-            _group_name(request.group)
+            group_name(request.group)
         except V2Error as e:
             return sv.QueryAssignmentResponse(status=e.status())
         config = self.pull.view.topics.get(request.topic.name)

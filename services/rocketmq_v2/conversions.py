@@ -147,6 +147,13 @@ class V2Error(Exception):
         return v2.Status(code=v2.Code.ValueType(self.code), message=self.message)
 
 
+def group_name(group: v2.Resource) -> str:
+    """A request's consumer group; V2Error ILLEGAL_CONSUMER_GROUP when it names none."""
+    if not group.name:
+        raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
+    return group.name
+
+
 def ok_status() -> v2.Status:
     return v2.Status(code=v2.OK, message="OK")
 

@@ -42,7 +42,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 
 from basalt.common.message import Message, encode_host
 from basalt.common.record import encode_batch
@@ -58,7 +57,9 @@ from basalt.services.rocketmq_v2.conversions import (
     StoreQueue,
     V2Error,
     code_of_response,
+    duration_ms,
     fifo_queue,
+    group_name,
     message_queues,
     ok_status,
     queue_of,
@@ -132,18 +133,12 @@ _RETRY_DELAYS_MS = tuple(
 )
 
 
-def _duration_ms(ms: int) -> Duration:
-    d = Duration()
-    d.FromMilliseconds(ms)
-    return d
-
-
 def _producer_backoff(max_attempts: int) -> v2.RetryPolicy:
     # RocketMQ's proxy default for producers: exponential 10 ms .. 1 s, x2.
     return v2.RetryPolicy(
         max_attempts=max_attempts or 3,
         exponential_backoff=v2.ExponentialBackoff(
-            initial=_duration_ms(10), max=_duration_ms(1000), multiplier=2.0
+            initial=duration_ms(10), max=duration_ms(1000), multiplier=2.0
         ),
     )
 
@@ -154,14 +149,8 @@ def _consumer_backoff(max_attempts: int, max_delay_ms: int) -> v2.RetryPolicy:
     delays = sorted({min(ms, max_delay_ms) for ms in _RETRY_DELAYS_MS})
     return v2.RetryPolicy(
         max_attempts=max_attempts,
-        customized_backoff=v2.CustomizedBackoff(next=[_duration_ms(ms) for ms in delays]),
+        customized_backoff=v2.CustomizedBackoff(next=[duration_ms(ms) for ms in delays]),
     )
-
-
-def _group(group: v2.Resource) -> str:
-    if not group.name:
-        raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
-    return group.name
 
 
 class MessagingServiceServicer(ConsumeRpcs):
@@ -239,7 +228,7 @@ class MessagingServiceServicer(ConsumeRpcs):
             sub.fifo = self.is_fifo(sub.group.name)
             sub.receive_batch_size = self.config.rocketmq_v2_receive_batch_size
             sub.long_polling_timeout.CopyFrom(
-                _duration_ms(self.config.rocketmq_v2_long_polling_timeout_ms)
+                duration_ms(self.config.rocketmq_v2_long_polling_timeout_ms)
             )
             answer.backoff_policy.CopyFrom(
                 _consumer_backoff(
@@ -398,7 +387,7 @@ class MessagingServiceServicer(ConsumeRpcs):
         self, request: sv.GetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.GetOffsetResponse:
         try:
-            group = _group(request.group)
+            group = group_name(request.group)
             found = await self._on_store_node(
                 request.message_queue, "QueryConsumerOffset",
                 lambda t, q: sn.QueryConsumerOffsetRequest(group=group, topic=t, queue_id=q),
@@ -416,7 +405,7 @@ class MessagingServiceServicer(ConsumeRpcs):
         self, request: sv.UpdateOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.UpdateOffsetResponse:
         try:
-            group = _group(request.group)
+            group = group_name(request.group)
             if request.offset < 0:
                 raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
             done = await self._on_store_node(
