@@ -118,6 +118,7 @@ class ConsumeRpcs:
             rpc: str,
             request: Any,
             context: grpc.aio.ServicerContext[Any, Any],
+            hold_s: float = 0.0,
         ) -> Any: ...
 
         async def _store(
@@ -201,12 +202,13 @@ class ConsumeRpcs:
         batch = min(request.batch_size, MAX_BATCH)
         n = queues_per_broker(config)
         out: list[v2.Message] = []
+        ids = list(range(config.read_queue_nums))
         for i, name in enumerate(brokers):
-            last = i == len(brokers) - 1
-            ids = list(range(config.read_queue_nums))
             for start in range(0, len(ids), _MAX_QUEUES_PER_POP):
                 if len(out) >= batch:
                     return out
+                last = i == len(brokers) - 1 and start + _MAX_QUEUES_PER_POP >= len(ids)
+                hold_ms = poll_ms if last and not out else 0
                 pop = sn.PopMessagesRequest(
                     group=group,
                     topic=config.topic_name,
@@ -215,12 +217,12 @@ class ConsumeRpcs:
                     invisible_duration_ms=invisible_ms,
                     subscription=subscription,
                     # Hold only the last call, and only when nothing came yet.
-                    poll_timeout_ms=poll_ms if last and not out else 0,
+                    poll_timeout_ms=hold_ms,
                     fifo=self.is_fifo(group),
                 )
                 queue = StoreQueue(name, pop.queue_ids[0])
                 popped: sn.PopMessagesResponse = await self._call(
-                    queue, self._address(queue), "PopMessages", pop, context
+                    queue, self._address(queue), "PopMessages", pop, context, hold_ms / 1000
                 )
                 for m in popped.messages:
                     delivered = await self._delivery(

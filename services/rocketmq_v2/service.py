@@ -343,10 +343,12 @@ class MessagingServiceServicer(ConsumeRpcs):
         rpc: str,
         request: Any,
         context: grpc.aio.ServicerContext[Any, Any],
+        hold_s: float = 0.0,
     ) -> Any:
-        """StoreNode ``rpc`` at ``address`` (within the client's deadline); its
-        answer, or V2Error with the store-node's refusal in v2 terms."""
-        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S)
+        """StoreNode ``rpc`` at ``address`` (within the client's deadline; a
+        call the store-node may hold, a long-polling pop, gets ``hold_s`` more);
+        its answer, or V2Error with the store-node's refusal in v2 terms."""
+        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S + hold_s)
         try:
             return await getattr(self.pull.channels.store_node(address), rpc)(
                 request, timeout=timeout

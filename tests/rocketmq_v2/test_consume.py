@@ -247,3 +247,61 @@ def test_raw_consumption_calls_and_bad_input(cluster: Cluster) -> None:
         assert [
             (a.message_queue.id, a.message_queue.broker.name) for a in assigned.assignments
         ] == [(-1, "broker-a")]
+
+
+def test_receive_filters_by_tag_and_sql92(cluster: Cluster) -> None:
+    topic = cluster.topic("V2Filter")
+    sent = [
+        Message(topic, f"f{i}".encode(), tags="A" if i % 2 else "B", properties={"n": str(i)})
+        for i in range(6)
+    ]
+    asyncio.run(_sdk_send(cluster.pull, sent))
+    channel, stub = _stub(cluster)
+    with channel:
+
+        def bodies(group: str, kind: int, expression: str) -> list[bytes]:
+            request = sv.ReceiveMessageRequest(
+                group=v2.Resource(name=group),
+                message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+                filter_expression=v2.FilterExpression(type=kind, expression=expression),  # type: ignore[arg-type]
+                batch_size=32, invisible_duration={"seconds": 30},
+            )  # fmt: skip
+            responses = list(stub.ReceiveMessage(request, timeout=10))
+            return sorted(r.message.body for r in responses if r.HasField("message"))
+
+        assert bodies("GTag", v2.TAG, "A") == [b"f1", b"f3", b"f5"]
+        assert bodies("GSql", v2.SQL, "n > 3") == [b"f4", b"f5"]
+        bad = sv.ReceiveMessageRequest(
+            group=v2.Resource(name="GBad"),
+            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+            filter_expression=v2.FilterExpression(type=v2.SQL, expression="n >>> ("),
+            batch_size=1, invisible_duration={"seconds": 30},
+        )  # fmt: skip
+        (answer,) = list(stub.ReceiveMessage(bad, timeout=10))
+        assert answer.status.code == v2.ILLEGAL_FILTER_EXPRESSION
+
+
+def test_a_long_poll_outlasts_the_store_node_budget_and_wakes_on_arrival(cluster: Cluster) -> None:
+    topic = cluster.topic("V2LongPoll")
+    request = sv.ReceiveMessageRequest(
+        group=v2.Resource(name="GLong"),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+        batch_size=4, invisible_duration={"seconds": 30}, long_polling_timeout={"seconds": 15},
+    )  # fmt: skip
+
+    async def scenario() -> list[sv.ReceiveMessageResponse]:
+        async with grpc.aio.insecure_channel(cluster.v2) as channel:
+            stub = sv_grpc.MessagingServiceStub(channel)
+
+            async def receive() -> list[sv.ReceiveMessageResponse]:
+                return [r async for r in stub.ReceiveMessage(request, timeout=20)]
+
+            held = asyncio.ensure_future(receive())
+            await asyncio.sleep(11)  # past the front's 10 s budget of a store-node call
+            assert not held.done()
+            await _sdk_send(cluster.pull, [Message(topic, b"late")])
+            return await asyncio.wait_for(held, 5)
+
+    responses = asyncio.run(scenario())
+    assert responses[0].status.code == v2.OK
+    assert [r.message.body for r in responses if r.HasField("message")] == [b"late"]
