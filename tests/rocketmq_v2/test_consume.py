@@ -1,7 +1,8 @@
 """Consumption through the v2 front against ``basalt cluster up``: the official
 Python and Node.js SimpleConsumers, the Python PushConsumer (retries, dead
 letters, FIFO), raw v2 calls with bad input. The cluster's front runs with 3
-max attempts, 1 s retry delays and one FIFO group, so retries end quickly."""
+max attempts, 1 s retry delays, 3 s PushConsumer polls and one FIFO group, so
+retries and shutdowns end quickly."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "BASALT_ROCKETMQ_V2_CONSUMER_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
         "BASALT_ROCKETMQ_V2_CONSUMER_MAX_RETRY_DELAY_MS": "1000",
         "BASALT_ROCKETMQ_V2_FIFO_GROUPS": FIFO_GROUP,
+        # PushConsumers' polls: a client's shutdown waits for its poll to end.
+        "BASALT_ROCKETMQ_V2_LONG_POLLING_TIMEOUT_MS": "3000",
     }
     data = tmp_path_factory.mktemp("v2c") / "c"
     with local_cluster(data, "--store-nodes", "1", env=env) as rows:
