@@ -46,6 +46,7 @@ from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
 from basalt.common.record import CorruptRecordError, decode_record, decode_records
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services.meta.model import TopicConfig
 from basalt.services.rocketmq_v2.conversions import (
     StoreQueue,
     V2Error,
@@ -54,6 +55,7 @@ from basalt.services.rocketmq_v2.conversions import (
     group_name,
     ok_status,
     queues_per_broker,
+    readable_brokers,
     to_v2_message,
 )
 from basalt.v1 import common_pb2 as pb
@@ -63,8 +65,6 @@ if TYPE_CHECKING:
     from basalt.services.pull_service.service import PullServiceServicer
     from basalt.services.rocketmq_v2.service import RocketMQv2Config
 
-#: PermName.PERM_READ.
-_PERM_READ = 4
 #: Most messages one receive asks a store-node for (RocketMQ's proxy caps a
 #: receive's batch at 32).
 MAX_BATCH = 32
@@ -130,6 +130,14 @@ class ConsumeRpcs:
             context: grpc.aio.ServicerContext[Any, Any],
         ) -> pb.SendResult: ...
 
+    def _broker_perms(self, config: TopicConfig) -> dict[str, int]:
+        """PermName bits of the topic's registered (live) brokers."""
+        return {
+            name: int(broker.perm)
+            for name in config.brokers
+            if (broker := self.pull.brokers.get(name)) is not None
+        }
+
     def is_fifo(self, group: str) -> bool:
         """Whether ``group`` is a FIFO group (``rocketmq_v2_fifo_groups``)."""
         return group in self.config.fifo_groups()
@@ -192,12 +200,10 @@ class ConsumeRpcs:
         wanted = request.message_queue.broker.name
         brokers = [
             name
-            for name in config.brokers
-            if (not wanted or name == wanted)
-            and (b := self.pull.brokers.get(name)) is not None
-            and int(b.perm) & _PERM_READ
+            for name in readable_brokers(config, self._broker_perms(config))
+            if not wanted or name == wanted
         ]
-        if not int(config.perm) & _PERM_READ or not brokers:
+        if not brokers:
             raise V2Error(v2.FORBIDDEN, f"topic {topic.name!r} has no readable queue here")
         batch = min(request.batch_size, MAX_BATCH)
         n = queues_per_broker(config)
@@ -433,18 +439,16 @@ class ConsumeRpcs:
                     v2.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} not found"
                 ).status()
             )
-        assignments = []
-        if int(config.perm) & _PERM_READ:
-            for name in config.brokers:
-                b = self.pull.brokers.get(name)
-                if b is None or not int(b.perm) & _PERM_READ:
-                    continue
-                queue = v2.MessageQueue(
+        assignments = [
+            v2.Assignment(
+                message_queue=v2.MessageQueue(
                     topic=request.topic,
                     id=-1,
-                    permission=v2.READ_WRITE,
+                    permission=v2.READ,
                     broker=v2.Broker(name=name, id=0, endpoints=request.endpoints),
                     accept_message_types=[v2.NORMAL, v2.FIFO],
                 )
-                assignments.append(v2.Assignment(message_queue=queue))
+            )
+            for name in readable_brokers(config, self._broker_perms(config))
+        ]
         return sv.QueryAssignmentResponse(status=ok_status(), assignments=assignments)

@@ -230,6 +230,15 @@ def queue_of(config: TopicConfig, v2_id: int) -> StoreQueue | None:
     return StoreQueue(config.brokers[b], q)
 
 
+def readable_brokers(config: TopicConfig, broker_perms: dict[str, int]) -> list[str]:
+    """The topic's brokers, in config order, whose queues can be read: the
+    topic's perm and the broker's (``broker_perms``: name -> PermName bits of
+    the registered ones; a broker not in it is down) both allow reads."""
+    if not int(config.perm) & _PERM_READ:
+        return []
+    return [n for n in config.brokers if broker_perms.get(n, 0) & _PERM_READ]
+
+
 def writable_queues(config: TopicConfig, live: Sequence[str]) -> list[StoreQueue]:
     """The topic's writable queues on the brokers in ``live``, in v2 id order."""
     if not int(config.perm) & _PERM_WRITE:

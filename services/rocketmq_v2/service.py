@@ -175,14 +175,9 @@ class MessagingServiceServicer(ConsumeRpcs):
                     v2.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} not found"
                 ).status()
             )
-        perms = {
-            name: int(broker.perm)
-            for name in config.brokers
-            if (broker := self.pull.brokers.get(name)) is not None
-        }
         queues = message_queues(
             config,
-            perms,
+            self._broker_perms(config),
             namespace=request.topic.resource_namespace,
             endpoints=request.endpoints,
         )

@@ -10,7 +10,7 @@ import pytest
 from basalt.common.message import Message, MessageRecord, encode_host
 from basalt.common.record import decode_record, encode_batch
 from basalt.rocketmq.v2 import definition_pb2 as v2
-from basalt.services.meta.model import TopicConfig
+from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.rocketmq_v2.conversions import (
     PROPERTY_SHARDING_KEY,
     StoreQueue,
@@ -21,6 +21,7 @@ from basalt.services.rocketmq_v2.conversions import (
     group_name,
     message_queues,
     queue_of,
+    readable_brokers,
     to_message,
     to_v2_message,
     writable_queues,
@@ -167,3 +168,11 @@ def test_group_name_is_required() -> None:
     with pytest.raises(V2Error) as e:
         group_name(v2.Resource())
     assert e.value.code == v2.ILLEGAL_CONSUMER_GROUP
+
+
+def test_readable_brokers_need_the_topics_and_the_brokers_read_perm() -> None:
+    assert readable_brokers(CONFIG, {"broker-a": 6, "broker-b": 6}) == ["broker-a", "broker-b"]
+    assert readable_brokers(CONFIG, {"broker-b": 6}) == ["broker-b"]  # broker-a is down
+    assert readable_brokers(CONFIG, {"broker-a": 2, "broker-b": 4}) == ["broker-b"]  # a: W only
+    write_only = TopicConfig(topic_name="W", perm=Perm.WRITE, brokers=("broker-a",))
+    assert readable_brokers(write_only, {"broker-a": 6}) == []
