@@ -46,6 +46,7 @@ from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
 from basalt.common.record import CorruptRecordError, decode_record, decode_records
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services.meta.errors import MetaError
 from basalt.services.meta.model import TopicConfig
 from basalt.services.rocketmq_v2.conversions import (
     StoreQueue,
@@ -65,8 +66,8 @@ if TYPE_CHECKING:
     from basalt.services.pull_service.service import PullServiceServicer
     from basalt.services.rocketmq_v2.service import RocketMQv2Config
 
-#: Most messages one receive asks a store-node for (RocketMQ's proxy caps a
-#: receive's batch at 32).
+#: Most messages one receive delivers (a larger batch_size is cut to it: one
+#: answer stays well under the gRPC message limit).
 MAX_BATCH = 32
 #: Most queues one PopMessages names (the store-node's default
 #: max_queues_per_get_messages).
@@ -283,10 +284,16 @@ class ConsumeRpcs:
         twice), never loses it."""
         topic = dlq_topic(group)
         queue = StoreQueue(handle.broker_name, 0)
-        if self.pull.view.topics.get(topic) is None:
-            await self.pull.meta.ensure_topic(
-                topic, broker=handle.broker_name, default_queue_nums=1
-            )
+        known = self.pull.view.topics.get(topic)
+        if known is None or handle.broker_name not in known.brokers:
+            try:
+                await self.pull.meta.ensure_topic(
+                    topic, broker=handle.broker_name, default_queue_nums=1
+                )
+            except MetaError as e:
+                raise V2Error(
+                    v2.INTERNAL_SERVER_ERROR, f"cannot create dead-letter topic {topic!r}: {e}"
+                ) from None
         message = dead_letter(record, group)
         uniq = message.properties.get(PROPERTY_UNIQ_KEY) or record.msg_id
         loop = asyncio.get_running_loop()
