@@ -11,6 +11,12 @@
   Basalt stores them, the client's ``message_id`` as the UNIQ_KEY, the FIFO
   ``message_group`` as RocketMQ's ``__SHARDINGKEY`` property, a GZIP body
   decoded. What Basalt cannot take is a :class:`V2Error` with its v2 code.
+* **Deliveries.** :func:`to_v2_message` turns a popped record into the v2
+  ``Message`` a consumer reads: every system property the official clients
+  read, the body digest as MD5 (the one digest the Python and Node.js clients
+  agree on: their CRC32 strings differ, hex and decimal), user properties
+  without the server's own names. :func:`dead_letter` is the copy written to
+  ``%DLQ%<group>``.
 * **Codes.** :func:`code_of_response` maps Basalt's (RocketMQ 4) response
   codes to v2 codes; :data:`CODE_OF_SEND_STATUS` a stored send's flush and
   replication outcomes.
@@ -19,10 +25,14 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from basalt.common.message import (
     NAME_VALUE_SEPARATOR,
@@ -31,7 +41,9 @@ from basalt.common.message import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     Message,
+    MessageRecord,
 )
+from basalt.common.record import PROPERTY_CRC32
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.meta.model import TopicConfig
 from basalt.v1 import common_pb2 as pb
@@ -135,6 +147,13 @@ class V2Error(Exception):
         return v2.Status(code=v2.Code.ValueType(self.code), message=self.message)
 
 
+def group_name(group: v2.Resource) -> str:
+    """A request's consumer group; V2Error ILLEGAL_CONSUMER_GROUP when it names none."""
+    if not group.name:
+        raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
+    return group.name
+
+
 def ok_status() -> v2.Status:
     return v2.Status(code=v2.OK, message="OK")
 
@@ -209,6 +228,15 @@ def queue_of(config: TopicConfig, v2_id: int) -> StoreQueue | None:
     if v2_id < 0 or b >= len(config.brokers):
         return None
     return StoreQueue(config.brokers[b], q)
+
+
+def readable_brokers(config: TopicConfig, broker_perms: dict[str, int]) -> list[str]:
+    """The topic's brokers, in config order, whose queues can be read: the
+    topic's perm and the broker's (``broker_perms``: name -> PermName bits of
+    the registered ones; a broker not in it is down) both allow reads."""
+    if not int(config.perm) & _PERM_READ:
+        return []
+    return [n for n in config.brokers if broker_perms.get(n, 0) & _PERM_READ]
 
 
 def writable_queues(config: TopicConfig, live: Sequence[str]) -> list[StoreQueue]:
@@ -310,4 +338,94 @@ def to_message(message: v2.Message, max_body_size: int) -> Message:
         keys=list(system.keys),
         properties=properties,
         born_timestamp_ms=max(0, born_ms),
+    )
+
+
+# -- deliveries --------------------------------------------------------------------------
+
+#: The dead-letter topic of a consumer group (RocketMQ's MixAll.DLQ_GROUP_TOPIC_PREFIX).
+DLQ_PREFIX = "%DLQ%"
+#: Properties a dead-lettered copy carries (RocketMQ 5's MessageConst names).
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+#: Stored properties that are system properties of a v2 message (or the
+#: store's own), never shown as user properties.
+_HIDDEN_PROPERTIES = RESERVED_PROPERTIES | {PROPERTY_CRC32}
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def _timestamp(ms: int) -> Timestamp:
+    t = Timestamp()
+    t.FromMilliseconds(ms)
+    return t
+
+
+def duration_ms(ms: int) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(ms)
+    return d
+
+
+def to_v2_message(
+    record: MessageRecord,
+    *,
+    namespace: str,
+    v2_queue_id: int,
+    delivery_attempt: int,
+    receipt_handle: str,
+    invisible_ms: int,
+) -> v2.Message:
+    """The v2 message of one popped ``record`` (module docstring): the UNIQ_KEY
+    as ``message_id`` (the offset message id when a non-RocketMQ-5 producer
+    stored none), FIFO when it has a message group, the given delivery's
+    attempt, handle and invisible duration, the queue as the v2 id
+    ``v2_queue_id`` (:func:`message_queues`' numbering)."""
+    properties = record.properties
+    group = properties.get(PROPERTY_SHARDING_KEY)
+    system = v2.SystemProperties(
+        keys=record.keys,
+        message_id=record.uniq_key or record.msg_id,
+        body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(record.body).hexdigest().upper()),
+        body_encoding=v2.IDENTITY,
+        message_type=v2.FIFO if group else v2.NORMAL,
+        born_timestamp=_timestamp(record.born_timestamp_ms),
+        born_host=record.born_host,
+        store_timestamp=_timestamp(record.store_timestamp_ms),
+        store_host=record.store_host,
+        receipt_handle=receipt_handle,
+        queue_id=v2_queue_id,
+        queue_offset=record.queue_offset,
+        invisible_duration=duration_ms(invisible_ms),
+        delivery_attempt=delivery_attempt,
+    )
+    if record.tags is not None:
+        system.tag = record.tags
+    if group:
+        system.message_group = group
+    return v2.Message(
+        topic=v2.Resource(resource_namespace=namespace, name=record.topic),
+        user_properties={k: v for k, v in properties.items() if k not in _HIDDEN_PROPERTIES},
+        system_properties=system,
+        body=record.body,
+    )
+
+
+def dead_letter(record: MessageRecord, group: str) -> Message:
+    """The copy of ``record`` written to ``group``'s dead-letter topic: body,
+    tag, keys and properties (the UNIQ_KEY too: the same message id), plus its
+    origin topic and message id."""
+    dropped = (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_CRC32)
+    properties = {k: v for k, v in record.properties.items() if k not in dropped}
+    properties[PROPERTY_DLQ_ORIGIN_TOPIC] = record.topic
+    properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = record.uniq_key or record.msg_id
+    return Message(
+        topic=dlq_topic(group),
+        body=record.body,
+        tags=record.tags,
+        keys=record.keys,
+        properties=properties,
+        born_timestamp_ms=record.born_timestamp_ms,
     )

@@ -40,6 +40,11 @@ SERVED = frozenset(
         "UpdateOffset",
         "EndTransaction",
         "RecallMessage",
+        "ReceiveMessage",
+        "AckMessage",
+        "ChangeInvisibleDuration",
+        "ForwardMessageToDeadLetterQueue",
+        "QueryAssignment",
     }
 )
 

@@ -24,9 +24,11 @@ pull-service serves any client. The RPCs:
   ``UpdateOffset`` (UpdateConsumerOffset) on the queue's store-node.
 * ``EndTransaction``, ``RecallMessage``: UNSUPPORTED.
 
-Consumption (ReceiveMessage, AckMessage, ChangeInvisibleDuration,
-QueryAssignment, ForwardMessageToDeadLetterQueue, PullMessage) is not
-registered yet: gRPC answers UNIMPLEMENTED. Every answer carries a v2
+* Consumption (``ReceiveMessage``, ``AckMessage``,
+  ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
+  ``QueryAssignment``): :mod:`.consume`.
+
+``PullMessage`` is not registered: gRPC answers UNIMPLEMENTED. Every answer carries a v2
 ``Status``; refusals are Statuses, never gRPC errors. ``authorization``
 headers are accepted and ignored. Concurrency: one event loop.
 """
@@ -40,22 +42,24 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 
 from basalt.common.message import Message, encode_host
 from basalt.common.record import encode_batch
-from basalt.common.settings import config_dataclass, positive, setting, validate
+from basalt.common.settings import config_dataclass, instance_of, positive, setting, validate
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.errors import downstream_refusal
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.rocketmq_v2.consume import ConsumeRpcs
 from basalt.services.rocketmq_v2.conversions import (
     CODE_OF_SEND_STATUS,
     StoreQueue,
     V2Error,
     code_of_response,
+    duration_ms,
     fifo_queue,
+    group_name,
     message_queues,
     ok_status,
     queue_of,
@@ -88,15 +92,45 @@ class RocketMQv2Config:
     rocketmq_v2_long_polling_timeout_ms: int = setting(
         default=20_000, check=positive, doc="Long-polling time told to v2 consumers."
     )
+    rocketmq_v2_consumer_max_attempts: int = setting(
+        default=17,
+        check=positive,
+        doc="Deliveries of a message to a group before it goes to %DLQ%<group> "
+        "(RocketMQ's retryMaxTimes 16 + the first); told to consumers.",
+    )
+    rocketmq_v2_consumer_max_retry_delay_ms: int = setting(
+        default=7_200_000,
+        check=positive,
+        doc="Cap on the retry delays told to PushConsumers (RocketMQ's levels "
+        "1 s, 5 s, 10 s, 30 s, 1 m .. 2 h).",
+    )
+    rocketmq_v2_push_invisible_ms: int = setting(
+        default=60_000,
+        check=positive,
+        doc="Invisible time of a PushConsumer's deliveries (auto_renew receives; "
+        "not renewed: a slower listener sees its message again).",
+    )
+    rocketmq_v2_fifo_groups: str = setting(
+        default="",
+        check=instance_of(str, "comma-separated group names"),
+        doc="Consumer groups that are FIFO (a message group's next message waits "
+        "while one is in flight); Basalt has no subscription-group store.",
+    )
 
     def __post_init__(self) -> None:
         validate(self, ValueError)
 
+    def fifo_groups(self) -> frozenset[str]:
+        """The FIFO groups ``rocketmq_v2_fifo_groups`` names."""
+        return frozenset(g.strip() for g in self.rocketmq_v2_fifo_groups.split(",") if g.strip())
 
-def _duration_ms(ms: int) -> Duration:
-    d = Duration()
-    d.FromMilliseconds(ms)
-    return d
+
+#: RocketMQ's messageDelayLevel from level 3 (1 s): the default retry delays of
+#: a concurrently consuming group, ms.
+_RETRY_DELAYS_MS = tuple(
+    s * 1000
+    for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
 
 
 def _producer_backoff(max_attempts: int) -> v2.RetryPolicy:
@@ -104,28 +138,22 @@ def _producer_backoff(max_attempts: int) -> v2.RetryPolicy:
     return v2.RetryPolicy(
         max_attempts=max_attempts or 3,
         exponential_backoff=v2.ExponentialBackoff(
-            initial=_duration_ms(10), max=_duration_ms(1000), multiplier=2.0
+            initial=duration_ms(10), max=duration_ms(1000), multiplier=2.0
         ),
     )
 
 
-def _consumer_backoff() -> v2.RetryPolicy:
-    # RocketMQ's default consumer retry: 16 redeliveries, 1 s .. 2 h.
+def _consumer_backoff(max_attempts: int, max_delay_ms: int) -> v2.RetryPolicy:
+    # RocketMQ's proxy sends a group's delay levels as a customized backoff; the
+    # official Python PushConsumer reads no other kind (exponential: 1 s always).
+    delays = sorted({min(ms, max_delay_ms) for ms in _RETRY_DELAYS_MS})
     return v2.RetryPolicy(
-        max_attempts=17,
-        exponential_backoff=v2.ExponentialBackoff(
-            initial=_duration_ms(1000), max=_duration_ms(7_200_000), multiplier=2.0
-        ),
+        max_attempts=max_attempts,
+        customized_backoff=v2.CustomizedBackoff(next=[duration_ms(ms) for ms in delays]),
     )
 
 
-def _group(group: v2.Resource) -> str:
-    if not group.name:
-        raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
-    return group.name
-
-
-class MessagingServiceServicer:
+class MessagingServiceServicer(ConsumeRpcs):
     """The v2 RPCs (module docstring), over a running pull-service's view. Not
     the generated servicer's subclass: only the methods it has are registered
     (:mod:`basalt.services.rocketmq_v2.server`), the others are UNIMPLEMENTED."""
@@ -147,14 +175,9 @@ class MessagingServiceServicer:
                     v2.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} not found"
                 ).status()
             )
-        perms = {
-            name: int(broker.perm)
-            for name in config.brokers
-            if (broker := self.pull.brokers.get(name)) is not None
-        }
         queues = message_queues(
             config,
-            perms,
+            self._broker_perms(config),
             namespace=request.topic.resource_namespace,
             endpoints=request.endpoints,
         )
@@ -197,12 +220,17 @@ class MessagingServiceServicer:
             answer.backoff_policy.CopyFrom(_producer_backoff(client.backoff_policy.max_attempts))
         elif client.HasField("subscription"):
             sub = answer.subscription
-            sub.fifo = False
+            sub.fifo = self.is_fifo(sub.group.name)
             sub.receive_batch_size = self.config.rocketmq_v2_receive_batch_size
             sub.long_polling_timeout.CopyFrom(
-                _duration_ms(self.config.rocketmq_v2_long_polling_timeout_ms)
+                duration_ms(self.config.rocketmq_v2_long_polling_timeout_ms)
             )
-            answer.backoff_policy.CopyFrom(_consumer_backoff())
+            answer.backoff_policy.CopyFrom(
+                _consumer_backoff(
+                    self.config.rocketmq_v2_consumer_max_attempts,
+                    self.config.rocketmq_v2_consumer_max_retry_delay_ms,
+                )
+            )
         return answer
 
     # -- sends --------------------------------------------------------------------------
@@ -310,10 +338,12 @@ class MessagingServiceServicer:
         rpc: str,
         request: Any,
         context: grpc.aio.ServicerContext[Any, Any],
+        hold_s: float = 0.0,
     ) -> Any:
-        """StoreNode ``rpc`` at ``address`` (within the client's deadline); its
-        answer, or V2Error with the store-node's refusal in v2 terms."""
-        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S)
+        """StoreNode ``rpc`` at ``address`` (within the client's deadline; a
+        call the store-node may hold, a long-polling pop, gets ``hold_s`` more);
+        its answer, or V2Error with the store-node's refusal in v2 terms."""
+        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S + hold_s)
         try:
             return await getattr(self.pull.channels.store_node(address), rpc)(
                 request, timeout=timeout
@@ -354,7 +384,7 @@ class MessagingServiceServicer:
         self, request: sv.GetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.GetOffsetResponse:
         try:
-            group = _group(request.group)
+            group = group_name(request.group)
             found = await self._on_store_node(
                 request.message_queue, "QueryConsumerOffset",
                 lambda t, q: sn.QueryConsumerOffsetRequest(group=group, topic=t, queue_id=q),
@@ -372,7 +402,7 @@ class MessagingServiceServicer:
         self, request: sv.UpdateOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.UpdateOffsetResponse:
         try:
-            group = _group(request.group)
+            group = group_name(request.group)
             if request.offset < 0:
                 raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
             done = await self._on_store_node(

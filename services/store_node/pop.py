@@ -8,7 +8,10 @@ naming this store-node, so any front instance routes its ack here.
 Long polling: a PopMessages that delivers nothing with a ``poll_timeout_ms``
 parks on the hold service's arrival futures for its queues (past each queue's
 cursor), at most until the earliest in-flight message becomes visible again,
-then pops once more. Pops, acks and changes run in a worker thread: they append
+or until an ack or a change of invisible time of its (group, topic) - an ack
+unblocks a FIFO queue, a shortened invisible time (a PushConsumer's retry
+delay) makes a message due sooner than the held pop computed - then pops
+once more. Pops, acks and changes run in a worker thread: they append
 to the journal and may fsync it.
 
 A mixin of :class:`basalt.services.store_node.service.StoreNodeServicer`.
@@ -51,6 +54,10 @@ class PopRpcs:
     topics: TopicDirectory
     hold: PullRequestHoldService
     writable: bool
+
+    #: (group, topic) -> the future its next ack or change resolves (held pops
+    #: wait on it); set on the instance at the first held pop.
+    _pop_changes: dict[tuple[str, str], asyncio.Future[None]] | None = None
 
     if TYPE_CHECKING:  # StoreNodeServicer's
 
@@ -158,11 +165,32 @@ class PopRpcs:
             visible = self._until_visible_s(request)
             wait = remaining if visible is None else min(remaining, visible)
             reads = self._wait_reads(request.topic, list(request.queue_ids), ends)
-            await self.hold.wait_for_arrival(reads, wait)
+            arrival = asyncio.ensure_future(self.hold.wait_for_arrival(reads, wait))
+            changed = self._next_change(request.group, request.topic)
+            try:
+                await asyncio.wait((arrival, changed), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                arrival.cancel()  # it unparks its waiters when cancelled
             if not self.writable:
                 break
         ms = request.invisible_duration_ms
         return sn.PopMessagesResponse(messages=[self._popped(m, request.topic, ms) for m in popped])
+
+    def _next_change(self, group: str, topic: str) -> asyncio.Future[None]:
+        """The future the (group, topic)'s next ack or change resolves."""
+        if self._pop_changes is None:
+            self._pop_changes = {}
+        future = self._pop_changes.get((group, topic))
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self._pop_changes[(group, topic)] = future
+        return future
+
+    def _wake_held_pops(self, group: str, topic: str) -> None:
+        """Held pops of (group, topic) pop again (after an ack or a change)."""
+        future = None if self._pop_changes is None else self._pop_changes.pop((group, topic), None)
+        if future is not None:
+            future.set_result(None)
 
     def _handle(self, text: str, topic: str) -> ReceiptHandle | sn.AckResult:
         """The handle, or the result that refuses it."""
@@ -210,6 +238,7 @@ class PopRpcs:
         results = await asyncio.to_thread(
             self._ack_all, request.group, request.topic, list(request.receipt_handles)
         )
+        self._wake_held_pops(request.group, request.topic)
         return sn.AckMessagesResponse(results=results)
 
     @_rpc
@@ -239,6 +268,7 @@ class PopRpcs:
             return sn.ChangeInvisibleDurationResponse(
                 status=_ACK_STATUS[result.status], detail="not in flight with this handle"
             )
+        self._wake_held_pops(request.group, request.topic)
         new = ReceiptHandle(
             h.broker_name, h.topic, h.queue_id, h.queue_offset, h.commit_log_offset,
             result.nonce, result.visible_at_ms, ms,

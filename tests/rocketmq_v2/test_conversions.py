@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 
 import pytest
 
+from basalt.common.message import Message, MessageRecord, encode_host
+from basalt.common.record import decode_record, encode_batch
 from basalt.rocketmq.v2 import definition_pb2 as v2
-from basalt.services.meta.model import TopicConfig
+from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.rocketmq_v2.conversions import (
     PROPERTY_SHARDING_KEY,
     StoreQueue,
     V2Error,
     code_of_response,
+    dead_letter,
     fifo_queue,
+    group_name,
     message_queues,
     queue_of,
+    readable_brokers,
     to_message,
+    to_v2_message,
     writable_queues,
 )
 from basalt.v1 import common_pb2 as pb
@@ -105,3 +112,67 @@ def test_response_codes() -> None:
     assert code_of_response(pb.RESPONSE_CODE_FLUSH_DISK_TIMEOUT) == v2.MASTER_PERSISTENCE_TIMEOUT
     assert code_of_response(pb.RESPONSE_CODE_SYSTEM_BUSY) == v2.TOO_MANY_REQUESTS
     assert code_of_response(12345) == v2.INTERNAL_ERROR
+
+
+def _stored(message: Message, uniq: str = "01UNIQ") -> MessageRecord:
+    """``message`` as the store would hand it back (offsets 0)."""
+    records = encode_batch(
+        [message], [uniq], queue_id=1, store_host=encode_host("127.0.0.1:8080"),
+        born_timestamp_ms=1_700_000_000_000,
+    )  # fmt: skip
+    return decode_record(records)
+
+
+def test_to_v2_message_carries_every_system_property() -> None:
+    record = _stored(
+        Message("T", b"body", tags="TagA", keys=["k1", "k2"],
+                properties={"color": "red", PROPERTY_SHARDING_KEY: "g1"})
+    )  # fmt: skip
+    m = to_v2_message(
+        record, namespace="ns", v2_queue_id=5, delivery_attempt=2, receipt_handle="H",
+        invisible_ms=30_000,
+    )  # fmt: skip
+    system = m.system_properties
+    assert (m.topic.name, m.topic.resource_namespace, m.body) == ("T", "ns", b"body")
+    assert (system.message_id, system.tag, list(system.keys)) == ("01UNIQ", "TagA", ["k1", "k2"])
+    assert system.body_digest == v2.Digest(
+        type=v2.MD5, checksum=hashlib.md5(b"body").hexdigest().upper()
+    )
+    assert (system.message_type, system.message_group) == (v2.FIFO, "g1")
+    assert (system.queue_id, system.delivery_attempt, system.receipt_handle) == (5, 2, "H")
+    assert system.invisible_duration.ToMilliseconds() == 30_000
+    assert system.born_timestamp.ToMilliseconds() == 1_700_000_000_000
+    assert system.born_host and system.store_host == "127.0.0.1:8080"
+    # Only the user's properties: TAGS, KEYS, UNIQ_KEY, __SHARDINGKEY are system ones.
+    assert dict(m.user_properties) == {"color": "red"}
+    plain = to_v2_message(
+        _stored(Message("T", b"x")), namespace="", v2_queue_id=0, delivery_attempt=1,
+        receipt_handle="H", invisible_ms=1,
+    )  # fmt: skip
+    assert plain.system_properties.message_type == v2.NORMAL
+    assert not plain.system_properties.HasField("tag")
+    assert not plain.system_properties.HasField("message_group")
+
+
+def test_dead_letter_copy_keeps_the_message_and_names_its_origin() -> None:
+    record = _stored(Message("T", b"b", tags="A", keys=["k"], properties={"p": "1"}))
+    copy = dead_letter(record, "G")
+    assert (copy.topic, copy.body, copy.tags, copy.keys) == ("%DLQ%G", b"b", "A", ["k"])
+    assert copy.properties["p"] == "1" and copy.properties["UNIQ_KEY"] == "01UNIQ"
+    assert copy.properties["DLQ_ORIGIN_TOPIC"] == "T"
+    assert copy.properties["DLQ_ORIGIN_MESSAGE_ID"] == "01UNIQ"
+
+
+def test_group_name_is_required() -> None:
+    assert group_name(v2.Resource(name="G")) == "G"
+    with pytest.raises(V2Error) as e:
+        group_name(v2.Resource())
+    assert e.value.code == v2.ILLEGAL_CONSUMER_GROUP
+
+
+def test_readable_brokers_need_the_topics_and_the_brokers_read_perm() -> None:
+    assert readable_brokers(CONFIG, {"broker-a": 6, "broker-b": 6}) == ["broker-a", "broker-b"]
+    assert readable_brokers(CONFIG, {"broker-b": 6}) == ["broker-b"]  # broker-a is down
+    assert readable_brokers(CONFIG, {"broker-a": 2, "broker-b": 4}) == ["broker-b"]  # a: W only
+    write_only = TopicConfig(topic_name="W", perm=Perm.WRITE, brokers=("broker-a",))
+    assert readable_brokers(write_only, {"broker-a": 6}) == []

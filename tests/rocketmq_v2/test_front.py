@@ -5,8 +5,6 @@ protobuf's pool, as basalt.rocketmq.v2 does here) and raw v2 calls."""
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +18,7 @@ from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from basalt.services.rocketmq_v2.conversions import PROPERTY_SHARDING_KEY
-from tests.support.interop import PRODUCERS, ensure_node_modules
+from tests.support.interop import PRODUCERS, ensure_node_modules, run_client
 from tests.support.processes import local_cluster, run_basalt_sync
 
 TOPIC, BAD_TOPIC = "V2Topic", "V2Bad"
@@ -47,16 +45,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             )  # fmt: skip
             assert made.returncode == 0, made.stdout + made.stderr
         yield c
-
-
-def _produce(command: list[str], endpoints: str, spec: dict[str, Any]) -> list[dict[str, str]]:
-    run = subprocess.run(
-        [*command, endpoints], input=json.dumps(spec), capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr
-    out: list[dict[str, str]] = json.loads(run.stdout.strip().splitlines()[-1])
-    return out
 
 
 async def _read_all(pull: str, topic: str, group: str, expect: int) -> list[MessageRecord]:
@@ -91,7 +79,7 @@ def test_official_producer_messages_read_back_exactly(cluster: Cluster, client: 
         "--etcd", cluster.etcd,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    sent = _produce(PRODUCERS[client], cluster.v2, {"topic": topic, "messages": normal + fifo})
+    sent = run_client(PRODUCERS[client], cluster.v2, {"topic": topic, "messages": normal + fifo})
     assert all("message_id" in r for r in sent), sent
     records = asyncio.run(_read_all(cluster.pull, topic, f"G-{client}", len(sent)))
     assert len(records) == len(sent)
@@ -167,7 +155,7 @@ def test_query_route_and_bad_input(cluster: Cluster) -> None:
         ended = stub.EndTransaction(sv.EndTransactionRequest(), timeout=10)
         assert ended.status.code == v2.UNSUPPORTED
         with pytest.raises(grpc.RpcError) as e:
-            list(stub.ReceiveMessage(sv.ReceiveMessageRequest(), timeout=10))
+            list(stub.PullMessage(sv.PullMessageRequest(), timeout=10))
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert asyncio.run(_read_all(cluster.pull, BAD_TOPIC, "G-bad", 0)) == []
 

@@ -265,6 +265,35 @@ def test_a_held_pop_of_a_blocked_fifo_queue_waits_instead_of_spinning(tmp_path: 
     run(scenario)
 
 
+def test_a_held_pop_is_woken_by_an_ack_and_by_a_shorter_invisible_time(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            await send(stub, 2)
+            (m0,) = (await stub.PopMessages(pop_request(max_messages=1, fifo=True))).messages
+            started = time.monotonic()
+            held = stub.PopMessages(pop_request(fifo=True, poll_timeout_ms=10_000))
+            await asyncio.sleep(0.3)
+            await stub.AckMessages(
+                sn.AckMessagesRequest(group=GROUP, topic=TOPIC, receipt_handles=[m0.receipt_handle])
+            )
+            (m1,) = (await held).messages  # the FIFO queue is unblocked by the ack
+            assert m1.queue_offset == 1 and time.monotonic() - started < 5
+            started = time.monotonic()
+            held = stub.PopMessages(pop_request(poll_timeout_ms=10_000))
+            await asyncio.sleep(0.3)
+            await stub.ChangeInvisibleDuration(
+                sn.ChangeInvisibleDurationRequest(
+                    group=GROUP, topic=TOPIC, receipt_handle=m1.receipt_handle,
+                    invisible_duration_ms=200,
+                )
+            )  # fmt: skip
+            (again,) = (await held).messages  # due in 200 ms, not in 30 s
+            assert (again.queue_offset, again.delivery_attempt) == (1, 2)
+            assert time.monotonic() - started < 5
+
+    run(scenario)
+
+
 def test_reset_offset_clears_in_flight_messages(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with node(tmp_path) as (running, stub, _):

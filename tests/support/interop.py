@@ -5,9 +5,11 @@ basalt.rocketmq.v2 does)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 from tests.support.processes import REPO_ROOT
 
@@ -20,6 +22,31 @@ PRODUCERS = {
     "python": [sys.executable, str(INTEROP / "python" / "produce.py")],
     "node": ["node", str(NODE / "produce.js")],
 }
+
+
+#: Command lines of each client's SimpleConsumer scenario (tests/interop/*/simple*).
+SIMPLE_CONSUMERS = {
+    "python": [sys.executable, str(INTEROP / "python" / "simple.py")],
+    "node": ["node", str(NODE / "simple.js")],
+}
+#: Command lines of each client's PushConsumer (tests/interop/*/push*).
+PUSH_CONSUMERS = {
+    "python": [sys.executable, str(INTEROP / "python" / "push.py")],
+    "node": ["node", str(NODE / "push.js")],
+}
+
+
+def run_client(
+    command: list[str], endpoints: str, spec: dict[str, Any], timeout_s: float = 60
+) -> Any:
+    """Run an interop script with ``spec`` as JSON on stdin; the JSON of its
+    last stdout line. Asserts it exits 0 (its output in the message)."""
+    run = subprocess.run(
+        [*command, endpoints], input=json.dumps(spec), capture_output=True, text=True,
+        timeout=timeout_s, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def ensure_node_modules() -> None:

@@ -1,0 +1,461 @@
+"""Consumption through the v2 front: ReceiveMessage, AckMessage,
+ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, QueryAssignment.
+
+Pop-and-ack over the store-nodes' pop state (docs/pop.md): the front keeps
+nothing, every delivery's receipt handle names its store-node, so any front
+routes its ack. What RocketMQ 5's proxy does, mapped:
+
+* ``ReceiveMessage`` pops the topic's readable queues on the broker of the
+  request's ``message_queue`` (all its queues: RocketMQ's pop mode, queue id
+  -1), or on every live broker when it names none, with the request's filter,
+  batch size and invisible duration (``auto_renew``, a PushConsumer: the
+  front's ``rocketmq_v2_push_invisible_ms``; Basalt does not renew, so a
+  listener slower than that sees its message again), long polling for the
+  request's ``long_polling_timeout`` cut to the client's deadline less a
+  margin. The stream: a Status (OK, or MESSAGE_NOT_FOUND when nothing came),
+  the messages, a delivery timestamp.
+* **Dead letters.** A popped message whose ``delivery_attempt`` exceeds the
+  group's max attempts (``rocketmq_v2_consumer_max_attempts``, told to the
+  clients in Telemetry's backoff policy) is written to ``%DLQ%<group>``
+  (created on its store-node as RocketMQ auto-creates it, one queue) and
+  acked, not delivered: RocketMQ's proxy filter (PopMessageResultFilter
+  TO_DLQ). ``ForwardMessageToDeadLetterQueue`` does the same for one handle.
+* **FIFO.** A group named in ``rocketmq_v2_fifo_groups`` is FIFO (Basalt has
+  no subscription-group store): Telemetry answers ``fifo`` and pops pass the
+  store-node's ``fifo`` flag (a queue's next message waits while one is in
+  flight).
+* ``AckMessage`` / ``ChangeInvisibleDuration``: a handle that does not
+  decode, is stale, or names another topic or broker is
+  INVALID_RECEIPT_HANDLE (RocketMQ's proxy answer for each).
+* ``QueryAssignment``: one assignment per live broker whose queues are
+  readable, queue id -1 (every queue of the broker: pop is shared by the
+  group's clients, so every client is assigned every broker, as RocketMQ 5's
+  proxy answers in pop mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from basalt.common.message import PROPERTY_UNIQ_KEY, Message, MessageRecord
+from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
+from basalt.common.record import CorruptRecordError, decode_record, decode_records
+from basalt.rocketmq.v2 import definition_pb2 as v2
+from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services.meta.errors import MetaError
+from basalt.services.meta.model import TopicConfig
+from basalt.services.rocketmq_v2.conversions import (
+    StoreQueue,
+    V2Error,
+    dead_letter,
+    dlq_topic,
+    group_name,
+    ok_status,
+    queues_per_broker,
+    readable_brokers,
+    to_v2_message,
+)
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+
+if TYPE_CHECKING:
+    from basalt.services.pull_service.service import PullServiceServicer
+    from basalt.services.rocketmq_v2.service import RocketMQv2Config
+
+#: Most messages one receive delivers (a larger batch_size is cut to it: one
+#: answer stays well under the gRPC message limit).
+MAX_BATCH = 32
+#: Most queues one PopMessages names (the store-node's default
+#: max_queues_per_get_messages).
+_MAX_QUEUES_PER_POP = 32
+#: Taken off the client's deadline before long polling: the answer must reach
+#: the client before it gives up.
+_DEADLINE_MARGIN_S = 1.0
+#: How long a dead letter waits for its topic to reach the store-node.
+_DLQ_TOPIC_WAIT_S = 5.0
+
+_FILTER_TYPE = {
+    v2.FILTER_TYPE_UNSPECIFIED: pb.EXPRESSION_TYPE_TAG,
+    v2.TAG: pb.EXPRESSION_TYPE_TAG,
+    v2.SQL: pb.EXPRESSION_TYPE_SQL92,
+}
+
+
+def _handle(text: str, topic: str) -> ReceiptHandle:
+    """The decoded handle of a delivery of ``topic``; V2Error
+    INVALID_RECEIPT_HANDLE when it does not decode or is another topic's."""
+    try:
+        handle = ReceiptHandle.decode(text)
+    except ReceiptHandleError as e:
+        raise V2Error(v2.INVALID_RECEIPT_HANDLE, str(e)) from None
+    if handle.topic != topic:
+        raise V2Error(v2.INVALID_RECEIPT_HANDLE, f"the receipt handle is not topic {topic!r}'s")
+    return handle
+
+
+def _ack_code(status: int) -> int:
+    return v2.OK if status == sn.POP_ACK_STATUS_OK else v2.INVALID_RECEIPT_HANDLE
+
+
+class ConsumeRpcs:
+    """The consumption RPCs (module docstring); a mixin of
+    :class:`basalt.services.rocketmq_v2.service.MessagingServiceServicer`."""
+
+    config: RocketMQv2Config
+    pull: PullServiceServicer
+
+    if TYPE_CHECKING:  # MessagingServiceServicer's
+
+        def _address(self, queue: StoreQueue) -> str: ...
+
+        async def _call(
+            self,
+            queue: StoreQueue,
+            address: str,
+            rpc: str,
+            request: Any,
+            context: grpc.aio.ServicerContext[Any, Any],
+            hold_s: float = 0.0,
+        ) -> Any: ...
+
+        async def _store(
+            self,
+            topic: str,
+            queue: StoreQueue,
+            messages: list[Message],
+            ids: list[str],
+            context: grpc.aio.ServicerContext[Any, Any],
+        ) -> pb.SendResult: ...
+
+    def _broker_perms(self, config: TopicConfig) -> dict[str, int]:
+        """PermName bits of the topic's registered (live) brokers."""
+        return {
+            name: int(broker.perm)
+            for name in config.brokers
+            if (broker := self.pull.brokers.get(name)) is not None
+        }
+
+    def is_fifo(self, group: str) -> bool:
+        """Whether ``group`` is a FIFO group (``rocketmq_v2_fifo_groups``)."""
+        return group in self.config.fifo_groups()
+
+    # -- receive ------------------------------------------------------------------------
+
+    async def ReceiveMessage(
+        self, request: sv.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[sv.ReceiveMessageResponse]:
+        try:
+            messages = await self._receive(request, context)
+        except V2Error as e:
+            yield sv.ReceiveMessageResponse(status=e.status())
+            return
+        if not messages:
+            status = v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message")
+            yield sv.ReceiveMessageResponse(status=status)
+            return
+        yield sv.ReceiveMessageResponse(status=ok_status())
+        for message in messages:
+            yield sv.ReceiveMessageResponse(message=message)
+        now = sv.ReceiveMessageResponse()
+        now.delivery_timestamp.GetCurrentTime()
+        yield now
+
+    async def _receive(
+        self, request: sv.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> list[v2.Message]:
+        """The checked request's deliveries (dead letters taken out); V2Error
+        for a refusal."""
+        group = group_name(request.group)
+        topic = request.message_queue.topic
+        config = self.pull.view.topics.get(topic.name)
+        if config is None:
+            raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic.name!r} not found")
+        if request.batch_size < 1:
+            raise V2Error(v2.BAD_REQUEST, f"batch_size {request.batch_size} < 1")
+        if request.auto_renew:
+            invisible_ms = self.config.rocketmq_v2_push_invisible_ms
+        else:
+            invisible_ms = request.invisible_duration.ToMilliseconds()
+            if not request.HasField("invisible_duration") or invisible_ms < 1000:
+                raise V2Error(
+                    v2.ILLEGAL_INVISIBLE_TIME,
+                    f"invisible_duration {invisible_ms} ms: at least 1 s is needed",
+                )
+        poll_ms = 0
+        if request.HasField("long_polling_timeout"):
+            poll_ms = request.long_polling_timeout.ToMilliseconds()
+            if poll_ms < 0:
+                raise V2Error(v2.ILLEGAL_POLLING_TIME, f"long_polling_timeout {poll_ms} ms < 0")
+        remaining = context.time_remaining()
+        if remaining is not None:
+            poll_ms = max(0, min(poll_ms, int((remaining - _DEADLINE_MARGIN_S) * 1000)))
+        expression = request.filter_expression
+        subscription = pb.Subscription(
+            type=_FILTER_TYPE.get(expression.type, pb.EXPRESSION_TYPE_TAG),
+            expression=expression.expression or "*",
+        )
+        wanted = request.message_queue.broker.name
+        brokers = [
+            name
+            for name in readable_brokers(config, self._broker_perms(config))
+            if not wanted or name == wanted
+        ]
+        if not brokers:
+            raise V2Error(v2.FORBIDDEN, f"topic {topic.name!r} has no readable queue here")
+        batch = min(request.batch_size, MAX_BATCH)
+        n = queues_per_broker(config)
+        out: list[v2.Message] = []
+        ids = list(range(config.read_queue_nums))
+        for i, name in enumerate(brokers):
+            for start in range(0, len(ids), _MAX_QUEUES_PER_POP):
+                if len(out) >= batch:
+                    return out
+                last = i == len(brokers) - 1 and start + _MAX_QUEUES_PER_POP >= len(ids)
+                hold_ms = poll_ms if last and not out else 0
+                pop = sn.PopMessagesRequest(
+                    group=group,
+                    topic=config.topic_name,
+                    queue_ids=ids[start : start + _MAX_QUEUES_PER_POP],
+                    max_messages=batch - len(out),
+                    invisible_duration_ms=invisible_ms,
+                    subscription=subscription,
+                    # Hold only the last call, and only when nothing came yet.
+                    poll_timeout_ms=hold_ms,
+                    fifo=self.is_fifo(group),
+                )
+                queue = StoreQueue(name, pop.queue_ids[0])
+                popped: sn.PopMessagesResponse = await self._call(
+                    queue, self._address(queue), "PopMessages", pop, context, hold_ms / 1000
+                )
+                for m in popped.messages:
+                    delivered = await self._delivery(
+                        group, config.brokers.index(name) * n, m, invisible_ms, topic, context
+                    )
+                    if delivered is not None:
+                        out.append(delivered)
+        return out
+
+    async def _delivery(
+        self,
+        group: str,
+        first_id: int,
+        popped: sn.PoppedMessage,
+        invisible_ms: int,
+        topic: v2.Resource,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> v2.Message | None:
+        """The v2 message of one popped delivery; None when it went to the
+        dead-letter topic instead (past the max attempts). V2Error
+        INTERNAL_SERVER_ERROR for a record that does not decode (the receive's
+        deliveries stay in flight and come again: nothing is dropped)."""
+        try:
+            record = decode_record(popped.record)
+        except CorruptRecordError as e:
+            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"stored record does not decode: {e}") from None
+        if popped.delivery_attempt > self.config.rocketmq_v2_consumer_max_attempts:
+            handle = _handle(popped.receipt_handle, record.topic)
+            await self._dead_letter(group, handle, record, context)
+            return None
+        return to_v2_message(
+            record,
+            namespace=topic.resource_namespace,
+            v2_queue_id=first_id + popped.queue_id,
+            delivery_attempt=popped.delivery_attempt,
+            receipt_handle=popped.receipt_handle,
+            invisible_ms=invisible_ms,
+        )
+
+    # -- dead letters -------------------------------------------------------------------
+
+    async def _dead_letter(
+        self,
+        group: str,
+        handle: ReceiptHandle,
+        record: MessageRecord,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """Write ``record``'s copy to ``%DLQ%<group>`` on the handle's store-node
+        (creating the topic), then ack the delivery. The write comes first: a
+        crash between the two redelivers the message (and may dead-letter it
+        twice), never loses it."""
+        topic = dlq_topic(group)
+        queue = StoreQueue(handle.broker_name, 0)
+        known = self.pull.view.topics.get(topic)
+        if known is None or handle.broker_name not in known.brokers:
+            try:
+                await self.pull.meta.ensure_topic(
+                    topic, broker=handle.broker_name, default_queue_nums=1
+                )
+            except MetaError as e:
+                raise V2Error(
+                    v2.INTERNAL_SERVER_ERROR, f"cannot create dead-letter topic {topic!r}: {e}"
+                ) from None
+        message = dead_letter(record, group)
+        uniq = message.properties.get(PROPERTY_UNIQ_KEY) or record.msg_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _DLQ_TOPIC_WAIT_S
+        while True:
+            try:
+                await self._store(topic, queue, [message], [uniq], context)
+                break
+            except V2Error as e:
+                # The store-node learns of the new topic through its etcd watch.
+                if e.code != v2.TOPIC_NOT_FOUND or loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
+        await self._ack_on(group, record.topic, handle.broker_name, [handle.encode()], context)
+
+    async def ForwardMessageToDeadLetterQueue(
+        self,
+        request: sv.ForwardMessageToDeadLetterQueueRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> sv.ForwardMessageToDeadLetterQueueResponse:
+        """Dead-letter one delivery now (a FIFO PushConsumer past its local
+        retries): its record is read again by the handle's queue offset."""
+        try:
+            group = group_name(request.group)
+            handle = _handle(request.receipt_handle, request.topic.name)
+            queue = StoreQueue(handle.broker_name, handle.queue_id)
+            get = sn.GetMessageRequest(
+                group=group, topic=handle.topic, queue_id=handle.queue_id,
+                offset=handle.queue_offset, max_msg_nums=1,
+            )  # fmt: skip
+            got: sn.GetMessageResponse = await self._call(
+                queue, self._address(queue), "GetMessage", get, context
+            )
+            records = [
+                r for r in decode_records(got.records.data) if r.queue_offset == handle.queue_offset
+            ]
+            if not records:
+                raise V2Error(v2.MESSAGE_NOT_FOUND, "the message is no longer stored")
+            await self._dead_letter(group, handle, records[0], context)
+        except V2Error as e:
+            return sv.ForwardMessageToDeadLetterQueueResponse(status=e.status())
+        return sv.ForwardMessageToDeadLetterQueueResponse(status=ok_status())
+
+    # -- acks ---------------------------------------------------------------------------
+
+    async def _ack_on(
+        self,
+        group: str,
+        topic: str,
+        broker: str,
+        handles: list[str],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[int]:
+        """AckMessages of ``handles`` on ``broker``: one v2 code per handle."""
+        queue = StoreQueue(broker, 0)
+        request = sn.AckMessagesRequest(group=group, topic=topic, receipt_handles=handles)
+        done: sn.AckMessagesResponse = await self._call(
+            queue, self._address(queue), "AckMessages", request, context
+        )
+        return [_ack_code(r.status) for r in done.results]
+
+    async def AckMessage(
+        self, request: sv.AckMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.AckMessageResponse:
+        try:
+            group = group_name(request.group)
+            if not request.entries:
+                raise V2Error(v2.BAD_REQUEST, "AckMessage without entries")
+            codes: list[v2.Status | None] = [None] * len(request.entries)
+            by_broker: dict[str, list[int]] = {}
+            for i, entry in enumerate(request.entries):
+                try:
+                    handle = _handle(entry.receipt_handle, request.topic.name)
+                except V2Error as e:
+                    codes[i] = e.status()
+                    continue
+                by_broker.setdefault(handle.broker_name, []).append(i)
+            for broker, indices in by_broker.items():
+                handles = [request.entries[i].receipt_handle for i in indices]
+                for i, code in zip(
+                    indices,
+                    await self._ack_on(group, request.topic.name, broker, handles, context),
+                    strict=True,
+                ):
+                    codes[i] = ok_status() if code == v2.OK else v2.Status(
+                        code=v2.INVALID_RECEIPT_HANDLE,
+                        message="the receipt handle is stale, acked or not this topic's",
+                    )  # fmt: skip
+        except V2Error as e:
+            return sv.AckMessageResponse(status=e.status())
+        entries = [
+            sv.AckMessageResultEntry(
+                message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status
+            )
+            for entry, status in zip(request.entries, codes, strict=True)
+            if status is not None
+        ]
+        distinct = {e.status.code for e in entries}
+        if len(distinct) == 1:
+            status = entries[0].status
+        else:
+            status = v2.Status(code=v2.MULTIPLE_RESULTS, message="entries differ")
+        return sv.AckMessageResponse(status=status, entries=entries)
+
+    async def ChangeInvisibleDuration(
+        self,
+        request: sv.ChangeInvisibleDurationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> sv.ChangeInvisibleDurationResponse:
+        try:
+            group = group_name(request.group)
+            handle = _handle(request.receipt_handle, request.topic.name)
+            ms = request.invisible_duration.ToMilliseconds()
+            if ms < 0:
+                raise V2Error(v2.ILLEGAL_INVISIBLE_TIME, f"invisible_duration {ms} ms < 0")
+            queue = StoreQueue(handle.broker_name, handle.queue_id)
+            change = sn.ChangeInvisibleDurationRequest(
+                group=group, topic=request.topic.name,
+                receipt_handle=request.receipt_handle, invisible_duration_ms=ms,
+            )  # fmt: skip
+            done: sn.ChangeInvisibleDurationResponse = await self._call(
+                queue, self._address(queue), "ChangeInvisibleDuration", change, context
+            )
+        except V2Error as e:
+            return sv.ChangeInvisibleDurationResponse(status=e.status())
+        if done.status != sn.POP_ACK_STATUS_OK:
+            return sv.ChangeInvisibleDurationResponse(
+                status=V2Error(
+                    v2.INVALID_RECEIPT_HANDLE,
+                    "the receipt handle is stale, acked or not this topic's",
+                ).status()
+            )
+        return sv.ChangeInvisibleDurationResponse(
+            status=ok_status(), receipt_handle=done.receipt_handle
+        )
+
+    # -- assignment ---------------------------------------------------------------------
+
+    async def QueryAssignment(
+        self, request: sv.QueryAssignmentRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> sv.QueryAssignmentResponse:
+        try:
+            group_name(request.group)
+        except V2Error as e:
+            return sv.QueryAssignmentResponse(status=e.status())
+        config = self.pull.view.topics.get(request.topic.name)
+        if config is None:
+            return sv.QueryAssignmentResponse(
+                status=V2Error(
+                    v2.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} not found"
+                ).status()
+            )
+        assignments = [
+            v2.Assignment(
+                message_queue=v2.MessageQueue(
+                    topic=request.topic,
+                    id=-1,
+                    permission=v2.READ,
+                    broker=v2.Broker(name=name, id=0, endpoints=request.endpoints),
+                    accept_message_types=[v2.NORMAL, v2.FIFO],
+                )
+            )
+            for name in readable_brokers(config, self._broker_perms(config))
+        ]
+        return sv.QueryAssignmentResponse(status=ok_status(), assignments=assignments)
