@@ -3,8 +3,10 @@
 The driver asks the pull-service for routes (``QueryRoute``) and each queue's
 store-node for its bounds (``GetMinMaxOffset``), a time's offset
 (``SearchOffset``) and, in streaming, a group's progress
-(``UpdateConsumerOffset``). Executors only pull, through the pull-service
-(``Pull``), so the subscription is applied on the store-node. Every call is
+(``UpdateConsumerOffset``). Executors look their queues' store-node up in
+the route once per task and read from it directly (``GetMessages``, several
+queues a call when a partition holds several), the subscription applied on
+the store-node; the pull-service is not a relay for the bytes. Every call is
 blocking: Spark calls the source from plain threads, with no event loop.
 
 Failures the user can act on become :class:`BasaltSourceError` with a message
@@ -14,7 +16,7 @@ naming the endpoint, topic or queue; the original gRPC error is chained.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -150,50 +152,81 @@ def commit_offset(queue: QueueRef, group: str, offset: int) -> None:
     )
 
 
-def pull_range(
-    endpoint: str,
+#: A queue range to read: (queue, first offset, one past the last).
+QueueRange = tuple[QueueRef, int, int]
+
+
+def queue_ref(endpoint: str, topic: str, broker: str, queue_id: int) -> QueueRef:
+    """``topic``'s queue ``queue_id`` on ``broker`` with the store-node address
+    the route gives now (an executor asks once per task: a checkpoint or a
+    plan holds no address, and a store-node may have moved since).
+
+    Raises :class:`BasaltSourceError` when the route no longer has the queue."""
+    for q in queues_of(endpoint, [topic]):
+        if q.broker == broker and q.queue_id == queue_id:
+            return q
+    raise BasaltSourceError(
+        f"queue {topic}/{broker}/{queue_id} is not in the route (pull-service {endpoint})"
+    )
+
+
+def read_ranges(
+    ranges: Sequence[QueueRange],
     *,
     group: str,
-    topic: str,
-    broker: str,
-    queue_id: int,
-    start: int,
-    end: int,
     subscription: pb.Subscription | None,
     max_nums: int,
-) -> Iterator[pb.Records]:
-    """The stored records of queue offsets ``[start, end)`` of one queue, pulled
-    through the pull-service at ``endpoint`` with ``subscription`` applied on
-    the store-node: one :class:`Records` per answer, in offset order. A
-    record past ``end`` may be in the last answer: the caller drops it.
+) -> Iterator[tuple[int, pb.Records]]:
+    """The stored records of each queue range (all on one store-node, no
+    queue twice), read from the store-node directly: one ``GetMessages`` per
+    round, one entry per range not yet done, ``subscription`` applied on the
+    store-node. Yields (index in ``ranges``, Records) per answer with
+    records, each range's in offset order. A record past a range's end may
+    be in its last answer (a filtered read scans on): the caller drops it.
 
     Offsets no longer stored (expired) are skipped to the store's corrected
-    offset; a queue that ends before ``end`` (the range was planned on a
-    later max) ends the iteration. A refused pull raises
-    :class:`BasaltSourceError`."""
-    offset = start
-    with channel(endpoint) as ch:
-        stub = ps_grpc.PullServiceStub(ch)
-        queue = pb.MessageQueue(topic=topic, broker_name=broker, queue_id=queue_id)
-        while offset < end:
-            request = ps.PullRequest(
-                group=group, queue=queue, offset=offset, max_nums=min(max_nums, end - offset)
+    offset; a queue that ends before its range does (planned on a later
+    max) ends that range. A refused read raises :class:`BasaltSourceError`.
+    Not through the pull-service: it would relay every byte once more (its
+    ``Pull`` is ``GetMessage`` on the same store-node)."""
+    if not ranges:
+        return
+    address = ranges[0][0].address
+    at = {i: start for i, (_, start, _) in enumerate(ranges)}
+    while at := {i: o for i, o in at.items() if o < ranges[i][2]}:
+        order = sorted(at)
+        request = sn.GetMessagesRequest()
+        for i in order:
+            queue, _, end = ranges[i]
+            entry = request.reads.add(
+                group=group,
+                topic=queue.topic,
+                queue_id=queue.queue_id,
+                offset=at[i],
+                max_msg_nums=min(max_nums, end - at[i]),
             )
             if subscription is not None:
-                request.subscription.CopyFrom(subscription)
-            try:
-                got = stub.Pull(request, timeout=PULL_TIMEOUT_S)
-            except grpc.RpcError as e:
-                raise _refusal(f"pull of {topic}/{broker}/{queue_id}@{offset}", endpoint, e) from e
+                entry.subscription.CopyFrom(subscription)
+        answer = _on_store_node(
+            ranges[order[0]][0],
+            "read",
+            lambda stub: stub.GetMessages(request, timeout=PULL_TIMEOUT_S),  # noqa: B023
+        )
+        for i, got in zip(order, answer.results, strict=True):
+            queue = ranges[i][0]
+            if got.HasField("refused"):
+                raise BasaltSourceError(
+                    f"read of {queue.topic}/{queue.broker}/{queue.queue_id}@{at[i]}: "
+                    f"{address} refused it: {got.refused.message}"
+                )
             if got.status == pb.PULL_STATUS_FOUND:
-                yield got.records
+                yield i, got.records
             elif got.status == pb.PULL_STATUS_NO_NEW_MSG:
-                return
+                at[i] = ranges[i][2]
+                continue
             # NO_MATCHED_MSG scanned past non-matching units; OFFSET_ILLEGAL
             # corrects an offset the store no longer holds: both move forward.
-            if got.next_begin_offset <= offset:
-                return
-            offset = got.next_begin_offset
+            at[i] = got.next_begin_offset if got.next_begin_offset > at[i] else ranges[i][2]
 
 
 def check_subscription(endpoint: str, group: str, queue: QueueRef, sub: pb.Subscription) -> None:
