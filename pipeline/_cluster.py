@@ -40,7 +40,7 @@ _CHANNEL_OPTIONS = (
 
 T = TypeVar("T")
 _lock = threading.Lock()
-_store_channels: dict[str, grpc.Channel] = {}
+_store_stubs: dict[str, sn_grpc.StoreNodeStub] = {}
 
 
 class BasaltSourceError(ValueError):
@@ -106,13 +106,15 @@ def _on_store_node(queue: QueueRef, what: str, call: Callable[[sn_grpc.StoreNode
     :class:`BasaltSourceError` saying ``what`` failed on which queue.
 
     Channels are kept per address for the process: planning calls each
-    store-node once per queue, and a channel per call would connect again."""
+    store-node once per queue, and a channel per call would connect again;
+    so is the stub (making one builds a callable per method: a task's
+    thousand reads would pay that each)."""
     with _lock:
-        ch = _store_channels.get(queue.address)
-        if ch is None:
-            ch = _store_channels[queue.address] = channel(queue.address)
+        stub = _store_stubs.get(queue.address)
+        if stub is None:
+            stub = _store_stubs[queue.address] = sn_grpc.StoreNodeStub(channel(queue.address))
     try:
-        return call(sn_grpc.StoreNodeStub(ch))
+        return call(stub)
     except grpc.RpcError as e:
         raise _refusal(f"{what} of {queue.broker}/{queue.queue_id}", queue.address, e) from e
 
