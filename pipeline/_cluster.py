@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from google.protobuf.descriptor import Descriptor
 
 from basalt.client.channels import MAX_MESSAGE_BYTES
+from basalt.common.protowire import LENGTH_DELIMITED, VARINT
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -41,6 +43,8 @@ _CHANNEL_OPTIONS = (
 T = TypeVar("T")
 _lock = threading.Lock()
 _store_stubs: dict[str, sn_grpc.StoreNodeStub] = {}
+#: GetMessages answering its serialized bytes (see :func:`_pull_results`), per address.
+_raw_get_messages: dict[str, grpc.UnaryUnaryMultiCallable[sn.GetMessagesRequest, bytes]] = {}
 
 
 class BasaltSourceError(ValueError):
@@ -112,7 +116,13 @@ def _on_store_node(queue: QueueRef, what: str, call: Callable[[sn_grpc.StoreNode
     with _lock:
         stub = _store_stubs.get(queue.address)
         if stub is None:
-            stub = _store_stubs[queue.address] = sn_grpc.StoreNodeStub(channel(queue.address))
+            ch = channel(queue.address)
+            stub = _store_stubs[queue.address] = sn_grpc.StoreNodeStub(ch)
+            _raw_get_messages[queue.address] = ch.unary_unary(
+                "/basalt.v1.StoreNode/GetMessages",
+                request_serializer=sn.GetMessagesRequest.SerializeToString,
+                response_deserializer=None,  # the bytes: _pull_results reads them in place
+            )
     try:
         return call(stub)
     except grpc.RpcError as e:
@@ -154,6 +164,85 @@ def commit_offset(queue: QueueRef, group: str, offset: int) -> None:
     )
 
 
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    """The varint at ``buf[pos]`` and the position past it."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
+    """(field number, value) of each field of the message ``buf``: an int for
+    a varint field (int64s read back signed), a view of ``buf`` for a
+    length-delimited one. Raises :class:`BasaltSourceError` on another wire type
+    (none of the messages read here has one)."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        if key & 7 == VARINT:
+            value, pos = _varint(buf, pos)
+            yield key >> 3, value - (1 << 64) if value >> 63 else value
+        elif key & 7 == LENGTH_DELIMITED:
+            size, pos = _varint(buf, pos)
+            yield key >> 3, buf[pos : pos + size]
+            pos += size
+        else:
+            raise BasaltSourceError(f"a store-node answer has wire type {key & 7}: not readable")
+
+
+def _number(message: Descriptor, field: str) -> int:
+    return int(message.fields_by_name[field].number)
+
+
+_RESULTS = _number(pb.PullBatchResponse.DESCRIPTOR, "results")
+_STATUS = _number(pb.PullResponse.DESCRIPTOR, "status")
+_NEXT_BEGIN = _number(pb.PullResponse.DESCRIPTOR, "next_begin_offset")
+_RECORDS = _number(pb.PullResponse.DESCRIPTOR, "records")
+_REFUSED = _number(pb.PullResponse.DESCRIPTOR, "refused")
+_DATA = _number(pb.Records.DESCRIPTOR, "data")
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """What :func:`read_ranges` needs of one ``PullResponse``."""
+
+    status: int
+    next_begin_offset: int
+    data: memoryview | None
+    refused: str | None
+
+
+def _pull_results(answer: bytes) -> list[_Result]:
+    """The entries of a serialized ``PullBatchResponse``, each record block a
+    view of ``answer``: protobuf's parse would copy the ~1 MiB blocks into
+    the message and reading ``records.data`` would copy them again. Fields
+    other than these are skipped (commit, min/max offsets, decoded messages)."""
+    out = []
+    for field, entry in _fields(memoryview(answer)):
+        if field != _RESULTS or not isinstance(entry, memoryview):
+            continue
+        status = next_begin = 0
+        data = refused = None
+        for number, value in _fields(entry):
+            if number == _STATUS and isinstance(value, int):
+                status = value
+            elif number == _NEXT_BEGIN and isinstance(value, int):
+                next_begin = value
+            elif number == _RECORDS and isinstance(value, memoryview):
+                for inner, block in _fields(value):
+                    if inner == _DATA and isinstance(block, memoryview):
+                        data = block
+            elif number == _REFUSED and isinstance(value, memoryview):
+                refused = pb.Refused.FromString(bytes(value)).message or "refused"
+        out.append(_Result(status, next_begin, data, refused))
+    return out
+
+
 #: A queue range to read: (queue, first offset, one past the last).
 QueueRange = tuple[QueueRef, int, int]
 
@@ -178,13 +267,14 @@ def read_ranges(
     group: str,
     subscription: pb.Subscription | None,
     max_nums: int,
-) -> Iterator[tuple[int, pb.Records]]:
+) -> Iterator[tuple[int, memoryview]]:
     """The stored records of each queue range (all on one store-node, no
     queue twice), read from the store-node directly: one ``GetMessages`` per
     round, one entry per range not yet done, ``subscription`` applied on the
-    store-node. Yields (index in ``ranges``, Records) per answer with
-    records, each range's in offset order. A record past a range's end may
-    be in its last answer (a filtered read scans on): the caller drops it.
+    store-node. Yields (index in ``ranges``, the records' bytes: a view of
+    the answer) per answer with records, each range's in offset order. A
+    record past a range's end may be in its last answer (a filtered read
+    scans on): the caller drops it.
 
     Offsets no longer stored (expired) are skipped to the store's corrected
     offset; a queue that ends before its range does (planned on a later
@@ -212,17 +302,22 @@ def read_ranges(
         answer = _on_store_node(
             ranges[order[0]][0],
             "read",
-            lambda stub: stub.GetMessages(request, timeout=PULL_TIMEOUT_S),  # noqa: B023
+            lambda _: _raw_get_messages[address](request, timeout=PULL_TIMEOUT_S),  # noqa: B023
         )
-        for i, got in zip(order, answer.results, strict=True):
+        results = _pull_results(answer)
+        if len(results) != len(order):
+            raise BasaltSourceError(
+                f"{address} answered {len(results)} reads to a GetMessages of {len(order)}"
+            )
+        for i, got in zip(order, results, strict=True):
             queue = ranges[i][0]
-            if got.HasField("refused"):
+            if got.refused is not None:
                 raise BasaltSourceError(
                     f"read of {queue.topic}/{queue.broker}/{queue.queue_id}@{at[i]}: "
-                    f"{address} refused it: {got.refused.message}"
+                    f"{address} refused it: {got.refused}"
                 )
-            if got.status == pb.PULL_STATUS_FOUND:
-                yield i, got.records
+            if got.status == pb.PULL_STATUS_FOUND and got.data is not None:
+                yield i, got.data
             elif got.status == pb.PULL_STATUS_NO_NEW_MSG:
                 at[i] = ranges[i][2]
                 continue

@@ -320,14 +320,14 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
     ranges = [
         (QueueRef(p.topic, p.broker, p.queue_id, address.address), p.start, p.end) for p in parts
     ]
-    pending: dict[int, list[bytes]] = {}
+    pending: dict[int, list[memoryview]] = {}
     sizes: dict[int, int] = {}
     for i, records in _cluster.read_ranges(
         ranges, group=options.pull_group, subscription=options.subscription_pb(),
         max_nums=PULL_MAX_NUMS,
     ):  # fmt: skip
-        pending.setdefault(i, []).append(records.data)
-        sizes[i] = sizes.get(i, 0) + len(records.data)
+        pending.setdefault(i, []).append(records)
+        sizes[i] = sizes.get(i, 0) + len(records)
         if sizes[i] >= BATCH_BYTES:
             yield from _batches(parts[i], pending.pop(i))
             sizes[i] = 0
@@ -335,7 +335,7 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
         yield from _batches(parts[i], chunks)
 
 
-def _batches(part: BasaltPartition, chunks: list[bytes]) -> Iterator[pa.RecordBatch]:
+def _batches(part: BasaltPartition, chunks: list[memoryview]) -> Iterator[pa.RecordBatch]:
     """``chunks`` (whole records, back to back) as batches, rows past ``part.end`` dropped.
 
     One chunk is read in place; several are joined first (one copy) so a

@@ -505,3 +505,28 @@ def test_max_offsets_per_trigger_shares_the_limit_over_queues() -> None:
     assert capped == {a: 6, b: 12, c: 0}
     assert sum(capped[q] for q in (a, b)) - 10 == 8
     assert _cap(begin, {a: 30, b: 20}, 1) == {a: 1, b: 10}  # always moves
+
+
+def test_a_get_messages_answer_is_read_in_place_as_protobuf_reads_it() -> None:
+    answer = pb.PullBatchResponse(
+        results=[
+            pb.PullResponse(
+                status=pb.PULL_STATUS_FOUND,
+                next_begin_offset=900,
+                max_offset=1 << 40,
+                records=pb.Records(data=b"r" * 300, count=3),
+                commit=pb.CommitResult(),
+            ),
+            pb.PullResponse(status=pb.PULL_STATUS_OFFSET_ILLEGAL, next_begin_offset=-1),
+            pb.PullResponse(refused=pb.Refused(grpc_code=3, message="queue 7 is read twice")),
+        ]
+    ).SerializeToString()
+    found, moved, refused = _cluster._pull_results(answer)
+    assert (found.status, found.next_begin_offset, found.refused) == (
+        pb.PULL_STATUS_FOUND, 900, None,
+    )  # fmt: skip
+    assert found.data is not None and found.data.obj is answer and bytes(found.data) == b"r" * 300
+    assert (moved.status, moved.next_begin_offset, moved.data) == (
+        pb.PULL_STATUS_OFFSET_ILLEGAL, -1, None,
+    )  # fmt: skip
+    assert refused.refused == "queue 7 is read twice"
