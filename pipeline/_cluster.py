@@ -3,8 +3,10 @@
 The driver asks the pull-service for routes (``QueryRoute``) and each queue's
 store-node for its bounds (``GetMinMaxOffset``), a time's offset
 (``SearchOffset``) and, in streaming, a group's progress
-(``UpdateConsumerOffset``). Executors only pull, through the pull-service
-(``Pull``), so the subscription is applied on the store-node. Every call is
+(``UpdateConsumerOffset``). Executors look their queues' store-node up in
+the route once per task and read from it directly (``GetMessages``, several
+queues a call when a partition holds several), the subscription applied on
+the store-node; the pull-service is not a relay for the bytes. Every call is
 blocking: Spark calls the source from plain threads, with no event loop.
 
 Failures the user can act on become :class:`BasaltSourceError` with a message
@@ -14,14 +16,16 @@ naming the endpoint, topic or queue; the original gRPC error is chained.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from google.protobuf.descriptor import Descriptor
 
 from basalt.client.channels import MAX_MESSAGE_BYTES
 from basalt.common import tls as transport
+from basalt.common.protowire import LENGTH_DELIMITED, VARINT
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -39,7 +43,9 @@ _CHANNEL_OPTIONS = (
 
 T = TypeVar("T")
 _lock = threading.Lock()
-_store_channels: dict[str, grpc.Channel] = {}
+_store_stubs: dict[str, sn_grpc.StoreNodeStub] = {}
+#: GetMessages answering its serialized bytes (see :func:`_pull_results`), per address.
+_raw_get_messages: dict[str, grpc.UnaryUnaryMultiCallable[sn.GetMessagesRequest, bytes]] = {}
 
 
 class BasaltSourceError(ValueError):
@@ -107,13 +113,21 @@ def _on_store_node(queue: QueueRef, what: str, call: Callable[[sn_grpc.StoreNode
     :class:`BasaltSourceError` saying ``what`` failed on which queue.
 
     Channels are kept per address for the process: planning calls each
-    store-node once per queue, and a channel per call would connect again."""
+    store-node once per queue, and a channel per call would connect again;
+    so is the stub (making one builds a callable per method: a task's
+    thousand reads would pay that each)."""
     with _lock:
-        ch = _store_channels.get(queue.address)
-        if ch is None:
-            ch = _store_channels[queue.address] = channel(queue.address)
+        stub = _store_stubs.get(queue.address)
+        if stub is None:
+            ch = channel(queue.address)
+            stub = _store_stubs[queue.address] = sn_grpc.StoreNodeStub(ch)
+            _raw_get_messages[queue.address] = ch.unary_unary(
+                "/basalt.v1.StoreNode/GetMessages",
+                request_serializer=sn.GetMessagesRequest.SerializeToString,
+                response_deserializer=None,  # the bytes: _pull_results reads them in place
+            )
     try:
-        return call(sn_grpc.StoreNodeStub(ch))
+        return call(stub)
     except grpc.RpcError as e:
         raise _refusal(f"{what} of {queue.broker}/{queue.queue_id}", queue.address, e) from e
 
@@ -153,50 +167,166 @@ def commit_offset(queue: QueueRef, group: str, offset: int) -> None:
     )
 
 
-def pull_range(
-    endpoint: str,
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    """The varint at ``buf[pos]`` and the position past it."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
+    """(field number, value) of each field of the message ``buf``: an int for
+    a varint field (int64s read back signed), a view of ``buf`` for a
+    length-delimited one. Raises :class:`BasaltSourceError` on another wire type
+    (none of the messages read here has one)."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        if key & 7 == VARINT:
+            value, pos = _varint(buf, pos)
+            yield key >> 3, value - (1 << 64) if value >> 63 else value
+        elif key & 7 == LENGTH_DELIMITED:
+            size, pos = _varint(buf, pos)
+            yield key >> 3, buf[pos : pos + size]
+            pos += size
+        else:
+            raise BasaltSourceError(f"a store-node answer has wire type {key & 7}: not readable")
+
+
+def _number(message: Descriptor, field: str) -> int:
+    return int(message.fields_by_name[field].number)
+
+
+_RESULTS = _number(pb.PullBatchResponse.DESCRIPTOR, "results")
+_STATUS = _number(pb.PullResponse.DESCRIPTOR, "status")
+_NEXT_BEGIN = _number(pb.PullResponse.DESCRIPTOR, "next_begin_offset")
+_RECORDS = _number(pb.PullResponse.DESCRIPTOR, "records")
+_REFUSED = _number(pb.PullResponse.DESCRIPTOR, "refused")
+_DATA = _number(pb.Records.DESCRIPTOR, "data")
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """What :func:`read_ranges` needs of one ``PullResponse``."""
+
+    status: int
+    next_begin_offset: int
+    data: memoryview | None
+    refused: str | None
+
+
+def _pull_results(answer: bytes) -> list[_Result]:
+    """The entries of a serialized ``PullBatchResponse``, each record block a
+    view of ``answer``: protobuf's parse would copy the ~1 MiB blocks into
+    the message and reading ``records.data`` would copy them again. Fields
+    other than these are skipped (commit, min/max offsets, decoded messages)."""
+    out = []
+    for field, entry in _fields(memoryview(answer)):
+        if field != _RESULTS or not isinstance(entry, memoryview):
+            continue
+        status = next_begin = 0
+        data = refused = None
+        for number, value in _fields(entry):
+            if number == _STATUS and isinstance(value, int):
+                status = value
+            elif number == _NEXT_BEGIN and isinstance(value, int):
+                next_begin = value
+            elif number == _RECORDS and isinstance(value, memoryview):
+                for inner, block in _fields(value):
+                    if inner == _DATA and isinstance(block, memoryview):
+                        data = block
+            elif number == _REFUSED and isinstance(value, memoryview):
+                refused = pb.Refused.FromString(bytes(value)).message or "refused"
+        out.append(_Result(status, next_begin, data, refused))
+    return out
+
+
+#: A queue range to read: (queue, first offset, one past the last).
+QueueRange = tuple[QueueRef, int, int]
+
+
+def queue_ref(endpoint: str, topic: str, broker: str, queue_id: int) -> QueueRef:
+    """``topic``'s queue ``queue_id`` on ``broker`` with the store-node address
+    the route gives now (an executor asks once per task: a checkpoint or a
+    plan holds no address, and a store-node may have moved since).
+
+    Raises :class:`BasaltSourceError` when the route no longer has the queue."""
+    for q in queues_of(endpoint, [topic]):
+        if q.broker == broker and q.queue_id == queue_id:
+            return q
+    raise BasaltSourceError(
+        f"queue {topic}/{broker}/{queue_id} is not in the route (pull-service {endpoint})"
+    )
+
+
+def read_ranges(
+    ranges: Sequence[QueueRange],
     *,
     group: str,
-    topic: str,
-    broker: str,
-    queue_id: int,
-    start: int,
-    end: int,
     subscription: pb.Subscription | None,
     max_nums: int,
-) -> Iterator[pb.Records]:
-    """The stored records of queue offsets ``[start, end)`` of one queue, pulled
-    through the pull-service at ``endpoint`` with ``subscription`` applied on
-    the store-node: one :class:`Records` per answer, in offset order. A
-    record past ``end`` may be in the last answer: the caller drops it.
+) -> Iterator[tuple[int, memoryview]]:
+    """The stored records of each queue range (all on one store-node, no
+    queue twice), read from the store-node directly: one ``GetMessages`` per
+    round, one entry per range not yet done, ``subscription`` applied on the
+    store-node. Yields (index in ``ranges``, the records' bytes: a view of
+    the answer) per answer with records, each range's in offset order. A
+    record past a range's end may be in its last answer (a filtered read
+    scans on): the caller drops it.
 
     Offsets no longer stored (expired) are skipped to the store's corrected
-    offset; a queue that ends before ``end`` (the range was planned on a
-    later max) ends the iteration. A refused pull raises
-    :class:`BasaltSourceError`."""
-    offset = start
-    with channel(endpoint) as ch:
-        stub = ps_grpc.PullServiceStub(ch)
-        queue = pb.MessageQueue(topic=topic, broker_name=broker, queue_id=queue_id)
-        while offset < end:
-            request = ps.PullRequest(
-                group=group, queue=queue, offset=offset, max_nums=min(max_nums, end - offset)
+    offset; a queue that ends before its range does (planned on a later
+    max) ends that range. A refused read raises :class:`BasaltSourceError`.
+    Not through the pull-service: it would relay every byte once more (its
+    ``Pull`` is ``GetMessage`` on the same store-node)."""
+    if not ranges:
+        return
+    address = ranges[0][0].address
+    at = {i: start for i, (_, start, _) in enumerate(ranges)}
+    while at := {i: o for i, o in at.items() if o < ranges[i][2]}:
+        order = sorted(at)
+        request = sn.GetMessagesRequest()
+        for i in order:
+            queue, _, end = ranges[i]
+            entry = request.reads.add(
+                group=group,
+                topic=queue.topic,
+                queue_id=queue.queue_id,
+                offset=at[i],
+                max_msg_nums=min(max_nums, end - at[i]),
             )
             if subscription is not None:
-                request.subscription.CopyFrom(subscription)
-            try:
-                got = stub.Pull(request, timeout=PULL_TIMEOUT_S)
-            except grpc.RpcError as e:
-                raise _refusal(f"pull of {topic}/{broker}/{queue_id}@{offset}", endpoint, e) from e
-            if got.status == pb.PULL_STATUS_FOUND:
-                yield got.records
+                entry.subscription.CopyFrom(subscription)
+        answer = _on_store_node(
+            ranges[order[0]][0],
+            "read",
+            lambda _: _raw_get_messages[address](request, timeout=PULL_TIMEOUT_S),  # noqa: B023
+        )
+        results = _pull_results(answer)
+        if len(results) != len(order):
+            raise BasaltSourceError(
+                f"{address} answered {len(results)} reads to a GetMessages of {len(order)}"
+            )
+        for i, got in zip(order, results, strict=True):
+            queue = ranges[i][0]
+            if got.refused is not None:
+                raise BasaltSourceError(
+                    f"read of {queue.topic}/{queue.broker}/{queue.queue_id}@{at[i]}: "
+                    f"{address} refused it: {got.refused}"
+                )
+            if got.status == pb.PULL_STATUS_FOUND and got.data is not None:
+                yield i, got.data
             elif got.status == pb.PULL_STATUS_NO_NEW_MSG:
-                return
+                at[i] = ranges[i][2]
+                continue
             # NO_MATCHED_MSG scanned past non-matching units; OFFSET_ILLEGAL
             # corrects an offset the store no longer holds: both move forward.
-            if got.next_begin_offset <= offset:
-                return
-            offset = got.next_begin_offset
+            at[i] = got.next_begin_offset if got.next_begin_offset > at[i] else ranges[i][2]
 
 
 def check_subscription(endpoint: str, group: str, queue: QueueRef, sub: pb.Subscription) -> None:

@@ -1,4 +1,8 @@
-"""A Spark batch source over one store root's CommitLog: what ``basalt pipeline export`` reads.
+"""A Spark batch source over one store root's CommitLog: a root read into a DataFrame.
+
+``basalt pipeline export`` reads the same way (:func:`export_batches`) but
+writes its Parquet in the tasks (:func:`basalt.pipeline.jobs.export`); this
+source is for reading a root into Spark.
 
 Spark's Python Data Source API (no pandas, no JVM code): one input partition
 per CommitLog file, each read by :func:`basalt.pipeline._store_read.export_batches`
@@ -12,7 +16,7 @@ as Arrow batches of the source schema. Registered under
 
 Bad records (CRC, framing) are not rows: :func:`source_class` makes a source
 that adds each file's count and first bad record to Spark accumulators the
-driver reads after the job (``export`` reports them).
+driver reads after the job.
 """
 
 from __future__ import annotations

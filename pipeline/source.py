@@ -75,8 +75,14 @@ __all__ = ["BasaltDataSource", "BasaltSourceError", "SourceOptions"]
 DEFAULT_GROUP = "basalt-spark-source"
 #: A queue range longer than this many offsets is split into several partitions.
 MAX_PARTITION_OFFSETS = 1_000_000
-#: Records asked of one pull (the store's transfer caps may answer fewer).
-PULL_MAX_NUMS = 4096
+#: Records asked of one queue a read: the store-node's largest (its
+#: ``max_msg_nums_per_pull``); its transfer caps (1 MiB) may answer fewer.
+PULL_MAX_NUMS = 1024
+#: Partitions a read plans before several queues share one (:func:`_pack`).
+PACK_ABOVE_PARTITIONS = 16
+#: Most queues of one partition, so most entries of one GetMessages (the
+#: store-node takes 32; 8 answers of ~1 MiB stay far under the 64 MiB message cap).
+QUEUES_PER_CALL = 8
 #: Kafka's special offsets in offsets JSON.
 EARLIEST, LATEST = -2, -1
 
@@ -197,6 +203,11 @@ class BasaltPartition(InputPartition):
     start: int
     end: int
 
+    @property
+    def queue_key(self) -> tuple[str, int]:
+        """(topic, queue id): a broker's queue, whatever the range."""
+        return self.topic, self.queue_id
+
 
 def _position(
     spec: str | OffsetJson | None,
@@ -247,35 +258,89 @@ def _split(
     return out
 
 
-def _read(options: SourceOptions, part: BasaltPartition) -> Iterator[pa.RecordBatch]:
-    """The matching messages of ``part`` as RecordBatches of about BATCH_ROWS rows.
+@dataclass(frozen=True)
+class BasaltQueues(InputPartition):
+    """Ranges of several queues of one store-node (no queue twice), read
+    together: one ``GetMessages`` entry per queue a call. :func:`_split`
+    makes these only when there are more ranges than partitions wanted."""
 
-    Pulled bytes are gathered up to BATCH_BYTES and turned into Arrow in C
-    (:func:`raw_batches`, no Python object per row); rows past ``part.end``
-    (a last pull may return some) are dropped."""
-    pending: list[bytes] = []
-    size = 0
-    for records in _cluster.pull_range(
-        options.endpoint,
-        group=options.pull_group,
-        topic=part.topic,
-        broker=part.broker,
-        queue_id=part.queue_id,
-        start=part.start,
-        end=part.end,
-        subscription=options.subscription_pb(),
+    parts: tuple[BasaltPartition, ...]
+
+
+def _pack(parts: list[BasaltPartition], wanted: int) -> list[InputPartition]:
+    """``parts`` as they are when there are at most ``wanted``; otherwise
+    those of each broker packed into :class:`BasaltQueues` of up to
+    QUEUES_PER_CALL parts (fewer, larger reads: a call's cost is paid once
+    for several queues), never one queue twice in a pack."""
+    if len(parts) <= wanted:
+        return list(parts)
+    size = min(QUEUES_PER_CALL, math.ceil(len(parts) / wanted))
+    packs: list[list[BasaltPartition]] = []
+    open_packs: dict[str, list[list[BasaltPartition]]] = {}
+    for part in parts:
+        mine = open_packs.setdefault(part.broker, [])
+        pack = next(
+            (p for p in mine if len(p) < size and all(q.queue_key != part.queue_key for q in p)),
+            None,
+        )
+        if pack is None:
+            pack = []
+            mine.append(pack)
+            packs.append(pack)
+        pack.append(part)
+    return [p[0] if len(p) == 1 else BasaltQueues(tuple(p)) for p in packs]
+
+
+def _plan(
+    ranges: Sequence[tuple[str, str, int, int, int]], min_partitions: int | None
+) -> list[InputPartition]:
+    """The input partitions of ``ranges``: :func:`_split`, then :func:`_pack`."""
+    return _pack(_split(ranges, min_partitions), max(min_partitions or 0, PACK_ABOVE_PARTITIONS))
+
+
+def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The matching messages of ``partition`` (one queue's range, or several
+    of one store-node) as RecordBatches of about BATCH_ROWS rows.
+
+    Read from the queues' store-node (its address from the route, asked
+    once) by :func:`_cluster.read_ranges`. Each queue's bytes are gathered
+    up to BATCH_BYTES and turned into Arrow in C (:func:`raw_batches`, no
+    Python object per row); rows past a range's end (a last filtered read
+    may return some) are dropped."""
+    if isinstance(partition, BasaltQueues):
+        parts = partition.parts
+    else:
+        assert isinstance(partition, BasaltPartition)  # partitions() makes only these two
+        parts = (partition,)
+    parts = tuple(p for p in parts if p.end > p.start)
+    if not parts:
+        return
+    first = parts[0]
+    address = _cluster.queue_ref(options.endpoint, first.topic, first.broker, first.queue_id)
+    ranges = [
+        (QueueRef(p.topic, p.broker, p.queue_id, address.address), p.start, p.end) for p in parts
+    ]
+    pending: dict[int, list[memoryview]] = {}
+    sizes: dict[int, int] = {}
+    for i, records in _cluster.read_ranges(
+        ranges, group=options.pull_group, subscription=options.subscription_pb(),
         max_nums=PULL_MAX_NUMS,
-    ):
-        pending.append(records.data)
-        size += len(records.data)
-        if size >= BATCH_BYTES:
-            yield from _batches(part, b"".join(pending))
-            pending, size = [], 0
-    if pending:
-        yield from _batches(part, b"".join(pending))
+    ):  # fmt: skip
+        pending.setdefault(i, []).append(records)
+        sizes[i] = sizes.get(i, 0) + len(records)
+        if sizes[i] >= BATCH_BYTES:
+            yield from _batches(parts[i], pending.pop(i))
+            sizes[i] = 0
+    for i, chunks in pending.items():
+        yield from _batches(parts[i], chunks)
 
 
-def _batches(part: BasaltPartition, data: bytes) -> Iterator[pa.RecordBatch]:
+def _batches(part: BasaltPartition, chunks: list[memoryview]) -> Iterator[pa.RecordBatch]:
+    """``chunks`` (whole records, back to back) as batches, rows past ``part.end`` dropped.
+
+    One chunk is read in place; several are joined first (one copy) so a
+    batch is BATCH_ROWS rows rather than a read's ~1 MiB."""
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     for batch in raw_batches(part.broker, data, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES):
         yield rows_where(batch, pc.less(batch.column("queue_offset"), part.end))
 
@@ -333,16 +398,14 @@ class BasaltReader(DataSourceReader):
             start = _position(options.starting, options.starting_timestamp_ms, q, bounds, EARLIEST)
             end = _position(options.ending, options.ending_timestamp_ms, q, bounds, LATEST)
             ranges.append((q.topic, q.broker, q.queue_id, start, end))
-        self._partitions = _split(ranges, options.min_partitions)
+        self._partitions = _plan(ranges, options.min_partitions)
 
     def partitions(self) -> Sequence[InputPartition]:
         # Spark needs at least one partition; an empty one reads nothing.
         return self._partitions or [BasaltPartition("", "", 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        assert isinstance(partition, BasaltPartition)
-        if partition.end > partition.start:
-            yield from _read(self.options, partition)
+        yield from _read(self.options, partition)
 
 
 class BasaltStreamReader(DataSourceStreamReader):
@@ -381,10 +444,9 @@ class BasaltStreamReader(DataSourceStreamReader):
             (topic, broker, queue_id, begin.get((topic, broker, queue_id), 0), offset)
             for (topic, broker, queue_id), offset in sorted(_flatten(end).items())
         ]
-        return _split(ranges, self.options.min_partitions)
+        return _plan(ranges, self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        assert isinstance(partition, BasaltPartition)
         yield from _read(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -358,3 +358,46 @@ def test_lag_report_of_a_group_that_consumed_part(tmp_path: Path) -> None:
         parsed = parser.parse_args(["lag-report", "-g", "Nobody", "--endpoint", etcd])
         out, err = io.StringIO(), io.StringIO()
         assert parsed.handler(parsed, out, err) == 1 and "Nobody" in err.getvalue()
+
+
+def test_export_reads_back_in_the_source_schema_with_a_success_marker(
+    session: Any, root: Path, tmp_path: Path
+) -> None:
+    from pyspark.sql.types import StructType
+
+    from basalt.pipeline._rows import SCHEMA_DDL
+
+    out = tmp_path / "typed"
+    result = jobs.export(session, root, str(out), topic="orders")
+    assert (out / "_SUCCESS").exists() and not list(out.glob("_staging-*"))
+    df = session.read.parquet(str(out))
+    assert df.schema == StructType.fromDDL(SCHEMA_DDL)
+    assert dict(df.dtypes)["properties"] == "map<string,string>"
+    row = df.orderBy("commitlog_offset").first()
+    rec = next(r for r in _store_records(root) if r.commit_log_offset == row.commitlog_offset)
+    assert row.store_timestamp == rec.store_timestamp_ms > 1_600_000_000_000  # ms, as a long
+    assert dict(row.properties)["n"] == rec.properties["n"] and result.rows == 300
+    # overwrite replaces the output whole; an empty export still reads back typed
+    again = jobs.export(session, root, str(out), to_ms=0, mode="overwrite")
+    assert again.rows == 0 and session.read.parquet(str(out)).schema == df.schema
+    with pytest.raises(FileExistsError):
+        jobs.export(session, root, str(out))
+
+
+def test_a_failing_export_task_leaves_no_committed_output(
+    session: Any, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = jobs.commitlog_files(root)
+    gone = jobs.FileSpec(str(root), str(tmp_path / "gone"), files[-1].start + 1, files[-1].size)
+    # the driver lists a file no task can open: the other tasks write their parts
+    monkeypatch.setattr(jobs, "commitlog_files", lambda _root: [*files, gone])
+    out = tmp_path / "failed"
+    with pytest.raises(Exception, match="gone"):
+        jobs.export(session, root, str(out))
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "old.parquet").write_bytes(b"old")
+    with pytest.raises(Exception, match="gone"):
+        jobs.export(session, root, str(kept), mode="overwrite")
+    assert [p.name for p in kept.iterdir()] == ["old.parquet"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from basalt.client import (
@@ -34,13 +35,17 @@ from basalt.client import (
     MessageRecord,
     Producer,
 )
-from basalt.pipeline import register
+from basalt.pipeline import _cluster, register
 from basalt.pipeline._cluster import BasaltSourceError, QueueRef
 from basalt.pipeline.source import (
     MAX_PARTITION_OFFSETS,
+    QUEUES_PER_CALL,
     BasaltPartition,
+    BasaltQueues,
     SourceOptions,
     _cap,
+    _pack,
+    _read,
     _split,
 )
 from basalt.services.cluster.local import CLUSTER_NAME
@@ -241,6 +246,43 @@ def test_filters_are_applied_on_the_store_node(spark: Any, cluster: Cluster) -> 
     assert cluster.got_messages(FILTERED) - before == len(tagged) + len(sql)
 
 
+def test_a_partition_of_several_queues_reads_them_in_one_call_each_round(
+    cluster: Cluster,
+) -> None:
+    """Executors read the store-node directly, several queues a GetMessages:
+    a pack of one broker's queues yields every message of each range once,
+    and a filtered pack still leaves the store-node only matching records."""
+    queues = [q for q in _cluster.queues_of(cluster.endpoint, [TOPIC]) if q.broker == "broker-a"]
+    assert len(queues) == 2
+    parts = [
+        BasaltPartition(q.topic, q.broker, q.queue_id, 0, _cluster.min_max(q)[1]) for q in queues
+    ]
+    options = SourceOptions.parse({"endpoint": cluster.endpoint, "topic": TOPIC})
+    rows = pa.Table.from_batches(list(_read(options, BasaltQueues(tuple(parts))))).to_pylist()
+    assert sorted((r["queue_id"], r["queue_offset"]) for r in rows) == sorted(
+        (p.queue_id, o) for p in parts for o in range(p.start, p.end)
+    )
+    # a range's end cuts its queue alone: queue 0 up to offset 2, queue 1 whole
+    cut = (BasaltPartition(TOPIC, "broker-a", 0, 0, 2), parts[1])
+    rows = pa.Table.from_batches(list(_read(options, BasaltQueues(cut)))).to_pylist()
+    assert len(rows) == 2 + parts[1].end and all(
+        r["queue_offset"] < 2 for r in rows if r["queue_id"] == 0
+    )
+    before = cluster.got_messages(FILTERED)
+    filtered = SourceOptions.parse(
+        {"endpoint": cluster.endpoint, "topic": FILTERED, "subscription": "TagA"}
+    )
+    every = _cluster.queues_of(cluster.endpoint, [FILTERED])
+    packs = [  # ranges past the queues' ends: each read stops at its queue's end
+        BasaltQueues(tuple(BasaltPartition(FILTERED, b, q.queue_id, 0, 1 << 20) for q in mine))
+        for b in BROKERS
+        if (mine := [q for q in every if q.broker == b])
+    ]
+    tagged = [r for p in packs for b in _read(filtered, p) for r in b.to_pylist()]
+    assert sorted(r["body"] for r in tagged) == sorted(b"m%d" % i for i in range(SENT) if i % 2)
+    assert cluster.got_messages(FILTERED) - before == len(tagged)
+
+
 def test_a_restarted_stream_reads_every_message_exactly_once(
     spark: Any,
     cluster: Cluster,
@@ -438,6 +480,22 @@ def test_ranges_split_into_partitions() -> None:
     assert len(big) == 3 and big[-1].end == 2 * MAX_PARTITION_OFFSETS + 1
 
 
+def test_many_ranges_pack_into_partitions_of_one_broker() -> None:
+    ranges = [("T", b, q, 0, 10) for b in ("a", "b") for q in range(40)]
+    few = _split(ranges[:16], None)
+    assert _pack(few, 16) == few  # up to the target: one queue a partition
+    packs = _pack(_split(ranges, None), 16)  # 80 queues: 5 a pack, by broker
+    assert all(isinstance(p, BasaltQueues) for p in packs) and len(packs) == 16
+    for p in packs:
+        assert isinstance(p, BasaltQueues) and len({q.broker for q in p.parts}) == 1
+        assert len({q.queue_id for q in p.parts}) == len(p.parts) <= QUEUES_PER_CALL
+    # a queue split in pieces never lands twice in one pack (GetMessages refuses that)
+    split = _split([("T", "a", 0, 0, 100), ("T", "a", 1, 0, 100)], 40)
+    for p in _pack(split, 2):
+        parts = p.parts if isinstance(p, BasaltQueues) else (p,)
+        assert len({q.queue_id for q in parts}) == len(parts)
+
+
 def test_max_offsets_per_trigger_shares_the_limit_over_queues() -> None:
     a, b, c = (QueueRef("T", "b", q, "h:1") for q in range(3))
     begin = {("T", "b", 0): 0, ("T", "b", 1): 10}  # queue 2 is new: from 0
@@ -447,3 +505,28 @@ def test_max_offsets_per_trigger_shares_the_limit_over_queues() -> None:
     assert capped == {a: 6, b: 12, c: 0}
     assert sum(capped[q] for q in (a, b)) - 10 == 8
     assert _cap(begin, {a: 30, b: 20}, 1) == {a: 1, b: 10}  # always moves
+
+
+def test_a_get_messages_answer_is_read_in_place_as_protobuf_reads_it() -> None:
+    answer = pb.PullBatchResponse(
+        results=[
+            pb.PullResponse(
+                status=pb.PULL_STATUS_FOUND,
+                next_begin_offset=900,
+                max_offset=1 << 40,
+                records=pb.Records(data=b"r" * 300, count=3),
+                commit=pb.CommitResult(),
+            ),
+            pb.PullResponse(status=pb.PULL_STATUS_OFFSET_ILLEGAL, next_begin_offset=-1),
+            pb.PullResponse(refused=pb.Refused(grpc_code=3, message="queue 7 is read twice")),
+        ]
+    ).SerializeToString()
+    found, moved, refused = _cluster._pull_results(answer)
+    assert (found.status, found.next_begin_offset, found.refused) == (
+        pb.PULL_STATUS_FOUND, 900, None,
+    )  # fmt: skip
+    assert found.data is not None and found.data.obj is answer and bytes(found.data) == b"r" * 300
+    assert (moved.status, moved.next_begin_offset, moved.data) == (
+        pb.PULL_STATUS_OFFSET_ILLEGAL, -1, None,
+    )  # fmt: skip
+    assert refused.refused == "queue 7 is read twice"
