@@ -19,6 +19,11 @@ the topic into the ``noop`` sink (executors read the store-nodes directly),
 timed on a second read (the first warms the source's path).
 Target: >= 500,000 rows/s.
 
+Streaming: ``spark.readStream.format("basalt")`` of the same topic from the
+earliest offsets into the ``noop`` sink, micro-batches of at most
+``STREAM_MAX_OFFSETS`` offsets (``maxOffsetsPerTrigger``), timed from the
+query's start until every message has passed (no target).
+
 Prints a table: what, rows, seconds, rows/s, target.
 """
 
@@ -40,6 +45,8 @@ from basalt.store import Message, MessageStore, MessageStoreConfig
 
 QUEUES = 8
 BATCH = 256
+#: maxOffsetsPerTrigger of the streaming read: ~10 micro-batches of the default 1,000,000.
+STREAM_MAX_OFFSETS = 100_000
 
 
 def write_root(root: Path, messages: int, body: int) -> float:
@@ -73,8 +80,9 @@ def _basalt(*argv: str) -> str:
     return done.stdout
 
 
-def batch_read(spark: object, work: Path, messages: int, body: int) -> tuple[int, float]:
-    """Rows and seconds of a ``format("basalt")`` read of ``messages`` sent to a local cluster."""
+def cluster_reads(spark: object, work: Path, messages: int, body: int) -> tuple[float, float, int]:
+    """Seconds of a ``format("basalt")`` batch read of ``messages`` sent to a local
+    cluster, then seconds and micro-batches of a streaming read of them all."""
     from basalt.pipeline import register
 
     register(spark)
@@ -90,10 +98,39 @@ def batch_read(spark: object, work: Path, messages: int, body: int) -> tuple[int
             started = time.perf_counter()
             df = spark.read.format("basalt").options(endpoint=pull, topic="Bench").load()  # type: ignore[attr-defined]
             df.write.format("noop").mode("overwrite").save()
-            seconds = time.perf_counter() - started
-        return messages, seconds
+            batch_seconds = time.perf_counter() - started
+        stream_seconds, batches = stream_read(spark, work, pull, messages)
+        return batch_seconds, stream_seconds, batches
     finally:
         _basalt("cluster", "down", "--data-dir", str(data))
+
+
+def stream_read(spark: object, work: Path, pull: str, messages: int) -> tuple[float, int]:
+    """Seconds until a ``readStream.format("basalt")`` query from the earliest offsets
+    has passed ``messages`` rows to the ``noop`` sink (micro-batches of at most
+    STREAM_MAX_OFFSETS), and how many micro-batches that took."""
+    stream = (
+        spark.readStream.format("basalt")  # type: ignore[attr-defined]
+        .options(endpoint=pull, topic="Bench", startingOffsets="earliest")
+        .option("maxOffsetsPerTrigger", str(STREAM_MAX_OFFSETS))
+        .load()
+    )
+    started = time.perf_counter()
+    query = (
+        stream.writeStream.format("noop")
+        .option("checkpointLocation", str(work / "stream-checkpoint"))
+        .start()
+    )
+    try:
+        while True:
+            progress = query.recentProgress
+            if sum(p["numInputRows"] for p in progress) >= messages:
+                return time.perf_counter() - started, len(progress)
+            if query.exception() is not None:
+                raise RuntimeError(f"streaming read failed: {query.exception()}")
+            time.sleep(0.05)
+    finally:
+        query.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,14 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         elif importlib.util.find_spec("basalt.pipeline.source") is None:
             print("batch read: skipped (basalt.pipeline.source is not installed)")
         else:
-            rows, seconds = batch_read(spark, work, args.messages, args.body)
-            table.append(('read format("basalt") (noop)', rows, seconds, ">= 500,000"))
+            batch_s, stream_s, batches = cluster_reads(spark, work, args.messages, args.body)
+            table.append(('read format("basalt") (noop)', args.messages, batch_s, ">= 500,000"))
+            table.append(
+                (f'readStream format("basalt"), {batches} batches', args.messages, stream_s, "")
+            )
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'what':<32} {'rows':>10} {'seconds':>8} {'rows/s':>10}  target")
+    print(f"{'what':<38} {'rows':>10} {'seconds':>8} {'rows/s':>10}  target")
     for what, rows, seconds, target in table:
-        print(f"{what:<32} {rows:>10} {seconds:>8.2f} {rows / seconds:>10,.0f}  {target}")
+        print(f"{what:<38} {rows:>10} {seconds:>8.2f} {rows / seconds:>10,.0f}  {target}")
     return 0
 
 
