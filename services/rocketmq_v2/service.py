@@ -51,6 +51,7 @@ from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.errors import downstream_refusal
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.rocketmq_v2.coalesce import Coalescer
 from basalt.services.rocketmq_v2.consume import ConsumeRpcs
 from basalt.services.rocketmq_v2.conversions import (
     CODE_OF_SEND_STATUS,
@@ -162,6 +163,12 @@ class MessagingServiceServicer(ConsumeRpcs):
         self.config = config
         self.pull = pull
         self._turn = itertools.count()
+        #: Concurrent SendMessages to one queue, joined into one SendBatch.
+        self._sends: Coalescer[
+            tuple[str, StoreQueue], tuple[Message, str], tuple[v2.Code.ValueType, int]
+        ] = Coalescer(self._send_joined)
+        #: Concurrent AckMessages of one group and topic on one store-node, joined.
+        self._acks = Coalescer(self._ack_joined)
 
     # -- routes and clients -------------------------------------------------------------
 
@@ -279,18 +286,29 @@ class MessagingServiceServicer(ConsumeRpcs):
             targets.setdefault(queue, []).append(i)
         entries: list[sv.SendResultEntry | None] = [None] * len(messages)
         for queue, indices in targets.items():
-            batch = [messages[i] for i in indices]
             ids = [request.messages[i].system_properties.message_id for i in indices]
-            result = await self._store(topic, queue, batch, ids, context)
-            status = v2.Status(
-                code=v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
+            stored = await self._sends.submit(
+                (topic, queue), [(messages[i], ids[k]) for k, i in enumerate(indices)], context
             )
-            status.message = v2.Code.Name(status.code)
-            for k, i in enumerate(indices):
-                entries[i] = sv.SendResultEntry(
-                    status=status, message_id=ids[k], offset=result.queue_offsets[k]
-                )
+            for k, (i, (code, offset)) in enumerate(zip(indices, stored, strict=True)):
+                status = v2.Status(code=code, message=v2.Code.Name(code))
+                entries[i] = sv.SendResultEntry(status=status, message_id=ids[k], offset=offset)
         return [e for e in entries if e is not None]
+
+    async def _send_joined(
+        self,
+        key: tuple[str, StoreQueue],
+        items: list[tuple[Message, str]],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[tuple[v2.Code.ValueType, int]]:
+        """One SendBatch of the joined requests' messages (``_sends``): each
+        message's v2 code and queue offset."""
+        topic, queue = key
+        result = await self._store(
+            topic, queue, [m for m, _ in items], [i for _, i in items], context
+        )
+        code = v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
+        return [(code, offset) for offset in result.queue_offsets]
 
     async def _store(
         self,
