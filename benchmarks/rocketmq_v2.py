@@ -325,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of each produce")
     parser.add_argument("--senders", type=int, default=32, help="sends in flight")
-    parser.add_argument("--consumers", type=int, default=4, help="v2 receive loops")
+    parser.add_argument("--consumers", type=int, default=8, help="v2 receive loops")
     parser.add_argument("--queues", type=int, default=4, help="queues per store-node")
     parser.add_argument(
         "--profile",

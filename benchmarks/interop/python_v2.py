@@ -18,7 +18,7 @@ over that window: the client's own cost).
 * consume: ``concurrency`` threads, each ``SimpleConsumer.receive(batch)``
   then ``ack`` of each message in turn (one AckMessage RPC each: the
   client acks one message per RPC), until ``expect`` messages are acked or
-  receives come back empty.
+  nothing came for 3 s.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from rocketmq import (  # type: ignore[import-untyped]
 )
 
 INVISIBLE_S = 30
+#: A receive loop stops once nothing was acked for this long.
+IDLE_S = 3
 
 
 def _go(warmed: int) -> None:
@@ -119,13 +121,13 @@ def consume(endpoints: str, spec: dict[str, Any]) -> dict[str, Any]:
             # The client's sync calls build asyncio futures: a thread of our
             # own needs an event loop set (the main thread has one).
             asyncio.set_event_loop(asyncio.new_event_loop())
-            empty = 0
-            while empty < 2:
+            while True:
                 with lock:
                     if done["count"] >= expect:
                         return
                 messages = consumer.receive(batch, INVISIBLE_S) or []
-                empty = 0 if messages else empty + 1
+                if not messages and time.monotonic() - max(done["last"], started) > IDLE_S:
+                    return  # drained: nothing came for IDLE_S
                 # One ack after another: the client's ack_async hands back
                 # nothing to wait on (its inner future is an asyncio one of
                 # its own loop), so its parallelism is the receive loops.

@@ -17,7 +17,8 @@ pull-service serves any client. The RPCs:
   message: nothing stored), then sent as one ``StoreNode.SendBatch`` per target
   queue with records from :func:`basalt.common.record.encode_batch`. A FIFO
   message's group picks its queue by hash; otherwise the client's
-  ``queue_id`` when writable, else the next queue round robin.
+  ``queue_id`` when it is set (not 0) and writable, else the next queue
+  round robin.
 * ``QueryOffset`` (BEGINNING / END / TIMESTAMP: the store-node's
   GetMinMaxOffset or SearchOffset), ``GetOffset`` (a group's committed
   offset: QueryConsumerOffset; OFFSET_NOT_FOUND when it has none) and
@@ -281,7 +282,10 @@ class MessagingServiceServicer(ConsumeRpcs):
             if system.HasField("message_group"):
                 queue = fifo_queue(system.message_group, writable)
             else:
-                asked = queue_of(config, system.queue_id)
+                # queue_id 0 is also proto3's "not set", and the official Python
+                # client never sets it: taken as the client's choice, all its
+                # messages would land on one queue of one store-node.
+                asked = queue_of(config, system.queue_id) if system.queue_id else None
                 queue = asked if asked in writable else writable[next(self._turn) % len(writable)]
             targets.setdefault(queue, []).append(i)
         entries: list[sv.SendResultEntry | None] = [None] * len(messages)
