@@ -68,6 +68,7 @@ from basalt.services.rocketmq_v2.conversions import (
     to_message,
     writable_queues,
 )
+from basalt.services.rocketmq_v2.send_stream import SendStreams, refused
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -164,12 +165,19 @@ class MessagingServiceServicer(ConsumeRpcs):
         self.config = config
         self.pull = pull
         self._turn = itertools.count()
-        #: Concurrent SendMessages to one queue, joined into one SendBatch.
+        #: Concurrent SendMessages to one store-node, joined into one stream
+        #: message (a SendBatch per queue).
         self._sends: Coalescer[
-            tuple[str, StoreQueue], tuple[Message, str], tuple[v2.Code.ValueType, int]
+            str, tuple[str, StoreQueue, Message, str], tuple[v2.Code.ValueType, int] | V2Error
         ] = Coalescer(self._send_joined)
+        #: One SendStream per store-node, for the joined sends.
+        self._streams = SendStreams(pull.channels.store_node)
         #: Concurrent AckMessages of one group and topic on one store-node, joined.
         self._acks = Coalescer(self._ack_joined)
+
+    async def close(self) -> None:
+        """End the store-node streams (once the server stopped)."""
+        await self._streams.close()
 
     # -- routes and clients -------------------------------------------------------------
 
@@ -292,27 +300,63 @@ class MessagingServiceServicer(ConsumeRpcs):
         for queue, indices in targets.items():
             ids = [request.messages[i].system_properties.message_id for i in indices]
             stored = await self._sends.submit(
-                (topic, queue), [(messages[i], ids[k]) for k, i in enumerate(indices)], context
+                queue.broker_name,
+                [(topic, queue, messages[i], ids[k]) for k, i in enumerate(indices)],
+                context,
             )
-            for k, (i, (code, offset)) in enumerate(zip(indices, stored, strict=True)):
+            for k, (i, outcome) in enumerate(zip(indices, stored, strict=True)):
+                if isinstance(outcome, V2Error):
+                    raise outcome
+                code, offset = outcome
                 status = v2.Status(code=code, message=v2.Code.Name(code))
                 entries[i] = sv.SendResultEntry(status=status, message_id=ids[k], offset=offset)
         return [e for e in entries if e is not None]
 
     async def _send_joined(
         self,
-        key: tuple[str, StoreQueue],
-        items: list[tuple[Message, str]],
+        broker: str,
+        items: list[tuple[str, StoreQueue, Message, str]],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> list[tuple[v2.Code.ValueType, int]]:
-        """One SendBatch of the joined requests' messages (``_sends``): each
-        message's v2 code and queue offset."""
-        topic, queue = key
-        result = await self._store(
-            topic, queue, [m for m, _ in items], [i for _, i in items], context
-        )
-        code = v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
-        return [(code, offset) for offset in result.queue_offsets]
+    ) -> list[tuple[v2.Code.ValueType, int] | V2Error]:
+        """The joined requests' messages to ``broker`` (``_sends``): one
+        SendBatch per topic and queue, all as one message on the store-node's
+        SendStream. Each message's v2 code and queue offset, or its batch's
+        refusal."""
+        address = self._address(StoreQueue(broker, 0))
+        peer = f"store-node {broker!r} at {address}"
+        hosts = await self.pull.store_hosts.of({broker: address})
+        store_host = hosts.get(broker)
+        if store_host is None:
+            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"{peer} does not answer")
+        host = encode_host(store_host)
+        groups: dict[tuple[str, StoreQueue], list[int]] = {}
+        for n, (topic, queue, _, _) in enumerate(items):
+            groups.setdefault((topic, queue), []).append(n)
+        born_ms = int(time.time() * 1000)
+        batches = [
+            sn.SendBatchRequest(
+                topic=topic,
+                queue_id=queue.queue_id,
+                records=encode_batch(
+                    [items[n][2] for n in group],
+                    [items[n][3] for n in group],
+                    queue_id=queue.queue_id,
+                    store_host=host,
+                    born_timestamp_ms=born_ms,
+                ),
+            )
+            for (topic, queue), group in groups.items()
+        ]
+        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S)
+        answers = await self._streams.send(address, peer, batches, timeout)
+        out: list[tuple[v2.Code.ValueType, int] | V2Error | None] = [None] * len(items)
+        for group, answer in zip(groups.values(), answers, strict=True):
+            refusal = refused(answer, peer)
+            result = answer.result
+            code = v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
+            for k, n in enumerate(group):
+                out[n] = refusal if refusal is not None else (code, result.queue_offsets[k])
+        return [o for o in out if o is not None]
 
     async def _store(
         self,
