@@ -14,8 +14,10 @@ pull-service serves any client. The RPCs:
   stays open until the client closes it.
 * ``Heartbeat``, ``NotifyClientTermination``: OK (no session state here).
 * ``SendMessage``: every message is checked and converted first (one bad
-  message: nothing stored), then sent as one ``StoreNode.SendBatch`` per target
-  queue with records from :func:`basalt.common.record.encode_batch`. A FIFO
+  message: nothing stored), then sent as one ``SendBatch`` per target queue
+  with records from :func:`basalt.common.record.encode_batch`; concurrent
+  requests' batches to one store-node are joined (:mod:`.coalesce`) into one
+  message of its ``SendStream`` (:mod:`.send_stream`). A FIFO
   message's group picks its queue by hash; otherwise the client's
   ``queue_id`` when it is set (not 0) and writable, else the next queue
   round robin.
