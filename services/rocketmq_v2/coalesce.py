@@ -5,12 +5,12 @@ one message per ``AckMessage``; passing each through as its own store-node
 RPC made the front cost several times basalt.v1's server CPU per message
 (benchmarks/rocketmq_v2.py: gRPC's per-call work on both ends dominated).
 A :class:`Coalescer` joins what concurrent requests hand in for one key (a
-queue's sends, a group's acks on one broker) into one call: the first
+store-node's sends, a group's acks on one store-node) into one call: the first
 request for an idle key calls at once (no added latency when there is no
 concurrency); the requests that arrive while that call is in flight wait and
 go together as the next call. Each caller gets its own slice of the answer,
 in its order; a failed call fails every caller in it with the same error
-(the store-node refused the call, not a message).
+(the store-node or its stream failed, not a message).
 """
 
 from __future__ import annotations
