@@ -64,6 +64,7 @@ from basalt.v1 import store_node_pb2 as sn
 
 if TYPE_CHECKING:
     from basalt.services.pull_service.service import PullServiceServicer
+    from basalt.services.rocketmq_v2.coalesce import Coalescer
     from basalt.services.rocketmq_v2.service import RocketMQv2Config
 
 #: Most messages one receive delivers (a larger batch_size is cut to it: one
@@ -107,6 +108,7 @@ class ConsumeRpcs:
 
     config: RocketMQv2Config
     pull: PullServiceServicer
+    _acks: Coalescer[tuple[str, str, str], str, int]
 
     if TYPE_CHECKING:  # MessagingServiceServicer's
 
@@ -347,7 +349,19 @@ class ConsumeRpcs:
         handles: list[str],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> list[int]:
-        """AckMessages of ``handles`` on ``broker``: one v2 code per handle."""
+        """AckMessages of ``handles`` on ``broker``: one v2 code per handle
+        (joined with concurrent acks of the group's on that broker: the
+        official clients ack one message per AckMessage)."""
+        return await self._acks.submit((group, topic, broker), handles, context)
+
+    async def _ack_joined(
+        self,
+        key: tuple[str, str, str],
+        handles: list[str],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[int]:
+        """One AckMessages of the joined requests' handles (``_acks``)."""
+        group, topic, broker = key
         queue = StoreQueue(broker, 0)
         request = sn.AckMessagesRequest(group=group, topic=topic, receipt_handles=handles)
         done: sn.AckMessagesResponse = await self._call(

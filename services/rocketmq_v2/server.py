@@ -56,11 +56,13 @@ class RunningFront:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    servicer: MessagingServiceServicer
 
     async def stop(self, grace_s: float | None) -> None:
         """NOT_SERVING, then calls in flight get ``grace_s`` to finish."""
         await set_serving(self.health, SERVICE.full_name, False)
         await self.server.stop(grace_s)
+        await self.servicer.close()
 
 
 async def start_rocketmq_v2(
@@ -74,9 +76,10 @@ async def start_rocketmq_v2(
     enabled, as the official clients dial it with ``tls_enable``) over ``pull``'s view,
     SERVING once started. Raises what binding raises (the address in use)."""
     server = grpc_server(pull.config.max_message_bytes)
-    add_servicer(server, MessagingServiceServicer(config, pull), SERVICE, only=SERVED)
+    servicer = MessagingServiceServicer(config, pull)
+    add_servicer(server, servicer, SERVICE, only=SERVED)
     health_servicer = add_health_and_reflection(server, SERVICE.full_name)
     port = add_port(server, listen, tls)
     await server.start()
     await set_serving(health_servicer, SERVICE.full_name, True)
-    return RunningFront(server, port, health_servicer)
+    return RunningFront(server, port, health_servicer, servicer)

@@ -14,10 +14,13 @@ pull-service serves any client. The RPCs:
   stays open until the client closes it.
 * ``Heartbeat``, ``NotifyClientTermination``: OK (no session state here).
 * ``SendMessage``: every message is checked and converted first (one bad
-  message: nothing stored), then sent as one ``StoreNode.SendBatch`` per target
-  queue with records from :func:`basalt.common.record.encode_batch`. A FIFO
+  message: nothing stored), then sent as one ``SendBatch`` per target queue
+  with records from :func:`basalt.common.record.encode_batch`; concurrent
+  requests' batches to one store-node are joined (:mod:`.coalesce`) into one
+  message of its ``SendStream`` (:mod:`.send_stream`). A FIFO
   message's group picks its queue by hash; otherwise the client's
-  ``queue_id`` when writable, else the next queue round robin.
+  ``queue_id`` when it is set (not 0) and writable, else the next queue
+  round robin.
 * ``QueryOffset`` (BEGINNING / END / TIMESTAMP: the store-node's
   GetMinMaxOffset or SearchOffset), ``GetOffset`` (a group's committed
   offset: QueryConsumerOffset; OFFSET_NOT_FOUND when it has none) and
@@ -51,6 +54,7 @@ from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.errors import downstream_refusal
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.rocketmq_v2.coalesce import Coalescer
 from basalt.services.rocketmq_v2.consume import ConsumeRpcs
 from basalt.services.rocketmq_v2.conversions import (
     CODE_OF_SEND_STATUS,
@@ -66,6 +70,7 @@ from basalt.services.rocketmq_v2.conversions import (
     to_message,
     writable_queues,
 )
+from basalt.services.rocketmq_v2.send_stream import SendStreams, refused
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -162,6 +167,19 @@ class MessagingServiceServicer(ConsumeRpcs):
         self.config = config
         self.pull = pull
         self._turn = itertools.count()
+        #: Concurrent SendMessages to one store-node, joined into one stream
+        #: message (a SendBatch per queue).
+        self._sends: Coalescer[
+            str, tuple[str, StoreQueue, Message, str], tuple[v2.Code.ValueType, int] | V2Error
+        ] = Coalescer(self._send_joined)
+        #: One SendStream per store-node, for the joined sends.
+        self._streams = SendStreams(pull.channels.store_node)
+        #: Concurrent AckMessages of one group and topic on one store-node, joined.
+        self._acks = Coalescer(self._ack_joined)
+
+    async def close(self) -> None:
+        """End the store-node streams (once the server stopped)."""
+        await self._streams.close()
 
     # -- routes and clients -------------------------------------------------------------
 
@@ -274,23 +292,73 @@ class MessagingServiceServicer(ConsumeRpcs):
             if system.HasField("message_group"):
                 queue = fifo_queue(system.message_group, writable)
             else:
-                asked = queue_of(config, system.queue_id)
+                # queue_id 0 is also proto3's "not set", and the official Python
+                # client never sets it: taken as the client's choice, all its
+                # messages would land on one queue of one store-node.
+                asked = queue_of(config, system.queue_id) if system.queue_id else None
                 queue = asked if asked in writable else writable[next(self._turn) % len(writable)]
             targets.setdefault(queue, []).append(i)
         entries: list[sv.SendResultEntry | None] = [None] * len(messages)
         for queue, indices in targets.items():
-            batch = [messages[i] for i in indices]
             ids = [request.messages[i].system_properties.message_id for i in indices]
-            result = await self._store(topic, queue, batch, ids, context)
-            status = v2.Status(
-                code=v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
+            stored = await self._sends.submit(
+                queue.broker_name,
+                [(topic, queue, messages[i], ids[k]) for k, i in enumerate(indices)],
+                context,
             )
-            status.message = v2.Code.Name(status.code)
-            for k, i in enumerate(indices):
-                entries[i] = sv.SendResultEntry(
-                    status=status, message_id=ids[k], offset=result.queue_offsets[k]
-                )
+            for k, (i, outcome) in enumerate(zip(indices, stored, strict=True)):
+                if isinstance(outcome, V2Error):
+                    raise outcome
+                code, offset = outcome
+                status = v2.Status(code=code, message=v2.Code.Name(code))
+                entries[i] = sv.SendResultEntry(status=status, message_id=ids[k], offset=offset)
         return [e for e in entries if e is not None]
+
+    async def _send_joined(
+        self,
+        broker: str,
+        items: list[tuple[str, StoreQueue, Message, str]],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[tuple[v2.Code.ValueType, int] | V2Error]:
+        """The joined requests' messages to ``broker`` (``_sends``): one
+        SendBatch per topic and queue, all as one message on the store-node's
+        SendStream. Each message's v2 code and queue offset, or its batch's
+        refusal."""
+        address = self._address(StoreQueue(broker, 0))
+        peer = f"store-node {broker!r} at {address}"
+        hosts = await self.pull.store_hosts.of({broker: address})
+        store_host = hosts.get(broker)
+        if store_host is None:
+            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"{peer} does not answer")
+        host = encode_host(store_host)
+        groups: dict[tuple[str, StoreQueue], list[int]] = {}
+        for n, (topic, queue, _, _) in enumerate(items):
+            groups.setdefault((topic, queue), []).append(n)
+        born_ms = int(time.time() * 1000)
+        batches = [
+            sn.SendBatchRequest(
+                topic=topic,
+                queue_id=queue.queue_id,
+                records=encode_batch(
+                    [items[n][2] for n in group],
+                    [items[n][3] for n in group],
+                    queue_id=queue.queue_id,
+                    store_host=host,
+                    born_timestamp_ms=born_ms,
+                ),
+            )
+            for (topic, queue), group in groups.items()
+        ]
+        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S)
+        answers = await self._streams.send(address, peer, batches, timeout)
+        out: list[tuple[v2.Code.ValueType, int] | V2Error | None] = [None] * len(items)
+        for group, answer in zip(groups.values(), answers, strict=True):
+            refusal = refused(answer, peer)
+            result = answer.result
+            code = v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
+            for k, n in enumerate(group):
+                out[n] = refusal if refusal is not None else (code, result.queue_offsets[k])
+        return [o for o in out if o is not None]
 
     async def _store(
         self,

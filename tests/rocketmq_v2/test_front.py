@@ -220,3 +220,44 @@ def test_raw_send_to_the_clients_queue_and_offsets(cluster: Cluster) -> None:
             stub.QueryOffset(sv.QueryOffsetRequest(message_queue=unknown), timeout=10).status.code
             == v2.TOPIC_NOT_FOUND
         )
+
+
+def test_unset_queue_id_goes_round_robin_and_concurrent_sends_share_offsets(
+    cluster: Cluster,
+) -> None:
+    topic = f"{TOPIC}-spread"
+    made = run_basalt_sync(
+        "admin", "updateTopic", "-t", topic, "-r", "4", "-w", "4", "-b", "broker-a",
+        "--etcd", cluster.etcd,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    channel, stub = _stub(cluster)
+    with channel:
+
+        def message(n: int, queue_id: int = 0) -> sv.SendMessageRequest:
+            system = v2.SystemProperties(message_id=f"01SPREAD{n}", queue_id=queue_id)
+            return sv.SendMessageRequest(
+                messages=[v2.Message(topic=v2.Resource(name=topic), system_properties=system)]
+            )
+
+        # queue_id 0 is proto3's unset (the official Python client never sets
+        # it): not all on queue 0, but round robin.
+        for n in range(8):
+            assert stub.SendMessage(message(n), timeout=10).status.code == v2.OK
+
+        def end(queue_id: int) -> int:
+            queue = v2.MessageQueue(topic=v2.Resource(name=topic), id=queue_id)
+            request = sv.QueryOffsetRequest(message_queue=queue, query_offset_policy=v2.END)
+            answer: sv.QueryOffsetResponse = stub.QueryOffset(request, timeout=10)
+            return answer.offset
+
+        assert [end(q) for q in range(4)] == [2, 2, 2, 2]
+        # Concurrent sends to one queue may share a SendBatch: each still
+        # gets its own offset.
+        calls = [
+            stub.SendMessage.future(message(100 + n, queue_id=1), timeout=10) for n in range(16)
+        ]
+        answers = [c.result() for c in calls]
+        assert all(a.status.code == v2.OK for a in answers)
+        assert sorted(a.entries[0].offset for a in answers) == list(range(2, 18))
+        assert end(1) == 18

@@ -1,0 +1,348 @@
+"""The RocketMQ 5 front (gRPC v2) against basalt.v1: throughput and server CPU per message.
+
+Starts ``basalt cluster up`` (etcd, 2 store-nodes, 1 pull-service, whose
+v2 front the official clients dial) in a temp directory, creates one topic
+per client (``--queues`` queues, all on the first store-node: the Node.js
+SimpleConsumer 1.0.8 receives only from brokers that have a queue numbered
+0, and the front numbers a topic's queues flat across its store-nodes, so
+it would never read the second) and runs, one row at a time:
+
+* **official Python client** (rocketmq-python-client 5.1.2) and **official
+  Node.js client** (rocketmq-client-nodejs 1.0.8), as subprocesses
+  (benchmarks/interop/): ``Producer`` sends of one 1 KiB message with
+  ``--senders`` in flight for ``--duration`` s; then a ``SimpleConsumer``
+  receiving batches of 32 and acking every message (each ack one
+  ``AckMessage`` RPC: that is how both clients ack) until all are acked;
+* **Basalt's SDK over basalt.v1** (in this process), the same work at the same
+  batch sizes: unbatched ``Producer.send`` with ``--senders`` in flight (the
+  v2 clients send one message per RPC, so no ``send_batch``); a
+  ``LitePullConsumer`` with ``pull_batch_size`` 32 that commits after every
+  ``poll``.
+
+Server CPU per message: the user+system CPU of the store-node and
+pull-service processes (``/proc/<pid>/stat``; the v2 front runs in the
+pull-service) over the measured window, divided by the messages. The window
+opens once a client has started (routes, settings, a warm-up send) and
+closes when its last message completes, so it holds the load and little
+else (the cluster's idle CPU over the same time is printed too). The target
+(issue 19 §6): the v2 path's server CPU per message within 1.5x of
+basalt.v1's for the same work. "client CPU/msg" is the client process's own
+CPU: where a client, not the server, is the limit. The machine's cores are
+shared with the clients, so rates move with the load average; the CPU per
+message is the figure to compare. Always runs ``basalt cluster down``.
+
+Usage::
+
+    .venv/bin/python benchmarks/rocketmq_v2.py [--duration 5] [--senders 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
+from basalt.common.message import Message
+from basalt.services.cluster.local import CLUSTER_NAME
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from benchmarks.e2e_client import Cluster
+
+REPO = Path(__file__).resolve().parent.parent
+INTEROP = REPO / "benchmarks" / "interop"
+NODE_MODULES = REPO / "tests" / "interop" / "node" / "node_modules"
+BODY = 1024
+BATCH = 32
+#: Target: the v2 path's server CPU per message at most this times basalt.v1's.
+TARGET_RATIO = 1.5
+CLIENTS = {
+    "python": [sys.executable, str(INTEROP / "python_v2.py")],
+    "node": ["node", str(INTEROP / "node_v2.js")],
+}
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Sequence[int]) -> tuple[float, float]:
+    """User+system CPU seconds the processes ``pids`` have used so far
+    (``/proc/<pid>/stat`` fields 14 and 15, in clock ticks): all of them, and
+    the first one's (the pull-service: the front's share)."""
+    ticks = []
+    for pid in pids:
+        # The command name (field 2) may hold spaces: split after its ')'.
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        ticks.append(int(fields[11]) + int(fields[12]))
+    return sum(ticks) / _TICK, ticks[0] / _TICK
+
+
+def _spent(before: tuple[float, float], after: tuple[float, float]) -> tuple[float, float]:
+    return after[0] - before[0], after[1] - before[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One measured run: ``count`` messages in ``secs``; ``server_cpu_s`` the
+    store-nodes' and pull-service's CPU over that window; ``client_cpu_s`` the
+    client's own."""
+
+    path: str  # "produce" | "consume"
+    client: str
+    how: str
+    count: int
+    secs: float
+    server_cpu_s: float
+    pull_cpu_s: float  # of server_cpu_s, the pull-service's
+    client_cpu_s: float
+    errors: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.secs if self.secs > 0 else 0.0
+
+    @property
+    def server_us(self) -> float:
+        return self.server_cpu_s / max(self.count, 1) * 1e6
+
+    @property
+    def pull_us(self) -> float:
+        return self.pull_cpu_s / max(self.count, 1) * 1e6
+
+    @property
+    def client_us(self) -> float:
+        return self.client_cpu_s / max(self.count, 1) * 1e6
+
+
+def run_official(
+    client: str, mode: str, endpoints: str, spec: dict[str, object], server: Sequence[int]
+) -> Result:
+    """One official-client script (benchmarks/interop/) in ``mode``; the server
+    CPU is read between its ``ready`` and its result line."""
+    env = dict(os.environ, NODE_PATH=str(NODE_MODULES))
+    proc = subprocess.Popen(
+        [*CLIENTS[client], mode, endpoints],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(spec) + "\n")
+        proc.stdin.flush()
+        ready = proc.stdout.readline()
+        if not ready.startswith("{"):
+            raise RuntimeError(f"{client} {mode} did not start: {ready!r}")
+        before = cpu_seconds(server)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        after = cpu_seconds(server)
+        if not line.startswith("{"):
+            raise RuntimeError(f"{client} {mode} failed: {line!r}")
+        out = json.loads(line)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    how = (
+        f"Producer.send_async, {spec['concurrency']} in flight"
+        if client == "python" and mode == "produce"
+        else f"Producer.send, {spec['concurrency']} in flight"
+        if mode == "produce"
+        else f"SimpleConsumer.receive({BATCH}) + ack each, {spec['concurrency']} loops"
+    )
+    return Result(
+        mode, f"{client} v2", how, out["count"], out["secs"], *_spent(before, after),
+        out["cpu_s"], out["errors"],
+    )  # fmt: skip
+
+
+async def v1_produce(
+    address: str, topic: str, senders: int, duration_s: float, server: Sequence[int]
+) -> Result:
+    body = bytes(BODY)
+    sent = errors = 0
+    last = 0.0
+    async with Producer(address, group="v2-bench") as producer:
+        await producer.send(Message(topic, body, tags="TagA"))  # routes and streams up
+        before, cpu, started = cpu_seconds(server), time.process_time(), time.monotonic()
+        stop = started + duration_s
+
+        async def sender() -> None:
+            nonlocal sent, errors, last
+            while time.monotonic() < stop:
+                try:
+                    await producer.send(Message(topic, body, tags="TagA"))
+                    sent += 1
+                except Exception:
+                    errors += 1
+                last = time.monotonic()
+
+        await asyncio.gather(*(sender() for _ in range(senders)))
+        after, cpu = cpu_seconds(server), time.process_time() - cpu
+    return Result(
+        "produce", "basalt SDK v1", f"Producer.send (unbatched), {senders} in flight",
+        sent, last - started, *_spent(before, after), cpu, errors,
+    )  # fmt: skip
+
+
+async def v1_consume(address: str, topic: str, expected: int, server: Sequence[int]) -> Result:
+    config = LitePullConfig(
+        consumer_group="v2-bench-v1",
+        pull_batch_size=BATCH,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+    )
+    got = 0
+    async with LitePullConsumer(address, config=config) as consumer:
+        await consumer.assign(await consumer.queues_of(topic))
+        before, cpu, started = cpu_seconds(server), time.process_time(), time.monotonic()
+        last = started
+        while got < expected:
+            records = await consumer.poll(timeout_ms=1000)
+            if not records:
+                break
+            got += len(records)
+            await consumer.commit()
+            last = time.monotonic()
+        after, cpu = cpu_seconds(server), time.process_time() - cpu
+    return Result(
+        "consume", "basalt SDK v1",
+        f"LitePullConsumer pull_batch_size {BATCH}, poll + commit", got, last - started,
+        *_spent(before, after), cpu,
+    )  # fmt: skip
+
+
+def format_rows(results: Sequence[Result]) -> str:
+    """The table: a v2 row's ratio is against the v1 row of the same path."""
+    v1 = {r.path: r for r in results if r.client.endswith("v1")}
+    header = (
+        "path", "client", "how", "msgs/s", "server CPU µs/msg", "v2/v1", "target",
+        "of it pull-service", "client CPU µs/msg", "count", "errors",
+    )  # fmt: skip
+    cells = [header]
+    for r in results:
+        base = v1.get(r.path)
+        if r.client.endswith("v1") or base is None:
+            ratio, status = "", ""
+        else:
+            x = r.server_us / base.server_us
+            ratio = f"{x:.2f}x"
+            status = "met" if x <= TARGET_RATIO else "NOT MET"
+        cells.append(
+            (
+                r.path,
+                r.client,
+                r.how,
+                f"{r.rate:,.0f}",
+                f"{r.server_us:,.1f}",
+                ratio,
+                status,
+                f"{r.pull_us:,.1f}",
+                f"{r.client_us:,.1f}",
+                f"{r.count:,}",
+                str(r.errors),
+            )
+        )
+    numeric = {3, 4, 5, 7, 8, 9, 10}
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    lines = []
+    for n, c in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c[i].rjust(widths[i]) if i in numeric and n else c[i].ljust(widths[i])
+                for i in range(len(header))
+            ).rstrip()
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace, root: Path) -> tuple[list[Result], float]:
+    cluster = Cluster(root / "cluster")
+    try:
+        print(cluster.up().rstrip(), file=sys.stderr)
+        state = json.loads((cluster.data_dir / "cluster.json").read_text())
+        endpoints = next(p["rocketmq_v2"] for p in state if p.get("rocketmq_v2"))
+        # The pull-service first: cpu_seconds reports its share apart.
+        server = [p.pid for p in cluster.of_role("pull-service") + cluster.of_role("store-node")]
+        topics = {c: f"V2Bench{c.capitalize()}" for c in (*args.clients, "basalt")}
+        meta_config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
+        async with MetaClient(meta_config) as meta:
+            for topic in topics.values():
+                await meta.create_topic(
+                    TopicConfig(
+                        topic_name=topic,
+                        read_queue_nums=args.queues,
+                        write_queue_nums=args.queues,
+                        # One store-node (module docstring: the Node.js SimpleConsumer).
+                        brokers=(cluster.of_role("store-node")[0].name,),
+                    )
+                )
+        await asyncio.sleep(1.0)  # the pull-service's watch
+        idle = cpu_seconds(server)[0]
+        await asyncio.sleep(2.0)
+        idle_per_s = (cpu_seconds(server)[0] - idle) / 2.0
+        results: list[Result] = []
+        produced = await v1_produce(
+            cluster.pull_address, topics["basalt"], args.senders, args.duration, server
+        )
+        results.append(produced)
+        results.append(
+            await v1_consume(cluster.pull_address, topics["basalt"], produced.count + 1, server)
+        )
+        spy = None
+        if args.profile:
+            # py-spy (pip install py-spy) sampling the front for the v2 rows only.
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--gil", "--nonblocking",
+                 "--format", "raw", "-o", args.profile, "-p", str(server[0])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        for client in args.clients:
+            spec: dict[str, object] = {
+                "topic": topics[client], "group": f"v2-bench-{client}", "body_size": BODY,
+                "duration_s": args.duration, "concurrency": args.senders,
+            }  # fmt: skip
+            sent = run_official(client, "produce", endpoints, spec, server)
+            results.append(sent)
+            spec |= {"expect": sent.count + 1, "batch": BATCH, "concurrency": args.consumers}
+            results.append(run_official(client, "consume", endpoints, spec, server))
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(timeout=60)
+        return sorted(results, key=lambda r: r.path, reverse=True), idle_per_s
+    finally:
+        print(cluster.down().rstrip(), file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds of each produce")
+    parser.add_argument("--senders", type=int, default=32, help="sends in flight")
+    parser.add_argument("--consumers", type=int, default=8, help="v2 receive loops")
+    parser.add_argument("--queues", type=int, default=8, help="queues of each topic")
+    parser.add_argument(
+        "--profile",
+        help="py-spy the pull-service during the v2 rows; collapsed stacks to this file",
+    )
+    parser.add_argument("--clients", nargs="*", default=["python", "node"], choices=sorted(CLIENTS))
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="basalt-v2bench-") as tmp:
+        results, idle = asyncio.run(run(args, Path(tmp)))
+    print(format_rows(results))
+    print(f"idle cluster: {idle * 1e3:.1f} ms CPU/s; load average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
