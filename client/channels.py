@@ -6,6 +6,7 @@ from typing import Self
 
 import grpc
 
+from basalt.common.auth import Credentials
 from basalt.common.telemetry import insecure_channel
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 
@@ -16,10 +17,13 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 class Client:
     """A client of one pull-service (``endpoints``) that also reaches store-nodes;
     ``async with`` it, or :meth:`start` / :meth:`close`. Channels are made on
-    first use, one per address, and belong to the event loop that made them."""
+    first use, one per address, and belong to the event loop that made them.
+    With ``credentials`` every call is signed (a cluster with auth on,
+    docs/security-auth.md); without, calls go unsigned."""
 
-    def __init__(self, endpoints: str) -> None:
+    def __init__(self, endpoints: str, *, credentials: Credentials | None = None) -> None:
         self.endpoints = endpoints
+        self.credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._pull: ps_grpc.PullServiceAsyncStub | None = None
 
@@ -49,6 +53,7 @@ class Client:
         if channel is None:
             channel = self._channels[address] = insecure_channel(
                 address,
+                credentials=self.credentials,
                 options=(
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -19,6 +19,7 @@ import grpc
 
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError
+from basalt.common.auth import Credentials
 from basalt.common.settings import (
     between,
     config_dataclass,
@@ -138,9 +139,14 @@ class ConsumerClient(Client):
     """A :class:`Client` of one consumer group."""
 
     def __init__(
-        self, endpoints: str, *, consumer_group: str, consume_from_where: ConsumeFromWhere
+        self,
+        endpoints: str,
+        *,
+        consumer_group: str,
+        consume_from_where: ConsumeFromWhere,
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(endpoints)
+        super().__init__(endpoints, credentials=credentials)
         self.consumer_group = consumer_group
         self.consume_from_where = consume_from_where
         #: Store-node addresses by broker name, as the last routes gave them.

@@ -82,6 +82,7 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.errors import ClientError
 from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import (
@@ -177,11 +178,14 @@ class LitePullConsumer(ConsumerClient):
     :meth:`close` (close stops fetching, then commits; in subscribe mode it
     also leaves the group)."""
 
-    def __init__(self, endpoints: str, *, config: LitePullConfig) -> None:
+    def __init__(
+        self, endpoints: str, *, config: LitePullConfig, credentials: Credentials | None = None
+    ) -> None:
         super().__init__(
             endpoints,
             consumer_group=config.consumer_group,
             consume_from_where=config.consume_from_where,
+            credentials=credentials,
         )
         self.config = config
         #: Each owned queue's current read (its Position included).

@@ -51,6 +51,7 @@ from opentelemetry.util.types import AttributeValue
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError, ServiceUnavailableError, TopicNotFoundError
 from basalt.common import _records
+from basalt.common.auth import Credentials
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
 from basalt.common.record import encode_batch
@@ -315,8 +316,15 @@ class Producer(Client):
     """Sends messages to a Basalt cluster; ``async with Producer(...)`` or
     :meth:`start` / :meth:`close`."""
 
-    def __init__(self, endpoints: str, *, group: str, config: ProducerConfig | None = None) -> None:
-        super().__init__(endpoints)
+    def __init__(
+        self,
+        endpoints: str,
+        *,
+        group: str,
+        config: ProducerConfig | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
+        super().__init__(endpoints, credentials=credentials)
         self.config = config or ProducerConfig(producer_group=group)
         self._streams: dict[str, _Stream] = {}
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}

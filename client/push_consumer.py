@@ -58,6 +58,7 @@ from basalt.client.consumer_base import (
     subscription_of,
 )
 from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
@@ -171,11 +172,19 @@ class PushConsumer(ConsumerClient):
     ``async with`` it (or :meth:`start` / :meth:`close`, which commits and
     releases the queues)."""
 
-    def __init__(self, endpoints: str, *, config: PushConsumerConfig, listener: Listener) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        *,
+        config: PushConsumerConfig,
+        listener: Listener,
+        credentials: Credentials | None = None,
+    ) -> None:
         super().__init__(
             endpoints,
             consumer_group=config.consumer_group,
             consume_from_where=config.consume_from_where,
+            credentials=credentials,
         )
         self.config = config
         self.client_id = config.client_id

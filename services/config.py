@@ -620,9 +620,9 @@ def service_specs() -> dict[str, ServiceSpec]:
     from basalt.services.store_node import main as store_node
 
     return {
-        "store-node": store_node.SPEC.with_sections(process.TELEMETRY),
-        "pull-service": pull_service.SPEC.with_sections(process.TELEMETRY),
-        "admin-service": service_main.SPEC.with_sections(process.TELEMETRY),
+        "store-node": store_node.SPEC.with_sections(process.TELEMETRY, process.AUTH),
+        "pull-service": pull_service.SPEC.with_sections(process.TELEMETRY, process.AUTH),
+        "admin-service": service_main.SPEC.with_sections(process.TELEMETRY, process.AUTH),
     }
 
 

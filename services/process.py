@@ -35,7 +35,9 @@ from basalt.common.telemetry import (
     server_interceptors,
     setup_telemetry,
 )
-from basalt.services import config
+from basalt.services import auth, config
+from basalt.services.auth import interceptor as auth_interceptor
+from basalt.services.meta import MetaConfig
 
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -145,13 +147,18 @@ TELEMETRY = config.Section(
 )
 
 
+#: Request signatures and ACLs (``--auth-enabled``, ``--auth-credentials-file`` ...;
+#: docs/security-auth.md), off by default; every service takes them.
+AUTH = config.Section(auth.AuthConfig)
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> None:
     """The flags every service takes: :data:`TELEMETRY`'s (``--metrics-port``:
     Prometheus text over HTTP, 0 picks a free port, none by default;
     ``--metrics-host``, ``--log-format``, ``--log-level`` ...), ``--config FILE``
     and ``--print-config`` (basalt.services.config). ``service_name`` (e.g.
     ``basalt-store-node``) becomes the telemetry resource's ``service.name``."""
-    config.add_flags(parser, config.ServiceSpec(service_name, (TELEMETRY,)).options())
+    config.add_flags(parser, config.ServiceSpec(service_name, (TELEMETRY, AUTH)).options())
     config.add_config_arguments(parser)
     parser.set_defaults(service_name=service_name)
 
@@ -166,7 +173,7 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
         spec: config.ServiceSpec = getattr(
             args, "service_spec", config.ServiceSpec(args.service_name, ())
         )
-        resolved = config.resolve_args(spec.with_sections(TELEMETRY), args, environ)
+        resolved = config.resolve_args(spec.with_sections(TELEMETRY, AUTH), args, environ)
         args.settings = resolved
     return resolved
 
@@ -212,9 +219,25 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     raise_open_files_limit()
     keep_large_buffers()
     try:
+        _setup_auth(resolved)
+    except (OSError, ValueError) as e:
+        print(f"{args.service_name}: auth: {e}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(serve(args))
     finally:
         telemetry.shutdown()
+
+
+def _setup_auth(resolved: config.Resolved) -> None:
+    """Turn auth on for this process when its settings say so (the users and
+    ACLs watched from the service's etcd, when it has one)."""
+    with_meta = any(
+        s.cls is MetaConfig and resolved.enabled(s) for s in resolved.spec.sections
+    )
+    auth.setup_process(
+        resolved.build(auth.AuthConfig), resolved.build(MetaConfig) if with_meta else None
+    )
 
 
 def _telemetry_hidden(telemetry: TelemetryConfig) -> dict[str, object]:
@@ -310,9 +333,10 @@ def grpc_server(
     call past it is refused, the one overload that still answers CANCELLED.
 
     Every call gets a server span (:func:`~basalt.common.telemetry.server_interceptors`)
-    in the trace its caller's metadata names."""
+    in the trace its caller's metadata names, and, with auth on, has its
+    signature and ACL checked first (basalt.services.auth)."""
     return grpc.aio.server(
-        interceptors=server_interceptors(),
+        interceptors=[*server_interceptors(), *auth_interceptor.server_interceptors()],
         options=(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

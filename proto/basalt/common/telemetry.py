@@ -59,6 +59,7 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
+from basalt.common import auth
 from basalt.common.settings import (
     between,
     check,
@@ -501,12 +502,20 @@ def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
     return [_UnaryUnarySpans(), _StreamUnarySpans(), _UnaryStreamSpans(), _StreamStreamSpans()]
 
 
-def insecure_channel(address: str, *, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """``grpc.aio.insecure_channel(address, options)`` with :func:`client_interceptors`.
+def insecure_channel(
+    address: str,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+    credentials: auth.Credentials | None = None,
+) -> grpc.aio.Channel:
+    """``grpc.aio.insecure_channel(address, options)`` with :func:`client_interceptors`,
+    each call signed with ``credentials`` (or the process's,
+    :func:`basalt.common.auth.use_process_credentials`; neither: unsigned).
 
     The spans go to whatever tracer provider is installed, through the global
     proxy (none installed: no-op spans and nothing propagated)."""
-    return grpc.aio.insecure_channel(address, options=options, interceptors=client_interceptors())
+    interceptors = [*client_interceptors(), *auth.signing_interceptors(credentials)]
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 # -- providers -----------------------------------------------------------------------------
