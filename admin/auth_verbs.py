@@ -37,7 +37,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 Table = tuple[list[str], list[list[Any]]]
-Call = Callable[[adm_grpc.AdminAsyncStub, argparse.Namespace], Coroutine[Any, Any, Table]]
+#: A verb's call through the admin service (the async stub is a stub-file type only).
+Call = Callable[["adm_grpc.AdminAsyncStub", argparse.Namespace], Coroutine[Any, Any, Table]]
 
 _DONE: Table = (["result"], [["OK"]])
 

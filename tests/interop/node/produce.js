@@ -1,14 +1,28 @@
 // Send messages with the official RocketMQ 5 Node.js Producer.
 //   node produce.js ENDPOINTS < messages.json
-// messages.json as tests/interop/python/produce.py's; prints the same JSON list.
+// messages.json as tests/interop/python/produce.py's (credentials included);
+// prints the same JSON list.
 'use strict';
 const { Producer } = require('rocketmq-client-nodejs');
 
 async function main() {
   const endpoints = process.argv[2];
   const spec = JSON.parse(require('fs').readFileSync(0, 'utf8'));
-  const producer = new Producer({ endpoints, topics: [spec.topic], requestTimeout: 5000 });
-  await producer.startup();
+  const options = { endpoints, topics: [spec.topic], requestTimeout: 5000 };
+  if (spec.credentials) {
+    options.sessionCredentials = {
+      accessKey: spec.credentials.accessKey,
+      accessSecret: spec.credentials.secretKey,
+    };
+  }
+  const producer = new Producer(options);
+  try {
+    await producer.startup();
+  } catch (e) {
+    const error = { error: String(e && e.message ? e.message : e) };
+    process.stdout.write(JSON.stringify(spec.messages.map(() => error)) + '\n');
+    process.exit(0);
+  }
   const out = [];
   try {
     for (const m of spec.messages) {

@@ -4,8 +4,10 @@ never imported: the client registers apache.rocketmq.v2 in protobuf's pool).
     python produce.py ENDPOINTS < messages.json
 
 ``messages.json``: ``{"topic": T, "messages": [{"body": str, "tag": str?,
-"keys": [str]?, "properties": {str: str}?, "group": str?}]}``. Prints one JSON
-list: per message ``{"message_id": ...}`` or ``{"error": str}``.
+"keys": [str]?, "properties": {str: str}?, "group": str?}], "credentials":
+{"accessKey": str, "secretKey": str}?}``. Prints one JSON list: per message
+``{"message_id": ...}`` or ``{"error": str}`` (every message's, when the
+producer could not start: a refused signature).
 """
 
 from __future__ import annotations
@@ -19,10 +21,17 @@ from rocketmq import ClientConfiguration, Credentials, Message, Producer
 def main() -> int:
     endpoints = sys.argv[1]
     spec = json.load(sys.stdin)
+    given = spec.get("credentials") or {}
+    credentials = Credentials(given.get("accessKey", ""), given.get("secretKey", ""))
     producer = Producer(
-        ClientConfiguration(endpoints, Credentials(), request_timeout=5), (spec["topic"],)
+        ClientConfiguration(endpoints, credentials, request_timeout=5), (spec["topic"],)
     )
-    producer.startup()
+    try:
+        producer.startup()
+    except Exception as e:
+        error = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps([error] * len(spec["messages"])), flush=True)
+        return 0
     out = []
     try:
         for m in spec["messages"]:
