@@ -22,6 +22,7 @@ from basalt.client.producer import ProducerConfig
 from basalt.client.push_consumer import PushConsumerConfig
 from basalt.common.settings import Setting, any_value, describe
 from basalt.common.telemetry import TelemetryConfig
+from basalt.services.auth.config import AuthConfig
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.model import TopicConfig
@@ -49,6 +50,7 @@ CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {
     PullServiceProcessConfig: ({}, ValueError),
     AdminServiceProcessConfig: ({}, ValueError),
     RocketMQv2Config: ({}, ValueError),
+    AuthConfig: ({}, ValueError),
 }
 PACKAGES = ("basalt.store", "basalt.services", "basalt.admin", "basalt.client", "basalt.common")
 
