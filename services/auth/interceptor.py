@@ -104,14 +104,11 @@ class AuthGuard:
         if self._started is None:
             self._cache = self._make_cache()
             self._started = asyncio.ensure_future(self._cache.start())
+            self._started.add_done_callback(_log_start_failure)
         if not self._started.done():
             # Bounded by the etcd timeout; past it, unknown users are refused
             # (fail closed) while the watchers keep trying.
             await asyncio.wait((self._started,))
-        if self._started.done() and not self._started.cancelled():
-            error = self._started.exception()
-            if isinstance(error, MetaUnavailableError):
-                log.warning("auth: users and ACLs not loaded yet: %s", error)
 
     def _user(self, access_key: str) -> User | None:
         if access_key == self._internal.username:
@@ -185,6 +182,17 @@ def _named(request: Message) -> str:
                 if field in inner.DESCRIPTOR.fields_by_name and getattr(inner, field):
                     shown.append(f"{field}={getattr(inner, field)}")
     return " ".join(shown) or "-"
+
+
+def _log_start_failure(started: asyncio.Future[None]) -> None:
+    """Say once that the users and ACLs were not loaded when first needed."""
+    if started.cancelled():
+        return
+    error = started.exception()
+    if isinstance(error, MetaUnavailableError):
+        log.warning("auth: users and ACLs not loaded yet (etcd): %s; retrying", error)
+    elif error is not None:
+        log.error("auth: users and ACLs cannot be loaded: %r", error)
 
 
 def _audit(method: str, peer: str, what: str) -> None:
