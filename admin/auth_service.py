@@ -23,6 +23,7 @@ from basalt.services.auth.model import (
     User,
     UserStatus,
     UserType,
+    parse_enum,
 )
 from basalt.services.auth.store import AuthConflictError, AuthStore
 from basalt.services.errors import Outcome, Refusal, invalid
@@ -183,9 +184,5 @@ class AuthAdminServicer:
 
 
 def _enum(kind: Any, text: str, default: Any) -> Any:
-    if not text:
-        return default
-    for member in kind:
-        if member.value.lower() == text.lower():
-            return member
-    raise invalid(f"{kind.__name__} must be one of {[m.value for m in kind]}, got {text!r}")
+    """``text`` as a member of ``kind`` (empty: ``default``); AuthModelError if not one."""
+    return parse_enum(kind, text) if text else default

@@ -74,7 +74,8 @@ class Resource:
         )
 
 
-def _enum(kind: type[enum.Enum], text: object) -> Any:
+def parse_enum(kind: type[enum.Enum], text: object) -> Any:
+    """The member of ``kind`` whose value is ``text``, any case; AuthModelError if none."""
     for member in kind:
         if isinstance(text, str) and member.value.lower() == text.lower():
             return member
@@ -92,7 +93,7 @@ class ResourcePattern:
         if self.text in ("*", ResourceType.CLUSTER.value):
             return
         kind, sep, name = self.text.partition(":")
-        _enum(ResourceType, kind)
+        parse_enum(ResourceType, kind)
         if not sep or not name or "*" in name[:-1]:
             raise AuthModelError(
                 f"resource must be *, Cluster, Topic:<name>, Group:<name>, "
@@ -105,7 +106,7 @@ class ResourcePattern:
         if self.text == ResourceType.CLUSTER.value:
             return resource.type is ResourceType.CLUSTER
         kind, _, name = self.text.partition(":")
-        if _enum(ResourceType, kind) is not resource.type:
+        if parse_enum(ResourceType, kind) is not resource.type:
             return False
         if name.endswith("*"):
             return resource.name.startswith(name[:-1])
@@ -153,8 +154,8 @@ class Policy:
         try:
             return cls(
                 resources=tuple(ResourcePattern(str(r)) for r in raw["resources"]),
-                actions=frozenset(_enum(Action, a) for a in raw["actions"]),
-                decision=_enum(Decision, raw.get("decision", "Allow")),
+                actions=frozenset(parse_enum(Action, a) for a in raw["actions"]),
+                decision=parse_enum(Decision, raw.get("decision", "Allow")),
                 source_ips=tuple(str(ip) for ip in raw.get("sourceIps", ())),
             )
         except (KeyError, TypeError) as e:
@@ -217,8 +218,8 @@ class User:
             return cls(
                 username=str(value["username"]),
                 secret_key=secret_key,
-                user_type=_enum(UserType, value.get("userType", "Normal")),
-                status=_enum(UserStatus, value.get("userStatus", "Enable")),
+                user_type=parse_enum(UserType, value.get("userType", "Normal")),
+                status=parse_enum(UserStatus, value.get("userStatus", "Enable")),
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, AuthModelError):
