@@ -232,9 +232,7 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
 def _setup_auth(resolved: config.Resolved) -> None:
     """Turn auth on for this process when its settings say so (the users and
     ACLs watched from the service's etcd, when it has one)."""
-    with_meta = any(
-        s.cls is MetaConfig and resolved.enabled(s) for s in resolved.spec.sections
-    )
+    with_meta = any(s.cls is MetaConfig and resolved.enabled(s) for s in resolved.spec.sections)
     auth.setup_process(
         resolved.build(auth.AuthConfig), resolved.build(MetaConfig) if with_meta else None
     )
