@@ -33,6 +33,7 @@ PUB = frozenset({Action.PUB})
 SUB = frozenset({Action.SUB})
 PUB_OR_SUB = frozenset({Action.PUB, Action.SUB})
 GET = frozenset({Action.GET})
+SUB_OR_GET = frozenset({Action.SUB, Action.GET})
 LIST = frozenset({Action.LIST})
 CREATE = frozenset({Action.CREATE})
 UPDATE = frozenset({Action.UPDATE})
@@ -108,9 +109,11 @@ RPC_TABLE: dict[str, Rule] = {
     ),
     _STORE + "GetMessage": consume(),
     _STORE + "GetMessages": consume("reads[].topic", "reads[].group"),
-    _STORE + "GetMinMaxOffset": Rule((topic(GET),)),
-    _STORE + "SearchOffset": Rule((topic(GET),)),
-    _STORE + "QueryConsumerOffset": Rule((topic(GET), group(GET))),
+    # Where a consumer starts and what it committed: its own reads (Sub), or an
+    # operator's (Get), as RocketMQ 5 maps getMaxOffset and queryConsumerOffset.
+    _STORE + "GetMinMaxOffset": Rule((topic(SUB_OR_GET),)),
+    _STORE + "SearchOffset": Rule((topic(SUB_OR_GET),)),
+    _STORE + "QueryConsumerOffset": Rule((topic(SUB_OR_GET), group(SUB_OR_GET))),
     _STORE + "UpdateConsumerOffset": consume(),
     _STORE + "QueryMessage": Rule((topic(GET),)),
     # The topic is known only once the message is read: the whole cluster's Get.
@@ -125,7 +128,8 @@ RPC_TABLE: dict[str, Rule] = {
     _PULL + "Pull": consume("queue.topic"),
     _PULL + "PullBatch": consume("pulls[].queue.topic", "pulls[].group"),
     _PULL + "Session": consume("open.subscriptions[].topic", "open.group"),
-    _PULL + "ListConsumers": Rule((group(GET),)),
+    # A consumer's rebalance lists its group's members: Sub does; so does Get.
+    _PULL + "ListConsumers": Rule((group(SUB_OR_GET),)),
     _PULL + "NotifyConsumers": Rule((group(UPDATE),)),
     _PULL + "LockQueues": consume("queues[].topic"),
     _PULL + "UnlockQueues": consume("queues[].topic"),
@@ -153,8 +157,13 @@ RPC_TABLE: dict[str, Rule] = {
     _V2 + "ForwardMessageToDeadLetterQueue": consume("topic.name", "group.name"),
     _V2 + "PullMessage": consume("message_queue.topic.name", "group.name"),
     _V2 + "UpdateOffset": consume("message_queue.topic.name", "group.name"),
-    _V2 + "GetOffset": Rule((topic(GET, "message_queue.topic.name"), group(GET, "group.name"))),
-    _V2 + "QueryOffset": Rule((topic(GET, "message_queue.topic.name"),)),
+    _V2 + "GetOffset": Rule(
+        (
+            topic(SUB_OR_GET, "message_queue.topic.name"),
+            group(SUB_OR_GET, "group.name"),
+        )
+    ),
+    _V2 + "QueryOffset": Rule((topic(SUB_OR_GET, "message_queue.topic.name"),)),
     _V2 + "EndTransaction": Rule((topic(PUB, "topic.name"),)),
     # Settings and server commands only; each send or receive it leads to is
     # checked on its own call.

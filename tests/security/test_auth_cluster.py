@@ -16,7 +16,14 @@ from typing import Any
 import grpc
 import pytest
 
-from basalt.client import Message, NoPermissionError, Producer
+from basalt.client import (
+    ConsumeFromWhere,
+    LitePullConfig,
+    LitePullConsumer,
+    Message,
+    NoPermissionError,
+    Producer,
+)
 from basalt.common import auth
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -147,6 +154,24 @@ async def test_pub_without_sub_sends_but_cannot_pull_until_topic_and_group_are_g
         return await _pull(cluster, "alice-group") is grpc.StatusCode.OK
 
     await eventually(pulls, what="alice pulls once granted Sub on the group")
+    # The SDK's consumer (routes, session, pulls, commits) signs all of it.
+    consumer = LitePullConsumer(
+        cluster.pull,
+        config=LitePullConfig(
+            consumer_group="alice-group",
+            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        ),
+        credentials=ALICE,
+    )
+    consumer.subscribe(TOPIC)
+    async with consumer:
+        got: list[bytes] = []
+
+        async def polled() -> bool:
+            got.extend(m.body for m in await consumer.poll(timeout_ms=300))
+            return b"hello" in got
+
+        await eventually(polled, what="alice's consumer reads what she sent")
     ok(cluster.basalt("deleteAcl", "-s", "User:alice", "-r", "Group:alice-*"))
     await eventually(lambda: _denied(cluster), what="alice refused again once revoked")
 
