@@ -198,12 +198,7 @@ def add_commands(verbs: Any, *, format_table: Callable[[list[str], list[list[Any
 
 
 def add_credentials_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--credentials",
-        metavar="FILE",
-        help=f"sign calls with this {{accessKey, secretKey}} file (default: env "
-        f"{auth.CREDENTIALS_ENV}, else the local cluster's admin user)",
-    )
+    parser.add_argument("--credentials", metavar="FILE", help=auth.CREDENTIALS_HELP)
 
 
 def use_credentials(args: argparse.Namespace) -> None:

@@ -241,3 +241,16 @@ def _refusals(cluster: Cluster) -> list[str]:
     log = (cluster.data / "logs" / "pull-service-1.log").read_text()
     front = "refused /apache.rocketmq.v2.MessagingService/"
     return [line for line in log.splitlines() if "basalt.audit" in line and front in line]
+
+
+def test_basalt_produce_signs_as_the_local_admin_and_unsigned_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    here = run_basalt_sync(
+        "produce", "-t", TOPIC, "-n", "3", "--endpoints", cluster.pull, cwd=cluster.data.parent
+    )
+    assert here.returncode == 0, here.stdout + here.stderr
+    elsewhere = run_basalt_sync(
+        "produce", "-t", TOPIC, "-n", "1", "--endpoints", cluster.pull, cwd=tmp_path
+    )
+    assert elsewhere.returncode == 1 and "no authorization" in elsewhere.stderr

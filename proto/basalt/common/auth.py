@@ -197,6 +197,11 @@ LOCAL_CREDENTIALS = Path("auth") / "admin.json"
 LOCAL_CLUSTER_KEY = Path("auth") / "cluster.key"
 #: The environment variable naming a credentials file for the CLI.
 CREDENTIALS_ENV = "BASALT_CREDENTIALS"
+#: The help of every command's ``--credentials FILE``.
+CREDENTIALS_HELP = (
+    f"sign calls with this {{accessKey, secretKey}} file (default: env {CREDENTIALS_ENV}, "
+    "else the local cluster's admin user; none: unsigned)"
+)
 
 
 def discover_credentials(given: str | None) -> Credentials | None:
