@@ -105,7 +105,10 @@ def parse_authorization(value: str) -> Authorization:
     not an MQv2-HMAC-SHA1 one."""
     match = _AUTHORIZATION_RE.match(value.strip())
     if match is None:
-        raise ValueError(f"authorization is not {ALGORITHM}")
+        raise ValueError(
+            f"authorization is not '{ALGORITHM} Credential=<access key>, "
+            f"SignedHeaders={DATE_TIME}, Signature=<hex>'"
+        )
     return Authorization(match["ak"], match["headers"].lower(), match["sig"])
 
 
