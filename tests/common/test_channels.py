@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -90,3 +91,10 @@ async def test_both_channels_sign_with_their_own_then_the_processs_credentials()
                 await etcd_like.unary_unary(METHOD)(b"x")
     signers = [_signer(m) for m in seen]
     assert signers == [None, None, "alice", "alice", "internal", "internal", None]
+
+
+def test_credentials_from_env_reads_the_named_file(tmp_path: Path) -> None:
+    assert auth.credentials_from_env({}) is None
+    ALICE.to_file(tmp_path / "alice.json")
+    named = {auth.CREDENTIALS_ENV: str(tmp_path / "alice.json")}
+    assert auth.credentials_from_env(named) == ALICE

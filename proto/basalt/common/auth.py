@@ -29,7 +29,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +262,16 @@ CREDENTIALS_HELP = (
     f"sign calls with this {{accessKey, secretKey}} file (default: env {CREDENTIALS_ENV}, "
     "else the local cluster's admin user; none: unsigned)"
 )
+
+
+def credentials_from_env(environ: Mapping[str, str] | None = None) -> Credentials | None:
+    """The credentials in the file ``BASALT_CREDENTIALS`` names (None: unset) - a
+    process without a command line of its own (Spark's executors, which inherit
+    the driver's environment, as they do ``BASALT_TLS_*``). Raises OSError or
+    ValueError for a file that cannot be read."""
+    environ = os.environ if environ is None else environ
+    named = environ.get(CREDENTIALS_ENV, "").strip()
+    return Credentials.from_file(named) if named else None
 
 
 def discover_credentials(given: str | None) -> Credentials | None:
