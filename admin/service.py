@@ -27,6 +27,9 @@ import grpc
 from grpc_health.v1 import health
 
 from basalt.admin import ops, topics
+from basalt.admin.auth_service import AuthAdminServicer
+from basalt.services import auth
+from basalt.services.auth.cipher import SecretCipher
 from basalt.services.checks import check_group, check_topic
 from basalt.services.errors import Refusal, as_refusal, invalid
 from basalt.services.meta import MetaClient, MetaValidationError, Perm
@@ -73,12 +76,14 @@ def topic_change(config: pb.TopicConfig) -> topics.TopicChange:
     return change
 
 
-class AdminServicer:
+class AdminServicer(AuthAdminServicer):
     """The Admin service's methods over one connected MetaClient; any number of
-    calls may run at once on the server's event loop (each reads etcd afresh)."""
+    calls may run at once on the server's event loop (each reads etcd afresh).
+    ``cipher`` seals users' secrets (None: the user and ACL verbs are refused)."""
 
-    def __init__(self, meta: MetaClient) -> None:
+    def __init__(self, meta: MetaClient, cipher: SecretCipher | None = None) -> None:
         self.meta = meta
+        self.cipher = cipher
 
     @rpc_method
     async def UpdateTopic(
@@ -183,14 +188,21 @@ class RunningAdminService:
 
 
 async def start_admin_service(
-    meta: MetaClient, *, listen: str = "127.0.0.1:0", advertise_host: str = "127.0.0.1"
+    meta: MetaClient,
+    *,
+    listen: str = "127.0.0.1:0",
+    advertise_host: str = "127.0.0.1",
+    cipher: SecretCipher | None = None,
 ) -> RunningAdminService:
     """Serve Admin, ``grpc.health.v1`` (SERVING once started) and reflection on
     ``listen`` (port 0 picks a free port); ``meta`` must be connected. The
     service serves, and dials store-nodes and pull-services, with ``meta.tls``
-    (TLS when it is enabled), the transport of the cluster ``meta`` reaches."""
+    (TLS when it is enabled), the transport of the cluster ``meta`` reaches.
+    ``cipher`` (default: the process's cluster key, basalt.services.auth) seals
+    secrets."""
     server = grpc_server(MAX_MESSAGE_BYTES)
-    add_servicer(server, AdminServicer(meta), adm.DESCRIPTOR.services_by_name["Admin"])
+    servicer = AdminServicer(meta, cipher if cipher is not None else auth.process_cipher())
+    add_servicer(server, servicer, adm.DESCRIPTOR.services_by_name["Admin"])
     health_servicer = add_health_and_reflection(server, ADMIN_SERVICE)
     port = add_port(server, listen, meta.tls)
     await server.start()

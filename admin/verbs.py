@@ -27,7 +27,9 @@ and the epoch milliseconds both. Exit status 0, 1 when the
 operation failed (the reason on stderr: an unknown topic or group, a
 store-node or etcd that did not answer; for resetOffsetByTime, a store-node
 that failed or a consumer that did not confirm, with the table of what was
-done), 2 for bad usage.
+done), 2 for bad usage. Calls are signed with ``--credentials FILE`` (default:
+env ``BASALT_CREDENTIALS``, else the local cluster's admin user; none: unsigned),
+and the user and ACL verbs live in :mod:`basalt.admin.auth_verbs`.
 
 The verbs the admin service offers (updateTopic, deleteTopic, topicList,
 resetOffsetByTime) also take ``--server [HOST:PORT]``: run through that admin
@@ -48,7 +50,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from basalt.admin import ops, topics
+from basalt.admin import auth_verbs, ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
 from basalt.common import tls as transport
@@ -419,7 +421,9 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
             )
         sub.add_argument("--cluster", default="DefaultCluster")
         sub.add_argument("--json", action="store_true", help="one JSON document")
+        auth_verbs.add_credentials_flag(sub)
         sub.set_defaults(handler=_handler(operation))
+    auth_verbs.add_commands(verbs, format_table=format_table)
 
 
 #: ``--server`` given without an address: the local cluster's admin service.
@@ -435,7 +439,8 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
                 address = discover("admin", flag="--server address", given=server)
             else:
                 address = discover("etcd", flag="--etcd", given=args.etcd, env="BASALT_ETCD")
-        except ClusterNotFoundError as e:
+            auth_verbs.use_credentials(args)
+        except (ClusterNotFoundError, OSError, ValueError) as e:
             print(f"basalt admin {args.verb}: {e}", file=stderr)
             return EXIT_USAGE
         status = 0

@@ -39,6 +39,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
+from basalt.common.auth import Credentials
 from basalt.common.message import Message
 from basalt.common.tls import TlsConfig
 from basalt.services.cluster.local import CLUSTER_NAME
@@ -51,12 +52,18 @@ BODY = 1024
 
 
 async def produce(
-    address: str, senders: int, batch: int, duration_s: float, *, tls: TlsConfig | None = None
+    address: str,
+    senders: int,
+    batch: int,
+    duration_s: float,
+    *,
+    tls: TlsConfig | None = None,
+    credentials: Credentials | None = None,
 ) -> Row:
     body = bytes(BODY)
     sent = 0
     calls = 0
-    async with Producer(address, group="sdk-bench", tls=tls) as producer:
+    async with Producer(address, group="sdk-bench", tls=tls, credentials=credentials) as producer:
         await producer.send(Message(TOPIC, body, tags="TagA"))  # routes and streams up
         stop = time.monotonic() + duration_s
 
@@ -83,7 +90,13 @@ async def produce(
     )
 
 
-async def consume(address: str, expected: int, *, tls: TlsConfig | None = None) -> Row:
+async def consume(
+    address: str,
+    expected: int,
+    *,
+    tls: TlsConfig | None = None,
+    credentials: Credentials | None = None,
+) -> Row:
     config = LitePullConfig(
         consumer_group="sdk-bench",
         pull_batch_size=256,
@@ -91,7 +104,9 @@ async def consume(address: str, expected: int, *, tls: TlsConfig | None = None) 
     )
     got = 0
     polls = 0
-    async with LitePullConsumer(address, config=config, tls=tls) as consumer:
+    async with LitePullConsumer(
+        address, config=config, tls=tls, credentials=credentials
+    ) as consumer:
         await consumer.assign(await consumer.queues_of(TOPIC))
         started, cpu = time.monotonic(), time.process_time()
         while got < expected:

@@ -7,6 +7,7 @@ from typing import Self
 import grpc
 
 from basalt.common import tls as transport
+from basalt.common.auth import Credentials
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 
 #: Room for a batch of large records either way (gRPC's default is 4 MiB).
@@ -18,11 +19,20 @@ class Client:
     ``async with`` it, or :meth:`start` / :meth:`close`. Channels are made on
     first use, one per address, and belong to the event loop that made them.
     With ``tls`` enabled every channel is TLS (its CA trusted, its certificate
-    presented to a cluster that requires one: basalt.common.tls)."""
+    presented to a cluster that requires one: basalt.common.tls). With
+    ``credentials`` every call is signed (a cluster with auth on,
+    docs/security.md); without, calls go unsigned."""
 
-    def __init__(self, endpoints: str, *, tls: transport.TlsConfig | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        *,
+        tls: transport.TlsConfig | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.endpoints = endpoints
         self.tls = tls
+        self.credentials = credentials
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._pull: ps_grpc.PullServiceAsyncStub | None = None
 
@@ -53,6 +63,7 @@ class Client:
             channel = self._channels[address] = transport.channel(
                 address,
                 self.tls,
+                credentials=self.credentials,
                 options=(
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -19,6 +19,7 @@ import grpc
 
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError
+from basalt.common.auth import Credentials
 from basalt.common.settings import (
     between,
     config_dataclass,
@@ -145,8 +146,9 @@ class ConsumerClient(Client):
         consumer_group: str,
         consume_from_where: ConsumeFromWhere,
         tls: TlsConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(endpoints, tls=tls)
+        super().__init__(endpoints, tls=tls, credentials=credentials)
         self.consumer_group = consumer_group
         self.consume_from_where = consume_from_where
         #: Store-node addresses by broker name, as the last routes gave them.

@@ -82,6 +82,7 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.errors import ClientError
 from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import (
@@ -179,13 +180,19 @@ class LitePullConsumer(ConsumerClient):
     also leaves the group)."""
 
     def __init__(
-        self, endpoints: str, *, config: LitePullConfig, tls: TlsConfig | None = None
+        self,
+        endpoints: str,
+        *,
+        config: LitePullConfig,
+        tls: TlsConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         super().__init__(
             endpoints,
             tls=tls,
             consumer_group=config.consumer_group,
             consume_from_where=config.consume_from_where,
+            credentials=credentials,
         )
         self.config = config
         #: Each owned queue's current read (its Position included).

@@ -51,6 +51,7 @@ from opentelemetry.util.types import AttributeValue
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError, ServiceUnavailableError, TopicNotFoundError
 from basalt.common import _records
+from basalt.common.auth import Credentials
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
 from basalt.common.record import encode_batch
@@ -323,8 +324,9 @@ class Producer(Client):
         group: str,
         config: ProducerConfig | None = None,
         tls: TlsConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
-        super().__init__(endpoints, tls=tls)
+        super().__init__(endpoints, tls=tls, credentials=credentials)
         self.config = config or ProducerConfig(producer_group=group)
         self._streams: dict[str, _Stream] = {}
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}

@@ -58,6 +58,7 @@ from basalt.client.consumer_base import (
     subscription_of,
 )
 from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
 from basalt.common.record import decode_records
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
@@ -179,12 +180,14 @@ class PushConsumer(ConsumerClient):
         config: PushConsumerConfig,
         listener: Listener,
         tls: TlsConfig | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         super().__init__(
             endpoints,
             tls=tls,
             consumer_group=config.consumer_group,
             consume_from_where=config.consume_from_where,
+            credentials=credentials,
         )
         self.config = config
         self.client_id = config.client_id

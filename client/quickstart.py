@@ -16,7 +16,9 @@ first offset for a new group), prints one line per message (its store-node,
 queue, offset, tags, msgId and up to 64 bytes of its body, a longer one marked
 ``... (N bytes)``), commits, and stops after ``--count`` messages or
 ``--idle-ms`` of silence. ``--sql`` is checked by the pull-service once,
-before any fetch. Exit status 0,
+before any fetch. Calls are signed with ``--credentials FILE`` (default: env
+``BASALT_CREDENTIALS``, else the local cluster's admin user; none: unsigned).
+Exit status 0,
 1 when a send or pull failed (the error on stderr), 2 for bad usage.
 """
 
@@ -31,6 +33,7 @@ from typing import IO, Any
 from basalt.client.errors import ClientError
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from basalt.client.producer import Producer
+from basalt.common import auth
 from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
 from basalt.common.message import Message
 
@@ -139,6 +142,7 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-name", default="quickstart-producer", help="producer group")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per message")
     parser.add_argument("--endpoints", help=ENDPOINTS_HELP)
+    parser.add_argument("--credentials", metavar="FILE", help=auth.CREDENTIALS_HELP)
     parser.set_defaults(handler=_run(produce))
 
 
@@ -150,6 +154,7 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, help="stop after this many messages")
     parser.add_argument("--idle-ms", type=int, default=3000, help="stop after this long idle")
     parser.add_argument("--endpoints", help=ENDPOINTS_HELP)
+    parser.add_argument("--credentials", metavar="FILE", help=auth.CREDENTIALS_HELP)
     parser.set_defaults(handler=_run(consume))
 
 
@@ -166,6 +171,12 @@ def _run(command: Command) -> Callable[[argparse.Namespace, IO[str], IO[str]], i
             return EXIT_USAGE
         endpoints = _endpoints(args, stderr)
         if endpoints is None:
+            return EXIT_USAGE
+        try:
+            # Signs every call of the command's clients (a cluster with auth on).
+            auth.use_process_credentials(auth.discover_credentials(args.credentials))
+        except (OSError, ValueError) as e:
+            print(f"basalt {args.group}: --credentials: {e}", file=stderr)
             return EXIT_USAGE
         try:
             return asyncio.run(command(args, endpoints, stdout))

@@ -24,6 +24,7 @@ import grpc
 from google.protobuf.descriptor import Descriptor
 
 from basalt.client.channels import MAX_MESSAGE_BYTES
+from basalt.common import auth
 from basalt.common import tls as transport
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT
 from basalt.v1 import common_pb2 as pb
@@ -66,8 +67,14 @@ class QueueRef:
 def channel(address: str) -> grpc.Channel:
     """A blocking channel to ``address`` with the SDK's message size limit; TLS
     when ``BASALT_TLS_*`` in the environment says so (basalt.common.tls.from_env:
-    Spark's executors inherit the driver's environment)."""
-    return transport.sync_channel(address, transport.from_env(), options=_CHANNEL_OPTIONS)
+    Spark's executors inherit the driver's environment), calls signed with the
+    credentials file ``BASALT_CREDENTIALS`` names (auth.credentials_from_env)."""
+    return transport.sync_channel(
+        address,
+        transport.from_env(),
+        options=_CHANNEL_OPTIONS,
+        credentials=auth.credentials_from_env(),
+    )
 
 
 def _refusal(what: str, address: str, e: grpc.RpcError) -> BasaltSourceError:

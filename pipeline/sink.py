@@ -49,6 +49,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
 from basalt.client import ClientError, Message, Producer, ProducerConfig
+from basalt.common import auth
+from basalt.common import tls as transport
 from basalt.common.message import KEY_SEPARATOR
 from basalt.common.settings import (
     config_dataclass,
@@ -198,7 +200,15 @@ def _producer(options: SinkOptions) -> Producer:
     config = ProducerConfig(
         producer_group=options.producer_group, send_msg_timeout_ms=options.send_msg_timeout_ms
     )
-    return Producer(options.endpoint, group=options.producer_group, config=config)
+    # TLS and signing from the environment, as the source's channels
+    # (basalt.pipeline._cluster.channel): executors inherit the driver's.
+    return Producer(
+        options.endpoint,
+        group=options.producer_group,
+        config=config,
+        tls=transport.from_env(),
+        credentials=auth.credentials_from_env(),
+    )
 
 
 # -- what a task sent -------------------------------------------------------------------

@@ -135,6 +135,15 @@ class Outcome(enum.Enum):
     #: read-modify-write"; RocketMQ has no code for it, and SYSTEM_BUSY is its
     #: "try again" (admin.proto says so).
     STALE_WRITE = (grpc.StatusCode.ABORTED, pb.RESPONSE_CODE_SYSTEM_BUSY)
+    #: A call with no, a malformed or a wrong signature, an unknown user or a
+    #: date-time outside the skew window (basalt.services.auth): RocketMQ
+    #: answers NO_PERMISSION to both refusals; gRPC tells them apart.
+    UNAUTHENTICATED = (grpc.StatusCode.UNAUTHENTICATED, pb.RESPONSE_CODE_NO_PERMISSION)
+    #: Creating a user or ACL entry that exists, changing one that does not.
+    AUTH_ENTRY_EXISTS = (grpc.StatusCode.ALREADY_EXISTS, pb.RESPONSE_CODE_INVALID_PARAMETER)
+    AUTH_ENTRY_MISSING = (grpc.StatusCode.NOT_FOUND, pb.RESPONSE_CODE_INVALID_PARAMETER)
+    #: User and ACL verbs on an admin service run without a cluster key.
+    AUTH_NOT_CONFIGURED = (grpc.StatusCode.FAILED_PRECONDITION, pb.RESPONSE_CODE_SYSTEM_ERROR)
 
     @property
     def grpc_status(self) -> grpc.StatusCode:

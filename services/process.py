@@ -37,7 +37,9 @@ from basalt.common.telemetry import (
     server_interceptors,
     setup_telemetry,
 )
-from basalt.services import config
+from basalt.services import auth, config
+from basalt.services.auth import interceptor as auth_interceptor
+from basalt.services.meta import MetaConfig
 
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -150,8 +152,11 @@ TELEMETRY = config.Section(
 #: The TLS settings every service takes (``--tls-enable``, ``--tls-cert-file`` ...,
 #: basalt.common.tls): what it serves with and what it dials the others and etcd with.
 TLS = config.Section(transport.TlsConfig)
+#: Request signatures and ACLs (``--auth-enabled``, ``--auth-credentials-file`` ...;
+#: docs/security.md), off by default; every service takes them.
+AUTH = config.Section(auth.AuthConfig)
 #: The sections every service adds to its own.
-COMMON_SECTIONS = (TELEMETRY, TLS)
+COMMON_SECTIONS = (TELEMETRY, TLS, AUTH)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> None:
@@ -227,9 +232,25 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     raise_open_files_limit()
     keep_large_buffers()
     try:
+        _setup_auth(resolved)
+    except (OSError, ValueError) as e:
+        print(f"{args.service_name}: auth: {e}", file=sys.stderr)
+        return 2
+    try:
         return asyncio.run(serve(args))
     finally:
         telemetry.shutdown()
+
+
+def _setup_auth(resolved: config.Resolved) -> None:
+    """Turn auth on for this process when its settings say so (the users and
+    ACLs watched from the service's etcd, when it has one, over the service's TLS)."""
+    with_meta = any(s.cls is MetaConfig and resolved.enabled(s) for s in resolved.spec.sections)
+    auth.setup_process(
+        resolved.build(auth.AuthConfig),
+        resolved.build(MetaConfig) if with_meta else None,
+        resolved.build(transport.TlsConfig),
+    )
 
 
 def _telemetry_hidden(telemetry: TelemetryConfig) -> dict[str, object]:
@@ -325,9 +346,10 @@ def grpc_server(
     call past it is refused, the one overload that still answers CANCELLED.
 
     Every call gets a server span (:func:`~basalt.common.telemetry.server_interceptors`)
-    in the trace its caller's metadata names."""
+    in the trace its caller's metadata names, and, with auth on, has its
+    signature and ACL checked first (basalt.services.auth)."""
     return grpc.aio.server(
-        interceptors=server_interceptors(),
+        interceptors=[*server_interceptors(), *auth_interceptor.server_interceptors()],
         options=(
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

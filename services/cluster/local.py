@@ -47,6 +47,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.common import tls as transport
+from basalt.common.auth import LOCAL_CREDENTIALS
 from basalt.common.local_cluster import (
     CLUSTER_FILE,
     DEFAULT_DATA_DIR,
@@ -58,6 +59,7 @@ from basalt.common.local_cluster import (
     write_processes,
 )
 from basalt.services import process
+from basalt.services.auth.bootstrap import ensure_local_auth
 from basalt.services.cluster.certs import make_cluster_certificates
 from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig
@@ -154,13 +156,16 @@ def up(
     otlp_endpoint: str | None = None,
     store_files: str = "laptop",
     tls: bool = False,
+    auth: bool = False,
 ) -> int:
     """Start the cluster; returns the exit status (2 when one is already running).
     ``tls``: every process with mutual TLS, on certificates made for it in
     ``<data_dir>/tls/`` (the module's docstring).
     ``otlp_endpoint`` (a URL) becomes every service's ``OTEL_EXPORTER_OTLP_ENDPOINT``,
     overriding the caller's. ``store_files`` (:data:`STORE_FILES`) sizes the
-    store-nodes' files (:func:`write_store_node_config`)."""
+    store-nodes' files (:func:`write_store_node_config`). ``auth``: every service
+    verifies signatures and ACLs, the admin user's credentials written to
+    ``<data_dir>/auth/admin.json`` (the CLI finds and uses them)."""
     data_dir = data_dir.resolve()
     state = data_dir / CLUSTER_FILE
     if state.exists() and any(_alive(p.pid) for p in load_processes(state)):
@@ -180,6 +185,8 @@ def up(
     env = process.service_env()
     if otlp_endpoint is not None:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
+    if auth:
+        env.update(ensure_local_auth(data_dir))
 
     def start_service(
         role: str, name: str, module: str, *args: str, rocketmq_v2: str | None = None
@@ -257,6 +264,8 @@ def up(
         down(data_dir, out)
         return 1
     print(f"cluster up ({data_dir}):", file=out)
+    if auth:
+        print(f"auth on: admin credentials in {data_dir / LOCAL_CREDENTIALS}", file=out)
     for p in procs:
         metrics = f"metrics {p.metrics_url}" if p.metrics_url else ""
         print(f"  {p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} {metrics}", file=out)
@@ -434,6 +443,12 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                 help="export every service's traces and metrics by OTLP/gRPC to URL "
                 "(OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4317",
             )
+            sub.add_argument(
+                "--auth",
+                action="store_true",
+                help="verify request signatures and ACLs on every service; an admin user "
+                "is generated in DATA_DIR/auth/admin.json (docs/security.md)",
+            )
         if name == "status":
             sub.add_argument(
                 "--json", action="store_true", help="every process's endpoints as a JSON list"
@@ -458,6 +473,7 @@ def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]
                 otlp_endpoint=args.otlp_endpoint,
                 store_files=args.store_files,
                 tls=args.tls,
+                auth=args.auth,
             )
         data_dir = args.data_dir or find_data_dir() or DEFAULT_DATA_DIR
         if name == "down":

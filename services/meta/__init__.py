@@ -8,6 +8,8 @@ Keys under ``/basalt/<cluster>/`` (:class:`MetaKeys`):
 - ``pull-services/<id>``: :class:`PullServiceRegistration`, under its lease;
 - ``consumers/<group>/<client_id>``: :class:`ConsumerRegistration`, under the
   lease of the pull-service holding the session.
+- ``users/<name>``, ``acls/<name>``: users (secrets sealed) and ACLs, durable;
+  their form is basalt.services.auth's (:meth:`MetaClient.put_auth`, ``auth_cache``).
 
 Typical use, on the service's event loop::
 

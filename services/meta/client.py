@@ -269,6 +269,36 @@ class MetaClient:
             owners[(topic, broker, int(queue_id))] = kv.value.decode()
         return owners
 
+    # -- users and ACLs (opaque values: basalt.services.auth owns their form) -------------
+
+    async def put_auth(self, kind: str, username: str, raw: bytes, *, create: bool) -> bool:
+        """Write a user or ACL (``kind``: ``users``/``acls``). With ``create``, only
+        if absent (False when it exists); otherwise only if present (False when
+        absent). Raises MetaUnavailableError."""
+        key = self.keys.auth_entry(kind, username)
+        if create:
+            return await self._session.create(key, raw)
+        if await self._session.get(key) is None:
+            return False
+        await self._session.put(key, raw)
+        return True
+
+    async def get_auth(self, kind: str, username: str) -> bytes | None:
+        kv = await self._session.get(self.keys.auth_entry(kind, username))
+        return None if kv is None else kv.value
+
+    async def delete_auth(self, kind: str, username: str) -> bool:
+        """Delete a user or ACL; False if there was none."""
+        return await self._session.delete(self.keys.auth_entry(kind, username))
+
+    async def list_auth(self, kind: str) -> dict[str, bytes]:
+        """Every user or ACL, raw, by username."""
+        return await self._list(self.keys.auth(kind), lambda name, raw: raw)
+
+    def auth_cache(self, kind: str, decode: Callable[[str, bytes], V]) -> MetaWatcher[V]:
+        """A watcher of the users or ACLs; ``decode`` raises MetaError for a bad value."""
+        return self._watcher(self.keys.auth(kind), decode, kind)
+
     async def _list(self, prefix: str, decode: Callable[[str, bytes], V]) -> dict[str, V]:
         _, kvs = await self._session.get_prefix(prefix)
         return _decode_all(prefix, kvs, decode)

@@ -120,6 +120,10 @@ class MetaConfig:
         validate(self, MetaValidationError)
 
 
+#: The key families basalt.services.auth keeps under the cluster's root.
+AUTH_KINDS = ("users", "acls")
+
+
 @dataclass(frozen=True, slots=True)
 class MetaKeys:
     """The key layout of one cluster. Names are validated before they become keys,
@@ -169,6 +173,15 @@ class MetaKeys:
 
     def consumer(self, group: str, client_id: str) -> str:
         return self.consumer_group(group) + check_name(client_id, "client id")
+
+    def auth(self, kind: str) -> str:
+        """Prefix of the users (``users/``) or the ACLs (``acls/``, by username)."""
+        if kind not in AUTH_KINDS:
+            raise MetaValidationError(f"auth kind must be one of {AUTH_KINDS}, got {kind!r}")
+        return f"{self.root}{kind}/"
+
+    def auth_entry(self, kind: str, username: str) -> str:
+        return self.auth(kind) + check_name(username, "username")
 
     def queue_locks(self, group: str) -> str:
         """Prefix of one group's queue locks (ends with ``/``)."""

@@ -39,7 +39,10 @@ class TlsEtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
         try:
             self._is_connecting = True
             self.channel = transport.channel(
-                f"{self._host}:{self._port}", self._tls, options=tuple(self._options.items())
+                f"{self._host}:{self._port}",
+                self._tls,
+                options=tuple(self._options.items()),
+                signed=False,  # etcd takes `authorization` for its own token
             )
             self.kvstub = aetcd.rpc.KVStub(self.channel)
             self.clusterstub = aetcd.rpc.ClusterStub(self.channel)

@@ -23,6 +23,7 @@ from basalt.client.push_consumer import PushConsumerConfig
 from basalt.common.settings import Setting, any_value, describe
 from basalt.common.telemetry import TelemetryConfig
 from basalt.common.tls import TlsConfig
+from basalt.services.auth.config import AuthConfig
 from basalt.services.meta.config import MetaConfig
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.model import TopicConfig
@@ -51,6 +52,7 @@ CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {
     AdminServiceProcessConfig: ({}, ValueError),
     RocketMQv2Config: ({}, ValueError),
     TlsConfig: ({}, ValueError),
+    AuthConfig: ({}, ValueError),
 }
 PACKAGES = ("basalt.store", "basalt.services", "basalt.admin", "basalt.client", "basalt.common")
 

@@ -6,7 +6,8 @@ only the OpenTelemetry *API* (``opentelemetry.trace.get_tracer``,
 ``opentelemetry.metrics.get_meter``), whose global proxies forward to the
 providers installed here. The SDK (``basalt.client``) never calls it: a
 library does not install providers, the application does; its channels
-still carry the client interceptor (:func:`insecure_channel`), so an
+still carry the client interceptors (:func:`client_interceptors`, put on every
+channel by :func:`basalt.common.tls.channel`), so an
 application that installs OpenTelemetry gets spans and propagation.
 
 What :func:`setup_telemetry` installs:
@@ -32,10 +33,11 @@ logs                    the root logger on stderr, ``text`` or ``json``
 gRPC spans come from interceptors passed explicitly where servers and
 channels are made: Basalt's own :class:`ServerSpans` on servers
 (:func:`server_interceptors`; the instrumentation's server interceptor cost
-~100 µs a call), opentelemetry-instrumentation-grpc's aio client interceptors
-on channels (:func:`insecure_channel`): W3C tracecontext travels in gRPC
-metadata. ``OTEL_SDK_DISABLED=true`` turns the SDK's
-providers into no-ops (the logs stay configured).
+~100 µs a call), Basalt's client interceptors on channels
+(:func:`client_interceptors`, which :func:`basalt.common.tls.channel` puts on
+every channel): W3C tracecontext travels in gRPC metadata.
+``OTEL_SDK_DISABLED=true`` turns the SDK's providers into no-ops (the logs
+stay configured).
 
 The OpenTelemetry SDK and exporters are imported by :func:`setup_telemetry`
 only: a process that never sets up (an SDK application) imports the API alone.
@@ -52,7 +54,7 @@ import os
 import random
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -499,14 +501,6 @@ def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
     """The interceptors every grpc.aio channel takes (:class:`ClientSpans`, one
     per kind of call)."""
     return [_UnaryUnarySpans(), _StreamUnarySpans(), _UnaryStreamSpans(), _StreamStreamSpans()]
-
-
-def insecure_channel(address: str, *, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """``grpc.aio.insecure_channel(address, options)`` with :func:`client_interceptors`.
-
-    The spans go to whatever tracer provider is installed, through the global
-    proxy (none installed: no-op spans and nothing propagated)."""
-    return grpc.aio.insecure_channel(address, options=options, interceptors=client_interceptors())
 
 
 # -- providers -----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 
+from basalt.common import auth
 from basalt.common.settings import (
     boolean,
     check,
@@ -276,12 +277,22 @@ def channel_options(
 
 
 def channel(
-    address: str, tls: TlsConfig | None = None, *, options: Sequence[tuple[str, Any]] = ()
+    address: str,
+    tls: TlsConfig | None = None,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+    credentials: auth.Credentials | None = None,
+    signed: bool = True,
 ) -> grpc.aio.Channel:
-    """A ``grpc.aio`` channel to ``address`` with the telemetry interceptors
-    (:func:`basalt.common.telemetry.client_interceptors`): secure with
-    :func:`channel_credentials` when ``tls`` is enabled, plaintext otherwise."""
-    interceptors = client_interceptors()
+    """Basalt's one channel factory: a ``grpc.aio`` channel to ``address`` with
+    the telemetry interceptors (:func:`basalt.common.telemetry.client_interceptors`)
+    and each call signed with ``credentials``, or the process's
+    (:func:`basalt.common.auth.use_process_credentials`; neither: unsigned) -
+    secure with :func:`channel_credentials` when ``tls`` is enabled, plaintext
+    otherwise. ``signed=False`` for a peer that is not Basalt: etcd reads an
+    ``authorization`` entry as its own auth token and refuses the call."""
+    signing = auth.signing_interceptors(credentials) if signed else []
+    interceptors = [*client_interceptors(), *signing]
     if not enabled(tls):
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     assert tls is not None
@@ -294,12 +305,21 @@ def channel(
 
 
 def sync_channel(
-    address: str, tls: TlsConfig | None = None, *, options: Sequence[tuple[str, Any]] = ()
+    address: str,
+    tls: TlsConfig | None = None,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+    credentials: auth.Credentials | None = None,
 ) -> grpc.Channel:
-    """:func:`channel`'s blocking twin (the health probe, Spark's executors)."""
+    """:func:`channel`'s blocking twin (the health probe, Spark's executors):
+    TLS as ``tls`` says, calls signed as :func:`channel`'s are (no spans: the
+    telemetry interceptors are grpc.aio ones)."""
     if not enabled(tls):
-        return grpc.insecure_channel(address, options=options)
-    assert tls is not None
-    return grpc.secure_channel(
-        address, channel_credentials(tls), options=channel_options(tls, options)
-    )
+        made = grpc.insecure_channel(address, options=options)
+    else:
+        assert tls is not None
+        made = grpc.secure_channel(
+            address, channel_credentials(tls), options=channel_options(tls, options)
+        )
+    signing = auth.sync_signing(credentials)
+    return made if signing is None else grpc.intercept_channel(made, signing)

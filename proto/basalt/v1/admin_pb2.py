@@ -26,7 +26,7 @@ from basalt.v1 import common_pb2 as basalt_dot_v1_dot_common__pb2
 from basalt.v1 import pull_service_pb2 as basalt_dot_v1_dot_pull__service__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61salt/v1/admin.proto\x12\tbasalt.v1\x1a\x16\x62\x61salt/v1/common.proto\x1a\x1c\x62\x61salt/v1/pull_service.proto\"z\n\x12UpdateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\"\n\x15\x65xpected_mod_revision\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x18\n\x16_expected_mod_revision\"S\n\x13UpdateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\x14\n\x0cmod_revision\x18\x02 \x01(\x03\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"\x12\n\x10TopicListRequest\"#\n\x11TopicListResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t\" \n\x0fGetTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"P\n\x10GetTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\x14\n\x0cmod_revision\x18\x02 \x01(\x03\"u\n\x18ResetOffsetByTimeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x16\n\x0e\x61\x63k_timeout_ms\x18\x05 \x01(\x05\"s\n\x19ResetOffsetByTimeResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.basalt.v1.QueueOffset\x12-\n\rconsumer_acks\x18\x02 \x03(\x0b\x32\x16.basalt.v1.ConsumerAck2\x90\x03\n\x05\x41\x64min\x12L\n\x0bUpdateTopic\x12\x1d.basalt.v1.UpdateTopicRequest\x1a\x1e.basalt.v1.UpdateTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.basalt.v1.DeleteTopicRequest\x1a\x1e.basalt.v1.DeleteTopicResponse\x12\x46\n\tTopicList\x12\x1b.basalt.v1.TopicListRequest\x1a\x1c.basalt.v1.TopicListResponse\x12\x43\n\x08GetTopic\x12\x1a.basalt.v1.GetTopicRequest\x1a\x1b.basalt.v1.GetTopicResponse\x12^\n\x11ResetOffsetByTime\x12#.basalt.v1.ResetOffsetByTimeRequest\x1a$.basalt.v1.ResetOffsetByTimeResponseBV\n\x1cio.github.basaltmq.basalt.v1P\x01Z4github.com/basalt-mq/basalt/proto/basalt/v1;basaltv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61salt/v1/admin.proto\x12\tbasalt.v1\x1a\x16\x62\x61salt/v1/common.proto\x1a\x1c\x62\x61salt/v1/pull_service.proto\"X\n\x08UserInfo\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x12\n\nsecret_key\x18\x02 \x01(\t\x12\x11\n\tuser_type\x18\x03 \x01(\t\x12\x13\n\x0buser_status\x18\x04 \x01(\t\"6\n\x11\x43reateUserRequest\x12!\n\x04user\x18\x01 \x01(\x0b\x32\x13.basalt.v1.UserInfo\"\x14\n\x12\x43reateUserResponse\"6\n\x11UpdateUserRequest\x12!\n\x04user\x18\x01 \x01(\x0b\x32\x13.basalt.v1.UserInfo\"\x14\n\x12UpdateUserResponse\"%\n\x11\x44\x65leteUserRequest\x12\x10\n\x08username\x18\x01 \x01(\t\"\x14\n\x12\x44\x65leteUserResponse\"\x11\n\x0fListUserRequest\"6\n\x10ListUserResponse\x12\"\n\x05users\x18\x01 \x03(\x0b\x32\x13.basalt.v1.UserInfo\"U\n\tAclPolicy\x12\x11\n\tresources\x18\x01 \x03(\t\x12\x0f\n\x07\x61\x63tions\x18\x02 \x03(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\x12\x12\n\nsource_ips\x18\x04 \x03(\t\"B\n\x07\x41\x63lInfo\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12&\n\x08policies\x18\x02 \x03(\x0b\x32\x14.basalt.v1.AclPolicy\"I\n\x10\x43reateAclRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12$\n\x06policy\x18\x02 \x01(\x0b\x32\x14.basalt.v1.AclPolicy\"4\n\x11\x43reateAclResponse\x12\x1f\n\x03\x61\x63l\x18\x01 \x01(\x0b\x32\x12.basalt.v1.AclInfo\"I\n\x10UpdateAclRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12$\n\x06policy\x18\x02 \x01(\x0b\x32\x14.basalt.v1.AclPolicy\"4\n\x11UpdateAclResponse\x12\x1f\n\x03\x61\x63l\x18\x01 \x01(\x0b\x32\x12.basalt.v1.AclInfo\"6\n\x10\x44\x65leteAclRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x11\n\tresources\x18\x02 \x03(\t\"\x13\n\x11\x44\x65leteAclResponse\"!\n\x0eListAclRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\"3\n\x0fListAclResponse\x12 \n\x04\x61\x63ls\x18\x01 \x03(\x0b\x32\x12.basalt.v1.AclInfo\"z\n\x12UpdateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\"\n\x15\x65xpected_mod_revision\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x18\n\x16_expected_mod_revision\"S\n\x13UpdateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\x14\n\x0cmod_revision\x18\x02 \x01(\x03\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"\x12\n\x10TopicListRequest\"#\n\x11TopicListResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t\" \n\x0fGetTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"P\n\x10GetTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.basalt.v1.TopicConfig\x12\x14\n\x0cmod_revision\x18\x02 \x01(\x03\"u\n\x18ResetOffsetByTimeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x16\n\x0e\x61\x63k_timeout_ms\x18\x05 \x01(\x05\"s\n\x19ResetOffsetByTimeResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.basalt.v1.QueueOffset\x12-\n\rconsumer_acks\x18\x02 \x03(\x0b\x32\x16.basalt.v1.ConsumerAck2\xd0\x07\n\x05\x41\x64min\x12L\n\x0bUpdateTopic\x12\x1d.basalt.v1.UpdateTopicRequest\x1a\x1e.basalt.v1.UpdateTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.basalt.v1.DeleteTopicRequest\x1a\x1e.basalt.v1.DeleteTopicResponse\x12\x46\n\tTopicList\x12\x1b.basalt.v1.TopicListRequest\x1a\x1c.basalt.v1.TopicListResponse\x12\x43\n\x08GetTopic\x12\x1a.basalt.v1.GetTopicRequest\x1a\x1b.basalt.v1.GetTopicResponse\x12^\n\x11ResetOffsetByTime\x12#.basalt.v1.ResetOffsetByTimeRequest\x1a$.basalt.v1.ResetOffsetByTimeResponse\x12I\n\nCreateUser\x12\x1c.basalt.v1.CreateUserRequest\x1a\x1d.basalt.v1.CreateUserResponse\x12I\n\nUpdateUser\x12\x1c.basalt.v1.UpdateUserRequest\x1a\x1d.basalt.v1.UpdateUserResponse\x12I\n\nDeleteUser\x12\x1c.basalt.v1.DeleteUserRequest\x1a\x1d.basalt.v1.DeleteUserResponse\x12\x43\n\x08ListUser\x12\x1a.basalt.v1.ListUserRequest\x1a\x1b.basalt.v1.ListUserResponse\x12\x46\n\tCreateAcl\x12\x1b.basalt.v1.CreateAclRequest\x1a\x1c.basalt.v1.CreateAclResponse\x12\x46\n\tUpdateAcl\x12\x1b.basalt.v1.UpdateAclRequest\x1a\x1c.basalt.v1.UpdateAclResponse\x12\x46\n\tDeleteAcl\x12\x1b.basalt.v1.DeleteAclRequest\x1a\x1c.basalt.v1.DeleteAclResponse\x12@\n\x07ListAcl\x12\x19.basalt.v1.ListAclRequest\x1a\x1a.basalt.v1.ListAclResponseBV\n\x1cio.github.basaltmq.basalt.v1P\x01Z4github.com/basalt-mq/basalt/proto/basalt/v1;basaltv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,26 +34,64 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'basalt.v1.admin_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\034io.github.basaltmq.basalt.v1P\001Z4github.com/basalt-mq/basalt/proto/basalt/v1;basaltv1'
-  _globals['_UPDATETOPICREQUEST']._serialized_start=90
-  _globals['_UPDATETOPICREQUEST']._serialized_end=212
-  _globals['_UPDATETOPICRESPONSE']._serialized_start=214
-  _globals['_UPDATETOPICRESPONSE']._serialized_end=297
-  _globals['_DELETETOPICREQUEST']._serialized_start=299
-  _globals['_DELETETOPICREQUEST']._serialized_end=334
-  _globals['_DELETETOPICRESPONSE']._serialized_start=336
-  _globals['_DELETETOPICRESPONSE']._serialized_end=357
-  _globals['_TOPICLISTREQUEST']._serialized_start=359
-  _globals['_TOPICLISTREQUEST']._serialized_end=377
-  _globals['_TOPICLISTRESPONSE']._serialized_start=379
-  _globals['_TOPICLISTRESPONSE']._serialized_end=414
-  _globals['_GETTOPICREQUEST']._serialized_start=416
-  _globals['_GETTOPICREQUEST']._serialized_end=448
-  _globals['_GETTOPICRESPONSE']._serialized_start=450
-  _globals['_GETTOPICRESPONSE']._serialized_end=530
-  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_start=532
-  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_end=649
-  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_start=651
-  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_end=766
-  _globals['_ADMIN']._serialized_start=769
-  _globals['_ADMIN']._serialized_end=1169
+  _globals['_USERINFO']._serialized_start=90
+  _globals['_USERINFO']._serialized_end=178
+  _globals['_CREATEUSERREQUEST']._serialized_start=180
+  _globals['_CREATEUSERREQUEST']._serialized_end=234
+  _globals['_CREATEUSERRESPONSE']._serialized_start=236
+  _globals['_CREATEUSERRESPONSE']._serialized_end=256
+  _globals['_UPDATEUSERREQUEST']._serialized_start=258
+  _globals['_UPDATEUSERREQUEST']._serialized_end=312
+  _globals['_UPDATEUSERRESPONSE']._serialized_start=314
+  _globals['_UPDATEUSERRESPONSE']._serialized_end=334
+  _globals['_DELETEUSERREQUEST']._serialized_start=336
+  _globals['_DELETEUSERREQUEST']._serialized_end=373
+  _globals['_DELETEUSERRESPONSE']._serialized_start=375
+  _globals['_DELETEUSERRESPONSE']._serialized_end=395
+  _globals['_LISTUSERREQUEST']._serialized_start=397
+  _globals['_LISTUSERREQUEST']._serialized_end=414
+  _globals['_LISTUSERRESPONSE']._serialized_start=416
+  _globals['_LISTUSERRESPONSE']._serialized_end=470
+  _globals['_ACLPOLICY']._serialized_start=472
+  _globals['_ACLPOLICY']._serialized_end=557
+  _globals['_ACLINFO']._serialized_start=559
+  _globals['_ACLINFO']._serialized_end=625
+  _globals['_CREATEACLREQUEST']._serialized_start=627
+  _globals['_CREATEACLREQUEST']._serialized_end=700
+  _globals['_CREATEACLRESPONSE']._serialized_start=702
+  _globals['_CREATEACLRESPONSE']._serialized_end=754
+  _globals['_UPDATEACLREQUEST']._serialized_start=756
+  _globals['_UPDATEACLREQUEST']._serialized_end=829
+  _globals['_UPDATEACLRESPONSE']._serialized_start=831
+  _globals['_UPDATEACLRESPONSE']._serialized_end=883
+  _globals['_DELETEACLREQUEST']._serialized_start=885
+  _globals['_DELETEACLREQUEST']._serialized_end=939
+  _globals['_DELETEACLRESPONSE']._serialized_start=941
+  _globals['_DELETEACLRESPONSE']._serialized_end=960
+  _globals['_LISTACLREQUEST']._serialized_start=962
+  _globals['_LISTACLREQUEST']._serialized_end=995
+  _globals['_LISTACLRESPONSE']._serialized_start=997
+  _globals['_LISTACLRESPONSE']._serialized_end=1048
+  _globals['_UPDATETOPICREQUEST']._serialized_start=1050
+  _globals['_UPDATETOPICREQUEST']._serialized_end=1172
+  _globals['_UPDATETOPICRESPONSE']._serialized_start=1174
+  _globals['_UPDATETOPICRESPONSE']._serialized_end=1257
+  _globals['_DELETETOPICREQUEST']._serialized_start=1259
+  _globals['_DELETETOPICREQUEST']._serialized_end=1294
+  _globals['_DELETETOPICRESPONSE']._serialized_start=1296
+  _globals['_DELETETOPICRESPONSE']._serialized_end=1317
+  _globals['_TOPICLISTREQUEST']._serialized_start=1319
+  _globals['_TOPICLISTREQUEST']._serialized_end=1337
+  _globals['_TOPICLISTRESPONSE']._serialized_start=1339
+  _globals['_TOPICLISTRESPONSE']._serialized_end=1374
+  _globals['_GETTOPICREQUEST']._serialized_start=1376
+  _globals['_GETTOPICREQUEST']._serialized_end=1408
+  _globals['_GETTOPICRESPONSE']._serialized_start=1410
+  _globals['_GETTOPICRESPONSE']._serialized_end=1490
+  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_start=1492
+  _globals['_RESETOFFSETBYTIMEREQUEST']._serialized_end=1609
+  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_start=1611
+  _globals['_RESETOFFSETBYTIMERESPONSE']._serialized_end=1726
+  _globals['_ADMIN']._serialized_start=1729
+  _globals['_ADMIN']._serialized_end=2705
 # @@protoc_insertion_point(module_scope)

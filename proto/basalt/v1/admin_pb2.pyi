@@ -36,6 +36,406 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class UserInfo(_message.Message):
+    """A user: the access key is its name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERNAME_FIELD_NUMBER: _builtins.int
+    SECRET_KEY_FIELD_NUMBER: _builtins.int
+    USER_TYPE_FIELD_NUMBER: _builtins.int
+    USER_STATUS_FIELD_NUMBER: _builtins.int
+    username: _builtins.str
+    secret_key: _builtins.str
+    """Written by Create/UpdateUser; always empty in ListUser's answer."""
+    user_type: _builtins.str
+    """"Super" or "Normal" (Create: empty = Normal)."""
+    user_status: _builtins.str
+    """"Enable" or "Disable" (Create: empty = Enable)."""
+    def __init__(
+        self,
+        *,
+        username: _builtins.str = ...,
+        secret_key: _builtins.str = ...,
+        user_type: _builtins.str = ...,
+        user_status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret_key", b"secret_key", "user_status", b"user_status", "user_type", b"user_type", "username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserInfo: _TypeAlias = UserInfo  # noqa: Y015
+
+@_typing.final
+class CreateUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def user(self) -> Global___UserInfo: ...
+    def __init__(
+        self,
+        *,
+        user: Global___UserInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateUserRequest: _TypeAlias = CreateUserRequest  # noqa: Y015
+
+@_typing.final
+class CreateUserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateUserResponse: _TypeAlias = CreateUserResponse  # noqa: Y015
+
+@_typing.final
+class UpdateUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def user(self) -> Global___UserInfo: ...
+    def __init__(
+        self,
+        *,
+        user: Global___UserInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateUserRequest: _TypeAlias = UpdateUserRequest  # noqa: Y015
+
+@_typing.final
+class UpdateUserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateUserResponse: _TypeAlias = UpdateUserResponse  # noqa: Y015
+
+@_typing.final
+class DeleteUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERNAME_FIELD_NUMBER: _builtins.int
+    username: _builtins.str
+    def __init__(
+        self,
+        *,
+        username: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteUserRequest: _TypeAlias = DeleteUserRequest  # noqa: Y015
+
+@_typing.final
+class DeleteUserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteUserResponse: _TypeAlias = DeleteUserResponse  # noqa: Y015
+
+@_typing.final
+class ListUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUserRequest: _TypeAlias = ListUserRequest  # noqa: Y015
+
+@_typing.final
+class ListUserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserInfo]: ...
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___UserInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUserResponse: _TypeAlias = ListUserResponse  # noqa: Y015
+
+@_typing.final
+class AclPolicy(_message.Message):
+    """One ACL entry (RocketMQ 5's policy entry)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    SOURCE_IPS_FIELD_NUMBER: _builtins.int
+    decision: _builtins.str
+    """"Allow" or "Deny" (empty = Allow); a matching Deny wins."""
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"*", "Cluster", "Topic:<name>", "Group:<name>"; a trailing "*" is a prefix."""
+
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Pub, Sub, Create, Update, Delete, Get, List, All."""
+
+    @_builtins.property
+    def source_ips(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Source addresses or CIDR ranges; empty = any source."""
+
+    def __init__(
+        self,
+        *,
+        resources: _abc.Iterable[_builtins.str] | None = ...,
+        actions: _abc.Iterable[_builtins.str] | None = ...,
+        decision: _builtins.str = ...,
+        source_ips: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "decision", b"decision", "resources", b"resources", "source_ips", b"source_ips"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclPolicy: _TypeAlias = AclPolicy  # noqa: Y015
+
+@_typing.final
+class AclInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    """"User:<name>"."""
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclPolicy]: ...
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+        policies: _abc.Iterable[Global___AclPolicy] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclInfo: _TypeAlias = AclInfo  # noqa: Y015
+
+@_typing.final
+class CreateAclRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    @_builtins.property
+    def policy(self) -> Global___AclPolicy: ...
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+        policy: Global___AclPolicy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclRequest: _TypeAlias = CreateAclRequest  # noqa: Y015
+
+@_typing.final
+class CreateAclResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acl(self) -> Global___AclInfo: ...
+    def __init__(
+        self,
+        *,
+        acl: Global___AclInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclResponse: _TypeAlias = CreateAclResponse  # noqa: Y015
+
+@_typing.final
+class UpdateAclRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    @_builtins.property
+    def policy(self) -> Global___AclPolicy: ...
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+        policy: Global___AclPolicy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateAclRequest: _TypeAlias = UpdateAclRequest  # noqa: Y015
+
+@_typing.final
+class UpdateAclResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acl(self) -> Global___AclInfo: ...
+    def __init__(
+        self,
+        *,
+        acl: Global___AclInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateAclResponse: _TypeAlias = UpdateAclResponse  # noqa: Y015
+
+@_typing.final
+class DeleteAclRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+        resources: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclRequest: _TypeAlias = DeleteAclRequest  # noqa: Y015
+
+@_typing.final
+class DeleteAclResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclResponse: _TypeAlias = DeleteAclResponse  # noqa: Y015
+
+@_typing.final
+class ListAclRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    """"User:<name>", or empty for every subject."""
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAclRequest: _TypeAlias = ListAclRequest  # noqa: Y015
+
+@_typing.final
+class ListAclResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acls(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclInfo]: ...
+    def __init__(
+        self,
+        *,
+        acls: _abc.Iterable[Global___AclInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acls", b"acls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAclResponse: _TypeAlias = ListAclResponse  # noqa: Y015
+
+@_typing.final
 class UpdateTopicRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -60,6 +60,46 @@ class AdminStub:
                 request_serializer=basalt_dot_v1_dot_admin__pb2.ResetOffsetByTimeRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_admin__pb2.ResetOffsetByTimeResponse.FromString,
                 _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/basalt.v1.Admin/CreateUser',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.CreateUserRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.CreateUserResponse.FromString,
+                _registered_method=True)
+        self.UpdateUser = channel.unary_unary(
+                '/basalt.v1.Admin/UpdateUser',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.UpdateUserRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.UpdateUserResponse.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/basalt.v1.Admin/DeleteUser',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.DeleteUserRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.DeleteUserResponse.FromString,
+                _registered_method=True)
+        self.ListUser = channel.unary_unary(
+                '/basalt.v1.Admin/ListUser',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.ListUserRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.ListUserResponse.FromString,
+                _registered_method=True)
+        self.CreateAcl = channel.unary_unary(
+                '/basalt.v1.Admin/CreateAcl',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.CreateAclRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.CreateAclResponse.FromString,
+                _registered_method=True)
+        self.UpdateAcl = channel.unary_unary(
+                '/basalt.v1.Admin/UpdateAcl',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.UpdateAclRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.UpdateAclResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcl = channel.unary_unary(
+                '/basalt.v1.Admin/DeleteAcl',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.DeleteAclRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.DeleteAclResponse.FromString,
+                _registered_method=True)
+        self.ListAcl = channel.unary_unary(
+                '/basalt.v1.Admin/ListAcl',
+                request_serializer=basalt_dot_v1_dot_admin__pb2.ListAclRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_admin__pb2.ListAclResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -104,6 +144,68 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateUser(self, request, context):
+        """Users and ACLs (mqadmin's ACL 2.0 verbs; docs/security.md). Super
+        users only. They need the admin service run with auth settings (the
+        cluster key seals secrets), else FAILED_PRECONDITION. A malformed user,
+        ACL or resource: INVALID_ARGUMENT, INVALID_PARAMETER; creating what
+        exists: ALREADY_EXISTS; updating or deleting what does not: NOT_FOUND
+        (both with INVALID_PARAMETER).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateUser(self, request, context):
+        """Change a user's secret, type or status (empty fields are kept).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Delete a user and its ACL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUser(self, request, context):
+        """Every user, sorted by name; secret keys are never returned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAcl(self, request, context):
+        """Add an entry to a subject's ACL (made if absent); ALREADY_EXISTS when an
+        entry already names one of its resources.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateAcl(self, request, context):
+        """Replace the subject's entries that name the given resources.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcl(self, request, context):
+        """Drop the entries naming the given resources (none given: the whole ACL).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAcl(self, request, context):
+        """Every ACL (or one subject's), sorted by subject.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +233,46 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResetOffsetByTime,
                     request_deserializer=basalt_dot_v1_dot_admin__pb2.ResetOffsetByTimeRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_admin__pb2.ResetOffsetByTimeResponse.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.CreateUserRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.CreateUserResponse.SerializeToString,
+            ),
+            'UpdateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateUser,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.UpdateUserRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.UpdateUserResponse.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.DeleteUserRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.DeleteUserResponse.SerializeToString,
+            ),
+            'ListUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUser,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.ListUserRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.ListUserResponse.SerializeToString,
+            ),
+            'CreateAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcl,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.CreateAclRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.CreateAclResponse.SerializeToString,
+            ),
+            'UpdateAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateAcl,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.UpdateAclRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.UpdateAclResponse.SerializeToString,
+            ),
+            'DeleteAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcl,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.DeleteAclRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.DeleteAclResponse.SerializeToString,
+            ),
+            'ListAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAcl,
+                    request_deserializer=basalt_dot_v1_dot_admin__pb2.ListAclRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_admin__pb2.ListAclResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +411,222 @@ class Admin:
             '/basalt.v1.Admin/ResetOffsetByTime',
             basalt_dot_v1_dot_admin__pb2.ResetOffsetByTimeRequest.SerializeToString,
             basalt_dot_v1_dot_admin__pb2.ResetOffsetByTimeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/CreateUser',
+            basalt_dot_v1_dot_admin__pb2.CreateUserRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.CreateUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/UpdateUser',
+            basalt_dot_v1_dot_admin__pb2.UpdateUserRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.UpdateUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/DeleteUser',
+            basalt_dot_v1_dot_admin__pb2.DeleteUserRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.DeleteUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/ListUser',
+            basalt_dot_v1_dot_admin__pb2.ListUserRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.ListUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/CreateAcl',
+            basalt_dot_v1_dot_admin__pb2.CreateAclRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.CreateAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/UpdateAcl',
+            basalt_dot_v1_dot_admin__pb2.UpdateAclRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.UpdateAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/DeleteAcl',
+            basalt_dot_v1_dot_admin__pb2.DeleteAclRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.DeleteAclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.Admin/ListAcl',
+            basalt_dot_v1_dot_admin__pb2.ListAclRequest.SerializeToString,
+            basalt_dot_v1_dot_admin__pb2.ListAclResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,30 @@ class AdminStub:
     """Reset a group's offsets of a topic by time on every store-node hosting
     it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
     """
+    CreateUser: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateUserRequest, _admin_pb2.CreateUserResponse]
+    """Users and ACLs (mqadmin's ACL 2.0 verbs; docs/security.md). Super
+    users only. They need the admin service run with auth settings (the
+    cluster key seals secrets), else FAILED_PRECONDITION. A malformed user,
+    ACL or resource: INVALID_ARGUMENT, INVALID_PARAMETER; creating what
+    exists: ALREADY_EXISTS; updating or deleting what does not: NOT_FOUND
+    (both with INVALID_PARAMETER).
+    """
+    UpdateUser: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateUserRequest, _admin_pb2.UpdateUserResponse]
+    """Change a user's secret, type or status (empty fields are kept)."""
+    DeleteUser: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteUserRequest, _admin_pb2.DeleteUserResponse]
+    """Delete a user and its ACL."""
+    ListUser: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListUserRequest, _admin_pb2.ListUserResponse]
+    """Every user, sorted by name; secret keys are never returned."""
+    CreateAcl: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateAclRequest, _admin_pb2.CreateAclResponse]
+    """Add an entry to a subject's ACL (made if absent); ALREADY_EXISTS when an
+    entry already names one of its resources.
+    """
+    UpdateAcl: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpdateAclRequest, _admin_pb2.UpdateAclResponse]
+    """Replace the subject's entries that name the given resources."""
+    DeleteAcl: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteAclRequest, _admin_pb2.DeleteAclResponse]
+    """Drop the entries naming the given resources (none given: the whole ACL)."""
+    ListAcl: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAclRequest, _admin_pb2.ListAclResponse]
+    """Every ACL (or one subject's), sorted by subject."""
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -86,6 +110,30 @@ class AdminAsyncStub(AdminStub):
     """Reset a group's offsets of a topic by time on every store-node hosting
     it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
     """
+    CreateUser: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateUserRequest, _admin_pb2.CreateUserResponse]  # type: ignore[assignment]
+    """Users and ACLs (mqadmin's ACL 2.0 verbs; docs/security.md). Super
+    users only. They need the admin service run with auth settings (the
+    cluster key seals secrets), else FAILED_PRECONDITION. A malformed user,
+    ACL or resource: INVALID_ARGUMENT, INVALID_PARAMETER; creating what
+    exists: ALREADY_EXISTS; updating or deleting what does not: NOT_FOUND
+    (both with INVALID_PARAMETER).
+    """
+    UpdateUser: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateUserRequest, _admin_pb2.UpdateUserResponse]  # type: ignore[assignment]
+    """Change a user's secret, type or status (empty fields are kept)."""
+    DeleteUser: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteUserRequest, _admin_pb2.DeleteUserResponse]  # type: ignore[assignment]
+    """Delete a user and its ACL."""
+    ListUser: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListUserRequest, _admin_pb2.ListUserResponse]  # type: ignore[assignment]
+    """Every user, sorted by name; secret keys are never returned."""
+    CreateAcl: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateAclRequest, _admin_pb2.CreateAclResponse]  # type: ignore[assignment]
+    """Add an entry to a subject's ACL (made if absent); ALREADY_EXISTS when an
+    entry already names one of its resources.
+    """
+    UpdateAcl: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpdateAclRequest, _admin_pb2.UpdateAclResponse]  # type: ignore[assignment]
+    """Replace the subject's entries that name the given resources."""
+    DeleteAcl: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteAclRequest, _admin_pb2.DeleteAclResponse]  # type: ignore[assignment]
+    """Drop the entries naming the given resources (none given: the whole ACL)."""
+    ListAcl: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAclRequest, _admin_pb2.ListAclResponse]  # type: ignore[assignment]
+    """Every ACL (or one subject's), sorted by subject."""
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     """The admin service's RPCs; see the file comment."""
@@ -135,5 +183,77 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         """Reset a group's offsets of a topic by time on every store-node hosting
         it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
         """
+
+    @_abc_1.abstractmethod
+    def CreateUser(
+        self,
+        request: _admin_pb2.CreateUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreateUserResponse, _abc.Awaitable[_admin_pb2.CreateUserResponse]]:
+        """Users and ACLs (mqadmin's ACL 2.0 verbs; docs/security.md). Super
+        users only. They need the admin service run with auth settings (the
+        cluster key seals secrets), else FAILED_PRECONDITION. A malformed user,
+        ACL or resource: INVALID_ARGUMENT, INVALID_PARAMETER; creating what
+        exists: ALREADY_EXISTS; updating or deleting what does not: NOT_FOUND
+        (both with INVALID_PARAMETER).
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateUser(
+        self,
+        request: _admin_pb2.UpdateUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateUserResponse, _abc.Awaitable[_admin_pb2.UpdateUserResponse]]:
+        """Change a user's secret, type or status (empty fields are kept)."""
+
+    @_abc_1.abstractmethod
+    def DeleteUser(
+        self,
+        request: _admin_pb2.DeleteUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteUserResponse, _abc.Awaitable[_admin_pb2.DeleteUserResponse]]:
+        """Delete a user and its ACL."""
+
+    @_abc_1.abstractmethod
+    def ListUser(
+        self,
+        request: _admin_pb2.ListUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListUserResponse, _abc.Awaitable[_admin_pb2.ListUserResponse]]:
+        """Every user, sorted by name; secret keys are never returned."""
+
+    @_abc_1.abstractmethod
+    def CreateAcl(
+        self,
+        request: _admin_pb2.CreateAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreateAclResponse, _abc.Awaitable[_admin_pb2.CreateAclResponse]]:
+        """Add an entry to a subject's ACL (made if absent); ALREADY_EXISTS when an
+        entry already names one of its resources.
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateAcl(
+        self,
+        request: _admin_pb2.UpdateAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.UpdateAclResponse, _abc.Awaitable[_admin_pb2.UpdateAclResponse]]:
+        """Replace the subject's entries that name the given resources."""
+
+    @_abc_1.abstractmethod
+    def DeleteAcl(
+        self,
+        request: _admin_pb2.DeleteAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteAclResponse, _abc.Awaitable[_admin_pb2.DeleteAclResponse]]:
+        """Drop the entries naming the given resources (none given: the whole ACL)."""
+
+    @_abc_1.abstractmethod
+    def ListAcl(
+        self,
+        request: _admin_pb2.ListAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListAclResponse, _abc.Awaitable[_admin_pb2.ListAclResponse]]:
+        """Every ACL (or one subject's), sorted by subject."""
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

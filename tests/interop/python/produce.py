@@ -7,8 +7,10 @@ never imported: the client registers apache.rocketmq.v2 in protobuf's pool).
 GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, as gRPC reads it).
 
 ``messages.json``: ``{"topic": T, "messages": [{"body": str, "tag": str?,
-"keys": [str]?, "properties": {str: str}?, "group": str?}]}``. Prints one JSON
-list: per message ``{"message_id": ...}`` or ``{"error": str}``.
+"keys": [str]?, "properties": {str: str}?, "group": str?}], "credentials":
+{"accessKey": str, "secretKey": str}?}``. Prints one JSON list: per message
+``{"message_id": ...}`` or ``{"error": str}`` (every message's, when the
+producer could not start: a refused signature).
 """
 
 from __future__ import annotations
@@ -23,12 +25,19 @@ def main() -> int:
     endpoints = sys.argv[1]
     tls = sys.argv[2:] == ["tls"]
     spec = json.load(sys.stdin)
+    given = spec.get("credentials") or {}
+    credentials = Credentials(given.get("accessKey", ""), given.get("secretKey", ""))
     producer = Producer(
-        ClientConfiguration(endpoints, Credentials(), request_timeout=5),
+        ClientConfiguration(endpoints, credentials, request_timeout=5),
         (spec["topic"],),
         tls_enable=tls,
     )
-    producer.startup()
+    try:
+        producer.startup()
+    except Exception as e:
+        error = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps([error] * len(spec["messages"])), flush=True)
+        return 0
     out = []
     try:
         for m in spec["messages"]:

@@ -94,6 +94,16 @@ environment (the etcd endpoints, the cluster, the log format), pass the root.
 - name: BASALT_TLS_CLIENT_AUTH
   value: {{ .Values.tls.clientAuth | default "REQUIRE" | quote }}
 {{- end }}
+{{- if .Values.auth.enabled }}
+- name: BASALT_AUTH_ENABLED
+  value: "true"
+- name: BASALT_AUTH_CREDENTIALS_FILE
+  value: /etc/basalt/auth/admin.json
+- name: BASALT_AUTH_CLUSTER_KEY_FILE
+  value: /etc/basalt/auth/cluster.key
+- name: BASALT_AUTH_CLOCK_SKEW_S
+  value: {{ .Values.auth.clockSkewSeconds | quote }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -144,6 +154,11 @@ prometheus.io/path: /metrics
   mountPath: /etc/basalt/tls
   readOnly: true
 {{- end }}
+{{- if .root.Values.auth.enabled }}
+- name: auth
+  mountPath: /etc/basalt/auth
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "basalt.volumes" -}}
@@ -155,6 +170,17 @@ prometheus.io/path: /metrics
   secret:
     secretName: {{ required "tls.secretName is required when tls.enabled" .Values.tls.secretName }}
 {{- end }}
+{{- if .Values.auth.enabled }}
+- name: auth
+  secret:
+    secretName: {{ include "basalt.authSecretName" . }}
+    defaultMode: 0400
+{{- end }}
+{{- end -}}
+
+{{/* The Secret with the internal admin user (admin.json) and the cluster key. */}}
+{{- define "basalt.authSecretName" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "basalt.fullname" .)) -}}
 {{- end -}}
 
 {{/* The pod security context: the image's non-root user. */}}
