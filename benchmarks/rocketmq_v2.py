@@ -2,10 +2,8 @@
 
 Starts ``basalt cluster up`` (etcd, 2 store-nodes, 1 pull-service, whose
 v2 front the official clients dial) in a temp directory, creates one topic
-per client (``--queues`` queues, all on the first store-node: the Node.js
-SimpleConsumer 1.0.8 receives only from brokers that have a queue numbered
-0, and the front numbers a topic's queues flat across its store-nodes, so
-it would never read the second) and runs, one row at a time:
+per client (``--queues`` queues on each of the two store-nodes) and runs,
+one row at a time:
 
 * **official Python client** (rocketmq-python-client 5.1.2) and **official
   Node.js client** (rocketmq-client-nodejs 1.0.8), as subprocesses
@@ -284,8 +282,7 @@ async def run(args: argparse.Namespace, root: Path) -> tuple[list[Result], float
                         topic_name=topic,
                         read_queue_nums=args.queues,
                         write_queue_nums=args.queues,
-                        # One store-node (module docstring: the Node.js SimpleConsumer).
-                        brokers=(cluster.of_role("store-node")[0].name,),
+                        brokers=tuple(p.name for p in cluster.of_role("store-node")),
                     )
                 )
         await asyncio.sleep(1.0)  # the pull-service's watch

@@ -55,7 +55,6 @@ from basalt.services.rocketmq_v2.conversions import (
     dlq_topic,
     group_name,
     ok_status,
-    queues_per_broker,
     readable_brokers,
     to_v2_message,
 )
@@ -209,7 +208,6 @@ class ConsumeRpcs:
         if not brokers:
             raise V2Error(v2.FORBIDDEN, f"topic {topic.name!r} has no readable queue here")
         batch = min(request.batch_size, MAX_BATCH)
-        n = queues_per_broker(config)
         out: list[v2.Message] = []
         ids = list(range(config.read_queue_nums))
         for i, name in enumerate(brokers):
@@ -234,9 +232,7 @@ class ConsumeRpcs:
                     queue, self._address(queue), "PopMessages", pop, context, hold_ms / 1000
                 )
                 for m in popped.messages:
-                    delivered = await self._delivery(
-                        group, config.brokers.index(name) * n, m, invisible_ms, topic, context
-                    )
+                    delivered = await self._delivery(group, m, invisible_ms, topic, context)
                     if delivered is not None:
                         out.append(delivered)
         return out
@@ -244,7 +240,6 @@ class ConsumeRpcs:
     async def _delivery(
         self,
         group: str,
-        first_id: int,
         popped: sn.PoppedMessage,
         invisible_ms: int,
         topic: v2.Resource,
@@ -265,7 +260,7 @@ class ConsumeRpcs:
         return to_v2_message(
             record,
             namespace=topic.resource_namespace,
-            v2_queue_id=first_id + popped.queue_id,
+            queue_id=popped.queue_id,
             delivery_attempt=popped.delivery_attempt,
             receipt_handle=popped.receipt_handle,
             invisible_ms=invisible_ms,

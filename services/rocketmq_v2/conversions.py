@@ -1,11 +1,13 @@
 """Pure conversions between RocketMQ 5's v2 messages and Basalt's (no I/O).
 
-* **Queues.** A v2 ``MessageQueue`` has one ``id`` and the client sends with
-  ``queue_id`` alone (no broker), so a topic's queues on all its store-nodes
-  are numbered flat: the topic's ``n = max(read_queue_nums,
-  write_queue_nums)`` queues of its ``b``-th broker (in the topic config's
-  order) are ids ``b * n .. b * n + n - 1``. :func:`message_queues` and
-  :func:`queue_of` are each other's inverse for one topic config.
+* **Queues.** As RocketMQ 5's proxy answers a route: each of the topic's
+  brokers (store-nodes) lists its own ``n = max(read_queue_nums,
+  write_queue_nums)`` queues, ids ``0 .. n - 1``, each ``MessageQueue``
+  carrying its ``Broker`` (name, id 0: Basalt has no slaves). A queue is the
+  pair (broker, id): :func:`queue_of` maps a request's ``MessageQueue`` back.
+  The official clients need every broker to have a queue 0 (the Node.js
+  SimpleConsumer 1.0.8 reads only through queues whose id is 0, mistaking the
+  queue id for the broker id).
 * **Messages.** :func:`to_message` turns a v2 ``Message`` into a
   :class:`basalt.common.message.Message`: tag, keys and user properties as
   Basalt stores them, the client's ``message_id`` as the UNIQ_KEY, the FIFO
@@ -189,13 +191,14 @@ def message_queues(
     endpoints: v2.Endpoints,
 ) -> list[v2.MessageQueue]:
     """The topic's queues on its registered brokers (``broker_perms``: name ->
-    PermName bits; a broker not in it is down and left out), numbered as the
-    module docstring says, each reachable at ``endpoints`` (the access point
-    the client called: every queue is served through this front)."""
+    PermName bits; a broker not in it is down and left out), in config order,
+    each broker's numbered ``0 .. n - 1`` (module docstring), each reachable at
+    ``endpoints`` (the access point the client called: every queue is served
+    through this front)."""
     n = queues_per_broker(config)
     topic = v2.Resource(resource_namespace=namespace, name=config.topic_name)
     out = []
-    for b, name in enumerate(config.brokers):
+    for name in config.brokers:
         if name not in broker_perms:
             continue
         broker = v2.Broker(name=name, id=0, endpoints=endpoints)
@@ -203,7 +206,7 @@ def message_queues(
             out.append(
                 v2.MessageQueue(
                     topic=topic,
-                    id=b * n + q,
+                    id=q,
                     permission=v2.Permission.ValueType(_permission(config, broker_perms[name], q)),
                     broker=broker,
                     accept_message_types=[v2.NORMAL, v2.FIFO],
@@ -214,20 +217,22 @@ def message_queues(
 
 @dataclass(frozen=True, slots=True)
 class StoreQueue:
-    """Where a v2 queue id lives: a broker and its own queue id."""
+    """One queue of a topic: a broker and its own (broker-local) queue id."""
 
     broker_name: str
     queue_id: int
 
 
-def queue_of(config: TopicConfig, v2_id: int) -> StoreQueue | None:
-    """The broker queue of a v2 queue id (inverse of :func:`message_queues`);
-    None for an id outside the topic."""
-    n = queues_per_broker(config)
-    b, q = divmod(v2_id, n)
-    if v2_id < 0 or b >= len(config.brokers):
+def queue_of(config: TopicConfig, mq: v2.MessageQueue) -> StoreQueue | None:
+    """The topic's queue a request's ``mq`` names (inverse of
+    :func:`message_queues`): its broker's queue ``mq.id``. A ``mq`` naming no
+    broker (a raw call; the official clients always name one) means the
+    topic's first broker in config order. None for a broker the topic is not
+    on or an id outside ``0 .. n - 1``."""
+    broker = mq.broker.name or (config.brokers[0] if config.brokers else "")
+    if broker not in config.brokers or not 0 <= mq.id < queues_per_broker(config):
         return None
-    return StoreQueue(config.brokers[b], q)
+    return StoreQueue(broker, mq.id)
 
 
 def readable_brokers(config: TopicConfig, broker_perms: dict[str, int]) -> list[str]:
@@ -240,7 +245,8 @@ def readable_brokers(config: TopicConfig, broker_perms: dict[str, int]) -> list[
 
 
 def writable_queues(config: TopicConfig, live: Sequence[str]) -> list[StoreQueue]:
-    """The topic's writable queues on the brokers in ``live``, in v2 id order."""
+    """The topic's writable queues on the brokers in ``live``, broker by broker
+    in config order."""
     if not int(config.perm) & _PERM_WRITE:
         return []
     return [
@@ -249,6 +255,17 @@ def writable_queues(config: TopicConfig, live: Sequence[str]) -> list[StoreQueue
         if name in live
         for q in range(config.write_queue_nums)
     ]
+
+
+def asked_queue(queue_id: int, turn: int, writable: Sequence[StoreQueue]) -> StoreQueue:
+    """Where a send naming ``queue_id`` goes (a v2 SendMessage names a queue id
+    but no broker): the ``turn``-th of the writable brokers round robin, and
+    there its queue ``queue_id`` modulo that broker's writable queue count.
+    ``writable`` is :func:`writable_queues`' answer, not empty."""
+    brokers = list(dict.fromkeys(q.broker_name for q in writable))
+    broker = brokers[turn % len(brokers)]
+    count = sum(1 for q in writable if q.broker_name == broker)
+    return StoreQueue(broker, queue_id % count)
 
 
 def fifo_queue(group: str, queues: Sequence[StoreQueue]) -> StoreQueue:
@@ -373,7 +390,7 @@ def to_v2_message(
     record: MessageRecord,
     *,
     namespace: str,
-    v2_queue_id: int,
+    queue_id: int,
     delivery_attempt: int,
     receipt_handle: str,
     invisible_ms: int,
@@ -381,8 +398,8 @@ def to_v2_message(
     """The v2 message of one popped ``record`` (module docstring): the UNIQ_KEY
     as ``message_id`` (the offset message id when a non-RocketMQ-5 producer
     stored none), FIFO when it has a message group, the given delivery's
-    attempt, handle and invisible duration, the queue as the v2 id
-    ``v2_queue_id`` (:func:`message_queues`' numbering)."""
+    attempt, handle and invisible duration, ``queue_id`` the broker-local
+    queue id (:func:`message_queues`' numbering)."""
     properties = record.properties
     group = properties.get(PROPERTY_SHARDING_KEY)
     system = v2.SystemProperties(
@@ -396,7 +413,7 @@ def to_v2_message(
         store_timestamp=_timestamp(record.store_timestamp_ms),
         store_host=record.store_host,
         receipt_handle=receipt_handle,
-        queue_id=v2_queue_id,
+        queue_id=queue_id,
         queue_offset=record.queue_offset,
         invisible_duration=duration_ms(invisible_ms),
         delivery_attempt=delivery_attempt,

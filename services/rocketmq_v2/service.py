@@ -5,8 +5,8 @@ A thin, stateless adapter served by the pull-service on its own listener
 brokers) and sends through its channels to the store-nodes, so any
 pull-service serves any client. The RPCs:
 
-* ``QueryRoute``: one MessageQueue per queue (:mod:`.conversions` numbers a
-  topic's queues on all its brokers flat), each at the access point the
+* ``QueryRoute``: one MessageQueue per queue, each broker's numbered from 0
+  and naming its broker (:mod:`.conversions`), each at the access point the
   client called; TOPIC_NOT_FOUND for an unknown topic (no auto-creation, as
   RocketMQ 5).
 * ``Telemetry``: each ``Settings`` the client sends is answered at once with
@@ -18,13 +18,15 @@ pull-service serves any client. The RPCs:
   with records from :func:`basalt.common.record.encode_batch`; concurrent
   requests' batches to one store-node are joined (:mod:`.coalesce`) into one
   message of its ``SendStream`` (:mod:`.send_stream`). A FIFO
-  message's group picks its queue by hash; otherwise the client's
-  ``queue_id`` when it is set (not 0) and writable, else the next queue
-  round robin.
+  message's group picks its (broker, queue) by hash; otherwise a ``queue_id``
+  the client set (not 0) goes to the next writable broker round robin, its
+  queue ``queue_id`` modulo that broker's count (a v2 send names no broker);
+  an unset one to the next writable queue of all brokers round robin.
 * ``QueryOffset`` (BEGINNING / END / TIMESTAMP: the store-node's
   GetMinMaxOffset or SearchOffset), ``GetOffset`` (a group's committed
   offset: QueryConsumerOffset; OFFSET_NOT_FOUND when it has none) and
-  ``UpdateOffset`` (UpdateConsumerOffset) on the queue's store-node.
+  ``UpdateOffset`` (UpdateConsumerOffset) on the store-node the request's
+  ``MessageQueue`` names (its broker; the first when it names none).
 * ``EndTransaction``, ``RecallMessage``: UNSUPPORTED.
 
 * Consumption (``ReceiveMessage``, ``AckMessage``,
@@ -60,6 +62,7 @@ from basalt.services.rocketmq_v2.conversions import (
     CODE_OF_SEND_STATUS,
     StoreQueue,
     V2Error,
+    asked_queue,
     code_of_response,
     duration_ms,
     fifo_queue,
@@ -295,8 +298,11 @@ class MessagingServiceServicer(ConsumeRpcs):
                 # queue_id 0 is also proto3's "not set", and the official Python
                 # client never sets it: taken as the client's choice, all its
                 # messages would land on one queue of one store-node.
-                asked = queue_of(config, system.queue_id) if system.queue_id else None
-                queue = asked if asked in writable else writable[next(self._turn) % len(writable)]
+                turn = next(self._turn)
+                if system.queue_id:
+                    queue = asked_queue(system.queue_id, turn, writable)
+                else:
+                    queue = writable[turn % len(writable)]
             targets.setdefault(queue, []).append(i)
         entries: list[sv.SendResultEntry | None] = [None] * len(messages)
         for queue, indices in targets.items():
@@ -494,15 +500,19 @@ class MessagingServiceServicer(ConsumeRpcs):
         make: Callable[[str, int], Any],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> Any:
-        """Call ``rpc`` with ``make(topic, queue_id)`` on the store-node holding the
-        v2 queue ``mq``; its answer, or V2Error (TOPIC_NOT_FOUND, BAD_REQUEST for
-        a queue id outside the topic, the store-node's refusal in v2 terms)."""
+        """Call ``rpc`` with ``make(topic, queue_id)`` on the store-node of the
+        queue ``mq`` names (:func:`queue_of`: its broker and queue id); its
+        answer, or V2Error (TOPIC_NOT_FOUND, BAD_REQUEST for a broker or queue
+        id outside the topic, the store-node's refusal in v2 terms)."""
         config = self.pull.view.topics.get(mq.topic.name)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
-        queue = queue_of(config, mq.id)
+        queue = queue_of(config, mq)
         if queue is None:
-            raise V2Error(v2.BAD_REQUEST, f"topic {mq.topic.name!r} has no queue {mq.id}")
+            raise V2Error(
+                v2.BAD_REQUEST,
+                f"topic {mq.topic.name!r} has no queue {mq.id} on broker {mq.broker.name!r}",
+            )
         request = make(config.topic_name, queue.queue_id)
         return await self._call(queue, self._address(queue), rpc, request, context)
 

@@ -1,6 +1,7 @@
 """Consumption through the v2 front against ``basalt cluster up``: the official
 Python and Node.js SimpleConsumers, the Python PushConsumer (retries, dead
-letters, FIFO), raw v2 calls with bad input. The cluster's front runs with 3
+letters, FIFO), raw v2 calls with bad input; topics on one store-node and on
+both of the cluster's two. The cluster's front runs with 3
 max attempts, 1 s retry delays, 3 s PushConsumer polls and one FIFO group, so
 retries and shutdowns end quickly."""
 
@@ -28,6 +29,8 @@ from tests.support.interop import (
 from tests.support.processes import local_cluster, run_basalt_sync
 
 FIFO_GROUP = "GFifo"
+#: A topic spread over both store-nodes.
+BOTH = ("broker-a", "broker-b")
 MAX_ATTEMPTS = 3
 
 
@@ -37,10 +40,10 @@ class Cluster:
     pull: str
     v2: str
 
-    def topic(self, name: str) -> str:
+    def topic(self, name: str, brokers: tuple[str, ...] = ("broker-a",)) -> str:
+        on = [arg for b in brokers for arg in ("-b", b)]
         made = run_basalt_sync(
-            "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2", "-b", "broker-a",
-            "--etcd", self.etcd,
+            "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2", *on, "--etcd", self.etcd,
         )  # fmt: skip
         assert made.returncode == 0, made.stdout + made.stderr
         return name
@@ -57,7 +60,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "BASALT_ROCKETMQ_V2_LONG_POLLING_TIMEOUT_MS": "3000",
     }
     data = tmp_path_factory.mktemp("v2c") / "c"
-    with local_cluster(data, "--store-nodes", "1", env=env) as rows:
+    # Two store-nodes: topics on one (broker-a) and topics spread over both.
+    with local_cluster(data, "--store-nodes", "2", env=env) as rows:
         by_role = {r["role"]: r for r in rows}
         yield Cluster(by_role["etcd"]["address"], by_role["pull-service"]["address"],
                       by_role["pull-service"]["rocketmq_v2"])  # fmt: skip
@@ -113,6 +117,50 @@ def test_simple_consumer_receive_ack_invisible_redelivery(cluster: Cluster, clie
         assert _receive(stub, topic, f"GSimple-{client}").status.code == v2.MESSAGE_NOT_FOUND
 
 
+@pytest.mark.parametrize("client", sorted(SIMPLE_CONSUMERS))
+def test_simple_consumers_read_both_store_nodes_of_a_topic(cluster: Cluster, client: str) -> None:
+    # The Node.js SimpleConsumer 1.0.8 reads only through route queues numbered
+    # 0: every store-node must have one, as in RocketMQ 5's routes.
+    topic = cluster.topic(f"V2Spread-{client}", BOTH)
+    channel, stub = _stub(cluster)
+    with channel:
+        host, _, port = cluster.v2.rpartition(":")
+        endpoints = v2.Endpoints(addresses=[v2.Address(host=host, port=int(port))])
+        route = stub.QueryRoute(
+            sv.QueryRouteRequest(topic=v2.Resource(name=topic), endpoints=endpoints), timeout=10
+        )
+        assert [(q.broker.name, q.id) for q in route.message_queues] == [
+            (b, i) for b in BOTH for i in range(2)
+        ]
+        # Unset queue ids go round robin over all four queues: 2 on each.
+        for n in range(8):
+            system = v2.SystemProperties(message_id=f"01SPREAD{client}{n}", tag="T")
+            message = v2.Message(
+                topic=v2.Resource(name=topic), system_properties=system, body=f"s{n}".encode()
+            )
+            sent = stub.SendMessage(sv.SendMessageRequest(messages=[message]), timeout=10)
+            assert sent.status.code == v2.OK, sent.status
+        for q in route.message_queues:  # offsets RPCs go to the MessageQueue's broker
+            end = sv.QueryOffsetRequest(message_queue=q, query_offset_policy=v2.END)
+            assert stub.QueryOffset(end, timeout=10).offset == 2, q.broker.name
+        assigned = stub.QueryAssignment(
+            sv.QueryAssignmentRequest(
+                topic=v2.Resource(name=topic), group=v2.Resource(name="G"), endpoints=endpoints
+            ),
+            timeout=10,
+        )
+        assert [a.message_queue.broker.name for a in assigned.assignments] == list(BOTH)
+        group = f"GSpread-{client}"
+        # 5 s invisible, not 2: the Node.js client alternates brokers, long
+        # polling the one without redeliveries, and a 2 s delivery would come
+        # a third time before the scenario's second receive ends.
+        spec = {"topic": topic, "group": group, "expect": 8, "invisible_s": 5}
+        out = run_client(SIMPLE_CONSUMERS[client], cluster.v2, spec)
+        assert sorted(m["body"] for m in out["first"]) == [f"s{n}" for n in range(8)]
+        assert sorted(m["id"] for m in out["again"]) == sorted(m["id"] for m in out["first"][:2])
+        assert _receive(stub, topic, group).status.code == v2.MESSAGE_NOT_FOUND
+
+
 @pytest.mark.parametrize("client", sorted(PUSH_CONSUMERS))
 def test_push_consumer_retries_then_dead_letters(cluster: Cluster, client: str) -> None:
     topic, group = cluster.topic(f"V2Push-{client}"), f"GPush-{client}"
@@ -140,8 +188,11 @@ def test_push_consumer_retries_then_dead_letters(cluster: Cluster, client: str) 
         assert r.properties["DLQ_ORIGIN_TOPIC"] == topic
 
 
-def test_fifo_push_consumer_keeps_each_message_groups_order(cluster: Cluster) -> None:
-    topic = cluster.topic("V2Fifo")
+@pytest.mark.parametrize("brokers", [("broker-a",), BOTH], ids=["one-broker", "two-brokers"])
+def test_fifo_push_consumer_keeps_each_message_groups_order(
+    cluster: Cluster, brokers: tuple[str, ...]
+) -> None:
+    topic = cluster.topic(f"V2Fifo-{len(brokers)}", brokers)
     specs = [{"body": f"{g}-{i}", "group": g} for i in range(5) for g in ("ga", "gb")]
     run_client(PRODUCERS["python"], cluster.v2, {"topic": topic, "messages": specs})
     calls = run_client(

@@ -15,6 +15,7 @@ from basalt.services.rocketmq_v2.conversions import (
     PROPERTY_SHARDING_KEY,
     StoreQueue,
     V2Error,
+    asked_queue,
     code_of_response,
     dead_letter,
     fifo_queue,
@@ -34,24 +35,57 @@ CONFIG = TopicConfig(
 ENDPOINTS = v2.Endpoints(addresses=[v2.Address(host="127.0.0.1", port=8081)])
 
 
-def test_queues_are_numbered_flat_and_map_back() -> None:
+def _mq(broker: str, queue_id: int) -> v2.MessageQueue:
+    return v2.MessageQueue(topic=v2.Resource(name="T"), id=queue_id, broker=v2.Broker(name=broker))
+
+
+def test_each_broker_numbers_its_queues_from_0_and_they_map_back() -> None:
     queues = message_queues(
         CONFIG, {"broker-a": 6, "broker-b": 6}, namespace="", endpoints=ENDPOINTS
     )
-    assert [q.id for q in queues] == list(range(8))
+    # RocketMQ 5's route: every broker has its own queues 0..n-1 (the Node.js
+    # SimpleConsumer reads only through queues numbered 0).
+    assert [(q.broker.name, q.id) for q in queues] == [
+        (b, i) for b in ("broker-a", "broker-b") for i in range(4)
+    ]
+    assert {q.broker.id for q in queues} == {0}
     assert [q.permission for q in queues[:4]] == [v2.READ_WRITE, v2.READ_WRITE, v2.READ, v2.READ]
+    assert queues[4:] == [
+        v2.MessageQueue(
+            topic=q.topic, id=q.id, permission=q.permission,
+            accept_message_types=q.accept_message_types,
+            broker=v2.Broker(name="broker-b", id=0, endpoints=ENDPOINTS),
+        )
+        for q in queues[:4]
+    ]  # fmt: skip
     assert all(q.endpoints == ENDPOINTS for q in (q.broker for q in queues))
     for q in queues:
-        store = queue_of(CONFIG, q.id)
-        assert store == StoreQueue(q.broker.name, q.id % 4)
-    assert queue_of(CONFIG, 8) is None and queue_of(CONFIG, -1) is None
+        assert queue_of(CONFIG, q) == StoreQueue(q.broker.name, q.id)
+
+
+def test_queue_of_refuses_what_the_topic_does_not_have() -> None:
+    assert queue_of(CONFIG, _mq("broker-a", 4)) is None
+    assert queue_of(CONFIG, _mq("broker-b", -1)) is None
+    assert queue_of(CONFIG, _mq("broker-c", 0)) is None
+    # A raw call naming no broker means the topic's first.
+    assert queue_of(CONFIG, _mq("", 3)) == StoreQueue("broker-a", 3)
 
 
 def test_a_down_broker_is_left_out_and_perm_is_respected() -> None:
     queues = message_queues(CONFIG, {"broker-b": 4}, namespace="ns", endpoints=ENDPOINTS)
-    assert [q.id for q in queues] == [4, 5, 6, 7]
+    assert [(q.broker.name, q.id) for q in queues] == [("broker-b", i) for i in range(4)]
     assert {q.permission for q in queues} == {v2.READ}
     assert queues[0].topic.resource_namespace == "ns"
+
+
+def test_an_asked_queue_id_goes_round_robin_over_brokers_modulo_their_count() -> None:
+    writable = writable_queues(CONFIG, ["broker-a", "broker-b"])
+    assert [asked_queue(1, turn, writable) for turn in range(3)] == [
+        StoreQueue("broker-a", 1), StoreQueue("broker-b", 1), StoreQueue("broker-a", 1),
+    ]  # fmt: skip
+    # Queue 3 is read-only (2 write queues): modulo, it is queue 1.
+    assert asked_queue(3, 0, writable) == StoreQueue("broker-a", 1)
+    assert asked_queue(1, 5, writable_queues(CONFIG, ["broker-b"])) == StoreQueue("broker-b", 1)
 
 
 def test_fifo_group_hashes_to_a_fixed_writable_queue() -> None:
@@ -129,7 +163,7 @@ def test_to_v2_message_carries_every_system_property() -> None:
                 properties={"color": "red", PROPERTY_SHARDING_KEY: "g1"})
     )  # fmt: skip
     m = to_v2_message(
-        record, namespace="ns", v2_queue_id=5, delivery_attempt=2, receipt_handle="H",
+        record, namespace="ns", queue_id=5, delivery_attempt=2, receipt_handle="H",
         invisible_ms=30_000,
     )  # fmt: skip
     system = m.system_properties
@@ -146,7 +180,7 @@ def test_to_v2_message_carries_every_system_property() -> None:
     # Only the user's properties: TAGS, KEYS, UNIQ_KEY, __SHARDINGKEY are system ones.
     assert dict(m.user_properties) == {"color": "red"}
     plain = to_v2_message(
-        _stored(Message("T", b"x")), namespace="", v2_queue_id=0, delivery_attempt=1,
+        _stored(Message("T", b"x")), namespace="", queue_id=0, delivery_attempt=1,
         receipt_handle="H", invisible_ms=1,
     )  # fmt: skip
     assert plain.system_properties.message_type == v2.NORMAL
