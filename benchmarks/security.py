@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -100,7 +101,14 @@ async def measure(variant: Variant, args: argparse.Namespace, data: Path) -> lis
     """One variant's produce and consume rows, on a new cluster in ``data``."""
     cluster = Cluster(data, up_args=variant.up_args)
     try:
-        print(cluster.up().rstrip(), file=sys.stderr)
+        try:
+            print(cluster.up().rstrip(), file=sys.stderr)
+        except RuntimeError:
+            # The run's directory goes with the run: keep the logs that say why.
+            kept = Path(tempfile.mkdtemp(prefix="basalt-security-failed-"))
+            shutil.copytree(data / "logs", kept / "logs", dirs_exist_ok=True)
+            print(f"cluster up failed: logs kept in {kept / 'logs'}", file=sys.stderr)
+            raise
         tls = variant.client_tls(data)
         credentials = variant.credentials(data)
         meta_config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
