@@ -36,7 +36,7 @@ routes its ack. What RocketMQ 5's proxy does, mapped:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -46,6 +46,7 @@ from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
 from basalt.common.record import CorruptRecordError, decode_record, decode_records
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services.errors import Refusal, pull_outcome
 from basalt.services.meta.errors import MetaError
 from basalt.services.meta.model import TopicConfig
 from basalt.services.rocketmq_v2.conversions import (
@@ -119,6 +120,15 @@ class ConsumeRpcs:
             address: str,
             rpc: str,
             request: Any,
+            context: grpc.aio.ServicerContext[Any, Any],
+            hold_s: float = 0.0,
+        ) -> Any: ...
+
+        async def _on_store_node(
+            self,
+            mq: v2.MessageQueue,
+            rpc: str,
+            make: Callable[[str, int], Any],
             context: grpc.aio.ServicerContext[Any, Any],
             hold_s: float = 0.0,
         ) -> Any: ...
@@ -438,6 +448,102 @@ class ConsumeRpcs:
         return sv.ChangeInvisibleDurationResponse(
             status=ok_status(), receipt_handle=done.receipt_handle
         )
+
+    # -- offset-based pull --------------------------------------------------------------
+
+    async def PullMessage(
+        self, request: sv.PullMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[sv.PullMessageResponse]:
+        """RocketMQ 5's offset-based pull: one GetMessage on the store-node of the
+        queue the request names (long polling within the client's deadline), no
+        pop state and no commit (UpdateOffset commits). Answers, as RocketMQ 5's
+        proxy does: a status (OK with messages, MESSAGE_NOT_FOUND when nothing
+        new or nothing matched, ILLEGAL_OFFSET when the offset is outside the
+        queue), the messages, then the next offset to pull from."""
+        try:
+            read, topic = await self._pull(request, context)
+            code, _ = pull_outcome(read.status, request.offset)
+            records = decode_records(read.records.data)
+        except V2Error as e:
+            yield sv.PullMessageResponse(status=e.status())
+            return
+        except Refusal as e:
+            yield sv.PullMessageResponse(
+                status=V2Error(v2.INTERNAL_SERVER_ERROR, e.message).status()
+            )
+            return
+        except CorruptRecordError as e:
+            yield sv.PullMessageResponse(
+                status=V2Error(
+                    v2.INTERNAL_SERVER_ERROR, f"stored record does not decode: {e}"
+                ).status()
+            )
+            return
+        if code == pb.RESPONSE_CODE_SUCCESS:
+            yield sv.PullMessageResponse(status=ok_status())
+            for record in records:
+                yield sv.PullMessageResponse(
+                    message=to_v2_message(
+                        record,
+                        namespace=topic.resource_namespace,
+                        queue_id=request.message_queue.id,
+                        delivery_attempt=1,
+                        receipt_handle="",
+                        invisible_ms=0,
+                    )
+                )
+        elif code == pb.RESPONSE_CODE_PULL_OFFSET_MOVED:
+            yield sv.PullMessageResponse(
+                status=V2Error(
+                    v2.ILLEGAL_OFFSET,
+                    f"offset {request.offset} is outside the queue "
+                    f"[{read.min_offset}, {read.max_offset}]",
+                ).status()
+            )
+        else:
+            status = v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message")
+            yield sv.PullMessageResponse(status=status)
+        yield sv.PullMessageResponse(next_offset=read.next_begin_offset)
+
+    async def _pull(
+        self, request: sv.PullMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[sn.GetMessageResponse, v2.Resource]:
+        """The checked request's GetMessage answer and the topic it named;
+        V2Error for a refusal."""
+        group = group_name(request.group)
+        if request.offset < 0:
+            raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
+        if request.batch_size < 1:
+            raise V2Error(v2.BAD_REQUEST, f"batch_size {request.batch_size} < 1")
+        poll_ms = 0
+        if request.HasField("long_polling_timeout"):
+            poll_ms = request.long_polling_timeout.ToMilliseconds()
+            if poll_ms < 0:
+                raise V2Error(v2.ILLEGAL_POLLING_TIME, f"long_polling_timeout {poll_ms} ms < 0")
+        remaining = context.time_remaining()
+        if remaining is not None:
+            poll_ms = max(0, min(poll_ms, int((remaining - _DEADLINE_MARGIN_S) * 1000)))
+        expression = request.filter_expression
+        subscription = pb.Subscription(
+            type=_FILTER_TYPE.get(expression.type, pb.EXPRESSION_TYPE_TAG),
+            expression=expression.expression or "*",
+        )
+        read: sn.GetMessageResponse = await self._on_store_node(
+            request.message_queue,
+            "GetMessage",
+            lambda t, q: sn.GetMessageRequest(
+                group=group,
+                topic=t,
+                queue_id=q,
+                offset=request.offset,
+                max_msg_nums=min(request.batch_size, MAX_BATCH),
+                subscription=subscription,
+                suspend_timeout_ms=poll_ms,
+            ),
+            context,
+            poll_ms / 1000,
+        )
+        return read, request.message_queue.topic
 
     # -- assignment ---------------------------------------------------------------------
 

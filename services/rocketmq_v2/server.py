@@ -45,6 +45,7 @@ SERVED = frozenset(
         "ChangeInvisibleDuration",
         "ForwardMessageToDeadLetterQueue",
         "QueryAssignment",
+        "PullMessage",
     }
 )
 

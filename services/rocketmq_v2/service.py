@@ -31,11 +31,12 @@ pull-service serves any client. The RPCs:
 
 * Consumption (``ReceiveMessage``, ``AckMessage``,
   ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
-  ``QueryAssignment``): :mod:`.consume`.
+  ``QueryAssignment``) and the offset-based ``PullMessage``: :mod:`.consume`.
 
-``PullMessage`` is not registered: gRPC answers UNIMPLEMENTED. Every answer carries a v2
-``Status``; refusals are Statuses, never gRPC errors. ``authorization``
-headers are accepted and ignored. Concurrency: one event loop.
+Every answer carries a v2 ``Status``; refusals are Statuses, never gRPC
+errors (``authorization`` headers are checked by the servers' auth
+interceptor when auth is on, before a handler runs). Concurrency: one event
+loop.
 """
 
 from __future__ import annotations
@@ -499,11 +500,13 @@ class MessagingServiceServicer(ConsumeRpcs):
         rpc: str,
         make: Callable[[str, int], Any],
         context: grpc.aio.ServicerContext[Any, Any],
+        hold_s: float = 0.0,
     ) -> Any:
         """Call ``rpc`` with ``make(topic, queue_id)`` on the store-node of the
-        queue ``mq`` names (:func:`queue_of`: its broker and queue id); its
-        answer, or V2Error (TOPIC_NOT_FOUND, BAD_REQUEST for a broker or queue
-        id outside the topic, the store-node's refusal in v2 terms)."""
+        queue ``mq`` names (:func:`queue_of`: its broker and queue id; a call the
+        store-node may hold gets ``hold_s`` more time); its answer, or V2Error
+        (TOPIC_NOT_FOUND, BAD_REQUEST for a broker or queue id outside the
+        topic, the store-node's refusal in v2 terms)."""
         config = self.pull.view.topics.get(mq.topic.name)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
@@ -514,7 +517,7 @@ class MessagingServiceServicer(ConsumeRpcs):
                 f"topic {mq.topic.name!r} has no queue {mq.id} on broker {mq.broker.name!r}",
             )
         request = make(config.topic_name, queue.queue_id)
-        return await self._call(queue, self._address(queue), rpc, request, context)
+        return await self._call(queue, self._address(queue), rpc, request, context, hold_s)
 
     # -- not supported yet ---------------------------------------------------------------
 

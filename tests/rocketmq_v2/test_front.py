@@ -155,7 +155,7 @@ def test_query_route_and_bad_input(cluster: Cluster) -> None:
         ended = stub.EndTransaction(sv.EndTransactionRequest(), timeout=10)
         assert ended.status.code == v2.UNSUPPORTED
         with pytest.raises(grpc.RpcError) as e:
-            list(stub.PullMessage(sv.PullMessageRequest(), timeout=10))
+            stub.SyncLiteSubscription(sv.SyncLiteSubscriptionRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert asyncio.run(_read_all(cluster.pull, BAD_TOPIC, "G-bad", 0)) == []
 
@@ -220,6 +220,83 @@ def test_raw_send_to_the_clients_queue_and_offsets(cluster: Cluster) -> None:
             stub.QueryOffset(sv.QueryOffsetRequest(message_queue=unknown), timeout=10).status.code
             == v2.TOPIC_NOT_FOUND
         )
+
+
+def _pull(
+    stub: sv_grpc.MessagingServiceStub, topic: str, offset: int, **kw: Any
+) -> tuple[v2.Status, list[v2.Message], int | None]:
+    """A PullMessage's status, messages and next offset (None when not sent)."""
+    request = sv.PullMessageRequest(
+        group=v2.Resource(name=kw.pop("group", "G-pull")),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=kw.pop("queue", 2)),
+        offset=offset,
+        batch_size=kw.pop("batch_size", 32),
+        **kw,
+    )
+    status, messages, next_offset = v2.Status(), [], None
+    for answer in stub.PullMessage(request, timeout=10):
+        kind = answer.WhichOneof("content")
+        if kind == "status":
+            status = answer.status
+        elif kind == "message":
+            messages.append(answer.message)
+        else:
+            next_offset = answer.next_offset
+    return status, messages, next_offset
+
+
+def test_pull_message_reads_a_queue_by_offset(cluster: Cluster) -> None:
+    topic = "V2Pull"
+    made = run_basalt_sync(
+        "admin", "updateTopic", "-t", topic, "-r", "4", "-w", "4", "-b", "broker-a",
+        "--etcd", cluster.etcd,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    channel, stub = _stub(cluster)
+    with channel:
+        for i, tag in enumerate(["A", "B", "A"]):
+            message = v2.Message(
+                topic=v2.Resource(name=topic),
+                system_properties=v2.SystemProperties(message_id=f"01PULL{i}", queue_id=2, tag=tag),
+                user_properties={"n": str(i)},
+                body=b"pull-%d" % i,
+            )
+            sent = stub.SendMessage(sv.SendMessageRequest(messages=[message]), timeout=10)
+            assert sent.status.code == v2.OK, sent.status
+        status, messages, next_offset = _pull(stub, topic, 0)
+        assert status.code == v2.OK, status
+        assert [m.body for m in messages] == [b"pull-0", b"pull-1", b"pull-2"]
+        assert [m.system_properties.queue_offset for m in messages] == [0, 1, 2]
+        assert [m.system_properties.message_id for m in messages] == [
+            "01PULL0",
+            "01PULL1",
+            "01PULL2",
+        ]
+        assert [m.system_properties.tag for m in messages] == ["A", "B", "A"]
+        assert [m.user_properties["n"] for m in messages] == ["0", "1", "2"]
+        assert next_offset == 3
+        # the filter is applied on the store-node; the next offset passes what it skipped
+        only_a = v2.FilterExpression(type=v2.TAG, expression="A")
+        status, messages, next_offset = _pull(stub, topic, 1, filter_expression=only_a)
+        assert (status.code, [m.body for m in messages], next_offset) == (v2.OK, [b"pull-2"], 3)
+        status, messages, next_offset = _pull(stub, topic, 0, batch_size=2)
+        assert (len(messages), next_offset) == (2, 2)
+        # nothing new: held for the long poll, then MESSAGE_NOT_FOUND at the same offset
+        wait = sv.PullMessageRequest().long_polling_timeout
+        wait.FromMilliseconds(200)
+        status, messages, next_offset = _pull(stub, topic, 3, long_polling_timeout=wait)
+        assert (status.code, messages, next_offset) == (v2.MESSAGE_NOT_FOUND, [], 3)
+        status, messages, next_offset = _pull(stub, topic, 10)
+        # past the end: the store's correction, RocketMQ's rule (the min offset
+        # while it is 0, else the max)
+        assert (status.code, messages, next_offset) == (v2.ILLEGAL_OFFSET, [], 0)
+        # bad input: a status, no next offset
+        assert _pull(stub, topic, 0, group="")[0].code == v2.ILLEGAL_CONSUMER_GROUP
+        assert _pull(stub, "Nope", 0)[0].code == v2.TOPIC_NOT_FOUND
+        assert _pull(stub, topic, -1)[0].code == v2.ILLEGAL_OFFSET
+        assert _pull(stub, topic, 0, batch_size=0)[0].code == v2.BAD_REQUEST
+        assert _pull(stub, topic, 0, queue=99)[0].code == v2.BAD_REQUEST
+        assert _pull(stub, topic, 0, group="")[2] is None
 
 
 def test_unset_queue_id_goes_round_robin_and_concurrent_sends_share_offsets(
