@@ -4,9 +4,10 @@ script, never imported: the client registers apache.rocketmq.v2 in protobuf's po
     python simple.py ENDPOINTS < spec.json
 
 ``spec.json``: ``{"topic": T, "group": G, "expect": N, "invisible_s": S}``.
-Receives until N messages came (each invisible S seconds); changes the first
-one's invisible duration to 1 s and acks with its old handle (refused: stale);
-acks all but the first two; receives until those two come again, acks them;
+Receives until N messages came (each invisible S seconds: long enough that
+none comes again while the receives run); changes the first one's invisible
+duration to 1 s and acks with its old handle (refused: stale); changes the
+second one's to 1 s; acks all but the first two; receives until those two come again, acks them;
 acks one of them once more (refused). Prints one JSON object: ``first`` and
 ``again`` (messages as ``{"id", "body", "attempt", "tag", "keys",
 "properties", "group"}``), ``stale_ack`` and ``double_ack`` (the error text,
@@ -64,6 +65,9 @@ def main() -> int:
         m0.receipt_handle = old
         out["stale_ack"] = _refused(consumer, m0)
         m0.receipt_handle = new
+        # the second held-back message comes back after 1 s too, not after the
+        # receive's (long) invisible time
+        consumer.change_invisible_duration(first[1], 1)
         for m in first[2:]:
             consumer.ack(m)
         again = _receive(consumer, 2, spec["invisible_s"])
