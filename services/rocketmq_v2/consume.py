@@ -86,6 +86,33 @@ _FILTER_TYPE = {
 }
 
 
+def _poll_ms(
+    request: sv.ReceiveMessageRequest | sv.PullMessageRequest,
+    context: grpc.aio.ServicerContext[Any, Any],
+) -> int:
+    """How long a receive or pull may be held: its ``long_polling_timeout``, cut
+    to the client's deadline less a margin (the answer must reach the client
+    before it gives up); V2Error ILLEGAL_POLLING_TIME when negative."""
+    poll_ms = 0
+    if request.HasField("long_polling_timeout"):
+        poll_ms = request.long_polling_timeout.ToMilliseconds()
+        if poll_ms < 0:
+            raise V2Error(v2.ILLEGAL_POLLING_TIME, f"long_polling_timeout {poll_ms} ms < 0")
+    remaining = context.time_remaining()
+    if remaining is not None:
+        poll_ms = max(0, min(poll_ms, int((remaining - _DEADLINE_MARGIN_S) * 1000)))
+    return poll_ms
+
+
+def _subscription(expression: v2.FilterExpression) -> pb.Subscription:
+    """The store-node's subscription of a v2 filter (TAG when unspecified, ``*``
+    when empty)."""
+    return pb.Subscription(
+        type=_FILTER_TYPE.get(expression.type, pb.EXPRESSION_TYPE_TAG),
+        expression=expression.expression or "*",
+    )
+
+
 def _handle(text: str, topic: str) -> ReceiptHandle:
     """The decoded handle of a delivery of ``topic``; V2Error
     INVALID_RECEIPT_HANDLE when it does not decode or is another topic's."""
@@ -196,19 +223,8 @@ class ConsumeRpcs:
                     v2.ILLEGAL_INVISIBLE_TIME,
                     f"invisible_duration {invisible_ms} ms: at least 1 s is needed",
                 )
-        poll_ms = 0
-        if request.HasField("long_polling_timeout"):
-            poll_ms = request.long_polling_timeout.ToMilliseconds()
-            if poll_ms < 0:
-                raise V2Error(v2.ILLEGAL_POLLING_TIME, f"long_polling_timeout {poll_ms} ms < 0")
-        remaining = context.time_remaining()
-        if remaining is not None:
-            poll_ms = max(0, min(poll_ms, int((remaining - _DEADLINE_MARGIN_S) * 1000)))
-        expression = request.filter_expression
-        subscription = pb.Subscription(
-            type=_FILTER_TYPE.get(expression.type, pb.EXPRESSION_TYPE_TAG),
-            expression=expression.expression or "*",
-        )
+        poll_ms = _poll_ms(request, context)
+        subscription = _subscription(request.filter_expression)
         wanted = request.message_queue.broker.name
         brokers = [
             name
@@ -515,19 +531,8 @@ class ConsumeRpcs:
             raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
         if request.batch_size < 1:
             raise V2Error(v2.BAD_REQUEST, f"batch_size {request.batch_size} < 1")
-        poll_ms = 0
-        if request.HasField("long_polling_timeout"):
-            poll_ms = request.long_polling_timeout.ToMilliseconds()
-            if poll_ms < 0:
-                raise V2Error(v2.ILLEGAL_POLLING_TIME, f"long_polling_timeout {poll_ms} ms < 0")
-        remaining = context.time_remaining()
-        if remaining is not None:
-            poll_ms = max(0, min(poll_ms, int((remaining - _DEADLINE_MARGIN_S) * 1000)))
-        expression = request.filter_expression
-        subscription = pb.Subscription(
-            type=_FILTER_TYPE.get(expression.type, pb.EXPRESSION_TYPE_TAG),
-            expression=expression.expression or "*",
-        )
+        poll_ms = _poll_ms(request, context)
+        subscription = _subscription(request.filter_expression)
         read: sn.GetMessageResponse = await self._on_store_node(
             request.message_queue,
             "GetMessage",
