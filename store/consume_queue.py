@@ -58,6 +58,9 @@ CqEntry = tuple[int, int, int, int]
 #: a record claiming a queue offset further past its queue's end is not indexed.
 MAX_PADDED_GAP_UNITS = 1 << 20
 
+#: The first read of a queue file at start (see ConsumeQueue.written_end).
+_HEAD_READ_BYTES = 4096
+
 #: Below the fully validated tail, one unit in this many is checked at start.
 VALIDATE_SAMPLE_STRIDE = 1024
 
@@ -174,6 +177,9 @@ class ConsumeQueue:
         cleared = self.files.truncate_dirty_files(
             end, dirty_end=end + TORN_WRITE_WINDOW_BYTES if clean_stop else None
         )
+        for mf in files:
+            if isinstance(mf, QueueFile):
+                mf.keep_cached(mf.wrote_position)
         self.max_physic_offset = self._last_physic_end()
         self.min_logic_offset = self._first_real_unit_offset(files[0])
         return cleared
@@ -181,20 +187,26 @@ class ConsumeQueue:
     def written_end(self, mf: MappedFile) -> int:
         """Bytes of valid units at the start of ``mf``; an all-zero or negative unit ends them.
 
-        Units are written back to back from the file's start, so the first hole of
-        a sparse QueueFile (SEEK_HOLE) bounds them: only the data before it is
-        read, whatever the file's size.
+        Units are written back to back from the file's start, so a QueueFile is
+        read from its start in doubling chunks, from one page (204 units), until
+        a chunk holds an invalid unit: a queue with a few units costs one
+        ``pread``, whatever the file's size (a sparse file's hole reads as
+        zeros). Finding the first hole with ``SEEK_HOLE`` first cost two more
+        system calls a queue, a sixth of a restart over 40,000 queues.
         """
-        limit = self.mapped_file_size
-        if isinstance(mf, QueueFile):
-            limit = min(limit, -(-mf.data_end() // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE)
-        data = mf.read(0, limit)
-        pos = 0
-        for phy, size, _ in UNIT.iter_unpack(data):
-            if not _is_valid_unit(phy, size):
-                break
-            pos += CQ_STORE_UNIT_SIZE
-        return pos
+        size = _HEAD_READ_BYTES if isinstance(mf, QueueFile) else self.mapped_file_size
+        while True:
+            data = mf.read(0, size)
+            pos = 0
+            for phy, unit_size, _ in UNIT.iter_unpack(
+                memoryview(data)[: len(data) - len(data) % CQ_STORE_UNIT_SIZE]
+            ):
+                if not _is_valid_unit(phy, unit_size):
+                    return pos
+                pos += CQ_STORE_UNIT_SIZE
+            if len(data) < size or size >= self.mapped_file_size:
+                return pos
+            size *= 2
 
     def _first_real_unit_offset(self, mf: MappedFile) -> int:
         data = mf.read(0, mf.wrote_position)

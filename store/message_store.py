@@ -68,7 +68,7 @@ from basalt.store.index_service import IndexRebuild, IndexService
 from basalt.store.pop import PopLoadReport, PopStore
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
-from basalt.store.recovery import RecoveryReport, recover
+from basalt.store.recovery import CommitLogPrescan, RecoveryReport, recover
 from basalt.store.store_reads import StoreReads
 
 log = logging.getLogger(__name__)
@@ -170,20 +170,30 @@ class MessageStore(StoreReads):
             abnormal = cfg.abort_path.exists()
             self._checkpoint = checkpoint = StoreCheckpoint(cfg.checkpoint_path)
             self.commitlog.files.load()
-            # One thread reads and writes the queues until recovery ends: their
-            # several passes read each small queue's file once (caching_reads).
-            with self.consume_queues.open_files.caching_reads():
-                self.consume_queues.load()
-                if self.index is not None:
-                    self._load_index(not abnormal, checkpoint.index_msg_timestamp)
-                report = recover(
-                    self.commitlog,
-                    self.consume_queues,
-                    checkpoint,
-                    self.dispatcher,
-                    abnormal=abnormal,
-                    check_crc=cfg.check_crc_on_recover,
-                )
+            prescan = CommitLogPrescan(
+                self.commitlog.files.files,
+                checkpoint,
+                abnormal=abnormal,
+                check_crc=cfg.check_crc_on_recover,
+            )
+            try:
+                # One thread reads and writes the queues until recovery ends: their
+                # several passes read each small queue's file once (caching_reads).
+                with self.consume_queues.open_files.caching_reads():
+                    self.consume_queues.load()
+                    if self.index is not None:
+                        self._load_index(not abnormal, checkpoint.index_msg_timestamp)
+                    report = recover(
+                        self.commitlog,
+                        self.consume_queues,
+                        checkpoint,
+                        self.dispatcher,
+                        abnormal=abnormal,
+                        check_crc=cfg.check_crc_on_recover,
+                        prescan=prescan,
+                    )
+            finally:
+                prescan.wait()  # it reads the mappings _close_files would unmap
             if self.index is not None:
                 self._catch_up_index(report)
             # load() logs what it had to fall back on; the report carries it too.

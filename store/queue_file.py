@@ -28,6 +28,7 @@ release (a reused fd number must never be read as this file).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections import OrderedDict
@@ -289,6 +290,17 @@ class QueueFile(MappedFile):
             self.open_files.read_cache_bytes += size
         return data
 
+    def keep_cached(self, size: int) -> None:
+        """Keep at most the first ``size`` bytes of the file's cached start (see
+        :meth:`OpenFiles.caching_reads`): recovery reads a page of each queue to
+        find its written end, and only the written units are read again by the
+        later passes, so the cache's budget holds every small queue's units."""
+        cache = self.open_files.read_cache
+        head = cache.get(self) if cache is not None else None
+        if cache is not None and head is not None and len(head) > size:
+            cache[self] = head[:size]
+            self.open_files.read_cache_bytes -= len(head) - size
+
     def _drop_cached(self) -> None:
         """Forget the file's cached start (:meth:`OpenFiles.caching_reads`): it is
         being written."""
@@ -326,6 +338,8 @@ class QueueFile(MappedFile):
         stop = self.file_size if end is None else min(end, self.file_size)
         if start >= stop:
             return 0
+        if self._tail_is_clean(start, stop):
+            return 0
         if clear:
             self._drop_cached()
         fd = self.open_files.acquire(self)
@@ -344,6 +358,34 @@ class QueueFile(MappedFile):
             return data_end - start
         finally:
             self.open_files.release(self)
+
+    def _tail_is_clean(self, start: int, stop: int) -> bool:
+        """Whether ``[start, stop)`` is known to be all zeros from the start of the
+        file cached by :meth:`OpenFiles.caching_reads` plus one ``SEEK_DATA``
+        past it; False when unknown (the caller scans the extents).
+
+        Recovery checks the tail past every queue's written end: with the
+        queue's first page already read, this is one system call (ENXIO: no
+        data further on) instead of walking the extents and reading them again.
+        """
+        cache = self.open_files.read_cache
+        head = cache.get(self) if cache is not None else None
+        if head is None or start > len(head):
+            return False
+        covered = min(stop, len(head))
+        if head[start:covered] != _ZERO_CHUNK[: covered - start]:
+            return False
+        if covered >= stop:
+            return True
+        fd = self.open_files.acquire(self)
+        try:
+            next_data = os.lseek(fd, covered, os.SEEK_DATA)
+        except OSError as e:
+            # ENXIO: only holes from there on. EINVAL: no SEEK_DATA here, scan.
+            return e.errno == errno.ENXIO
+        finally:
+            self.open_files.release(self)
+        return next_data >= stop
 
     def close(self) -> None:
         self._drop_cached()
