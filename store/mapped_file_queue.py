@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import Protocol
 
 from basalt.store.errors import CorruptFileError
 from basalt.store.files import fsync_dir
@@ -33,9 +33,17 @@ from basalt.store.mapped_file import MappedFile, file_name, offset_in_name, pars
 #: inside the window means damage, and then the whole rest of the file is cleared.
 TORN_WRITE_WINDOW_BYTES = 8 * 1024 * 1024
 
-#: Makes the file object for (path, file size, read_only): MappedFile by default;
-#: ConsumeQueues pass one making unmapped QueueFiles (store/queue_file.py).
-FileFactory: TypeAlias = Callable[[Path, int, bool], MappedFile]
+
+class FileFactory(Protocol):
+    """Makes the file object for (path, file size, read_only): MappedFile by
+    default; ConsumeQueues pass one making unmapped QueueFiles
+    (store/queue_file.py). ``actual_size`` is the file's size on disk when the
+    caller has just read it (a load), so the factory need not stat it again;
+    None for a file that may not exist yet."""
+
+    def __call__(
+        self, path: Path, file_size: int, read_only: bool, /, *, actual_size: int | None = None
+    ) -> MappedFile: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +117,14 @@ class MappedFileQueue:
         directory = self.directory
         paths = [directory / name for name in sorted(names) if offset_in_name(name) is not None]
         if self.repair_unit:
-            paths = self._repair(paths)
+            sizes = self._repair(paths)
+            paths = list(sizes)
+        else:
+            sizes = {}
         files: list[MappedFile] = []
         try:
             for path in paths:
-                mf = self._open_file(path, read_only=self.read_only)
+                mf = self._open_file(path, read_only=self.read_only, actual_size=sizes.get(path))
                 files.append(mf)
                 if len(files) > 1 and mf.file_from_offset != files[-2].file_end_offset:
                     raise CorruptFileError(path, f"gap after {files[-2].path.name}")
@@ -125,9 +136,10 @@ class MappedFileQueue:
             raise
         self.files = files
 
-    def _repair(self, paths: list[Path]) -> list[Path]:
-        """Repair mode: pad short files, delete the files after a gap; the paths kept."""
-        kept: list[Path] = []
+    def _repair(self, paths: list[Path]) -> dict[Path, int]:
+        """Repair mode: pad short files, delete the files after a gap; the paths
+        kept, in order, with their sizes now."""
+        kept: dict[Path, int] = {}
         expected: int | None = None
         for path in paths:
             start = parse_file_name(path)
@@ -136,14 +148,14 @@ class MappedFileQueue:
                     for missing in range(expected, start, self.mapped_file_size):
                         empty = self.directory / file_name(missing)
                         empty.touch()  # MappedFile gives it its size, sparse
-                        kept.append(empty)
+                        kept[empty] = 0
                         self.repaired.append(f"{empty.name} was missing: created empty")
                 else:
                     # Files after a gap hold units at positions the queue cannot reach.
                     path.unlink()
                     self.repaired.append(f"{path.name} deleted: it follows a gap")
                     continue
-            size = path.stat().st_size
+            size = os.stat(path).st_size
             if 0 < size < self.mapped_file_size:
                 whole = size - size % self.repair_unit
                 # A torn last unit is cut; the zeros after the rest read as "not written".
@@ -153,7 +165,8 @@ class MappedFileQueue:
                     f"{path.name} was {size} bytes: cut to {whole} and padded to "
                     f"{self.mapped_file_size}"
                 )
-            kept.append(path)
+                size = self.mapped_file_size
+            kept[path] = size
             expected = None if start is None else start + self.mapped_file_size
         return kept
 
@@ -231,9 +244,11 @@ class MappedFileQueue:
             self.files = [*self.files, mf]
         return mf
 
-    def _open_file(self, path: Path, *, read_only: bool) -> MappedFile:
+    def _open_file(
+        self, path: Path, *, read_only: bool, actual_size: int | None = None
+    ) -> MappedFile:
         if self._new_file is not None:
-            return self._new_file(path, self.mapped_file_size, read_only)
+            return self._new_file(path, self.mapped_file_size, read_only, actual_size=actual_size)
         return MappedFile(path, self.mapped_file_size, read_only=read_only)
 
     # -- durability ---------------------------------------------------------------------
