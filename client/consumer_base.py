@@ -1,4 +1,13 @@
-"""What both consumers share: queues of a topic, start positions and offset commits.
+"""What both consumers share: queues of a topic, reads, start positions and offset commits.
+
+Consumers read each queue from its store-node (``StoreNode.GetMessages``, at
+the address the topic's route gives), not through the pull-service, as
+RocketMQ 4 clients and Kafka consumers fetch from the broker or leader: the
+records cross one connection (one TLS hop, one copy) instead of two. The
+store-node refuses exactly what the pull-service's ``Pull`` would (the
+services share those checks), so the answer, a ``PullBatchResponse``, is the
+one ``PullService.PullBatch`` would give. The pull-service keeps the rest: the
+routes, the group's session, rebalance and queue locks.
 
 A queue's position starts at the group's committed offset on its store-node
 (``QueryConsumerOffset``), else where ``consume_from_where`` says; commits go
@@ -13,6 +22,7 @@ import enum
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -37,6 +47,8 @@ from basalt.v1 import store_node_pb2_grpc as sn_grpc
 
 #: Deadline of the small unary calls a consumer makes to store-nodes.
 CALL_TIMEOUT_S = 10.0
+#: A read's deadline past the long poll it asks for.
+PULL_DEADLINE_MARGIN_S = 10.0
 
 
 def default_client_id() -> str:
@@ -213,7 +225,42 @@ class ConsumerClient(Client):
         return {host: names.pop() for host, names in claims.items() if len(names) == 1}
 
     def _store_node(self, queue: MessageQueue) -> sn_grpc.StoreNodeAsyncStub:
-        return sn_grpc.StoreNodeStub(self._channel(self._addresses[queue.broker_name]))
+        return self._store_node_stub(queue.broker_name)
+
+    def _store_node_address(self, broker_name: str) -> str:
+        """The address the last route gave for ``broker_name`` ("" if none did)."""
+        return self._addresses.get(broker_name, "")
+
+    def _read_store_node(
+        self, broker_name: str, reads: Sequence[sn.GetMessageRequest], suspend_ms: int
+    ) -> grpc.aio.UnaryUnaryCall[sn.GetMessagesRequest, pb.PullBatchResponse]:
+        """One ``GetMessages`` of ``reads`` (queues of ``broker_name``, at most
+        its ``max_queues_per_get_messages``) on that store-node, started now,
+        held up to ``suspend_ms`` when nothing is new (long polling), with a
+        deadline of that plus :data:`PULL_DEADLINE_MARGIN_S`. Its answer has an
+        entry per read, in order: records, or ``refused`` with the code and
+        message the pull-service's Pull would have refused it with. Cancel the
+        call to stop it."""
+        return self._store_node_stub(broker_name).GetMessages(
+            sn.GetMessagesRequest(reads=reads, suspend_timeout_ms=suspend_ms),
+            timeout=suspend_ms / 1000 + PULL_DEADLINE_MARGIN_S,
+        )
+
+    def _store_node_stub(self, broker_name: str) -> sn_grpc.StoreNodeAsyncStub:
+        return sn_grpc.StoreNodeStub(self._channel(self._addresses[broker_name]))
+
+    def _read_request(
+        self, queue: MessageQueue, offset: int, max_nums: int, subscription: pb.Subscription
+    ) -> sn.GetMessageRequest:
+        """The group's read of up to ``max_nums`` records of ``queue`` from ``offset``."""
+        return sn.GetMessageRequest(
+            group=self.consumer_group,
+            topic=queue.topic,
+            queue_id=queue.queue_id,
+            offset=offset,
+            max_msg_nums=max_nums,
+            subscription=subscription,
+        )
 
     async def _start_position(self, queue: MessageQueue) -> Position:
         """The group's committed position of ``queue``, else by ``consume_from_where``."""

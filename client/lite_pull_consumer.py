@@ -16,13 +16,15 @@ background into a buffer per owned queue, and :meth:`poll` takes from the
 buffers. Each queue has two offsets: the *fetch* offset (where its next read
 starts) and its :class:`Position`'s ``offset``, the *consume* offset: just
 past what :meth:`poll` returned, which is what :meth:`commit` stores. One
-fetcher task per store-node keeps a ``PullService.PullBatch`` (long polling,
-``broker_suspend_max_time_ms``) in flight for the owned queues of that node
+fetcher task per store-node keeps a ``StoreNode.GetMessages`` on that node
+(long polling, ``broker_suspend_max_time_ms``; the store-node's address as
+the route gives it, :mod:`basalt.client.consumer_base` says why not through
+the pull-service) in flight for the owned queues of that node
 whose buffer has room for another ``pull_batch_size`` records; a queue
 holding ``pull_threshold_for_queue`` records (the bound: a fetch never asks
 for more than the room left) is left out until :meth:`poll` drains it,
 which wakes the fetcher (events, no polling loop). A reply is filed as it
-came and the next PullBatch sent before :meth:`poll` runs: poll decodes the
+came and the next GetMessages sent before :meth:`poll` runs: poll decodes the
 records it returns (``basalt.common.record``, the one definition of the layout), so
 decoding overlaps the next fetch and nothing dropped is ever decoded.
 
@@ -32,16 +34,19 @@ A queue's buffer and its fetches in flight belong to one *read* of it;
 read brings is discarded: after a reset or a give-up, :meth:`poll` never
 returns a record fetched before it.
 
-**Fetch errors** (the rule): a failed PullBatch (a gRPC error) is raised by
-the next :meth:`poll` as a :class:`ClientError`, in both modes; an entry the
-pull-service refused is one too in assign mode, while in subscribe mode it
-is logged and asks the group for a rebalance (the queue left the topic's
-read queues, or its store-node went). :meth:`poll` raises the first such
-error since the previous poll, once, before returning any record (records
-buffered stay buffered for the next poll; nothing is lost), and a poll that
-waits wakes up for it. A failed call pauses its store-node's fetcher, a
-refused entry its queue, for ``pull_time_delay_ms_when_exception``,
-doubling up to 30 times that while the failures go on.
+**Fetch errors** (the rule): a failed GetMessages (a gRPC error, naming the
+store-node) is raised by the next :meth:`poll` as a :class:`ClientError`, in
+both modes; an entry the store-node refused (what the pull-service's Pull
+refuses, with its codes: an unknown or unreadable topic, a queue id past
+``read_queue_nums``, a subscription that does not parse) is one too in
+assign mode, while in subscribe mode it is logged and asks the group for a
+rebalance (the queue left the topic's read queues, or its store-node went).
+:meth:`poll` raises the first such error since the previous poll, once,
+before returning any record (records buffered stay buffered for the next
+poll; nothing is lost), and a poll that waits wakes up for it. A failed
+call pauses its store-node's fetcher, a refused entry its queue, for
+``pull_time_delay_ms_when_exception``, doubling up to 30 times that while
+the failures go on.
 
 Positions start at the group's committed offset (``QueryConsumerOffset``),
 else by ``consume_from_where``; :meth:`commit` stores them on the
@@ -96,17 +101,14 @@ from basalt.common.settings import (
 from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links, untraced_task
 from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
 
 #: The API's proxy: it binds to whatever TracerProvider the process installs.
 _tracer = trace.get_tracer("basalt.client")
 
-#: Most queues in one PullBatch (the pull-service's default ``max_queues_per_pull``).
+#: Most queues in one GetMessages (the store-node's default ``max_queues_per_get_messages``).
 MAX_QUEUES_PER_PULL = 32
-#: A PullBatch's deadline past the long poll it asks for.
-PULL_DEADLINE_MARGIN_S = 10.0
 
 
 @config_dataclass
@@ -164,9 +166,9 @@ class _Read:
         self.chunks: collections.deque[tuple[bytes, int, int]] = collections.deque()
         #: Records buffered, decoded or not (the bound applies to this).
         self.count = 0
-        #: Part of a PullBatch in flight.
+        #: Part of a GetMessages in flight.
         self.in_flight = False
-        #: The last fetch reached the queue's max offset: a PullBatch of only
+        #: The last fetch reached the queue's max offset: a GetMessages of only
         #: caught-up reads is likely held by the store-node (long polling).
         self.caught_up = False
         #: Refused lately: not fetched until the pause ends.
@@ -175,7 +177,7 @@ class _Read:
 
 
 class LitePullConsumer(ConsumerClient):
-    """Polls its queues through a pull-service; ``async with`` or :meth:`start` /
+    """Polls its queues from their store-nodes; ``async with`` or :meth:`start` /
     :meth:`close` (close stops fetching, then commits; in subscribe mode it
     also leaves the group)."""
 
@@ -374,7 +376,7 @@ class LitePullConsumer(ConsumerClient):
     # -- fetching ---------------------------------------------------------------------
 
     async def _fetch(self, broker: str, wake: asyncio.Event) -> None:
-        """``broker``'s fetcher (one task, until close): keeps a PullBatch in
+        """``broker``'s fetcher (one task, until close): keeps a GetMessages in
         flight for its owned queues that want records, applies what comes back."""
         calls: dict[asyncio.Future[pb.PullBatchResponse | ClientError], list[_Read]] = {}
         arrived = False
@@ -393,7 +395,7 @@ class LitePullConsumer(ConsumerClient):
                 if not held:
                     self._send(broker, calls)
                 if arrived:
-                    # Only now: the next PullBatch goes out before poll runs (and decodes).
+                    # Only now: the next GetMessages goes out before poll runs (and decodes).
                     arrived = False
                     self._arrived.set()
                 waiter = asyncio.ensure_future(wake.wait())
@@ -433,7 +435,7 @@ class LitePullConsumer(ConsumerClient):
         broker: str,
         calls: dict[asyncio.Future[pb.PullBatchResponse | ClientError], list[_Read]],
     ) -> None:
-        """Start PullBatches of ``broker``'s reads that want records, if any; calls
+        """Start GetMessages calls of ``broker``'s reads that want records, if any; calls
         in flight that are likely held (only caught-up reads) are cancelled and
         their reads fetched with the new ones, so a seek, a take or a drained
         buffer does not wait out a long poll."""
@@ -454,37 +456,37 @@ class LitePullConsumer(ConsumerClient):
             chunk = wanted[i : i + MAX_QUEUES_PER_PULL]
             for r in chunk:
                 r.in_flight = True
-            calls[self._pull_batch(chunk)] = chunk
+            calls[self._get_messages(chunk)] = chunk
 
-    def _pull_batch(self, reads: list[_Read]) -> asyncio.Future[pb.PullBatchResponse | ClientError]:
-        """One PullBatch of ``reads``, started now (so that it is on its way
-        before poll runs and decodes); its reply, or a gRPC error as a
-        ClientError. Cancelling the future cancels the call."""
+    def _get_messages(
+        self, reads: list[_Read]
+    ) -> asyncio.Future[pb.PullBatchResponse | ClientError]:
+        """One GetMessages of ``reads`` on their store-node, started now (so
+        that it is on its way before poll runs and decodes); its reply, or a
+        gRPC error as a ClientError naming the store-node. Cancelling the
+        future cancels the call."""
         threshold, batch = self.config.pull_threshold_for_queue, self.config.pull_batch_size
-        suspend_ms = self.config.broker_suspend_max_time_ms
-        request = ps.PullBatchRequest(
-            group=self.config.consumer_group,
-            pulls=[
-                ps.PullRequest(
-                    queue=r.queue.to_proto(),
-                    offset=r.fetch_offset,
-                    # Never more than the room left: the buffer's bound is exact.
-                    max_nums=min(batch, threshold - r.count),
-                    subscription=self._subscription(r.queue.topic),
+        broker = reads[0].queue.broker_name
+        call = self._read_store_node(
+            broker,
+            [
+                # Never more than the room left: the buffer's bound is exact.
+                self._read_request(
+                    r.queue,
+                    r.fetch_offset,
+                    min(batch, threshold - r.count),
+                    self._subscription(r.queue.topic),
                 )
                 for r in reads
             ],
-            suspend_timeout_ms=suspend_ms,
-        )
-        call = self._pull_service().PullBatch(
-            request, timeout=suspend_ms / 1000 + PULL_DEADLINE_MARGIN_S
+            self.config.broker_suspend_max_time_ms,
         )
 
         async def reply() -> pb.PullBatchResponse | ClientError:
             try:
                 got: pb.PullBatchResponse = await call
             except grpc.aio.AioRpcError as e:
-                return ClientError.from_rpc_error(e, address=self.endpoints)
+                return ClientError.from_rpc_error(e, address=self._store_node_address(broker))
             return got
 
         future = asyncio.ensure_future(reply())
@@ -492,7 +494,7 @@ class LitePullConsumer(ConsumerClient):
         return future
 
     def _apply(self, reads: list[_Read], reply: pb.PullBatchResponse) -> bool:
-        """File what one PullBatch brought (undecoded) for the reads still
+        """File what one GetMessages brought (undecoded) for the reads still
         current; True if records came."""
         arrived = False
         for read, entry in zip(reads, reply.results, strict=True):

@@ -10,7 +10,9 @@ RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
   is processed by two consumers of the group at once, short of a listener
   running past ``drop_await_termination_ms`` after its queue was dropped.
   A session that breaks drops every queue at once, uncommitted.
-* **ProcessQueue.** One per owned queue: a long-poll pull loop (``Pull``),
+* **ProcessQueue.** One per owned queue: a long-poll pull loop reading the
+  queue's store-node directly (``StoreNode.GetMessages``; the pull-service keeps
+  the session, rebalance, locks and routes: :mod:`basalt.client.consumer_base`),
   the pulled messages not yet consumed (at most ``pull_threshold_for_queue``:
   the loop waits for room, no sleep), and the listener calls in flight.
 * **Listener.** ``listener(messages, queue) -> ConsumeStatus``, a plain
@@ -65,7 +67,6 @@ from basalt.common.settings import boolean, config_dataclass, non_negative, posi
 from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links, untraced_task
 from basalt.v1 import common_pb2 as pb
-from basalt.v1 import pull_service_pb2 as ps
 
 log = logging.getLogger(__name__)
 
@@ -345,29 +346,34 @@ class PushConsumer(ConsumerClient):
                     log.warning("%s: commit failed: %r", self.client_id, outcome)
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
-        """Pull ``pq``'s queue until it is dropped: long polls, waiting for room
-        when the backlog is full. No commit rides along (RocketMQ's does): a
-        pull cancelled by a drop may still reach the store-node after the
-        drop's own commit and store an older offset over it."""
+        """Pull ``pq``'s queue from its store-node until it is dropped: long
+        polls (``GetMessages`` of the one queue, the LitePullConsumer's call),
+        waiting for room when the backlog is full. No commit rides along
+        (RocketMQ's does): a pull cancelled by a drop may still reach the
+        store-node after the drop's own commit and store an older offset over
+        it."""
         sub = self._subscriptions[pq.queue.topic]
         subscription = subscription_of(sub.expression, sub.sql92)
         suspend_ms = self.config.broker_suspend_max_time_ms
+        broker = pq.queue.broker_name
         delay = self._member.backoff()
         while not pq.dropped:
             await pq.room.wait()
-            request = ps.PullRequest(
-                group=self.consumer_group,
-                queue=pq.queue.to_proto(),
-                offset=pq.next_offset,
-                max_nums=self.config.pull_batch_size,
-                subscription=subscription,
-                suspend_timeout_ms=suspend_ms,
-                reset_epoch=pq.reset_epoch,
+            read = self._read_request(
+                pq.queue, pq.next_offset, self.config.pull_batch_size, subscription
             )
             try:
-                reply = await self._pull_service().Pull(request, timeout=suspend_ms / 1000 + 10)
+                (reply,) = (await self._read_store_node(broker, [read], suspend_ms)).results
             except grpc.aio.AioRpcError as e:
                 log.warning("%s: pull of %s failed: %s", self.client_id, pq.queue, e.details())
+                await asyncio.sleep(next(delay))
+                continue
+            if reply.HasField("refused"):
+                # What the pull-service's Pull refused as a gRPC error: the same
+                # pause, until the group's next rebalance drops the queue.
+                log.warning(
+                    "%s: pull of %s refused: %s", self.client_id, pq.queue, reply.refused.message
+                )
                 await asyncio.sleep(next(delay))
                 continue
             delay = self._member.backoff()

@@ -1,8 +1,11 @@
 """Request checks the store-node, the pull-service and the admin service share.
 
 One definition each of what a valid consumer group, a valid topic name, an
-existing topic and a parsable subscription mean on the wire, so the services
-answer the same input with the same status and code. Each raises a
+existing topic, a readable queue and a parsable subscription mean on the
+wire, so the services answer the same input with the same status and code:
+a consumer reading a store-node directly (the SDK) is refused exactly what
+one pulling through the pull-service is (:func:`check_read_arguments`,
+:func:`readable_queue`). Each raises a
 :class:`basalt.services.errors.Refusal` naming why; its gRPC status comes
 from that module's table.
 """
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from basalt.services.errors import Refusal, as_refusal, invalid
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.fields import check_group_name, check_topic_name
+from basalt.services.meta.model import TopicConfig
 from basalt.store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
 from basalt.store.sql92 import Sql92ParseError
 from basalt.v1 import common_pb2 as pb
@@ -42,6 +46,38 @@ def check_topic(topic: str) -> None:
         check_topic_name(topic)
     except MetaValidationError as e:
         raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, str(e)) from None
+
+
+def check_read_arguments(group: str, offset: int, max_nums: int, *, max_field: str) -> None:
+    """A read's own arguments, in RocketMQ's header-decoding order, one
+    INVALID_PARAMETER each: a valid ``group``, ``offset`` >= 0, ``max_nums``
+    >= 1 (``max_field`` names it as the request does: ``max_nums`` in a Pull,
+    ``max_msg_nums`` in a GetMessage)."""
+    check_group(group)
+    if offset < 0:
+        raise invalid(f"offset {offset} is negative")
+    if max_nums < 1:
+        raise invalid(f"{max_field} {max_nums} must be at least 1")
+
+
+def readable_queue(config: TopicConfig | None, topic: str, queue_id: int) -> TopicConfig:
+    """``config`` (the topic's, None when it has none) when ``queue_id`` of
+    ``topic`` may be read; else, in this order, TOPIC_NOT_EXIST, NO_PERMISSION
+    (the topic is not readable) or INVALID_PARAMETER (``queue_id`` outside
+    ``0..read_queue_nums - 1``; RocketMQ answers SYSTEM_ERROR, common.proto
+    says why not)."""
+    if config is None:
+        raise no_such_topic(topic)
+    if not config.readable:
+        raise Refusal(
+            pb.RESPONSE_CODE_NO_PERMISSION, f"the topic {topic!r} pulling message is forbidden"
+        )
+    if not 0 <= queue_id < config.read_queue_nums:
+        raise invalid(
+            f"queue id {queue_id} is out of range: topic {topic!r} has "
+            f"{config.read_queue_nums} read queues"
+        )
+    return config
 
 
 def subscription_filter(sub: pb.Subscription) -> MessageFilter:

@@ -19,6 +19,13 @@ why). Step 3 asks whether the topic has an etcd config, not whether its
 (it auto-creates on send before the list is updated), so the pull-service is
 no stricter than the node that holds the data.
 
+Steps 0 and 3-6 are :mod:`basalt.services.checks`' (``check_read_arguments``,
+``readable_queue``, ``subscription_filter``), which the store-node runs on
+every GetMessage and GetMessages entry too: the SDK's consumers read
+store-nodes directly and are refused there exactly what a Pull is refused
+here, with the same codes and messages. Steps 1-2 are the pull-service's own
+(a store-node that answers is registered to itself).
+
 After, :func:`basalt.services.errors.pull_response` answers a store-node's read
 in the client's terms: the code and PullStatus of its GetMessageStatus
 (RocketMQ's PullMessageProcessor and MQClientAPIImpl tables); the store-node
@@ -30,7 +37,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from basalt.services.checks import check_group, no_such_topic, subscription_filter
+from basalt.services.checks import check_read_arguments, readable_queue, subscription_filter
 from basalt.services.errors import Refusal, invalid
 from basalt.services.meta.model import BrokerRegistration, TopicConfig
 from basalt.store.sql92 import MAX_SQL92_LENGTH
@@ -45,11 +52,7 @@ def check_pull(
 ) -> BrokerRegistration:
     """Run the module's checks 0-6 on ``request`` against the caches; returns the
     broker to read from. Raises the first failing check's Refusal."""
-    check_group(request.group)
-    if request.offset < 0:
-        raise invalid(f"offset {request.offset} is negative")
-    if request.max_nums < 1:
-        raise invalid(f"max_nums {request.max_nums} must be at least 1")
+    check_read_arguments(request.group, request.offset, request.max_nums, max_field="max_nums")
     if request.suspend_timeout_ms < 0:
         raise invalid(f"suspend_timeout_ms {request.suspend_timeout_ms} is negative")
     q = request.queue
@@ -63,18 +66,7 @@ def check_pull(
             pb.RESPONSE_CODE_NO_PERMISSION,
             f"the broker {q.broker_name!r} pulling message is forbidden (perm {int(broker.perm)})",
         )
-    config = topic_of(q.topic)
-    if config is None:
-        raise no_such_topic(q.topic)
-    if not config.readable:
-        raise Refusal(
-            pb.RESPONSE_CODE_NO_PERMISSION, f"the topic {q.topic!r} pulling message is forbidden"
-        )
-    if not 0 <= q.queue_id < config.read_queue_nums:
-        raise invalid(
-            f"queue id {q.queue_id} is out of range: topic {q.topic!r} has "
-            f"{config.read_queue_nums} read queues"
-        )
+    readable_queue(topic_of(q.topic), q.topic, q.queue_id)
     if request.HasField("subscription"):
         check_subscription(request.subscription)
     return broker

@@ -7,8 +7,12 @@ PullMessageProcessor, broker side):
 
 * a send: the topic exists (or is created: ``auto_create_topic_enable``),
   the topic and the broker are writable, ``0 <= queue_id < write_queue_nums``;
-* a read: the topic exists and is readable, ``0 <= queue_id < read_queue_nums``,
-  the subscription parses.
+* a read (GetMessage, each entry of GetMessages): what the pull-service's
+  ``check_pull`` checks, in its order and with its codes and messages (a
+  valid group, ``offset >= 0``, ``1 <= max_msg_nums``, the topic exists and
+  is readable, ``0 <= queue_id < read_queue_nums``, the subscription
+  parses), since the SDK's consumers read here directly; plus this node's
+  own ``max_msg_nums_per_pull`` cap, and SERVICE_NOT_AVAILABLE while it stops.
 
 Long polling: a GetMessage that finds nothing new with a ``suspend_timeout_ms``
 is parked (:class:`basalt.services.store_node.long_polling.PullRequestHoldService`) until the
@@ -49,8 +53,10 @@ from basalt.common.settings import (
 from basalt.services.checks import (
     check_batch_entries,
     check_group,
+    check_read_arguments,
     check_topic,
     no_such_topic,
+    readable_queue,
     subscription_filter,
 )
 from basalt.services.errors import (
@@ -240,17 +246,9 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         return config
 
     def _readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
-        config = self.topics.topic(topic)
-        if config is None:
-            raise no_such_topic(topic)
-        if not config.readable:
-            raise Refusal(pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} is not readable")
-        if not 0 <= queue_id < config.read_queue_nums:
-            raise invalid(
-                f"queue id {queue_id} is out of range: topic {topic!r} has "
-                f"{config.read_queue_nums} read queues"
-            )
-        return config
+        """The topic's config when ``queue_id`` may be read (the pull-service's
+        checks 3-5, :func:`basalt.services.checks.readable_queue`)."""
+        return readable_queue(self.topics.topic(topic), topic, queue_id)
 
     # -- sends ------------------------------------------------------------------------
 
@@ -363,14 +361,17 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         topic, queue_id = request.topic, request.queue_id
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
-        self._readable_topic(topic, queue_id)
-        if request.offset < 0:
-            raise invalid(f"offset {request.offset} is negative")
-        if not 1 <= request.max_msg_nums <= self.config.max_msg_nums_per_pull:
+        # The pull-service's check_pull, in its order, with its codes and
+        # messages (basalt.services.checks): the SDK reads here directly.
+        check_read_arguments(
+            request.group, request.offset, request.max_msg_nums, max_field="max_msg_nums"
+        )
+        if request.max_msg_nums > self.config.max_msg_nums_per_pull:
             raise invalid(
                 f"max_msg_nums {request.max_msg_nums} is not within "
                 f"1..{self.config.max_msg_nums_per_pull}"
             )
+        self._readable_topic(topic, queue_id)
         flt = subscription_filter(request.subscription)
         commit = None
         if request.HasField("commit_offset"):

@@ -195,6 +195,11 @@ async def test_assign_mode_a_refused_queue_fails_one_poll_and_the_others_go_on(
             await consumer.assign([good, gone])
             await h.update_topic(TOPIC, read_queue_nums=2)  # queue 3 is no longer readable
             await h.seen(lambda s: s.servicer.view.topics.get(TOPIC).read_queue_nums == 2)
+            # The consumer reads the store-node directly: its cache decides the refusal.
+            topics = h.nodes["broker-a"].servicer.topics
+            await eventually(
+                lambda: topics.topic(TOPIC).read_queue_nums == 2, what="the node sees 2 queues"
+            )
             await fill(h, "broker-a", range(1), 3)  # ends the long poll in flight
             got: list[tuple[int, int]] = []
             errors: list[ClientError] = []

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from basalt.client import (
@@ -28,6 +29,9 @@ from basalt.client import (
 )
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import pull_service_pb2 as ps
+from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from tests.support.nodes import BROKERS
 from tests.support.polling import eventually_sync
 from tests.support.processes import REPO_ROOT, local_cluster
@@ -77,7 +81,7 @@ class Cluster:
 
 async def workload(cluster: Cluster) -> None:
     """TOPIC and LOAD_TOPIC on both store-nodes; SENT messages sent to it; GROUP consumes them
-    all (a LitePullConsumer) and commits."""
+    all (a LitePullConsumer) and commits; one PullBatch through the pull-service."""
     etcd = cluster.of_role("etcd")[0]["address"]
     async with MetaClient(MetaConfig(endpoints=(etcd,), cluster=CLUSTER_NAME)) as meta:
         for topic in (TOPIC, LOAD_TOPIC):
@@ -102,6 +106,22 @@ async def workload(cluster: Cluster) -> None:
             got += len(await consumer.poll(timeout_ms=1000))
         assert got == SENT
         await consumer.commit()
+    # The SDK reads the store-nodes directly; the pull-service's PullBatch (and
+    # the dashboard's panels of it) serve other languages' clients: one such
+    # call, of the empty LOAD_TOPIC, so TOPIC's counts stay the consumer's.
+    async with grpc.aio.insecure_channel(cluster.pull_address) as channel:
+        await ps_grpc.PullServiceStub(channel).PullBatch(
+            ps.PullBatchRequest(
+                group="MP-other-languages",
+                pulls=[
+                    ps.PullRequest(
+                        queue=pb.MessageQueue(topic=LOAD_TOPIC, broker_name=BROKERS[0], queue_id=0),
+                        max_nums=1,
+                    )
+                ],
+            ),
+            timeout=10,
+        )
 
 
 @pytest.fixture(scope="module")

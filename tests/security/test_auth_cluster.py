@@ -28,6 +28,8 @@ from basalt.common import auth
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.aio import async_test
 from tests.support.interop import PRODUCERS, ensure_node_modules
 from tests.support.polling import eventually
@@ -43,6 +45,7 @@ class Cluster:
     pull: str
     v2: str
     admin: str
+    store: str
 
     def basalt(
         self, *argv: str, credentials: Path | None = None
@@ -69,6 +72,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             by_role["pull-service"]["address"],
             by_role["pull-service"]["rocketmq_v2"],
             by_role["admin"]["address"],
+            by_role["store-node"]["address"],
         )
         ok(c.basalt("updateTopic", "-t", TOPIC, "-r", "2", "-w", "2"))
         ok(c.basalt("createUser", "-u", ALICE.access_key, "-p", ALICE.secret_key))
@@ -178,6 +182,55 @@ async def test_pub_without_sub_sends_but_cannot_pull_until_topic_and_group_are_g
 
 async def _denied(cluster: Cluster) -> bool:
     return await _pull(cluster, "alice-group") is grpc.StatusCode.PERMISSION_DENIED
+
+
+@async_test
+async def test_a_pub_only_users_consumer_is_refused_by_the_store_node_it_reads(
+    cluster: Cluster,
+) -> None:
+    """The SDK's consumers read store-nodes directly (GetMessages): there too a
+    user with Pub but not Sub on the topic cannot read. Bob may Get the topic
+    (where a consumer starts) and Sub his groups: only the read is left to refuse."""
+    bob = auth.Credentials("bob", "bob-secret")
+    ok(cluster.basalt("createUser", "-u", bob.access_key, "-p", bob.secret_key))
+    ok(
+        cluster.basalt(
+            "createAcl", "-s", "User:bob", "-r", "Topic:orders-*", "-a", "Pub", "-a", "Get"
+        )
+    )
+    ok(cluster.basalt("createAcl", "-s", "User:bob", "-r", "Group:bob-*", "-a", "Sub"))
+
+    async def sent() -> bool:
+        async with Producer(cluster.pull, group="p", credentials=bob) as producer:
+            try:
+                await producer.send(Message(TOPIC, b"from bob"))
+            except NoPermissionError:
+                return False  # bob's user or ACL not seen yet
+        return True
+
+    await eventually(sent, what="bob's Pub is seen")
+    async with grpc.aio.insecure_channel(
+        cluster.store, interceptors=auth.signing_interceptors(bob)
+    ) as channel:
+        read = sn.GetMessageRequest(group="bob-group", topic=TOPIC, queue_id=0, max_msg_nums=1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await sn_grpc.StoreNodeStub(channel).GetMessages(sn.GetMessagesRequest(reads=[read]))
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert f"Sub on Topic:{TOPIC}" in (refused.value.details() or "")
+    consumer = LitePullConsumer(
+        cluster.pull,
+        config=LitePullConfig(
+            consumer_group="bob-group",
+            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        ),
+        credentials=bob,
+    )
+    async with consumer:
+        await consumer.assign(await consumer.queues_of(TOPIC))
+        with pytest.raises(NoPermissionError, match=f"Sub on Topic:{TOPIC}"):
+            await consumer.poll(timeout_ms=10_000)
+        # Its commits would be refused too (UpdateConsumerOffset is Sub): none on close.
+        await consumer.assign([])
 
 
 @async_test

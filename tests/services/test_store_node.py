@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.common.message import Message
 from basalt.common.record import EncodedMessage, decode_record
-from basalt.services.meta.model import Perm, TopicConfig
+from basalt.services.errors import Refusal
+from basalt.services.meta.model import BrokerRegistration, Perm, TopicConfig
+from basalt.services.pull_service.checks import check_pull
 from basalt.store.batch import EncodedBatch
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
@@ -26,7 +29,7 @@ from tests.support.aio import run
 from tests.support.nodes import NODE_TOPIC as TOPIC
 from tests.support.nodes import node
 from tests.support.polling import eventually
-from tests.support.rpc import refused, wire
+from tests.support.rpc import pull_request, refused, wire
 
 
 def test_send_then_get_round_trip_with_tags_keys_and_properties(tmp_path: Path) -> None:
@@ -384,5 +387,58 @@ def test_a_graceful_stop_answers_held_pulls_instead_of_cancelling_them(tmp_path:
             answer = await asyncio.wait_for(held, 20)  # long before the grace ends
             assert answer.records.count == 0
             await stopping
+
+    run(scenario)
+
+
+def test_reads_are_refused_what_the_pull_service_refuses_with_its_codes_and_messages(
+    tmp_path: Path,
+) -> None:
+    """The SDK's consumers read the store-node directly: each read the
+    pull-service's check_pull refuses (the node's broker being registered and
+    readable) is refused by GetMessage and by a GetMessages entry alike, with
+    the same gRPC status, response code and message."""
+    broker = BrokerRegistration(
+        broker_name="broker-a", address="unused:1", store_root_id="r", started_at_ms=0
+    )
+    sql = pb.Subscription(type=pb.EXPRESSION_TYPE_SQL92, expression="a > AND 3")
+    cases = [
+        {"topic": "Nope"},
+        {"topic": "WriteOnly"},
+        {"queue_id": 4},
+        {"queue_id": -1},
+        {"group": ""},
+        {"group": "bad group!"},
+        {"offset": -1},
+        {"max_nums": 0},
+        {"subscription": sql},
+    ]
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, topics):
+            topics.put(TopicConfig(topic_name="WriteOnly", perm=Perm.WRITE, brokers=("broker-a",)))
+            for case in cases:
+                kw: dict[str, Any] = {"topic": TOPIC, "group": "G", "max_nums": 32, **case}
+                pull = pull_request(**kw)
+                with pytest.raises(Refusal) as by_pull_service:
+                    check_pull(pull, {"broker-a": broker}.get, topics.topic)
+                expected = by_pull_service.value
+                get = sn.GetMessageRequest(
+                    group=pull.group,
+                    topic=pull.queue.topic,
+                    queue_id=pull.queue.queue_id,
+                    offset=pull.offset,
+                    max_msg_nums=pull.max_nums,
+                    subscription=pull.subscription if pull.HasField("subscription") else None,
+                )
+                message = expected.message.replace("max_nums", "max_msg_nums")
+                assert await refused(stub.GetMessage(get)) == (
+                    expected.grpc_status,
+                    expected.code,
+                    message,
+                ), case
+                batch = await stub.GetMessages(sn.GetMessagesRequest(reads=[get]))
+                (entry,) = batch.results
+                assert (entry.refused.code, entry.refused.message) == (expected.code, message)
 
     run(scenario)

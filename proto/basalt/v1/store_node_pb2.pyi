@@ -348,8 +348,8 @@ class GetMessageRequest(_message.Message):
     """
     topic: _builtins.str
     queue_id: _builtins.int
-    """>= 0 (INVALID_ARGUMENT, INVALID_PARAMETER otherwise). The store-node does
-    not check read_queue_nums: the pull-service does.
+    """0 <= queue_id < the topic's read_queue_nums (INVALID_ARGUMENT,
+    INVALID_PARAMETER otherwise).
     """
     offset: _builtins.int
     """The queue offset to read from; >= 0."""

@@ -160,6 +160,8 @@ class StoreNodeServicer:
     def GetMessage(self, request, context):
         """Read matching records of one queue from an offset, optionally waiting
         for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+        Refuses what PullService.Pull refuses (its checks 0 and 3-6, same codes
+        and messages): the SDK's consumers read store-nodes directly.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -67,6 +67,8 @@ class StoreNodeStub:
     GetMessage: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMessageRequest, _store_node_pb2.GetMessageResponse]
     """Read matching records of one queue from an offset, optionally waiting
     for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+    Refuses what PullService.Pull refuses (its checks 0 and 3-6, same codes
+    and messages): the SDK's consumers read store-nodes directly.
     """
     GetMessages: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _common_pb2.PullBatchResponse]
     """GetMessage on several queues in one call (Kafka's fetch request): each
@@ -142,6 +144,8 @@ class StoreNodeAsyncStub(StoreNodeStub):
     GetMessage: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMessageRequest, _store_node_pb2.GetMessageResponse]  # type: ignore[assignment]
     """Read matching records of one queue from an offset, optionally waiting
     for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+    Refuses what PullService.Pull refuses (its checks 0 and 3-6, same codes
+    and messages): the SDK's consumers read store-nodes directly.
     """
     GetMessages: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMessagesRequest, _common_pb2.PullBatchResponse]  # type: ignore[assignment]
     """GetMessage on several queues in one call (Kafka's fetch request): each
@@ -238,6 +242,8 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_store_node_pb2.GetMessageResponse, _abc.Awaitable[_store_node_pb2.GetMessageResponse]]:
         """Read matching records of one queue from an offset, optionally waiting
         for new ones (long polling; RocketMQ's PULL_MESSAGE on the broker).
+        Refuses what PullService.Pull refuses (its checks 0 and 3-6, same codes
+        and messages): the SDK's consumers read store-nodes directly.
         """
 
     @_abc_1.abstractmethod
