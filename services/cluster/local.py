@@ -114,14 +114,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: A channel whose connection attempts are its own (see :func:`healthy`).
+_FRESH_SUBCHANNEL = (("grpc.use_local_subchannel_pool", 1),)
+
+
 async def healthy(
     address: str, timeout_s: float = 1.0, *, tls: transport.TlsConfig | None = None
 ) -> bool:
     """Whether the gRPC server at ``address`` answers health SERVING within ``timeout_s``
     (False for any RPC error: not up yet, gone, NOT_SERVING); over TLS when
-    ``tls`` is enabled."""
+    ``tls`` is enabled.
+
+    Each call dials anew, on a subchannel of its own: gRPC shares subchannels
+    between channels to the same address by default, and with them the
+    reconnect backoff (1 s, then 1.6 times longer each time) that a refused
+    connection starts, so a poll of a restarting server saw it up to seconds
+    after it served (a restart measured at 6.75 s had served at 3.9 s).
+    """
     try:
-        async with transport.channel(address, tls) as channel:
+        async with transport.channel(address, tls, options=_FRESH_SUBCHANNEL) as channel:
             # types-grpcio-health-checking types the stub for sync channels only.
             stub = cast(Any, health_pb2_grpc.HealthStub(channel))
             reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
