@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from basalt.services.errors import Refusal, as_refusal, invalid
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.fields import check_group_name, check_topic_name
-from basalt.services.meta.model import TopicConfig
+from basalt.services.meta.model import Perm, TopicConfig
 from basalt.store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
 from basalt.store.sql92 import Sql92ParseError
 from basalt.v1 import common_pb2 as pb
@@ -58,6 +58,18 @@ def check_read_arguments(group: str, offset: int, max_nums: int, *, max_field: s
         raise invalid(f"offset {offset} is negative")
     if max_nums < 1:
         raise invalid(f"{max_field} {max_nums} must be at least 1")
+
+
+def check_broker_perm(broker_name: str, perm: Perm, *, write: bool) -> None:
+    """NO_PERMISSION, with RocketMQ's wording, when the broker's permission
+    (``brokerPermission``, set in its registration) forbids reading or, with
+    ``write``, sending."""
+    if not (perm.writable if write else perm.readable):
+        action = "sending" if write else "pulling"
+        raise Refusal(
+            pb.RESPONSE_CODE_NO_PERMISSION,
+            f"the broker {broker_name!r} {action} message is forbidden (perm {int(perm)})",
+        )
 
 
 def readable_queue(config: TopicConfig | None, topic: str, queue_id: int) -> TopicConfig:

@@ -37,7 +37,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from basalt.services.checks import check_read_arguments, readable_queue, subscription_filter
+from basalt.services.checks import (
+    check_broker_perm,
+    check_read_arguments,
+    readable_queue,
+    subscription_filter,
+)
 from basalt.services.errors import Refusal, invalid
 from basalt.services.meta.model import BrokerRegistration, TopicConfig
 from basalt.store.sql92 import MAX_SQL92_LENGTH
@@ -61,11 +66,7 @@ def check_pull(
         raise Refusal(
             pb.RESPONSE_CODE_BROKER_NOT_EXIST, f"broker {q.broker_name!r} is not registered"
         )
-    if not broker.perm.readable:
-        raise Refusal(
-            pb.RESPONSE_CODE_NO_PERMISSION,
-            f"the broker {q.broker_name!r} pulling message is forbidden (perm {int(broker.perm)})",
-        )
+    check_broker_perm(q.broker_name, broker.perm, write=False)
     readable_queue(topic_of(q.topic), q.topic, q.queue_id)
     if request.HasField("subscription"):
         check_subscription(request.subscription)

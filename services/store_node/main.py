@@ -28,7 +28,9 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 from basalt.common.settings import config_dataclass, positive, setting, validate
 from basalt.services import config, process
@@ -39,6 +41,7 @@ from basalt.services.meta import (
     MetaWatcher,
     TopicConfig,
 )
+from basalt.services.meta.model import Perm
 from basalt.services.store_node.server import start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics, TopicDirectory
@@ -72,6 +75,19 @@ class EtcdTopics:
         )
         self._created[name] = config
         return config
+
+
+async def _list_all(*caches: MetaWatcher[Any]) -> None:
+    """List (and start watching) every cache, side by side."""
+    await asyncio.gather(*(c.start() for c in caches))
+
+
+def _registered_perm(brokers: MetaWatcher[BrokerRegistration], name: str) -> Perm:
+    """The broker's permission as its registration says (an operator may change
+    it in etcd: RocketMQ's ``brokerPermission``); RW until the registration is
+    seen."""
+    registration = brokers.get(name)
+    return registration.perm if registration is not None else Perm.RW
 
 
 def _reachable(address: str) -> str:
@@ -174,19 +190,29 @@ async def serve(args: argparse.Namespace) -> int:
     meta: MetaClient | None = None
     topics: TopicDirectory
     cache: MetaWatcher[TopicConfig] | None = None
+    brokers: MetaWatcher[BrokerRegistration] | None = None
+    broker_perm: Callable[[], Perm] | None = None
     if settings.given("etcd"):
         meta = MetaClient(settings.build(MetaConfig), tls=tls)
         await meta.connect()
         cache = meta.topic_cache()
+        brokers = meta.broker_cache()
         # Listed while the store recovers (a restart over 20,000 topics overlaps
         # ~0.4 s of etcd listing with the queues' recovery); served only once both end.
-        listing = asyncio.ensure_future(cache.start())
+        listing = asyncio.ensure_future(_list_all(cache, brokers))
         topics = EtcdTopics(meta, cache, addresses.default_topic_queue_nums)
+        broker_perm = partial(_registered_perm, brokers, node.broker_name)
     else:
         listing = None
         topics = LocalTopics(addresses.default_topic_queue_nums)
     running = await start_store_node(
-        node, store_config, topics, listen=addresses.listen, ready=listing, tls=tls
+        node,
+        store_config,
+        topics,
+        listen=addresses.listen,
+        ready=listing,
+        tls=tls,
+        broker_perm=broker_perm,
     )
     # Not given: the address as bound (port 0 resolved), as services reach it.
     advertise = (
@@ -217,6 +243,8 @@ async def serve(args: argparse.Namespace) -> int:
     clean = await running.stop(addresses.stop_grace_s)
     if cache is not None:
         await cache.close()
+    if brokers is not None:
+        await brokers.close()
     if meta is not None:
         await meta.close()
     return 0 if clean else 1

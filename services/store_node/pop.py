@@ -20,14 +20,20 @@ A mixin of :class:`basalt.services.store_node.service.StoreNodeServicer`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
-from basalt.services.checks import check_group, no_such_topic, subscription_filter
+from basalt.services.checks import (
+    check_broker_perm,
+    check_group,
+    no_such_topic,
+    subscription_filter,
+)
 from basalt.services.errors import Refusal, invalid
-from basalt.services.meta.model import TopicConfig
+from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.topics import TopicDirectory
@@ -54,6 +60,7 @@ class PopRpcs:
     topics: TopicDirectory
     hold: PullRequestHoldService
     writable: bool
+    broker_perm: Callable[[], Perm]
 
     #: (group, topic) -> the future its next ack or change resolves (held pops
     #: wait on it); set on the instance at the first held pop.
@@ -75,6 +82,7 @@ class PopRpcs:
         ids, most = list(request.queue_ids), self.config.max_queues_per_get_messages
         if not 1 <= len(ids) <= most or len(set(ids)) != len(ids):
             raise invalid(f"queue_ids {ids}: 1..{most} distinct queues of this broker")
+        check_broker_perm(self.config.broker_name, self.broker_perm(), write=False)
         for queue_id in ids:
             self._readable_topic(request.topic, queue_id)
         if not 1 <= request.max_messages <= self.config.max_msg_nums_per_pull:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import grpc
 from grpc_health.v1 import health
 
 from basalt.common.tls import TlsConfig
+from basalt.services.meta.model import Perm
 from basalt.services.process import (
     add_health_and_reflection,
     add_port,
@@ -80,6 +82,7 @@ async def start_store_node(
     listen: str = "127.0.0.1:0",
     ready: asyncio.Future[None] | None = None,
     tls: TlsConfig | None = None,
+    broker_perm: Callable[[], Perm] | None = None,
 ) -> RunningStoreNode:
     """Recover and open the store, then serve it on ``listen`` (with TLS when
     ``tls`` is enabled: basalt.services.process.add_port).
@@ -88,6 +91,7 @@ async def start_store_node(
     cache's first listing from etcd) that runs while the store recovers on its
     thread: awaited before the server starts, cancelled if the store fails to
     open; if it fails, the store is shut down and its exception raised.
+    ``broker_perm``: this broker's permission now (StoreNodeServicer's).
     """
     try:
         store = await asyncio.to_thread(MessageStore.open, store_config)
@@ -106,7 +110,7 @@ async def start_store_node(
         loop, ThreadPoolExecutor(node.filtered_read_threads, thread_name_prefix="filtered-read")
     )
     store.add_arrival_listener(hold.notify_arrival)
-    servicer = StoreNodeServicer(node, store, topics, hold)
+    servicer = StoreNodeServicer(node, store, topics, hold, broker_perm)
     # A send of one maximal message must reach the store (which answers
     # MESSAGE_ILLEGAL past max_message_size) rather than stop at gRPC's 4 MiB
     # default; a read returns at most one message past the transfer caps, and

@@ -52,6 +52,7 @@ from basalt.common.settings import (
 )
 from basalt.services.checks import (
     check_batch_entries,
+    check_broker_perm,
     check_group,
     check_read_arguments,
     check_topic,
@@ -68,7 +69,7 @@ from basalt.services.errors import (
     put_refusal,
     refused,
 )
-from basalt.services.meta.model import TopicConfig
+from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
@@ -199,11 +200,15 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         store: MessageStore,
         topics: TopicDirectory,
         hold: PullRequestHoldService,
+        broker_perm: Callable[[], Perm] | None = None,
     ) -> None:
+        """``broker_perm`` gives this broker's permission as its registration in
+        etcd says now (RocketMQ's ``brokerPermission``); None: always RW."""
         self.config = config
         self.store = store
         self.topics = topics
         self.hold = hold
+        self.broker_perm: Callable[[], Perm] = broker_perm or (lambda: Perm.RW)
         self.stats = _Stats()
         self.metrics = StoreNodeMetrics(config.broker_name, store, hold)
         self.boot_timestamp_ms = int(time.time() * 1000)
@@ -220,6 +225,7 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
         broker = self.config.broker_name
+        check_broker_perm(broker, self.broker_perm(), write=True)
         config = self.topics.topic(topic)
         if config is not None and not config.writable:
             raise Refusal(pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} is not writable")
@@ -371,6 +377,7 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
                 f"max_msg_nums {request.max_msg_nums} is not within "
                 f"1..{self.config.max_msg_nums_per_pull}"
             )
+        check_broker_perm(self.config.broker_name, self.broker_perm(), write=False)
         self._readable_topic(topic, queue_id)
         flt = subscription_filter(request.subscription)
         commit = None
