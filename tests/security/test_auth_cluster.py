@@ -17,8 +17,6 @@ import grpc
 import pytest
 
 from basalt.client import (
-    ConsumeFromWhere,
-    LitePullConfig,
     LitePullConsumer,
     Message,
     NoPermissionError,
@@ -31,6 +29,7 @@ from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.aio import async_test
+from tests.support.consumers import lite_pull_config
 from tests.support.interop import PRODUCERS, ensure_node_modules
 from tests.support.polling import eventually
 from tests.support.processes import local_cluster, run_basalt_sync
@@ -161,10 +160,7 @@ async def test_pub_without_sub_sends_but_cannot_pull_until_topic_and_group_are_g
     # The SDK's consumer (routes, session, pulls, commits) signs all of it.
     consumer = LitePullConsumer(
         cluster.pull,
-        config=LitePullConfig(
-            consumer_group="alice-group",
-            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-        ),
+        config=lite_pull_config("alice-group"),
         credentials=ALICE,
     )
     consumer.subscribe(TOPIC)
@@ -219,10 +215,7 @@ async def test_a_pub_only_users_consumer_is_refused_by_the_store_node_it_reads(
         assert f"Sub on Topic:{TOPIC}" in (refused.value.details() or "")
     consumer = LitePullConsumer(
         cluster.pull,
-        config=LitePullConfig(
-            consumer_group="bob-group",
-            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-        ),
+        config=lite_pull_config("bob-group"),
         credentials=bob,
     )
     async with consumer:

@@ -17,8 +17,6 @@ from typing import Any
 import pytest
 
 from basalt.client import (
-    ConsumeFromWhere,
-    LitePullConfig,
     LitePullConsumer,
     Message,
     NoPermissionError,
@@ -27,6 +25,7 @@ from basalt.client import (
 from basalt.common import auth
 from basalt.services.cluster.certs import ClusterCertificates
 from tests.support.aio import async_test
+from tests.support.consumers import lite_pull_config
 from tests.support.interop import PRODUCERS, ensure_node_modules
 from tests.support.polling import eventually
 from tests.support.processes import local_cluster, run_basalt_sync
@@ -79,10 +78,7 @@ async def test_the_sdk_produces_and_consumes_over_tls_signed_and_unsigned_is_ref
             await unsigned.send(Message(topic=TOPIC, body=b"never"))
     consumer = LitePullConsumer(
         cluster.pull,
-        config=LitePullConfig(
-            consumer_group="secure-group",
-            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-        ),
+        config=lite_pull_config("secure-group"),
         tls=tls,
         credentials=cluster.admin_user,
     )

@@ -18,10 +18,10 @@ from basalt.v1 import store_node_pb2_grpc as sn_grpc
 Q = TypeVar("Q", bound=Hashable)
 
 
-def lite_pull_config(**kw: Any) -> LitePullConfig:
-    """Group ``LG`` from the first offset; ``kw`` sets the rest."""
+def lite_pull_config(group: str = "LG", **kw: Any) -> LitePullConfig:
+    """``group`` from the first offset; ``kw`` sets the rest."""
     return LitePullConfig(
-        consumer_group="LG", consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, **kw
+        consumer_group=group, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, **kw
     )
 
 
