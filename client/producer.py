@@ -546,14 +546,20 @@ class Producer(Client):
             stream.close()
 
 
+#: RocketMQ's PermName.PERM_WRITE.
+_PERM_WRITE = 2
+
+
 def writable_queues(route: pb.TopicRoute) -> list[QueueAddress]:
-    """A TopicRoute's writable queues on registered brokers, by broker then queue
-    id (RocketMQ's topicRouteData2TopicPublishInfo)."""
+    """A TopicRoute's writable queues on registered, writable brokers, by broker
+    then queue id (RocketMQ's topicRouteData2TopicPublishInfo; there the
+    queue data's perm carries a broker's wiped write permission, here the
+    broker's own ``perm`` does)."""
     brokers = {b.broker_name: b for b in route.broker_datas}
     out = []
     for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
         broker = brokers.get(qd.broker_name)
-        if broker is None or not qd.perm & 2:  # PermName.PERM_WRITE
+        if broker is None or not qd.perm & _PERM_WRITE or not broker.perm & _PERM_WRITE:
             continue
         out += [
             QueueAddress(qd.broker_name, q, broker.address, broker.store_host)

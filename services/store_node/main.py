@@ -82,12 +82,13 @@ async def _list_all(*caches: MetaWatcher[Any]) -> None:
     await asyncio.gather(*(c.start() for c in caches))
 
 
-def _registered_perm(brokers: MetaWatcher[BrokerRegistration], name: str) -> Perm:
-    """The broker's permission as its registration says (an operator may change
-    it in etcd: RocketMQ's ``brokerPermission``); RW until the registration is
-    seen."""
+def _registered_perm(brokers: MetaWatcher[BrokerRegistration], name: str, configured: Perm) -> Perm:
+    """The broker's permission as its registration says (registered from
+    ``broker_permission``; an operator may put another in etcd, RocketMQ's
+    ``updateBrokerConfig -k brokerPermission``); ``configured`` until the
+    registration is seen."""
     registration = brokers.get(name)
-    return registration.perm if registration is not None else Perm.RW
+    return registration.perm if registration is not None else configured
 
 
 def _reachable(address: str) -> str:
@@ -201,7 +202,9 @@ async def serve(args: argparse.Namespace) -> int:
         # ~0.4 s of etcd listing with the queues' recovery); served only once both end.
         listing = asyncio.ensure_future(_list_all(cache, brokers))
         topics = EtcdTopics(meta, cache, addresses.default_topic_queue_nums)
-        broker_perm = partial(_registered_perm, brokers, node.broker_name)
+        broker_perm = partial(
+            _registered_perm, brokers, node.broker_name, Perm(node.broker_permission)
+        )
     else:
         listing = None
         topics = LocalTopics(addresses.default_topic_queue_nums)
@@ -230,6 +233,7 @@ async def serve(args: argparse.Namespace) -> int:
                 client_address="" if client == advertise else client,
                 store_root_id=str(store_config.store_path_root_dir.resolve()),
                 started_at_ms=int(time.time() * 1000),
+                perm=Perm(node.broker_permission),
             ),
             wait=False,
         )

@@ -43,6 +43,7 @@ from opentelemetry import trace
 from basalt.common.message import decode_host, parse_offset_msg_id
 from basalt.common.settings import (
     boolean,
+    check,
     config_dataclass,
     non_empty,
     non_negative,
@@ -134,6 +135,16 @@ class StoreNodeConfig:
     broker_name: str = setting(
         check=non_empty, doc="The store-node's name in the cluster (its brokers/<name> key)."
     )
+    broker_permission: int = setting(
+        default=int(Perm.RW),
+        check=check(
+            "RocketMQ's PermName bits 0..7 (6 read and write, 4 read only, 2 write only)",
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 7,
+        ),
+        doc="RocketMQ's brokerPermission, registered as the node's perm in etcd: 4 refuses "
+        "sends, 2 refuses reads and pops (NO_PERMISSION). The node follows its "
+        "registration, so a perm put there takes effect live, until the next start.",
+    )
     auto_create_topic_enable: bool = setting(
         default=True,
         check=boolean,
@@ -203,12 +214,14 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         broker_perm: Callable[[], Perm] | None = None,
     ) -> None:
         """``broker_perm`` gives this broker's permission as its registration in
-        etcd says now (RocketMQ's ``brokerPermission``); None: always RW."""
+        etcd says now (RocketMQ's ``brokerPermission``); None: the configured
+        ``broker_permission``."""
         self.config = config
         self.store = store
         self.topics = topics
         self.hold = hold
-        self.broker_perm: Callable[[], Perm] = broker_perm or (lambda: Perm.RW)
+        configured = Perm(config.broker_permission)
+        self.broker_perm: Callable[[], Perm] = broker_perm or (lambda: configured)
         self.stats = _Stats()
         self.metrics = StoreNodeMetrics(config.broker_name, store, hold)
         self.boot_timestamp_ms = int(time.time() * 1000)

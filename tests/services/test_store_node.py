@@ -22,6 +22,7 @@ from basalt.common.record import EncodedMessage, decode_record
 from basalt.services.errors import Refusal
 from basalt.services.meta.model import BrokerRegistration, Perm, TopicConfig
 from basalt.services.pull_service.checks import check_pull
+from basalt.services.store_node.service import StoreNodeConfig
 from basalt.store.batch import EncodedBatch
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
@@ -442,3 +443,33 @@ def test_reads_are_refused_what_the_pull_service_refuses_with_its_codes_and_mess
                 assert (entry.refused.code, entry.refused.message) == (expected.code, message)
 
     run(scenario)
+
+
+def test_a_read_only_broker_refuses_sends_and_serves_reads(tmp_path: Path) -> None:
+    """``broker_permission`` 4 (RocketMQ's brokerPermission, read only): what
+    was stored stays readable, a send is NO_PERMISSION in RocketMQ's words."""
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (_, stub, _):
+            await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"before")))
+        async with node(tmp_path, broker_permission=4) as (_, stub, _):
+            status, code, details = await refused(
+                stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"after")))
+            )
+            assert (status, code) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                pb.RESPONSE_CODE_NO_PERMISSION,
+            )
+            assert "broker 'broker-a' sending message is forbidden (perm 4)" in details
+            got = await stub.GetMessage(
+                sn.GetMessageRequest(group="g", topic=TOPIC, queue_id=0, max_msg_nums=8)
+            )
+            assert [r.body for r in _records(got.records.data)] == [b"before"]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("bad", [8, -1, True, "6"])
+def test_broker_permission_is_rocketmq_perm_bits(bad: object) -> None:
+    with pytest.raises(ValueError, match="broker_permission"):
+        StoreNodeConfig(broker_name="broker-a", broker_permission=bad)  # type: ignore[arg-type]

@@ -110,7 +110,7 @@ async def test_the_broker_permission_in_its_registration_gates_reads_and_sends(
         StoreNodeConfig(broker_name="broker-a"),
         node_store_config(tmp_path / "store"),
         EtcdTopics(meta, topics, 4),
-        broker_perm=partial(_registered_perm, brokers, "broker-a"),
+        broker_perm=partial(_registered_perm, brokers, "broker-a", Perm.RW),
     )
     try:
         assert await brokers.wait_until(lambda c: c.get("broker-a") is not None, 5)

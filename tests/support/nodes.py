@@ -42,7 +42,7 @@ NODE_TOPIC = "NodeTopic"
 
 @asynccontextmanager
 async def node(
-    tmp_path: Path, *, auto_create: bool = True
+    tmp_path: Path, *, auto_create: bool = True, broker_permission: int = 6
 ) -> AsyncIterator[tuple[RunningStoreNode, sn_grpc.StoreNodeStub, LocalTopics]]:
     """Store-node ``broker-a`` over a store in ``tmp_path / "store"``, hosting
     NODE_TOPIC; yields the running node, a stub to it and its topic directory."""
@@ -53,7 +53,11 @@ async def node(
         )
     )
     running = await start_store_node(
-        StoreNodeConfig(broker_name="broker-a", auto_create_topic_enable=auto_create),
+        StoreNodeConfig(
+            broker_name="broker-a",
+            auto_create_topic_enable=auto_create,
+            broker_permission=broker_permission,
+        ),
         node_store_config(tmp_path / "store"),
         topics,
     )
