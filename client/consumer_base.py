@@ -167,17 +167,19 @@ class ConsumerClient(Client):
         self._addresses: dict[str, str] = {}
 
     async def queues_of(self, topic: str) -> list[MessageQueue]:
-        """The topic's readable queues, sorted (QueryRoute); ClientError TOPIC_NOT_EXIST."""
+        """The topic's readable queues on registered, readable brokers, sorted
+        (QueryRoute; RocketMQ's topicRouteData2TopicSubscribeInfo, with the
+        broker's own perm as well as the topic's); ClientError TOPIC_NOT_EXIST."""
         try:
             route = (await self._pull_service().QueryRoute(ps.QueryRouteRequest(topic=topic))).route
         except grpc.aio.AioRpcError as e:
             raise ClientError.from_rpc_error(e, address=self.endpoints) from None
-        brokers = {b.broker_name: b.address for b in route.broker_datas}
-        self._addresses.update(brokers)
+        self._addresses.update((b.broker_name, b.address) for b in route.broker_datas)
+        readable = {b.broker_name for b in route.broker_datas if b.perm & pb.PERM_READ}
         return sorted(
             MessageQueue(topic, qd.broker_name, q)
             for qd in route.queue_datas
-            if qd.broker_name in brokers and qd.perm & pb.PERM_READ
+            if qd.broker_name in readable and qd.perm & pb.PERM_READ
             for q in range(qd.read_queue_nums)
         )
 

@@ -546,10 +546,6 @@ class Producer(Client):
             stream.close()
 
 
-#: RocketMQ's PermName.PERM_WRITE.
-_PERM_WRITE = 2
-
-
 def writable_queues(route: pb.TopicRoute) -> list[QueueAddress]:
     """A TopicRoute's writable queues on registered, writable brokers, by broker
     then queue id (RocketMQ's topicRouteData2TopicPublishInfo; there the
@@ -559,7 +555,7 @@ def writable_queues(route: pb.TopicRoute) -> list[QueueAddress]:
     out = []
     for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
         broker = brokers.get(qd.broker_name)
-        if broker is None or not qd.perm & _PERM_WRITE or not broker.perm & _PERM_WRITE:
+        if broker is None or not qd.perm & pb.PERM_WRITE or not broker.perm & pb.PERM_WRITE:
             continue
         out += [
             QueueAddress(qd.broker_name, q, broker.address, broker.store_host)
