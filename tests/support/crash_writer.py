@@ -389,6 +389,10 @@ class CrashLoop:
         self.rng = random.Random(seed)
         #: Every acknowledged message of every cycle, by its unique key.
         self.acked: dict[str, Ack] = {}
+        #: (topic, queue id, queue offset) of every record a recovery lost to
+        #: damage (a torn append the kill left at the log's end) and kept the
+        #: slot of: those offsets stay taken, never issued again (docs/storage.md).
+        self.kept_slots: set[tuple[str, int, int]] = set()
         self.config = store_config(root)
 
     # -- one cycle --------------------------------------------------------------------
@@ -546,6 +550,13 @@ class CrashLoop:
                 raise CrashCheckFailure(
                     f"recovery abnormal={report.abnormal} with abort file present={abort_left}"
                 )
+            self.kept_slots.update(
+                (span.topic, span.queue_id, span.queue_offset)
+                for span in report.damaged_spans
+                if span.topic is not None
+                and span.queue_id is not None
+                and span.queue_offset is not None
+            )
             problems = self._check_acked(store, report)
             problems += self._check_queues(store)
             if problems:
@@ -596,18 +607,27 @@ class CrashLoop:
                 )
         return problems
 
+    def _past_kept(self, topic: str, queue_id: int, offset: int) -> int:
+        """``offset``, or past the kept slots of lost records that start there."""
+        while (topic, queue_id, offset) in self.kept_slots:
+            offset += 1
+        return offset
+
     def _check_queues(self, store: MessageStore) -> list[str]:
-        """Every queue we write: consecutive offsets, records of that queue, unique keys."""
+        """Every queue we write: consecutive offsets (but for the kept slots of
+        records lost to damage), records of that queue, unique keys."""
         problems: list[str] = []
         for topic in TOPICS:
             for queue_id in range(QUEUES_PER_TOPIC):
-                expected = store.get_min_offset_in_queue(topic, queue_id)
+                expected = self._past_kept(
+                    topic, queue_id, store.get_min_offset_in_queue(topic, queue_id)
+                )
                 seen: set[str] = set()
                 for queue_offset, record in store.iter_queue(topic, queue_id, expected):
                     where = f"{topic}/{queue_id}@{queue_offset}"
                     if queue_offset != expected:
                         problems.append(f"{where}: expected queue offset {expected}")
-                    expected = queue_offset + 1
+                    expected = self._past_kept(topic, queue_id, queue_offset + 1)
                     if (record.topic, record.queue_id, record.queue_offset) != (
                         topic,
                         queue_id,
