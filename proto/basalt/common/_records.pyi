@@ -38,14 +38,13 @@ RECORD_FIELDS: tuple[str, ...]
 
 #: IndexFile header fields: begin ts, end ts, begin phy, end phy, hash slot count, index count.
 IndexState = tuple[int, int, int, int, int, int]
+#: scan's answer: (pos, kind, reason, last store timestamp, first newer pos, count).
+ScanTuple = tuple[int, int, str, int, int, int]
 
 def crc32(data: Buffer, start: int = 0, /) -> int: ...
 def crc32_portable(data: Buffer, start: int = 0, /) -> int: ...
 def crc32_combine(crc1: int, crc2: int, len2: int, /) -> int: ...
 def tags_code_at(buf: Buffer, pos: int, /) -> int | None: ...
-#: scan's answer: (pos, kind, reason, last store timestamp, first newer pos, count).
-ScanTuple = tuple[int, int, str, int, int, int]
-
 def scan(
     buf: Buffer, pos: int, limit: int, base_offset: int, check_crc: bool, newer_than_ms: int, /
 ) -> ScanTuple: ...
