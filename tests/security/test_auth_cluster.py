@@ -6,7 +6,6 @@ or refused by what those say."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.aio import async_test
 from tests.support.consumers import lite_pull_config
-from tests.support.interop import PRODUCERS, ensure_node_modules
+from tests.support.interop import PRODUCERS, ensure_node_modules, produce_signed
 from tests.support.polling import eventually
 from tests.support.processes import local_cluster, run_basalt_sync
 
@@ -244,25 +243,7 @@ def test_admin_actions_follow_the_acl(cluster: Cluster, tmp_path: Path) -> None:
 
 
 def _produce(client: str, cluster: Cluster, credentials: auth.Credentials | None) -> list[Any]:
-    spec: dict[str, Any] = {"topic": TOPIC, "messages": [{"body": f"from {client}"}]}
-    if credentials is not None:
-        spec["credentials"] = {
-            "accessKey": credentials.access_key,
-            "secretKey": credentials.secret_key,
-        }
-    run = subprocess.run(
-        [*PRODUCERS[client], cluster.v2],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        # The Python client stamps local time with a Z (docs/security.md).
-        env={**os.environ, "TZ": "UTC"},
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    out: list[Any] = json.loads(run.stdout.strip().splitlines()[-1])
-    return out
+    return produce_signed(client, cluster.v2, TOPIC, credentials)
 
 
 @pytest.mark.parametrize("client", sorted(PRODUCERS))

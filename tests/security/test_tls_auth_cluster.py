@@ -6,9 +6,6 @@ producers send over TLS with credentials and are refused without."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +23,7 @@ from basalt.common import auth
 from basalt.services.cluster.certs import ClusterCertificates
 from tests.support.aio import async_test
 from tests.support.consumers import lite_pull_config
-from tests.support.interop import PRODUCERS, ensure_node_modules
+from tests.support.interop import PRODUCERS, ensure_node_modules, produce_signed
 from tests.support.polling import eventually
 from tests.support.processes import local_cluster, run_basalt_sync
 from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
@@ -106,29 +103,14 @@ def test_the_cli_produces_and_consumes_with_the_clusters_certificates_and_admin_
 
 
 def _produce(client: str, cluster: Cluster, credentials: auth.Credentials | None) -> list[Any]:
-    spec: dict[str, Any] = {"topic": TOPIC, "messages": [{"body": f"from {client}"}]}
-    if credentials is not None:
-        spec["credentials"] = {
-            "accessKey": credentials.access_key,
-            "secretKey": credentials.secret_key,
-        }
-    run = subprocess.run(
-        [*PRODUCERS[client], cluster.v2, "tls"],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={
-            **os.environ,
-            # The Python client stamps local time with a Z (docs/security.md).
-            "TZ": "UTC",
-            "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(cluster.certs.ca_file),
-        },
+    return produce_signed(
+        client,
+        cluster.v2,
+        TOPIC,
+        credentials,
+        args=["tls"],
+        env={"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(cluster.certs.ca_file)},
     )
-    assert run.returncode == 0, run.stdout + run.stderr
-    out: list[Any] = json.loads(run.stdout.strip().splitlines()[-1])
-    return out
 
 
 @pytest.mark.parametrize("client", sorted(PRODUCERS))

@@ -6,11 +6,14 @@ basalt.rocketmq.v2 does)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from basalt.common.auth import Credentials
 from tests.support.processes import REPO_ROOT
 
 INTEROP = REPO_ROOT / "tests" / "interop"
@@ -37,16 +40,47 @@ PUSH_CONSUMERS = {
 
 
 def run_client(
-    command: list[str], endpoints: str, spec: dict[str, Any], timeout_s: float = 60
+    command: list[str],
+    endpoints: str,
+    spec: dict[str, Any],
+    timeout_s: float = 60,
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Any:
-    """Run an interop script with ``spec`` as JSON on stdin; the JSON of its
-    last stdout line. Asserts it exits 0 (its output in the message)."""
+    """Run an interop script (``args`` after the endpoints, ``env`` added to
+    this process's) with ``spec`` as JSON on stdin; the JSON of its last
+    stdout line. Asserts it exits 0 (its output in the message)."""
     run = subprocess.run(
-        [*command, endpoints], input=json.dumps(spec), capture_output=True, text=True,
-        timeout=timeout_s, check=False,
+        [*command, endpoints, *args], input=json.dumps(spec), capture_output=True, text=True,
+        timeout=timeout_s, check=False, env=None if env is None else {**os.environ, **env},
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def produce_signed(
+    client: str,
+    endpoints: str,
+    topic: str,
+    credentials: Credentials | None,
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> list[Any]:
+    """One message ``from <client>`` to ``topic`` by that official client's
+    producer, signed with ``credentials`` (None: unsigned); its receipts. The
+    Python client stamps local time with a Z (docs/security.md): run in UTC."""
+    spec: dict[str, Any] = {"topic": topic, "messages": [{"body": f"from {client}"}]}
+    if credentials is not None:
+        spec["credentials"] = {
+            "accessKey": credentials.access_key,
+            "secretKey": credentials.secret_key,
+        }
+    out: list[Any] = run_client(
+        PRODUCERS[client], endpoints, spec, args=args, env={"TZ": "UTC", **(env or {})}
+    )
+    return out
 
 
 def ensure_node_modules() -> None:
