@@ -27,9 +27,14 @@ from typing import IO, Any
 
 import grpc
 
-from basalt.common import auth
-from basalt.common import tls as transport
-from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
+from basalt.common import auth, channels
+from basalt.common.local_cluster import (
+    CREDENTIALS_HELP,
+    ClusterNotFoundError,
+    discover,
+    discover_credentials,
+    discover_tls,
+)
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 
@@ -198,13 +203,13 @@ def add_commands(verbs: Any, *, format_table: Callable[[list[str], list[list[Any
 
 
 def add_credentials_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--credentials", metavar="FILE", help=auth.CREDENTIALS_HELP)
+    parser.add_argument("--credentials", metavar="FILE", help=CREDENTIALS_HELP)
 
 
 def use_credentials(args: argparse.Namespace) -> None:
-    """Sign this command's calls with :func:`basalt.common.auth.discover_credentials`'s.
+    """Sign this command's calls with :func:`basalt.common.local_cluster.discover_credentials`'s.
     Raises OSError, ValueError for a named file that cannot be read."""
-    auth.use_process_credentials(auth.discover_credentials(args.credentials))
+    auth.use_process_credentials(discover_credentials(args.credentials))
 
 
 def _handler(
@@ -233,5 +238,5 @@ def _handler(
 
 
 async def _through(address: str, args: argparse.Namespace, call: Call) -> Table:
-    async with transport.channel(address, discover_tls()) as channel:
+    async with channels.channel(address, discover_tls()) as channel:
         return await call(adm_grpc.AdminStub(channel), args)  # type: ignore[arg-type]

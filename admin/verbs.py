@@ -53,7 +53,7 @@ from typing import IO, Any
 from basalt.admin import auth_verbs, ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
-from basalt.common import tls as transport
+from basalt.common import channels
 from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
 from basalt.common.message import MessageRecord
 from basalt.services.meta import (
@@ -474,7 +474,7 @@ async def _with_meta(etcd: str, args: argparse.Namespace, operation: Verb | Serv
 
 
 async def _through_service(address: str, args: argparse.Namespace, operation: Served) -> Table:
-    async with transport.channel(address, discover_tls()) as channel:
+    async with channels.channel(address, discover_tls()) as channel:
         return await operation.operation(ServiceAdmin(channel, address), args)
 
 

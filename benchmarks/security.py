@@ -37,8 +37,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from basalt.common.auth import LOCAL_CREDENTIALS, Credentials
-from basalt.common.local_cluster import client_tls
+from basalt.common.auth import Credentials
+from basalt.common.local_cluster import LOCAL_CREDENTIALS, client_tls
 from basalt.common.tls import TlsConfig
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig

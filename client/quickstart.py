@@ -34,7 +34,13 @@ from basalt.client.errors import ClientError
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from basalt.client.producer import Producer
 from basalt.common import auth
-from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
+from basalt.common.local_cluster import (
+    CREDENTIALS_HELP,
+    ClusterNotFoundError,
+    discover,
+    discover_credentials,
+    discover_tls,
+)
 from basalt.common.message import Message
 
 EXIT_FAILED = 1
@@ -142,7 +148,7 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group-name", default="quickstart-producer", help="producer group")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per message")
     parser.add_argument("--endpoints", help=ENDPOINTS_HELP)
-    parser.add_argument("--credentials", metavar="FILE", help=auth.CREDENTIALS_HELP)
+    parser.add_argument("--credentials", metavar="FILE", help=CREDENTIALS_HELP)
     parser.set_defaults(handler=_run(produce))
 
 
@@ -154,7 +160,7 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, help="stop after this many messages")
     parser.add_argument("--idle-ms", type=int, default=3000, help="stop after this long idle")
     parser.add_argument("--endpoints", help=ENDPOINTS_HELP)
-    parser.add_argument("--credentials", metavar="FILE", help=auth.CREDENTIALS_HELP)
+    parser.add_argument("--credentials", metavar="FILE", help=CREDENTIALS_HELP)
     parser.set_defaults(handler=_run(consume))
 
 
@@ -174,7 +180,7 @@ def _run(command: Command) -> Callable[[argparse.Namespace, IO[str], IO[str]], i
             return EXIT_USAGE
         try:
             # Signs every call of the command's clients (a cluster with auth on).
-            auth.use_process_credentials(auth.discover_credentials(args.credentials))
+            auth.use_process_credentials(discover_credentials(args.credentials))
         except (OSError, ValueError) as e:
             print(f"basalt {args.group}: --credentials: {e}", file=stderr)
             return EXIT_USAGE

@@ -14,9 +14,10 @@ host whose clock zone is not UTC falls outside the skew window (set TZ=UTC).
 This module is pure (the SDK, the CLI and the services share it): signing,
 parsing, and client interceptors (grpc.aio and blocking) that sign each call
 when it starts (a stream is signed once, when it opens); every channel
-Basalt makes carries them (:func:`basalt.common.tls.channel`). A service
+Basalt makes carries them (:func:`basalt.common.channels.channel`). A service
 process signs its own calls to other services with
-:func:`use_process_credentials`.
+:func:`use_process_credentials`; a CLI command finds the credentials it signs
+with by :func:`basalt.common.local_cluster.discover_credentials`.
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
-# The module, not the function: local_cluster imports basalt.common.tls, which
-# imports this module, so a name taken from it here could be not yet defined.
-from basalt.common import local_cluster
 
 AUTHORIZATION = "authorization"
 DATE_TIME = "x-mq-date-time"
@@ -251,17 +248,9 @@ def sync_signing(credentials: Credentials | None = None) -> SyncSigning | None:
     return None if chosen is None else SyncSigning(chosen)
 
 
-#: Where ``basalt cluster up --auth`` writes the admin user's credentials and
-#: the cluster key, under its data directory.
-LOCAL_CREDENTIALS = Path("auth") / "admin.json"
-LOCAL_CLUSTER_KEY = Path("auth") / "cluster.key"
-#: The environment variable naming a credentials file for the CLI.
+#: The environment variable naming a credentials file for the CLI and for a
+#: process without a command line of its own (:func:`credentials_from_env`).
 CREDENTIALS_ENV = "BASALT_CREDENTIALS"
-#: The help of every command's ``--credentials FILE``.
-CREDENTIALS_HELP = (
-    f"sign calls with this {{accessKey, secretKey}} file (default: env {CREDENTIALS_ENV}, "
-    "else the local cluster's admin user; none: unsigned)"
-)
 
 
 def credentials_from_env(environ: Mapping[str, str] | None = None) -> Credentials | None:
@@ -272,19 +261,3 @@ def credentials_from_env(environ: Mapping[str, str] | None = None) -> Credential
     environ = os.environ if environ is None else environ
     named = environ.get(CREDENTIALS_ENV, "").strip()
     return Credentials.from_file(named) if named else None
-
-
-def discover_credentials(given: str | None) -> Credentials | None:
-    """The credentials a CLI command signs with, strongest first: the file
-    ``given`` (a flag), the file named by ``BASALT_CREDENTIALS``, the local
-    cluster's admin user (``.basalt/auth/admin.json`` in the nearest data
-    directory upward, as :func:`basalt.common.local_cluster.discover` finds
-    addresses); None when none is there (calls go unsigned). Raises OSError or
-    ValueError for a named file that cannot be read."""
-    named = given or os.environ.get(CREDENTIALS_ENV, "").strip()
-    if named:
-        return Credentials.from_file(named)
-    data_dir = local_cluster.find_data_dir()
-    if data_dir is not None and (data_dir / LOCAL_CREDENTIALS).is_file():
-        return Credentials.from_file(data_dir / LOCAL_CREDENTIALS)
-    return None

@@ -1,11 +1,17 @@
-"""The state file of a local cluster: ``<data-dir>/cluster.json``.
+"""A local cluster's data directory, and how a CLI command finds what to dial with.
 
 ``basalt cluster up`` (:mod:`basalt.services.cluster.local`) writes one entry
-per process it started; ``down`` and ``status`` read them back, and the tools
-that default to the local cluster (the quickstart, the admin CLI) find an
-address in it with :func:`discover` (a flag, else an environment variable,
-else the nearest ``.basalt`` directory upward). The file is a JSON list of
-:class:`ProcessInfo` objects::
+per process it started to ``<data-dir>/cluster.json``; ``down`` and ``status``
+read them back. The tools that default to the local cluster (the quickstart,
+the admin CLI) find, each strongest first (a flag, else an environment
+variable, else the nearest ``.basalt`` directory upward):
+
+- an address: :func:`discover`;
+- the TLS to dial with: :func:`discover_tls` (``<data-dir>/tls/``);
+- the credentials to sign with: :func:`discover_credentials`
+  (``<data-dir>/auth/admin.json``).
+
+The state file is a JSON list of :class:`ProcessInfo` objects::
 
     [{"role": "etcd", "name": "etcd", "pid": 4242,
       "address": "127.0.0.1:2379", "log": "/.../.basalt/logs/etcd.log",
@@ -27,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from basalt.common import tls as transport
+from basalt.common.auth import CREDENTIALS_ENV, Credentials
 
 #: The state file's name, in the cluster's data directory.
 CLUSTER_FILE = "cluster.json"
@@ -38,6 +45,15 @@ TLS_DIR = "tls"
 CA_FILE = "ca.pem"
 CLIENT_CERT_FILE = "client.pem"
 CLIENT_KEY_FILE = "client-key.pem"
+#: Where ``basalt cluster up --auth`` writes the admin user's credentials and
+#: the cluster key, under its data directory.
+LOCAL_CREDENTIALS = Path("auth") / "admin.json"
+LOCAL_CLUSTER_KEY = Path("auth") / "cluster.key"
+#: The help of every command's ``--credentials FILE`` (:func:`discover_credentials`).
+CREDENTIALS_HELP = (
+    f"sign calls with this {{accessKey, secretKey}} file (default: env {CREDENTIALS_ENV}, "
+    "else the local cluster's admin user; none: unsigned)"
+)
 
 
 @dataclass(slots=True)
@@ -121,6 +137,22 @@ def discover_tls(environ: Mapping[str, str] | None = None) -> transport.TlsConfi
     data_dir = find_data_dir()
     found = None if data_dir is None else local_tls(data_dir)
     return found or transport.PLAINTEXT
+
+
+def discover_credentials(given: str | None) -> Credentials | None:
+    """The credentials a CLI command signs with, strongest first: the file
+    ``given`` (a flag), the file named by ``BASALT_CREDENTIALS``, the local
+    cluster's admin user (:data:`LOCAL_CREDENTIALS` in the nearest data
+    directory upward, as :func:`discover` finds addresses); None when none is
+    there (calls go unsigned). Raises OSError or ValueError for a named file
+    that cannot be read."""
+    named = given or os.environ.get(CREDENTIALS_ENV, "").strip()
+    if named:
+        return Credentials.from_file(named)
+    data_dir = find_data_dir()
+    if data_dir is not None and (data_dir / LOCAL_CREDENTIALS).is_file():
+        return Credentials.from_file(data_dir / LOCAL_CREDENTIALS)
+    return None
 
 
 def find_data_dir(start: Path | None = None) -> Path | None:

@@ -3,7 +3,8 @@
 One :class:`TlsConfig` per process says which PEM files it presents and
 trusts. A service serves with it (:func:`server_credentials`, through
 ``basalt.services.process.add_port``) and dials with it - other services,
-etcd - (:func:`channel`); the SDK and the CLI dial with it. In one cluster
+etcd - (:func:`basalt.common.channels.channel` takes a :class:`TlsConfig`);
+the SDK and the CLI dial with it. In one cluster
 one CA signs every certificate, so a service's certificate is both its
 server certificate and its client certificate (``basalt cluster up --tls``
 makes them so: basalt.services.cluster.certs).
@@ -36,7 +37,6 @@ from typing import Any
 
 import grpc
 
-from basalt.common import auth
 from basalt.common.settings import (
     boolean,
     check,
@@ -49,7 +49,6 @@ from basalt.common.settings import (
     setting,
     validate,
 )
-from basalt.common.telemetry import client_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -274,52 +273,3 @@ def channel_options(
     if enabled(tls) and tls is not None and tls.tls_server_name:
         return (*options, ("grpc.ssl_target_name_override", tls.tls_server_name))
     return tuple(options)
-
-
-def channel(
-    address: str,
-    tls: TlsConfig | None = None,
-    *,
-    options: Sequence[tuple[str, Any]] = (),
-    credentials: auth.Credentials | None = None,
-    signed: bool = True,
-) -> grpc.aio.Channel:
-    """Basalt's one channel factory: a ``grpc.aio`` channel to ``address`` with
-    the telemetry interceptors (:func:`basalt.common.telemetry.client_interceptors`)
-    and each call signed with ``credentials``, or the process's
-    (:func:`basalt.common.auth.use_process_credentials`; neither: unsigned) -
-    secure with :func:`channel_credentials` when ``tls`` is enabled, plaintext
-    otherwise. ``signed=False`` for a peer that is not Basalt: etcd reads an
-    ``authorization`` entry as its own auth token and refuses the call."""
-    signing = auth.signing_interceptors(credentials) if signed else []
-    interceptors = [*client_interceptors(), *signing]
-    if not enabled(tls):
-        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
-    assert tls is not None
-    return grpc.aio.secure_channel(
-        address,
-        channel_credentials(tls),
-        options=channel_options(tls, options),
-        interceptors=interceptors,
-    )
-
-
-def sync_channel(
-    address: str,
-    tls: TlsConfig | None = None,
-    *,
-    options: Sequence[tuple[str, Any]] = (),
-    credentials: auth.Credentials | None = None,
-) -> grpc.Channel:
-    """:func:`channel`'s blocking twin (the health probe, Spark's executors):
-    TLS as ``tls`` says, calls signed as :func:`channel`'s are (no spans: the
-    telemetry interceptors are grpc.aio ones)."""
-    if not enabled(tls):
-        made = grpc.insecure_channel(address, options=options)
-    else:
-        assert tls is not None
-        made = grpc.secure_channel(
-            address, channel_credentials(tls), options=channel_options(tls, options)
-        )
-    signing = auth.sync_signing(credentials)
-    return made if signing is None else grpc.intercept_channel(made, signing)

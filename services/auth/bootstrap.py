@@ -13,7 +13,8 @@ import os
 import secrets
 from pathlib import Path
 
-from basalt.common.auth import LOCAL_CLUSTER_KEY, LOCAL_CREDENTIALS, Credentials
+from basalt.common.auth import Credentials
+from basalt.common.local_cluster import LOCAL_CLUSTER_KEY, LOCAL_CREDENTIALS
 from basalt.services.auth.cipher import new_cluster_key
 
 #: The generated admin user's access key.

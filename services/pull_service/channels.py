@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from basalt.common import channels
 from basalt.common import tls as transport
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
@@ -62,7 +63,7 @@ class ChannelPool:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = transport.channel(address, self._tls, options=self._options)
+            channel = channels.channel(address, self._tls, options=self._options)
             self._channels[address] = channel
         return channel
 
@@ -108,7 +109,7 @@ class ChannelPool:
     async def close(self) -> None:
         """Close every channel now, evicted ones included (in-flight calls are
         cancelled). Idempotent."""
-        channels = list(self._channels.values())
+        closing = list(self._channels.values())
         self._channels.clear()
         self._store_nodes.clear()
         self._raw_get_messages.clear()
@@ -118,8 +119,8 @@ class ChannelPool:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            channels.append(channel)
-        for channel in channels:
+            closing.append(channel)
+        for channel in closing:
             await channel.close()
 
 

@@ -1,4 +1,5 @@
-"""common.local_cluster: the state file ``basalt cluster up`` writes and the tools read."""
+"""common.local_cluster: the state file ``basalt cluster up`` writes and the tools read,
+and how a CLI command finds an address and the credentials it signs with."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from basalt.common.auth import CREDENTIALS_ENV, Credentials
 from basalt.common.local_cluster import (
     CLUSTER_FILE,
+    LOCAL_CREDENTIALS,
     ClusterNotFoundError,
     ProcessInfo,
     discover,
+    discover_credentials,
     find_data_dir,
     load_processes,
     local_address,
@@ -88,3 +92,27 @@ def test_discover_finding_nothing_names_the_flag_the_variable_and_basalt(
     (tmp_path / ".basalt").mkdir()
     with pytest.raises(ClusterNotFoundError, match="has no running pull-service"):
         discover("pull-service", flag="--endpoints", given=None, env="BASALT_ENDPOINTS")
+
+
+def test_discover_credentials_takes_the_flag_then_the_environment_then_basalt_upward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / "src" / "app"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    monkeypatch.delenv(CREDENTIALS_ENV, raising=False)
+    assert discover_credentials(None) is None  # nothing anywhere: calls go unsigned
+    (tmp_path / ".basalt").mkdir()
+    assert discover_credentials(None) is None  # a cluster without auth
+    admin = Credentials("admin", "admin-secret")
+    admin.to_file(tmp_path / ".basalt" / LOCAL_CREDENTIALS)
+    assert discover_credentials(None) == admin
+    alice = Credentials("alice", "alice-secret")
+    alice.to_file(tmp_path / "alice.json")
+    monkeypatch.setenv(CREDENTIALS_ENV, str(tmp_path / "alice.json"))
+    assert discover_credentials(None) == alice
+    bob = Credentials("bob", "bob-secret")
+    bob.to_file(tmp_path / "bob.json")
+    assert discover_credentials(str(tmp_path / "bob.json")) == bob
+    with pytest.raises(OSError):
+        discover_credentials(str(tmp_path / "missing.json"))

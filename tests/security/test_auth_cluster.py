@@ -22,6 +22,7 @@ from basalt.client import (
     Producer,
 )
 from basalt.common import auth
+from basalt.common.local_cluster import LOCAL_CREDENTIALS
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -50,7 +51,7 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         """``basalt admin VERB ... --server ADMIN``, signed as the admin user
         (or with ``credentials``)."""
-        creds = credentials or self.data / auth.LOCAL_CREDENTIALS
+        creds = credentials or self.data / LOCAL_CREDENTIALS
         return run_basalt_sync("admin", *argv, "--server", self.admin, "--credentials", str(creds))
 
 
@@ -81,8 +82,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def test_the_generated_admin_user_is_a_file_the_cli_uses_and_lists_no_secret(
     cluster: Cluster,
 ) -> None:
-    admin = auth.Credentials.from_file(cluster.data / auth.LOCAL_CREDENTIALS)
-    assert (cluster.data / auth.LOCAL_CREDENTIALS).stat().st_mode & 0o077 == 0
+    admin = auth.Credentials.from_file(cluster.data / LOCAL_CREDENTIALS)
+    assert (cluster.data / LOCAL_CREDENTIALS).stat().st_mode & 0o077 == 0
     users = json.loads(ok(cluster.basalt("listUser", "--json")))
     assert {"username": "alice", "user_type": "Normal", "user_status": "Enable"} in users
     listed = ok(cluster.basalt("listUser"))

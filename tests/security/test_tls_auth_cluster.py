@@ -20,6 +20,7 @@ from basalt.client import (
     Producer,
 )
 from basalt.common import auth
+from basalt.common.local_cluster import LOCAL_CREDENTIALS
 from basalt.services.cluster.certs import ClusterCertificates
 from tests.support.aio import async_test
 from tests.support.consumers import lite_pull_config
@@ -48,7 +49,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c = Cluster(
             data,
             ClusterCertificates(data / "tls"),
-            auth.Credentials.from_file(data / auth.LOCAL_CREDENTIALS),
+            auth.Credentials.from_file(data / LOCAL_CREDENTIALS),
             by_role["pull-service"]["address"],
             by_role["pull-service"]["rocketmq_v2"],
         )
