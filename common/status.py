@@ -6,6 +6,11 @@ metadata :data:`RESPONSE_CODE_KEY`, in decimal, so a client can tell, say,
 TOPIC_NOT_EXIST from SUBSCRIPTION_GROUP_NOT_EXIST without parsing text. The
 services write it (:func:`basalt.services.errors.abort`); the SDK, the admin
 tools and the pull-service read it with :func:`response_code_of`.
+
+An error raised by code the services call but do not own (the admin
+operations) says what it answers by subclassing :class:`CodedError`: the
+services' one table (:func:`basalt.services.errors.refusal_of`) reads its
+``code`` and ``grpc_status`` without importing the module that defines it.
 """
 
 from __future__ import annotations
@@ -23,3 +28,16 @@ def response_code_of(error: grpc.aio.AioRpcError) -> int | None:
     if isinstance(raw, str) and raw.lstrip("-").isdigit():
         return int(raw)
     return None
+
+
+class CodedError(Exception):
+    """An error that carries what a service answers when it escapes a call:
+    RocketMQ's response code :attr:`code` (common.proto's ``ResponseCode``) and
+    the gRPC status :attr:`grpc_status` (None: the code's own, by
+    :data:`basalt.services.errors.GRPC_STATUS`). Subclasses set both as class
+    attributes, or per instance when the answer depends on the error (a peer's
+    refusal passed on); the message is ``str(error)``."""
+
+    #: SYSTEM_ERROR (common.proto), until a subclass says otherwise.
+    code: int = 1
+    grpc_status: grpc.StatusCode | None = None

@@ -9,9 +9,12 @@ Expected outcomes (a pull that found nothing, a send whose fsync timed out)
 are not refusals: they travel in the response.
 
 Servicers and their checks raise: a :class:`Refusal` naming its response
-code (the check decided why), the refusal of an :class:`Outcome`, or an
-error of the engine, the metadata layer or admin. None of them picks a gRPC
-status or maps an error: this module does, by these tables.
+code (the check decided why), the refusal of an :class:`Outcome`, an error
+of the engine or the metadata layer, or a
+:class:`~basalt.common.status.CodedError` (the admin operations' errors,
+:mod:`basalt.admin.errors`), which carries its own answer: this module reads
+its ``code`` and ``grpc_status`` and imports nothing of admin. None of them
+picks a gRPC status or maps an error: this module does, by these tables.
 
 A response code's gRPC status (:data:`GRPC_STATUS`; common.proto's table)::
 
@@ -48,13 +51,10 @@ message is ``str(error)`` but in the last row::
     InvalidOffsetRequestError    INVALID_ARGUMENT    INVALID_PARAMETER
     TopicNotFoundError           NOT_FOUND           TOPIC_NOT_EXIST
     TopicExistsError             ALREADY_EXISTS      TOPIC_EXIST_ALREADY
-    MetaConflictError,           ABORTED             SYSTEM_BUSY (re-read, retry)
-    RevisionMismatchError
-    BrokerNotRegisteredError     UNAVAILABLE         BROKER_NOT_EXIST
-    PeerCallError                the peer's status   the peer's code; none:
-                                                     SERVICE_NOT_AVAILABLE when
-                                                     UNAVAILABLE, else SYSTEM_ERROR
-    any other AdminError         INTERNAL            SYSTEM_ERROR
+    MetaConflictError            ABORTED             SYSTEM_BUSY (re-read, retry)
+    CodedError: the admin        its grpc_status,    its code
+    errors (admin/errors.py's    else its code's
+    table)
     anything else                INTERNAL            SYSTEM_ERROR, message
                                                      "<class>: <error>", logged
                                                      with its traceback
@@ -78,13 +78,7 @@ import logging
 
 import grpc
 
-from basalt.admin.errors import (
-    AdminError,
-    BrokerNotRegisteredError,
-    PeerCallError,
-    RevisionMismatchError,
-)
-from basalt.common.status import RESPONSE_CODE_KEY, response_code_of
+from basalt.common.status import RESPONSE_CODE_KEY, CodedError, response_code_of
 from basalt.services.meta.errors import (
     MetaConflictError,
     MetaUnavailableError,
@@ -217,16 +211,14 @@ async def abort(context: grpc.aio.ServicerContext[object, object], refusal: Refu
 # -- raised errors ----------------------------------------------------------------------
 
 #: Error classes -> the response code or Outcome they answer, first match wins
-#: (the module docstring's table; PeerCallError is answered by its peer).
+#: (the module docstring's table; a CodedError answers what it carries).
 _ANSWER_OF_ERROR: tuple[tuple[tuple[type[Exception], ...], int | Outcome], ...] = (
     ((StoreClosedError, MetaUnavailableError), pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE),
     ((Sql92ParseError, UnknownFilterTypeError), pb.RESPONSE_CODE_SUBSCRIPTION_PARSE_FAILED),
     ((InvalidOffsetRequestError,), pb.RESPONSE_CODE_INVALID_PARAMETER),
     ((TopicNotFoundError,), pb.RESPONSE_CODE_TOPIC_NOT_EXIST),
     ((TopicExistsError,), pb.RESPONSE_CODE_TOPIC_EXIST_ALREADY),
-    ((MetaConflictError, RevisionMismatchError), Outcome.STALE_WRITE),
-    ((BrokerNotRegisteredError,), pb.RESPONSE_CODE_BROKER_NOT_EXIST),
-    ((AdminError,), pb.RESPONSE_CODE_SYSTEM_ERROR),
+    ((MetaConflictError,), Outcome.STALE_WRITE),
 )
 
 
@@ -235,15 +227,10 @@ def refusal_of(error: BaseException) -> Refusal | None:
     table does not know (a bug, or what no request can cause)."""
     if isinstance(error, Refusal):
         return error
-    if isinstance(error, PeerCallError):
-        code = error.response_code
-        if code is None:  # the peer was not reached, or did not say
-            code = (
-                pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE
-                if error.status == grpc.StatusCode.UNAVAILABLE
-                else pb.RESPONSE_CODE_SYSTEM_ERROR
-            )
-        return StatusRefusal(error.status, code, str(error))
+    if isinstance(error, CodedError):
+        if error.grpc_status is None:
+            return Refusal(error.code, str(error))
+        return StatusRefusal(error.grpc_status, error.code, str(error))
     for kinds, answer in _ANSWER_OF_ERROR:
         if isinstance(error, kinds):
             if isinstance(answer, Outcome):

@@ -16,6 +16,7 @@ from basalt.admin.errors import (
     RevisionMismatchError,
 )
 from basalt.common.record import CorruptRecordError
+from basalt.common.status import CodedError
 from basalt.services.errors import (
     GRPC_STATUS,
     RESPONSE_CODE_KEY,
@@ -183,6 +184,37 @@ def test_a_refused_entry_carries_the_status_code_and_message() -> None:
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None,
 )
 def test_each_error_answers_its_row(error: Exception, status: grpc.StatusCode, code: int) -> None:
+    assert answer(refusal_of(error)) == (status, code, str(error))
+    assert answer(as_refusal(error, "Call")) == (status, code, str(error))
+
+
+class _NoTopicHere(CodedError):
+    """A CodedError defined outside services, as admin's are: its code only."""
+
+    code = pb.RESPONSE_CODE_TOPIC_NOT_EXIST
+
+
+class _TryAgain(CodedError):
+    """Its code and a gRPC status other than the code's."""
+
+    code = pb.RESPONSE_CODE_SYSTEM_BUSY
+    grpc_status = S.ABORTED
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (_NoTopicHere("T is gone"), S.NOT_FOUND, pb.RESPONSE_CODE_TOPIC_NOT_EXIST),
+        (_TryAgain("lost a race"), S.ABORTED, pb.RESPONSE_CODE_SYSTEM_BUSY),
+        (CodedError("bare"), S.INTERNAL, pb.RESPONSE_CODE_SYSTEM_ERROR),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None,
+)
+def test_a_coded_error_answers_what_it_carries(
+    error: CodedError, status: grpc.StatusCode, code: int
+) -> None:
+    # The table knows no such class: it reads the attributes (how admin's
+    # errors reach it without services importing admin).
     assert answer(refusal_of(error)) == (status, code, str(error))
     assert answer(as_refusal(error, "Call")) == (status, code, str(error))
 
