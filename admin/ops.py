@@ -28,12 +28,10 @@ from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallEr
 from basalt.admin.topics import TopicChange, topic_config, update_topic
 from basalt.common import channels
 from basalt.common.message import MessageRecord, parse_offset_msg_id
-from basalt.common.record import decode_record
+from basalt.common.record import decode_record, split_records, store_timestamp_at
 from basalt.common.status import response_code_of
 from basalt.common.tls import TlsConfig
 from basalt.services.meta import BrokerRegistration, MetaClient, TopicConfig
-from basalt.store.get_message import split_records
-from basalt.store.record import store_timestamp_at
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc

@@ -41,7 +41,13 @@ assigns), the topic and the other properties. A record without it
 (RocketMQ's by default, older Basalt's) is checked by BODYCRC alone.
 
 A CommitLog file may end with a blank, ``[int free bytes][int 0xCBD43194]``
-(:mod:`basalt.store.record`), which :func:`check_record` tells from a record.
+(:mod:`basalt.store.commitlog`), which :func:`check_record` tells from a record.
+
+Besides the codec, reads of one field of a stored record in place, without
+decoding the rest (:func:`store_timestamp_at`, :func:`record_properties`,
+:func:`body_length_at`), and :func:`split_records`, which cuts a run of
+stored records (a pull's answer) into views: the engine's hot paths, and the
+admin tools reading what a store-node answered, use the same ones.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import functools
 import mmap
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -221,6 +227,60 @@ def properties_without_crc(raw: bytes) -> bytes:
     """A record's properties block as a reader decodes it: without the store's CRC32
     property (a checksum of the record, not something the producer sent)."""
     return raw[:-CRC32_RESERVED_LEN] if has_crc32_property(raw) else raw
+
+
+# -- stored records, read in place ---------------------------------------------------
+
+#: SYSFLAG's position in a record: PREFIX ends with SYSFLAG (4) and BORNTIMESTAMP (8).
+_SYSFLAG_AT = PREFIX.size - 12
+
+
+def split_records(records: Buffer) -> Iterator[memoryview]:
+    """Each stored record of a back-to-back run (each starts with its TOTALSIZE),
+    as a view of ``records``: a pull's or a query's answer, a read of the
+    CommitLog. Trusts each TOTALSIZE (:func:`decode_records` checks them)."""
+    view = memoryview(records)
+    pos = 0
+    while pos < len(view):
+        (size, _) = SIZE_AND_MAGIC.unpack_from(view, pos)
+        yield view[pos : pos + size]
+        pos += size
+
+
+def store_timestamp_at(buf: Buffer, pos: int = 0) -> int:
+    """STORETIMESTAMP of the stored record at ``pos`` (RocketMQ's
+    pickupStoreTimestamp), read without decoding the rest."""
+    (sys_flag,) = _INT.unpack_from(buf, pos + _SYSFLAG_AT)
+    (ts,) = _LONG.unpack_from(buf, pos + PREFIX.size + host_length(sys_flag, BORNHOST_V6_FLAG))
+    return int(ts)
+
+
+def body_length_at(pos: int, sys_flag: int) -> int:
+    """Where BODYLEN of the record at ``pos`` is: past the fixed prefix and the
+    hosts, whose lengths depend on ``sys_flag`` (the record's SYSFLAG)."""
+    return (
+        pos
+        + PREFIX.size
+        + host_length(sys_flag, BORNHOST_V6_FLAG)
+        + 8  # STORETIMESTAMP
+        + host_length(sys_flag, STOREHOSTADDRESS_V6_FLAG)
+        + 12  # RECONSUMETIMES, PREPARED_TX_OFFSET
+    )
+
+
+def record_properties(buf: Buffer, pos: int = 0) -> bytes:
+    """The raw properties block (``name\x01value\x02…``) of the record at ``pos``.
+
+    Reads only the lengths on the way there; the record must be one that was
+    stored (the pull path reads only records a ConsumeQueue points at).
+    """
+    (sys_flag,) = _INT.unpack_from(buf, pos + _SYSFLAG_AT)
+    p = body_length_at(pos, sys_flag)
+    (body_len,) = _INT.unpack_from(buf, p)
+    p += 4 + body_len
+    p += 1 + buf[p]  # TOPICLEN + TOPIC
+    (props_len,) = _SHORT.unpack_from(buf, p)
+    return bytes(buf[p + 2 : p + 2 + props_len])
 
 
 class EncodedMessage:

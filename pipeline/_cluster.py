@@ -26,7 +26,7 @@ from google.protobuf.descriptor import Descriptor
 from basalt.client.channels import MAX_MESSAGE_BYTES
 from basalt.common import auth, channels
 from basalt.common import tls as transport
-from basalt.common.protowire import LENGTH_DELIMITED, VARINT
+from basalt.common.protowire import WireFormatError, fields
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -174,37 +174,6 @@ def commit_offset(queue: QueueRef, group: str, offset: int) -> None:
     )
 
 
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    """The varint at ``buf[pos]`` and the position past it."""
-    value = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
-    """(field number, value) of each field of the message ``buf``: an int for
-    a varint field (int64s read back signed), a view of ``buf`` for a
-    length-delimited one. Raises :class:`BasaltSourceError` on another wire type
-    (none of the messages read here has one)."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        if key & 7 == VARINT:
-            value, pos = _varint(buf, pos)
-            yield key >> 3, value - (1 << 64) if value >> 63 else value
-        elif key & 7 == LENGTH_DELIMITED:
-            size, pos = _varint(buf, pos)
-            yield key >> 3, buf[pos : pos + size]
-            pos += size
-        else:
-            raise BasaltSourceError(f"a store-node answer has wire type {key & 7}: not readable")
-
-
 def _number(message: Descriptor, field: str) -> int:
     return int(message.fields_by_name[field].number)
 
@@ -233,23 +202,26 @@ def _pull_results(answer: bytes) -> list[_Result]:
     the message and reading ``records.data`` would copy them again. Fields
     other than these are skipped (commit, min/max offsets, decoded messages)."""
     out = []
-    for field, entry in _fields(memoryview(answer)):
-        if field != _RESULTS or not isinstance(entry, memoryview):
-            continue
-        status = next_begin = 0
-        data = refused = None
-        for number, value in _fields(entry):
-            if number == _STATUS and isinstance(value, int):
-                status = value
-            elif number == _NEXT_BEGIN and isinstance(value, int):
-                next_begin = value
-            elif number == _RECORDS and isinstance(value, memoryview):
-                for inner, block in _fields(value):
-                    if inner == _DATA and isinstance(block, memoryview):
-                        data = block
-            elif number == _REFUSED and isinstance(value, memoryview):
-                refused = pb.Refused.FromString(bytes(value)).message or "refused"
-        out.append(_Result(status, next_begin, data, refused))
+    try:
+        for field, entry in fields(memoryview(answer)):
+            if field != _RESULTS or not isinstance(entry, memoryview):
+                continue
+            status = next_begin = 0
+            data = refused = None
+            for number, value in fields(entry):
+                if number == _STATUS and isinstance(value, int):
+                    status = value
+                elif number == _NEXT_BEGIN and isinstance(value, int):
+                    next_begin = value
+                elif number == _RECORDS and isinstance(value, memoryview):
+                    for inner, block in fields(value):
+                        if inner == _DATA and isinstance(block, memoryview):
+                            data = block
+                elif number == _REFUSED and isinstance(value, memoryview):
+                    refused = pb.Refused.FromString(bytes(value)).message or "refused"
+            out.append(_Result(status, next_begin, data, refused))
+    except WireFormatError as e:
+        raise BasaltSourceError(f"a store-node answer has {e}") from None
     return out
 
 

@@ -21,10 +21,10 @@ from basalt.common.record import (
 )
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
+from basalt.store.commitlog import END_FILE_MIN_BLANK_LENGTH
 from basalt.store.config import MessageStoreConfig
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
-from basalt.store.record import END_FILE_MIN_BLANK_LENGTH
 
 TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 

@@ -4,6 +4,11 @@ Record layout: see :mod:`basalt.common.record`. This module owns the single writ
 the put lock, the table of next queue offsets per (topic, queue id), rolling
 to a new file behind an end-of-file blank, and reads by physical offset.
 
+A file whose free tail cannot hold the next record plus an 8-byte blank ends
+with that blank; the record goes to the next file::
+
+    blank:  [int TOTALSIZE: the free bytes][int MAGICCODE 0xCBD43194]
+
 Concurrency: :meth:`CommitLog.append` holds the put lock, so any thread may
 call it; reads are lock-free below the write position.
 """
@@ -24,15 +29,19 @@ from basalt.common.record import (
     MIN_RECORD_SIZE,
     SIZE_AND_MAGIC,
     decode_record,
+    store_timestamp_at,
 )
 from basalt.store.batch import EncodedBatch
 from basalt.store.clock import Clock
 from basalt.store.config import MessageStoreConfig
 from basalt.store.errors import CorruptRecordError, StoreClosedError
 from basalt.store.mapped_file_queue import MappedFileQueue
-from basalt.store.record import BLANK, END_FILE_MIN_BLANK_LENGTH, store_timestamp_at
 
 _INT = struct.Struct(">i")
+#: The end-of-file blank: TOTALSIZE (the bytes it fills) + BLANK_MAGIC_CODE.
+BLANK = SIZE_AND_MAGIC
+#: A file keeps room for the end-of-file blank: TOTALSIZE(4) + MAGICCODE(4).
+END_FILE_MIN_BLANK_LENGTH = BLANK.size
 
 
 #: (topic, queue id, first queue offset, unit count, packed ConsumeQueue units)

@@ -30,12 +30,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from basalt.common import _records
-from basalt.common.record import MESSAGE_MAGIC_CODE, MIN_RECORD_SIZE, PREFIX, Buffer
+from basalt.common.record import (
+    MESSAGE_MAGIC_CODE,
+    MIN_RECORD_SIZE,
+    PREFIX,
+    Buffer,
+    body_length_at,
+)
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES, MappedFileQueue
 from basalt.store.queue_file import OpenFiles, QueueFile, queue_file_factory
-from basalt.store.record import body_length_at
 
 log = logging.getLogger(__name__)
 

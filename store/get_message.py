@@ -41,13 +41,12 @@ from typing import NamedTuple
 
 from basalt.common import _records
 from basalt.common.message import MessageRecord
-from basalt.common.record import SIZE_AND_MAGIC, Buffer, decode_record
+from basalt.common.record import Buffer, decode_record, record_properties, split_records
 from basalt.store.commitlog import CommitLog
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import BLANK_UNIT_SIZE, UNIT, ConsumeQueue
 from basalt.store.mapped_file import MappedFile
 from basalt.store.message_filter import MessageFilter
-from basalt.store.record import record_properties
 
 #: RocketMQ scans at least this many ConsumeQueue bytes per call (800 units).
 MIN_SCAN_BYTES = 16000
@@ -65,16 +64,6 @@ class GetStatus(enum.Enum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
     NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
-
-
-def split_records(records: bytes) -> Iterator[memoryview]:
-    """Each stored record of a back-to-back run (each starts with its TOTALSIZE)."""
-    view = memoryview(records)
-    pos = 0
-    while pos < len(view):
-        (size, _) = SIZE_AND_MAGIC.unpack_from(view, pos)
-        yield view[pos : pos + size]
-        pos += size
 
 
 class _RawRecords:

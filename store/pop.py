@@ -57,11 +57,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from basalt.common.record import PREFIX
+from basalt.common.record import PREFIX, split_records
 from basalt.store.consumer_offsets import ConsumerOffsetManager
 from basalt.store.errors import StoreError
 from basalt.store.files import fsync_dir
-from basalt.store.get_message import GetMessageResult, GetStatus, split_records
+from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter
 from basalt.store.pop_journal import JOURNAL_NAME, Kind, decode_records, encode_record
 

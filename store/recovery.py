@@ -61,7 +61,7 @@ from pathlib import Path
 from basalt.common import _records
 from basalt.common.record import BLANK_MAGIC_CODE, MIN_RECORD_SIZE, RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
-from basalt.store.commitlog import CommitLog
+from basalt.store.commitlog import BLANK, CommitLog
 from basalt.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.consumer_offsets import OffsetLoadResult
@@ -69,7 +69,6 @@ from basalt.store.dispatcher import ReputMessageService
 from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
-from basalt.store.record import BLANK
 from basalt.store.resync import (
     DamagedSpan,
     data_length,

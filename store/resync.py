@@ -40,9 +40,9 @@ from basalt.common.record import (
     MESSAGE_MAGIC_CODE,
     PREFIX,
     EncodedMessage,
+    body_length_at,
 )
 from basalt.store.mapped_file import MappedFile, data_extents
-from basalt.store.record import body_length_at
 
 #: The topic of a tombstone record (see the module docstring). Rolled back, it is
 #: never dispatched to a ConsumeQueue or the index, whatever its name.

@@ -25,6 +25,7 @@ from basalt.common.record import (
     PROPERTY_CRC32,
     EncodedMessage,
     RecordKind,
+    body_length_at,
     check_record,
     crc32_property,
     decode_record,
@@ -40,7 +41,6 @@ from basalt.store.batch import EncodedBatch
 from basalt.store.check import check_store
 from basalt.store.config import MessageStoreConfig
 from basalt.store.mapped_file import file_name
-from basalt.store.record import body_length_at
 from tests.support.stores import ConfigFactory
 
 HOST = encode_host("127.0.0.1:10911")

@@ -13,9 +13,9 @@ import pytest
 
 from basalt.common.message import Message as StoreMessage
 from basalt.common.message import encode_host, offset_msg_id
-from basalt.common.record import EncodedMessage, decode_record
+from basalt.common.record import EncodedMessage, decode_record, split_records
 from basalt.store.consumer_offsets import CommitStatus
-from basalt.store.get_message import GetStatus, split_records
+from basalt.store.get_message import GetStatus
 from basalt.store.message_filter import FILTER_TYPE_SQL92, FILTER_TYPE_TAG
 from basalt.store.put_result import PutStatus
 from basalt.v1 import (

@@ -11,9 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from basalt.common.record import decode_record
+from basalt.common.record import decode_record, split_records
 from basalt.services.process import SERVICE_ENV
-from basalt.store.get_message import split_records
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb

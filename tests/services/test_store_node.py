@@ -85,7 +85,7 @@ def test_send_batch_as_messages_and_as_producer_encoded_records(tmp_path: Path) 
 
 
 def _records(data: bytes) -> list[Any]:
-    from basalt.store.get_message import split_records
+    from basalt.common.record import split_records
 
     return [decode_record(r) for r in split_records(data)]
 

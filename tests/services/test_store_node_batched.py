@@ -15,8 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from basalt.common.record import decode_record
-from basalt.store.get_message import split_records
+from basalt.common.record import decode_record, split_records
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import run

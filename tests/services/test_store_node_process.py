@@ -10,10 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from basalt.common.record import decode_record
+from basalt.common.record import decode_record, split_records
 from basalt.services.cluster.etcd import EtcdProcess
 from basalt.services.meta import MetaClient, MetaConfig
-from basalt.store.get_message import split_records
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc

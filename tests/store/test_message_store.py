@@ -34,8 +34,8 @@ from basalt.store import (
     StoreLockedError,
 )
 from basalt.store.batch import BatchRun, EncodedBatch
+from basalt.store.commitlog import END_FILE_MIN_BLANK_LENGTH
 from basalt.store.mapped_file import file_name
-from basalt.store.record import END_FILE_MIN_BLANK_LENGTH
 from tests.support.processes import REPO_ROOT
 from tests.support.stores import SMALL_COMMITLOG_FILE, ConfigFactory
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S

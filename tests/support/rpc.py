@@ -13,9 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from basalt.common.record import decode_record
+from basalt.common.record import decode_record, split_records
 from basalt.common.status import response_code_of
-from basalt.store.get_message import split_records
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
