@@ -1,4 +1,4 @@
-"""``basalt admin-service`` / ``python -m admin.service_main``: run the admin service.
+"""``basalt admin-service`` / ``python -m basalt.admin.service_main``: run the admin service.
 
 ::
 

@@ -48,7 +48,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from basalt.store import Message, MessageStore, MessageStoreConfig  # noqa: E402
-from basalt.store.check import check_store  # noqa: E402
+from basalt.store.consistency import check_store  # noqa: E402
 from tests.support import crash_writer  # noqa: E402
 from tests.support.damage import (  # noqa: E402
     CATALOGUE,

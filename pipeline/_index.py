@@ -42,10 +42,10 @@ from pathlib import Path
 
 from basalt.common import _records
 from basalt.pipeline._store_read import _Ignore
-from basalt.store.check import unit_mismatch
 from basalt.store.clock import ManualClock
 from basalt.store.commitlog import CommitLog
 from basalt.store.config import MessageStoreConfig
+from basalt.store.consistency import unit_mismatch
 from basalt.store.index_file import (
     ENTRY,
     HEADER,
@@ -224,7 +224,7 @@ class QueueUnits:
 
 def check_queue_units(root: str, queues: Iterable[tuple[str, int]]) -> Iterator[QueueUnits]:
     """Check every written unit of each queue with ``basalt store check``'s rule
-    (:func:`basalt.store.check.unit_mismatch`): it must point at a record of its
+    (:func:`basalt.store.consistency.unit_mismatch`): it must point at a record of its
     queue, in a CommitLog file, with its size, queue offset and tagsCode. So a
     unit past the CommitLog's end or at a non-record is found, which a walk of
     the CommitLog cannot see. Filler units and units below the CommitLog's

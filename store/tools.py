@@ -1,6 +1,6 @@
 """The ``basalt store`` command group: ``check`` and ``dump`` on a store root, read-only.
 
-The work lives in :mod:`basalt.store.check` (the consistency verifier) and
+The work lives in :mod:`basalt.store.consistency` (the consistency verifier) and
 :mod:`basalt.store.dump` (the record printer), both over the read-only loaders of
 :mod:`basalt.store.readonly`; this module only parses arguments, prints, and maps
 outcomes to exit statuses: :data:`EXIT_OK` (0), :data:`EXIT_INCONSISTENT` (1:
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from basalt.store.check import CheckReport, check_store
+from basalt.store.consistency import CheckReport, check_store
 from basalt.store.dump import DEFAULT_BODY_PREVIEW_BYTES, dump_store
 from basalt.store.readonly import StoreRootError
 

@@ -5,11 +5,11 @@ caches; records and offsets from the store-nodes; consumers keep a Session
 stream with it so that admin can reach them. The RPCs:
 
 * ``QueryRoute(topic)``: the topic's TopicRoute from the caches
-  (:func:`basalt.services.pull_service.checks.topic_route`); TOPIC_NOT_EXIST if unknown.
+  (:func:`basalt.services.pull_service.pull_rules.topic_route`); TOPIC_NOT_EXIST if unknown.
   ``TBW102`` (RocketMQ's default topic), unless configured in etcd, routes to
   every registered writable store-node: producers send a new topic there,
   and the store-node that takes the send creates it.
-* ``Pull``: seed 001's checks (:func:`basalt.services.pull_service.checks.check_pull`), then
+* ``Pull``: seed 001's checks (:func:`basalt.services.pull_service.pull_rules.check_pull`), then
   one ``GetMessage`` on the owning store-node carrying the subscription,
   ``suspend_timeout_ms`` (the store-node holds the call: long polling) and the
   commit offset with its reset epoch (stored in the same round trip). The
@@ -65,8 +65,8 @@ from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.pull_service.answers import cap_bytes, decode_answer
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
 from basalt.services.pull_service.channels import ChannelPool, StoreHosts, call_timeout_s
-from basalt.services.pull_service.checks import check_pull, topic_route
 from basalt.services.pull_service.metrics import pull_call, track_sessions
+from basalt.services.pull_service.pull_rules import check_pull, topic_route
 from basalt.services.pull_service.sessions import SessionRegistry, consumer_info
 from basalt.services.rpc import rpc_method
 from basalt.v1 import common_pb2 as pb

@@ -72,7 +72,7 @@ from basalt.services.meta.model import (
     TopicConfig,
 )
 from basalt.services.meta.watch import MetaChange
-from basalt.services.pull_service.checks import check_subscription
+from basalt.services.pull_service.pull_rules import check_subscription
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 

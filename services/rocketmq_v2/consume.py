@@ -64,7 +64,7 @@ from basalt.v1 import store_node_pb2 as sn
 
 if TYPE_CHECKING:
     from basalt.services.pull_service.service import PullServiceServicer
-    from basalt.services.rocketmq_v2.coalesce import Coalescer
+    from basalt.services.rocketmq_v2.call_batching import Coalescer
     from basalt.services.rocketmq_v2.service import RocketMQv2Config
 
 #: Most messages one receive delivers (a larger batch_size is cut to it: one

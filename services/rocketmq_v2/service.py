@@ -16,8 +16,8 @@ pull-service serves any client. The RPCs:
 * ``SendMessage``: every message is checked and converted first (one bad
   message: nothing stored), then sent as one ``SendBatch`` per target queue
   with records from :func:`basalt.common.record.encode_batch`; concurrent
-  requests' batches to one store-node are joined (:mod:`.coalesce`) into one
-  message of its ``SendStream`` (:mod:`.send_stream`). A FIFO
+  requests' batches to one store-node are joined (:mod:`.call_batching`) into one
+  message of its ``SendStream`` (:mod:`.store_streams`). A FIFO
   message's group picks its (broker, queue) by hash; otherwise a ``queue_id``
   the client set (not 0) goes to the next writable broker round robin, its
   queue ``queue_id`` modulo that broker's count (a v2 send names no broker);
@@ -57,7 +57,7 @@ from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.errors import downstream_refusal
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.pull_service.service import PullServiceServicer
-from basalt.services.rocketmq_v2.coalesce import Coalescer
+from basalt.services.rocketmq_v2.call_batching import Coalescer
 from basalt.services.rocketmq_v2.consume import ConsumeRpcs
 from basalt.services.rocketmq_v2.conversions import (
     CODE_OF_SEND_STATUS,
@@ -74,7 +74,7 @@ from basalt.services.rocketmq_v2.conversions import (
     to_message,
     writable_queues,
 )
-from basalt.services.rocketmq_v2.send_stream import SendStreams, refused
+from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 

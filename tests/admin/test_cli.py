@@ -1,4 +1,5 @@
-"""The ``basalt`` command line: group wiring, exit statuses, and a real ``python -m admin``.
+"""The ``basalt`` command line: group wiring, exit statuses, and a real
+``python -m basalt.admin``.
 
 What ``store check``/``store dump`` find is tested in ``tests/store/test_tools.py``;
 here only that the commands are reachable and behave as a CLI should.

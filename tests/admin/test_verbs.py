@@ -1,4 +1,4 @@
-"""``basalt admin <verb>`` run as a user would (``python -m admin`` processes)
+"""``basalt admin <verb>`` run as a user would (``python -m basalt.admin`` processes)
 against real etcd, store-nodes and a pull-service."""
 
 from __future__ import annotations

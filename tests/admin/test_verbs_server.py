@@ -1,5 +1,5 @@
 """``basalt admin <verb> --server``: the verbs the admin service offers, run as a
-user would (``python -m admin`` processes) through a real admin service, and
+user would (``python -m basalt.admin`` processes) through a real admin service, and
 compared with the same verbs run over etcd directly."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``basalt produce`` / ``basalt consume`` run as a user would (``python -m admin``
-processes) against real etcd, store-nodes and a pull-service."""
+"""``basalt produce`` / ``basalt consume`` run as a user would (``python -m
+basalt.admin`` processes) against real etcd, store-nodes and a pull-service."""
 
 from __future__ import annotations
 

@@ -38,8 +38,8 @@ from basalt.common.record import (
 )
 from basalt.store import ManualClock, MessageStore
 from basalt.store.batch import EncodedBatch
-from basalt.store.check import check_store
 from basalt.store.config import MessageStoreConfig
+from basalt.store.consistency import check_store
 from basalt.store.mapped_file import file_name
 from tests.support.stores import ConfigFactory
 

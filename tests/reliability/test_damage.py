@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from basalt.store import MessageStore
-from basalt.store.check import check_store
+from basalt.store.consistency import check_store
 from tests.support.damage import (
     CATALOGUE,
     Damage,

@@ -19,7 +19,7 @@ from basalt.services.meta import (
     TopicConfig,
 )
 from basalt.services.pull_service.broker_grace import RegisteredBrokers
-from basalt.services.pull_service.checks import check_pull
+from basalt.services.pull_service.pull_rules import check_pull
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from tests.support.aio import async_test

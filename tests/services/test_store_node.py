@@ -21,7 +21,7 @@ from basalt.common.message import Message
 from basalt.common.record import EncodedMessage, decode_record
 from basalt.services.errors import Refusal
 from basalt.services.meta.model import BrokerRegistration, Perm, TopicConfig
-from basalt.services.pull_service.checks import check_pull
+from basalt.services.pull_service.pull_rules import check_pull
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.store.batch import EncodedBatch
 from basalt.v1 import common_pb2 as pb

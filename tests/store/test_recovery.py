@@ -21,9 +21,9 @@ import pytest
 from basalt.common.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE
 from basalt.common.record import HEADERS, RecordKind, check_record
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig, PutMessageResult
-from basalt.store.check import check_store
 from basalt.store.checkpoint import RECOVERY_MARGIN_MS
 from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consistency import check_store
 from basalt.store.errors import CorruptFileError
 from basalt.store.mapped_file import file_name
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES

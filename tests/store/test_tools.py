@@ -1,4 +1,4 @@
-"""``basalt store check`` and ``dump``: :mod:`basalt.store.check`, :mod:`basalt.store.dump`,
+"""``basalt store check`` and ``dump``: :mod:`basalt.store.consistency`, :mod:`basalt.store.dump`,
 :mod:`basalt.store.tools`.
 
 Every test writes through a real :class:`MessageStore` on ``tmp_path`` with
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from basalt.admin.cli import main
 from basalt.common.record import HEADERS, fill_record_crc
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
-from basalt.store.check import CheckReport, check_store
 from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consistency import CheckReport, check_store
 from basalt.store.consume_queue import BLANK_UNIT, UNIT
 from basalt.store.dump import body_preview, dump_store
 from basalt.store.hashing import tags_code

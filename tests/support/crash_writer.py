@@ -51,7 +51,7 @@ from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.recovery import RecoveryReport
 
 THIS_FILE = Path(__file__).resolve()
-#: The repository root: where ``python -m admin`` finds the admin package.
+#: The repository root: the working directory of the ``basalt`` it runs.
 REPO_ROOT = THIS_FILE.parents[2]
 
 #: Small files so every cycle rolls CommitLog and ConsumeQueue files.
@@ -322,7 +322,7 @@ class _ChildOutput:
 
 
 def run_store_check_cli(root: Path) -> dict[str, Any]:
-    """Run ``python -m admin store check ROOT --json`` (``basalt store check``).
+    """Run ``python -m basalt.admin store check ROOT --json`` (``basalt store check``).
 
     Returns the parsed report; raises CrashCheckFailure on a non-zero exit, a
     report that is not ``ok``, or records left undispatched after a clean shutdown.

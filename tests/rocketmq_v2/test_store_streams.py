@@ -1,4 +1,4 @@
-"""basalt.services.rocketmq_v2.send_stream: one SendStream per store-node, answers by opaque."""
+"""basalt.services.rocketmq_v2.store_streams: one SendStream per store-node, answers by opaque."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.rocketmq_v2.conversions import V2Error
-from basalt.services.rocketmq_v2.send_stream import SendStreams, refused
+from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 

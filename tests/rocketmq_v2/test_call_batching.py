@@ -1,4 +1,4 @@
-"""basalt.services.rocketmq_v2.coalesce: concurrent submits of a key join one call."""
+"""basalt.services.rocketmq_v2.call_batching: concurrent submits of a key join one call."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from basalt.services.rocketmq_v2 import coalesce
-from basalt.services.rocketmq_v2.coalesce import Coalescer
+from basalt.services.rocketmq_v2 import call_batching
+from basalt.services.rocketmq_v2.call_batching import Coalescer
 
 
 class Recorder:
@@ -71,7 +71,7 @@ def test_a_failed_call_fails_every_caller_in_it_and_the_key_recovers() -> None:
 
 
 def test_joined_calls_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coalesce, "MAX_JOINED", 3)
+    monkeypatch.setattr(call_batching, "MAX_JOINED", 3)
 
     async def main() -> None:
         call = Recorder()
