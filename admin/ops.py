@@ -216,7 +216,7 @@ def _peer_error(peer: str, e: grpc.aio.AioRpcError) -> PeerCallError:
     return PeerCallError(peer, e.code(), response_code_of(e), e.details() or "")
 
 
-# -- reset offset by time (seed 004) ----------------------------------------------------
+# -- reset offset by time (RocketMQ's ResetOffsetByTimeCommand) ----------------------
 
 #: mqadmin's date format for -s, yyyy-MM-dd#HH:mm:ss:SSS, local time.
 DATE_FORMAT = "%Y-%m-%d#%H:%M:%S:%f"
@@ -263,7 +263,7 @@ async def reset_offset_by_time(
     force: bool = True,
     ack_timeout_ms: int = 5000,
 ) -> ResetOutcome:
-    """ARCHITECTURE §5's reset: ``ResetOffset`` on every store-node hosting the
+    """The reset of docs/admin.md#resetoffsetbytime: ``ResetOffset`` on every store-node hosting the
     topic at once (a deadline each), the tables merged, then RESET_OFFSET to
     the group's live consumers through a pull-service, waiting up to
     ``ack_timeout_ms`` for their acks.
@@ -479,7 +479,7 @@ async def broker_status(meta: MetaClient, broker_name: str) -> sn.GetRuntimeInfo
         )
 
 
-# -- changing a topic's queue count safely (seed 003) -----------------------------------
+# -- changing a topic's queue count safely (RocketMQ's read and write queue counts) ----
 
 
 async def subscribed_groups(meta: MetaClient, topic: str) -> set[str]:

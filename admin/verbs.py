@@ -98,7 +98,8 @@ async def _update_topic(admin: TopicAdmin, a: argparse.Namespace) -> Table:
     result = "created" if write.created else "updated"
     kept = write.config.read_queue_nums
     if a.read_queue_nums is not None and kept > a.read_queue_nums:
-        # The safe shrink (seed 003): the read queues go only once drained.
+        # The safe shrink (docs/admin.md#shrinktopic-and-updatetopic): the read
+        # queues go only once drained.
         result += (
             f"; read_queue_nums kept at {kept} until queues >= {a.read_queue_nums} are "
             f"drained: basalt admin shrinkTopic -t {a.topic} -n {a.read_queue_nums} --wait-s 60"

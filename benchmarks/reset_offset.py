@@ -7,8 +7,8 @@ of one group, each in its own process (a listener that only counts). Then:
 
 * **reset** — ``--resets`` times, ``basalt.admin.ops.reset_offset_by_time`` to a
   point a second back, forced: from the command to the last consumer's ack,
-  which each sends only once its queues pull from the new offsets (seed
-  004's flow, without RocketMQ's 10 s sleep). Every ack must be OK.
+  which each sends only once its queues pull from the new offsets (RocketMQ's
+  resetOffsetByTime flow, without its 10 s sleep). Every ack must be OK.
 * **rebalance after a join** — ``--joins`` times, one more consumer process
   joins: from its registration appearing in etcd to every queue locked by the
   fair share of the new membership (AllocateMessageQueueAveragely; locks are

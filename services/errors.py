@@ -1,4 +1,4 @@
-"""The one table of refusals (ARCHITECTURE §6): what every store status and
+"""The one table of refusals (docs/architecture.md#errors): what every store status and
 exception, metadata error and admin error answers a caller.
 
 A refused request fails the call with a gRPC status code and a message that

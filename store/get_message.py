@@ -5,7 +5,8 @@ matched records are copied out of the CommitLog as they are stored, back to
 back, never decoded or re-encoded (the client decodes the same layout, see
 :mod:`basalt.common.record`). What the loop does, in RocketMQ's order:
 
-1. Offset checks against the queue's min and max (seed 001): an empty queue
+1. Offset checks against the queue's min and max (RocketMQ's
+   DefaultMessageStore.getMessage): an empty queue
    is NO_MESSAGE_IN_QUEUE, below the min OFFSET_TOO_SMALL, exactly the max
    OFFSET_OVERFLOW_ONE, past it OFFSET_OVERFLOW_BADLY, each with the
    corrected ``next_begin_offset`` (``nextOffsetCorrection``: a master always

@@ -1,4 +1,4 @@
-"""Basalt's cluster metadata on etcd (ARCHITECTURE §3): the one import services need.
+"""Basalt's cluster metadata on etcd (docs/architecture.md#etcd-keys): the one import services need.
 
 Keys under ``/basalt/<cluster>/`` (:class:`MetaKeys`):
 

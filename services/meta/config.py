@@ -1,4 +1,4 @@
-"""How to reach etcd, and where Basalt's keys live in it (ARCHITECTURE §3).
+"""How to reach etcd, and where Basalt's keys live in it (docs/architecture.md#etcd-keys).
 
 Key layout, all under ``/basalt/<cluster>/`` (values: basalt.services.meta.model):
 

@@ -1,6 +1,6 @@
 """What the pull-service decides before and after a store-node read, without the network.
 
-Before (:func:`check_pull`), seed 001's PullMessageProcessor checks in its
+Before (:func:`check_pull`), RocketMQ's PullMessageProcessor checks in its
 order, the first failure refusing the pull (pull_service.proto's table)::
 
     0. arguments: a valid group, offset >= 0, max_nums >= 1,

@@ -1,4 +1,4 @@
-"""The pull-service: the consumers' front (ARCHITECTURE §1, §5; pull_service.proto).
+"""The pull-service: the consumers' front (docs/pull-service.md; pull_service.proto).
 
 It holds nothing durable. Routes and topic configs come from its etcd watch
 caches; records and offsets from the store-nodes; consumers keep a Session
@@ -9,7 +9,8 @@ stream with it so that admin can reach them. The RPCs:
   ``TBW102`` (RocketMQ's default topic), unless configured in etcd, routes to
   every registered writable store-node: producers send a new topic there,
   and the store-node that takes the send creates it.
-* ``Pull``: seed 001's checks (:func:`basalt.services.pull_service.pull_rules.check_pull`), then
+* ``Pull``: RocketMQ's PullMessageProcessor checks
+  (:func:`basalt.services.pull_service.pull_rules.check_pull`), then
   one ``GetMessage`` on the owning store-node carrying the subscription,
   ``suspend_timeout_ms`` (the store-node holds the call: long polling) and the
   commit offset with its reset epoch (stored in the same round trip). The
@@ -291,8 +292,8 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
     async def PullBatch(  # type: ignore[override]  # may answer serialized bytes
         self, request: ps.PullBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.PullBatchResponse | bytes:
-        """Whole-call checks (pull_service.proto), then each entry's seed 001
-        checks; the accepted entries go to the broker as one GetMessages, held
+        """Whole-call checks (pull_service.proto), then each entry's
+        PullMessageProcessor checks; the accepted entries go to the broker as one GetMessages, held
         as a whole unless an entry was refused (an answer worth sending now)."""
         suspend_ms = max(min(request.suspend_timeout_ms, self.config.max_suspend_timeout_ms), 0)
         with pull_call("PullBatch", len(request.pulls), request.group, suspend_ms):

@@ -1,7 +1,7 @@
 """Consumer sessions: the Session stream, its etcd registration, commands and acks.
 
 A consumer keeps one bidirectional ``Session`` stream with a pull-service
-(ARCHITECTURE §5). Its life, as :meth:`SessionRegistry.serve` runs it:
+(docs/pull-service.md#sessions). Its life, as :meth:`SessionRegistry.serve` runs it:
 
 1. The first frame must be ``open`` (group, client id, subscriptions,
    version); it is validated, and a live session of the same

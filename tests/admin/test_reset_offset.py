@@ -1,5 +1,6 @@
-"""``basalt admin resetOffsetByTime`` (seed 004) run as a user would, against real
-etcd, store-nodes, a pull-service and a live consumer session."""
+"""``basalt admin resetOffsetByTime`` (RocketMQ's ResetOffsetByTimeCommand) run as a
+user would, against real etcd, store-nodes, a pull-service and a live consumer
+session."""
 
 from __future__ import annotations
 

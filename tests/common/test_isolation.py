@@ -27,7 +27,8 @@ records = encode_batch(
 assert [r.body for r in decode_records(records)] == [b"body"]
 """
 
-#: The engine as a library (STYLE §1: no network imports), tools included.
+#: The engine as a library (docs/architecture.md: basalt.store imports no grpc,
+#: protobuf or etcd), tools included.
 ENGINE_USE = """
 import basalt.store
 import basalt.store.dump

@@ -262,7 +262,7 @@ async def test_queue_counts_changed_in_etcd_apply_without_restart(
 
 
 @async_test
-async def test_every_bad_pull_is_refused_in_seed_001s_order_and_the_service_keeps_serving(
+async def test_every_bad_pull_is_refused_in_pull_message_processor_order_and_keeps_serving(
     tmp_path: Path, meta_config: MetaConfig
 ) -> None:
     async with cluster(tmp_path, meta_config) as h:

@@ -1,7 +1,7 @@
 """The pull path's read (``MessageStore.get_message``), offsets by time, look-ups.
 
-The statuses and edge rules are RocketMQ 4.9's (seed 001, DefaultMessageStore
-tests): pulls of 32/20/10 from 32 stored, the offset checks with their
+The statuses and edge rules are RocketMQ 4.9's (DefaultMessageStore.getMessage
+and its tests): pulls of 32/20/10 from 32 stored, the offset checks with their
 corrected next offsets, the transfer caps, filtered scans that move the
 consumer forward, and records whose CommitLog file is gone.
 """

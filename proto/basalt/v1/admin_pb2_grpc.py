@@ -138,7 +138,8 @@ class AdminServicer:
 
     def ResetOffsetByTime(self, request, context):
         """Reset a group's offsets of a topic by time on every store-node hosting
-        it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
+        it, then tell the group's consumers (mqadmin resetOffsetByTime: RocketMQ's
+        ResetOffsetByTimeCommand).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

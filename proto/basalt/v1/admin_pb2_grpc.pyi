@@ -62,7 +62,8 @@ class AdminStub:
     """
     ResetOffsetByTime: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetByTimeRequest, _admin_pb2.ResetOffsetByTimeResponse]
     """Reset a group's offsets of a topic by time on every store-node hosting
-    it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
+    it, then tell the group's consumers (mqadmin resetOffsetByTime: RocketMQ's
+    ResetOffsetByTimeCommand).
     """
     CreateUser: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateUserRequest, _admin_pb2.CreateUserResponse]
     """Users and ACLs (mqadmin's ACL 2.0 verbs; docs/security.md). Super
@@ -108,7 +109,8 @@ class AdminAsyncStub(AdminStub):
     """
     ResetOffsetByTime: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResetOffsetByTimeRequest, _admin_pb2.ResetOffsetByTimeResponse]  # type: ignore[assignment]
     """Reset a group's offsets of a topic by time on every store-node hosting
-    it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
+    it, then tell the group's consumers (mqadmin resetOffsetByTime: RocketMQ's
+    ResetOffsetByTimeCommand).
     """
     CreateUser: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateUserRequest, _admin_pb2.CreateUserResponse]  # type: ignore[assignment]
     """Users and ACLs (mqadmin's ACL 2.0 verbs; docs/security.md). Super
@@ -181,7 +183,8 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ResetOffsetByTimeResponse, _abc.Awaitable[_admin_pb2.ResetOffsetByTimeResponse]]:
         """Reset a group's offsets of a topic by time on every store-node hosting
-        it, then tell the group's consumers (mqadmin resetOffsetByTime, seed 004).
+        it, then tell the group's consumers (mqadmin resetOffsetByTime: RocketMQ's
+        ResetOffsetByTimeCommand).
         """
 
     @_abc_1.abstractmethod

@@ -126,7 +126,7 @@ class ResponseCode(_ResponseCode, metaclass=_ResponseCodeEnumTypeWrapper):
     STALE_RESET_EPOCH (see CommitResult).
 
     A queue id out of range is INVALID_PARAMETER in Basalt; RocketMQ 4.9
-    answers SYSTEM_ERROR there (seed 001), which would hide a client mistake
+    answers SYSTEM_ERROR there (its PullMessageProcessor), which would hide a client mistake
     behind a server one.
     """
 

@@ -107,7 +107,7 @@ Global___QueryRouteResponse: _TypeAlias = QueryRouteResponse  # noqa: Y015
 
 @_typing.final
 class PullRequest(_message.Message):
-    """Checked in seed 001's order, the first failure answering:
+    """Checked in RocketMQ's PullMessageProcessor order, the first failure answering:
       1. the broker is registered: else UNAVAILABLE, BROKER_NOT_EXIST
       2. the broker is readable: else PERMISSION_DENIED, NO_PERMISSION
       3. the topic exists: else NOT_FOUND, TOPIC_NOT_EXIST
@@ -479,7 +479,7 @@ Global___Command: _TypeAlias = Command  # noqa: Y015
 
 @_typing.final
 class ResetOffsetCommand(_message.Message):
-    """Admin reset the group's offsets of a topic (seed 004's Broker2Client
+    """Admin reset the group's offsets of a topic (RocketMQ's Broker2Client
     resetOffset, client side): drop the affected process queues, wait for
     in-flight consume callbacks, adopt the offsets and epochs, resume; ack
     when the new offsets are in effect.

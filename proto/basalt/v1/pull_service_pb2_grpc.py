@@ -102,7 +102,7 @@ class PullServiceServicer:
 
     def Pull(self, request, context):
         """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
-        seed 001): checks, then a GetMessage on the owning store-node.
+        its PullMessageProcessor): checks, then a GetMessage on the owning store-node.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

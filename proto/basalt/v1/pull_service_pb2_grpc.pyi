@@ -46,7 +46,7 @@ class PullServiceStub:
     """
     Pull: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.PullRequest, _common_pb2.PullResponse]
     """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
-    seed 001): checks, then a GetMessage on the owning store-node.
+    its PullMessageProcessor): checks, then a GetMessage on the owning store-node.
     """
     PullBatch: _grpc.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _common_pb2.PullBatchResponse]
     """Pull several queues of one broker in one call (Kafka's fetch request;
@@ -104,7 +104,7 @@ class PullServiceAsyncStub(PullServiceStub):
     """
     Pull: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullRequest, _common_pb2.PullResponse]  # type: ignore[assignment]
     """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
-    seed 001): checks, then a GetMessage on the owning store-node.
+    its PullMessageProcessor): checks, then a GetMessage on the owning store-node.
     """
     PullBatch: _aio.UnaryUnaryMultiCallable[_pull_service_pb2.PullBatchRequest, _common_pb2.PullBatchResponse]  # type: ignore[assignment]
     """Pull several queues of one broker in one call (Kafka's fetch request;
@@ -171,7 +171,7 @@ class PullServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.PullResponse, _abc.Awaitable[_common_pb2.PullResponse]]:
         """Pull records of one queue for a consumer group (RocketMQ's PULL_MESSAGE,
-        seed 001): checks, then a GetMessage on the owning store-node.
+        its PullMessageProcessor): checks, then a GetMessage on the owning store-node.
         """
 
     @_abc_1.abstractmethod
