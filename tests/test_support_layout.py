@@ -9,8 +9,9 @@ the other) and hides the helper from whoever looks for it. Every module under
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.imports import imported
 
 TESTS = Path(__file__).resolve().parent
 SUPPORT = "tests.support"
@@ -20,23 +21,6 @@ def module_name(path: Path) -> str:
     """``tests/store/test_x.py`` -> ``tests.store.test_x`` (a package is its ``__init__``)."""
     parts = path.relative_to(TESTS.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imported(tree: ast.Module, module: str, is_package: bool) -> Iterator[tuple[int, str]]:
-    """(line, absolute module name) of every import in ``tree``; ``from a import b``
-    names ``a.b``, which is ``b`` itself when ``b`` is a module of the package ``a``."""
-    package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: up from the importing module's package
-                parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*parent, base] if base else parent)
-            for alias in node.names:
-                yield node.lineno, f"{base}.{alias.name}"
 
 
 def allowed(name: str) -> bool:

@@ -15,6 +15,8 @@
 * :mod:`~tests.support.consumers`: what the SDK consumer tests share;
 * :mod:`~tests.support.processes`: the ``basalt`` CLI runner, service processes,
   the pull path as processes;
+* :mod:`~tests.support.imports`: who imports whom, read from modules' ASTs
+  (the layout and layering tests);
 * child programs the tests start: :mod:`~tests.support.push_worker`,
   :mod:`~tests.support.crash_writer`, :mod:`~tests.support.offset_writer`.
 
