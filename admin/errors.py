@@ -5,7 +5,8 @@ class carries what the admin service answers it with: RocketMQ's response
 code (``code``) and, when it is not the code's own, the gRPC status
 (``grpc_status``) - :class:`basalt.common.status.CodedError`'s attributes,
 which the services' one table (:mod:`basalt.services.errors`) reads without
-importing this module. The CLI prints any of them as one line::
+importing this module. The CLI prints any of them as one line; the admin
+service answers them so::
 
     error                     gRPC status         basalt-response-code
     ------------------------  ------------------  -----------------------------
