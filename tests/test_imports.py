@@ -8,7 +8,7 @@ do not count: they never run (tests/support/imports.py).
 
 The sub-packages form layers (docs/architecture.md#the-package)::
 
-    basalt.admin.cli      the console script: every area's commands, nothing imports it
+    basalt.admin.cli      the console script: every area's commands, imported by nothing
     basalt.pipeline       Spark jobs; the lag report reuses admin's operations
     basalt.admin          mqadmin's operations, verbs and the Admin service
     basalt.services       the services; their metadata layer
