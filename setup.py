@@ -11,7 +11,7 @@ wheel. Editable installs use setuptools' strict mode (``scripts/*.sh``): a
 tree of links under ``build/`` that mypy and every other tool read as an
 ordinary package.
 
-**The extension.** ``basalt.common._records`` (``proto/basalt/common/_records.c``:
+**The extension.** ``basalt.common._records`` (``common/_records.c``:
 the record codec the SDK and the engine share, and the engine's loops) needs only
 a C11 compiler and the Python headers; it uses no library beyond libc (the
 CRC32 is its own), so a fresh machine builds it with ``pip install``.
@@ -21,6 +21,7 @@ from setuptools import Extension, find_packages, setup
 
 #: Source folder -> the sub-package of ``basalt`` it becomes.
 SOURCE_FOLDERS = {
+    "common": "common",
     "store": "store",
     "services": "services",
     "admin": "admin",
@@ -47,7 +48,7 @@ setup(
     ext_modules=[
         Extension(
             "basalt.common._records",
-            ["proto/basalt/common/_records.c"],
+            ["common/_records.c"],
             extra_compile_args=[
                 "-O3",
                 "-std=c11",

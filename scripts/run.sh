@@ -22,8 +22,8 @@ STAMP=.venv/.basalt-install
 install_inputs_hash() {
     {
         cat pyproject.toml setup.py
-        find admin client proto services store -name '*.c' -print0 | sort -z | xargs -0 cat
-        find admin client proto services store \
+        find admin client common pipeline proto services store -name '*.c' -print0 | sort -z | xargs -0 cat
+        find admin client common pipeline proto services store \
             \( -name '*.py' -o -name '*.pyi' -o -name '*.c' \) -print | LC_ALL=C sort
     } | sha256sum | cut -d' ' -f1
 }

@@ -25,10 +25,10 @@ def _tree(root: Path) -> Path:
     shutil.copy(SCRIPT, root / "scripts" / "run.sh")
     (root / "pyproject.toml").write_text("[project]\nname = 'basalt'\n")
     (root / "setup.py").write_text("setup()\n")
-    for folder in ("admin", "client", "services", "store", "proto/basalt/common"):
+    for folder in ("admin", "client", "services", "store", "common"):
         (root / folder).mkdir(parents=True)
     (root / "admin" / "verbs.py").write_text("")
-    (root / "proto/basalt/common/_records.c").write_text("int x;\n")
+    (root / "common/_records.c").write_text("int x;\n")
     (root / ".venv" / "bin").mkdir(parents=True)
     for name in ("python", "basalt"):
         fake = root / ".venv" / "bin" / name
@@ -62,7 +62,7 @@ def test_it_installs_once_then_only_after_a_change(tmp_path: Path) -> None:
     assert _run(root, "status") == ["basalt cluster status"]  # nothing changed: no pip
     assert _run(root, "down") == ["basalt cluster down"]
 
-    (root / "proto/basalt/common/_records.c").write_text("int y;\n")  # a C source changed
+    (root / "common/_records.c").write_text("int y;\n")  # a C source changed
     assert _installs(_run(root, "status")) == 1
     (root / "admin" / "new_module.py").write_text("")  # a module added: the links change
     assert _installs(_run(root, "status")) == 1
