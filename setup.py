@@ -19,7 +19,13 @@ CRC32 is its own), so a fresh machine builds it with ``pip install``.
 
 from setuptools import Extension, find_packages, setup
 
-#: Source folder -> the sub-package of ``basalt`` it becomes.
+#: The folder that is the package ``basalt`` itself (with the generated ``basalt.v1``).
+PACKAGE_ROOT = "proto/basalt"
+
+#: Source folder -> the sub-package of ``basalt`` it becomes. With PACKAGE_ROOT, the one
+#: list of what the package is built from: scripts/run.sh's reinstall check reads both
+#: (as tests/support/packaging.py does, from this file's AST), and the image's build
+#: context (.dockerignore) is checked against them by tests/test_packaging.py.
 SOURCE_FOLDERS = {
     "common": "common",
     "store": "store",
@@ -31,8 +37,8 @@ SOURCE_FOLDERS = {
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:
-    packages = [f"basalt.{p}" for p in find_packages("proto/basalt")] + ["basalt"]
-    package_dir = {"basalt": "proto/basalt"}
+    packages = [f"basalt.{p}" for p in find_packages(PACKAGE_ROOT)] + ["basalt"]
+    package_dir = {"basalt": PACKAGE_ROOT}
     for folder, name in SOURCE_FOLDERS.items():
         package_dir[f"basalt.{name}"] = folder
         packages.append(f"basalt.{name}")
