@@ -261,7 +261,7 @@ def test_the_image_build_stage_holds_exactly_the_source_the_wheel_is_built_from(
             listed = _docker_run(engine, "--entrypoint", "find", image, "/src", "-type", "f")
             assert listed.returncode == 0, listed.stderr
         finally:
-            remove_image(image, engine)
+            remove_image(image, engine, prune=False)  # its steps are the build's cache
     in_image = {p.removeprefix("/src/") for p in listed.stdout.split()}
     written_by_the_build = {
         p for p in in_image if p.startswith("build/") or p.split("/")[0].endswith(".egg-info")

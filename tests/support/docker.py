@@ -32,6 +32,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -237,7 +238,9 @@ BUILD_TAIL_LINES = 60
 
 
 def _tail(done: subprocess.CompletedProcess[str], lines: int = BUILD_TAIL_LINES) -> str:
-    return "\n".join((done.stdout + done.stderr).splitlines()[-lines:])
+    """The last ``lines`` of a command's output (stdout, then stderr), colours removed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def image_exists(image: str, env: Mapping[str, str]) -> bool:
@@ -245,11 +248,17 @@ def image_exists(image: str, env: Mapping[str, str]) -> bool:
     return _run(["docker", "image", "inspect", image], env, timeout_s=60).returncode == 0
 
 
-def remove_image(image: str, env: Mapping[str, str]) -> None:
-    """Untag ``image`` (and delete the layers only it used) if the engine has it; the
-    cache of other images' layers stays. AssertionError if it is still there."""
+def remove_image(image: str, env: Mapping[str, str], *, prune: bool = True) -> None:
+    """Remove ``image`` if the engine has it. AssertionError if it is still there.
+
+    With ``prune`` the untagged images below it go too, down to the first one
+    something else still uses (the classic builder keeps each step's image as its
+    cache, each the parent of the next): right for the image's last stage, rebuilt
+    from the stage before it in seconds. ``prune=False`` keeps them, for a tag on an
+    earlier stage whose steps are the expensive cache (apt, the dependencies)."""
     if image_exists(image, env):
-        _checked(["docker", "image", "rm", "--force", image], env, timeout_s=120)
+        keep = [] if prune else ["--no-prune"]
+        _checked(["docker", "image", "rm", "--force", *keep, image], env, timeout_s=120)
     assert not image_exists(image, env), f"{image} is still there after docker image rm"
 
 
@@ -309,8 +318,12 @@ class Compose:
         done = _run(self.argv(*args), self.env, timeout_s=timeout_s)
         if done.returncode != 0 and args[:1] == ("up",):
             logs = _run(self.argv("logs", "--tail", "30"), self.env, timeout_s=60)
-            raise AssertionError(f"compose {' '.join(args)}: {_tail(done)}\n{logs.stdout}")
-        assert done.returncode == 0, f"compose {' '.join(args)}: {_tail(done)}"
+            raise AssertionError(
+                f"compose {' '.join(args)}: exit {done.returncode}\n{_tail(done)}\n{logs.stdout}"
+            )
+        assert done.returncode == 0, (
+            f"compose {' '.join(args)}: exit {done.returncode}\n{_tail(done)}"
+        )
         return done.stdout
 
     def states(self) -> dict[str, tuple[str, str | None]]:
