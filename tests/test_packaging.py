@@ -181,6 +181,14 @@ def test_the_dockerignore_reading_matches_docker_on_examples() -> None:
         assert not left_out_of_context(path, patterns), path
 
 
+@pytest.mark.parametrize("doc", ["README.md", "docs/architecture.md"])
+def test_the_docs_folder_tables_list_every_source_folder(doc: str) -> None:
+    """The layout tables name each folder of setup.py's SOURCE_FOLDERS with its package."""
+    text = (REPO / doc).read_text()
+    for folder, name in source_folders().items():
+        assert f"| `{folder}/` | `basalt.{name}` |" in text, f"{doc}: no row for {folder}/"
+
+
 def _quickstart_imports() -> str:
     """The import statements of the README's Python quickstart, as source."""
     readme = (REPO / "README.md").read_text()

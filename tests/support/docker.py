@@ -8,7 +8,8 @@ pulled:
   exec root, pidfile and unix socket, ``--iptables=false --bridge=none`` (no
   network set-up on the host: the containers use host networking), and stops it
   at the end. Its data root is under :data:`CACHE_DIR`, so the base image and the
-  build's layers survive to the next run.
+  build's layers survive to the next run; stopped containers do not (the classic
+  builder leaves a failed step's container behind), removed at start and stop.
 - :func:`base_image` is ``debootstrap --variant=minbase`` of Debian bookworm with
   Python and venv, imported with ``docker import`` as :data:`BASE_IMAGE`: the
   Dockerfile's ``BASE_IMAGE`` in place of ``python:3.11-slim``. The root is kept
@@ -115,9 +116,10 @@ def can_start_engine() -> bool:
 def docker_engine() -> Iterator[dict[str, str]]:
     """Yields the environment (``DOCKER_HOST``) of a Docker engine that answers.
 
-    The configured one when it answers (nothing is stopped then); else a
-    ``dockerd`` started here as described in the module docstring, stopped
-    (SIGTERM, then SIGKILL) and its exec root removed when the block ends.
+    The configured one when it answers (nothing is stopped or removed then); else a
+    ``dockerd`` started here as described in the module docstring, its stopped
+    containers removed once it answers and again before it is stopped (SIGTERM,
+    then SIGKILL) and its exec root removed when the block ends.
     Raises AssertionError when neither is possible or it does not come up in 60 s.
     """
     if engine_answers({}):
@@ -151,7 +153,9 @@ def docker_engine() -> Iterator[dict[str, str]]:
             assert daemon.poll() is None, (run_dir / "dockerd.log").read_text()[-4000:]
             assert time.monotonic() < deadline, "dockerd did not answer within 60 s"
             time.sleep(0.5)
+        _checked(["docker", "container", "prune", "--force"], env)
         yield env
+        _checked(["docker", "container", "prune", "--force"], env)
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
