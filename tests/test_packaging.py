@@ -8,13 +8,14 @@
   this environment, file by file): the README's quickstart imports work, the
   ``basalt`` command line's client-side verbs work - against a real cluster
   too - and no dependency of the ``server`` or ``spark`` extras can be imported.
-
 - **The image's build context is the same source.** The Dockerfile copies its
   context whole; ``.dockerignore`` must leave in every file of the build's
   inputs (setup.py's ``PACKAGE_ROOT`` and ``SOURCE_FOLDERS``, pyproject.toml,
   setup.py, the readme) and leave out everything else of the tree, environments
   and build output included. (tests/deploy/test_compose.py checks the same
   against a real build's context.)
+- **Docs follow the table.** The layout tables of the README and
+  docs/architecture.md have a row for each folder of ``SOURCE_FOLDERS``.
 
 The wheel is built once for the module, from a copy of the working tree
 (:func:`tests.support.packaging.build_wheel`).
