@@ -42,7 +42,7 @@ EXTRAS: Mapping[str, tuple[str, ...]] = {
         "prometheus_client",
         "grpc_reflection",
     ),
-    "spark": ("pyspark", "pyarrow", "matplotlib"),
+    "spark": ("pyspark", "pyarrow", "matplotlib", "mpl_toolkits", "pylab"),
 }
 
 #: What ``basalt --help`` adds to a command group whose extra is missing.
