@@ -271,10 +271,11 @@ def _traced(args: argparse.Namespace) -> Iterator[None]:
     try:
         telemetry = setup_telemetry(config)
     except ModuleNotFoundError as e:
-        missing = extras.missing_extra("tracing", e)  # raises e when not an extra's
+        # Raises e again when the module is not an extra's.
+        missing = extras.missing_extra("exporting this command's traces", e)
         configure_logging(config.log_format, config.log_level)
         if any(os.environ.get(v) for v in _EXPORT_VARIABLES):
-            logging.getLogger("basalt.cli").warning("no traces exported: %s", missing)
+            logging.getLogger("basalt.cli").warning("%s", missing)
     try:
         with trace.get_tracer("basalt.cli").start_as_current_span(_command_name(args)):
             yield

@@ -164,11 +164,11 @@ def test_the_client_side_commands_work_without_either_extra(
 ) -> None:
     admin, pull = ("--server", addresses["admin"]), ("--endpoints", addresses["pull-service"])
 
-    def basalt(*argv: str) -> str:
-        done = run_basalt_without(BASE, *argv, cwd=tmp_path)
+    def basalt(*argv: str, env: dict[str, str] | None = None) -> str:
+        done = run_basalt_without(BASE, *argv, cwd=tmp_path, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "Traceback" not in done.stderr, done.stderr
-        return done.stdout
+        return done.stdout + done.stderr
 
     created = basalt("admin", "updateTopic", "-t", "BaseInstall", "-w", "2", "-r", "2", *admin)
     assert created.splitlines()[2].split()[:3] == ["BaseInstall", "2", "2"]
@@ -179,6 +179,11 @@ def test_the_client_side_commands_work_without_either_extra(
     assert got.splitlines()[-1] == "received 3 messages from BaseInstall", got
     for role in ("pull-service", "store-node", "admin"):
         assert "SERVING" in basalt("health", addresses[role])
+    # Asked to export its traces, a command of a base install says it cannot, and runs.
+    otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}
+    said = basalt("produce", "-t", "BaseInstall", "-n", "1", *pull, env=otlp)
+    assert "WARNING basalt.cli exporting this command's traces needs opentelemetry." in said
+    assert "pip install 'basalt[server]'" in said and said.count("SEND_OK") == 1
 
 
 # -- the table of extras and the distribution's ---------------------------------------------
@@ -244,3 +249,20 @@ def test_the_table_covers_what_the_issue_puts_in_each_extra() -> None:
         assert extras.extra_of(module) == "server", module
     for base in ("grpc", "google.protobuf", "opentelemetry.trace", "basalt.store", None):
         assert extras.extra_of(base) is None, base
+
+
+def test_the_operations_doc_says_what_each_group_needs() -> None:
+    doc = Path(__file__).parents[2] / "docs" / "operations.md"
+    section = doc.read_text().split("## What each command needs installed")[1].split("\n## ")[0]
+    first_row: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if not line.startswith("| `") or len(cells) != 3:
+            continue
+        for name in re.findall(r"`(?:basalt )?([\w-]+)`", cells[0]):
+            first_row.setdefault(name, cells[1])
+    for group in cli.GROUPS:
+        said = first_row.get(group.name)
+        assert said is not None, f"docs/operations.md: no row for basalt {group.name}"
+        needs = tuple(re.findall(r"`(\w+)`", said))
+        assert needs == group.needs, (group.name, said)
