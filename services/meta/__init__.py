@@ -30,8 +30,8 @@ leases (``lease``), caches (``watch``), the client (``client``), errors
 The values, the config and the errors import without etcd's client: what
 talks to etcd (:class:`MetaClient`, :class:`Registration`, :class:`MetaWatcher`,
 :class:`MetaChange`) is imported on first use, so a client-side command of a
-base install (no aetcd: the ``server`` extra) can still use a
-:class:`TopicConfig` (:mod:`basalt.admin.extras`).
+base install (aetcd comes with the ``server`` extra) can still use a
+:class:`TopicConfig`.
 """
 
 from __future__ import annotations
