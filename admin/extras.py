@@ -38,7 +38,6 @@ EXTRAS: Mapping[str, tuple[str, ...]] = {
         "cryptography",
         "opentelemetry.sdk",
         "opentelemetry.exporter",
-        "opentelemetry.instrumentation",
         "prometheus_client",
         "grpc_reflection",
     ),
