@@ -35,15 +35,13 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from basalt.admin import extras
+from basalt.admin.service_specs import SERVICES
 from basalt.common.telemetry import LOG_FORMATS
-
-if TYPE_CHECKING:
-    from basalt.services.config import ServiceSpec
 
 #: A usage error, or a command whose extra is not installed (the module docstring).
 EXIT_USAGE = 2
@@ -69,33 +67,6 @@ class Group:
     #: The extras the group needs (:mod:`basalt.admin.extras`); none: the base install.
     needs: tuple[str, ...] = ()
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ServiceCommand:
-    """A group that runs a service process until SIGTERM: its ``module`` (a
-    ``*main`` module) owns the service's ``SPEC`` of settings and supplies
-    ``add_arguments`` and ``serve``; ``service_name`` is its telemetry's
-    service.name."""
-
-    module: str
-    service_name: str
-
-    def register(self, module: ModuleType, parser: argparse.ArgumentParser) -> None:
-        from basalt.services import process
-
-        module.add_arguments(parser)
-        process.add_common_arguments(parser, self.service_name)
-        parser.set_defaults(handler=lambda args, stdout, stderr: process.run(module.serve, args))
-
-
-#: The service processes, by command. Each main owns its settings (``SPEC``);
-#: the whole table of them (:func:`service_specs`) is put together here, above
-#: the services and the admin service both.
-SERVICES: Mapping[str, ServiceCommand] = {
-    "store-node": ServiceCommand("basalt.services.store_node.main", "basalt-store-node"),
-    "pull-service": ServiceCommand("basalt.services.pull_service.main", "basalt-pull-service"),
-    "admin-service": ServiceCommand("basalt.admin.service_main", "basalt-admin-service"),
-}
 
 #: The groups that run a service process, which sets its own telemetry up.
 SERVICE_GROUPS = frozenset(SERVICES)
@@ -168,19 +139,6 @@ GROUPS: tuple[Group, ...] = (
         ("server", "spark"),
     ),
 )
-
-
-def service_specs() -> dict[str, ServiceSpec]:
-    """Every service's settings (its main's ``SPEC``) with the sections all
-    services share (telemetry, TLS, auth), by command name: what
-    ``--print-config`` prints and docs/configuration.md's tables show
-    (:mod:`basalt.admin.settings_docs`). Needs the server extra."""
-    from basalt.services import process
-
-    return {
-        name: importlib.import_module(command.module).SPEC.with_sections(*process.COMMON_SECTIONS)
-        for name, command in SERVICES.items()
-    }
 
 
 def _import_group(group: Group) -> ModuleType | extras.MissingExtraError:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from basalt.admin import cli
+from basalt.admin.service_specs import SERVICES, service_specs
 from basalt.common.settings import describe
 from basalt.services import config, process
 from basalt.services.config import ConfigError, ServiceSpec
@@ -20,8 +21,8 @@ from basalt.services.pull_service import main as pull_main
 from basalt.store import FlushDiskType, MessageStoreConfig
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
-#: Each service's main (the command line's table of them).
-SERVICE_MAINS = {name: importlib.import_module(c.module) for name, c in cli.SERVICES.items()}
+#: Each service's main (the table of them the command line runs).
+SERVICE_MAINS = {name: importlib.import_module(c.module) for name, c in SERVICES.items()}
 SPECS: dict[str, ServiceSpec] = {name: main.SPEC for name, main in SERVICE_MAINS.items()}
 MAINS = {name: main.add_arguments for name, main in SERVICE_MAINS.items()}
 REQUIRED = {"name": "broker-a", "data_dir": "/tmp/store", "id": "ps-1"}
@@ -235,12 +236,12 @@ def test_a_public_name_may_be_declared_once() -> None:
 def test_the_docs_tables_of_every_setting_are_current() -> None:
     doc = Path(__file__).parents[2] / "docs" / "configuration.md"
     text = doc.read_text()
-    specs = cli.service_specs()
-    assert list(specs) == list(cli.SERVICES)
+    specs = service_specs()
+    assert list(specs) == list(SERVICES)
     for name in specs:
         assert f"<!-- settings: {name} -->" in text
     assert config.render_docs(text, specs) == text, (
-        "run: python -m basalt.admin.settings_docs docs/configuration.md"
+        "run: python -m basalt.admin.service_specs docs/configuration.md"
     )
 
 
@@ -257,7 +258,7 @@ def print_config_rows(out: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
-@pytest.mark.parametrize("service", list(cli.SERVICES))
+@pytest.mark.parametrize("service", list(SERVICES))
 def test_print_config_with_no_other_flag_prints_every_setting_and_exits_0(
     service: str, tmp_path: Path
 ) -> None:
@@ -274,7 +275,7 @@ def test_print_config_with_no_other_flag_prints_every_setting_and_exits_0(
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     rows = print_config_rows(done.stdout)
-    options = cli.service_specs()[service].options()
+    options = service_specs()[service].options()
     assert list(rows) == [o.name for o in options]
     for option in options:
         value, source = rows[option.name]
