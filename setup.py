@@ -11,7 +11,7 @@ wheel. Editable installs use setuptools' strict mode (``scripts/*.sh``): a
 tree of links under ``build/`` that mypy and every other tool read as an
 ordinary package.
 
-**The extension.** ``basalt.common._records`` (``proto/basalt/common/_records.c``:
+**The extension.** ``basalt.common._records`` (``common/_records.c``:
 the record codec the SDK and the engine share, and the engine's loops) needs only
 a C11 compiler and the Python headers; it uses no library beyond libc (the
 CRC32 is its own), so a fresh machine builds it with ``pip install``.
@@ -19,8 +19,15 @@ CRC32 is its own), so a fresh machine builds it with ``pip install``.
 
 from setuptools import Extension, find_packages, setup
 
-#: Source folder -> the sub-package of ``basalt`` it becomes.
+#: The folder that is the package ``basalt`` itself (with the generated ``basalt.v1``).
+PACKAGE_ROOT = "proto/basalt"
+
+#: Source folder -> the sub-package of ``basalt`` it becomes. With PACKAGE_ROOT, the one
+#: list of what the package is built from: scripts/run.sh's reinstall check reads both
+#: (as tests/support/packaging.py does, from this file's AST), and the image's build
+#: context (.dockerignore) is checked against them by tests/test_packaging.py.
 SOURCE_FOLDERS = {
+    "common": "common",
     "store": "store",
     "services": "services",
     "admin": "admin",
@@ -30,8 +37,8 @@ SOURCE_FOLDERS = {
 
 
 def _packages() -> tuple[list[str], dict[str, str]]:
-    packages = [f"basalt.{p}" for p in find_packages("proto/basalt")] + ["basalt"]
-    package_dir = {"basalt": "proto/basalt"}
+    packages = [f"basalt.{p}" for p in find_packages(PACKAGE_ROOT)] + ["basalt"]
+    package_dir = {"basalt": PACKAGE_ROOT}
     for folder, name in SOURCE_FOLDERS.items():
         package_dir[f"basalt.{name}"] = folder
         packages.append(f"basalt.{name}")
@@ -47,7 +54,7 @@ setup(
     ext_modules=[
         Extension(
             "basalt.common._records",
-            ["proto/basalt/common/_records.c"],
+            ["common/_records.c"],
             extra_compile_args=[
                 "-O3",
                 "-std=c11",

@@ -17,17 +17,19 @@ builds one table whichever ran it. Two differences, both admin.proto's:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
 from basalt.admin import ops, topics
 from basalt.admin.errors import AdminError
 from basalt.common.status import response_code_of
-from basalt.services.meta import MetaClient
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb
+
+if TYPE_CHECKING:
+    from basalt.services.meta import MetaClient  # etcd's client: the server extra
 
 #: Read-change-write rounds an updateTopic through the service tries before
 #: giving up on a topic that other writers keep changing.

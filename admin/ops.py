@@ -19,7 +19,7 @@ import datetime
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -31,12 +31,17 @@ from basalt.common.message import MessageRecord, parse_offset_msg_id
 from basalt.common.record import decode_record, split_records, store_timestamp_at
 from basalt.common.status import response_code_of
 from basalt.common.tls import TlsConfig
-from basalt.services.meta import BrokerRegistration, MetaClient, TopicConfig
+from basalt.services.meta import BrokerRegistration, TopicConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+
+if TYPE_CHECKING:
+    # etcd's client: the server extra. What the admin service's callers use
+    # (ResetOutcome, parse_timestamp) imports without it (basalt.admin.extras).
+    from basalt.services.meta import MetaClient
 
 T = TypeVar("T")
 

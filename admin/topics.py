@@ -28,11 +28,10 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from basalt.admin.errors import BrokerNotRegisteredError, RevisionMismatchError
 from basalt.services.meta import (
-    MetaClient,
     MetaConflictError,
     MetaValidationError,
     Perm,
@@ -40,8 +39,13 @@ from basalt.services.meta import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from basalt.services.meta.session import EtcdSession, KeyValue
 from basalt.v1 import common_pb2 as pb
+
+if TYPE_CHECKING:
+    # etcd's client: the server extra. The values and their admin.proto forms
+    # (TopicChange, TopicWrite, topic_config_pb ...) import without it.
+    from basalt.services.meta import MetaClient
+    from basalt.services.meta.session import EtcdSession, KeyValue
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +240,8 @@ def _read_back(kv: KeyValue | None, written: TopicConfig, created: bool) -> Topi
 
 @contextlib.asynccontextmanager
 async def _etcd(meta: MetaClient) -> AsyncIterator[EtcdSession]:
+    from basalt.services.meta.session import EtcdSession
+
     session = EtcdSession(meta.config, tls=meta.tls)
     try:
         yield session

@@ -48,23 +48,21 @@ import datetime
 import json
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from basalt.admin import auth_verbs, ops, topics
+from basalt.admin import auth_verbs, extras, ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
 from basalt.common import channels
 from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
 from basalt.common.message import MessageRecord
-from basalt.services.meta import (
-    MetaClient,
-    MetaConfig,
-    MetaError,
-    Perm,
-    TopicConfig,
-    parse_endpoints,
-)
+from basalt.services.meta import MetaConfig, MetaError, Perm, TopicConfig, parse_endpoints
 from basalt.v1 import pull_service_pb2 as ps
+
+if TYPE_CHECKING:
+    # etcd's client comes with the server extra: a verb run over etcd imports it
+    # then (_meta_client); through the admin service (--server) none is needed.
+    from basalt.services.meta import MetaClient
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -72,7 +70,7 @@ EXIT_USAGE = 2
 #: A verb's answer: the table's header and its rows.
 Table = tuple[list[str], list[list[Any]]]
 #: A verb run over etcd and the store-nodes from here.
-Verb = Callable[[MetaClient, argparse.Namespace], Coroutine[Any, Any, Table]]
+Verb = Callable[["MetaClient", argparse.Namespace], Coroutine[Any, Any, Table]]
 #: A verb the admin service offers: run against a TopicAdmin, here or there.
 ServedVerb = Callable[[TopicAdmin, argparse.Namespace], Coroutine[Any, Any, Table]]
 
@@ -435,6 +433,7 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
     def run(args: argparse.Namespace, stdout: IO[str], stderr: IO[str]) -> int:
         # Only served verbs have --server (add_commands).
         server: str | None = args.server if isinstance(operation, Served) else None
+        client = None if server is not None else _meta_client(args, operation)
         try:
             if server is not None:
                 address = discover("admin", flag="--server address", given=server)
@@ -450,7 +449,8 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
                 assert isinstance(operation, Served)
                 header, rows = asyncio.run(_through_service(address, args, operation))
             else:
-                header, rows = asyncio.run(_with_meta(address, args, operation))
+                assert client is not None
+                header, rows = asyncio.run(_with_meta(client, address, args, operation))
         except _Partial as partial:
             header, rows, status = partial.header, partial.rows, EXIT_FAILED
         except (AdminError, MetaError, ValueError) as e:
@@ -466,9 +466,22 @@ def _handler(operation: Verb | Served) -> Callable[[argparse.Namespace, IO[str],
     return run
 
 
-async def _with_meta(etcd: str, args: argparse.Namespace, operation: Verb | Served) -> Table:
+def _meta_client(args: argparse.Namespace, operation: Verb | Served) -> type[MetaClient]:
+    """etcd's client, for a verb run over etcd from here; MissingExtraError
+    (basalt.admin.extras) where it is not installed."""
+    hint = "or through the admin service: --server [HOST:PORT]"
+    with extras.needs_extras(
+        f"basalt admin {args.verb}", hint=hint if isinstance(operation, Served) else ""
+    ):
+        from basalt.services.meta import MetaClient
+    return MetaClient
+
+
+async def _with_meta(
+    client: type[MetaClient], etcd: str, args: argparse.Namespace, operation: Verb | Served
+) -> Table:
     config = MetaConfig(endpoints=parse_endpoints(etcd), cluster=args.cluster, op_timeout_s=3.0)
-    async with MetaClient(config, tls=discover_tls()) as meta:
+    async with client(config, tls=discover_tls()) as meta:
         if isinstance(operation, Served):
             return await operation.operation(DirectAdmin(meta), args)
         return await operation(meta, args)

@@ -11,8 +11,12 @@ requests are serialized here (:func:`send_stream_batch`), the records
 framed rather than copied through protobuf objects, and the sends started in
 one loop turn share one write.
 
+The round robin starts at a random queue, per producer (RocketMQ's
+ThreadLocalIndex), so short-lived producers spread over the queues.
+
 A topic with no route yet is sent on the route of ``TBW102`` (RocketMQ's
-default topic: the store-nodes that create topics on first send).
+default topic: the store-nodes that create topics on first send) until the
+next route refresh: every store-node the round robin reaches creates it there.
 
 Failures: a refusal RocketMQ's producer retries (the broker unavailable,
 busy or failing, the topic or permission missing there), a broken stream and
@@ -40,6 +44,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,6 +92,10 @@ _tracer = trace.get_tracer("basalt.client")
 
 #: RocketMQ's default topic, whose route takes a topic that does not exist yet.
 AUTO_CREATE_TOPIC = "TBW102"
+
+#: The round robin's random start is drawn below this (any start works: the
+#: turn is taken modulo the route's queue count).
+_TURN_START_RANGE = 1 << 16
 
 #: Refusals RocketMQ's producer retries on another broker (DefaultMQProducer's
 #: retryResponseCodes, plus SYSTEM_BUSY: Basalt's flow control, and
@@ -331,7 +340,10 @@ class Producer(Client):
         self._streams: dict[str, _Stream] = {}
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}
         self._opaque = itertools.count(1)
-        self._turn = itertools.count()
+        # RocketMQ's sendWhichQueue (ThreadLocalIndex) starts at a random index: a
+        # fleet of short-lived producers spreads over the queues and brokers
+        # rather than all writing to the first queue of the first broker.
+        self._turn = itertools.count(random.randrange(_TURN_START_RANGE))
         self._closed = False
 
     async def start(self) -> None:
@@ -511,10 +523,14 @@ class Producer(Client):
             if not isinstance(error, TopicNotFoundError) or topic == AUTO_CREATE_TOPIC:
                 raise error from None
             # A new topic: send it where RocketMQ's producer does, on the default
-            # topic's route; the store-node taking the send creates it. Its own
-            # route is asked for again on the next send.
+            # topic's route, kept as the topic's route until the next refresh
+            # (RocketMQ's topicPublishInfoTable until pollNameServerInterval):
+            # the sends round robin over every writable store-node of it, and
+            # each store-node's first one creates the topic there (or adds the
+            # node to its brokers), so the topic is served by every node this
+            # producer reached. A failed send asks for the topic's own route.
             queues = await self.route(AUTO_CREATE_TOPIC, refresh=refresh)
-            self._routes[topic] = (now, queues)
+            self._routes[topic] = (now + self.config.poll_name_server_interval_ms / 1000, queues)
             return queues
         queues = writable_queues(reply.route)
         if not queues:

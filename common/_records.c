@@ -1,7 +1,7 @@
 /*
  * basalt.common._records: the CommitLog's per-record loops, in C.
  *
- * Every record of RocketMQ's layout (see proto/basalt/common/record.py for the
+ * Every record of RocketMQ's layout (see common/record.py for the
  * byte table) is validated field by field, its body CRC computed, and - on the write
  * side - its broker-assigned fields stamped. Python keeps per-batch work
  * (locks, file choice, ConsumeQueue writes); this module keeps the per-record

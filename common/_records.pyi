@@ -1,4 +1,4 @@
-"""Type stub for the C extension proto/basalt/common/_records.c (see its header comment)."""
+"""Type stub for the C extension common/_records.c (see its header comment)."""
 
 from collections.abc import Callable, Sequence
 from typing import TypeVar

@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import mmap
+import re
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -81,6 +82,9 @@ MESSAGE_MAGIC_CODE = 0xDAA320A7
 BLANK_MAGIC_CODE = 0xCBD43194
 #: Topic names are stored behind a 1-byte signed length.
 MAX_TOPIC_LENGTH = 127
+#: The characters of a topic name (RocketMQ's TopicValidator): the store's
+#: admission and the metadata's name rules both check it.
+TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 #: Properties are stored behind a 2-byte signed length.
 MAX_PROPERTIES_SIZE = 32767
 

@@ -219,10 +219,17 @@ def validate(instance: object, error: Callable[[str], Exception], *, where: str 
     owner = type(instance)
     for field in dataclasses.fields(owner):  # type: ignore[arg-type]
         value = getattr(instance, field.name)
-        failed = _declaration(owner, field).check.failure(value)
-        if failed is not None:
+        refused = refusal(field.name, _declaration(owner, field).check, value)
+        if refused is not None:
             prefix = f"{where}: " if where else ""
-            raise error(f"{prefix}{field.name} must be {failed}, got {_shown(value)}")
+            raise error(prefix + refused)
+
+
+def refusal(name: str, rule: Check, value: object) -> str | None:
+    """``"<name> must be <rule>, got <value!r>"`` when ``value`` breaks ``rule``
+    (the part it breaks), else None: :func:`validate`'s message for one field."""
+    failed = rule.failure(value)
+    return None if failed is None else f"{name} must be {failed}, got {_shown(value)}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

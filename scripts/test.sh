@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install -qq -e '.[dev,spark]' --config-settings editable_mode=strict
+.venv/bin/python -m pip install -qq -e '.[dev,server,spark]' --config-settings editable_mode=strict
 .venv/bin/ruff check .
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

@@ -45,7 +45,15 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from basalt.common.settings import Check, Setting, check, describe, positive, setting
+from basalt.common.settings import (
+    Check,
+    Setting,
+    check,
+    describe,
+    positive,
+    refusal,
+    setting,
+)
 
 T = TypeVar("T")
 
@@ -163,6 +171,22 @@ class ConfigError(ValueError):
     message names the setting and the value's source."""
 
 
+class _Unset:
+    """The value of a required setting no layer gives, where that is allowed
+    (``--print-config``: :func:`resolve` with ``missing_ok``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: A required setting left unset (shown by ``--print-config``; never built).
+UNSET = _Unset()
+#: Its source in :class:`Value`.
+UNSET_SOURCE = "required"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Section:
     """One config dataclass a service takes its settings for.
@@ -255,7 +279,9 @@ class ServiceSpec:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Value:
     """A setting's effective value and where it came from: ``default``,
-    ``file:PATH:LINE``, ``env:BASALT_X`` or ``flag:--x``."""
+    ``file:PATH:LINE``, ``env:BASALT_X`` or ``flag:--x``; a required one no
+    layer gave (``--print-config`` only): :data:`UNSET` from
+    :data:`UNSET_SOURCE`."""
 
     value: object
     source: str
@@ -280,12 +306,23 @@ class Resolved:
     def enabled(self, section: Section) -> bool:
         return section.enabled_by is None or self.given(section.enabled_by)
 
+    def unset(self) -> list[str]:
+        """The required settings no layer gave (only ``--print-config`` resolves so)."""
+        return [name for name, v in self.values.items() if v.value is UNSET]
+
+    def _options(self, section: Section) -> list[Option]:
+        return [o for o in self.spec.options() if o.section is section]
+
     def build(self, cls: type[T], **hidden: object) -> T:
         """The ``cls`` section's dataclass from the effective values (``hidden``
         fills the fields the program sets). Raises ConfigError naming the
-        setting and its source when the dataclass refuses a value."""
+        setting and its source when the dataclass refuses a value, or naming
+        a required setting left unset."""
         section = next(s for s in self.spec.sections if s.cls is cls)
-        options = [o for o in self.spec.options() if o.section is section]
+        options = self._options(section)
+        for option in options:
+            if self.values[option.name].value is UNSET:
+                raise ConfigError(_required(option))
         kwargs = {o.field: self.values[o.name].value for o in options} | hidden
         try:
             return cls(**kwargs)
@@ -302,14 +339,34 @@ class Resolved:
 
     def check(self, **hidden: Mapping[str, object]) -> None:
         """Build every enabled section once, so a bad value fails here, before
-        anything starts; ``hidden`` by class name. Raises ConfigError."""
+        anything starts; ``hidden`` by class name. A section with a required
+        setting left :data:`UNSET` cannot be built: each of its other values
+        is checked against its own rule instead. Raises ConfigError."""
         for section in self.spec.sections:
-            if self.enabled(section):
+            if not self.enabled(section):
+                continue
+            options = self._options(section)
+            if all(self.values[o.name].value is not UNSET for o in options):
                 self.build(section.cls, **hidden.get(section.cls.__name__, {}))
+                continue
+            for option in options:
+                value = self.values[option.name].value
+                refused = (
+                    None if value is UNSET else refusal(option.field, option.setting.check, value)
+                )
+                if refused is not None:
+                    raise ConfigError(self._with_source(refused, [option]))
 
     def table(self) -> list[tuple[str, str, str]]:
         """``(name, value, source)`` of every setting, for ``--print-config``."""
         return [(name, show(v.value), v.source) for name, v in self.values.items()]
+
+
+def _required(option: Option) -> str:
+    return (
+        f"{option.name} is required: give {option.flag}, env {option.env} "
+        f"or the key {option.name} in a --config file"
+    )
 
 
 def _source_text(source: str) -> str:
@@ -388,7 +445,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_args(
-    spec: ServiceSpec, args: argparse.Namespace, environ: Mapping[str, str] | None = None
+    spec: ServiceSpec,
+    args: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+    *,
+    missing_ok: bool = False,
 ) -> Resolved:
     """:func:`resolve` with the flags parsed into ``args`` and the file it or
     the environment names. Raises ConfigError."""
@@ -397,7 +458,7 @@ def resolve_args(
     path = getattr(args, "config_file", None)
     if path is None and environ.get(CONFIG_ENV):
         path = Path(environ[CONFIG_ENV])
-    return resolve(spec, flags=flags, environ=environ, config_file=path)
+    return resolve(spec, flags=flags, environ=environ, config_file=path, missing_ok=missing_ok)
 
 
 # -- the layers ---------------------------------------------------------------------------
@@ -409,6 +470,7 @@ def resolve(
     flags: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
     config_file: Path | None = None,
+    missing_ok: bool = False,
 ) -> Resolved:
     """Each option's value from the strongest layer that has it: ``flags`` (by
     public name), ``environ`` (``BASALT_*``), ``config_file``, the default;
@@ -416,8 +478,9 @@ def resolve(
     dataclasses' own rules are checked by :meth:`Resolved.build`.
 
     Raises ConfigError for a value that does not parse, a required setting no
-    layer gives, an unreadable file, a file line that is not ``key=value`` or
-    an unknown key in it."""
+    layer gives (unless ``missing_ok``: it is then :data:`UNSET`, for
+    ``--print-config``), an unreadable file, a file line that is not
+    ``key=value`` or an unknown key in it."""
     options = spec.options()
     flags = flags or {}
     environ = environ or {}
@@ -434,14 +497,14 @@ def resolve(
         if text is not None:
             values[option.name] = Value(parse(option, text, source), source)
         elif option.default is dataclasses.MISSING:
-            raise ConfigError(
-                f"{option.name} is required: give {option.flag}, env {option.env} "
-                f"or the key {option.name} in a --config file"
-            )
+            if not missing_ok:
+                raise ConfigError(_required(option))
+            values[option.name] = Value(UNSET, UNSET_SOURCE)
         else:
             values[option.name] = Value(option.default, "default")
     for derived in spec.derived:
-        if values[derived.name].source == "default":
+        # From an unset required setting (--print-config) nothing is derived.
+        if values[derived.name].source == "default" and values[derived.from_].value is not UNSET:
             values[derived.name] = Value(
                 derived.compute({n: v.value for n, v in values.items()}),
                 f"default (from {derived.from_})",
@@ -553,7 +616,10 @@ def parse_as(kind: object, text: str) -> object:
 
 
 def show(value: object) -> str:
-    """A value as it would be written in a file (the inverse of :func:`parse_as`)."""
+    """A value as it would be written in a file (the inverse of :func:`parse_as`);
+    :data:`UNSET` as ``(unset)``."""
+    if value is UNSET:
+        return "(unset)"
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -609,27 +675,3 @@ def format_table(resolved: Resolved) -> str:
     lines = [f"{n:<{widths[0]}}  {v:<{widths[1]}}  {s}".rstrip() for n, v, s in rows]
     lines.extend(f"ignored: {key}" for key in resolved.ignored)
     return "\n".join(lines) + "\n"
-
-
-def service_specs() -> dict[str, ServiceSpec]:
-    """Every service's spec with the sections all services share (telemetry,
-    TLS), by command name."""
-    # Imported here: the services import this module.
-    from basalt.admin import service_main
-    from basalt.services import process
-    from basalt.services.pull_service import main as pull_service
-    from basalt.services.store_node import main as store_node
-
-    return {
-        "store-node": store_node.SPEC.with_sections(*process.COMMON_SECTIONS),
-        "pull-service": pull_service.SPEC.with_sections(*process.COMMON_SECTIONS),
-        "admin-service": service_main.SPEC.with_sections(*process.COMMON_SECTIONS),
-    }
-
-
-if __name__ == "__main__":
-    # ``python -m basalt.services.config docs/configuration.md``: regenerate its tables.
-    import sys
-
-    doc = Path(sys.argv[1])
-    doc.write_text(render_docs(doc.read_text(), service_specs()))

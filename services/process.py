@@ -174,13 +174,19 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
     """The effective settings of the service run with ``args``: its
     ``service_spec`` (set by its ``add_arguments``), :data:`TELEMETRY` and :data:`TLS`, from
     the flags, the environment and the config file. Resolved once, then kept on
-    ``args.settings``. Raises config.ConfigError."""
+    ``args.settings``. Raises config.ConfigError; with ``--print-config`` a
+    required setting no layer gives is :data:`config.UNSET` instead."""
     resolved: config.Resolved | None = getattr(args, "settings", None)
     if resolved is None:
         spec: config.ServiceSpec = getattr(
             args, "service_spec", config.ServiceSpec(args.service_name, ())
         )
-        resolved = config.resolve_args(spec.with_sections(*COMMON_SECTIONS), args, environ)
+        resolved = config.resolve_args(
+            spec.with_sections(*COMMON_SECTIONS),
+            args,
+            environ,
+            missing_ok=getattr(args, "print_config", False),
+        )
         args.settings = resolved
     return resolved
 
@@ -191,7 +197,8 @@ def telemetry_config(args: argparse.Namespace) -> TelemetryConfig:
     one. Raises config.ConfigError (a ValueError) for a bad value (a metrics
     port out of range)."""
     resolved = settings(args)
-    instance = next((str(resolved[n]) for n in ("name", "id") if n in resolved.values), "")
+    named = [resolved[n] for n in ("name", "id") if n in resolved.values]
+    instance = next((str(v) for v in named if v is not config.UNSET), "")
     return resolved.build(
         TelemetryConfig, service_name=args.service_name, service_instance_id=instance
     )
@@ -207,7 +214,8 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     """Resolve and check the settings (:func:`settings`; every section's
     dataclass built once): on a bad or missing value print the one-line
     message and return 2 before anything starts. With ``--print-config``,
-    print them (:func:`basalt.services.config.format_table`) and return 0.
+    print them (:func:`basalt.services.config.format_table`; a required one
+    not given shows as unset) and return 0.
     Otherwise run ``serve(args)`` (``args.settings`` holds them) on a fresh
     event loop, telemetry set up (the metrics endpoint logged, ignored config
     keys warned of), the open files limit raised (:func:`raise_open_files_limit`)

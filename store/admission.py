@@ -9,7 +9,6 @@ topics, queue ids); their records are checked one by one by the C stamp
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from basalt.common.message import Message
@@ -17,6 +16,7 @@ from basalt.common.record import (
     CRC32_RESERVED_LEN,
     MAX_PROPERTIES_SIZE,
     MAX_TOPIC_LENGTH,
+    TOPIC_PATTERN,
     EncodedMessage,
 )
 from basalt.store.batch import EncodedBatch
@@ -25,8 +25,6 @@ from basalt.store.commitlog import END_FILE_MIN_BLANK_LENGTH
 from basalt.store.config import MessageStoreConfig
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
-
-TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 
 
 def _bad_topic(topic: str) -> str:

@@ -19,9 +19,11 @@ The sub-packages form layers (docs/architecture.md#the-package)::
 
 The console script (``basalt.admin.cli``, run by ``python -m basalt.admin``)
 gathers the commands of every area - the store tools, the quickstart, the
-pipeline jobs, the services - so it sits above all of them: it is a node of
-its own here, not part of ``basalt.admin``, and a test holds that nothing
-imports it (a module nobody imports is in no circle).
+pipeline jobs, the services - so it sits above all of them. It names each
+area's module as a string (its ``GROUPS``, imported when the command runs,
+so a missing extra is reported, not a crash), which an AST does not show as
+an import; a test holds that nothing imports the console script, so it
+closes no circle whatever it loads.
 
 What each layer may import from outside Basalt (the engine no grpc, the SDK
 no engine) is tests/common/test_isolation.py's.
@@ -39,35 +41,21 @@ from tests.support.imports import Import, find_cycle, import_graph
 #: The installed package's folder: the strict editable install's tree of links
 #: (or a wheel's), where every sub-package sits under ``basalt/`` as it imports.
 INSTALLED = Path(basalt.__file__).parent
-#: The console script: the composition root above every sub-package.
-CONSOLE_SCRIPT = "basalt.admin.cli"
-ENTRY_POINTS = frozenset({CONSOLE_SCRIPT, "basalt.admin.__main__"})
-#: Imports that close a circle and are being removed by other work of issue 27,
-#: each with why it is here. The test fails when one is gone: delete it then.
-PENDING: dict[tuple[str, str], str] = {
-    ("basalt.services.config", "basalt.admin.service_main"): (
-        "service_specs() gathers every service's settings, the admin service's "
-        "among them (the CLI work of issue 27 moves it above both)"
-    ),
-}
+#: The console script and ``python -m basalt.admin``: the top of every layer.
+ENTRY_POINTS = frozenset({"basalt.admin.cli", "basalt.admin.__main__"})
 
 
 def layer_of(module: str) -> str:
-    """The node ``module`` belongs to: its sub-package (``basalt.store.commitlog``
-    -> ``basalt.store``), the console script's own, or ``basalt`` for the root."""
-    if module in ENTRY_POINTS:
-        return CONSOLE_SCRIPT
+    """The sub-package ``module`` is in (``basalt.store.commitlog`` ->
+    ``basalt.store``), or ``basalt`` for the package root."""
     return ".".join(module.split(".")[:2])
 
 
 def layer_edges(graph: dict[str, list[Import]]) -> dict[tuple[str, str], list[Import]]:
-    """(importing layer, imported layer) -> the imports that make the edge,
-    leaving out :data:`PENDING`'s."""
+    """(importing layer, imported layer) -> the imports that make the edge."""
     edges: dict[tuple[str, str], list[Import]] = defaultdict(list)
     for imports in graph.values():
         for i in imports:
-            if (i.importer, i.module) in PENDING:
-                continue
             pair = (layer_of(i.importer), layer_of(i.module))
             if pair[0] != pair[1]:
                 edges[pair].append(i)
@@ -98,7 +86,6 @@ def test_the_installed_package_holds_every_sub_package() -> None:
         "basalt.admin",
         "basalt.client",
         "basalt.pipeline",
-        CONSOLE_SCRIPT,
     } <= layers
 
 
@@ -120,13 +107,6 @@ def test_nothing_imports_the_console_script() -> None:
         if i.module in ENTRY_POINTS and i.importer not in ENTRY_POINTS
     ]
     assert importers == []
-
-
-def test_each_pending_import_is_still_there() -> None:
-    graph = import_graph(INSTALLED)
-    present = {(i.importer, i.module) for imports in graph.values() for i in imports}
-    gone = [f"{a} -> {b}" for a, b in PENDING if (a, b) not in present]
-    assert gone == [], f"no longer imported: delete from PENDING: {gone}"
 
 
 def test_no_import_cycle_between_the_modules_of_basalt_common() -> None:

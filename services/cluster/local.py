@@ -13,9 +13,10 @@ and prints the endpoints. Each service serves Prometheus metrics on a free
 port of its own (``--metrics-port``), printed beside its gRPC address;
 ``--otlp-endpoint URL`` gives every service ``OTEL_EXPORTER_OTLP_ENDPOINT``
 (docs/observability.md). ``down`` stops them in reverse order (SIGTERM, then
-SIGKILL after a grace period), ``status`` shows each process, its metrics
-endpoint, its health and its etcd registration (``--json``: the same as one
-JSON list, for scripts; the admin service registers nowhere: tools find it
+SIGKILL after a grace period), ``status`` shows each process under a header
+line: its gRPC address, its RocketMQ 5 endpoint, its health, its etcd
+registration and its metrics endpoint (``--json``: the same as one JSON list,
+for scripts; the admin service registers nowhere: tools find it
 in cluster.json, through :func:`basalt.common.local_cluster.local_address`).
 
 ``up --tls`` makes a throwaway CA and certificates in ``<data-dir>/tls/``
@@ -335,8 +336,9 @@ async def _registrations(
 
 def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
     """Print each process, whether it lives, answers health checks and is
-    registered, and its metrics endpoint; exit status 1 when one is down or
-    unregistered (or there is no cluster).
+    registered, its RocketMQ 5 endpoint (a pull-service's) and its metrics
+    endpoint, under a header line (:data:`STATUS_COLUMNS`); exit status 1 when
+    one is down or unregistered (or there is no cluster).
 
     ``as_json``: one JSON list instead, an object per process with ``role``,
     ``name``, ``pid``, ``address`` (gRPC), ``rocketmq_v2`` (a pull-service's
@@ -357,6 +359,7 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
         brokers, pull_services, etcd_ok = set(), set(), False
     bad = 0
     rows: list[dict[str, object]] = []
+    lines: list[tuple[str, ...]] = []
     for p in procs:
         alive = _alive(p.pid)
         is_registered: bool | None = None
@@ -386,16 +389,52 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
                 "registered": is_registered,
             }
         )
-        if not as_json:
-            print(
-                f"{p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} "
-                f"{'alive' if alive else 'dead':<6} {health:<8} {registered:<14} "
-                f"{p.metrics_url or '-'}",
-                file=out,
+        lines.append(
+            (
+                p.role,
+                p.name,
+                p.address,
+                p.rocketmq_v2 or "-",
+                str(p.pid),
+                "alive" if alive else "dead",
+                health,
+                registered,
+                p.metrics_url or "-",
             )
+        )
     if as_json:
         print(json.dumps(rows, indent=2), file=out)
+    else:
+        for line in status_table(lines):
+            print(line, file=out)
     return 1 if bad else 0
+
+
+#: The columns of ``basalt cluster status``, each a field of ``--json``'s rows
+#: (``ROCKETMQ 5`` is ``rocketmq_v2``, ``PROCESS`` is ``alive``, ``ETCD`` is
+#: ``registered``).
+STATUS_COLUMNS = (
+    "ROLE",
+    "NAME",
+    "ADDRESS",
+    "ROCKETMQ 5",
+    "PID",
+    "PROCESS",
+    "HEALTH",
+    "ETCD",
+    "METRICS",
+)
+
+
+def status_table(rows: list[tuple[str, ...]]) -> list[str]:
+    """``rows`` (one value per :data:`STATUS_COLUMNS`) under a header line, each
+    column as wide as its widest value, the last one unpadded."""
+    table = [STATUS_COLUMNS, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(STATUS_COLUMNS) - 1)]
+    return [
+        "  ".join([*(v.ljust(w) for v, w in zip(row[:-1], widths, strict=True)), row[-1]])
+        for row in table
+    ]
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
@@ -404,7 +443,11 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     for name, help_text in (
         ("up", "start etcd, the store-nodes, a pull-service and the admin service on loopback"),
         ("down", "stop them (SIGTERM, then SIGKILL)"),
-        ("status", "each process, its health, its etcd registration and its metrics endpoint"),
+        (
+            "status",
+            "each process, its health, its etcd registration, its RocketMQ 5 endpoint and "
+            "its metrics endpoint",
+        ),
         ("certs", "make a throwaway CA and certificates in a directory (as `up --tls` does)"),
     ):
         if name == "certs":

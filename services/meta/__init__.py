@@ -26,11 +26,19 @@ The pieces are this package's modules: values and their JSON (``model``,
 ``fields``), config and key layout (``config``), the aetcd seam (``session``),
 leases (``lease``), caches (``watch``), the client (``client``), errors
 (``errors``).
+
+The values, the config and the errors import without etcd's client: what
+talks to etcd (:class:`MetaClient`, :class:`Registration`, :class:`MetaWatcher`,
+:class:`MetaChange`) is imported on first use, so a client-side command of a
+base install (aetcd comes with the ``server`` extra) can still use a
+:class:`TopicConfig`.
 """
 
 from __future__ import annotations
 
-from basalt.services.meta.client import MetaClient
+import importlib
+from typing import TYPE_CHECKING
+
 from basalt.services.meta.config import MIN_LEASE_TTL_S, MetaConfig, MetaKeys, parse_endpoints
 from basalt.services.meta.errors import (
     MetaConflictError,
@@ -40,7 +48,6 @@ from basalt.services.meta.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from basalt.services.meta.lease import Registration
 from basalt.services.meta.model import (
     DEFAULT_QUEUE_NUMS,
     DEFAULT_TOPIC_QUEUE_NUMS,
@@ -55,10 +62,37 @@ from basalt.services.meta.model import (
     TopicConfig,
     TopicFilterType,
 )
-from basalt.services.meta.watch import MetaChange, MetaWatcher
 
-#: The cache services keep of topic configs.
-TopicCache = MetaWatcher[TopicConfig]
+if TYPE_CHECKING:
+    from basalt.services.meta.client import MetaClient
+    from basalt.services.meta.lease import Registration
+    from basalt.services.meta.watch import MetaChange, MetaWatcher
+
+    #: The cache services keep of topic configs.
+    TopicCache = MetaWatcher[TopicConfig]
+
+#: The names that need etcd's client, by the module that defines them.
+_ETCD_NAMES = {
+    "MetaClient": "client",
+    "Registration": "lease",
+    "MetaChange": "watch",
+    "MetaWatcher": "watch",
+}
+
+
+def __getattr__(name: str) -> object:
+    """:data:`_ETCD_NAMES` imported on first use (PEP 562), and ``TopicCache``."""
+    if name == "TopicCache":
+        from basalt.services.meta.watch import MetaWatcher
+
+        value: object = MetaWatcher[TopicConfig]
+    elif name in _ETCD_NAMES:
+        value = getattr(importlib.import_module(f"{__name__}.{_ETCD_NAMES[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_QUEUE_NUMS",

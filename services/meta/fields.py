@@ -11,9 +11,8 @@ import re
 from collections.abc import Callable
 from typing import TypeVar
 
-from basalt.common.record import MAX_TOPIC_LENGTH
+from basalt.common.record import MAX_TOPIC_LENGTH, TOPIC_PATTERN
 from basalt.services.meta.errors import MetaValidationError
-from basalt.store.admission import TOPIC_PATTERN
 
 T = TypeVar("T")
 
@@ -41,7 +40,8 @@ def _check_pattern(
 
 
 def check_topic_name(topic: object) -> str:
-    """The store's topic rule (store.admission): 1-127 characters of [%|a-zA-Z0-9_-]."""
+    """The store's topic rule (basalt.common.record's TOPIC_PATTERN): 1-127
+    characters of [%|a-zA-Z0-9_-]."""
     return _check_pattern(topic, "topic", TOPIC_PATTERN, MAX_TOPIC_LENGTH, "[%|a-zA-Z0-9_-]")
 
 

@@ -1,7 +1,8 @@
 """The pull-service's OpenTelemetry metrics and its per-call spans (API only).
 
 * ``basalt.pull.duration`` (s, histogram): one Pull or PullBatch call, a held
-  long poll included (``basalt.pull.call``: ``Pull`` / ``PullBatch``);
+  long poll included (``basalt.pull.call``: ``Pull`` / ``PullBatch``), bucketed
+  by :data:`basalt.services.histograms.DURATION_BUCKETS_S`;
 * ``basalt.pull.batch.queues`` ({queue}, histogram): queues per PullBatch;
 * ``basalt.pull.held`` ({request}, up-down counter): calls waiting on a
   store-node with a suspend timeout (held long polls);
@@ -27,11 +28,13 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from basalt.services.histograms import duration_histogram
+
 _meter = metrics.get_meter("basalt.services.pull_service")
 _tracer = trace.get_tracer("basalt.services.pull_service")
 
-_duration = _meter.create_histogram(
-    "basalt.pull.duration", unit="s", description="One Pull or PullBatch call, held time included."
+_duration = duration_histogram(
+    _meter, "basalt.pull.duration", "One Pull or PullBatch call, held time included."
 )
 _batch_queues = _meter.create_histogram(
     "basalt.pull.batch.queues", unit="{queue}", description="Queues read by one PullBatch."

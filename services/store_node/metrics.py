@@ -14,11 +14,13 @@ Instruments (Prometheus names in ``docs/observability.md#metrics``):
   collection);
 * histograms per node: put duration per send (s), messages per send,
   GetMessage(s) call duration (s, a held long poll included), CommitLog fsync
-  duration (s);
+  duration (s); the durations bucketed in seconds,
+  :data:`basalt.services.histograms.DURATION_BUCKETS_S`;
 * observable gauges per node (``basalt.broker.name``): dispatch-behind and
   index-behind bytes, CommitLog min/max offsets, the last disk-use ratio the
   expiry service measured, held long polls, health per background service
-  (1 serving, 0 failed), and consumer lag per group/topic/queue.
+  (1 serving, 0 failed), and consumer lag per group/topic/queue of the topics
+  the node serves now (a deleted topic's committed offsets report nothing).
 
 The instruments are made once per process (a second observable instrument of
 one name would be dropped by the SDK), so the observable callbacks walk the
@@ -40,8 +42,11 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from basalt.services.histograms import duration_histogram
+
 if TYPE_CHECKING:
     from basalt.services.store_node.long_polling import PullRequestHoldService
+    from basalt.services.store_node.topics import TopicDirectory
     from basalt.store import MessageStore
     from basalt.v1 import store_node_pb2 as sn
 
@@ -52,25 +57,23 @@ BROKER = "basalt.broker.name"
 _meter = metrics.get_meter("basalt.services.store_node")
 _tracer = trace.get_tracer("basalt.services.store_node")
 
-_put_duration = _meter.create_histogram(
+_put_duration = duration_histogram(
+    _meter,
     "basalt.store.put.duration",
-    unit="s",
-    description="One send (a message or a batch) stored; per node (a histogram per topic "
+    "One send (a message or a batch) stored; per node (a histogram per topic "
     "would be tens of thousands of series).",
 )
-_get_duration = _meter.create_histogram(
+_get_duration = duration_histogram(
+    _meter,
     "basalt.store.get.duration",
-    unit="s",
-    description="One GetMessage or GetMessages call, a held long poll included.",
+    "One GetMessage or GetMessages call, a held long poll included.",
 )
 _put_batch = _meter.create_histogram(
     "basalt.store.put.batch.messages",
     unit="{message}",
     description="Messages in one send: 1 for a message, N for a batch.",
 )
-_flush_duration = _meter.create_histogram(
-    "basalt.store.flush.duration", unit="s", description="One CommitLog fsync."
-)
+_flush_duration = duration_histogram(_meter, "basalt.store.flush.duration", "One CommitLog fsync.")
 
 #: The nodes the observable callbacks report on.
 _live: set[StoreNodeMetrics] = set()
@@ -83,10 +86,19 @@ class StoreNodeMetrics:
     listener on the flush thread (histogram ``record`` is thread-safe).
     """
 
-    def __init__(self, broker_name: str, store: MessageStore, hold: PullRequestHoldService) -> None:
+    def __init__(
+        self,
+        broker_name: str,
+        store: MessageStore,
+        hold: PullRequestHoldService,
+        topics: TopicDirectory,
+    ) -> None:
+        """``topics``: the node's topic directory; consumer lag is reported only
+        for the topics it lists with this node among their brokers."""
         self.broker_name = broker_name
         self.store = store
         self.hold = hold
+        self.topics = topics
         self._node = {BROKER: broker_name}
         self._topics: dict[str, Mapping[str, str]] = {}
         #: Per topic, [messages, bytes] put and got since the node started: plain
@@ -135,9 +147,24 @@ class StoreNodeMetrics:
 
     # -- what the observable callbacks read ----------------------------------------
 
+    def _serves(self, topic: str) -> bool:
+        """Whether ``topic`` is configured with this node among its brokers (the
+        directory's cached config: no I/O)."""
+        config = self.topics.topic(topic)
+        return config is not None and self.broker_name in config.brokers
+
     def _lag(self) -> Iterator[Observation]:
+        # A deleted topic (deleteTopic removes its config; its files and committed
+        # offsets stay until they expire) or one moved off this node has no
+        # consumer to catch up here: no lag series for it.
         store = self.store
+        serves: dict[str, bool] = {}
         for group, topic, queue_id, offset in store.consumer_offsets.all_offsets():
+            known = serves.get(topic)
+            if known is None:
+                known = serves[topic] = self._serves(topic)
+            if not known:
+                continue
             behind = store.get_max_offset_in_queue(topic, queue_id) - offset
             yield Observation(
                 max(behind, 0),

@@ -223,7 +223,7 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         configured = Perm(config.broker_permission)
         self.broker_perm: Callable[[], Perm] = broker_perm or (lambda: configured)
         self.stats = _Stats()
-        self.metrics = StoreNodeMetrics(config.broker_name, store, hold)
+        self.metrics = StoreNodeMetrics(config.broker_name, store, hold, topics)
         self.boot_timestamp_ms = int(time.time() * 1000)
         #: False while shutting down: sends and reads are refused, as RocketMQ's
         #: broker permission does once it is set unwritable.

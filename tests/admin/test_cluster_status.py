@@ -1,5 +1,6 @@
 """``basalt cluster up`` gives every service a metrics endpoint; ``cluster status
---json`` lists every process's endpoints for scripts. Real processes."""
+--json`` lists every process's endpoints for scripts, and ``cluster status``
+shows them under a header. Real processes."""
 
 from __future__ import annotations
 
@@ -37,6 +38,21 @@ def test_up_assigns_metrics_ports_that_answer_and_status_json_lists_every_endpoi
             assert f'service_instance_id="{r["name"]}"' in text or r["role"] == "admin"
         text_status = run_basalt_sync("cluster", "status", "--data-dir", str(data))
         assert all(r["metrics"] in text_status.stdout for r in services)
+        # A header line, then a line per process, each value under its column:
+        # the RocketMQ 5 endpoint --json lists for the pull-service among them.
+        header, *lines = text_status.stdout.splitlines()
+        assert header.split() == [
+            "ROLE", "NAME", "ADDRESS", "ROCKETMQ", "5", "PID", "PROCESS", "HEALTH", "ETCD",
+            "METRICS",
+        ]  # fmt: skip
+        assert len(lines) == len(rows)
+        for line, r in zip(lines, rows, strict=True):
+            at = {c: line[header.index(c) :].split()[0] for c in ("NAME", "ROCKETMQ 5", "ETCD")}
+            assert at["NAME"] == r["name"]
+            assert at["ROCKETMQ 5"] == (r["rocketmq_v2"] or "-")
+            assert at["ETCD"] == {None: "-", True: "registered"}[r["registered"]]
+        (pull,) = [r for r in rows if r["role"] == "pull-service"]
+        assert pull["rocketmq_v2"] and pull["rocketmq_v2"] in started.stdout
     finally:
         stopped = run_basalt_sync("cluster", "down", "--data-dir", str(data))
     assert stopped.returncode == 0, stopped.stdout

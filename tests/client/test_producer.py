@@ -23,7 +23,9 @@ from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import async_test
 from tests.support.nodes import TOPIC, cluster
+from tests.support.processes import run_basalt
 from tests.support.rpc import pull_queue
+from tests.support.timeouts import SUBPROCESS_TEST_TIMEOUT_S
 
 
 def test_config_is_checked() -> None:
@@ -155,6 +157,71 @@ async def test_a_new_topic_is_sent_on_the_default_route_and_created(
             assert all(r.ok for r in more)
         bodies = await pull_queue(h.stub, first.broker_name, first.queue_id, topic="FreshTopic")
         assert bodies[0] == b"first"
+
+
+@async_test
+async def test_each_producer_starts_its_round_robin_at_a_random_queue(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    """RocketMQ's ThreadLocalIndex: short-lived producers (one send each) spread
+    over the queues and brokers instead of all taking the first queue of the
+    first broker. 24 producers over 2 x 4 queues: all on one broker has odds of
+    2 in 2^24, all on one queue 8 in 8^24."""
+    async with cluster(tmp_path, meta_config) as h:
+        firsts = []
+        for i in range(24):
+            async with Producer(h.services[0].address, group="P") as producer:
+                r = await producer.send(Message(TOPIC, b"one-%d" % i))
+                assert r.ok
+                firsts.append((r.broker_name, r.queue_id))
+        assert {b for b, _ in firsts} == {"broker-a", "broker-b"}
+        assert len(set(firsts)) > 2
+
+
+@async_test
+async def test_a_new_topic_is_created_on_every_broker_the_producer_reaches(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    """The default route is the new topic's route until the next refresh (RocketMQ's
+    producer): consecutive sends round robin over every store-node, each of which
+    creates the topic there, so its route lists them all."""
+    async with cluster(tmp_path, meta_config) as h:
+        async with Producer(h.services[0].address, group="P") as producer:
+            # 2 brokers x 4 queues of TBW102's route: 8 sends reach each queue once.
+            results = [await producer.send(Message("SpreadTopic", b"%d" % i)) for i in range(8)]
+        assert sorted((r.broker_name, r.queue_id) for r in results) == [
+            (b, q) for b in ("broker-a", "broker-b") for q in range(4)
+        ]
+        config = await h.meta.get_topic("SpreadTopic")
+        assert config is not None and sorted(config.brokers) == ["broker-a", "broker-b"]
+        await h.seen(lambda s: s.servicer.view.topics.get("SpreadTopic") == config)
+        route = (await h.stub.QueryRoute(ps.QueryRouteRequest(topic="SpreadTopic"))).route
+        assert sorted(b.broker_name for b in route.broker_datas) == ["broker-a", "broker-b"]
+        for r in results:
+            bodies = await pull_queue(h.stub, r.broker_name, r.queue_id, topic="SpreadTopic")
+            assert len(bodies) == 1
+
+
+@async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
+async def test_basalt_produce_spreads_an_auto_created_topic_over_the_brokers(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    """``basalt produce -n 6`` to a topic that does not exist: six consecutive
+    queues of the 2 x 4 of TBW102's route, whatever the random start, so both
+    store-nodes take sends and both serve the topic."""
+    async with cluster(tmp_path, meta_config) as h:
+        address = h.services[0].address
+        code, out, err = await run_basalt(
+            "produce", "--endpoints", address, "-t", "CliSpread", "-n", "6", "--verbose"
+        )
+        assert code == 0, err
+        placed = {
+            line.split("queue=")[1].split(",")[0] for line in out.splitlines() if "queue=" in line
+        }
+        assert len(placed) == 6
+        assert {q.split("/")[0] for q in placed} == {"broker-a", "broker-b"}
+        config = await h.meta.get_topic("CliSpread")
+        assert config is not None and sorted(config.brokers) == ["broker-a", "broker-b"]
 
 
 @async_test

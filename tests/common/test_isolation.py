@@ -1,6 +1,7 @@
 """basalt.common keeps the two sides apart: ``import basalt.client`` loads
-neither the engine nor the services (nor lark, nor the admin tools), and the
-engine that imports the same codec still loads no grpc or protobuf.
+neither the engine nor the services (nor lark, nor the admin tools, nor any
+module of an extra), and the engine that imports the same codec still loads
+no grpc or protobuf. The SDK runs where no extra is installed.
 
 Twice over: what a fresh interpreter has loaded after using each side (the
 imports that run), and what each side's modules import, read from their ASTs
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import basalt
+from tests.support.absent import SERVER, SPARK, run_python_without
 from tests.support.imports import Import, import_graph, package_modules, third_party
 
 #: Everything an SDK user touches, in a fresh interpreter.
@@ -89,6 +91,19 @@ def test_the_sdk_loads_the_opentelemetry_api_but_installs_no_sdk_or_exporter() -
     assert (
         _under(loaded, ("opentelemetry.sdk", "opentelemetry.exporter", "prometheus_client")) == []
     )
+
+
+def test_the_sdk_loads_no_module_of_an_extra() -> None:
+    loaded = _loaded_after(SDK_USE)
+    # grpc imports grpc_reflection itself when it is installed (its "extension
+    # shims"); the SDK does not use it, and runs without it (below).
+    extra_modules = tuple(m for m in SERVER + SPARK if m != "grpc_reflection")
+    assert _under(loaded, extra_modules) == []
+
+
+def test_the_sdk_runs_where_no_extra_is_installed(tmp_path: Path) -> None:
+    done = run_python_without(SERVER + SPARK, SDK_USE, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
 
 
 # -- what the modules import, lazy imports included ----------------------------------

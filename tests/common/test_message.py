@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import socket
 import struct
 
 import pytest
@@ -27,6 +29,7 @@ from basalt.common.message import (
     encode_properties,
     is_dispatchable,
     new_uniq_key,
+    new_uniq_keys,
     offset_msg_id,
     parse_offset_msg_id,
     property_value,
@@ -181,6 +184,33 @@ def test_message_record_msg_id_uses_store_host_and_commit_log_offset() -> None:
 def test_new_uniq_key_is_32_upper_case_hex_digits() -> None:
     for _ in range(100):
         assert re.fullmatch(r"[0-9A-F]{32}", new_uniq_key())
+
+
+def _routes_ipv4() -> bool:
+    """Whether this host has an IPv4 route off the machine (a UDP connect only
+    looks it up)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("198.51.100.1", 9))  # TEST-NET-2
+            return not ipaddress.IPv4Address(probe.getsockname()[0]).is_loopback
+    except OSError:
+        return False
+
+
+def test_new_uniq_key_carries_this_hosts_ip_and_pid() -> None:
+    """RocketMQ's MessageClientIDSetter: ip(4) pid(2) random(4) then time and
+    counter. The ip is an IPv4 address of this host (a socket binds to it), not
+    zeros nor loopback; every id of the process shares the first 10 bytes."""
+    raw = [bytes.fromhex(k) for k in (new_uniq_key(), *new_uniq_keys(3), new_uniq_key())]
+    assert len({r[:10] for r in raw}) == 1
+    assert int.from_bytes(raw[0][4:6], "big") == os.getpid() & 0xFFFF
+    ip = ipaddress.IPv4Address(raw[0][:4])
+    if _routes_ipv4():
+        assert not (ip.is_loopback or ip.is_unspecified), ip
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as bound:
+            bound.bind((str(ip), 0))  # only an address of this host binds
+    else:  # no IPv4 network: RocketMQ's fake IP (time bits, any value), never zeros
+        assert not ip.is_unspecified, ip
 
 
 def test_new_uniq_key_is_unique_across_many_calls() -> None:

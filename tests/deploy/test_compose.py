@@ -1,6 +1,15 @@
 """The root's ``docker-compose.yml`` run for real: image built, cluster up, the SDK on the
 host producing and consuming through the published ports, a restart keeping volumes.
 
+**The image is built from the working tree every run**, under a tag of its own
+(``basalt:test-<random>``, removed at the end): no image an earlier run or a
+failed build left in the engine can stand in. The engine's cache keeps the
+debootstrapped base and the build's layers between runs, nothing tagged. A
+failed build fails the test with the build's last lines. Every step is judged
+by its outcome as the engine reports it - the image present, each container
+running and healthy (``docker inspect``), the project's containers and volumes
+gone after ``down -v`` - not by compose's exit status alone.
+
 **The one difference from what users run** is ``tests/deploy/compose.host.yml``:
 the engine here has no bridge network (``dockerd --bridge=none``), so every
 container uses host networking and listens on 127.0.0.1 at the port the main
@@ -12,7 +21,8 @@ through ``BASALT_ETCD_IMAGE``), the same healthchecks and ``depends_on``
 conditions, the same named volumes.
 
 The flow (~2-3 min on 2 cores with a warm cache; a first run also debootstraps
-and installs the dependencies into the image): build; ``up -d --wait``; create
+and installs the dependencies into the image): build; the image's ``basalt
+--help`` runs; ``up -d --wait``; every container running and healthy; create
 a topic through the admin service; produce 10,000 messages and consume 6,000
 of them as a group; ``down`` (volumes kept); ``up -d --wait`` again and consume
 the 4,000 left - the group's offsets and the messages survived; ``down -v``.
@@ -21,8 +31,13 @@ the 4,000 left - the group's offsets and the messages survived; ``down -v``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,10 +49,14 @@ from tests.support.docker import (
     HOST_OVERRIDE,
     Compose,
     base_image,
+    build_image,
     can_start_engine,
     docker_engine,
     engine_answers,
+    image_exists,
+    remove_image,
 )
+from tests.support.packaging import REPO, build_inputs
 from tests.support.processes import run_basalt_sync
 
 TOPIC = "ComposeTest"
@@ -54,6 +73,8 @@ PORT_VARIABLES = (
     "BASALT_COMPOSE_ROCKETMQ_V2_PORT",
     "BASALT_COMPOSE_ADMIN_SERVICE_PORT",
 )
+#: The file's services, each with a healthcheck.
+SERVICES = ("etcd", "store-node-a", "store-node-b", "pull-service", "admin-service")
 
 
 @pytest.mark.parametrize("files", [(COMPOSE_FILE,), (COMPOSE_FILE, HOST_OVERRIDE)])
@@ -63,31 +84,92 @@ def test_compose_files_are_valid(files: tuple[Path, ...]) -> None:
     Compose("basalt-config-check", {}, files=files).run("config", "-q")
 
 
-@pytest.fixture
-def stack() -> Iterator[tuple[Compose, dict[str, str]]]:
-    """The compose project on free ports, on an engine that answers (started here if
-    need be); ``down -v`` at the end whatever happened, then the engine stops."""
+def test_the_compose_file_builds_the_image_once() -> None:
+    """One service builds the image (never pulled under its name); every other Basalt
+    service runs that tag as it is, so ``up`` builds once, not once per service."""
+    config = Compose("basalt-config-check", {}, files=(COMPOSE_FILE,)).run(
+        "config", "--format", "json"
+    )
+    services = json.loads(config)["services"]
+    assert set(services) == set(SERVICES)
+    builders = {name: s for name, s in services.items() if "build" in s}
+    assert list(builders) == ["store-node-a"]
+    (image,) = {s["image"] for s in builders.values()}
+    assert builders["store-node-a"]["pull_policy"] == "build"
+    for name in set(SERVICES) - {"etcd", "store-node-a"}:
+        assert services[name]["image"] == image, name
+        assert services[name]["pull_policy"] == "never", name
+
+
+def _image_tag() -> str:
+    """A tag no earlier run used: a stale image cannot stand in for this run's build."""
+    return f"basalt:test-{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.contextmanager
+def _engine() -> Iterator[dict[str, str]]:
     if not engine_answers({}) and not can_start_engine():
         pytest.fail("no Docker engine answers and dockerd cannot be started (not root?)")
     with docker_engine() as engine:
+        yield engine
+
+
+@dataclass(frozen=True)
+class Stack:
+    compose: Compose
+    #: The host ports, by the compose file's variable.
+    ports: dict[str, str]
+    #: This run's tag of the image the compose file builds.
+    image: str
+    #: The engine's environment (DOCKER_HOST).
+    engine: dict[str, str]
+
+
+@pytest.fixture
+def stack() -> Iterator[Stack]:
+    """The compose project on free ports with an image tag of its own, on an engine that
+    answers (started here if need be); at the end, whatever happened, ``down -v`` (no
+    container or volume of the project left) and the image's tag removed, then the
+    engine stops."""
+    with _engine() as engine:
         ports = {name: str(free_port()) for name in PORT_VARIABLES}
+        image = _image_tag()
         env = {
             **engine,
             **ports,
-            "BASALT_IMAGE": "basalt:test",
+            "BASALT_IMAGE": image,
             "BASALT_BASE_IMAGE": base_image(engine),
-            "BASALT_ETCD_IMAGE": "basalt:test",
+            "BASALT_ETCD_IMAGE": image,
             # Debian's engine ships no buildx: the classic builder.
             "DOCKER_BUILDKIT": "0",
         }
         compose = Compose(f"basalt-test-{uuid.uuid4().hex[:8]}", env)
         try:
-            yield compose, ports
+            yield Stack(compose, ports, image, engine)
         finally:
-            compose.run("down", "-v", "--remove-orphans", "--timeout", "30")
-            # Nothing of the project is left: no container, no volume.
-            assert compose.run("ps", "-a", "-q").strip() == ""
-            assert compose.run("volumes", "-q").strip() == ""
+            try:
+                compose.run("down", "-v", "--remove-orphans", "--timeout", "30")
+                assert compose.states() == {}
+                assert compose.volumes() == []
+            finally:
+                remove_image(image, engine)
+
+
+def _assert_all_healthy(compose: Compose) -> None:
+    """Every service's container running and healthy, as the engine reports it."""
+    states = compose.states()
+    assert states == {name: ("running", "healthy") for name in SERVICES}, states
+
+
+def _docker_run(engine: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", "run", "--rm", "--network", "host", *argv],
+        env={**os.environ, **engine},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 async def _produce(endpoints: str) -> None:
@@ -121,15 +203,21 @@ async def _consume(endpoints: str, count: int, *, then_nothing: bool) -> list[st
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_compose_cluster_serves_the_sdk_and_survives_down_and_up(
-    stack: tuple[Compose, dict[str, str]],
-) -> None:
-    compose, ports = stack
+def test_compose_cluster_serves_the_sdk_and_survives_down_and_up(stack: Stack) -> None:
+    compose, ports = stack.compose, stack.ports
     endpoints = f"127.0.0.1:{ports['BASALT_COMPOSE_PULL_SERVICE_PORT']}"
     admin = f"127.0.0.1:{ports['BASALT_COMPOSE_ADMIN_SERVICE_PORT']}"
-    compose.run("build")
+    assert not image_exists(stack.image, stack.engine)
+    compose.run("build")  # the working tree, now; its last lines if it fails
+    assert image_exists(stack.image, stack.engine), "compose build left no image"
+    shown = _docker_run(stack.engine, stack.image, "--help")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert shown.stdout.startswith("usage: basalt"), shown.stdout
+    for group in ("store-node", "pull-service", "admin-service", "produce", "cluster"):
+        assert group in shown.stdout, group
+
     compose.run("up", "-d", "--wait", "--no-build")
-    assert "(healthy)" in compose.run("ps")
+    _assert_all_healthy(compose)
 
     created = run_basalt_sync("admin", "updateTopic", "--server", admin, "-t", TOPIC, "-w", "4")
     assert created.returncode == 0, created.stderr
@@ -138,8 +226,44 @@ def test_compose_cluster_serves_the_sdk_and_survives_down_and_up(
     first = asyncio.run(_consume(endpoints, FIRST_PART, then_nothing=False))
 
     compose.run("down", "--timeout", "30")  # the named volumes stay
+    assert compose.states() == {}
+    assert len(compose.volumes()) == 3
     compose.run("up", "-d", "--wait", "--no-build")
+    _assert_all_healthy(compose)
     rest = asyncio.run(_consume(endpoints, MESSAGES - FIRST_PART, then_nothing=True))
 
     assert len(set(first)) == FIRST_PART
     assert sorted(first + rest) == sorted(f"m-{i}" for i in range(MESSAGES))
+
+
+def _git_files(paths: list[str]) -> set[str]:
+    done = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *paths],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    return {p for p in done.stdout.decode().split("\0") if p and (REPO / p).is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_image_build_stage_holds_exactly_the_source_the_wheel_is_built_from() -> None:
+    """A real build's context, as Docker applied .dockerignore: the build stage's /src
+    holds every file of the wheel's inputs (setup.py's PACKAGE_ROOT and SOURCE_FOLDERS,
+    pyproject.toml, setup.py, the readme) and nothing else but what ``pip wheel`` wrote
+    there (build/, *.egg-info). The stage's layers are those the compose test built."""
+    with _engine() as engine:
+        image = _image_tag() + "-build-stage"
+        try:
+            build_image(image, engine, base_image=base_image(engine), target="build")
+            listed = _docker_run(engine, "--entrypoint", "find", image, "/src", "-type", "f")
+            assert listed.returncode == 0, listed.stderr
+        finally:
+            remove_image(image, engine, prune=False)  # its steps are the build's cache
+    in_image = {p.removeprefix("/src/") for p in listed.stdout.split()}
+    written_by_the_build = {
+        p for p in in_image if p.startswith("build/") or p.split("/")[0].endswith(".egg-info")
+    }
+    assert in_image - written_by_the_build == _git_files(build_inputs())

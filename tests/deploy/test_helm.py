@@ -31,6 +31,7 @@ from tests.support.helm import (
     pod_spec,
     print_config,
     render,
+    render_notes,
     run_helm,
     validate,
     workloads,
@@ -41,6 +42,111 @@ RELEASE = "mq"
 NAMESPACE = "messaging"
 #: Objects are named <release>-<chart>-<component>.
 PREFIX = f"{RELEASE}-basalt"
+
+#: The values charts usually take, each set to something other than its default.
+EXTRAS: dict[str, Any] = {
+    "podLabels": {"team": "messaging"},
+    "podAnnotations": {"example.org/owner": "messaging"},
+    "priorityClassName": "basalt-high",
+    "serviceAccount": {
+        "create": True,
+        "name": "basalt-sa",
+        "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/basalt"},
+    },
+    "extraEnv": [
+        {"name": "TZ", "value": "UTC"},
+        {
+            "name": "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "value": "http://otel-collector.observability:4317",
+        },
+    ],
+    "extraVolumes": [{"name": "scratch", "emptyDir": {}}],
+    "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    "networkPolicy": {
+        "enabled": True,
+        "clients": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
+        ],
+        "metrics": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ],
+    },
+    "storeNode": {
+        "clientAddress": "$(BASALT_NAME).mq.example.org:10911",
+        "podLabels": {"tier": "storage", "team": "brokers"},
+        "podAnnotations": {"example.org/role": "broker", "prometheus.io/scrape": "false"},
+        "priorityClassName": "basalt-storage",
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "messaging", "effect": "NoSchedule"}
+        ],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "example.org/disk", "operator": "In", "values": ["ssd"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "store-node"}},
+            }
+        ],
+        "extraEnv": [{"name": "BASALT_MAX_MSG_NUMS_PER_PULL", "value": "512"}],
+        "extraVolumes": [{"name": "spool", "emptyDir": {"medium": "Memory"}}],
+        "extraVolumeMounts": [{"name": "spool", "mountPath": "/spool", "readOnly": True}],
+        "service": {"annotations": {"external-dns.alpha.kubernetes.io/hostname": "mq.example.org"}},
+        "probes": {
+            "readiness": {"periodSeconds": 3, "timeoutSeconds": 2},
+            "startup": {"failureThreshold": 360},
+        },
+    },
+    "pullService": {
+        "service": {
+            "type": "LoadBalancer",
+            "annotations": {"service.beta.kubernetes.io/aws-load-balancer-type": "nlb"},
+        },
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 50,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {
+                                "matchLabels": {"app.kubernetes.io/component": "pull-service"}
+                            },
+                        },
+                    }
+                ]
+            }
+        },
+        "extraEnv": [{"name": "BASALT_HEARTBEAT_INTERVAL_MS", "value": "5000"}],
+        "probes": {"liveness": {"initialDelaySeconds": 5}},
+    },
+    "adminService": {
+        "service": {"type": "NodePort", "annotations": {"example.org/exposed": "true"}},
+        "extraEnv": [{"name": "BASALT_STOP_GRACE_S", "value": "3"}],
+    },
+    "etcd": {
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "podLabels": {"tier": "metadata"},
+        "priorityClassName": "basalt-critical",
+    },
+}
 
 #: The variants every check runs on: the defaults, and one per way of deploying
 #: that changes what is rendered.
@@ -61,6 +167,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "pullService": {"config": {"heartbeat_interval_ms": 5000}},
     },
+    # What charts usually take, every one set (EXTRAS).
+    "extras": EXTRAS,
+    "name-overrides": {"nameOverride": "queue"},
 }
 
 
@@ -107,6 +216,17 @@ def test_the_chart_lints_strictly(helm: Path) -> None:
         ("etcd.external=etcd.example.org", "etcd.external"),
         ("log.format=xml", "log.format"),
         ("tls.enabled=true", "tls.secretName"),
+        ("storeNode.probes.readiness.periodSeconds=0", "periodSeconds"),
+        ("storeNode.probes.readiness.command=true", "command"),
+        ("storeNode.clientAddress=no-port", "clientAddress"),
+        ("pullService.service.type=ExternalName", "type"),
+        ("serviceAccount.create=maybe", "create"),
+        ("networkPolicy.enabled=yes", "enabled"),
+        ("podLabels.team=not a label", "team"),
+        ("storeNode.topologySpreadConstraints[0].maxSkew=1", "topologyKey"),
+        ("extraEnv[0].value=x", "name"),
+        ("nameOverride=Not_A_Name", "nameOverride"),
+        ("priorityClassName=UPPER", "priorityClassName"),
     ],
 )
 def test_the_values_schema_refuses_a_bad_value(helm: Path, setting: str, named: str) -> None:
@@ -256,6 +376,275 @@ def test_the_config_map_carries_each_service_config_file(
     assert "max_transfer_count_on_message_in_memory=512" in store_node
     assert "heartbeat_interval_ms=5000" in data["pull-service.conf"].splitlines()
     assert [line for line in data["admin-service.conf"].splitlines() if "=" in line] == []
+
+
+def _pods(manifests: list[Manifest]) -> dict[str, tuple[Manifest, Manifest]]:
+    """Component -> (its workload, its pod template), for every workload."""
+    return {
+        w["metadata"]["labels"]["app.kubernetes.io/component"]: (w, w["spec"]["template"])
+        for w in workloads(manifests)
+    }
+
+
+def test_pod_labels_annotations_account_and_priority_reach_every_pod(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    manifests = rendered["extras"]
+    pods = _pods(manifests)
+    assert set(pods) == {"store-node", "pull-service", "admin-service", "etcd"}
+    for component, (workload, template) in pods.items():
+        labels, spec = template["metadata"]["labels"], template["spec"]
+        # The selector's labels stay the chart's, whatever podLabels say.
+        assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert labels["app.kubernetes.io/component"] == component
+        # The component's own value wins over the release-wide one.
+        assert labels["team"] == ("brokers" if component == "store-node" else "messaging")
+        assert spec["serviceAccountName"] == "basalt-sa"
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["priorityClassName"] == {
+            "store-node": "basalt-storage",
+            "etcd": "basalt-critical",
+        }.get(component, "basalt-high")
+        annotations = template["metadata"].get("annotations", {})
+        assert annotations["example.org/owner"] == "messaging"
+    store = pods["store-node"][1]["metadata"]
+    assert store["labels"]["tier"] == "storage"
+    assert store["annotations"]["example.org/role"] == "broker"
+    # A value may override the chart's own annotations; the others stay.
+    assert store["annotations"]["prometheus.io/scrape"] == "false"
+    assert store["annotations"]["prometheus.io/port"] == "9100"
+    assert "checksum/config" in store["annotations"]
+    assert pods["etcd"][1]["metadata"]["labels"]["tier"] == "metadata"
+    [account] = [m for m in manifests if m["kind"] == "ServiceAccount"]
+    assert account["metadata"]["name"] == "basalt-sa"
+    assert account["metadata"]["annotations"] == EXTRAS["serviceAccount"]["annotations"]
+    assert account["automountServiceAccountToken"] is False
+    # By default: an account of the chart's, no token mounted, no priority class.
+    default_pods = _pods(rendered["defaults"])
+    [default_account] = [m for m in rendered["defaults"] if m["kind"] == "ServiceAccount"]
+    for _, template in default_pods.values():
+        assert template["spec"]["serviceAccountName"] == default_account["metadata"]["name"]
+        assert template["spec"]["automountServiceAccountToken"] is False
+        assert "priorityClassName" not in template["spec"]
+
+
+def test_scheduling_values_reach_their_pods(rendered: dict[str, list[Manifest]]) -> None:
+    pods = _pods(rendered["extras"])
+    store = pods["store-node"][1]["spec"]
+    extras = EXTRAS["storeNode"]
+    assert store["nodeSelector"] == extras["nodeSelector"]
+    assert store["tolerations"] == extras["tolerations"]
+    assert store["topologySpreadConstraints"] == extras["topologySpreadConstraints"]
+    # The given affinity, and the chart's anti-affinity beside it (it had none).
+    assert store["affinity"]["nodeAffinity"] == extras["affinity"]["nodeAffinity"]
+    anti = store["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    selector = pods["store-node"][0]["spec"]["selector"]["matchLabels"]
+    assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    # A podAntiAffinity of the value's own replaces the chart's.
+    pull = pods["pull-service"][1]["spec"]
+    assert pull["affinity"] == EXTRAS["pullService"]["affinity"]
+    etcd = pods["etcd"][1]["spec"]
+    assert etcd["nodeSelector"] == EXTRAS["etcd"]["nodeSelector"]
+    assert etcd["tolerations"] == EXTRAS["etcd"]["tolerations"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in etcd["affinity"]["podAntiAffinity"]
+    # None of these by default, but the store-node's and etcd's anti-affinity.
+    for component, (_, template) in _pods(rendered["defaults"]).items():
+        spec = template["spec"]
+        assert not {"nodeSelector", "tolerations", "topologySpreadConstraints"} & set(spec)
+        assert ("affinity" in spec) == (component in ("store-node", "etcd"))
+
+
+def test_extra_env_and_volumes_reach_every_basalt_container(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    own = {
+        "store-node": "BASALT_MAX_MSG_NUMS_PER_PULL",
+        "pull-service": "BASALT_HEARTBEAT_INTERVAL_MS",
+        "admin-service": "BASALT_STOP_GRACE_S",
+    }
+    for workload, container in basalt_containers(rendered["extras"]):
+        component = container["name"]
+        names = [v["name"] for v in container["env"]]
+        # After the chart's own environment: the release-wide, then the component's.
+        assert names[-3:] == ["TZ", "OTEL_EXPORTER_OTLP_ENDPOINT", own[component]]
+        assert len(names) == len(set(names))
+        volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+        assert volumes["scratch"] == {"name": "scratch", "emptyDir": {}}
+        assert {"name": "scratch", "mountPath": "/scratch"} in container["volumeMounts"]
+        assert ("spool" in volumes) == (component == "store-node")
+    sts = by_kind_name(rendered["extras"], "StatefulSet", f"{PREFIX}-store-node")
+    [container] = pod_spec(sts)["containers"]
+    assert {"name": "spool", "mountPath": "/spool", "readOnly": True} in container["volumeMounts"]
+
+
+def test_the_store_nodes_client_address_is_what_they_register_for_clients(
+    rendered: dict[str, list[Manifest]], tmp_path: Path
+) -> None:
+    manifests = rendered["extras"]
+    name = f"{PREFIX}-store-node"
+    sts = by_kind_name(manifests, "StatefulSet", name)
+    [container] = pod_spec(sts)["containers"]
+    env = {v["name"]: v for v in container["env"]}
+    assert env["BASALT_CLIENT_ADDRESS"]["value"] == "$(BASALT_NAME).mq.example.org:10911"
+    assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    # Defined after the variables it refers to, as the kubelet's $(VAR) needs.
+    names = [v["name"] for v in container["env"]]
+    assert names.index("BASALT_NAME") < names.index("BASALT_CLIENT_ADDRESS")
+    assert names.index("POD_INDEX") < names.index("BASALT_CLIENT_ADDRESS")
+    invocation = container_invocation(manifests, sts, container, tmp_path)
+    done = print_config(invocation, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [row] = [
+        line.split() for line in done.stdout.splitlines() if line.startswith("client_address ")
+    ]
+    assert row == ["client_address", f"{name}-0.mq.example.org:10911", "env:BASALT_CLIENT_ADDRESS"]
+    # Unset: no such variable; the store-node gives clients its advertise address.
+    default = by_kind_name(rendered["defaults"], "StatefulSet", name)
+    [container] = pod_spec(default)["containers"]
+    assert {"BASALT_CLIENT_ADDRESS", "POD_INDEX"}.isdisjoint(v["name"] for v in container["env"])
+
+
+def test_services_take_annotations_and_a_type(rendered: dict[str, list[Manifest]]) -> None:
+    manifests = rendered["extras"]
+    pull = by_kind_name(manifests, "Service", f"{PREFIX}-pull-service")
+    assert pull["spec"]["type"] == "LoadBalancer"
+    assert pull["metadata"]["annotations"] == EXTRAS["pullService"]["service"]["annotations"]
+    admin = by_kind_name(manifests, "Service", f"{PREFIX}-admin-service")
+    assert admin["spec"]["type"] == "NodePort"
+    assert admin["metadata"]["annotations"] == {"example.org/exposed": "true"}
+    store = by_kind_name(manifests, "Service", f"{PREFIX}-store-node")
+    assert store["spec"]["clusterIP"] == "None"
+    assert store["metadata"]["annotations"] == EXTRAS["storeNode"]["service"]["annotations"]
+    for service in (m for m in rendered["defaults"] if m["kind"] == "Service"):
+        assert "annotations" not in service["metadata"]
+
+
+def test_probe_timings_come_from_values(rendered: dict[str, list[Manifest]]) -> None:
+    def probes(variant: str, component: str) -> dict[str, Manifest]:
+        [container] = [c for _, c in basalt_containers(rendered[variant]) if c["name"] == component]
+        return {k: v for k, v in container.items() if k.endswith("Probe")}
+
+    store = probes("extras", "store-node")
+    # Given timings replace the defaults; the others stay.
+    assert store["readinessProbe"] == {
+        "grpc": {"port": 10911},
+        "periodSeconds": 3,
+        "timeoutSeconds": 2,
+        "failureThreshold": 3,
+    }
+    assert store["startupProbe"]["failureThreshold"] == 360
+    assert store["startupProbe"]["periodSeconds"] == 5
+    assert probes("extras", "pull-service")["livenessProbe"]["initialDelaySeconds"] == 5
+    defaults = probes("defaults", "store-node")
+    assert defaults["livenessProbe"] == {
+        "grpc": {"port": 10911},
+        "periodSeconds": 10,
+        "failureThreshold": 6,
+        "timeoutSeconds": 5,
+    }
+    assert (
+        defaults["startupProbe"]["failureThreshold"] * defaults["startupProbe"]["periodSeconds"]
+        == 600
+    )  # ten minutes of recovery
+    assert set(probes("defaults", "admin-service")) == {"readinessProbe", "livenessProbe"}
+
+
+def test_network_policies_are_off_by_default_and_fence_etcd_when_on(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    assert [m for m in rendered["defaults"] if m["kind"] == "NetworkPolicy"] == []
+    manifests = rendered["extras"]
+    basalt = by_kind_name(manifests, "NetworkPolicy", PREFIX)
+    spec = basalt["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    [components] = spec["podSelector"]["matchExpressions"]
+    assert components["values"] == ["store-node", "pull-service", "admin-service"]
+    own, clients, metrics = spec["ingress"]
+    assert "ports" not in own  # Basalt's pods reach each other on every port
+    [peer] = own["from"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
+    assert sorted(p["port"] for p in clients["ports"]) == [8081, 8082, 8090, 10911]
+    assert clients["from"] == EXTRAS["networkPolicy"]["clients"]
+    assert [p["port"] for p in metrics["ports"]] == [9100]
+    assert metrics["from"] == EXTRAS["networkPolicy"]["metrics"]
+    etcd = by_kind_name(manifests, "NetworkPolicy", f"{PREFIX}-etcd")
+    selector = etcd["spec"]["podSelector"]["matchLabels"]
+    assert selector["app.kubernetes.io/component"] == "etcd"
+    from_basalt, from_peers = etcd["spec"]["ingress"]
+    assert [p["port"] for p in from_basalt["ports"]] == [2379]
+    assert from_basalt["from"] == own["from"]
+    assert sorted(p["port"] for p in from_peers["ports"]) == [2379, 2380]
+    # Every pod the policies select is one of the chart's (and each is selected).
+    pods = _pods(manifests)
+    for component, (_, template) in pods.items():
+        labels = template["metadata"]["labels"]
+        policy = etcd if component == "etcd" else basalt
+        match = policy["spec"]["podSelector"]
+        assert match["matchLabels"].items() <= labels.items()
+        for expression in match.get("matchExpressions", []):
+            assert labels[expression["key"]] in expression["values"]
+
+
+def test_name_overrides_rename_every_object_and_its_labels(
+    rendered: dict[str, list[Manifest]], helm: Path, tmp_path: Path
+) -> None:
+    manifests = rendered["name-overrides"]
+    names = {m["metadata"]["name"] for m in manifests}
+    assert f"{RELEASE}-queue-store-node" in names
+    assert all(n.startswith(f"{RELEASE}-queue") for n in names), names
+    for m in manifests:
+        assert m["metadata"]["labels"]["app.kubernetes.io/name"] == "queue"
+    sts = by_kind_name(manifests, "StatefulSet", f"{RELEASE}-queue-store-node")
+    [container] = pod_spec(sts)["containers"]
+    args = container["args"]
+    assert args[args.index("--advertise-address") + 1] == (
+        f"$(BASALT_NAME).{RELEASE}-queue-store-node.{NAMESPACE}.svc.cluster.local:10911"
+    )
+    whole = render(helm, tmp_path, {"fullnameOverride": "events"}, release=RELEASE)
+    assert {m["metadata"]["name"] for m in whole} >= {
+        "events-store-node",
+        "events-pull-service",
+        "events-etcd",
+        "events-config",
+        "events-auth",
+    }
+
+
+def test_the_notes_say_where_the_credentials_are_and_what_clients_dial(
+    helm: Path, tmp_path: Path
+) -> None:
+    notes = render_notes(helm, tmp_path, {}, release=RELEASE, namespace=NAMESPACE)
+    # Auth is on by default: the Secret, its key, and how the CLI takes it.
+    secret = f"{PREFIX}-auth"
+    assert (
+        f"kubectl -n {NAMESPACE} get secret {secret} -o jsonpath='{{.data.admin\\.json}}'"
+        " | base64 -d > basalt-admin.json"
+    ) in notes
+    assert "export BASALT_CREDENTIALS=$PWD/basalt-admin.json" in notes
+    assert "--credentials FILE" in notes
+    # In a store-node's container the mounted file signs.
+    exec_lines = [line for line in notes.splitlines() if " exec " in line]
+    assert exec_lines and all(
+        line.endswith("--credentials /etc/basalt/auth/admin.json") for line in exec_lines
+    )
+    # The store-nodes' in-cluster addresses, and how to reach them from outside.
+    assert f"<pod>.{PREFIX}-store-node.{NAMESPACE}.svc.cluster.local:10911" in notes
+    assert "storeNode.clientAddress=127.0.0.1:1091$(POD_INDEX)" in notes
+    for i in range(2):
+        assert f"port-forward pod/{PREFIX}-store-node-{i} 1091{i}:10911" in notes
+    # An existing Secret is the one named; auth off: no credentials at all.
+    named = render_notes(helm, tmp_path, {"auth": {"existingSecret": "my-basalt-admin"}})
+    assert "get secret my-basalt-admin " in named
+    plain = render_notes(
+        helm,
+        tmp_path,
+        {"auth": {"enabled": False}, "storeNode": {"clientAddress": "broker.example.org:10911"}},
+    )
+    assert "credentials" not in plain.lower()
+    assert "broker.example.org:10911 (storeNode.clientAddress" in plain
+    assert "port-forward pod/" not in plain
 
 
 # -- kubernetes-validate --------------------------------------------------------------------

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from basalt.client import (
     Producer,
 )
 from basalt.services.cluster.local import CLUSTER_NAME
+from basalt.services.histograms import DURATION_BUCKETS_S
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -157,6 +159,22 @@ def test_prometheus_scrapes_the_cluster_put_and_get_counts_and_zero_lag(
             return {labels["instance"]: v for labels, v in prom.query("up")} == expected
 
         eventually_sync(all_up, timeout_s=60, interval_s=0.5, what="every target up")
+
+
+def test_duration_histograms_are_exported_in_seconds_buckets(cluster: Cluster) -> None:
+    """The ``le`` bounds a scrape shows for every duration histogram are
+    DURATION_BUCKETS_S (seconds, 50 µs ... 10 s) and +Inf, not OpenTelemetry's
+    default edges for milliseconds (0, 5, 10, ... 10000)."""
+    wanted = {
+        "store-node": ("basalt_store_put_duration_seconds", "basalt_store_get_duration_seconds"),
+        "pull-service": ("basalt_pull_duration_seconds",),
+    }
+    for role, names in wanted.items():
+        text = cluster.scrape(cluster.of_role(role)[0])
+        for name in names:
+            bounds = set(re.findall(rf'^{name}_bucket{{[^}}]*le="([^"]+)"', text, re.MULTILINE))
+            assert "+Inf" in bounds, (name, text)
+            assert {float(b) for b in bounds - {"+Inf"}} == set(DURATION_BUCKETS_S), name
 
 
 def test_every_dashboard_query_names_an_exported_metric(cluster: Cluster) -> None:

@@ -4,30 +4,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from basalt.admin import service_main as admin_main
+from basalt.admin import cli
+from basalt.admin.service_specs import SERVICES, service_specs
 from basalt.common.settings import describe
 from basalt.services import config, process
 from basalt.services.config import ConfigError, ServiceSpec
 from basalt.services.pull_service import main as pull_main
-from basalt.services.store_node import main as store_main
 from basalt.store import FlushDiskType, MessageStoreConfig
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
-SPECS = {
-    "store-node": store_main.SPEC,
-    "pull-service": pull_main.SPEC,
-    "admin-service": admin_main.SPEC,
-}
-MAINS = {
-    "store-node": store_main.add_arguments,
-    "pull-service": pull_main.add_arguments,
-    "admin-service": admin_main.add_arguments,
-}
+#: Each service's main (the table of them the command line runs).
+SERVICE_MAINS = {name: importlib.import_module(c.module) for name, c in SERVICES.items()}
+SPECS: dict[str, ServiceSpec] = {name: main.SPEC for name, main in SERVICE_MAINS.items()}
+MAINS = {name: main.add_arguments for name, main in SERVICE_MAINS.items()}
 REQUIRED = {"name": "broker-a", "data_dir": "/tmp/store", "id": "ps-1"}
 
 
@@ -239,12 +236,82 @@ def test_a_public_name_may_be_declared_once() -> None:
 def test_the_docs_tables_of_every_setting_are_current() -> None:
     doc = Path(__file__).parents[2] / "docs" / "configuration.md"
     text = doc.read_text()
-    specs = config.service_specs()
+    specs = service_specs()
+    assert list(specs) == list(SERVICES)
     for name in specs:
         assert f"<!-- settings: {name} -->" in text
     assert config.render_docs(text, specs) == text, (
-        "run: python -m basalt.services.config docs/configuration.md"
+        "run: python -m basalt.admin.service_specs docs/configuration.md"
     )
+
+
+def print_config_rows(out: str) -> dict[str, tuple[str, str]]:
+    """``--print-config``'s table: setting -> (value, source), read by the
+    header's columns (a value may be empty)."""
+    header, *lines = out.splitlines()
+    value_at, source_at = header.index("value"), header.index("source")
+    rows = {}
+    for line in lines:
+        assert not line.startswith("ignored:"), line
+        name = line[:value_at].strip()
+        rows[name] = (line[value_at:source_at].strip(), line[source_at:].strip())
+    return rows
+
+
+@pytest.mark.parametrize("service", list(SERVICES))
+def test_print_config_with_no_other_flag_prints_every_setting_and_exits_0(
+    service: str, tmp_path: Path
+) -> None:
+    # RocketMQ's `mqbroker -p`: no flag needed, the required ones shown unset.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("BASALT_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "basalt.admin", service, "--print-config"],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    rows = print_config_rows(done.stdout)
+    options = service_specs()[service].options()
+    assert list(rows) == [o.name for o in options]
+    for option in options:
+        value, source = rows[option.name]
+        if option.setting.required:
+            assert (value, source) == ("(unset)", config.UNSET_SOURCE), option.name
+        else:
+            assert source.startswith("default"), (option.name, source)
+            if source == "default":
+                assert value == config.show(option.default), option.name
+    assert any(o.setting.required for o in options) == (service != "admin-service")
+    assert list(tmp_path.iterdir()) == []  # no store, no log, nothing started
+
+
+def test_print_config_still_refuses_a_bad_value_beside_an_unset_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The unset --data-dir's section cannot be built: its other values are checked one by one.
+    assert cli.main(["store-node", "--print-config", "--delete-when", "25"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "basalt-store-node: delete_when must be hours 00-23 separated by ';', "
+        "got '25' (from flag --delete-when)"
+    )
+    assert cli.main(["store-node", "--print-config", "--name", ""]) == 2
+    assert "broker_name must be a non-empty string, got ''" in capsys.readouterr().err
+    # Run, not printed, an unset required setting is refused as before.
+    assert cli.main(["store-node"]) == 2
+    assert "name is required: give --name, env BASALT_NAME" in capsys.readouterr().err
+
+
+def test_an_unset_setting_is_never_built() -> None:
+    s = resolved("store-node", ["--print-config"])
+    assert s.unset() == ["name", "data_dir"]
+    assert s.values["name"] == config.Value(config.UNSET, config.UNSET_SOURCE)
+    with pytest.raises(ConfigError, match="data_dir is required: give --data-dir"):
+        s.build(MessageStoreConfig)
+    s.check(TelemetryConfig={"service_name": "s"})  # what is set is valid
 
 
 def test_addresses_derive_from_listen_and_an_empty_env_var_is_unset() -> None:

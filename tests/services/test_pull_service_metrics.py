@@ -8,6 +8,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from basalt.services.histograms import DURATION_BUCKETS_S
 from basalt.services.meta import MetaConfig
 from basalt.v1 import pull_service_pb2 as ps
 from tests.support.aio import async_test
@@ -40,9 +41,10 @@ async def test_a_held_pull_batch_is_counted_measured_and_one_span(
         got = await asyncio.wait_for(held, 10)
         assert [bodies(x) for x in got.results] == [[], [], [], [b"late"]]
         assert t.value("basalt.pull.held") == held_before
-        assert sum(p.count for _, p in t.points("basalt.pull.duration", **call)) == (
-            calls_before + 1
-        )
+        durations = t.points("basalt.pull.duration", **call)
+        assert sum(p.count for _, p in durations) == calls_before + 1
+        # Bucketed in seconds (OpenTelemetry's defaults are for milliseconds).
+        assert {tuple(p.explicit_bounds) for _, p in durations} == {DURATION_BUCKETS_S}
     calls = [s for s in spans.get_finished_spans() if s.name == "PullBatch"]
     assert len(calls) == spans_before + 1
     assert (calls[-1].attributes or {})["basalt.queue.count"] == 4

@@ -13,10 +13,13 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from basalt.admin.topics import delete_topic
+from basalt.services.histograms import DURATION_BUCKETS_S
+from basalt.services.meta import MetaConfig, TopicConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import run
-from tests.support.nodes import NODE_TOPIC, node
+from tests.support.nodes import NODE_TOPIC, cluster, node
 from tests.support.polling import eventually
 from tests.support.rpc import wire
 from tests.support.telemetry import metric_reader
@@ -156,5 +159,79 @@ def test_health_gauge_goes_to_zero_for_a_failed_service(tmp_path: Path) -> None:
             assert {a["basalt.service"] for a, p in others if p.value == 1} == set(
                 store.service_names
             ) - {name}
+
+    run(scenario)
+
+
+def test_durations_are_bucketed_in_seconds(tmp_path: Path) -> None:
+    """An fsync of 0.23 ms lands in the (0.1 ms, 0.25 ms] bucket, not in OpenTelemetry's
+    default first bucket (0, 5] meant for milliseconds; every duration histogram
+    has the same seconds buckets."""
+    t = metric_reader()
+    broker = {"basalt.broker.name": "broker-a"}
+
+    def buckets(name: str) -> tuple[tuple[float, ...], list[int]]:
+        """(bounds, per-bucket counts) summed over broker-a's points of ``name``."""
+        points = t.points(name, **broker)
+        if not points:
+            return DURATION_BUCKETS_S, [0] * (len(DURATION_BUCKETS_S) + 1)
+        (bounds,) = {tuple(p.explicit_bounds) for _, p in points}
+        return bounds, [sum(c) for c in zip(*(p.bucket_counts for _, p in points), strict=True)]
+
+    async def scenario() -> None:
+        async with node(tmp_path) as (running, stub, _):
+            before = buckets("basalt.store.flush.duration")[1]
+            # What the CommitLog's flush thread hands its listeners after an fsync.
+            for listener in running.store.commitlog.flush_listeners:
+                listener(0.00023)
+            bounds, after = buckets("basalt.store.flush.duration")
+            assert bounds == DURATION_BUCKETS_S
+            grew = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+            assert [(bounds[i - 1], bounds[i]) for i in grew] == [(0.0001, 0.00025)]
+            assert after[grew[0]] - before[grew[0]] == 1
+
+            # A put and a read: their histograms carry the same buckets.
+            await stub.SendMessage(
+                sn.SendMessageRequest(message=wire(NODE_TOPIC, b"m"), queue_id=0)
+            )
+            await stub.GetMessage(
+                sn.GetMessageRequest(
+                    group="G", topic=NODE_TOPIC, queue_id=0, offset=0, max_msg_nums=1
+                )
+            )
+            for name in ("basalt.store.put.duration", "basalt.store.get.duration"):
+                assert buckets(name)[0] == DURATION_BUCKETS_S, name
+
+    run(scenario)
+
+
+def test_a_deleted_topic_reports_no_consumer_lag(tmp_path: Path, meta_config: MetaConfig) -> None:
+    """deleteTopic removes the topic's config; the committed offsets stay on the
+    store-node (as its files do), but no lag is reported for it any more."""
+    t = metric_reader()
+    topic = _topic()
+
+    async def scenario() -> None:
+        config = TopicConfig(
+            topic_name=topic, read_queue_nums=1, write_queue_nums=1, brokers=("broker-a",)
+        )
+        async with cluster(tmp_path, meta_config, brokers=("broker-a",), topic=config) as h:
+            stub = h.node_stubs["broker-a"]
+            for i in range(3):
+                await h.send("broker-a", 0, b"m%d" % i, topic=topic)
+            await stub.UpdateConsumerOffset(
+                sn.UpdateConsumerOffsetRequest(group="G", topic=topic, queue_id=0, offset=1)
+            )
+            lag = {"messaging.consumer.group.name": "G", TOPIC: topic, "basalt.queue.id": 0}
+            assert t.value("basalt.consumer.lag", **lag) == 2
+
+            await delete_topic(h.meta, topic)
+            node_topics = h.nodes["broker-a"].servicer.topics
+            await eventually(lambda: node_topics.topic(topic) is None, what="the delete seen")
+            assert t.points("basalt.consumer.lag", **lag) == []
+            # Its committed offset stays on the node, as its files do until they
+            # expire: a topic of that name created again reports it again.
+            offsets = h.nodes["broker-a"].store.consumer_offsets.all_offsets()
+            assert ("G", topic, 0, 1) in offsets
 
     run(scenario)

@@ -15,6 +15,8 @@
 * :mod:`~tests.support.consumers`: what the SDK consumer tests share;
 * :mod:`~tests.support.processes`: the ``basalt`` CLI runner, service processes,
   the pull path as processes;
+* :mod:`~tests.support.absent`: Python and ``basalt`` processes in which an
+  extra's modules cannot be imported (a base install);
 * :mod:`~tests.support.imports`: who imports whom, read from modules' ASTs
   (the layout and layering tests);
 * child programs the tests start: :mod:`~tests.support.push_worker`,

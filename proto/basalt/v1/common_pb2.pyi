@@ -719,7 +719,7 @@ class Records(_message.Message):
     Properties: TAGS (the tag), KEYS (keys joined by one space), UNIQ_KEY (the
     producer's message id), DELAY, and the user's own. The offset message id
     of a record is the upper-case hex of STOREHOSTADDRESS + PHYSICALOFFSET.
-    The source of truth for the layout is `proto/basalt/common/record.py`.
+    The source of truth for the layout is `common/record.py`.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

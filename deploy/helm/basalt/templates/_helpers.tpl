@@ -1,14 +1,21 @@
 {{/*
-Names. Every object is named <release>-<component> (or the fullname override),
-at most 63 characters: a DNS label, as Service names must be.
+Names. Every object is named <fullname>-<component>: the fullname is
+fullnameOverride, else <release>-<name> (just <release> when it contains the
+name), the name nameOverride or the chart's; at most 50 characters, so a
+component's name stays a DNS label (63), as Service names must be.
 */}}
+{{- define "basalt.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "basalt.fullname" -}}
+{{- $name := include "basalt.name" . -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
-{{- else if contains .Chart.Name .Release.Name -}}
+{{- else if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
@@ -22,7 +29,7 @@ app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 
 {{/* The labels a component's selectors match on (immutable once deployed). */}}
 {{- define "basalt.selectorLabels" -}}
-app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/name: {{ include "basalt.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
@@ -123,6 +130,17 @@ grpc:
 {{- end -}}
 
 {{/*
+A probe: the health check on the port, then its timings from values (the
+component's probes.<kind>). Pass (dict "root" $ "port" 10911 "timing" <map>).
+*/}}
+{{- define "basalt.probe" -}}
+{{ include "basalt.healthCheck" (dict "root" .root "port" .port) }}
+{{- with .timing }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
 A Basalt container's args after the service name: its config file, and the
 metrics endpoint on all interfaces (the scraper comes from another pod).
 Pass (dict "root" $ "component" "store-node").
@@ -159,23 +177,121 @@ prometheus.io/path: /metrics
   mountPath: /etc/basalt/auth
   readOnly: true
 {{- end }}
+{{- with .root.Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
+{{/* A Basalt pod's volumes; pass (dict "root" $ "values" <component values>). */}}
 {{- define "basalt.volumes" -}}
 - name: config
   configMap:
-    name: {{ include "basalt.fullname" . }}-config
-{{- if .Values.tls.enabled }}
+    name: {{ include "basalt.fullname" .root }}-config
+{{- if .root.Values.tls.enabled }}
 - name: tls
   secret:
-    secretName: {{ required "tls.secretName is required when tls.enabled" .Values.tls.secretName }}
+    secretName: {{ required "tls.secretName is required when tls.enabled" .root.Values.tls.secretName }}
 {{- end }}
-{{- if .Values.auth.enabled }}
+{{- if .root.Values.auth.enabled }}
 - name: auth
   secret:
-    secretName: {{ include "basalt.authSecretName" . }}
+    secretName: {{ include "basalt.authSecretName" .root }}
     defaultMode: 0400
 {{- end }}
+{{- with .root.Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Extra environment of a Basalt container: the release-wide, then the component's. */}}
+{{- define "basalt.extraEnv" -}}
+{{- with concat (.root.Values.extraEnv | default list) (.values.extraEnv | default list) -}}
+{{- toYaml . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A pod template's labels: the component's own (which its selector matches and
+no value may change), then the component's podLabels, then the release-wide
+podLabels. Pass (dict "root" $ "component" "store-node" "values" <component values>).
+*/}}
+{{- define "basalt.podLabels" -}}
+{{- $chart := fromYaml (include "basalt.labels" (dict "root" .root "component" .component)) -}}
+{{- $labels := merge $chart (deepCopy (.values.podLabels | default dict)) (deepCopy (.root.Values.podLabels | default dict)) -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{/*
+A pod template's annotations: the component's podAnnotations, then the
+release-wide ones, then the chart's (pass them as "chart": the scrape
+annotations, the config checksum), so a value can override the chart's.
+*/}}
+{{- define "basalt.podAnnotations" -}}
+{{- $annotations := merge (deepCopy (.values.podAnnotations | default dict)) (deepCopy (.root.Values.podAnnotations | default dict)) .chart -}}
+{{- with $annotations }}
+{{- toYaml . -}}
+{{- end }}
+{{- end -}}
+
+{{/*
+What every pod of the chart sets the same way: its ServiceAccount, the
+priority class (the component's, else the release-wide one), where it may run
+(nodeSelector, tolerations, topology spread). Affinity is the workload's own
+(basalt.affinity). Pass (dict "root" $ "values" <component values>).
+*/}}
+{{- define "basalt.podPlacement" -}}
+serviceAccountName: {{ include "basalt.serviceAccountName" .root }}
+automountServiceAccountToken: {{ .root.Values.serviceAccount.automount }}
+{{- with (.values.priorityClassName | default .root.Values.priorityClassName) }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A workload's affinity: the component's affinity value, with the chart's pod
+anti-affinity (one pod of the component per node, preferred or required)
+unless that value has a podAntiAffinity of its own.
+Pass (dict "root" $ "component" "store-node" "values" <component values> "required" false).
+*/}}
+{{- define "basalt.affinity" -}}
+{{- $affinity := deepCopy (.values.affinity | default dict) -}}
+{{- if not (hasKey $affinity "podAntiAffinity") -}}
+{{- $selector := fromYaml (include "basalt.selectorLabels" (dict "root" .root "component" .component)) -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $selector) -}}
+{{- if .required -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
+{{- else -}}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $affinity -}}
+{{- end -}}
+
+{{/* The pods' ServiceAccount: the one the chart makes, or the one named. */}}
+{{- define "basalt.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "basalt.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The Secret with the internal admin user (admin.json) and the cluster key. */}}
