@@ -94,6 +94,10 @@ class ConsumeQueueTable:
     def __len__(self) -> int:
         return len(self._queues)
 
+    def max_offsets(self) -> list[tuple[tuple[str, int], int]]:
+        """Every queue's (topic, queue id) and max offset, from memory (no system call)."""
+        return [((cq.topic, cq.queue_id), cq.max_offset_in_queue) for cq in self]
+
     def max_physic_offset(self) -> int:
         """The highest record end any queue indexes; -1 when none does."""
         return max((cq.max_physic_offset for cq in self), default=-1)
