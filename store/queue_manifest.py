@@ -59,6 +59,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from basalt.store.errors import StoreError
 from basalt.store.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,10 @@ def encode_manifest(maxima: Mapping[tuple[str, int], int]) -> bytes:
     return _HEADER_START + crc + _HEADER_END + body + b"}\n"
 
 
-class ManifestDamage(ValueError):
-    """The manifest's bytes are not a manifest: the message says why."""
+class ManifestDamage(StoreError, ValueError):
+    """The manifest's bytes are not a manifest: the message says why. Raised by
+    :func:`decode_manifest` only; :meth:`QueueManifest.load` turns it into a
+    DAMAGED load, never a refusal to start."""
 
 
 def decode_manifest(data: bytes) -> QueueMaxima:
