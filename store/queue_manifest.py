@@ -15,7 +15,7 @@ its offsets (min = max = the offset listed), so no offset is issued twice
 The file is JSON (``jq`` reads it), one line, with a checksum over the
 ``queues`` value::
 
-    {"version":1,"crc32":"1c291ca3","queues":{"TopicTest":{"0":750,"1":748}}}
+    {"version":1,"crc32":"dbeacd0c","queues":{"TopicTest":{"0":750,"1":748}}}
 
 =======  ==================================================================
 key      meaning

@@ -28,7 +28,7 @@ Concurrency: recovery's thread only, before the dispatcher and writers start.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from basalt.store.commitlog import CommitLog
@@ -90,23 +90,21 @@ def check_against_manifest(
     A queue ``known`` lists (topic, queue id → max offset) that was not loaded
     lost its directory: it is created, empty and without a file, with a reason
     in ``damage``. One that loaded but ends before the listed offset lost units
-    at its end (a deleted last file): a reason too. Both are then re-dispatched
-    by :func:`repair_consume_queues`. A dictionary lookup per entry; no system
-    call.
+    at its end (a deleted last file, zeroed units): a reason too. Both are then
+    re-dispatched by :func:`repair_consume_queues`. No system call
+    (:meth:`ConsumeQueueTable.not_reaching`).
     """
-    missing = 0
-    for (topic, queue_id), max_offset in known.items():
-        cq = consume_queues.get(topic, queue_id)
-        if cq is None:
-            cq = consume_queues.find_or_create(topic, queue_id)
-            damage[cq] = [f"its directory is missing (the manifest lists max offset {max_offset})"]
-            missing += 1
-        elif cq.max_offset_in_queue < max_offset:
-            damage.setdefault(cq, []).append(
-                f"it ends at queue offset {cq.max_offset_in_queue} but the manifest lists "
-                f"max offset {max_offset}"
-            )
-    return missing
+    missing, short = consume_queues.not_reaching(known)
+    for topic, queue_id in missing:
+        cq = consume_queues.find_or_create(topic, queue_id)
+        listed = known[topic, queue_id]
+        damage[cq] = [f"its directory is missing (the manifest lists max offset {listed})"]
+    for cq in short:
+        damage.setdefault(cq, []).append(
+            f"it ends at queue offset {cq.max_offset_in_queue} but the manifest lists "
+            f"max offset {known[cq.topic, cq.queue_id]}"
+        )
+    return len(missing)
 
 
 def repair_consume_queues(
@@ -167,32 +165,34 @@ def keep_lost_slots(consume_queues: ConsumeQueueTable, spans: list[DamagedSpan])
 
 
 def keep_known_offsets(
-    consume_queues: ConsumeQueueTable, known: Mapping[tuple[str, int], int]
+    consume_queues: Iterable[ConsumeQueue], known: Mapping[tuple[str, int], int]
 ) -> tuple[KeptOffsets, ...]:
-    """Extend every queue that ends before the max offset ``known`` lists for it up
-    to that offset (:meth:`ConsumeQueue.keep_offsets_to`); each is logged at ERROR
-    (its records are lost) and returned.
+    """Extend every queue of ``consume_queues`` that ends before the max offset
+    ``known`` lists for it up to that offset (:meth:`ConsumeQueue.keep_offsets_to`);
+    each is logged at ERROR (its records are lost) and returned, by topic and
+    queue id.
 
-    Run after re-dispatch: what the CommitLog still holds is back in the
-    queue by then, so only offsets whose records are gone are kept this way.
-    Costs the blank units written: at most what the queue held before.
+    Run after re-dispatch: what the CommitLog still holds is back in the queue
+    by then, so only offsets whose records are gone are kept this way.
+    Recovery passes the damaged queues only: a queue that loaded at or past its
+    listed offset and was not found damaged is never cut. Costs the blank
+    units written: at most what the queue held before.
     """
     kept: list[KeptOffsets] = []
-    for (topic, queue_id), max_offset in sorted(known.items()):
-        cq = consume_queues.find_or_create(topic, queue_id)
+    for cq in sorted(consume_queues, key=lambda q: (q.topic, q.queue_id)):
+        max_offset = known.get((cq.topic, cq.queue_id), 0)
         have = cq.max_offset_in_queue
         if have >= max_offset:
             continue
         emptied = cq.keep_offsets_to(max_offset)
-        entry = KeptOffsets(topic, queue_id, have, max_offset, emptied)
+        kept.append(KeptOffsets(cq.topic, cq.queue_id, have, max_offset, emptied))
         log.error(
             "consumequeue %s/%d: the commitlog holds its records only up to queue offset %d, "
             "the manifest lists %d: offsets %d..%d are lost and stay taken (the next send "
             "gets %d%s)",
-            topic, queue_id, have, max_offset, have, max_offset - 1, max_offset,
+            cq.topic, cq.queue_id, have, max_offset, have, max_offset - 1, max_offset,
             "; nothing is left to read" if emptied else "",
         )  # fmt: skip
-        kept.append(entry)
     return tuple(kept)
 
 

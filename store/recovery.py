@@ -491,7 +491,7 @@ def recover(
 
     keep_lost_slots(consume_queues, spans)
     rebuilt = rebuilt_queues(rebuild, damage, dropped_by)
-    kept = keep_known_offsets(consume_queues, known)
+    kept = keep_known_offsets(rebuild, known) if known else ()
     if kept and not end_marked:
         # The kept offsets jump past the queues' last records in the log: a tombstone
         # at its end says so to every later reader, as for records lost at the end.
