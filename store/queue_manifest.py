@@ -44,10 +44,12 @@ JSON, of another version, failing its CRC or listing what no queue can have
 integer below 2^63 / 20) is ignored (logged; recovery then
 runs as without one) and rewritten by the next flush round.
 
-Cost: one read and one ``json.loads`` at start (~7 ms for 50,000 queues, 0.8
-MB), and per manifest entry a dictionary lookup; no system call per queue. A
-write builds the table from memory (~20 ms for 50,000 queues) and costs one
-fsync'ed file of ~16 bytes a queue, every 10 s at most while queues grow.
+Cost, measured over 40,000 queues (a 390 KB file) on the 2-core VM: at start
+one read and ``json.loads`` (13-19 ms with the checks) and a dictionary lookup
+per entry (~14 ms, :meth:`ConsumeQueueTable.not_reaching`), no system call
+per queue; a clean restart writes nothing. While running, every 10 s at most,
+each queue's max read from memory (~20 ms) and, when one changed, an encode
+and an fsync'ed write (~30 ms), on the flusher's thread.
 """
 
 from __future__ import annotations
