@@ -49,13 +49,14 @@ recovery lives).
 
 Cost: validation checks every unit pointing into the CommitLog's last
 :data:`~basalt.store.queue_repair.VALIDATE_FULL_BYTES` (64 MiB: where writes,
-crashes and torn pages are; RocketMQ checks only the tail) and samples the units further back (see
-:meth:`ConsumeQueue.validate`). A unit costs about 1 µs, so the full part is
-bounded by the number of records in 64 MiB (~65,000 at ~1 KiB a record,
-~0.07 s) whatever the store's size, on top of the CommitLog scan; re-dispatch
-runs only from where damage was found. A 1 GiB window cost ~1 s a start and
-took abnormal recovery of a 1 GiB log from 0.66 to 1.70 s (the target is
-1.5 s/GiB), so the window is the tail, as RocketMQ's.
+crashes and torn pages are; RocketMQ checks only the tail) and samples the
+units further back (see :meth:`ConsumeQueue.validate`). A unit costs about
+1 µs, so the full part is bounded by the number of records in 64 MiB
+(~65,000 at ~1 KiB a record, ~0.07 s) whatever the store's size, on top of
+the CommitLog scan; re-dispatch runs only from where damage was found. A
+1 GiB window cost ~1 s a start and took abnormal recovery of a 1 GiB log
+from 0.66 to 1.70 s (the target is 1.5 s/GiB), so the window is the tail, as
+RocketMQ's.
 """
 
 from __future__ import annotations
