@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -42,15 +41,12 @@ GROUP = "pop-g"
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[ServiceProcess]:
+def node(tmp_path: Path, processes: list[ServiceProcess]) -> ServiceProcess:
     """``broker-a`` with its data in ``tmp_path / "broker-a"``, serving."""
     n = store_node_process(tmp_path)
-    try:
-        n.wait_serving()
-        yield n
-    finally:
-        if n.proc.poll() is None:
-            n.stop(signal.SIGKILL)
+    processes.append(n)
+    n.wait_serving()
+    return n
 
 
 async def send(address: str, count: int, queue_id: int = 0) -> list[int]:

@@ -23,6 +23,7 @@ from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.queue_manifest import manifest_path
 from basalt.store.queue_repair import KeptOffsets
 from basalt.store.recovery import TAIL_TOMBSTONE_BYTES, RecoveryReport
+from tests.support.damage import read_queue
 from tests.support.stores import SMALL_COMMITLOG_FILE, ConfigFactory
 
 TOPIC = "Lost"
@@ -65,14 +66,11 @@ def send(store: MessageStore, topic: str, queue_id: int, count: int, size: int =
 
 def bodies(store: MessageStore, topic: str, queue_id: int) -> list[tuple[int, bytes]]:
     """What a consumer reading the queue from 0 gets: (queue offset, body)."""
-    got: list[tuple[int, bytes]] = []
-    offset = 0
-    while offset < store.get_max_offset_in_queue(topic, queue_id):
-        result = store.get_message("g", topic, queue_id, offset, 32)
-        got += [(r.queue_offset, r.body) for r in result.decode()]
-        assert result.next_begin_offset > offset, "the read must move on"
-        offset = result.next_begin_offset
-    return got
+    got, problems = read_queue(
+        store, topic, queue_id, store.get_max_offset_in_queue(topic, queue_id)
+    )
+    assert not problems
+    return sorted(got.items())
 
 
 def expected(topic: str, queue_id: int, offsets: range, size: int = 100) -> list[tuple[int, bytes]]:
