@@ -141,6 +141,29 @@ def test_a_lost_queue_whose_records_left_the_commitlog_keeps_its_offsets(
     stop_and_check(store, config)
 
 
+def test_a_lost_queue_is_rebuilt_from_the_records_the_commitlog_still_holds(
+    config: MessageStoreConfig, clock: ManualClock, opened: list[MessageStore]
+) -> None:
+    """Its oldest records expired with the CommitLog's first file: the queue comes
+    back from the first record left (blank units before it, as RocketMQ's
+    fillPreBlank), every later one readable, its max the manifest's."""
+    store, _ = start(config, clock, opened, abnormal=False)
+    send(store, TOPIC, 0, 60, size=3000)
+    store.shutdown()
+    (config.commitlog_dir / f"{0:020d}").unlink()
+    shutil.rmtree(queue_dir(config, TOPIC, 0))
+
+    store, report = start(config, clock, opened, abnormal=False)
+
+    first = store.get_min_offset_in_queue(TOPIC, 0)
+    assert 0 < first < 60
+    assert report.queue_dirs_missing == 1 and report.kept_offsets == ()
+    assert store.get_max_offset_in_queue(TOPIC, 0) == 60
+    assert bodies(store, TOPIC, 0) == expected(TOPIC, 0, range(first, 60), size=3000)
+    assert store.put_message(Message(TOPIC, b"next", queue_id=0)).queue_offsets == (60,)
+    stop_and_check(store, config)
+
+
 def _zero_last_units(directory: Path, count: int) -> None:
     last = max(directory.iterdir())
     data = bytearray(last.read_bytes())
