@@ -35,6 +35,7 @@ from typing import Any
 from basalt.common.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
 from basalt.common.record import PREFIX, SIZE_AND_MAGIC, host_length
 from basalt.store import Message, MessageStore, MessageStoreConfig
+from basalt.store.check import CheckReport
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consumer_offsets import consumer_offset_path
 from basalt.store.mapped_file import file_name
@@ -651,6 +652,20 @@ class Outcome:
     @property
     def clean(self) -> bool:
         return not (self.collateral or self.reissued or self.wrong)
+
+
+def check_as_expected(check: CheckReport, harm: Harm) -> bool:
+    """Whether ``store check`` after the restart says what the damage allows: no
+    problem at all, or, for damage a start does not look for
+    (``harm.undetected_span``), problems at that CommitLog stretch and nowhere
+    else (check reads the whole log)."""
+    if harm.undetected_span is None:
+        return check.ok
+    start, end = harm.undetected_span
+    return bool(check.problems) and all(
+        p.code.startswith("commitlog") and p.offset is not None and start <= p.offset < end
+        for p in check.problems
+    )
 
 
 def read_queue(
