@@ -477,6 +477,32 @@ class ConsumeQueue:
             self._fill_blank(mf, min(expect - mf.file_from_offset, self.mapped_file_size))
             current = self.files.max_offset
 
+    def keep_offsets_to(self, queue_offset: int) -> bool:
+        """Take every queue offset below ``queue_offset`` (records that are gone), so
+        the queue's next offset is ``queue_offset``; returns whether the queue has
+        no readable unit left (its min is then its max).
+
+        A queue with no file starts at ``queue_offset``: its first file is the one
+        holding that offset, blank units from the file's start up to it, as
+        RocketMQ's fillPreBlank does for a queue whose first offset is not 0 (at
+        most one file's worth, whatever the offset). Otherwise blank units are
+        appended up to it (:meth:`pad_to`). Recovery only.
+        """
+        pos = queue_offset * CQ_STORE_UNIT_SIZE
+        if pos <= self.files.max_offset:
+            return self.min_logic_offset >= self.files.max_offset
+        if not self.files.files:
+            mf = self.files.get_last_mapped_file(pos)
+            self.files.flushed_where = mf.file_from_offset
+            self._fill_blank(mf, pos - mf.file_from_offset)
+            self.min_logic_offset = pos
+            return True
+        emptied = self.min_logic_offset >= self.files.max_offset
+        self.pad_to(queue_offset)
+        if emptied:
+            self.min_logic_offset = pos
+        return emptied
+
     def blank_units(self, start_phy: int, end_phy: int) -> int:
         """Turn the units of records starting in CommitLog ``[start_phy, end_phy)``
         into blank units; returns how many. Their queue offsets stay taken: a

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.files import syncfs, syncfs_available
 from basalt.store.queue_file import DEFAULT_MAX_OPEN_FILES, OpenFiles
@@ -93,6 +94,35 @@ class ConsumeQueueTable:
 
     def __len__(self) -> int:
         return len(self._queues)
+
+    def max_offsets(self) -> list[tuple[tuple[str, int], int]]:
+        """Every queue's (topic, queue id) and max offset, from memory (no system call)."""
+        return [((cq.topic, cq.queue_id), cq.max_offset_in_queue) for cq in self]
+
+    def not_reaching(
+        self, maxima: Mapping[tuple[str, int], int]
+    ) -> tuple[list[tuple[str, int]], list[ConsumeQueue]]:
+        """The (topic, queue id) keys of ``maxima`` with no queue here, and the
+        queues here that end before the max offset ``maxima`` gives them.
+
+        A dictionary lookup and two attribute reads per entry, no system call:
+        recovery runs it over every queue of the manifest at each start (~0.3 µs
+        an entry).
+        """
+        queues = self._queues
+        unit = CQ_STORE_UNIT_SIZE
+        missing: list[tuple[str, int]] = []
+        short: list[ConsumeQueue] = []
+        for key, max_offset in maxima.items():
+            cq = queues.get(key)
+            if cq is None:
+                missing.append(key)
+                continue
+            files = cq.files.files
+            end = files[-1].file_from_offset + files[-1].wrote_position if files else 0
+            if end // unit < max_offset:
+                short.append(cq)
+        return missing, short
 
     def max_physic_offset(self) -> int:
         """The highest record end any queue indexes; -1 when none does."""

@@ -106,6 +106,26 @@ def write_atomically(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def set_aside(path: Path, quarantine_dir: Path, name: str) -> Path:
+    """Move ``path`` (a file, a folder, a link) into ``quarantine_dir`` (created) as
+    ``name``, or ``name.1``, ``name.2``, ... so an earlier one is never replaced;
+    both folders are fsynced. Returns where it went. Raises OSError when the move
+    fails (another filesystem is not supported: the quarantine is under the root).
+
+    For damaged files a start cannot use: kept for an operator, read by nothing.
+    """
+    quarantine_dir.mkdir(parents=True, exist_ok=True)
+    target = quarantine_dir / name
+    n = 1
+    while os.path.lexists(target):
+        target = quarantine_dir / f"{name}.{n}"
+        n += 1
+    os.rename(path, target)
+    fsync_dir(path.parent)
+    fsync_dir(quarantine_dir)
+    return target
+
+
 #: Told the path of every data file created under a registered root (see
 #: :func:`watch_file_creation`); must be quick and must not raise.
 CreationListener = Callable[[Path], None]

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import CommitLog
 from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.queue_manifest import QueueManifest
 from basalt.store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,8 @@ class GroupCommitService(ServiceThread):
 
 
 class FlushConsumeQueueService(ServiceThread):
-    """fsync the ConsumeQueues every ``flush_interval_consume_queue_ms``."""
+    """fsync the ConsumeQueues every ``flush_interval_consume_queue_ms``, then write
+    the queue manifest when it is due (see :mod:`basalt.store.queue_manifest`)."""
 
     name = "flush-consumequeue"
 
@@ -212,6 +214,8 @@ class FlushConsumeQueueService(ServiceThread):
         *,
         interval_ms: int,
         flush_index: Callable[[], int] | None = None,
+        manifest: QueueManifest | None = None,
+        now_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
     ) -> None:
         super().__init__()
         self.consume_queues = consume_queues
@@ -220,10 +224,22 @@ class FlushConsumeQueueService(ServiceThread):
         self.interval_ms = interval_ms
         #: The IndexService's flush: returns the checkpoint's new indexMsgTimestamp.
         self.flush_index = flush_index
+        self.manifest = manifest
+        self.now_ms = now_ms
 
-    def flush_now(self) -> None:
+    def flush_now(self, *, final: bool = False) -> None:
+        """Flush the queues (and the index) and write the checkpoint; then the
+        manifest, when due or (``final``: a stop's last flush) whenever it changed.
+        Raises OSError from a flush; a failed manifest write is logged only (the
+        old manifest stays, a lower bound of every queue's offsets, and the next
+        round tries again)."""
         # Capture first: only what was dispatched before the fsync is vouched for.
         logics_ts = self.last_dispatched_timestamp()
+        now = self.now_ms()
+        manifest = self.manifest
+        maxima = None
+        if manifest is not None and (final or manifest.due(now)):
+            maxima = self.consume_queues.max_offsets()
         self.consume_queues.flush()
         if logics_ts > 0:
             self.checkpoint.logics_msg_timestamp = logics_ts
@@ -232,6 +248,15 @@ class FlushConsumeQueueService(ServiceThread):
             if index_ts > 0:
                 self.checkpoint.index_msg_timestamp = index_ts
         self.checkpoint.flush()
+        if manifest is not None and maxima is not None:
+            try:
+                manifest.write_if_due(maxima, now, final=final)
+            except OSError as e:
+                log.log(
+                    logging.ERROR if final else logging.WARNING,
+                    "queue manifest %s not written: %s (the previous one stays)",
+                    manifest.path, e,
+                )  # fmt: skip
 
     def run(self) -> None:
         while not self._stopping:

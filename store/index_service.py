@@ -49,7 +49,7 @@ from basalt.store.commitlog import CommitLog
 from basalt.store.dispatcher import DispatchRequest
 from basalt.store.errors import CorruptFileError, StoreClosedError, StoreConfigError
 from basalt.store.failures import FailureChannel
-from basalt.store.files import fsync_dir
+from basalt.store.files import set_aside
 from basalt.store.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
@@ -276,16 +276,7 @@ class IndexService:
     def _quarantine_path(self, path: Path, reason: str | None) -> None:
         """Move ``path`` to ``<root>/quarantine/index-<name>`` (never over an earlier
         one) for an operator to look at, and log why at ERROR."""
-        qdir = self.index_dir.parent / "quarantine"
-        qdir.mkdir(parents=True, exist_ok=True)
-        target = qdir / f"index-{path.name}"
-        n = 1
-        while target.exists():
-            target = qdir / f"index-{path.name}.{n}"
-            n += 1
-        path.rename(target)
-        fsync_dir(self.index_dir)
-        fsync_dir(qdir)
+        target = set_aside(path, self.index_dir.parent / "quarantine", f"index-{path.name}")
         why = reason or "damaged"
         log.error("index file %s quarantined to %s: %s", path.name, target, why)
         self._dropped.append(DroppedIndexFile(path.name, why, str(target)))

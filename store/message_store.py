@@ -6,6 +6,7 @@ Owns one store root::
     <root>/consumequeue/T/Q/     ConsumeQueue files         (store.consume_queue)
     <root>/index/                IndexFiles                 (store.index_file)
     <root>/config/               consumerOffset.json        (store.consumer_offsets)
+                                 consumeQueueManifest.json  (store.queue_manifest)
     <root>/pop/journal           pop-and-ack consumer state (store.pop)
     <root>/checkpoint            flush timestamps           (store.checkpoint)
     <root>/abort                 present while running; left behind by a crash
@@ -68,6 +69,7 @@ from basalt.store.index_service import IndexRebuild, IndexService
 from basalt.store.pop import PopLoadReport, PopStore
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
+from basalt.store.queue_manifest import QueueManifest, manifest_path
 from basalt.store.recovery import CommitLogPrescan, RecoveryReport, recover
 from basalt.store.store_reads import StoreReads
 
@@ -100,6 +102,9 @@ class MessageStore(StoreReads):
         self.dispatcher.listeners.extend(listeners)
         self.commitlog.on_append(self.dispatcher.on_append)
         self._lock = RootLock(config.store_path_root_dir)
+        #: Every queue's max offset, kept so a start detects lost queues (see
+        #: store.queue_manifest); written by the ConsumeQueue flusher.
+        self.queue_manifest = QueueManifest(manifest_path(config.store_path_root_dir))
         self._checkpoint: StoreCheckpoint | None = None
         self._group_commit: GroupCommitService | None = None
         self._flush_commitlog: FlushCommitLogService | None = None
@@ -121,6 +126,7 @@ class MessageStore(StoreReads):
             fsync_interval_ms=0
             if config.flush_disk_type is FlushDiskType.SYNC_FLUSH
             else config.flush_interval_commit_log_ms,
+            quarantine_dir=config.quarantine_dir,
         )
         #: What the last start replayed of the pop journal.
         self.pop_load_report: PopLoadReport | None = None
@@ -180,6 +186,7 @@ class MessageStore(StoreReads):
                 # One thread reads and writes the queues until recovery ends: their
                 # several passes read each small queue's file once (caching_reads).
                 with self.consume_queues.open_files.caching_reads():
+                    manifest = self.queue_manifest.load()
                     self.consume_queues.load()
                     if self.index is not None:
                         self._load_index(not abnormal, checkpoint.index_msg_timestamp)
@@ -191,6 +198,7 @@ class MessageStore(StoreReads):
                         abnormal=abnormal,
                         check_crc=cfg.check_crc_on_recover,
                         prescan=prescan,
+                        manifest=manifest,
                     )
             finally:
                 prescan.wait()  # it reads the mappings _close_files would unmap
@@ -224,6 +232,8 @@ class MessageStore(StoreReads):
             lambda: self.dispatcher.last_store_timestamp_ms,
             interval_ms=cfg.flush_interval_consume_queue_ms,
             flush_index=self.index.flush if self.index is not None else None,
+            manifest=self.queue_manifest,
+            now_ms=self.clock.now_ms,
         )
         self.expiry = ExpiryService(
             cfg,
@@ -313,7 +323,7 @@ class MessageStore(StoreReads):
         never the CommitLog again once its flush failed (a retried fsync that
         succeeds proves nothing), so the checkpoint vouches for nothing after it."""
         if self._flush_cq is not None:
-            self._flush_cq.flush_now()
+            self._flush_cq.flush_now(final=True)
         if self.index is not None:
             self.index.shutdown()  # flushes every file: a clean exit keeps them all
             checkpoint.index_msg_timestamp = self.index.index_msg_timestamp_ms

@@ -60,7 +60,7 @@ from typing import Protocol, TypeVar
 from basalt.common.record import PREFIX, split_records
 from basalt.store.consumer_offsets import ConsumerOffsetManager
 from basalt.store.errors import StoreError
-from basalt.store.files import fsync_dir
+from basalt.store.files import fsync_dir, set_aside
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter
 from basalt.store.pop_journal import JOURNAL_NAME, Kind, decode_records, encode_record
@@ -131,6 +131,9 @@ class PopLoadReport:
     truncated_bytes: int
     queues: int
     in_flight: int
+    #: Where a journal folder or journal that was not one went (``<root>/quarantine/``):
+    #: the pop state started empty.
+    set_aside: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -169,8 +172,12 @@ class PopStore:
         *,
         fsync_interval_ms: int = 0,
         compact_bytes: int = DEFAULT_COMPACT_BYTES,
+        quarantine_dir: Path | None = None,
     ) -> None:
+        """``quarantine_dir`` receives a journal folder or journal that is not one
+        (default: ``quarantine`` beside ``directory``)."""
         self.directory = directory
+        self.quarantine_dir = quarantine_dir or directory.parent / "quarantine"
         self.path = directory / JOURNAL_NAME
         self._reads = reads
         self._offsets = offsets
@@ -187,7 +194,16 @@ class PopStore:
     # -- lifecycle ----------------------------------------------------------------
 
     def load(self) -> PopLoadReport:
-        """Replay the journal (creating it when missing), cutting a torn tail."""
+        """Replay the journal (creating it when missing), cutting a torn tail.
+
+        A journal folder that is not a folder (a file, a dangling link), or a
+        journal that is not a file (a folder), is set aside to the quarantine
+        folder and logged at ERROR; the pop state then starts empty, as after a
+        lost journal: every queue starts again at its group's committed offset,
+        so messages that were in flight are delivered again, none is skipped.
+        Raises OSError when the journal cannot be read or written otherwise.
+        """
+        moved = self._set_aside_what_is_not_a_journal()
         self.directory.mkdir(parents=True, exist_ok=True)
         data = self.path.read_bytes() if self.path.exists() else b""
         end = count = 0
@@ -207,7 +223,27 @@ class PopStore:
         for (group, topic, queue_id), q in self._queues.items():
             self._publish(group, topic, queue_id, q)
         in_flight = sum(len(q.in_flight) for q in self._queues.values())
-        return PopLoadReport(count, truncated, len(self._queues), in_flight)
+        return PopLoadReport(count, truncated, len(self._queues), in_flight, moved)
+
+    def _set_aside_what_is_not_a_journal(self) -> tuple[str, ...]:
+        """Move a journal folder that is no folder, or a journal that is no regular
+        file, to the quarantine (logged at ERROR); returns where each went."""
+        moved: list[str] = []
+        for path, name, ok, what in (
+            (self.directory, "pop-folder", os.path.isdir, "folder"),
+            (self.path, "pop-journal", os.path.isfile, "file"),
+        ):
+            # lexists: a dangling link is "there" (mkdir would fail on it) but not a dir.
+            if os.path.lexists(path) and not ok(path):
+                target = set_aside(path, self.quarantine_dir, name)
+                log.error(
+                    "pop journal %s is not a %s: set aside as %s; the pop state starts empty "
+                    "(each queue from its group's committed offset: messages in flight are "
+                    "delivered again)",
+                    path, what, target,
+                )  # fmt: skip
+                moved.append(str(target))
+        return tuple(moved)
 
     def close(self) -> None:
         """fsync and close the journal."""

@@ -17,8 +17,12 @@ it, Basalt steps over the damage to the next valid record
 tombstone and reported; the lost records' ConsumeQueue units become blank
 units, so their queue offsets stay taken; the log ends at its last valid
 record (with a tombstone there when records were lost at the end), and
-whatever the ConsumeQueues lack is re-dispatched. No CommitLog at all ⇒ no
-ConsumeQueues.
+whatever the ConsumeQueues lack is re-dispatched. No CommitLog file at all
+while queues index records (or the queue manifest lists offsets) is damage
+too, not a new store: every record is lost, but every queue keeps its max
+offset (blank units) and the CommitLog starts again at offset 0 with a
+tombstone. Only a root with no CommitLog and nothing indexed is a new store
+(its empty queues are dropped).
 
 Beyond RocketMQ, ConsumeQueues are derived data, rebuilt rather than trusted
 (normal and abnormal recovery alike). A queue is *damaged* when a file of it
@@ -35,18 +39,24 @@ by physical offset and queue position), so every queue ends at the CommitLog's
 truth and its next queue offset is never one already issued. A queue that
 ends exactly at a file's end is re-dispatched from there too (its next file
 may have been deleted; re-dispatch from a queue's own end rebuilds nothing
-when it is whole). A deleted queue *directory* is not detected: finding it
-would take a walk of the whole CommitLog.
+when it is whole). The queue manifest (:mod:`basalt.store.queue_manifest`,
+each queue's max offset at the last clean stop or periodic write) shows what
+the files alone cannot: a queue whose directory is gone (it would look like a
+queue never written) is rebuilt by re-dispatching the whole CommitLog, and a
+queue whose records the CommitLog no longer holds keeps its offsets up to the
+listed max (:mod:`basalt.store.queue_repair`, where the queue side of
+recovery lives).
 
 Cost: validation checks every unit pointing into the CommitLog's last
-:data:`VALIDATE_FULL_BYTES` (64 MiB: where writes, crashes and torn pages are;
-RocketMQ checks only the tail) and samples the units further back (see
-:meth:`ConsumeQueue.validate`). A unit costs about 1 µs, so the full part is
-bounded by the number of records in 64 MiB (~65,000 at ~1 KiB a record,
-~0.07 s) whatever the store's size, on top of the CommitLog scan; re-dispatch
-runs only from where damage was found. A 1 GiB window cost ~1 s a start and
-took abnormal recovery of a 1 GiB log from 0.66 to 1.70 s (the target is
-1.5 s/GiB), so the window is the tail, as RocketMQ's.
+:data:`~basalt.store.queue_repair.VALIDATE_FULL_BYTES` (64 MiB: where writes,
+crashes and torn pages are; RocketMQ checks only the tail) and samples the
+units further back (see :meth:`ConsumeQueue.validate`). A unit costs about
+1 µs, so the full part is bounded by the number of records in 64 MiB
+(~65,000 at ~1 KiB a record, ~0.07 s) whatever the store's size, on top of
+the CommitLog scan; re-dispatch runs only from where damage was found. A
+1 GiB window cost ~1 s a start and took abnormal recovery of a 1 GiB log
+from 0.66 to 1.70 s (the target is 1.5 s/GiB), so the window is the tail, as
+RocketMQ's.
 """
 
 from __future__ import annotations
@@ -62,13 +72,23 @@ from basalt.common import _records
 from basalt.common.record import BLANK_MAGIC_CODE, MIN_RECORD_SIZE, RecordKind, check_record
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.commitlog import BLANK, CommitLog
-from basalt.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue
+from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.consumer_offsets import OffsetLoadResult
 from basalt.store.dispatcher import ReputMessageService
 from basalt.store.errors import CorruptRecordError
 from basalt.store.mapped_file import MappedFile
 from basalt.store.mapped_file_queue import TORN_WRITE_WINDOW_BYTES
+from basalt.store.queue_manifest import ManifestLoad
+from basalt.store.queue_repair import (
+    KeptOffsets,
+    QueueRebuild,
+    check_against_manifest,
+    keep_known_offsets,
+    keep_lost_slots,
+    rebuilt_queues,
+    repair_consume_queues,
+)
 from basalt.store.resync import (
     DamagedSpan,
     data_length,
@@ -80,12 +100,6 @@ from basalt.store.resync import (
 
 log = logging.getLogger(__name__)
 
-#: ConsumeQueue units pointing into this much of the CommitLog's end are all
-#: validated at start; units further back are sampled (see ConsumeQueue.validate).
-VALIDATE_FULL_BYTES = 64 << 20
-#: A lost record's queue offset is kept taken only this close to its queue's end: a
-#: header damaged enough to name a far-off offset is not trusted with padding.
-MAX_LOST_SLOTS_PADDED = 64
 #: A damaged stretch running to its file's end gets a tombstone this long (then the
 #: end-of-file blank), not one filling the whole stretch: the file stays sparse.
 TAIL_TOMBSTONE_BYTES = 4096
@@ -94,24 +108,6 @@ _GONE_PAST_THE_END = (
     "records the ConsumeQueues index are past the CommitLog's end (a file cut short or deleted)"
 )
 _INT = struct.Struct(">i")
-
-
-@dataclass(frozen=True, slots=True)
-class QueueRebuild:
-    """One damaged ConsumeQueue, and how recovery rebuilt it from the CommitLog."""
-
-    topic: str
-    queue_id: int
-    #: What was wrong, in the order found.
-    reasons: tuple[str, ...]
-    #: Units dropped: damaged, after the damage, or pointing past the CommitLog's end.
-    units_dropped: int
-    #: Queue offsets below this were kept as they were.
-    kept_to: int
-    #: One past the last queue offset after re-dispatch: what the CommitLog holds.
-    max_offset: int
-    #: The CommitLog offset this queue needed re-dispatching from.
-    redispatch_from: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,21 +136,32 @@ class RecoveryReport:
     damaged_spans: tuple[DamagedSpan, ...] = ()
     #: How consumerOffset.json loaded (its ``.bak`` used, entries salvaged or lost).
     consumer_offsets: OffsetLoadResult | None = None
+    #: What the queue manifest was (:meth:`ManifestLoad.describe`); "" without one.
+    queue_manifest: str = ""
+    #: Queues the manifest lists whose directory was gone (rebuilt, in rebuilt_queues).
+    queue_dirs_missing: int = 0
+    #: Queues whose offsets the manifest vouched for but the CommitLog no longer
+    #: holds: kept taken, so no offset is issued twice.
+    kept_offsets: tuple[KeptOffsets, ...] = ()
+    #: The CommitLog had no file while queues indexed records: it starts again at 0.
+    commitlog_missing: bool = False
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def summary(self) -> str:
         kind = "abnormal" if self.abnormal else "normal"
+        missing = "commitlog MISSING, " if self.commitlog_missing else ""
         return (
-            f"{kind} recovery: scanned {self.files_scanned}/{self.commitlog_files} commitlog "
-            f"files from {self.scan_start_offset}, valid to {self.last_valid_offset} "
+            f"{kind} recovery: {missing}scanned {self.files_scanned}/{self.commitlog_files} "
+            f"commitlog files from {self.scan_start_offset}, valid to {self.last_valid_offset} "
             f"({self.stop_reason}), truncated {self.bytes_truncated} bytes, consume queue "
             f"entries dropped {self.consume_queue_entries_dropped} rebuilt "
             f"{self.consume_queue_entries_rebuilt}, queues destroyed "
             f"{self.consume_queues_destroyed}, damaged queues rebuilt "
-            f"{len(self.rebuilt_queues)}, damaged commitlog spans set aside "
-            f"{len(self.damaged_spans)}, {self.duration_ms:.1f} ms"
+            f"{len(self.rebuilt_queues)} (directories missing {self.queue_dirs_missing}), "
+            f"queues keeping offsets past the commitlog {len(self.kept_offsets)}, damaged "
+            f"commitlog spans set aside {len(self.damaged_spans)}, {self.duration_ms:.1f} ms"
         )
 
 
@@ -354,17 +361,23 @@ def recover(
     abnormal: bool,
     check_crc: bool,
     prescan: CommitLogPrescan | None = None,
+    manifest: ManifestLoad | None = None,
 ) -> RecoveryReport:
     """Bring a freshly loaded store to a consistent state; see the module docstring.
 
     ``prescan``, when given, was started over the loaded CommitLog files with
-    the same ``abnormal``, ``check_crc`` and checkpoint.
+    the same ``abnormal``, ``check_crc`` and checkpoint. ``manifest`` is what
+    :meth:`QueueManifest.load` found: the queues it lists are checked for a
+    missing directory or a short end, and keep their listed max offsets.
 
     On return the CommitLog ends at its last valid record, every ConsumeQueue
-    indexes exactly the dispatchable records below that end, and the
-    CommitLog's table of next queue offsets is rebuilt from them.
+    indexes exactly the dispatchable records below that end (and blank units
+    for the offsets of records that are gone), and the CommitLog's table of
+    next queue offsets is rebuilt from them. Raises CorruptRecordError when
+    re-dispatch meets a record it cannot parse.
     """
     started = time.perf_counter()
+    known = manifest.maxima if manifest is not None else {}
     damage: dict[ConsumeQueue, list[str]] = {}
     for cq in consume_queues:
         reasons = damage[cq] = list(cq.files.repaired)
@@ -373,9 +386,14 @@ def recover(
             reasons.append(f"{cleared} non-zero bytes past the written end")
         if not cq.files.files:
             reasons.append("no file")
+    dirs_missing = check_against_manifest(consume_queues, known, damage)
     files = commitlog.files.files
     written_before = dispatcher.entries_written
-    if not files:
+    commitlog_missing = not files and (
+        bool(known) or any(cq.max_offset_in_queue > 0 for cq in consume_queues)
+    )
+    if not files and not commitlog_missing:
+        # A new store (or one that never indexed a record): nothing to keep.
         destroyed = consume_queues.destroy()
         commitlog.files.set_written_to(0)
         dispatcher.reput_from_offset = 0
@@ -385,6 +403,18 @@ def recover(
         )  # fmt: skip
         log.info("%s", report.summary())
         return report
+    if commitlog_missing:
+        # Not a new store: every record is gone, but the offsets the queues gave out
+        # stay taken. The log starts again at 0 (its first file, empty), and the
+        # scan below finds every unit pointing past its end.
+        log.error(
+            "no commitlog file in %s, but the consume queues index records: every record is "
+            "lost; the queues keep their offsets and the commitlog starts again at 0",
+            commitlog.files.directory,
+        )
+        commitlog.files.get_last_mapped_file(0)
+        commitlog.files.set_written_to(0)
+        files = commitlog.files.files
 
     start_index = scan_start_index(files, checkpoint, abnormal=abnormal)
     scan_start = files[start_index].file_from_offset
@@ -430,8 +460,9 @@ def recover(
         # Records were lost at the end of the log: a tombstone there tells every later
         # reader (store check) that the queue offsets jump across it.
         valid_end = _append_tombstone(commitlog, valid_end, scan.last_store_timestamp_ms)
+    end_marked = valid_end != scan.valid_end
 
-    rebuild = _repair_consume_queues(consume_queues, commitlog, damage, dropped_by)
+    rebuild = repair_consume_queues(consume_queues, commitlog, damage, dropped_by)
     cq_end = consume_queues.max_physic_offset()
     reput_from = max(cq_end, commitlog.min_offset)
     if abnormal:
@@ -456,17 +487,20 @@ def recover(
                 dropped_by[cq] += cq.blank_units(span.offset, span.end)
         spans = found + spans
     dropped = sum(dropped_by.values())
-    while dispatcher.dispatch_available():
-        pass
-    if dispatcher.stalled_reason is not None:
-        raise CorruptRecordError(dispatcher.reput_from_offset, dispatcher.stalled_reason)
+    _dispatch_all(dispatcher)
 
-    _keep_lost_slots(consume_queues, spans)
+    keep_lost_slots(consume_queues, spans)
+    rebuilt = rebuilt_queues(rebuild, damage, dropped_by)
+    kept = keep_known_offsets(rebuild, known) if known else ()
+    if kept and not end_marked:
+        # The kept offsets jump past the queues' last records in the log: a tombstone
+        # at its end says so to every later reader, as for records lost at the end.
+        valid_end = _append_tombstone(commitlog, valid_end, scan.last_store_timestamp_ms)
+        _dispatch_all(dispatcher)  # steps over it
     table = commitlog.topic_queue_table
     table.clear()
     for cq in consume_queues:
         table[cq.topic, cq.queue_id] = cq.max_offset_in_queue
-    rebuilt = _rebuilt_queues(rebuild, damage, dropped_by)
 
     report = RecoveryReport(
         abnormal=abnormal,
@@ -478,14 +512,27 @@ def recover(
         bytes_truncated=truncated,
         consume_queue_entries_dropped=dropped,
         consume_queue_entries_rebuilt=dispatcher.entries_written - written_before,
-        consume_queues_destroyed=0,  # only without any CommitLog file (above)
+        consume_queues_destroyed=0,  # only for a new store (above)
         duration_ms=(time.perf_counter() - started) * 1000,
         redispatch_from_offset=redispatch_from,
         rebuilt_queues=rebuilt,
         damaged_spans=tuple(spans),
+        queue_manifest=manifest.describe() if manifest is not None else "",
+        queue_dirs_missing=dirs_missing,
+        kept_offsets=kept,
+        commitlog_missing=commitlog_missing,
     )
-    log.log(logging.ERROR if spans else logging.INFO, "%s", report.summary())
+    damaged = spans or kept or commitlog_missing
+    log.log(logging.ERROR if damaged else logging.INFO, "%s", report.summary())
     return report
+
+
+def _dispatch_all(dispatcher: ReputMessageService) -> None:
+    """Dispatch to the CommitLog's end; raises CorruptRecordError where it stalls."""
+    while dispatcher.dispatch_available():
+        pass
+    if dispatcher.stalled_reason is not None:
+        raise CorruptRecordError(dispatcher.reput_from_offset, dispatcher.stalled_reason)
 
 
 def _set_aside(commitlog: CommitLog, scan: ScanResult, *, tail: bool = True) -> list[DamagedSpan]:
@@ -555,87 +602,3 @@ def _append_tombstone(commitlog: CommitLog, at: int, store_timestamp_ms: int) ->
     last.append(record)
     commitlog.files.set_written_to(at + size)
     return at + size
-
-
-def _keep_lost_slots(consume_queues: ConsumeQueueTable, spans: list[DamagedSpan]) -> None:
-    """A lost record whose header still names its queue, and that was its queue's
-    last (nothing after it took the next offset), keeps its offset taken: the
-    queue gets a blank unit for it, so the offset is never issued again."""
-    for span in spans:
-        if span.topic is None or span.queue_id is None or span.queue_offset is None:
-            continue
-        cq = consume_queues.get(span.topic, span.queue_id)
-        if cq is None and span.queue_offset == 0:
-            cq = consume_queues.find_or_create(span.topic, span.queue_id)
-        if cq is None:
-            continue
-        end = cq.max_offset_in_queue
-        if end <= span.queue_offset < end + MAX_LOST_SLOTS_PADDED:
-            cq.pad_to(span.queue_offset + 1)
-            log.error(
-                "consumequeue %s/%d: queue offset %d was the lost record's; kept taken",
-                span.topic, span.queue_id, span.queue_offset,
-            )  # fmt: skip
-
-
-def _repair_consume_queues(
-    consume_queues: ConsumeQueueTable,
-    commitlog: CommitLog,
-    damage: dict[ConsumeQueue, list[str]],
-    dropped_by: dict[ConsumeQueue, int],
-) -> dict[ConsumeQueue, tuple[int, int]]:
-    """Validate every queue against the recovered CommitLog and cut each damaged
-    one at its first bad unit; returns, per queue to rebuild, (queue offsets
-    kept, CommitLog offset to re-dispatch from). Adds to ``damage`` and
-    ``dropped_by``."""
-    full_from = commitlog.files.max_offset - VALIDATE_FULL_BYTES
-    rebuild: dict[ConsumeQueue, tuple[int, int]] = {}
-    for cq in consume_queues:
-        reasons = damage.setdefault(cq, [])
-        bad = cq.validate(commitlog.files, full_from)
-        if bad is not None:
-            offset, why = bad
-            reasons.append(f"queue offset {offset}: {why}")
-            dropped_by[cq] = dropped_by.get(cq, 0) + cq.truncate_to(offset)
-        # Here, while validate() has the queue's file open (an LRU bounds open
-        # files, and a second pass over 40,000 queues would reopen every one):
-        # ConsumeQueue.recover() put the min at the queue's first real unit, and
-        # only if that unit is gone (blanked, expired) is the queue read for the next.
-        first = cq.get_unit(cq.min_offset_in_queue)
-        if first is None or first[1] == BLANK_UNIT_SIZE or first[0] < commitlog.min_offset:
-            cq.correct_min_offset(commitlog.min_offset)
-        end_file = cq.files.last_file
-        at_file_end = end_file is not None and end_file.is_full
-        if reasons or at_file_end:
-            # A queue ending exactly at a file's end may have lost its next file:
-            # re-dispatching from its own end rebuilds nothing if it did not.
-            phy = cq.max_physic_offset
-            rebuild[cq] = (cq.max_offset_in_queue, phy if phy >= 0 else commitlog.min_offset)
-    return rebuild
-
-
-def _rebuilt_queues(
-    rebuild: dict[ConsumeQueue, tuple[int, int]],
-    damage: dict[ConsumeQueue, list[str]],
-    dropped_by: dict[ConsumeQueue, int],
-) -> tuple[QueueRebuild, ...]:
-    """The report's entries for the queues that were damaged or got units back, logged."""
-    out: list[QueueRebuild] = []
-    for cq, (kept_to, phy) in rebuild.items():
-        reasons = damage.get(cq, [])
-        dropped = dropped_by.get(cq, 0)
-        max_offset = cq.max_offset_in_queue
-        if not reasons and not dropped and max_offset == kept_to:
-            continue  # ended at a file's end, and nothing was missing after it
-        if not reasons:
-            reasons = ["ended at a file's end: a later file was missing"]
-        entry = QueueRebuild(
-            cq.topic, cq.queue_id, tuple(reasons), dropped, kept_to, max_offset, phy
-        )
-        log.warning(
-            "consumequeue %s/%d rebuilt from the commitlog: %s; kept offsets below %d, "
-            "dropped %d units, re-dispatched from commitlog offset %d, now ends at %d",
-            cq.topic, cq.queue_id, "; ".join(reasons), kept_to, dropped, phy, max_offset,
-        )  # fmt: skip
-        out.append(entry)
-    return tuple(out)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig, recovery
+from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig, queue_repair
 from basalt.store.config import CQ_STORE_UNIT_SIZE
 from basalt.store.consume_queue import UNIT
 from basalt.store.mapped_file import file_name
@@ -301,7 +301,7 @@ def test_units_behind_the_validated_tail_are_sampled(
     sent = _fill(store)
     store.shutdown()
     # No fully validated tail: only sampled units are checked, each file's first among them.
-    monkeypatch.setattr(recovery, "VALIDATE_FULL_BYTES", 0)
+    monkeypatch.setattr(queue_repair, "VALIDATE_FULL_BYTES", 0)
     _write_unit(config, TOPIC, DAMAGED, UNITS_PER_FILE, _read_unit(config, TOPIC, DAMAGED, 3))
 
     store = _open(config, clock, stores, abnormal=False)

@@ -7,6 +7,10 @@ and the journal: replay after reopen, a torn tail, compaction.
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -288,6 +292,69 @@ def test_a_torn_journal_tail_is_cut_and_only_moves_state_back(
         assert report is not None and report.truncated_bytes > 0
         assert set(store.pop.in_flight(GROUP, TOPIC, 0)) == {0, 1}  # 1 will come again
         assert journal.stat().st_size == len(data) - report.truncated_bytes - 3
+    finally:
+        store.shutdown()
+
+
+def _folder_is_a_file(folder: Path) -> str:
+    shutil.rmtree(folder)
+    folder.write_bytes(b"not a folder")
+    return "pop-folder"
+
+
+def _folder_is_a_dangling_link(folder: Path) -> str:
+    shutil.rmtree(folder)
+    folder.symlink_to(folder.parent / "nowhere")
+    return "pop-folder"
+
+
+def _journal_is_a_folder(folder: Path) -> str:
+    (folder / JOURNAL_NAME).unlink()
+    (folder / JOURNAL_NAME).mkdir()
+    return "pop-journal"
+
+
+@pytest.mark.parametrize(
+    "damage", [_folder_is_a_file, _folder_is_a_dangling_link, _journal_is_a_folder]
+)
+def test_a_journal_that_is_not_one_is_set_aside_and_in_flight_messages_come_again(
+    make_config: ConfigFactory,
+    clock: ManualClock,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[Path], str],
+) -> None:
+    """Issue 28 point 4: the store used to refuse to start (the store-node exited 2).
+    What is in the journal's place goes to quarantine/ and the pop state starts
+    empty, as after a lost journal."""
+    config = make_config()
+    store = MessageStore.open(config, clock=clock)
+    put(store, 6)
+    got = store.pop.pop(GROUP, TOPIC, 0, 4, INVISIBLE_MS, clock.now_ms())
+    store.pop.ack(GROUP, TOPIC, 0, 0, got[0].nonce)
+    folder = store.pop.directory
+    store.shutdown()
+    name = damage(folder)
+    with caplog.at_level(logging.ERROR, logger="basalt.store.pop"):
+        store = MessageStore.open(config, clock=clock)
+    try:
+        report = store.pop_load_report
+        assert report is not None and report.records == 0 and len(report.set_aside) == 1
+        (moved,) = report.set_aside
+        assert Path(moved).parent == config.quarantine_dir
+        assert Path(moved).name == name
+        assert os.path.lexists(moved)
+        assert "pop state starts empty" in caplog.text
+        assert store.pop.path.is_file()
+        # The committed offset (1: offset 0 was acked) survived in consumerOffset.json:
+        # the messages that were in flight come again, nothing is skipped.
+        again = store.pop.pop(GROUP, TOPIC, 0, 10, INVISIBLE_MS, clock.now_ms())
+        assert [(m.queue_offset, m.attempt) for m in again] == [(o, 1) for o in range(1, 6)]
+    finally:
+        store.shutdown()
+    store = MessageStore.open(config, clock=clock)
+    try:
+        assert store.pop_load_report is not None and store.pop_load_report.set_aside == ()
+        assert sorted(store.pop.in_flight(GROUP, TOPIC, 0)) == [1, 2, 3, 4, 5]
     finally:
         store.shutdown()
 

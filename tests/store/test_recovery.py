@@ -347,21 +347,48 @@ def _restart_after(
 
 
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])
-def test_without_a_commitlog_consume_queues_are_destroyed(
+def test_without_a_commitlog_every_queue_keeps_its_offsets(
     runner: StoreRunner, abnormal: bool
 ) -> None:
+    """Issue 28 point 3: every record is gone, but no queue offset is issued again
+    (it was: "queues destroyed 3", the next send got offset 0)."""
     store = _restart_after(runner, _delete_commitlog, abnormal=abnormal)
 
     got = report(store)
-    assert got.consume_queues_destroyed == 3
-    assert got.last_valid_offset == store.max_physical_offset == 0
-    assert queue_maxima(store, 3) == [0, 0, 0]
-    assert store.get_consume_queue(TOPIC, 0) is None
-    assert consume_queue_files(runner.config) == {}
+    assert got.commitlog_missing
+    assert got.consume_queues_destroyed == 0
+    assert got.consume_queue_entries_dropped == 30
+    assert "CommitLog's end" in got.damaged_spans[-1].reason
+    # The log starts again at 0, after a tombstone saying the offsets jump across it.
+    assert got.last_valid_offset == store.max_physical_offset == TAIL_TOMBSTONE_BYTES
+    assert queue_maxima(store, 3) == [10, 10, 10]
+    assert [store.get_min_offset_in_queue(TOPIC, q) for q in range(3)] == [10, 10, 10]
+    assert read_queue(store, 0) == []
     result = store.put_message(Message(TOPIC, b"fresh", queue_id=2))
-    assert (result.physical_offsets, result.queue_offsets) == ((0,), (0,))
+    assert (result.physical_offsets, result.queue_offsets) == ((TAIL_TOMBSTONE_BYTES,), (10,))
     assert store.wait_dispatched()
-    assert queue_maxima(store, 3) == [0, 0, 1]
+    assert read_queue(store, 2) == [(10, b"fresh")]
+    runner.stop()
+    assert check_store(runner.config.store_path_root_dir).ok
+    store = runner.start()
+    assert not report(store).commitlog_missing and report(store).damaged_spans == ()
+    assert queue_maxima(store, 3) == [10, 10, 11]
+
+
+def test_without_a_commitlog_queues_that_indexed_nothing_are_dropped(
+    runner: StoreRunner,
+) -> None:
+    """No CommitLog and nothing indexed is a new store, as in RocketMQ: its empty
+    queue folders go, and the store starts empty."""
+    (runner.config.consume_queue_dir / TOPIC / "0").mkdir(parents=True)
+    store = runner.start()
+
+    got = report(store)
+    assert (got.stop_reason, got.consume_queues_destroyed) == ("no commitlog", 1)
+    assert not got.commitlog_missing
+    assert store.get_consume_queue(TOPIC, 0) is None
+    result = store.put_message(Message(TOPIC, b"first", queue_id=0))
+    assert (result.physical_offsets, result.queue_offsets) == ((0,), (0,))
 
 
 @pytest.mark.parametrize("abnormal", [False, True], ids=["normal", "abnormal"])

@@ -1,17 +1,18 @@
 """The one catalogue of ways to damage a stopped store's root.
 
 :func:`build_store` writes a small store (several CommitLog and ConsumeQueue
-files, a few topics × queues, committed consumer offsets), stops it cleanly
-and returns its :class:`Layout`: where every record sits and where each of
-its fields starts. Every body encodes its identity
-(``b"topic|queue|queue_offset|seq"`` plus padding) and every record carries
-the same string as its key, so a reader can tell a wrong record from a right
-one without trusting the store.
+files, a few topics × queues, committed consumer offsets, a pop group with
+messages in flight), stops it cleanly and returns its :class:`Layout`: where
+every record sits and where each of its fields starts. Every body encodes its
+identity (``b"topic|queue|queue_offset|seq"`` plus padding) and every record
+carries the same string as its key, so a reader can tell a wrong record from a
+right one without trusting the store.
 
 :data:`CATALOGUE` holds the damage: each :class:`Damage` changes a copy of
 that root behind the store's back and returns a :class:`Harm`, what the
-contract of issue 14 allows the restart to lose (the records the damaged
-bytes held, nothing else) and where the damage is. Used by
+contract of issues 14 and 28 allows the restart to lose (the records the
+damaged bytes held, nothing else; never a queue offset issued twice) and where
+the damage is. Used by
 ``tests/reliability/`` (every entry, one rng seed) and
 ``benchmarks/torture.py`` (entries and positions at random over many seeds).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,7 @@ from basalt.common.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
 from basalt.common.record import PREFIX, SIZE_AND_MAGIC, host_length
 from basalt.store import Message, MessageStore, MessageStoreConfig
 from basalt.store.config import CQ_STORE_UNIT_SIZE
+from basalt.store.consistency import CheckReport
 from basalt.store.consumer_offsets import consumer_offset_path
 from basalt.store.mapped_file import file_name
 from tests.support.stores import small_store_config
@@ -53,6 +56,13 @@ QUEUES = 2
 #: files a queue (so one can be deleted between two others).
 PER_QUEUE = 70
 GROUP = "G"
+#: A RocketMQ 5 (pop) group: it popped POPPED messages of POP_QUEUE and acked the
+#: first POP_ACKED; the rest are in flight, invisible for an hour.
+POP_GROUP = "PopG"
+POP_QUEUE: tuple[str, int] = ("Alpha", 0)
+POPPED = 8
+POP_ACKED = 4
+POP_INVISIBLE_MS = 3_600_000
 
 
 def store_config(root: Path, **overrides: Any) -> MessageStoreConfig:
@@ -118,6 +128,8 @@ class Layout:
     queue_max: dict[QueueKey, int]
     committed: dict[QueueKey, int]
     commitlog_files: int
+    #: POP_GROUP's queue offsets in flight on POP_QUEUE (popped, not acked).
+    pop_in_flight: tuple[int, ...] = ()
 
     def file_of(self, physical_offset: int) -> tuple[str, int]:
         """The CommitLog file name holding ``physical_offset`` and the position in it."""
@@ -171,7 +183,9 @@ def build_store(root: Path, *, per_queue: int = PER_QUEUE) -> Layout:
 
     Sends round-robin over TOPICS × QUEUES, one message a send, so queues
     interleave in the CommitLog; commits offset ``per_queue // 2`` for
-    GROUP on every queue. Raises AssertionError when a send fails.
+    GROUP on every queue; POP_GROUP pops POPPED messages of POP_QUEUE and
+    acks the first POP_ACKED (its journal then holds messages in flight).
+    Raises AssertionError when a send fails.
     """
     config = store_config(root)
     placed: dict[int, tuple[RecordKey, bytes]] = {}
@@ -192,6 +206,12 @@ def build_store(root: Path, *, per_queue: int = PER_QUEUE) -> Layout:
         for (topic, queue_id), offset in committed.items():
             store.commit_offset(GROUP, topic, queue_id, offset)
         assert store.wait_dispatched()
+        popped = store.pop.pop(
+            POP_GROUP, *POP_QUEUE, POPPED, POP_INVISIBLE_MS, int(time.time() * 1000)
+        )
+        assert [m.queue_offset for m in popped] == list(range(POPPED))
+        for m in popped[:POP_ACKED]:
+            assert store.pop.ack(POP_GROUP, *POP_QUEUE, m.queue_offset, m.nonce).name == "OK"
     records = []
     files = sorted(config.commitlog_dir.iterdir())
     for index, path in enumerate(files):
@@ -204,7 +224,8 @@ def build_store(root: Path, *, per_queue: int = PER_QUEUE) -> Layout:
             records.append(Placed(key, body, phys, size, _record_fields(data, pos, phys)))
     assert len(records) == len(placed)
     queue_max = {(t, q): per_queue for t in TOPICS for q in range(QUEUES)}
-    return Layout(tuple(records), queue_max, committed, len(files))
+    in_flight = tuple(range(POP_ACKED, POPPED))
+    return Layout(tuple(records), queue_max, committed, len(files), in_flight)
 
 
 def copy_root(source: Path, target: Path) -> None:
@@ -227,12 +248,22 @@ class Harm:
     must have copied them to ``<root>/quarantine/``. ``offsets_kept``: the
     committed consumer offsets must all come back (false only when every
     copy of consumerOffset.json was damaged).
+
+    ``undetected_span``: CommitLog damage a start does not look for (in a file
+    older than the last three a clean start scans, RocketMQ's rule): its
+    records may still read back as they now are, damaged (verify-on-read is
+    issue 28 point 1, later work), every other record must be intact, and
+    ``store check``, which reads the whole log, must report it and nothing
+    else. ``pop_lost``: the pop journal was set aside, so POP_GROUP's
+    messages in flight are delivered again.
     """
 
     lost: frozenset[RecordKey] = frozenset()
     commitlog_span: tuple[int, int] | None = None
     quarantined: bool = False
     offsets_kept: bool = True
+    undetected_span: tuple[int, int] | None = None
+    pop_lost: bool = False
 
 
 #: Damage a copy of a built root; the rng picks records and bytes.
@@ -358,6 +389,26 @@ def _garbage_past_end(layout: Layout, root: Path, rng: random.Random) -> Harm:
     return Harm(frozenset(), (end, end + length), quarantined=True)
 
 
+def _flip_body_in_old_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """XOR one byte of the body of a record in a CommitLog file older than the last
+    three, which a clean start does not scan (issue 28 point 1's damage)."""
+    scanned_from = (layout.commitlog_files - 3) * COMMITLOG_FILE
+    old = [r for r in layout.records if r.end <= scanned_from]
+    victim = old[rng.randrange(len(old))]
+    start, length = victim.fields["BODY"]
+    name, pos = layout.file_of(start + rng.randrange(length))
+    _xor_byte(_commitlog(root, name), pos)
+    return Harm(_keys([victim]), undetected_span=(victim.physical_offset, victim.end))
+
+
+def _delete_every_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """Delete every CommitLog file (a small store's whole log is one file): every
+    record is lost, and no queue offset may be issued again (issue 28 point 3)."""
+    for path in store_config(root).commitlog_dir.iterdir():
+        path.unlink()
+    return Harm(_keys(layout.records))
+
+
 # -- ConsumeQueue ---------------------------------------------------------------------------
 
 
@@ -405,6 +456,42 @@ def _cq_wrong_offset(layout: Layout, root: Path, rng: random.Random) -> Harm:
         f.seek(b * CQ_STORE_UNIT_SIZE)
         f.write(unit_a)
     return Harm()
+
+
+def _cq_delete_directory(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """Delete one queue's whole ConsumeQueue directory (issue 28 point 2): the queue
+    manifest shows it gone, and it is rebuilt from the CommitLog."""
+    shutil.rmtree(_queue_dir(root, _some_queue(layout, rng)))
+    return Harm()
+
+
+def _commitlog_and_queues_deleted(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """Delete the CommitLog and every ConsumeQueue: only the queue manifest knows the
+    offsets given out, and no queue offset may be issued again."""
+    config = store_config(root)
+    shutil.rmtree(config.commitlog_dir)
+    shutil.rmtree(config.consume_queue_dir)
+    return Harm(_keys(layout.records))
+
+
+# -- pop journal ----------------------------------------------------------------------------
+
+
+def _pop_folder_replaced_by_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """The pop journal's folder replaced by a file (issue 28 point 4: exit 2): set
+    aside, the pop state starts empty and messages in flight come again."""
+    folder = root / "pop"
+    shutil.rmtree(folder)
+    folder.write_bytes(rng.randbytes(PAGE))
+    return Harm(pop_lost=True)
+
+
+def _pop_journal_replaced_by_folder(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    journal = root / "pop" / "journal"
+    journal.unlink()
+    journal.mkdir()
+    (journal / "x").write_bytes(rng.randbytes(16))
+    return Harm(pop_lost=True)
 
 
 # -- IndexFile, checkpoint, consumer offsets -----------------------------------------------
@@ -498,13 +585,16 @@ def _catalogue() -> tuple[Damage, ...]:
         Damage("commitlog-truncate-mid-record", "commitlog", _truncate_mid_record),
         Damage("commitlog-truncate-last-file", "commitlog", _truncate_last_file),
         Damage("commitlog-delete-middle-file", "commitlog", _delete_middle_file),
+        Damage("commitlog-delete-every-file", "commitlog", _delete_every_file),
         Damage("commitlog-garbage-past-end", "commitlog", _garbage_past_end),
+        Damage("commitlog-old-file-flip-body", "commitlog", _flip_body_in_old_file),
         Damage("consumequeue-flip", "consumequeue", _cq_flip),
         Damage("consumequeue-truncate", "consumequeue", _cq_truncate),
         Damage("consumequeue-delete-file", "consumequeue", _cq_delete_file),
-        # Not here: a queue's deleted *first* file or whole directory. The first looks
-        # like expiry and the second like a queue never written; telling either from
-        # damage takes a walk of the whole CommitLog at every start (docs/storage.md).
+        Damage("consumequeue-delete-directory", "consumequeue", _cq_delete_directory),
+        Damage("commitlog-and-consumequeues-deleted", "commitlog", _commitlog_and_queues_deleted),
+        # Not here: a queue's deleted *first* file. It looks like expiry; telling the two
+        # apart takes a walk of the whole CommitLog at every start (docs/storage.md).
         Damage("consumequeue-wrong-offsets", "consumequeue", _cq_wrong_offset),
         Damage("index-flip", "index", _index_flip),
         Damage("index-truncate", "index", _index_truncate),
@@ -514,6 +604,8 @@ def _catalogue() -> tuple[Damage, ...]:
         Damage("checkpoint-delete", "checkpoint", _checkpoint_delete),
         Damage("offsets-torn", "offsets", _offsets_torn),
         Damage("offsets-both-torn", "offsets", _offsets_both_torn),
+        Damage("pop-folder-replaced-by-file", "pop", _pop_folder_replaced_by_file),
+        Damage("pop-journal-replaced-by-folder", "pop", _pop_journal_replaced_by_folder),
     ]
     # After a crash recovery starts from the checkpoint, not from the last files:
     # the same damage must cost no more.
@@ -524,6 +616,9 @@ def _catalogue() -> tuple[Damage, ...]:
             ("commitlog-zero-page", "commitlog", _zero_page),
             ("commitlog-garbage-past-end", "commitlog", _garbage_past_end),
             ("consumequeue-truncate", "consumequeue", _cq_truncate),
+            ("consumequeue-delete-directory", "consumequeue", _cq_delete_directory),
+            ("commitlog-delete-every-file", "commitlog", _delete_every_file),
+            ("pop-folder-replaced-by-file", "pop", _pop_folder_replaced_by_file),
             ("index-flip", "index", _index_flip),
             ("checkpoint-delete", "checkpoint", _checkpoint_delete),
         )
@@ -557,6 +652,20 @@ class Outcome:
     @property
     def clean(self) -> bool:
         return not (self.collateral or self.reissued or self.wrong)
+
+
+def check_as_expected(check: CheckReport, harm: Harm) -> bool:
+    """Whether ``store check`` after the restart says what the damage allows: no
+    problem at all, or, for damage a start does not look for
+    (``harm.undetected_span``), problems at that CommitLog stretch and nowhere
+    else (check reads the whole log)."""
+    if harm.undetected_span is None:
+        return check.ok
+    start, end = harm.undetected_span
+    return bool(check.problems) and all(
+        p.code.startswith("commitlog") and p.offset is not None and start <= p.offset < end
+        for p in check.problems
+    )
 
 
 def read_queue(
@@ -606,8 +715,12 @@ def verify(store: MessageStore, layout: Layout, harm: Harm) -> Outcome:
         got_bodies, problems = read_queue(store, topic, queue_id, upto)
         out.wrong += problems
         for queue_offset, body in got_bodies.items():
-            if expected.get((topic, queue_id, queue_offset)) != body:
-                out.wrong.append(f"{topic}/{queue_id}@{queue_offset}: wrong body {body[:40]!r}")
+            key = (topic, queue_id, queue_offset)
+            if expected.get(key) == body:
+                continue
+            if harm.undetected_span is not None and key in harm.lost:
+                continue  # read back as it now is: verify-on-read is later work
+            out.wrong.append(f"{topic}/{queue_id}@{queue_offset}: wrong body {body[:40]!r}")
     for (topic, queue_id), upto in sorted(layout.queue_max.items()):
         result = store.put_message(Message(topic, b"after the damage", queue_id=queue_id))
         got_offset = result.queue_offsets[0] if result.ok else -1
