@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import grpc
 
-from basalt.common import auth, channels
+from basalt.common import auth, dial
 from basalt.common.local_cluster import (
     CREDENTIALS_HELP,
     ClusterNotFoundError,
@@ -238,5 +238,5 @@ def _handler(
 
 
 async def _through(address: str, args: argparse.Namespace, call: Call) -> Table:
-    async with channels.channel(address, discover_tls()) as channel:
+    async with dial.channel(address, discover_tls()) as channel:
         return await call(adm_grpc.AdminStub(channel), args)  # type: ignore[arg-type]

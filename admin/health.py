@@ -21,7 +21,7 @@ from typing import IO, Any, cast
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common import tls as transport
 from basalt.common.local_cluster import discover_tls
 
@@ -40,7 +40,7 @@ def check(
     (``SERVING``, ``NOT_SERVING``, ...), or ``UNREACHABLE: <gRPC status and detail>``
     when the call failed (nothing listening, the deadline passed, no health service).
     Never raises for a failed call. With ``tls`` enabled, over TLS."""
-    with channels.sync_channel(address, tls) as channel:
+    with dial.sync_channel(address, tls) as channel:
         # types-grpcio-health-checking leaves the stub's methods untyped.
         stub = cast(Any, health_pb2_grpc.HealthStub(channel))
         try:

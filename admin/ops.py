@@ -26,7 +26,7 @@ from opentelemetry import trace
 
 from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
 from basalt.admin.topics import TopicChange, topic_config, update_topic
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common.message import MessageRecord, parse_offset_msg_id
 from basalt.common.record import decode_record, split_records, store_timestamp_at
 from basalt.common.status import response_code_of
@@ -198,7 +198,7 @@ async def _store_node(
     broker = brokers.get(name)
     if broker is None:
         raise BrokerNotRegisteredError((name,), f"store-node {name!r} is not registered (down?)")
-    async with channels.channel(broker.address, tls) as channel:
+    async with dial.channel(broker.address, tls) as channel:
         yield sn_grpc.StoreNodeStub(channel)
 
 
@@ -369,7 +369,7 @@ async def _notify_reset(
         timeout_ms=ack_timeout_ms,
         reset_offset=ps.ResetOffsetCommand(topic=topic, offsets=offsets),
     )
-    async with channels.channel(address, meta.tls) as channel:
+    async with dial.channel(address, meta.tls) as channel:
         try:
             reply = await ps_grpc.PullServiceStub(channel).NotifyConsumers(
                 ps.NotifyConsumersRequest(group=group, command=command),
@@ -391,7 +391,7 @@ async def consumer_connection(meta: MetaClient, group: str) -> list[pb.ConsumerI
     address = await _pull_service_address(meta)
     if address is None:
         raise AdminError("no pull-service is registered")
-    async with channels.channel(address, meta.tls) as channel:
+    async with dial.channel(address, meta.tls) as channel:
         try:
             reply = await ps_grpc.PullServiceStub(channel).ListConsumers(
                 ps.ListConsumersRequest(group=group), timeout=CALL_TIMEOUT_S

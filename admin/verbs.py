@@ -53,7 +53,7 @@ from typing import IO, TYPE_CHECKING, Any
 from basalt.admin import auth_verbs, extras, ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
 from basalt.common.message import MessageRecord
 from basalt.services.meta import MetaConfig, MetaError, Perm, TopicConfig, parse_endpoints
@@ -488,7 +488,7 @@ async def _with_meta(
 
 
 async def _through_service(address: str, args: argparse.Namespace, operation: Served) -> Table:
-    async with channels.channel(address, discover_tls()) as channel:
+    async with dial.channel(address, discover_tls()) as channel:
         return await operation.operation(ServiceAdmin(channel, address), args)
 
 

@@ -6,7 +6,7 @@ from typing import Self
 
 import grpc
 
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common import tls as transport
 from basalt.common.auth import Credentials
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -61,7 +61,7 @@ class Client:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = channels.channel(
+            channel = self._channels[address] = dial.channel(
                 address,
                 self.tls,
                 credentials=self.credentials,

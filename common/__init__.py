@@ -20,7 +20,7 @@ tests/test_imports.py holds the modules free of import cycles):
 ``telemetry``       grpc, the OpenTelemetry API, ``settings``: logs, spans,
                     metrics; the OpenTelemetry SDK, its exporters and
                     prometheus_client only in what ``setup_telemetry`` runs
-``channels``        ``tls``, ``auth``, ``telemetry``: the one channel factory
+``dial``            ``tls``, ``auth``, ``telemetry``: the one channel factory
 ``local_cluster``   ``tls``, ``auth``: a local cluster's state file, and how a
                     CLI command finds an address, its TLS and its credentials
 ==================  ==============================================================

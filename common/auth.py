@@ -14,7 +14,7 @@ host whose clock zone is not UTC falls outside the skew window (set TZ=UTC).
 This module is pure (the SDK, the CLI and the services share it): signing,
 parsing, and client interceptors (grpc.aio and blocking) that sign each call
 when it starts (a stream is signed once, when it opens); every channel
-Basalt makes carries them (:func:`basalt.common.channels.channel`). A service
+Basalt makes carries them (:func:`basalt.common.dial.channel`). A service
 process signs its own calls to other services with
 :func:`use_process_credentials`; a CLI command finds the credentials it signs
 with by :func:`basalt.common.local_cluster.discover_credentials`.

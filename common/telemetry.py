@@ -7,7 +7,7 @@ only the OpenTelemetry *API* (``opentelemetry.trace.get_tracer``,
 providers installed here. The SDK (``basalt.client``) never calls it: a
 library does not install providers, the application does; its channels
 still carry the client interceptors (:func:`client_interceptors`, put on every
-channel by :func:`basalt.common.channels.channel`), so an
+channel by :func:`basalt.common.dial.channel`), so an
 application that installs OpenTelemetry gets spans and propagation.
 
 What :func:`setup_telemetry` installs:
@@ -34,7 +34,7 @@ gRPC spans come from interceptors passed explicitly where servers and
 channels are made: Basalt's own :class:`ServerSpans` on servers
 (:func:`server_interceptors`; the instrumentation's server interceptor cost
 ~100 µs a call), Basalt's client interceptors on channels
-(:func:`client_interceptors`, which :func:`basalt.common.channels.channel` puts on
+(:func:`client_interceptors`, which :func:`basalt.common.dial.channel` puts on
 every channel): W3C tracecontext travels in gRPC metadata.
 ``OTEL_SDK_DISABLED=true`` turns the SDK's providers into no-ops (the logs
 stay configured).

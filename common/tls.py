@@ -3,7 +3,7 @@
 One :class:`TlsConfig` per process says which PEM files it presents and
 trusts. A service serves with it (:func:`server_credentials`, through
 ``basalt.services.process.add_port``) and dials with it - other services,
-etcd - (:func:`basalt.common.channels.channel` takes a :class:`TlsConfig`);
+etcd - (:func:`basalt.common.dial.channel` takes a :class:`TlsConfig`);
 the SDK and the CLI dial with it. In one cluster
 one CA signs every certificate, so a service's certificate is both its
 server certificate and its client certificate (``basalt cluster up --tls``

@@ -24,7 +24,7 @@ import grpc
 from google.protobuf.descriptor import Descriptor
 
 from basalt.client.channels import MAX_MESSAGE_BYTES
-from basalt.common import auth, channels
+from basalt.common import auth, dial
 from basalt.common import tls as transport
 from basalt.common.protowire import WireFormatError, fields
 from basalt.v1 import common_pb2 as pb
@@ -69,7 +69,7 @@ def channel(address: str) -> grpc.Channel:
     when ``BASALT_TLS_*`` in the environment says so (basalt.common.tls.from_env:
     Spark's executors inherit the driver's environment), calls signed with the
     credentials file ``BASALT_CREDENTIALS`` names (auth.credentials_from_env)."""
-    return channels.sync_channel(
+    return dial.sync_channel(
         address,
         transport.from_env(),
         options=_CHANNEL_OPTIONS,

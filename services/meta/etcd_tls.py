@@ -1,6 +1,6 @@
 """An etcd client that dials with TLS: aetcd's ``Client`` opens a plaintext
 channel only, so :class:`TlsEtcdClient` replaces its ``connect`` with one
-that opens :func:`basalt.common.channels.channel` (the CA to trust, and the
+that opens :func:`basalt.common.dial.channel` (the CA to trust, and the
 process's certificate for an etcd run with ``--client-cert-auth``).
 
 It sets up what aetcd's own ``connect`` sets up, minus etcd's user/password
@@ -16,7 +16,7 @@ import aetcd  # type: ignore[import-untyped]  # ships no type information
 import aetcd.rpc  # type: ignore[import-untyped]
 import aetcd.watcher  # type: ignore[import-untyped]
 
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common import tls as transport
 
 
@@ -39,7 +39,7 @@ class TlsEtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
             return
         try:
             self._is_connecting = True
-            self.channel = channels.channel(
+            self.channel = dial.channel(
                 f"{self._host}:{self._port}",
                 self._tls,
                 options=tuple(self._options.items()),

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common import tls as transport
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
@@ -63,7 +63,7 @@ class ChannelPool:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = channels.channel(address, self._tls, options=self._options)
+            channel = dial.channel(address, self._tls, options=self._options)
             self._channels[address] = channel
         return channel
 

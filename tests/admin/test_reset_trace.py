@@ -18,7 +18,7 @@ from basalt.client import (
     PushConsumer,
     PushConsumerConfig,
 )
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common.message import MessageRecord
 from basalt.services.meta import MetaConfig
 from basalt.v1 import admin_pb2 as adm
@@ -43,7 +43,7 @@ async def test_a_reset_by_time_is_one_trace_from_admin_to_each_consumer_ack(
     async with (
         cluster(tmp_path, meta_config, heartbeat_interval_ms=500) as h,
         admin_server(meta_config) as admin_address,
-        channels.channel(admin_address) as channel,
+        dial.channel(admin_address) as channel,
     ):
         for q in range(4):
             await h.send("broker-a", q, b"m")

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from basalt.common import channels, telemetry
+from basalt.common import dial, telemetry
 from tests.support.aio import async_test
 from tests.support.telemetry import named
 
@@ -54,7 +54,7 @@ async def test_every_kind_of_call_is_a_server_span_with_its_status(
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        async with channels.channel(f"127.0.0.1:{port}") as channel:
+        async with dial.channel(f"127.0.0.1:{port}") as channel:
             with trace.get_tracer("test").start_as_current_span("caller") as caller:
                 assert await channel.unary_unary("/t.T/Ok")(b"x") == b"x"
                 try:
@@ -104,7 +104,7 @@ async def test_a_root_draw_that_fails_costs_no_span_and_a_traced_call_keeps_its_
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        async with channels.channel(f"127.0.0.1:{port}") as channel:
+        async with dial.channel(f"127.0.0.1:{port}") as channel:
             ok = channel.unary_unary("/t.T/Ok")
             assert await ok(b"untraced") == b"untraced"
             assert named(spans.get_finished_spans(), "/t.T/Ok") == []

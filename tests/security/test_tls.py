@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2
 
 from basalt.admin.health import check
 from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
-from basalt.common import channels
+from basalt.common import dial
 from basalt.common import tls as transport
 from basalt.common.message import Message
 from basalt.services.cluster.certs import Authority, ClusterCertificates
@@ -214,7 +214,7 @@ async def test_a_certificate_rotated_on_disk_is_served_to_new_connections(
 
 async def _health(address: str, tls: transport.TlsConfig) -> bool:
     """One health check on a fresh channel (a new connection, a new handshake)."""
-    async with channels.channel(address, tls) as channel:
+    async with dial.channel(address, tls) as channel:
         try:
             await channel.unary_unary(
                 "/grpc.health.v1.Health/Check",

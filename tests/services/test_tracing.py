@@ -12,7 +12,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from basalt.common import channels
+from basalt.common import dial
 from basalt.services.meta import MetaConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
@@ -28,7 +28,7 @@ async def test_a_pull_through_the_pull_service_is_one_trace_of_client_and_server
     async with cluster(tmp_path, meta_config) as h:
         await h.send("broker-a", 0, b"traced")
         spans.clear()  # the set-up's own calls
-        async with channels.channel(h.services[0].address) as channel:
+        async with dial.channel(h.services[0].address) as channel:
             with trace.get_tracer("test").start_as_current_span("consume") as root:
                 r = await ps_grpc.PullServiceStub(channel).Pull(pull_request("broker-a", 0))
         assert r.status == pb.PULL_STATUS_FOUND and bodies(r) == [b"traced"]

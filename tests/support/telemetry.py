@@ -10,7 +10,7 @@ after it must see Basalt untraced (no ``traceparent`` in their messages, no
 ``trace_context`` in their commands), as without any provider.
 
 Servers made by ``basalt.services.process.grpc_server`` and channels made by
-``basalt.common.channels.channel`` carry OpenTelemetry's gRPC
+``basalt.common.dial.channel`` carry OpenTelemetry's gRPC
 interceptors always, so W3C trace context rides gRPC metadata between the
 in-process services as it does between processes.
 

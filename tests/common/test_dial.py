@@ -1,4 +1,4 @@
-"""basalt.common.channels.channel and sync_channel, Basalt's one channel factory,
+"""basalt.common.dial.channel and sync_channel, Basalt's one channel factory,
 sign every call: with the credentials given, else the process's, else not at
 all; never when told not to (etcd's channel: etcd reads ``authorization`` as
 its own token). A loopback server records what arrives."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from basalt.common import auth, channels
+from basalt.common import auth, dial
 from tests.support.aio import async_test
 
 METHOD = "/test.Echo/Call"
@@ -66,12 +66,12 @@ def _signer(metadata: dict[str, str]) -> str | None:
 
 
 async def _call_async(address: str, credentials: auth.Credentials | None) -> None:
-    async with channels.channel(address, credentials=credentials) as channel:
+    async with dial.channel(address, credentials=credentials) as channel:
         assert await channel.unary_unary(METHOD)(b"x") == b"x"
 
 
 def _call_sync(address: str, credentials: auth.Credentials | None) -> None:
-    with channels.sync_channel(address, credentials=credentials) as channel:
+    with dial.sync_channel(address, credentials=credentials) as channel:
         assert channel.unary_unary(METHOD)(b"x", timeout=5) == b"x"
 
 
@@ -86,7 +86,7 @@ async def test_both_channels_sign_with_their_own_then_the_processs_credentials()
             await asyncio.to_thread(_call_sync, address, ALICE)
             await _call_async(address, None)
             await asyncio.to_thread(_call_sync, address, None)
-            async with channels.channel(address, credentials=ALICE, signed=False) as etcd_like:
+            async with dial.channel(address, credentials=ALICE, signed=False) as etcd_like:
                 await etcd_like.unary_unary(METHOD)(b"x")
     signers = [_signer(m) for m in seen]
     assert signers == [None, None, "alice", "alice", "internal", "internal", None]
