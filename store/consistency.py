@@ -46,6 +46,7 @@ from basalt.store.readonly import (
     iso_ms,
     open_consume_queue,
     open_data_files,
+    report_shrunk,
     store_layout,
 )
 from basalt.store.resync import is_tombstone
@@ -281,6 +282,10 @@ class _Checker:
         for key, q in sorted(self.queues.items()):
             self._check_units(key, q)
         self._check_undispatched()
+        report_shrunk(self.commitlog, "commitlog", f)
+        for (topic, queue_id), q in sorted(self.queues.items()):
+            if q.cq is not None:
+                report_shrunk(q.cq.files, f"consumequeue {topic}/{queue_id}", f)
         return self._report()
 
     # -- pass 1 ------------------------------------------------------------------------
