@@ -248,8 +248,11 @@ class _Queue:
 class _Checker:
     """One run of :func:`check_store`; owns the mapped files until :meth:`close`."""
 
-    def __init__(self, layout: MessageStoreConfig) -> None:
+    def __init__(
+        self, layout: MessageStoreConfig, index_geometry: tuple[int, int] | None = None
+    ) -> None:
         self.layout = layout
+        self.index_geometry = index_geometry
         self.findings = _Findings()
         self.queues: dict[QueueKey, _Queue] = {}
         #: Mapped after pass 1, so that every unit checked points below the CommitLog seen.
@@ -292,6 +295,7 @@ class _Checker:
             abort=self.abort,
             commitlog_max_offset=self.walk_end,
             queue_ends={k: q.cq_end for k, q in self.queues.items() if q.cq is not None},
+            index_geometry=self.index_geometry,
         )
         report_shrunk(self.commitlog, "commitlog", f)
         for (topic, queue_id), q in sorted(self.queues.items()):
@@ -568,14 +572,16 @@ def unit_mismatch(
     return f"commitlog offset {phy}: " + "; ".join(wrong) if wrong else ""
 
 
-def check_store(root: Path) -> CheckReport:
+def check_store(root: Path, *, index_geometry: tuple[int, int] | None = None) -> CheckReport:
     """Verify a store root read-only; see the module docstring for what is checked.
 
     Returns the report (``ok`` false on any inconsistency); raises
     StoreRootError when ``root`` is missing or not a store root. Never writes,
     locks or truncates anything, so it may run beside a live store.
+    ``index_geometry``: the store's (``max_hash_slot_num``, ``max_index_num``),
+    which IndexFiles do not record; without it, inferred from their size.
     """
-    checker = _Checker(store_layout(root))
+    checker = _Checker(store_layout(root), index_geometry)
     try:
         return checker.run()
     finally:

@@ -43,6 +43,7 @@ from basalt.store.index_file import (
     SLOT,
     IndexHeader,
     check_index_bytes,
+    index_file_size,
     is_index_file_name,
     loaded_header,
 )
@@ -63,16 +64,18 @@ def check_side_files(
     abort: bool,
     commitlog_max_offset: int,
     queue_ends: Mapping[tuple[str, int], int],
+    index_geometry: tuple[int, int] | None = None,
 ) -> None:
     """Check the checkpoint, consumer offsets, queue manifest, pop journal and
     IndexFiles of ``root``, reporting to ``findings``. ``queue_ends``: each
     ConsumeQueue's written end (one past its last unit) as check found it;
-    ``commitlog_max_offset`` where the CommitLog's data ends."""
+    ``commitlog_max_offset`` where the CommitLog's data ends; ``index_geometry``
+    the store's (max hash slots, max entries) when known, else inferred."""
     _check_checkpoint(root / "checkpoint", findings)
     _check_offsets(consumer_offset_path(root), findings)
     _check_manifest(manifest_path(root), queue_ends, findings)
     _check_pop(root / "pop", findings, abort=abort)
-    _check_index(root / "index", commitlog_max_offset, findings)
+    _check_index(root / "index", commitlog_max_offset, findings, index_geometry)
 
 
 def _read(path: Path) -> bytes:
@@ -189,15 +192,23 @@ def _index_geometry(size: int) -> tuple[int, int] | None:
     return (slots, slots * INDEX_ENTRIES_PER_SLOT) if slots > 0 and not rest else None
 
 
-def _check_index(directory: Path, commitlog_max_offset: int, findings: Findings) -> None:
+def _check_index(
+    directory: Path,
+    commitlog_max_offset: int,
+    findings: Findings,
+    geometry: tuple[int, int] | None,
+) -> None:
     if not directory.is_dir():
         return
     paths = sorted(p for p in directory.iterdir() if is_index_file_name(p.name) and p.is_file())
     if not paths:
         return
     sizes = {p: p.stat().st_size for p in paths}
-    file_size = Counter(sizes.values()).most_common(1)[0][0]
-    geometry = _index_geometry(file_size)
+    if geometry is not None:
+        file_size = index_file_size(*geometry)
+    else:
+        file_size = Counter(sizes.values()).most_common(1)[0][0]
+        geometry = _index_geometry(file_size)
     if geometry is None:
         findings.note(
             f"index: files of {file_size} bytes, not of {INDEX_ENTRIES_PER_SLOT} entries a "
@@ -210,7 +221,7 @@ def _check_index(directory: Path, commitlog_max_offset: int, findings: Findings)
         # As a start does: a file failing its check, and every file after it, is set aside.
         then = "a start sets it and the files after it aside and indexes again"
         if sizes[path] != file_size:
-            why = f"size {sizes[path]} but the other index files are {file_size} bytes"
+            why = f"size {sizes[path]} but index files are {file_size} bytes"
         else:
             data = _read(path)
             if len(data) != file_size:
