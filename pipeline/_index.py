@@ -170,7 +170,8 @@ def rebuild_index_files(
     scratch = Path(out) / SCRATCH_DIR
     shutil.rmtree(scratch, ignore_errors=True)  # a failed attempt's files (a task retried)
     commitlog = CommitLog(layout, read_only=True)
-    commitlog.files = open_data_files(layout.commitlog_dir, "commitlog", _Ignore())
+    # Mapped: the C indexer scans the files' buffers (zero-copy).
+    commitlog.files = open_data_files(layout.commitlog_dir, "commitlog", _Ignore(), mapped=True)
     # Names are chosen afterwards: the clock only has to give the scratch files names.
     service = IndexService(
         scratch, clock=ManualClock(0), max_hash_slot_num=hash_slot_num, max_index_num=index_num

@@ -36,6 +36,15 @@ _LAYOUT = struct.Struct(
 )
 
 
+def size_problem(size: int) -> str | None:
+    """Why a checkpoint file of ``size`` bytes is not one, or None (0: just created).
+    A start resets such a file to zero timestamps (logged at ERROR); ``basalt store
+    check`` reports it."""
+    if size in (0, CHECKPOINT_FILE_SIZE):
+        return None
+    return f"size {size}, expected {CHECKPOINT_FILE_SIZE}"
+
+
 class StoreCheckpoint:
     """The checkpoint file, mapped; setters are in memory until :meth:`flush`."""
 
@@ -56,13 +65,14 @@ class StoreCheckpoint:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             size = os.fstat(self._fd).st_size
-            if size not in (0, CHECKPOINT_FILE_SIZE):
+            problem = size_problem(size)
+            if problem is not None:
                 # Only a hint: zeros make abnormal recovery start from the first file,
                 # the safe (slower) choice, rather than refuse to start.
                 log.error(
-                    "%s: size %d, expected %d; reset to zero timestamps (recovery after a "
-                    "crash starts from the first commitlog file)",
-                    path, size, CHECKPOINT_FILE_SIZE,
+                    "%s: %s; reset to zero timestamps (recovery after a crash starts "
+                    "from the first commitlog file)",
+                    path, problem,
                 )  # fmt: skip
                 os.ftruncate(self._fd, 0)
                 size = 0

@@ -2,7 +2,7 @@
 
 :func:`check_store` opens the root through :mod:`basalt.store.readonly` (no lock, no
 ``abort``, nothing written, truncated or recovered), so it may run beside a
-live store or on a crashed root before recovery. It makes three passes:
+live store or on a crashed root before recovery. It makes four passes:
 
 1. every ConsumeQueue: find its written end (the first invalid unit, as
    ConsumeQueue recovery would) and report data past it (a hole);
@@ -13,7 +13,10 @@ live store or on a crashed root before recovery. It makes three passes:
 3. every ConsumeQueue unit below the end found in pass 1 — except filler units
    and units whose record is below the CommitLog min offset — must point at a
    dispatchable record of its own topic and queue, with the unit's size and
-   tagsCode, whose QUEUEOFFSET is the unit's index.
+   tagsCode, whose QUEUEOFFSET is the unit's index;
+4. the checkpoint, consumer offsets, queue manifest, pop journal and
+   IndexFiles, each by its loader's own rule
+   (:mod:`basalt.store.consistency_files`).
 
 Undispatched records are *info* while an ``abort`` file is present (the store
 is running, or crashed and awaits recovery, which re-dispatches them) and a
@@ -36,6 +39,7 @@ from basalt.common.message import PROPERTY_TAGS, decode_properties, is_dispatcha
 from basalt.common.record import RecordInfo, RecordKind
 from basalt.store.checkpoint import StoreCheckpoint
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
+from basalt.store.consistency_files import check_side_files
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.hashing import tags_code
 from basalt.store.mapped_file import MappedFile
@@ -46,6 +50,7 @@ from basalt.store.readonly import (
     iso_ms,
     open_consume_queue,
     open_data_files,
+    report_shrunk,
     store_layout,
 )
 from basalt.store.resync import is_tombstone
@@ -243,8 +248,11 @@ class _Queue:
 class _Checker:
     """One run of :func:`check_store`; owns the mapped files until :meth:`close`."""
 
-    def __init__(self, layout: MessageStoreConfig) -> None:
+    def __init__(
+        self, layout: MessageStoreConfig, index_geometry: tuple[int, int] | None = None
+    ) -> None:
         self.layout = layout
+        self.index_geometry = index_geometry
         self.findings = _Findings()
         self.queues: dict[QueueKey, _Queue] = {}
         #: Mapped after pass 1, so that every unit checked points below the CommitLog seen.
@@ -267,7 +275,7 @@ class _Checker:
             f.note("abort file present: the store is running, or crashed and was not recovered yet")
         else:
             f.note("no abort file: the last shutdown was clean (or the store never started)")
-        if layout.checkpoint_path.exists():
+        if layout.checkpoint_path.is_file():
             cp = StoreCheckpoint(layout.checkpoint_path, read_only=True)
             stamps = (
                 ("physic", cp.physic_msg_timestamp),
@@ -281,6 +289,18 @@ class _Checker:
         for key, q in sorted(self.queues.items()):
             self._check_units(key, q)
         self._check_undispatched()
+        check_side_files(
+            layout.store_path_root_dir,
+            f,
+            abort=self.abort,
+            commitlog_max_offset=self.walk_end,
+            queue_ends={k: q.cq_end for k, q in self.queues.items() if q.cq is not None},
+            index_geometry=self.index_geometry,
+        )
+        report_shrunk(self.commitlog, "commitlog", f)
+        for (topic, queue_id), q in sorted(self.queues.items()):
+            if q.cq is not None:
+                report_shrunk(q.cq.files, f"consumequeue {topic}/{queue_id}", f)
         return self._report()
 
     # -- pass 1 ------------------------------------------------------------------------
@@ -552,14 +572,16 @@ def unit_mismatch(
     return f"commitlog offset {phy}: " + "; ".join(wrong) if wrong else ""
 
 
-def check_store(root: Path) -> CheckReport:
+def check_store(root: Path, *, index_geometry: tuple[int, int] | None = None) -> CheckReport:
     """Verify a store root read-only; see the module docstring for what is checked.
 
     Returns the report (``ok`` false on any inconsistency); raises
     StoreRootError when ``root`` is missing or not a store root. Never writes,
     locks or truncates anything, so it may run beside a live store.
+    ``index_geometry``: the store's (``max_hash_slot_num``, ``max_index_num``),
+    which IndexFiles do not record; without it, inferred from their size.
     """
-    checker = _Checker(store_layout(root))
+    checker = _Checker(store_layout(root), index_geometry)
     try:
         return checker.run()
     finally:

@@ -147,6 +147,12 @@ class ConsumeQueue:
             repair_unit=CQ_STORE_UNIT_SIZE,
             new_file=queue_file_factory(open_files if open_files is not None else OpenFiles()),
             defer_dir_sync=True,
+            # A file longer than configured: set aside (as recovery does with damaged
+            # CommitLog bytes) and the queue rebuilt, never a refusal to start.
+            quarantine=(
+                consume_queue_dir.parent / "quarantine",
+                f"consumequeue-{topic}-{queue_id}-",
+            ),
         )
         #: End (offset + size) of the last real unit; -1 when the queue is empty.
         self.max_physic_offset = -1

@@ -34,6 +34,7 @@ from basalt.store.readonly import (
     iso_ms,
     open_consume_queue,
     open_data_files,
+    report_shrunk,
     store_layout,
 )
 
@@ -165,6 +166,7 @@ def dump_store(
         finally:
             cq.close()
     finally:
+        report_shrunk(commitlog, "commitlog", warnings)
         commitlog.close()
 
 

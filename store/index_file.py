@@ -181,6 +181,49 @@ def _time_diff_s(store_timestamp_ms: int, begin_timestamp_ms: int) -> int:
     return min(delta_ms // 1000, _INT_MAX)
 
 
+def check_index_bytes(
+    data: bytes | mmap.mmap,
+    hash_slot_num: int,
+    index_num: int,
+    commitlog_max_offset: int,
+    prev: tuple[str, IndexHeader] | None,
+) -> str | None:
+    """:meth:`IndexFile.check`'s rule over the bytes of a whole index file of this
+    geometry; ``prev`` the previous file's name and header (its ``index_count`` at
+    least 1, as loaded). Shared with ``basalt store check``, which reads the bytes
+    with ``pread``."""
+    begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = HEADER.unpack_from(data, 0)
+    count = max(raw_count, 1)
+    if not 0 <= raw_count <= index_num:
+        return f"header: index count {raw_count} outside [0, {index_num}]"
+    if not 0 <= slot_count <= min(hash_slot_num, count - 1):
+        return f"header: hash slot count {slot_count} but {count - 1} entries"
+    if not (0 <= begin_ts <= end_ts and 0 <= begin_phy <= end_phy):
+        return (
+            f"header: begin ({begin_ts} ms, offset {begin_phy}) after end "
+            f"({end_ts} ms, offset {end_phy})"
+        )
+    if count == 1 and (begin_ts != end_ts or begin_phy != end_phy):
+        return "header: no entries but begin and end differ"
+    if count > 1 and end_phy >= commitlog_max_offset:
+        return f"header: end offset {end_phy} past the commitlog's end {commitlog_max_offset}"
+    if prev is not None:
+        prev_name, prev_header = prev
+        if prev_header.index_count < index_num:
+            return f"follows {prev_name}, which is not full"
+        if begin_phy < prev_header.end_phy_offset:
+            return f"header: begin offset {begin_phy} before {prev_name}'s end"
+    reason = _records.index_check(data, hash_slot_num, index_num, count, begin_phy, end_phy)
+    return reason or None
+
+
+def loaded_header(data: bytes | mmap.mmap) -> IndexHeader:
+    """The header at the start of ``data`` as :meth:`IndexFile.open` loads it
+    (an ``indexCount`` of 0 or less reads as 1)."""
+    begin_ts, end_ts, begin_phy, end_phy, slot_count, index_count = HEADER.unpack_from(data, 0)
+    return IndexHeader(begin_ts, end_ts, begin_phy, end_phy, slot_count, max(index_count, 1))
+
+
 class IndexFile:
     """One memory-mapped index file. Build with :meth:`create` or :meth:`open`."""
 
@@ -297,9 +340,7 @@ class IndexFile:
         except BaseException:
             os.close(fd)
             raise
-        begin_ts, end_ts, begin_phy, end_phy, slot_count, index_count = HEADER.unpack_from(mm, 0)
-        header = IndexHeader(begin_ts, end_ts, begin_phy, end_phy, slot_count, max(index_count, 1))
-        return cls(path, hash_slot_num, index_num, fd, mm, header)
+        return cls(path, hash_slot_num, index_num, fd, mm, loaded_header(mm))
 
     def __repr__(self) -> str:
         return f"IndexFile({self.path.name}, entries={self._header.index_count - 1})"
@@ -369,32 +410,10 @@ class IndexFile:
         plausible - the query path's check of topic and key on the record
         catches (``basalt.store.store_reads``).
         """
-        begin_ts, end_ts, begin_phy, end_phy, slot_count, raw_count = HEADER.unpack_from(
-            self._mm, 0
+        previous = None if prev is None else (prev.file_name, prev._header)
+        return check_index_bytes(
+            self._mm, self.hash_slot_num, self.index_num, commitlog_max_offset, previous
         )
-        count = max(raw_count, 1)
-        if not 0 <= raw_count <= self.index_num:
-            return f"header: index count {raw_count} outside [0, {self.index_num}]"
-        if not 0 <= slot_count <= min(self.hash_slot_num, count - 1):
-            return f"header: hash slot count {slot_count} but {count - 1} entries"
-        if not (0 <= begin_ts <= end_ts and 0 <= begin_phy <= end_phy):
-            return (
-                f"header: begin ({begin_ts} ms, offset {begin_phy}) after end "
-                f"({end_ts} ms, offset {end_phy})"
-            )
-        if count == 1 and (begin_ts != end_ts or begin_phy != end_phy):
-            return "header: no entries but begin and end differ"
-        if count > 1 and end_phy >= commitlog_max_offset:
-            return f"header: end offset {end_phy} past the commitlog's end {commitlog_max_offset}"
-        if prev is not None:
-            if not prev.is_write_full:
-                return f"follows {prev.file_name}, which is not full"
-            if begin_phy < prev.end_phy_offset:
-                return f"header: begin offset {begin_phy} before {prev.file_name}'s end"
-        reason = _records.index_check(
-            self._mm, self.hash_slot_num, self.index_num, count, begin_phy, end_phy
-        )
-        return reason or None
 
     # -- write ------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from basalt.store.errors import CorruptFileError
-from basalt.store.files import fsync_dir
+from basalt.store.files import fsync_dir, set_aside
 from basalt.store.mapped_file import MappedFile, file_name, offset_in_name, parse_file_name
 
 #: How far past the last valid byte a torn append may have left bytes when the
@@ -73,6 +73,7 @@ class MappedFileQueue:
         fill_gaps: bool = False,
         new_file: FileFactory | None = None,
         defer_dir_sync: bool = False,
+        quarantine: tuple[Path, str] | None = None,
     ) -> None:
         self.directory = directory
         self.mapped_file_size = mapped_file_size
@@ -84,6 +85,12 @@ class MappedFileQueue:
         #: CommitLog: recovery reads on past them) instead of the files after it
         #: being deleted (derived data, rebuilt from its source).
         self.fill_gaps = fill_gaps
+        #: In repair mode, ``(quarantine folder, name prefix)``: a file *longer* than
+        #: ``mapped_file_size`` is set aside there as ``<prefix><file name>`` and
+        #: the files after it deleted (derived data: rebuilt from its source)
+        #: instead of refused. Without it such a file is refused (the CommitLog:
+        #: which of its bytes are valid cannot be told).
+        self.quarantine = quarantine
         self._new_file = new_file
         #: Derived files (ConsumeQueues, rebuilt from the CommitLog) fsync the new
         #: name with their first flush, not at creation: their bytes are not
@@ -104,9 +111,10 @@ class MappedFileQueue:
 
         Raises CorruptFileError for a file of the wrong size or a gap between files
         - except in repair mode (``repair_unit``), where a short file is cut to
-        whole units and zero-padded to full size, and the files after a gap are
-        deleted; each repair is listed in :attr:`repaired`, and the caller
-        rebuilds what went from its source (the CommitLog).
+        whole units and zero-padded to full size, a longer one set aside to
+        :attr:`quarantine` (when given), and the files after a gap (or a file
+        set aside) are deleted; each repair is listed in :attr:`repaired`, and
+        the caller rebuilds what went from its source (the CommitLog).
         """
         try:
             # Names, not Paths, until one is known to be a data file: a store over
@@ -156,6 +164,16 @@ class MappedFileQueue:
                     self.repaired.append(f"{path.name} deleted: it follows a gap")
                     continue
             size = os.stat(path).st_size
+            if size > self.mapped_file_size and self.quarantine is not None:
+                folder, prefix = self.quarantine
+                target = set_aside(path, folder, prefix + path.name)
+                self.repaired.append(
+                    f"{path.name} was {size} bytes, longer than {self.mapped_file_size}: "
+                    f"set aside as {target}"
+                )
+                # The files after it follow a gap now: deleted, rebuilt from the source.
+                expected = start
+                continue
             if 0 < size < self.mapped_file_size:
                 whole = size - size % self.repair_unit
                 # A torn last unit is cut; the zeros after the rest read as "not written".

@@ -63,7 +63,13 @@ from basalt.store.errors import StoreError
 from basalt.store.files import fsync_dir, set_aside
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter
-from basalt.store.pop_journal import JOURNAL_NAME, Kind, decode_records, encode_record
+from basalt.store.pop_journal import (
+    JOURNAL_NAME,
+    Kind,
+    decode_records,
+    encode_record,
+    not_a_journal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -229,20 +235,15 @@ class PopStore:
         """Move a journal folder that is no folder, or a journal that is no regular
         file, to the quarantine (logged at ERROR); returns where each went."""
         moved: list[str] = []
-        for path, name, ok, what in (
-            (self.directory, "pop-folder", os.path.isdir, "folder"),
-            (self.path, "pop-journal", os.path.isfile, "file"),
-        ):
-            # lexists: a dangling link is "there" (mkdir would fail on it) but not a dir.
-            if os.path.lexists(path) and not ok(path):
-                target = set_aside(path, self.quarantine_dir, name)
-                log.error(
-                    "pop journal %s is not a %s: set aside as %s; the pop state starts empty "
-                    "(each queue from its group's committed offset: messages in flight are "
-                    "delivered again)",
-                    path, what, target,
-                )  # fmt: skip
-                moved.append(str(target))
+        for path, name, what in not_a_journal(self.directory):
+            target = set_aside(path, self.quarantine_dir, name)
+            log.error(
+                "pop journal %s is not a %s: set aside as %s; the pop state starts empty "
+                "(each queue from its group's committed offset: messages in flight are "
+                "delivered again)",
+                path, what, target,
+            )  # fmt: skip
+            moved.append(str(target))
         return tuple(moved)
 
     def close(self) -> None:

@@ -30,11 +30,30 @@ short, out of bounds or fails its CRC; replay and compaction are
 from __future__ import annotations
 
 import enum
+import os
 import struct
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 JOURNAL_NAME = "journal"
+
+
+def not_a_journal(directory: Path) -> list[tuple[Path, str, str]]:
+    """What stands where the journal folder ``directory`` or its journal should be but
+    is not one: (path, quarantine name, what it should be) for a folder that is no
+    folder (a file, a dangling link) and a journal that is no regular file. A
+    start sets each aside; ``store check`` reports each. Only the folder is listed
+    when it is not one (the journal cannot be inside it).
+    """
+    # lexists: a dangling link is "there" (mkdir would fail on it) but not a dir.
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        return [(directory, "pop-folder", "folder")]
+    journal = directory / JOURNAL_NAME
+    if os.path.lexists(journal) and not os.path.isfile(journal):
+        return [(journal, "pop-journal", "file")]
+    return []
+
 
 #: The fixed part of a journal record; GROUP and TOPIC follow.
 RECORD = struct.Struct(

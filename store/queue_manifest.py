@@ -173,6 +173,23 @@ class ManifestLoad:
         return f"queue manifest: damaged ({self.problem}), ignored"
 
 
+def read_manifest(path: Path) -> ManifestLoad:
+    """How the manifest at ``path`` reads: MISSING, DAMAGED (unreadable, or
+    :func:`decode_manifest` refused it, with why) or LOADED. Never raises, never
+    logs, writes nothing: a start (:meth:`QueueManifest.load`) and ``basalt store
+    check`` judge it by this one rule."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return ManifestLoad(ManifestStatus.MISSING)
+    except OSError as e:  # a folder in its place, EIO, EACCES
+        return ManifestLoad(ManifestStatus.DAMAGED, problem=f"unreadable: {e}")
+    try:
+        return ManifestLoad(ManifestStatus.LOADED, decode_manifest(data))
+    except ManifestDamage as e:
+        return ManifestLoad(ManifestStatus.DAMAGED, problem=str(e))
+
+
 class QueueManifest:
     """The manifest file of one store root: loaded once at start, then written
     by the ConsumeQueue flusher.
@@ -191,28 +208,20 @@ class QueueManifest:
         self.writes = 0
 
     def load(self) -> ManifestLoad:
-        """Read the manifest; never raises for a missing or damaged file (logged)."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
+        """Read the manifest (:func:`read_manifest`); never raises for a missing or
+        damaged file (logged)."""
+        found = read_manifest(self.path)
+        if found.status is ManifestStatus.MISSING:
             log.info("no queue manifest %s: lost queues are not detected this start", self.path)
-            return ManifestLoad(ManifestStatus.MISSING)
-        except OSError as e:  # a folder in its place, EIO, EACCES
-            return self._damaged(f"unreadable: {e}")
-        try:
-            maxima = decode_manifest(data)
-        except ManifestDamage as e:
-            return self._damaged(str(e))
-        self._written = maxima
-        return ManifestLoad(ManifestStatus.LOADED, maxima)
-
-    def _damaged(self, problem: str) -> ManifestLoad:
-        log.error(
-            "queue manifest %s ignored: %s; lost queues cannot be detected this start, and "
-            "the manifest is written again by the next flush",
-            self.path, problem,
-        )  # fmt: skip
-        return ManifestLoad(ManifestStatus.DAMAGED, problem=problem)
+        elif found.status is ManifestStatus.DAMAGED:
+            log.error(
+                "queue manifest %s ignored: %s; lost queues cannot be detected this start, "
+                "and the manifest is written again by the next flush",
+                self.path, found.problem,
+            )  # fmt: skip
+        else:
+            self._written = found.maxima
+        return found
 
     def due(self, now_ms: int) -> bool:
         """Whether the interval since the last write has passed (or none was made)."""

@@ -1,10 +1,14 @@
 """Read-only access to a store root, shared by ``basalt store check`` and ``dump``.
 
 Contract: nothing here takes the root's ``lock``, creates ``abort``, or
-writes, truncates or recovers a byte. Every data file is mapped with
-``read_only=True``, so these loaders are safe on a root a running store holds
-and on a crashed root before recovery. There is no configuration to read:
-each directory's file size is inferred from the files on disk.
+writes, truncates or recovers a byte. Data files are opened ``O_RDONLY`` and
+read with ``pread`` (:class:`ReadOnlyFile`), never through a mapping: a
+mapped read of a hole of a sparse file on a full tmpfs, or of a page past the
+end of a file truncated underneath, is a SIGBUS that kills the tool (issue 28);
+a ``pread`` there reads zeros or comes back short, and the tool reports it.
+So these loaders are safe on a root a running store holds, on a crashed root
+before recovery and on a full disk. There is no configuration to read: each
+directory's file size is inferred from the files on disk.
 
 Damage is not fatal. A file that does not fit (wrong size, misplaced name,
 unreadable) is reported to a :class:`Findings` sink and left out, so a
@@ -19,17 +23,30 @@ exactly the written units, filler units included.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from basalt.common.record import RecordInfo, check_record
+from basalt.common.record import (
+    MESSAGE_MAGIC_CODE,
+    SIZE_AND_MAGIC,
+    RecordInfo,
+    RecordKind,
+    check_record,
+)
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import ConsumeQueue
 from basalt.store.errors import StoreError
-from basalt.store.mapped_file import MappedFile, parse_file_name
+from basalt.store.mapped_file import MappedFile, data_extents, parse_file_name, wrong_size
 from basalt.store.mapped_file_queue import MappedFileQueue
+
+if TYPE_CHECKING:
+    import mmap
+
+#: The most bytes one pread of a tail scan reads.
+_CHUNK = 64 * 1024
 
 
 class StoreRootError(StoreError, FileNotFoundError):
@@ -49,6 +66,96 @@ class Findings(Protocol):
     ) -> None: ...
 
     def note(self, message: str) -> None: ...
+
+
+class ReadOnlyFile(MappedFile):
+    """A data file opened ``O_RDONLY`` and read with ``pread``: a :class:`MappedFile`
+    in interface (positions, ``read``, ``readable_end``, ``dirty_bytes_from``),
+    with no mapping, so no read of it can raise a signal.
+
+    A read past the file's end on disk (it was truncated after it was
+    opened) returns zeros for the missing bytes, as a hole reads, and
+    remembers where the file ended in :attr:`shrunk_to`: the caller reports
+    it (:func:`report_shrunk`). ``buffer`` is not available.
+    """
+
+    __slots__ = ("shrunk_to",)
+
+    def __init__(self, path: Path, file_size: int) -> None:
+        # MappedFile.__init__ is not called: it would map the file.
+        self._init_state(path, file_size, read_only=True)
+        self.shrunk_to: int | None = None
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            actual = os.fstat(self._fd).st_size
+            if actual != file_size:
+                raise wrong_size(path, actual, file_size)
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyFile({self.path.name})"
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """Not available: a ReadOnlyFile has no mapping; use :meth:`read`."""
+        raise TypeError(f"{self.path.name}: a ReadOnlyFile has no mapping, use read()")
+
+    def read(self, pos: int, size: int) -> bytes:
+        """``size`` bytes from ``pos`` (fewer only past ``file_size``); bytes past the
+        file's end on disk read as zeros and set :attr:`shrunk_to`."""
+        size = min(size, self.file_size - pos)
+        if size <= 0:
+            return b""
+        data = os.pread(self._fd, size, pos)
+        while len(data) < size:
+            more = os.pread(self._fd, size - len(data), pos + len(data))
+            if not more:
+                end = pos + len(data)
+                self.shrunk_to = end if self.shrunk_to is None else min(self.shrunk_to, end)
+                return data + bytes(size - len(data))
+            data += more
+        return data
+
+    def first_non_zero(self, pos: int) -> int | None:
+        """Position of the first non-zero byte at or after ``pos``; None if all are
+        zero. Only data extents are read, by ``pread``, a chunk at a time."""
+        for begin, end in data_extents(self, pos, self.file_size):
+            for at in range(begin, end, _CHUNK):
+                chunk = self.read(at, min(_CHUNK, end - at))
+                rest = chunk.lstrip(b"\0")
+                if rest:
+                    return at + len(chunk) - len(rest)
+        return None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def destroy(self) -> None:
+        raise TypeError(f"{self.path.name}: a ReadOnlyFile is never deleted")
+
+
+def report_shrunk(files: MappedFileQueue, what: str, findings: Findings) -> None:
+    """Report every file of ``files`` that was found shorter than its size while read
+    (:attr:`ReadOnlyFile.shrunk_to`): truncated underneath the tool."""
+    for mf in files.files:
+        if isinstance(mf, ReadOnlyFile) and mf.shrunk_to is not None:
+            findings.problem(
+                "file-truncated",
+                f"{what}: {mf.path.name} ended at byte {mf.shrunk_to} while being read, "
+                f"but was {mf.file_size} bytes when opened (truncated underneath; "
+                f"the bytes past its end were read as zeros)",
+                path=mf.path,
+                offset=mf.shrunk_to,
+            )
 
 
 def store_layout(root: Path) -> MessageStoreConfig:
@@ -73,9 +180,14 @@ def store_layout(root: Path) -> MessageStoreConfig:
 
 
 def open_data_files(
-    directory: Path, what: str, findings: Findings, *, unit: int = 1
+    directory: Path, what: str, findings: Findings, *, unit: int = 1, mapped: bool = False
 ) -> MappedFileQueue:
-    """Map a directory's data files read-only into a MappedFileQueue, reporting misfits.
+    """Open a directory's data files read-only into a MappedFileQueue, reporting misfits.
+
+    The files are :class:`ReadOnlyFile` (``pread``, no signal on a hole of a
+    full disk or a file truncated underneath); ``mapped=True`` maps them
+    instead (``MappedFile``, for zero-copy scans through ``buffer``: the
+    pipeline's choice, which gives up that safety).
 
     The file size is the most common size on disk; a file of another size, a
     size that is not a multiple of ``unit``, a name that is not a multiple of
@@ -114,7 +226,11 @@ def open_data_files(
             findings.problem("file-size", problem, path=path)
         else:
             try:
-                mf = MappedFile(path, file_size, read_only=True)
+                mf = (
+                    MappedFile(path, file_size, read_only=True)
+                    if mapped
+                    else ReadOnlyFile(path, file_size)
+                )
             except OSError as e:  # CorruptFileError included
                 findings.problem("file-unreadable", f"{what}: {path.name}: {e}", path=path)
             else:
@@ -192,21 +308,34 @@ def _written_end(cq: ConsumeQueue, what: str, findings: Findings) -> int:
 
 def _first_non_zero(mf: MappedFile, pos: int) -> int | None:
     """Position of the first non-zero byte at or after ``pos``; None if all are zero."""
-    data = mf.read(pos, mf.file_size - pos)
-    rest = data.lstrip(b"\0")
-    return pos + len(data) - len(rest) if rest else None
+    if isinstance(mf, ReadOnlyFile):
+        return mf.first_non_zero(pos)
+    dirty = mf.dirty_bytes_from(pos)  # extents only, by pread: the last non-zero byte
+    if not dirty:
+        return None
+    data = mf.read(pos, dirty)
+    return pos + len(data) - len(data.lstrip(b"\0"))
 
 
 def check_at(mf: MappedFile, pos: int, *, check_crc: bool = True) -> RecordInfo:
     """:func:`check_record` at ``pos`` of ``mf``, expecting PHYSICALOFFSET to be its place.
 
-    Reads no further than the data extent holding ``pos`` (a hole reads as the
-    end of the data): a read fault on a hole of a sparse file is a SIGBUS on a
-    full tmpfs, and ``store check`` must report, never die.
+    Reads with ``mf.read`` (``pread`` for a :class:`ReadOnlyFile`) the record's
+    first 8 bytes, then, for a message whose TOTALSIZE fits, the record: no
+    further than the data extent holding ``pos`` (a hole reads as the end of
+    the data), so a hole of a sparse file on a full tmpfs is never faulted and
+    ``store check`` reports, never dies.
     """
-    limit = mf.readable_end(pos)
+    limit = mf.readable_end(pos) - pos
+    head = mf.read(pos, min(SIZE_AND_MAGIC.size, limit))
+    if len(head) == SIZE_AND_MAGIC.size:
+        size, magic = SIZE_AND_MAGIC.unpack(head)
+        if magic == MESSAGE_MAGIC_CODE and SIZE_AND_MAGIC.size < size <= limit:
+            head = mf.read(pos, size)
+    if len(head) < min(SIZE_AND_MAGIC.size, limit):
+        return RecordInfo(RecordKind.CORRUPT, reason=f"the file ends at {pos + len(head)}")
     return check_record(
-        mf.buffer, pos, limit, check_crc=check_crc, expected_offset=mf.file_from_offset + pos
+        head, 0, limit, check_crc=check_crc, expected_offset=mf.file_from_offset + pos
     )
 
 

@@ -72,6 +72,16 @@ def add_store_commands(parser: argparse.ArgumentParser) -> None:
         "inconsistency, 2 on a usage error.",
     )
     check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument(
+        "--max-hash-slot-num",
+        type=_non_negative_int,
+        metavar="N",
+        help="the store's IndexFile hash slots (with --max-index-num; default: inferred "
+        "from the files' size, 4 entries a slot)",
+    )
+    check.add_argument(
+        "--max-index-num", type=_non_negative_int, metavar="N", help="the store's IndexFile entries"
+    )
     dump = _add_command(
         sub,
         "dump",
@@ -111,7 +121,10 @@ def _add_command(
 def run_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``basalt store check``: 0 consistent, 1 inconsistent, 2 bad root."""
     try:
-        report = check_store(args.root)
+        slots = getattr(args, "max_hash_slot_num", None)
+        entries = getattr(args, "max_index_num", None)
+        geometry = (slots, entries) if slots and entries else None
+        report = check_store(args.root, index_geometry=geometry)
     except StoreRootError as e:
         err.write(f"basalt store check: error: {e}\n")
         return EXIT_USAGE

@@ -4,6 +4,7 @@ loses nothing that was acknowledged."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -237,3 +238,72 @@ def test_a_full_tmpfs_refuses_sends_before_it_is_full_and_restarts_and_checks_wi
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
     report = json.loads(check.stdout)
     assert report["ok"] is True, report
+
+
+def test_store_check_and_dump_on_a_full_tmpfs_report_and_never_die_of_sigbus(
+    small_tmpfs: Path,
+) -> None:
+    """Issue 28 point 6: on a full tmpfs, ``store check`` read the sparse files through
+    a mapping and died of SIGBUS (exit -7): a read fault on a hole allocates a page,
+    and there is none. The read-only tools now read with pread (a hole reads as zeros)."""
+    root = small_tmpfs / "store"
+    config = MessageStoreConfig(
+        store_path_root_dir=root,
+        mapped_file_size_commit_log=SMALL_COMMITLOG_FILE * 4,
+        mapped_file_size_consume_queue=SMALL_CQ_FILE * 16,
+        **SMALL_INDEX,  # type: ignore[arg-type]
+    )
+    with MessageStore(config) as store:
+        for i in range(20):
+            assert store.put_message(Message("T", b"x%d" % i)).ok
+    # Fill the disk: every page left goes to a filler file.
+    with (small_tmpfs / "filler").open("wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+                f.flush()
+        except OSError:
+            pass
+    cli = "import sys; from basalt.admin.cli import main; sys.exit(main(sys.argv[1:]))"
+    check = _run_child(cli, "store", "check", str(root), "--json")
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    assert json.loads(check.stdout)["counts"]["records"] == 20
+    dump = _run_child(cli, "store", "dump", str(root))
+    assert dump.returncode == 0, dump.stderr[-3000:]
+    assert "records: 20" in dump.stdout
+
+
+def test_store_check_reports_a_commitlog_file_truncated_underneath(tmp_path: Path) -> None:
+    """A file cut after the tool sized it: a mapped read past its new end is a SIGBUS;
+    the pread reader reports the cut (a record ending past it is corrupt)."""
+    from basalt.store.consistency import check_store
+    from basalt.store.readonly import ReadOnlyFile
+
+    root = tmp_path / "store"
+    config = MessageStoreConfig(
+        store_path_root_dir=root,
+        mapped_file_size_commit_log=SMALL_COMMITLOG_FILE,
+        mapped_file_size_consume_queue=SMALL_CQ_FILE,
+        **SMALL_INDEX,  # type: ignore[arg-type]
+    )
+    with MessageStore(config) as store:
+        for i in range(20):
+            assert store.put_message(Message("T", b"y" * 100 + b"%d" % i)).ok
+    path = config.commitlog_dir / "00000000000000000000"
+    original = ReadOnlyFile.__init__
+
+    def open_then_cut(self: ReadOnlyFile, p: Path, size: int) -> None:
+        original(self, p, size)
+        if p == path:
+            os.truncate(p, 1000)  # underneath the tool, after it checked the size
+
+    ReadOnlyFile.__init__ = open_then_cut  # type: ignore[method-assign]
+    try:
+        report = check_store(root)
+    finally:
+        ReadOnlyFile.__init__ = original  # type: ignore[method-assign]
+    # Reads stop at the data's end as the file now is (SEEK_DATA/SEEK_HOLE), and a
+    # short pread is reported as the file's truncation: either way a finding.
+    codes = {p.code for p in report.problems}
+    assert codes & {"file-truncated", "commitlog-corrupt"}, report.summary()
+    assert not report.ok

@@ -264,6 +264,9 @@ class Harm:
     offsets_kept: bool = True
     undetected_span: tuple[int, int] | None = None
     pop_lost: bool = False
+    #: The start refuses the root (a CommitLog file longer than configured: which of
+    #: its bytes are valid cannot be told); ``store check`` must call it inconsistent.
+    refused: bool = False
 
 
 #: Damage a copy of a built root; the rng picks records and bytes.
@@ -409,6 +412,15 @@ def _delete_every_file(layout: Layout, root: Path, rng: random.Random) -> Harm:
     return Harm(_keys(layout.records))
 
 
+def _longer_than_configured(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """Bytes appended to the last CommitLog file, past its configured size (issue 28
+    point 11: ``store check`` passed it, the node refused it)."""
+    last = _commitlog(root, file_name((layout.commitlog_files - 1) * COMMITLOG_FILE))
+    with last.open("ab") as f:
+        f.write(rng.randbytes(PAGE))
+    return Harm(refused=True)
+
+
 # -- ConsumeQueue ---------------------------------------------------------------------------
 
 
@@ -458,6 +470,15 @@ def _cq_wrong_offset(layout: Layout, root: Path, rng: random.Random) -> Harm:
     return Harm()
 
 
+def _cq_past_its_size(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """Units written past the configured size of a queue's first ConsumeQueue file
+    (issue 28 point 11: the node refused to start): set aside and rebuilt."""
+    cq = _queue_dir(root, _some_queue(layout, rng)) / file_name(0)
+    with cq.open("ab") as f:
+        f.write(rng.randbytes(CQ_STORE_UNIT_SIZE * (1 + rng.randrange(4))))
+    return Harm()
+
+
 def _cq_delete_directory(layout: Layout, root: Path, rng: random.Random) -> Harm:
     """Delete one queue's whole ConsumeQueue directory (issue 28 point 2): the queue
     manifest shows it gone, and it is rebuilt from the CommitLog."""
@@ -484,6 +505,14 @@ def _pop_folder_replaced_by_file(layout: Layout, root: Path, rng: random.Random)
     shutil.rmtree(folder)
     folder.write_bytes(rng.randbytes(PAGE))
     return Harm(pop_lost=True)
+
+
+def _pop_journal_garbage_tail(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """Random bytes after the pop journal's last record (a torn append, bad sectors):
+    a start cuts them, and the records before them hold."""
+    with (root / "pop" / "journal").open("ab") as f:
+        f.write(b"\xff" + rng.randbytes(64))
+    return Harm()
 
 
 def _pop_journal_replaced_by_folder(layout: Layout, root: Path, rng: random.Random) -> Harm:
@@ -531,6 +560,13 @@ def _checkpoint_flip(layout: Layout, root: Path, rng: random.Random) -> Harm:
 
 def _checkpoint_truncate(layout: Layout, root: Path, rng: random.Random) -> Harm:
     os.truncate(store_config(root).checkpoint_path, rng.randrange(24))
+    return Harm()
+
+
+def _manifest_flip(layout: Layout, root: Path, rng: random.Random) -> Harm:
+    """XOR one byte of the queue manifest's table: its CRC fails, a start ignores it."""
+    path = root / "config" / "consumeQueueManifest.json"
+    _xor_byte(path, path.read_bytes().index(b'"queues":') + 12 + rng.randrange(8))
     return Harm()
 
 
@@ -588,6 +624,10 @@ def _catalogue() -> tuple[Damage, ...]:
         Damage("commitlog-delete-every-file", "commitlog", _delete_every_file),
         Damage("commitlog-garbage-past-end", "commitlog", _garbage_past_end),
         Damage("commitlog-old-file-flip-body", "commitlog", _flip_body_in_old_file),
+        Damage("commitlog-longer-than-configured", "commitlog", _longer_than_configured),
+        Damage("consumequeue-past-its-size", "consumequeue", _cq_past_its_size),
+        Damage("pop-journal-garbage-tail", "pop", _pop_journal_garbage_tail),
+        Damage("queue-manifest-flip", "manifest", _manifest_flip),
         Damage("consumequeue-flip", "consumequeue", _cq_flip),
         Damage("consumequeue-truncate", "consumequeue", _cq_truncate),
         Damage("consumequeue-delete-file", "consumequeue", _cq_delete_file),
@@ -616,6 +656,7 @@ def _catalogue() -> tuple[Damage, ...]:
             ("commitlog-zero-page", "commitlog", _zero_page),
             ("commitlog-garbage-past-end", "commitlog", _garbage_past_end),
             ("consumequeue-truncate", "consumequeue", _cq_truncate),
+            ("consumequeue-past-its-size", "consumequeue", _cq_past_its_size),
             ("consumequeue-delete-directory", "consumequeue", _cq_delete_directory),
             ("commitlog-delete-every-file", "commitlog", _delete_every_file),
             ("pop-folder-replaced-by-file", "pop", _pop_folder_replaced_by_file),
