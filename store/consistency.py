@@ -249,10 +249,14 @@ class _Checker:
     """One run of :func:`check_store`; owns the mapped files until :meth:`close`."""
 
     def __init__(
-        self, layout: MessageStoreConfig, index_geometry: tuple[int, int] | None = None
+        self,
+        layout: MessageStoreConfig,
+        index_geometry: tuple[int, int] | None = None,
+        commitlog_file_size: int | None = None,
     ) -> None:
         self.layout = layout
         self.index_geometry = index_geometry
+        self.commitlog_file_size = commitlog_file_size
         self.findings = _Findings()
         self.queues: dict[QueueKey, _Queue] = {}
         #: Mapped after pass 1, so that every unit checked points below the CommitLog seen.
@@ -284,7 +288,9 @@ class _Checker:
             )
             f.note("checkpoint: " + ", ".join(f"{n} {ms} ({iso_ms(ms)})" for n, ms in stamps))
         self._open_consume_queues()
-        self.commitlog = open_data_files(layout.commitlog_dir, "commitlog", f)
+        self.commitlog = open_data_files(
+            layout.commitlog_dir, "commitlog", f, file_size=self.commitlog_file_size
+        )
         self._walk_commitlog()
         for key, q in sorted(self.queues.items()):
             self._check_units(key, q)
@@ -572,7 +578,12 @@ def unit_mismatch(
     return f"commitlog offset {phy}: " + "; ".join(wrong) if wrong else ""
 
 
-def check_store(root: Path, *, index_geometry: tuple[int, int] | None = None) -> CheckReport:
+def check_store(
+    root: Path,
+    *,
+    index_geometry: tuple[int, int] | None = None,
+    commitlog_file_size: int | None = None,
+) -> CheckReport:
     """Verify a store root read-only; see the module docstring for what is checked.
 
     Returns the report (``ok`` false on any inconsistency); raises
@@ -580,8 +591,12 @@ def check_store(root: Path, *, index_geometry: tuple[int, int] | None = None) ->
     locks or truncates anything, so it may run beside a live store.
     ``index_geometry``: the store's (``max_hash_slot_num``, ``max_index_num``),
     which IndexFiles do not record; without it, inferred from their size.
+    ``commitlog_file_size``: the store's ``mapped_file_size_commit_log``, which
+    a CommitLog file must be exactly (the store refuses any other size);
+    without it, the most common size on disk, so a one-file store's only file
+    passes whatever its size.
     """
-    checker = _Checker(store_layout(root), index_geometry)
+    checker = _Checker(store_layout(root), index_geometry, commitlog_file_size)
     try:
         return checker.run()
     finally:

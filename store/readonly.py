@@ -180,7 +180,13 @@ def store_layout(root: Path) -> MessageStoreConfig:
 
 
 def open_data_files(
-    directory: Path, what: str, findings: Findings, *, unit: int = 1, mapped: bool = False
+    directory: Path,
+    what: str,
+    findings: Findings,
+    *,
+    unit: int = 1,
+    mapped: bool = False,
+    file_size: int | None = None,
 ) -> MappedFileQueue:
     """Open a directory's data files read-only into a MappedFileQueue, reporting misfits.
 
@@ -189,7 +195,9 @@ def open_data_files(
     instead (``MappedFile``, for zero-copy scans through ``buffer``: the
     pipeline's choice, which gives up that safety).
 
-    The file size is the most common size on disk; a file of another size, a
+    The file size is ``file_size`` when the caller knows the store's setting
+    (a one-file store's only file cannot be judged otherwise), else the most
+    common size on disk; a file of another size, a
     size that is not a multiple of ``unit``, a name that is not a multiple of
     the size, or a gap between names is a problem, and the misfit is left
     out. An empty last file (created by a writer that died before allocating
@@ -205,8 +213,9 @@ def open_data_files(
         if (start := parse_file_name(p)) is not None and p.is_file()
     )
     sizes = [p.stat().st_size for _, p in named]
-    common = Counter(s for s in sizes if s > 0).most_common(1)
-    file_size = common[0][0] if common else 0
+    if file_size is None:
+        common = Counter(s for s in sizes if s > 0).most_common(1)
+        file_size = common[0][0] if common else 0
     files_queue = MappedFileQueue(directory, max(file_size, 1), read_only=True)
     if file_size % unit:
         findings.problem(
@@ -222,7 +231,7 @@ def open_data_files(
         if size == 0 and i == len(named) - 1:
             findings.note(f"{what}: {path.name} is empty (created, never written)")
         elif size != file_size or not size:
-            problem = f"{what}: {path.name} is {size} bytes but the others are {file_size}"
+            problem = f"{what}: {path.name} is {size} bytes, not {file_size}"
             findings.problem("file-size", problem, path=path)
         else:
             try:

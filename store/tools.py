@@ -82,6 +82,13 @@ def add_store_commands(parser: argparse.ArgumentParser) -> None:
     check.add_argument(
         "--max-index-num", type=_non_negative_int, metavar="N", help="the store's IndexFile entries"
     )
+    check.add_argument(
+        "--mapped-file-size-commit-log",
+        type=_non_negative_int,
+        metavar="BYTES",
+        help="the store's CommitLog file size, which every CommitLog file must be "
+        "(default: the most common size on disk; a one-file store's file is then not judged)",
+    )
     dump = _add_command(
         sub,
         "dump",
@@ -124,7 +131,11 @@ def run_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         slots = getattr(args, "max_hash_slot_num", None)
         entries = getattr(args, "max_index_num", None)
         geometry = (slots, entries) if slots and entries else None
-        report = check_store(args.root, index_geometry=geometry)
+        report = check_store(
+            args.root,
+            index_geometry=geometry,
+            commitlog_file_size=getattr(args, "mapped_file_size_commit_log", None) or None,
+        )
     except StoreRootError as e:
         err.write(f"basalt store check: error: {e}\n")
         return EXIT_USAGE

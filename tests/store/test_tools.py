@@ -539,3 +539,30 @@ def test_dump_stops_at_a_corrupt_record(
 )
 def test_body_preview(body: bytes, expected: str) -> None:
     assert body_preview(body) == expected
+
+
+def test_a_one_file_commitlog_longer_than_configured_fails_with_the_stores_size(
+    make_config: ConfigFactory, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The store refuses a CommitLog file of any size but its setting; with that
+    setting given, check refuses it too, even when it is the store's only file
+    (nothing on disk to compare it with)."""
+    config = make_config(mapped_file_size_consume_queue=CQ_FILE_SIZE)
+    with MessageStore.open(config, clock=clock) as store:
+        assert store.put_message(Message(topic="TopicA", body=b"one")).ok
+    root = config.store_path_root_dir
+    (only,) = sorted((root / "commitlog").iterdir())
+    with open(only, "ab") as f:
+        f.write(b"\0" * 4096)  # one page past the configured size
+    size = str(config.mapped_file_size_commit_log)
+
+    status, out, err = run_cli(
+        capsys, "store", "check", str(root), "--json", "--mapped-file-size-commit-log", size
+    )
+    doc = json.loads(out)
+    assert status == 1, out + err
+    assert any(p["code"] == "file-size" and only.name in p["message"] for p in doc["problems"])
+
+    # Without the setting, the only file is its own measure (the option's help says so).
+    status, out, err = run_cli(capsys, "store", "check", str(root))
+    assert status == 0, out + err
