@@ -10,6 +10,8 @@ port:
   now every message reads back and the next send continues;
 * its CommitLog deleted: every queue restarted at offset 0; now the messages
   are gone but their offsets stay taken;
+* a ConsumeQueue file written past its configured size: the node refused to
+  start; now the file is set aside in ``quarantine/`` and the queue rebuilt;
 * its pop journal folder replaced by a file: the node exited 2; now it
   serves, the folder is in ``quarantine/`` and the messages that were in
   flight are delivered again.
@@ -110,6 +112,10 @@ def stop_damage_start(node: ServiceProcess, tmp_path: Path, damage: str) -> str:
         shutil.rmtree(root / "consumequeue" / TOPIC / "0")
     elif damage == "commitlog":
         shutil.rmtree(root / "commitlog")
+    elif damage == "cq-past-its-size":
+        (first, *_) = sorted((root / "consumequeue" / TOPIC / "0").iterdir())
+        with open(first, "ab") as f:
+            f.write(b"\0" * 4096)  # written past the configured size
     elif damage == "pop-folder":
         shutil.rmtree(root / "pop")
         (root / "pop").write_bytes(b"a file where the pop journal's folder was")
@@ -126,6 +132,24 @@ def test_a_lost_queue_directory_is_rebuilt(node: ServiceProcess, tmp_path: Path)
     logged = stop_damage_start(node, tmp_path, "queue-directory")
 
     assert f"consumequeue {TOPIC}/0 rebuilt from the commitlog: its directory is missing" in logged
+    assert asyncio.run(send(node.address, 1, queue_id=1)) == [10]
+    bodies, end = asyncio.run(read_all(node.address))
+    assert (bodies, end) == ([b"m%d" % i for i in range(COUNT)], COUNT)
+    assert asyncio.run(send(node.address, 1)) == [COUNT]
+    assert node.stop(signal.SIGTERM) == 0
+
+
+def test_a_consume_queue_file_past_its_size_is_set_aside_and_rebuilt(
+    node: ServiceProcess, tmp_path: Path
+) -> None:
+    assert asyncio.run(send(node.address, COUNT)) == list(range(COUNT))
+    asyncio.run(send(node.address, 10, queue_id=1))
+
+    logged = stop_damage_start(node, tmp_path, "cq-past-its-size")
+
+    assert "longer than" in logged and "set aside as" in logged, logged
+    quarantined = list((tmp_path / "broker-a" / "quarantine").glob(f"consumequeue-{TOPIC}-0-*"))
+    assert len(quarantined) == 1
     assert asyncio.run(send(node.address, 1, queue_id=1)) == [10]
     bodies, end = asyncio.run(read_all(node.address))
     assert (bodies, end) == ([b"m%d" % i for i in range(COUNT)], COUNT)
