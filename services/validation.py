@@ -196,10 +196,8 @@ def check_invisible_ms(ms: int, field: str, *, minimum_ms: int) -> int:
     """``ms`` when within ``minimum_ms`` .. MAX_INVISIBLE_MS; else LimitError
     INVISIBLE_DURATION naming ``field``."""
     if not minimum_ms <= ms <= MAX_INVISIBLE_MS:
-        raise LimitError(
-            INVISIBLE_DURATION,
-            f"{field} {ms} ms is not within {minimum_ms} .. {MAX_INVISIBLE_MS} ms (12 h)",
-        )
+        why = "is negative" if ms < 0 else f"is not within {minimum_ms} .. {MAX_INVISIBLE_MS}"
+        raise LimitError(INVISIBLE_DURATION, f"{field} {ms} ms {why} (at most 12 h)")
     return ms
 
 
