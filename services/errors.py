@@ -44,6 +44,7 @@ message is ``str(error)`` but in the last row::
     raised                       gRPC status         basalt-response-code
     ---------------------------  ------------------  ---------------------------------
     Refusal                      its own             its own (message: its own)
+    an ExceptionGroup            its first known error's row
     StoreClosedError,            UNAVAILABLE         SERVICE_NOT_AVAILABLE
     MetaUnavailableError
     Sql92ParseError,             INVALID_ARGUMENT    SUBSCRIPTION_PARSE_FAILED
@@ -227,6 +228,14 @@ def refusal_of(error: BaseException) -> Refusal | None:
     table does not know (a bug, or what no request can cause)."""
     if isinstance(error, Refusal):
         return error
+    if isinstance(error, BaseExceptionGroup):
+        # A task group's failure (a SendStream's reader and writer): what its
+        # first known error answers.
+        for inner in error.exceptions:
+            refusal = refusal_of(inner)
+            if refusal is not None:
+                return refusal
+        return None
     if isinstance(error, CodedError):
         if error.grpc_status is None:
             return Refusal(error.code, str(error))

@@ -39,6 +39,7 @@ from basalt.common.telemetry import (
 )
 from basalt.services import auth, config
 from basalt.services.auth import interceptor as auth_interceptor
+from basalt.services.decoding import decoding
 from basalt.services.meta import MetaConfig
 
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -396,7 +397,9 @@ def add_servicer(
     only: frozenset[str] | None = None,
 ) -> None:
     """Register ``servicer``'s methods for ``service``, as protoc's generated
-    ``add_<Service>Servicer_to_server`` does, except that the methods named in
+    ``add_<Service>Servicer_to_server`` does, behind the decoding layer (a
+    request that does not parse: INVALID_ARGUMENT, basalt.services.decoding),
+    except that the methods named in
     ``may_answer_bytes`` may also return an already serialized answer (bytes,
     e.g. a downstream answer passed through), sent as is. With ``only``, just
     the methods it names: gRPC answers any other UNIMPLEMENTED."""
@@ -408,9 +411,16 @@ def add_servicer(
         serialize: Callable[[Any], bytes] = GetMessageClass(method.output_type).SerializeToString
         if method.name in may_answer_bytes:
             serialize = _bytes_or(serialize)
-        handlers[method.name] = _HANDLERS[method.client_streaming, method.server_streaming](
+        # A request that does not parse is refused INVALID_ARGUMENT (basalt.services.decoding).
+        behavior, deserialize = decoding(
+            f"{service.name}/{method.name}",
             getattr(servicer, method.name),
-            request_deserializer=request_class.FromString,
+            request_class,
+            request_streaming=method.client_streaming,
+        )
+        handlers[method.name] = _HANDLERS[method.client_streaming, method.server_streaming](
+            behavior,
+            request_deserializer=deserialize,
             response_serializer=serialize,
         )
     server.add_generic_rpc_handlers(

@@ -40,6 +40,7 @@ from basalt.services import errors
 from basalt.services.auth.model import User, UserStatus, UserType, decide, subject_of
 from basalt.services.auth.rpc_table import RPC_TABLE, Rule, is_exempt
 from basalt.services.auth.store import AuthCache
+from basalt.services.decoding import is_unparsable
 from basalt.services.meta import MetaUnavailableError
 from basalt.v1 import common_pb2 as pb
 
@@ -238,7 +239,11 @@ class _Guarded:
             raise AssertionError("abort returned") from None
 
     async def check(self, context: Any, user: User, request: Message) -> None:
-        """Authorize one request message (abort the call when refused)."""
+        """Authorize one request message (abort the call when refused). A
+        request that does not parse names nothing to authorize: the servicer's
+        decoding layer refuses it (basalt.services.decoding)."""
+        if is_unparsable(request):
+            return
         try:
             if self.rule is None:
                 raise AuthRefusal(f"{self.method} has no authorization rule", unauthenticated=False)

@@ -172,6 +172,27 @@ def _ip_in(source_ip: str | None, cidrs: Iterable[str]) -> bool:
     return any(address in ipaddress.ip_network(c, strict=False) for c in cidrs)
 
 
+#: A username (access key; it names an etcd key) and a secret key's bounds
+#: (basalt.services.validation's table).
+MAX_USERNAME_LENGTH = 64
+MIN_SECRET_KEY_LENGTH = 6
+MAX_SECRET_KEY_LENGTH = 1024
+
+
+def check_username(username: str) -> None:
+    """AuthModelError unless ``username`` is 1-64 ASCII letters, digits, - or _."""
+    if (
+        not username
+        or len(username) > MAX_USERNAME_LENGTH
+        or not username.isascii()
+        or not username.replace("-", "").replace("_", "").isalnum()
+    ):
+        raise AuthModelError(
+            f"username must be 1-{MAX_USERNAME_LENGTH} letters, digits, - or _, "
+            f"got {username[:80]!r}"
+        )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class User:
     """A user: ``username`` is the access key; ``secret_key`` in clear (in
@@ -183,10 +204,12 @@ class User:
     status: UserStatus = UserStatus.ENABLE
 
     def __post_init__(self) -> None:
-        if not self.username or not self.username.replace("-", "").replace("_", "").isalnum():
-            raise AuthModelError(f"username must be letters, digits, - or _, got {self.username!r}")
-        if len(self.secret_key) < 6:
-            raise AuthModelError("secret key must be at least 6 characters")
+        check_username(self.username)
+        if not MIN_SECRET_KEY_LENGTH <= len(self.secret_key) <= MAX_SECRET_KEY_LENGTH:
+            raise AuthModelError(
+                f"secret key must be {MIN_SECRET_KEY_LENGTH}-{MAX_SECRET_KEY_LENGTH} "
+                f"characters, got {len(self.secret_key)}"
+            )
 
     @property
     def is_super(self) -> bool:
@@ -237,7 +260,8 @@ class Acl:
     def __post_init__(self) -> None:
         kind, sep, name = self.subject.partition(":")
         if kind != "User" or not sep or not name:
-            raise AuthModelError(f"subject must be User:<name>, got {self.subject!r}")
+            raise AuthModelError(f"subject must be User:<name>, got {self.subject[:80]!r}")
+        check_username(name)
 
     def to_json(self) -> bytes:
         return json.dumps(

@@ -18,7 +18,14 @@ import logging
 from collections.abc import Sequence
 
 from basalt.services.auth.cipher import SecretCipher
-from basalt.services.auth.model import Acl, AuthModelError, Policy, ResourcePattern, User
+from basalt.services.auth.model import (
+    Acl,
+    AuthModelError,
+    Policy,
+    ResourcePattern,
+    User,
+    check_username,
+)
 from basalt.services.meta import MetaClient, MetaValidationError
 from basalt.services.meta.watch import MetaWatcher
 
@@ -63,11 +70,15 @@ class AuthStore:
             raise AuthConflictError(f"user {user.username} does not exist", exists=False)
 
     async def get_user(self, username: str) -> User | None:
+        """The user, None when there is none. AuthModelError for a malformed name."""
+        check_username(username)
         raw = await self._meta.get_auth(USERS, username)
         return None if raw is None else self._user(raw)
 
     async def delete_user(self, username: str) -> None:
-        """Delete a user and its ACL; AuthConflictError when there is no user."""
+        """Delete a user and its ACL; AuthConflictError when there is no user,
+        AuthModelError for a malformed name."""
+        check_username(username)
         if not await self._meta.delete_auth(USERS, username):
             raise AuthConflictError(f"user {username} does not exist", exists=False)
         await self._meta.delete_auth(ACLS, username)

@@ -59,6 +59,14 @@ from basalt.services.rocketmq_v2.conversions import (
     readable_brokers,
     to_v2_message,
 )
+from basalt.services.validation import (
+    INVISIBLE_DURATION,
+    POLLING_TIME,
+    LimitError,
+    Rule,
+    check_invisible_ms,
+    duration_ms,
+)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -95,7 +103,10 @@ def _poll_ms(
     before it gives up); V2Error ILLEGAL_POLLING_TIME when negative."""
     poll_ms = 0
     if request.HasField("long_polling_timeout"):
-        poll_ms = request.long_polling_timeout.ToMilliseconds()
+        poll_ms = limited(
+            duration_ms, request.long_polling_timeout, "long_polling_timeout",
+            POLLING_TIME,
+        )  # fmt: skip
         if poll_ms < 0:
             raise V2Error(v2.ILLEGAL_POLLING_TIME, f"long_polling_timeout {poll_ms} ms < 0")
     remaining = context.time_remaining()
@@ -113,15 +124,48 @@ def _subscription(expression: v2.FilterExpression) -> pb.Subscription:
     )
 
 
-def _handle(text: str, topic: str) -> ReceiptHandle:
-    """The decoded handle of a delivery of ``topic``; V2Error
-    INVALID_RECEIPT_HANDLE when it does not decode or is another topic's."""
+def limited(read: Callable[[Any, str, Rule], int], value: Any, field: str, rule: Rule) -> int:
+    """``read(value, field, rule)`` (a basalt.services.validation reader); its
+    LimitError as a V2Error with the rule's code."""
+    try:
+        return read(value, field, rule)
+    except LimitError as e:
+        raise V2Error(e.v2_code, e.message) from None
+
+
+def _invisible_ms(duration: Any, *, minimum_ms: int) -> int:
+    """An ``invisible_duration`` in ms; V2Error ILLEGAL_INVISIBLE_TIME when it is
+    not a valid Duration or not within ``minimum_ms`` .. 12 h (the table in
+    basalt.services.validation)."""
+    ms = limited(duration_ms, duration, "invisible_duration", INVISIBLE_DURATION)
+    try:
+        return check_invisible_ms(ms, "invisible_duration", minimum_ms=minimum_ms)
+    except LimitError as e:
+        raise V2Error(e.v2_code, e.message) from None
+
+
+def _handle(text: str, topic: str, config: TopicConfig | None) -> ReceiptHandle:
+    """The decoded handle of a delivery of ``topic`` (``config``: the topic's,
+    None when it has none); V2Error INVALID_RECEIPT_HANDLE when it does not
+    decode, is another topic's or names a broker the topic is not on (a forged
+    or mangled handle: no store-node to ask), TOPIC_NOT_FOUND for an unknown
+    topic."""
     try:
         handle = ReceiptHandle.decode(text)
     except ReceiptHandleError as e:
         raise V2Error(v2.INVALID_RECEIPT_HANDLE, str(e)) from None
     if handle.topic != topic:
-        raise V2Error(v2.INVALID_RECEIPT_HANDLE, f"the receipt handle is not topic {topic!r}'s")
+        raise V2Error(
+            v2.INVALID_RECEIPT_HANDLE, f"the receipt handle is not topic {topic[:200]!r}'s"
+        )
+    if config is None:
+        raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic[:200]!r} not found")
+    if handle.broker_name not in config.brokers:
+        raise V2Error(
+            v2.INVALID_RECEIPT_HANDLE,
+            f"the receipt handle names broker {handle.broker_name[:80]!r}, "
+            f"which topic {topic[:200]!r} is not on",
+        )
     return handle
 
 
@@ -168,6 +212,9 @@ class ConsumeRpcs:
             ids: list[str],
             context: grpc.aio.ServicerContext[Any, Any],
         ) -> pb.SendResult: ...
+
+    def _topic(self, topic: str) -> TopicConfig | None:
+        return self.pull.view.topics.get(topic)
 
     def _broker_perms(self, config: TopicConfig) -> dict[str, int]:
         """PermName bits of the topic's registered (live) brokers."""
@@ -217,12 +264,9 @@ class ConsumeRpcs:
         if request.auto_renew:
             invisible_ms = self.config.rocketmq_v2_push_invisible_ms
         else:
-            invisible_ms = request.invisible_duration.ToMilliseconds()
-            if not request.HasField("invisible_duration") or invisible_ms < 1000:
-                raise V2Error(
-                    v2.ILLEGAL_INVISIBLE_TIME,
-                    f"invisible_duration {invisible_ms} ms: at least 1 s is needed",
-                )
+            if not request.HasField("invisible_duration"):
+                raise V2Error(v2.ILLEGAL_INVISIBLE_TIME, "a receive needs an invisible_duration")
+            invisible_ms = _invisible_ms(request.invisible_duration, minimum_ms=1000)
         poll_ms = _poll_ms(request, context)
         subscription = _subscription(request.filter_expression)
         wanted = request.message_queue.broker.name
@@ -280,7 +324,7 @@ class ConsumeRpcs:
         except CorruptRecordError as e:
             raise V2Error(v2.INTERNAL_SERVER_ERROR, f"stored record does not decode: {e}") from None
         if popped.delivery_attempt > self.config.rocketmq_v2_consumer_max_attempts:
-            handle = _handle(popped.receipt_handle, record.topic)
+            handle = _handle(popped.receipt_handle, record.topic, self._topic(record.topic))
             await self._dead_letter(group, handle, record, context)
             return None
         return to_v2_message(
@@ -341,7 +385,9 @@ class ConsumeRpcs:
         retries): its record is read again by the handle's queue offset."""
         try:
             group = group_name(request.group)
-            handle = _handle(request.receipt_handle, request.topic.name)
+            handle = _handle(
+                request.receipt_handle, request.topic.name, self._topic(request.topic.name)
+            )
             queue = StoreQueue(handle.broker_name, handle.queue_id)
             get = sn.GetMessageRequest(
                 group=group, topic=handle.topic, queue_id=handle.queue_id,
@@ -398,10 +444,11 @@ class ConsumeRpcs:
             if not request.entries:
                 raise V2Error(v2.BAD_REQUEST, "AckMessage without entries")
             codes: list[v2.Status | None] = [None] * len(request.entries)
+            config = self._topic(request.topic.name)
             by_broker: dict[str, list[int]] = {}
             for i, entry in enumerate(request.entries):
                 try:
-                    handle = _handle(entry.receipt_handle, request.topic.name)
+                    handle = _handle(entry.receipt_handle, request.topic.name, config)
                 except V2Error as e:
                     codes[i] = e.status()
                     continue
@@ -440,10 +487,10 @@ class ConsumeRpcs:
     ) -> sv.ChangeInvisibleDurationResponse:
         try:
             group = group_name(request.group)
-            handle = _handle(request.receipt_handle, request.topic.name)
-            ms = request.invisible_duration.ToMilliseconds()
-            if ms < 0:
-                raise V2Error(v2.ILLEGAL_INVISIBLE_TIME, f"invisible_duration {ms} ms < 0")
+            handle = _handle(
+                request.receipt_handle, request.topic.name, self._topic(request.topic.name)
+            )
+            ms = _invisible_ms(request.invisible_duration, minimum_ms=0)
             queue = StoreQueue(handle.broker_name, handle.queue_id)
             change = sn.ChangeInvisibleDurationRequest(
                 group=group, topic=request.topic.name,

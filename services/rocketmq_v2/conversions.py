@@ -48,62 +48,21 @@ from basalt.common.message import (
 from basalt.common.record import PROPERTY_CRC32
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.meta.model import TopicConfig
+from basalt.services.validation import (
+    RESERVED_PROPERTIES,
+    LimitError,
+    check_message_group,
+    check_stored_properties,
+    check_topic,
+    check_user_properties,
+    timestamp_ms,
+)
 from basalt.v1 import common_pb2 as pb
 
-#: RocketMQ's message group property (MessageConst.PROPERTY_SHARDING_KEY).
+#: RocketMQ's message group property (MessageConst.PROPERTY_SHARDING_KEY); a
+#: user property by this name, or by any of RESERVED_PROPERTIES, is refused
+#: ILLEGAL_MESSAGE_PROPERTY_KEY (basalt.services.validation).
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
-
-#: Property names the server owns (RocketMQ's MessageConst.STRING_HASH_SET, the
-#: ones a v2 client could otherwise smuggle in as user properties): a user
-#: property by one of these names is refused ILLEGAL_MESSAGE_PROPERTY_KEY.
-RESERVED_PROPERTIES = frozenset(
-    {
-        PROPERTY_TAGS,
-        PROPERTY_KEYS,
-        PROPERTY_UNIQ_KEY,
-        PROPERTY_SHARDING_KEY,
-        "TRACE_ON",
-        "WAIT",
-        "DELAY",
-        "RETRY_TOPIC",
-        "REAL_TOPIC",
-        "REAL_QID",
-        "TRAN_MSG",
-        "PGROUP",
-        "MIN_OFFSET",
-        "MAX_OFFSET",
-        "BUYER_ID",
-        "ORIGIN_MESSAGE_ID",
-        "TRANSFER_FLAG",
-        "CORRECTION_FLAG",
-        "MQ2_FLAG",
-        "RECONSUME_TIME",
-        "MSG_REGION",
-        "TRAN_PREPARED_QUEUE_OFFSET",
-        "TRANSACTION_CHECK_TIMES",
-        "CHECK_IMMUNITY_TIME_IN_SECONDS",
-        "MAX_RECONSUME_TIMES",
-        "CONSUME_START_TIME",
-        "POP_CK",
-        "POP_CK_OFFSET",
-        "1ST_POP_TIME",
-        "TIMER_DELIVER_MS",
-        "TIMER_DELAY_SEC",
-        "TIMER_DELAY_MS",
-        "TIMER_OUT_MS",
-        "TIMER_ENQUEUE_MS",
-        "TIMER_DEQUEUE_MS",
-        "TIMER_ROLL_TIMES",
-        "TIMER_DEL_UNIQKEY",
-        "INNER_NUM",
-        "INNER_MULTI_DISPATCH",
-        "INNER_MULTI_QUEUE_OFFSET",
-        "CLUSTER",
-        "BORNHOST",
-        "__STARTDELIVERTIME",
-        "__RECALL_HANDLE",
-    }
-)
 
 #: A stored send's SendStatus -> the v2 code of its entry (RocketMQ's proxy:
 #: a flush or replication timeout is reported, the message is stored).
@@ -279,7 +238,7 @@ def fifo_queue(group: str, queues: Sequence[StoreQueue]) -> StoreQueue:
 
 def _check_name_value(text: str, what: str, code: int) -> None:
     if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-        raise V2Error(code, f"{what} {text!r} holds a reserved separator character")
+        raise V2Error(code, f"{what} {text[:60]!r} holds a reserved separator character")
 
 
 def body_of(message: v2.Message, max_body_size: int) -> bytes:
@@ -316,39 +275,51 @@ def check_supported(message: v2.Message) -> None:
 
 def to_message(message: v2.Message, max_body_size: int) -> Message:
     """The Basalt message of a v2 one (module docstring), or V2Error:
-    BAD_REQUEST without a topic or message id, ILLEGAL_MESSAGE_PROPERTY_KEY for
-    a reserved or unencodable property name, ILLEGAL_MESSAGE_TAG /
-    ILLEGAL_MESSAGE_KEY / ILLEGAL_MESSAGE_GROUP for values the record format
-    cannot hold, and :func:`body_of`'s and :func:`check_supported`'s."""
+    ILLEGAL_TOPIC / ILLEGAL_MESSAGE_ID without a topic or message id or for a
+    topic name past its limit, ILLEGAL_MESSAGE_PROPERTY_KEY for a reserved or
+    unencodable property name, ILLEGAL_MESSAGE_TAG / ILLEGAL_MESSAGE_KEY /
+    ILLEGAL_MESSAGE_GROUP for values the record format cannot hold,
+    MESSAGE_PROPERTIES_TOO_LARGE past the properties' limits
+    (basalt.services.validation's table), and :func:`body_of`'s and
+    :func:`check_supported`'s."""
+    try:
+        return _to_message(message, max_body_size)
+    except LimitError as e:
+        raise V2Error(e.v2_code, e.message) from None
+
+
+def _to_message(message: v2.Message, max_body_size: int) -> Message:
     system = message.system_properties
     if not message.topic.name:
         raise V2Error(v2.ILLEGAL_TOPIC, "message without a topic")
+    check_topic(message.topic.name)
     if not system.message_id:
         raise V2Error(v2.ILLEGAL_MESSAGE_ID, "message without a message_id")
     _check_name_value(system.message_id, "message id", v2.ILLEGAL_MESSAGE_ID)
     check_supported(message)
-    properties: dict[str, str] = {}
-    for name, value in message.user_properties.items():
-        if not name or name in RESERVED_PROPERTIES:
-            raise V2Error(v2.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property name {name!r} is reserved")
+    properties = dict(message.user_properties)
+    check_user_properties(properties, RESERVED_PROPERTIES)
+    for name, value in properties.items():
         _check_name_value(name, "property name", v2.ILLEGAL_MESSAGE_PROPERTY_KEY)
         _check_name_value(value, "property value", v2.ILLEGAL_MESSAGE_PROPERTY_KEY)
-        properties[name] = value
     tag = system.tag if system.HasField("tag") else None
     if tag is not None:
         _check_name_value(tag, "tag", v2.ILLEGAL_MESSAGE_TAG)
     for key in system.keys:
         _check_name_value(key, "key", v2.ILLEGAL_MESSAGE_KEY)
         if " " in key:  # Basalt's KEYS property is space separated
-            raise V2Error(v2.ILLEGAL_MESSAGE_KEY, f"key {key!r} holds a space")
+            raise V2Error(v2.ILLEGAL_MESSAGE_KEY, f"key {key[:60]!r} holds a space")
     if system.HasField("message_group"):
         _check_name_value(system.message_group, "message group", v2.ILLEGAL_MESSAGE_GROUP)
-        if not system.message_group:
-            raise V2Error(v2.ILLEGAL_MESSAGE_GROUP, "empty message group")
+        check_message_group(system.message_group)
         properties[PROPERTY_SHARDING_KEY] = system.message_group
     properties[PROPERTY_UNIQ_KEY] = system.message_id
-    born_ms = system.born_timestamp.ToMilliseconds() if system.HasField("born_timestamp") else 0
-    return Message(
+    born_ms = (
+        timestamp_ms(system.born_timestamp, "born_timestamp")
+        if system.HasField("born_timestamp")
+        else 0
+    )
+    converted = Message(
         topic=message.topic.name,
         body=body_of(message, max_body_size),
         tags=tag or None,
@@ -356,6 +327,8 @@ def to_message(message: v2.Message, max_body_size: int) -> Message:
         properties=properties,
         born_timestamp_ms=max(0, born_ms),
     )
+    check_stored_properties(converted)
+    return converted
 
 
 # -- deliveries --------------------------------------------------------------------------

@@ -75,6 +75,7 @@ from basalt.services.rocketmq_v2.conversions import (
     writable_queues,
 )
 from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
+from basalt.services.validation import LimitError, timestamp_ms
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -438,7 +439,7 @@ class MessagingServiceServicer(ConsumeRpcs):
             if request.query_offset_policy == v2.TIMESTAMP:
                 if not request.HasField("timestamp"):
                     raise V2Error(v2.BAD_REQUEST, "a TIMESTAMP query without a timestamp")
-                ms = request.timestamp.ToMilliseconds()
+                ms = timestamp_ms(request.timestamp, "timestamp")
                 found = await self._on_store_node(
                     mq, "SearchOffset", lambda t, q: sn.SearchOffsetRequest(
                         topic=t, queue_id=q, timestamp_ms=ms
@@ -454,6 +455,9 @@ class MessagingServiceServicer(ConsumeRpcs):
             return sv.QueryOffsetResponse(status=ok_status(), offset=offset)
         except V2Error as e:
             return sv.QueryOffsetResponse(status=e.status())
+        except LimitError as e:
+            code = v2.Code.ValueType(e.v2_code)
+            return sv.QueryOffsetResponse(status=v2.Status(code=code, message=e.message))
 
     async def GetOffset(
         self, request: sv.GetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]

@@ -37,6 +37,7 @@ from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.topics import TopicDirectory
+from basalt.services.validation import LimitError, check_invisible_ms
 from basalt.store import MessageStore
 from basalt.store.message_filter import MessageFilter
 from basalt.store.pop import AckStatus, PoppedMessage
@@ -50,6 +51,15 @@ _ACK_STATUS = {
     AckStatus.OK: sn.POP_ACK_STATUS_OK,
     AckStatus.STALE: sn.POP_ACK_STATUS_STALE_HANDLE,
 }
+
+
+def _check_invisible_ms(ms: int, *, minimum_ms: int) -> int:
+    """``invisible_duration_ms`` when within ``minimum_ms`` .. 12 h; else the
+    INVALID_PARAMETER refusal (basalt.services.validation's table)."""
+    try:
+        return check_invisible_ms(ms, "invisible_duration_ms", minimum_ms=minimum_ms)
+    except LimitError as e:
+        raise e.refusal() from None
 
 
 class PopRpcs:
@@ -90,8 +100,7 @@ class PopRpcs:
                 f"max_messages {request.max_messages} is not within "
                 f"1..{self.config.max_msg_nums_per_pull}"
             )
-        if request.invisible_duration_ms < 1:
-            raise invalid(f"invisible_duration_ms {request.invisible_duration_ms} is below 1")
+        _check_invisible_ms(request.invisible_duration_ms, minimum_ms=1)
         if request.poll_timeout_ms < 0:
             raise invalid(f"poll_timeout_ms {request.poll_timeout_ms} is negative")
         return subscription_filter(request.subscription)
@@ -256,9 +265,7 @@ class PopRpcs:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> sn.ChangeInvisibleDurationResponse:
         self._known_topic(request.group, request.topic)
-        ms = request.invisible_duration_ms
-        if ms < 0:
-            raise invalid(f"invisible_duration_ms {ms} is negative")
+        ms = _check_invisible_ms(request.invisible_duration_ms, minimum_ms=0)
         h = self._handle(request.receipt_handle, request.topic)
         if isinstance(h, sn.AckResult):
             return sn.ChangeInvisibleDurationResponse(status=h.status, detail=h.detail)

@@ -79,6 +79,7 @@ from basalt.services.store_node.pop import PopRpcs
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.store_node.wire import pull_batch_wire
+from basalt.services.validation import STORE_PROPERTIES, LimitError, check_property_names
 from basalt.store import Message, MessageStore
 from basalt.store.batch import EncodedBatch
 from basalt.store.expiry import disk_used_percent
@@ -691,12 +692,18 @@ def _check_write_queue(config: TopicConfig, queue_id: int) -> None:
 
 
 def _store_message(m: pb.Message, topic: str, queue_id: int) -> Message:
-    """A wire Message as the store's; refusals for what the store cannot do."""
+    """A wire Message as the store's; refusals for what the store cannot do,
+    and MESSAGE_ILLEGAL for a property named as the store's own (``__CRC32#``,
+    basalt.services.validation)."""
     if m.delay_level > 0:
         raise Refusal(
             pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
             f"delay_level {m.delay_level}: scheduled delivery is not supported",
         )
+    try:
+        check_property_names(m.properties, STORE_PROPERTIES)
+    except LimitError as e:
+        raise e.refusal() from None
     return Message(
         topic,
         m.body,
