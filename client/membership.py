@@ -159,13 +159,17 @@ class GroupMember:
         self._closing = True
         self._rebalance_now.set()
         async with self.lock:
-            for task in list(self._tasks):
+            cancelled = list(self._tasks)
+            for task in cancelled:
                 task.cancel()
             queues = sorted(self.owner.owned())
             await self.owner.give_up(queues, commit=True)
             if queues and self.session_up.is_set():
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await self._unlock(queues)
+        # Out of the lock (a cancelled task may be waiting for it): every
+        # background task has ended before close returns.
+        await asyncio.gather(*cancelled, return_exceptions=True)
         if self._call is not None:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 async with self._write_lock:
@@ -241,6 +245,7 @@ class GroupMember:
                     self.background(self._on_command(frame.command))
         finally:
             beats.cancel()
+            await asyncio.gather(beats, return_exceptions=True)
 
     async def _heartbeats(self, interval_s: float) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):

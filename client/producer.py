@@ -55,6 +55,7 @@ from opentelemetry.util.types import AttributeValue
 
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError, ServiceUnavailableError, TopicNotFoundError
+from basalt.client.tasks import TaskOwner
 from basalt.common import _records
 from basalt.common.auth import Credentials
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
@@ -204,8 +205,9 @@ class _Stream:
     (:attr:`broken` tells the producer to open a fresh one). No other exception
     leaves :meth:`send` but the caller's own cancellation."""
 
-    def __init__(self, channel: grpc.aio.Channel, address: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel, address: str, tasks: TaskOwner) -> None:
         self.address = address
+        self.tasks = tasks
         self.call: grpc.aio.StreamStreamCall[bytes, sn.SendStreamResponse] = channel.stream_stream(
             _SEND_STREAM,
             request_serializer=None,  # requests are already serialized
@@ -216,7 +218,7 @@ class _Stream:
         #: Why the stream broke; None while it works.
         self.failure: str | None = None
         self.writer: asyncio.Task[None] | None = None
-        self.reader = asyncio.get_running_loop().create_task(self._read())
+        self.reader = tasks.spawn(self._read(), name=f"SendStream reader {address}")
 
     async def _read(self) -> None:
         why = "the store-node ended the stream"
@@ -280,7 +282,7 @@ class _Stream:
             # runnable (answers come several to a response, their senders wake
             # together and each sends its next batch), so they share one write:
             # each write costs gRPC and the kernel the same fixed work.
-            self.writer = loop.create_task(self._write_unsent())
+            self.writer = self.tasks.spawn(self._write_unsent())
         return await future
 
     async def _write_unsent(self) -> None:
@@ -338,6 +340,8 @@ class Producer(Client):
         super().__init__(endpoints, tls=tls, credentials=credentials)
         self.config = config or ProducerConfig(producer_group=group)
         self._streams: dict[str, _Stream] = {}
+        #: The streams' readers and writers and send_async's sends.
+        self._tasks = TaskOwner()
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}
         self._opaque = itertools.count(1)
         # RocketMQ's sendWhichQueue (ThreadLocalIndex) starts at a random index: a
@@ -357,6 +361,7 @@ class Producer(Client):
         for stream in self._streams.values():
             stream.close()
         self._streams.clear()
+        await self._tasks.close()
         await super().close()
 
     # -- sending ----------------------------------------------------------------------
@@ -377,7 +382,7 @@ class Producer(Client):
 
     def send_async(self, message: Message) -> asyncio.Future[SendResult]:
         """:meth:`send` started now; await the future for its result."""
-        return asyncio.ensure_future(self.send(message))
+        return self._tasks.spawn(self.send(message))
 
     async def _send(self, messages: Sequence[Message]) -> list[SendResult]:
         """:meth:`_attempt_sends` in a PRODUCER span, "send <topic>", one per
@@ -553,7 +558,9 @@ class Producer(Client):
         self._check_open()  # never a new stream on a channel close() has closed
         stream = self._streams.get(address)
         if stream is None or stream.broken:
-            stream = self._streams[address] = _Stream(self._channel(address), address)
+            if stream is not None:
+                stream.close()  # its tasks end; the owner awaits them
+            stream = self._streams[address] = _Stream(self._channel(address), address, self._tasks)
         return stream
 
     def _drop_stream(self, address: str) -> None:

@@ -75,8 +75,10 @@ class ProcessInfo:
 
     @property
     def metrics_url(self) -> str | None:
-        """``http://<metrics>/metrics``, or None without an endpoint."""
-        return None if self.metrics is None else f"http://{self.metrics}/metrics"
+        """``http://<metrics>/metrics`` (``https`` with TLS: a client certificate
+        signed by the cluster's CA is required), or None without an endpoint."""
+        scheme = "https" if self.tls else "http"
+        return None if self.metrics is None else f"{scheme}://{self.metrics}/metrics"
 
 
 def write_processes(state: Path, processes: Sequence[ProcessInfo]) -> None:

@@ -20,7 +20,10 @@ traces                  an SDK ``TracerProvider``: resource ``service.name`` /
                         exporters from ``OTEL_TRACES_EXPORTER`` (:func:`span_exporters`:
                         OTLP only when an OTLP endpoint is set; nothing by default)
 metrics                 an SDK ``MeterProvider`` when there is a reader: Prometheus
-                        text over HTTP on ``metrics_port`` (served by
+                        text over HTTP on ``metrics_port`` - over HTTPS with
+                        the process's certificate when its TLS is on, a client
+                        certificate signed by its ``tls_ca_file`` required
+                        (:func:`setup_telemetry`) - (served by
                         prometheus_client's daemon thread, so a scrape and the
                         observable callbacks it runs never touch a service's event
                         loop), and OTLP (:func:`metric_readers`); the process's CPU
@@ -72,6 +75,8 @@ from basalt.common.settings import (
     setting,
     validate,
 )
+from basalt.common.tls import TlsConfig
+from basalt.common.tls import enabled as tls_enabled
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -685,8 +690,10 @@ class Telemetry:
         tracer_provider: TracerProvider,
         meter_provider: MeterProvider | None,
         metrics_server: WSGIServer | None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.config = config
+        self.tls = tls
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self._metrics_server = metrics_server
@@ -699,9 +706,13 @@ class Telemetry:
 
     @property
     def metrics_url(self) -> str | None:
-        """``http://host:port/metrics``, or None without an endpoint."""
+        """``http://host:port/metrics`` (``https`` when served over TLS), or None
+        without an endpoint."""
         port = self.metrics_port
-        return None if port is None else f"http://{self.config.metrics_host}:{port}/metrics"
+        if port is None:
+            return None
+        scheme = "https" if tls_enabled(self.tls) else "http"
+        return f"{scheme}://{self.config.metrics_host}:{port}/metrics"
 
     def shutdown(self) -> None:
         """Flush and stop the span and metric processors; call it on a clean stop,
@@ -726,9 +737,15 @@ _lock = threading.Lock()
 _installed: Telemetry | None = None
 
 
-def setup_telemetry(config: TelemetryConfig) -> Telemetry:
+def setup_telemetry(config: TelemetryConfig, tls: TlsConfig | None = None) -> Telemetry:
     """Set up this process's traces, metrics and logs (see the module docstring)
     and return what was installed.
+
+    With ``tls`` enabled the metrics endpoint serves HTTPS with its
+    ``tls_cert_file`` / ``tls_key_file`` (read once, at start) and, when it
+    names a ``tls_ca_file``, requires a client certificate signed by it (as
+    Prometheus presents with ``tls_config.cert_file``): the endpoint names the
+    cluster's topics and groups, so what gRPC keeps from strangers it keeps too.
 
     Once per process: a second call with an equal ``config`` returns the first
     call's :class:`Telemetry`; with another config it raises RuntimeError
@@ -738,7 +755,7 @@ def setup_telemetry(config: TelemetryConfig) -> Telemetry:
     global _installed
     with _lock:
         if _installed is not None:
-            if _installed.config != config:
+            if _installed.config != config or _installed.tls != tls:
                 raise RuntimeError(
                     f"telemetry is already set up as {_installed.config}, not {config}"
                 )
@@ -771,7 +788,22 @@ def setup_telemetry(config: TelemetryConfig) -> Telemetry:
 
             # Serves from a daemon thread: a scrape, and the observable callbacks
             # it runs, never wait for (or hold) a service's event loop.
-            server, _ = start_http_server(port, addr=config.metrics_host, registry=registry)
+            secure: dict[str, Any] = {}
+            if tls_enabled(tls):
+                assert tls is not None
+                if tls.tls_cert_file is None or tls.tls_key_file is None:
+                    raise ValueError(
+                        "serving metrics over TLS needs tls_cert_file and tls_key_file"
+                    )
+                secure = {
+                    "certfile": str(tls.tls_cert_file),
+                    "keyfile": str(tls.tls_key_file),
+                    "client_cafile": None if tls.tls_ca_file is None else str(tls.tls_ca_file),
+                    "client_auth_required": tls.tls_ca_file is not None,
+                }
+            server, _ = start_http_server(
+                port, addr=config.metrics_host, registry=registry, **secure
+            )
         trace.set_tracer_provider(tracer)
-        _installed = Telemetry(config, tracer, meter, server)
+        _installed = Telemetry(config, tracer, meter, server, tls)
         return _installed

@@ -225,6 +225,7 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     before the caller exits."""
     try:
         telemetry_settings = telemetry_config(args)
+        tls_settings = tls_config(args)
         resolved = settings(args)
         resolved.check(**{TelemetryConfig.__name__: _telemetry_hidden(telemetry_settings)})
     except config.ConfigError as e:
@@ -233,7 +234,11 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     if getattr(args, "print_config", False):
         sys.stdout.write(config.format_table(resolved))
         return 0
-    telemetry = setup_telemetry(telemetry_settings)
+    try:
+        telemetry = setup_telemetry(telemetry_settings, tls_settings)
+    except (OSError, ValueError) as e:
+        print(f"{args.service_name}: metrics: {e}", file=sys.stderr)
+        return 2
     for key in resolved.ignored:
         log.warning("config: RocketMQ key %s is ignored (Basalt has no such setting)", key)
     if telemetry.metrics_url is not None:

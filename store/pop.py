@@ -367,6 +367,22 @@ class PopStore:
             entries = q.in_flight.items() if q is not None else ()
             return {o: (e.visible_at_ms, e.attempts, e.nonce) for o, e in entries}
 
+    def deliverable(
+        self, group: str, topic: str, queue_id: int, now_ms: int, *, fifo: bool = False
+    ) -> bool:
+        """Whether a pop now could deliver something, filters aside: an in-flight
+        message is due, or (unless ``fifo`` and one is in flight) the cursor is
+        below the queue's max offset. Changes nothing on disk."""
+        with self._lock:
+            q = self._queues.get((group, topic, queue_id))
+            if q is None:
+                q = self._queue((group, topic, queue_id))  # no journal record: memory only
+            if any(e.visible_at_ms <= now_ms for e in q.in_flight.values()):
+                return True
+            if fifo and q.in_flight:
+                return False
+            return q.cursor < self._reads.get_max_offset_in_queue(topic, queue_id)
+
     def next_visible_ms(self, group: str, topic: str, queue_id: int) -> int | None:
         """The earliest visible-at of the queue's in-flight messages (when a held
         pop should look again); None when nothing is in flight."""

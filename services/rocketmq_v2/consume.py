@@ -36,7 +36,7 @@ routes its ack. What RocketMQ 5's proxy does, mapped:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -73,7 +73,7 @@ from basalt.v1 import store_node_pb2 as sn
 if TYPE_CHECKING:
     from basalt.services.pull_service.service import PullServiceServicer
     from basalt.services.rocketmq_v2.call_batching import Coalescer
-    from basalt.services.rocketmq_v2.service import RocketMQv2Config
+    from basalt.services.rocketmq_v2.service import RocketMQv2Config, StoreCall
 
 #: Most messages one receive delivers (a larger batch_size is cut to it: one
 #: answer stays well under the gRPC message limit).
@@ -195,6 +195,16 @@ class ConsumeRpcs:
             hold_s: float = 0.0,
         ) -> Any: ...
 
+        def _start(
+            self,
+            queue: StoreQueue,
+            address: str,
+            rpc: str,
+            request: Any,
+            context: grpc.aio.ServicerContext[Any, Any],
+            hold_s: float = 0.0,
+        ) -> StoreCall: ...
+
         async def _on_store_node(
             self,
             mq: v2.MessageQueue,
@@ -278,33 +288,92 @@ class ConsumeRpcs:
         if not brokers:
             raise V2Error(v2.FORBIDDEN, f"topic {topic.name!r} has no readable queue here")
         batch = min(request.batch_size, MAX_BATCH)
-        out: list[v2.Message] = []
         ids = list(range(config.read_queue_nums))
-        for i, name in enumerate(brokers):
-            for start in range(0, len(ids), _MAX_QUEUES_PER_POP):
+        chunks = [
+            (name, ids[start : start + _MAX_QUEUES_PER_POP])
+            for name in brokers
+            for start in range(0, len(ids), _MAX_QUEUES_PER_POP)
+        ]
+
+        def pop(name: str, queue_ids: list[int], room: int, hold_ms: int) -> sn.PopMessagesRequest:
+            return sn.PopMessagesRequest(
+                group=group, topic=config.topic_name, queue_ids=queue_ids, max_messages=room,
+                invisible_duration_ms=invisible_ms, subscription=subscription,
+                poll_timeout_ms=hold_ms, fifo=self.is_fifo(group),
+            )  # fmt: skip
+
+        # One pop (broker, <= 32 queues) to make: it is the held one. Several:
+        # each pops without holding; when nothing came, the receive waits on all
+        # of them at once (wait_only holds, which pop nothing) and pops them all
+        # again when one answers, until something comes or the time is up.
+        single = len(chunks) == 1
+        out: list[v2.Message] = []
+        while True:
+            for name, queue_ids in chunks:
                 if len(out) >= batch:
                     return out
-                last = i == len(brokers) - 1 and start + _MAX_QUEUES_PER_POP >= len(ids)
-                hold_ms = poll_ms if last and not out else 0
-                pop = sn.PopMessagesRequest(
-                    group=group,
-                    topic=config.topic_name,
-                    queue_ids=ids[start : start + _MAX_QUEUES_PER_POP],
-                    max_messages=batch - len(out),
-                    invisible_duration_ms=invisible_ms,
-                    subscription=subscription,
-                    # Hold only the last call, and only when nothing came yet.
-                    poll_timeout_ms=hold_ms,
-                    fifo=self.is_fifo(group),
-                )
-                queue = StoreQueue(name, pop.queue_ids[0])
+                hold_ms = poll_ms if single else 0
+                queue = StoreQueue(name, queue_ids[0])
                 popped: sn.PopMessagesResponse = await self._call(
-                    queue, self._address(queue), "PopMessages", pop, context, hold_ms / 1000
-                )
-                for m in popped.messages:
-                    delivered = await self._delivery(group, m, invisible_ms, topic, context)
-                    if delivered is not None:
-                        out.append(delivered)
+                    queue, self._address(queue), "PopMessages",
+                    pop(name, queue_ids, batch - len(out), hold_ms), context, hold_ms / 1000,
+                )  # fmt: skip
+                out += await self._deliveries(group, popped.messages, invisible_ms, topic, context)
+            if out or single:
+                return out
+            hold_ms = _poll_ms(request, context)
+            if hold_ms <= 0:
+                return out
+            holds = [
+                (StoreQueue(name, queue_ids[0]), pop(name, queue_ids, 1, hold_ms))
+                for name, queue_ids in chunks
+            ]
+            for _, hold in holds:
+                hold.wait_only = True
+            await self._wait_any(holds, hold_ms, context)
+
+    async def _wait_any(
+        self,
+        holds: list[tuple[StoreQueue, sn.PopMessagesRequest]],
+        hold_ms: int,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """Hold ``wait_only`` pops on every store-node and queue chunk of a
+        receive at once, until the first answers (something may be deliverable
+        there, or its time is up); the others are then cancelled, which drops
+        nothing: they pop nothing. A message arriving on any of them wakes the
+        receive, not only one arriving where its last pop was held. V2Error
+        when the first to end failed."""
+        calls = [
+            self._start(queue, self._address(queue), "PopMessages", hold, context, hold_ms / 1000)
+            for queue, hold in holds
+        ]
+        waits = [asyncio.ensure_future(call.answer()) for call in calls]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for call in calls:
+                call.cancel()
+            # Every wait is over before the receive goes on (none left pending).
+            ended = await asyncio.gather(*waits, return_exceptions=True)
+        for wait, result in zip(waits, ended, strict=True):
+            if wait in done and isinstance(result, V2Error):
+                raise result
+
+    async def _deliveries(
+        self,
+        group: str,
+        popped: Sequence[sn.PoppedMessage],
+        invisible_ms: int,
+        topic: v2.Resource,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[v2.Message]:
+        """The v2 messages of popped deliveries (dead letters taken out)."""
+        out: list[v2.Message] = []
+        for m in popped:
+            delivered = await self._delivery(group, m, invisible_ms, topic, context)
+            if delivered is not None:
+                out.append(delivered)
         return out
 
     async def _delivery(

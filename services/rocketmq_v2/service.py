@@ -45,6 +45,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -161,6 +162,29 @@ def _consumer_backoff(max_attempts: int, max_delay_ms: int) -> v2.RetryPolicy:
         max_attempts=max_attempts,
         customized_backoff=v2.CustomizedBackoff(next=[duration_ms(ms) for ms in delays]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCall:
+    """A started store-node call (:meth:`MessagingServiceServicer._start`)."""
+
+    call: grpc.aio.UnaryUnaryCall[Any, Any]
+    #: Who is called, for the refusal's message.
+    peer: str
+    timeout_s: float
+
+    def cancel(self) -> bool:
+        """Cancel the call; False when it had already answered (then
+        :meth:`answer` still has its answer)."""
+        return bool(self.call.cancel())
+
+    async def answer(self) -> Any:
+        """The store-node's answer, or V2Error with its refusal in v2 terms."""
+        try:
+            return await self.call
+        except grpc.aio.AioRpcError as e:
+            refusal = downstream_refusal(e, self.peer, self.timeout_s)
+            raise V2Error(code_of_response(refusal.code), refusal.message) from None
 
 
 class MessagingServiceServicer(ConsumeRpcs):
@@ -419,15 +443,22 @@ class MessagingServiceServicer(ConsumeRpcs):
         """StoreNode ``rpc`` at ``address`` (within the client's deadline; a
         call the store-node may hold, a long-polling pop, gets ``hold_s`` more);
         its answer, or V2Error with the store-node's refusal in v2 terms."""
+        return await self._start(queue, address, rpc, request, context, hold_s).answer()
+
+    def _start(
+        self,
+        queue: StoreQueue,
+        address: str,
+        rpc: str,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+        hold_s: float = 0.0,
+    ) -> StoreCall:
+        """StoreNode ``rpc`` at ``address``, started as :meth:`_call` does, not
+        awaited: a caller may cancel it."""
         timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S + hold_s)
-        try:
-            return await getattr(self.pull.channels.store_node(address), rpc)(
-                request, timeout=timeout
-            )
-        except grpc.aio.AioRpcError as e:
-            peer = f"store-node {queue.broker_name!r} at {address}"
-            refusal = downstream_refusal(e, peer, timeout)
-            raise V2Error(code_of_response(refusal.code), refusal.message) from None
+        call = getattr(self.pull.channels.store_node(address), rpc)(request, timeout=timeout)
+        return StoreCall(call, f"store-node {queue.broker_name!r} at {address}", timeout)
 
     # -- offsets ------------------------------------------------------------------------
 

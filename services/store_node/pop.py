@@ -11,8 +11,10 @@ cursor), at most until the earliest in-flight message becomes visible again,
 or until an ack or a change of invisible time of its (group, topic) - an ack
 unblocks a FIFO queue, a shortened invisible time (a PushConsumer's retry
 delay) makes a message due sooner than the held pop computed - then pops
-once more. Pops, acks and changes run in a worker thread: they append
-to the journal and may fsync it.
+once more. A ``wait_only`` pop pops nothing: it answers empty as soon as
+something may be deliverable (a front holding one receive on several
+store-nodes at once, docs/rocketmq-v2.md). Pops, acks and changes run in a
+worker thread: they append to the journal and may fsync it.
 
 A mixin of :class:`basalt.services.store_node.service.StoreNodeServicer`.
 """
@@ -123,6 +125,17 @@ class PopRpcs:
             )  # fmt: skip
         return out, ends
 
+    def _peek(self, request: sn.PopMessagesRequest) -> tuple[bool, list[int]]:
+        """A ``wait_only`` round (worker thread): whether a pop could deliver
+        something now, with each queue's max offset as it was before looking."""
+        store, now = self.store, self.store.clock.now_ms()
+        ends = [store.get_max_offset_in_queue(request.topic, q) for q in request.queue_ids]
+        found = any(
+            store.pop.deliverable(request.group, request.topic, q, now, fifo=request.fifo)
+            for q in request.queue_ids
+        )
+        return found, ends
+
     def _wait_reads(
         self, topic: str, queue_ids: list[int], ends: list[int]
     ) -> list[HeldRead[None]]:
@@ -174,10 +187,15 @@ class PopRpcs:
         loop = asyncio.get_running_loop()
         timeout_ms = min(request.poll_timeout_ms, self.config.max_suspend_timeout_ms)
         deadline = loop.time() + timeout_ms / 1000
+        popped: list[PoppedMessage] = []
         while True:
-            popped, ends = await asyncio.to_thread(self._pop_all, request, flt)
+            if request.wait_only:
+                found, ends = await asyncio.to_thread(self._peek, request)
+            else:
+                popped, ends = await asyncio.to_thread(self._pop_all, request, flt)
+                found = bool(popped)
             remaining = deadline - loop.time()
-            if popped or remaining <= 0:
+            if found or remaining <= 0:
                 break
             visible = self._until_visible_s(request)
             wait = remaining if visible is None else min(remaining, visible)

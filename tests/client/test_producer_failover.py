@@ -22,6 +22,7 @@ import pytest
 
 from basalt.client import ClientError, Producer, ProducerConfig, ServiceUnavailableError
 from basalt.client.producer import SendResult, _Stream
+from basalt.client.tasks import TaskOwner
 from basalt.common.message import Message
 from basalt.services.cluster.etcd import EtcdProcess
 from basalt.v1 import common_pb2 as pb
@@ -211,7 +212,8 @@ async def test_a_send_on_a_stream_whose_reader_ended_fails_at_once() -> None:
     ):
         (queue,) = await p.route(TOPIC)
         channel = grpc.aio.insecure_channel(queue.address)
-        stream = _Stream(channel, queue.address)
+        tasks = TaskOwner()
+        stream = _Stream(channel, queue.address, tasks)
         first = asyncio.ensure_future(stream.send(1, [b""]))
         with pytest.raises(ServiceUnavailableError):
             await first
@@ -221,6 +223,8 @@ async def test_a_send_on_a_stream_whose_reader_ended_fails_at_once() -> None:
         with pytest.raises(ServiceUnavailableError, match="broke: UNAVAILABLE"):
             await asyncio.wait_for(stream.send(2, [b""]), 5)
         assert stream.waiting == {}
+        stream.close()
+        await tasks.close()
         await channel.close()
 
 

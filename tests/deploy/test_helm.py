@@ -167,6 +167,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "pullService": {"config": {"heartbeat_interval_ms": 5000}},
     },
+    "service-monitor-tls": {
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "tls": {"enabled": True, "secretName": "basalt-tls"},
+    },
     # What charts usually take, every one set (EXTRAS).
     "extras": EXTRAS,
     "name-overrides": {"nameOverride": "queue"},
@@ -809,3 +813,22 @@ def test_with_tls_every_hop_serves_and_dials_with_the_secret(
     assert "--listen-client-urls=https://0.0.0.0:2379" in args
     assert {"--cert-file=/etc/basalt/tls/tls.crt", "--client-cert-auth"} <= set(args)
     assert {"name": "tls", "secret": {"secretName": "basalt-tls"}} in pod_spec(etcd)["volumes"]
+
+
+def test_with_tls_metrics_are_scraped_over_https_with_the_secret(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    # The services serve /metrics over https requiring a client certificate
+    # the CA signed when TLS is on (docs/observability.md).
+    [monitor] = [m for m in rendered["service-monitor-tls"] if is_crd(m)]
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    tls = endpoint["tlsConfig"]
+    assert tls["ca"]["secret"] == {"name": "basalt-tls", "key": "ca.crt"}
+    assert tls["cert"]["secret"] == {"name": "basalt-tls", "key": "tls.crt"}
+    assert tls["keySecret"] == {"name": "basalt-tls", "key": "tls.key"}
+    [plain] = [m for m in rendered["service-monitor"] if is_crd(m)]
+    assert "scheme" not in plain["spec"]["endpoints"][0]
+    for workload, _ in basalt_containers(rendered["tls"]):
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scheme"] == "https"

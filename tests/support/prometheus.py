@@ -26,10 +26,17 @@ from tests.support.polling import eventually_sync
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 
-def scrape_config(rows: Iterable[Mapping[str, Any]], interval_s: float = 1.0) -> str:
+def scrape_config(
+    rows: Iterable[Mapping[str, Any]],
+    interval_s: float = 1.0,
+    *,
+    tls: Mapping[str, str] | None = None,
+) -> str:
     """A ``prometheus.yml`` scraping every process of ``rows`` (``cluster status
     --json``) that has a metrics endpoint: one job per role, the process's name
-    as the ``instance`` label. JSON is YAML, so it is written as JSON."""
+    as the ``instance`` label; over https with ``tls`` as each job's
+    ``tls_config`` (``ca_file``, ``cert_file``, ``key_file``) when given. JSON
+    is YAML, so it is written as JSON."""
     jobs: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if row.get("metrics"):
@@ -42,6 +49,7 @@ def scrape_config(rows: Iterable[Mapping[str, Any]], interval_s: float = 1.0) ->
             "global": {"scrape_interval": f"{interval_s:g}s"},
             "scrape_configs": [
                 {"job_name": role, "metrics_path": "/metrics", "static_configs": targets}
+                | ({} if tls is None else {"scheme": "https", "tls_config": dict(tls)})
                 for role, targets in jobs.items()
             ],
         },

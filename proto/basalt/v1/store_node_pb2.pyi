@@ -973,6 +973,7 @@ class PopMessagesRequest(_message.Message):
     SUBSCRIPTION_FIELD_NUMBER: _builtins.int
     POLL_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     FIFO_FIELD_NUMBER: _builtins.int
+    WAIT_ONLY_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     topic: _builtins.str
     max_messages: _builtins.int
@@ -988,6 +989,13 @@ class PopMessagesRequest(_message.Message):
     """RocketMQ 5 FIFO: a queue delivers nothing new while any of its messages
     is in flight for the group (in-flight ones are still redelivered when
     their invisible time passes).
+    """
+    wait_only: _builtins.bool
+    """Pop nothing: hold as poll_timeout_ms says until something may be
+    deliverable on one of the queues (or the time is up), then answer empty.
+    A front holding one receive on several store-nodes at once holds with
+    this and pops only where something came: cancelling the other holds then
+    drops nothing (a cancelled pop may have popped deliveries no one gets).
     """
     @_builtins.property
     def queue_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -1012,10 +1020,11 @@ class PopMessagesRequest(_message.Message):
         subscription: _common_pb2.Subscription | None = ...,
         poll_timeout_ms: _builtins.int = ...,
         fifo: _builtins.bool = ...,
+        wait_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fifo", b"fifo", "group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "max_messages", b"max_messages", "poll_timeout_ms", b"poll_timeout_ms", "queue_ids", b"queue_ids", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fifo", b"fifo", "group", b"group", "invisible_duration_ms", b"invisible_duration_ms", "max_messages", b"max_messages", "poll_timeout_ms", b"poll_timeout_ms", "queue_ids", b"queue_ids", "subscription", b"subscription", "topic", b"topic", "wait_only", b"wait_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

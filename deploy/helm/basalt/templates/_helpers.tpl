@@ -159,6 +159,9 @@ Pass (dict "root" $ "component" "store-node").
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .Values.metrics.port | quote }}
 prometheus.io/path: /metrics
+{{- if .Values.tls.enabled }}
+prometheus.io/scheme: https
+{{- end }}
 {{- end -}}
 
 {{/* Volume mounts every Basalt container has: its config file, TLS if enabled. */}}
