@@ -35,6 +35,7 @@ from basalt.common.message import MessageRecord
 from basalt.common.record import DamagedRecord, decode_records
 from basalt.common.settings import (
     between,
+    boolean,
     config_dataclass,
     non_empty,
     one_of,
@@ -99,6 +100,12 @@ class ConsumerConfig:
         default=200,
         check=positive,
         doc="How soon a queue still locked by its previous owner is tried again.",
+    )
+    check_crcs: bool = setting(
+        default=True,
+        check=boolean,
+        doc="Check each record's checksum (Kafka's check.crcs): a damaged record is "
+        "skipped, logged at ERROR and counted, never delivered.",
     )
     pull_time_delay_ms_when_exception: int = setting(
         default=100,
@@ -177,12 +184,14 @@ class ConsumerClient(Client):
         #: (e.g. to record its offset for repair); must not raise.
         self.on_damaged_record: Callable[[MessageQueue, DamagedRecord], None] | None = None
 
-    def _decode(self, queue: MessageQueue, data: bytes | memoryview) -> list[MessageRecord]:
-        """The records of a read of ``queue``, checksums checked: a damaged record
-        is left out, logged at ERROR, counted and reported; CorruptRecordError
-        when the bytes are not records at all."""
+    def _decode(
+        self, queue: MessageQueue, data: bytes | memoryview, *, check_crcs: bool = True
+    ) -> list[MessageRecord]:
+        """The records of a read of ``queue``, checksums checked (``check_crcs``): a
+        damaged record is left out, logged at ERROR, counted and reported;
+        CorruptRecordError when the bytes are not records at all."""
         damaged: list[DamagedRecord] = []
-        records = decode_records(data, damaged=damaged)
+        records = decode_records(data, check_crc=check_crcs, damaged=damaged)
         for d in damaged:
             self.damaged_records += 1
             log.error("%s: %s: %s", self.consumer_group, queue, d.describe())

@@ -622,7 +622,9 @@ class LitePullConsumer(ConsumerClient):
                 if not read.records:
                     data, count, _ = read.chunks[0]
                     try:
-                        read.records = self._decode(read.queue, data)
+                        read.records = self._decode(
+                            read.queue, data, check_crcs=self.config.check_crcs
+                        )
                     except Exception as e:  # corrupt records (CorruptRecordError), or a bug
                         broken = e
                         break

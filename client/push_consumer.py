@@ -378,7 +378,9 @@ class PushConsumer(ConsumerClient):
             delay = self._member.backoff()
             pq.next_offset = reply.next_begin_offset
             if reply.status == pb.PULL_STATUS_FOUND:
-                records = self._decode(pq.queue, reply.records.data)
+                records = self._decode(
+                    pq.queue, reply.records.data, check_crcs=self.config.check_crcs
+                )
                 pq.add(records, self.config.pull_threshold_for_queue)
                 if not self.config.orderly:
                     self._dispatch(pq, records)
