@@ -96,11 +96,14 @@ async def consume(
     *,
     tls: TlsConfig | None = None,
     credentials: Credentials | None = None,
+    group: str = "sdk-bench",
+    check_crcs: bool = True,
 ) -> Row:
     config = LitePullConfig(
-        consumer_group="sdk-bench",
+        consumer_group=group,
         pull_batch_size=256,
         consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        check_crcs=check_crcs,
     )
     got = 0
     polls = 0
@@ -117,7 +120,7 @@ async def consume(
             polls += 1
         secs, cpu = time.monotonic() - started, time.process_time() - cpu
     return Row(
-        "sdk consume",
+        "sdk consume" + ("" if check_crcs else ", check_crcs off"),
         "LitePullConsumer.poll, pull_batch_size 256, prefetched, decoded",
         got / secs,
         "msgs/s",
@@ -151,7 +154,30 @@ async def run(args: argparse.Namespace, root: Path) -> list[Row]:
         await asyncio.sleep(1.0)  # the pull-service's watch
         produced = await produce(cluster.pull_address, args.senders, args.batch, args.duration)
         consumed = await consume(cluster.pull_address, produced.count + 1)
-        return [produced, consumed]
+        rows = [produced, consumed]
+        # CRC-on-read's cost: the same records read again by fresh groups,
+        # check_crcs off and on alternating (the host's drift hits both).
+        ratios = []
+        for r in range(args.crc_rounds):
+            pair = []
+            for check in (False, True) if r % 2 == 0 else (True, False):
+                group = f"sdk-bench-crc-{r}-{int(check)}"
+                row = await consume(
+                    cluster.pull_address, produced.count, group=group, check_crcs=check
+                )
+                rows.append(row)
+                pair.append((check, row.rate))
+            off = next(rate for check, rate in pair if not check)
+            on = next(rate for check, rate in pair if check)
+            ratios.append(on / off)
+        if ratios:
+            print(
+                "check_crcs on/off consume rate, per round: "
+                + ", ".join(f"{x:.3f}" for x in ratios)
+                + f"; mean {sum(ratios) / len(ratios):.3f}",
+                file=sys.stderr,
+            )
+        return rows
     finally:
         print(cluster.down().rstrip(), file=sys.stderr)
 
@@ -162,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--senders", type=int, default=32, help="send_batch calls in flight")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--queues", type=int, default=8, help="queues per store-node")
+    parser.add_argument(
+        "--crc-rounds",
+        type=int,
+        default=0,
+        help="rounds of consume with check_crcs off and on, alternating (CRC-on-read's cost)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="basalt-sdk-") as tmp:
         rows = asyncio.run(run(args, Path(tmp)))

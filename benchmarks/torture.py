@@ -27,6 +27,10 @@ Usage::
    damaged run scans less and loses the rest: the records lost are printed
    beside the ratio.
 
+4. **CRC on read.** What checking every record's checksum costs the SDK's
+   decoder (issue 28 point 1): a 256-record pull of 1 KiB records decoded with
+   ``check_crc`` off and on, ``--crc-rounds`` alternating rounds, the ratio.
+
 Exits 1 when a goal of parts 1 or 2 is missed.
 """
 
@@ -255,6 +259,48 @@ def recovery_timings(work: Path, gib: float, seed: int) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def crc_on_read_cost(rounds: int, records: int = 256, body_bytes: int = 1024) -> None:
+    """What verify-on-read costs the SDK's decoder (issue 28 point 1): a pull's
+    answer of ``records`` stored records of ``body_bytes`` (the batched consume
+    benchmark's 256 x 1 KiB), decoded with ``check_crc`` off and on in
+    alternating order, ``rounds`` times; prints µs per record each way, the
+    per-round ratio on/off and its median."""
+    from basalt.common.message import encode_host
+    from basalt.common.record import EncodedMessage, decode_records
+
+    parts, pos = [], 0
+    for i in range(records):
+        message = Message("CrcTopic", bytes([i % 251]) * body_bytes, tags="t", keys=[f"k{i}"])
+        encoded = EncodedMessage(
+            message, store_host=encode_host("127.0.0.1:10911"), append_crc=True
+        )
+        parts.append(encoded.encode(i, pos, 1_700_000_000_000 + i))
+        pos += encoded.size
+    data = b"".join(parts)
+    loops = 200
+
+    def timed(check: bool) -> float:
+        started = time.perf_counter()
+        for _ in range(loops):
+            decode_records(data, check_crc=check)
+        return (time.perf_counter() - started) / (loops * records) * 1e6
+
+    ratios, offs, ons = [], [], []
+    for r in range(rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        got = {check: timed(check) for check in order}
+        offs.append(got[False])
+        ons.append(got[True])
+        ratios.append(got[True] / got[False])
+    ratios.sort()
+    each = ", ".join(f"{x:.3f}" for x in ratios)
+    print(
+        f"\nCRC on read (decode_records, {records} x {body_bytes} B records, {rounds} rounds "
+        f"alternating): off {min(offs):.3f} µs/record, on {min(ons):.3f} µs/record (best); "
+        f"on/off median {ratios[len(ratios) // 2]:.3f} (rounds {each})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Damage, kill and time recovery (issue 14).")
     parser.add_argument("--seeds", type=int, default=3, help="passes over the damage catalogue")
@@ -262,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gib", type=float, default=1.0, help="log size for the timings (0: none)")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--root", type=Path, help="work directory (default: a temporary one)")
+    parser.add_argument("--crc-rounds", type=int, default=9, help="CRC-on-read rounds (0: none)")
     args = parser.parse_args(argv)
     work = args.root or Path(tempfile.mkdtemp(prefix="basalt-torture-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -271,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = kill_cycles(work, args.kills, args.seed) and ok
         if args.gib > 0:
             recovery_timings(work, args.gib, args.seed)
+        if args.crc_rounds > 0:
+            crc_on_read_cost(args.crc_rounds)
     finally:
         if args.root is None:
             shutil.rmtree(work, ignore_errors=True)

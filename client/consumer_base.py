@@ -19,10 +19,11 @@ it (the store-node answers STALE_RESET_EPOCH and stores nothing).
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -30,8 +31,11 @@ import grpc
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError
 from basalt.common.auth import Credentials
+from basalt.common.message import MessageRecord
+from basalt.common.record import DamagedRecord, decode_records
 from basalt.common.settings import (
     between,
+    boolean,
     config_dataclass,
     non_empty,
     one_of,
@@ -44,6 +48,8 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+
+log = logging.getLogger(__name__)
 
 #: Deadline of the small unary calls a consumer makes to store-nodes.
 CALL_TIMEOUT_S = 10.0
@@ -94,6 +100,12 @@ class ConsumerConfig:
         default=200,
         check=positive,
         doc="How soon a queue still locked by its previous owner is tried again.",
+    )
+    check_crcs: bool = setting(
+        default=True,
+        check=boolean,
+        doc="Check each record's checksum (Kafka's check.crcs): a damaged record is "
+        "skipped, logged at ERROR and counted, never delivered.",
     )
     pull_time_delay_ms_when_exception: int = setting(
         default=100,
@@ -165,6 +177,27 @@ class ConsumerClient(Client):
         self.consume_from_where = consume_from_where
         #: Store-node addresses by broker name, as the last routes gave them.
         self._addresses: dict[str, str] = {}
+        #: Records left out because their checksum failed (check.crcs): never
+        #: delivered, each logged at ERROR and passed to :attr:`on_damaged_record`.
+        self.damaged_records = 0
+        #: Called with the queue and each damaged record, after it is logged
+        #: (e.g. to record its offset for repair); must not raise.
+        self.on_damaged_record: Callable[[MessageQueue, DamagedRecord], None] | None = None
+
+    def _decode(
+        self, queue: MessageQueue, data: bytes | memoryview, *, check_crcs: bool = True
+    ) -> list[MessageRecord]:
+        """The records of a read of ``queue``, checksums checked (``check_crcs``): a
+        damaged record is left out, logged at ERROR, counted and reported;
+        CorruptRecordError when the bytes are not records at all."""
+        damaged: list[DamagedRecord] = []
+        records = decode_records(data, check_crc=check_crcs, damaged=damaged)
+        for d in damaged:
+            self.damaged_records += 1
+            log.error("%s: %s: %s", self.consumer_group, queue, d.describe())
+            if self.on_damaged_record is not None:
+                self.on_damaged_record(queue, d)
+        return records
 
     async def queues_of(self, topic: str) -> list[MessageQueue]:
         """The topic's readable queues on registered, readable brokers, sorted

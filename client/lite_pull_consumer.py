@@ -89,7 +89,6 @@ from basalt.client.errors import ClientError
 from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
-from basalt.common.record import decode_records
 from basalt.common.settings import (
     boolean,
     config_dataclass,
@@ -623,7 +622,9 @@ class LitePullConsumer(ConsumerClient):
                 if not read.records:
                     data, count, _ = read.chunks[0]
                     try:
-                        read.records = decode_records(data)
+                        read.records = self._decode(
+                            read.queue, data, check_crcs=self.config.check_crcs
+                        )
                     except Exception as e:  # corrupt records (CorruptRecordError), or a bug
                         broken = e
                         break

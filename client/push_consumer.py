@@ -62,7 +62,6 @@ from basalt.client.consumer_base import (
 from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
-from basalt.common.record import decode_records
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
 from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links, untraced_task
@@ -379,7 +378,9 @@ class PushConsumer(ConsumerClient):
             delay = self._member.backoff()
             pq.next_offset = reply.next_begin_offset
             if reply.status == pb.PULL_STATUS_FOUND:
-                records = decode_records(reply.records.data)
+                records = self._decode(
+                    pq.queue, reply.records.data, check_crcs=self.config.check_crcs
+                )
                 pq.add(records, self.config.pull_threshold_for_queue)
                 if not self.config.orderly:
                     self._dispatch(pq, records)

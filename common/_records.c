@@ -1666,20 +1666,53 @@ static PyObject *record_object(decoder_t *dc, const uint8_t *p, const rec_t *r) 
 }
 
 /*
- * decode_records(data, record_type, decode_host, error_type) -> list
+ * A record whose checksum fails (check_crc32's reason in why), in a reader that
+ * skips such records: damaged_type(position in data, topic, queue_id,
+ * queue_offset, commit_log_offset, reason) is appended to `damaged`; with no
+ * list (None) error_type(position, reason) is raised instead. 0 when appended,
+ * -1 with an exception set. The header's fields are as stored: the damage may
+ * be in them (the reason says "record CRC mismatch" then).
+ */
+static int report_damaged(PyObject *damaged, PyObject *damaged_type, PyObject *error_type,
+                          Py_ssize_t pos, const uint8_t *p, const rec_t *r, const char *reason) {
+    PyObject *item;
+    if (damaged == NULL || damaged == Py_None) {
+        PyObject *err = PyObject_CallFunction(error_type, "ns", pos, reason);
+        if (err != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+            Py_DECREF(err);
+        }
+        return -1;
+    }
+    item = PyObject_CallFunction(damaged_type, "nNiLLs", pos,
+                                 PyUnicode_DecodeUTF8((const char *)p + r->topic_off,
+                                                      r->topic_len, "replace"),
+                                 r->queue_id, (long long)r->queue_offset, (long long)r->phys,
+                                 reason);
+    if (item == NULL) return -1;
+    int rc = PyList_Append(damaged, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+/*
+ * decode_records(data, record_type, decode_host, error_type, check_crc=False,
+ *                damaged=None, damaged_type=None) -> list
  * Every record of data (stored records back to back, as a pull returns them)
  * as a record_type (MessageRecord) instance, its slots filled directly (the
  * dataclass's __init__ only assigns them). Each record must pass check_record's
- * rules (CRC not checked); the first that does not raises
- * error_type(position in data, reason) with decode_records_py's reason.
+ * rules; the first that does not raises error_type(position in data, reason)
+ * with decode_records_py's reason. With check_crc, a record whose checksum
+ * fails (its framing sound) is left out and reported (report_damaged).
  */
 static PyObject *py_decode_records(PyObject *self, PyObject *args) {
     Py_buffer b;
     decoder_t dc;
     memset(&dc, 0, sizeof dc);
-    PyObject *error_type;
-    if (!PyArg_ParseTuple(args, "y*O!OO", &b, &PyType_Type, &dc.type, &dc.decode_host,
-                          &error_type))
+    PyObject *error_type, *damaged = Py_None, *damaged_type = Py_None;
+    int check_crc = 0;
+    if (!PyArg_ParseTuple(args, "y*O!OO|pOO", &b, &PyType_Type, &dc.type, &dc.decode_host,
+                          &error_type, &check_crc, &damaged, &damaged_type))
         return NULL;
     PyObject *list = NULL;
     if (slot_offsets(dc.type, RECORD_FIELDS, N_RECORD_FIELDS, dc.off) < 0) goto done;
@@ -1691,6 +1724,15 @@ static PyObject *py_decode_records(PyObject *self, PyObject *args) {
         rec_t r;
         reason_t why;
         int kind = parse_record(p, b.len - pos, &r, &why);
+        /* check_record's order: the checksum before the topic's UTF-8. */
+        if (kind == KIND_MORE && check_crc && check_crc32(p, &r, &why) != KIND_MORE) {
+            if (report_damaged(damaged, damaged_type, error_type, pos, p, &r, why.text) < 0) {
+                Py_CLEAR(list);
+                break;
+            }
+            pos += r.size;
+            continue;
+        }
         if (kind == KIND_MORE && !utf8_valid(p + r.topic_off, r.topic_len)) {
             snprintf(why.text, sizeof why.text, "topic is not UTF-8");
             kind = KIND_CORRUPT;
@@ -2289,7 +2331,8 @@ static const prop_t *find_pair(const prop_t *props, Py_ssize_t count, const char
 enum { AC_TOPIC, AC_MSG_ID, AC_TAGS, AC_KEYS, AC_PROP_KEYS, AC_PROP_VALUES, AC_BODY, AC_N };
 
 /*
- * arrow_columns(data, pos, end, max_rows, max_bytes, error_type)
+ * arrow_columns(data, pos, end, max_rows, max_bytes, error_type, check_crc=False,
+ *               damaged=None, damaged_type=None)
  *   -> (next_pos, rows, utf8_ok, queue_id, queue_offset, commitlog_offset,
  *       born_timestamp, store_timestamp, map_offsets,
  *       (offsets, data, validity, null_count) for topic, msg_id, tags, keys,
@@ -2301,7 +2344,9 @@ enum { AC_TOPIC, AC_MSG_ID, AC_TAGS, AC_KEYS, AC_PROP_KEYS, AC_PROP_VALUES, AC_B
  * null when the property is absent), properties as a map's entry offsets and
  * its flat names and values. Stops after max_rows records, or once the body
  * bytes reach max_bytes (at least one record), at next_pos. Same validation as
- * decode_records (error_type(position in data, reason) on a bad record).
+ * decode_records (error_type(position in data, reason) on a bad record; with
+ * check_crc, damaged and damaged_type, a record whose checksum fails is left
+ * out and reported as decode_records does).
  * utf8_ok is False when some property block is not UTF-8 (the decoder's
  * errors="replace" would change it): the caller then decodes that range with
  * decode_records. The readable reference is pipeline._rows.record_batch_py.
@@ -2309,8 +2354,10 @@ enum { AC_TOPIC, AC_MSG_ID, AC_TAGS, AC_KEYS, AC_PROP_KEYS, AC_PROP_VALUES, AC_B
 static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t pos, end, max_rows, max_bytes;
-    PyObject *error_type;
-    if (!PyArg_ParseTuple(args, "y*nnnnO", &b, &pos, &end, &max_rows, &max_bytes, &error_type))
+    PyObject *error_type, *damaged = Py_None, *damaged_type = Py_None;
+    int check_crc = 0;
+    if (!PyArg_ParseTuple(args, "y*nnnnO|pOO", &b, &pos, &end, &max_rows, &max_bytes,
+                          &error_type, &check_crc, &damaged, &damaged_type))
         return NULL;
     PyObject *result = NULL;
     bytes_t ints[5] = {{0}}, map_off = {0};
@@ -2333,6 +2380,12 @@ static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
         rec_t r;
         reason_t why;
         int kind = parse_record(p, end - pos, &r, &why);
+        if (kind == KIND_MORE && check_crc && check_crc32(p, &r, &why) != KIND_MORE) {
+            if (report_damaged(damaged, damaged_type, error_type, pos, p, &r, why.text) < 0)
+                goto done;
+            pos += r.size;
+            continue;
+        }
         if (kind == KIND_MORE && !utf8_valid(p + r.topic_off, r.topic_len)) {
             snprintf(why.text, sizeof why.text, "topic is not UTF-8");
             kind = KIND_CORRUPT;
@@ -2444,14 +2497,16 @@ static PyMethodDef methods[] = {
      "index_check(index_mm, hash_slot_num, index_num, index_count, begin_phy, end_phy) -> "
      "what is wrong with the written slots and entries, or ''."},
     {"decode_records", py_decode_records, METH_VARARGS,
-     "decode_records(data, record_type, decode_host, error_type) -> list of record_type."},
+     "decode_records(data, record_type, decode_host, error_type, check_crc=False, damaged=None, "
+     "damaged_type=None) -> list of record_type."},
     {"slotted", py_slotted, METH_VARARGS,
      "slotted(cls, fields, columns) -> [cls instance k: fields[i] = columns[i][k]]."},
     {"encode_batch", py_encode_batch, METH_VARARGS,
      "encode_batch(messages, uniq_keys, queue_id, store_host, born_timestamp_ms, "
      "message_type, host_parts) -> bytes, or None: use common.record.encode_batch_py."},
     {"arrow_columns", py_arrow_columns, METH_VARARGS,
-     "arrow_columns(data, pos, end, max_rows, max_bytes, error_type) -> the buffers of "
+     "arrow_columns(data, pos, end, max_rows, max_bytes, error_type, check_crc=False, "
+     "damaged=None, damaged_type=None) -> the buffers of "
      "pipeline._rows.ARROW_SCHEMA's columns for the records of data[pos:end]."},
     {NULL, NULL, 0, NULL},
 };

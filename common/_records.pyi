@@ -1,7 +1,7 @@
 """Type stub for the C extension common/_records.c (see its header comment)."""
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from basalt.common.message import Message
 from basalt.common.record import Buffer
@@ -118,6 +118,9 @@ def decode_records(
     record_type: type[_R],
     decode_host: Callable[[bytes], str],
     error_type: Callable[[int, str], BaseException],
+    check_crc: bool = False,
+    damaged: list[Any] | None = None,
+    damaged_type: Callable[[int, str, int, int, int, str], Any] | None = None,
     /,
 ) -> list[_R]: ...
 def encode_batch(
@@ -144,6 +147,9 @@ def arrow_columns(
     max_rows: int,
     max_bytes: int,
     error_type: Callable[[int, str], BaseException],
+    check_crc: bool = False,
+    damaged: list[Any] | None = None,
+    damaged_type: Callable[[int, str, int, int, int, str], Any] | None = None,
     /,
 ) -> tuple[
     int,

@@ -487,31 +487,92 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
     )
 
 
-def decode_records(data: Buffer) -> list[MessageRecord]:
+@dataclass(frozen=True, slots=True)
+class DamagedRecord:
+    """A record a reader left out because its checksum fails (check.crcs):
+    its framing is sound, so the records after it are read, but its bytes are
+    not what was written. Never delivered as data; each reader reports it
+    (logged at ERROR, counted) and moves past it.
+
+    ``position`` is where it starts in the decoded bytes; the other fields are
+    as stored, and the damage may be in them ("record CRC mismatch": the
+    header, topic or properties changed; "body CRC mismatch": the body did).
+    """
+
+    position: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    reason: str
+
+    def describe(self) -> str:
+        """One line for a log: which record, where, and why."""
+        return (
+            f"damaged record skipped: topic {self.topic!r} queue {self.queue_id} "
+            f"offset {self.queue_offset} (commitlog offset {self.commit_log_offset}): "
+            f"{self.reason}"
+        )
+
+
+def decode_records(
+    data: Buffer, *, check_crc: bool = True, damaged: list[DamagedRecord] | None = None
+) -> list[MessageRecord]:
     """Every record of ``data``, stored records back to back (what a pull
     returns), decoded: the consumer's per-record work, in one C call.
 
+    ``check_crc`` (Kafka's ``check.crcs``, on by default) checks each record's
+    checksum as :func:`check_record` does: a record that fails it is appended to
+    ``damaged`` as a :class:`DamagedRecord` and left out of the result, or,
+    with no ``damaged`` list, raises CorruptRecordError.
+
     Returns exactly what :func:`decode_records_py` returns, and raises what it
     raises: CorruptRecordError at the first record (its position in ``data``)
-    that fails :func:`check_record`'s rules (the CRC is not checked), or a
-    tail too short to be one. Tests hold the two to each other.
+    that fails :func:`check_record`'s rules, or a tail too short to be one.
+    Tests hold the two to each other.
     """
-    return _records.decode_records(data, MessageRecord, decode_host, CorruptRecordError)
+    return _records.decode_records(
+        data, MessageRecord, decode_host, CorruptRecordError, check_crc, damaged, DamagedRecord
+    )
 
 
-def decode_records_py(data: Buffer) -> list[MessageRecord]:
+def decode_records_py(
+    data: Buffer, *, check_crc: bool = True, damaged: list[DamagedRecord] | None = None
+) -> list[MessageRecord]:
     """The readable reference of :func:`decode_records`: each record validated by
-    :func:`check_record`, then decoded by :func:`decode_record`."""
+    :func:`check_record` (its checksum too, with ``check_crc``), then decoded
+    by :func:`decode_record`."""
     out = []
     pos = 0
     end = len(data)
     while pos < end:
-        info = check_record(data, pos, end, check_crc=False)
-        if info.kind is not RecordKind.MESSAGE:
+        info = check_record(data, pos, end, check_crc=check_crc)
+        if info.kind is RecordKind.MESSAGE:
+            out.append(decode_record(data, pos))
+            pos += info.size
+        elif info.kind is RecordKind.CORRUPT and info.reason in CRC_REASONS:
+            if damaged is None:
+                raise CorruptRecordError(pos, info.reason)
+            damaged.append(_damaged_at(data, pos, info.reason))
+            pos += SIZE_AND_MAGIC.unpack_from(data, pos)[0]
+        else:
             raise CorruptRecordError(pos, _not_a_message(data, pos, end, info))
-        out.append(decode_record(data, pos))
-        pos += info.size
     return out
+
+
+#: check_record's reasons for a record whose framing is sound but whose checksum fails.
+CRC_REASONS = frozenset(
+    ("body CRC mismatch", "record CRC mismatch", "CRC32 property is not 10 digits")
+)
+
+
+def _damaged_at(data: Buffer, pos: int, reason: str) -> DamagedRecord:
+    """The :class:`DamagedRecord` of the framed record at ``pos`` (its fields as stored)."""
+    _, _, _, queue_id, _, queue_offset, phys, sys_flag, _ = PREFIX.unpack_from(data, pos)
+    p = body_length_at(pos, sys_flag)
+    p += 4 + _INT.unpack_from(data, p)[0]  # BODYLEN + BODY
+    topic = bytes(data[p + 1 : p + 1 + data[p]]).decode("utf-8", "replace")
+    return DamagedRecord(pos, topic, queue_id, queue_offset, phys, reason)
 
 
 def _not_a_message(data: Buffer, pos: int, end: int, info: RecordInfo) -> str:

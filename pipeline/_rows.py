@@ -38,7 +38,7 @@ from basalt.common.message import (
     encode_host,
     offset_msg_id,
 )
-from basalt.common.record import Buffer, CorruptRecordError, decode_records
+from basalt.common.record import Buffer, CorruptRecordError, DamagedRecord, decode_records
 
 #: The schema as Spark DDL (what ``DataSource.schema()`` answers).
 SCHEMA_DDL = (
@@ -129,6 +129,8 @@ def raw_batches(
     *,
     max_rows: int = BATCH_ROWS,
     max_bytes: int = BATCH_BYTES,
+    check_crc: bool = True,
+    damaged: list[DamagedRecord] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The records of ``data[pos:end]`` (stored records back to back: a pull's
     answer, a run of a CommitLog file; all read from ``broker``) as RecordBatches
@@ -139,14 +141,23 @@ def raw_batches(
     (:func:`basalt.common._records.arrow_columns`) from the bytes, with no
     Python object per row; a batch holding a property block that is not
     UTF-8 is decoded record by record instead (the decoder replaces what
-    Arrow would refuse). Raises CorruptRecordError as decode_records does."""
+    Arrow would refuse). Checks each record's checksum and raises
+    CorruptRecordError as decode_records does (``check_crc``, ``damaged``: a
+    record whose checksum fails is left out and appended to ``damaged``, its
+    position one in ``data``; the export, whose scan checked them, passes
+    ``check_crc=False``)."""
     stop = len(memoryview(data)) if end is None else end
     broker_value = pa.scalar(broker, pa.string())
     while pos < stop:
-        got = _records.arrow_columns(data, pos, stop, max_rows, max_bytes, CorruptRecordError)
+        got = _records.arrow_columns(
+            data, pos, stop, max_rows, max_bytes, CorruptRecordError,
+            check_crc, damaged, DamagedRecord,
+        )  # fmt: skip
         at, rows, utf8_ok, queue_id, queue_offset, commitlog_offset, born, stored, entries = got[:9]
         if not utf8_ok:
-            yield record_batch(broker, decode_records(memoryview(data)[pos:at]))
+            # The damaged records of this range are reported already: skip them again.
+            records = decode_records(memoryview(data)[pos:at], check_crc=check_crc, damaged=[])
+            yield record_batch(broker, records)
             pos = at
             continue
         topic, msg_id, tags, keys, names, values, body = got[9:]

@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import csv
 import functools
+import logging
 import os
 import shutil
 import sys
@@ -62,6 +63,8 @@ from basalt.pipeline._store_read import (
 from basalt.store.config import CQ_STORE_UNIT_SIZE, MessageStoreConfig
 from basalt.store.consume_queue import BLANK_UNIT
 from basalt.store.readonly import StoreRootError, store_layout
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -221,6 +224,8 @@ def export(
         raise
     _commit(target, staging)
     bad = sorted((offset, reason) for _, _, offset, reason in counts if offset is not None)
+    for offset, why in bad:  # never exported: a damaged record is no row
+        log.error("export of %s: bad record at commitlog offset %d skipped: %s", root, offset, why)
     return ExportResult(sum(c[0] for c in counts), len(files), sum(c[1] for c in counts), bad)
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,11 +63,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from basalt.common.record import DamagedRecord
 from basalt.pipeline import _cluster
 from basalt.pipeline._cluster import BasaltSourceError, QueueRef
 from basalt.pipeline._rows import BATCH_BYTES, BATCH_ROWS, SCHEMA_DDL, raw_batches, rows_where
 from basalt.pipeline.sink import BasaltStreamWriter, BasaltWriter, sink_options
 from basalt.v1 import common_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BasaltDataSource", "BasaltSourceError", "SourceOptions"]
 
@@ -339,10 +343,19 @@ def _batches(part: BasaltPartition, chunks: list[memoryview]) -> Iterator[pa.Rec
     """``chunks`` (whole records, back to back) as batches, rows past ``part.end`` dropped.
 
     One chunk is read in place; several are joined first (one copy) so a
-    batch is BATCH_ROWS rows rather than a read's ~1 MiB."""
+    batch is BATCH_ROWS rows rather than a read's ~1 MiB. A record whose
+    checksum fails is no row: it is logged at ERROR with its offsets (the
+    executor's log) and the read goes on past it."""
     data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    for batch in raw_batches(part.broker, data, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES):
+    damaged: list[DamagedRecord] = []
+    batches = raw_batches(
+        part.broker, data, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES, damaged=damaged
+    )
+    for batch in batches:
         yield rows_where(batch, pc.less(batch.column("queue_offset"), part.end))
+    for d in damaged:
+        if d.queue_offset < part.end:  # one past the range is the next range's to report
+            log.error("basalt source: broker %s: %s", part.broker, d.describe())
 
 
 def _offsets_json(positions: Mapping[QueueRef, int]) -> OffsetJson:

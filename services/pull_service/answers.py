@@ -10,24 +10,31 @@ QUEUEOFFSET with the same codec's :data:`~basalt.common.record.PREFIX`.
 
 from __future__ import annotations
 
-from basalt.common.record import PREFIX, CorruptRecordError, decode_records
+from basalt.common.record import PREFIX, CorruptRecordError, DamagedRecord, decode_records
 from basalt.services.errors import Refusal
+from basalt.services.pull_service.metrics import damaged_records
 from basalt.v1 import common_pb2 as pb
 
 
-def decode_answer(answer: pb.PullResponse) -> None:
+def decode_answer(answer: pb.PullResponse, *, call: str, broker: str) -> None:
     """Move ``answer``'s raw records into ``messages``, decoded, in place (a refused
     entry or one without records is left as it is). SYSTEM_ERROR when a record
-    does not decode: the store-node sent something that is not a record."""
+    does not decode: the store-node sent something that is not a record.
+
+    Each record's checksum is checked: one that fails is left out (damaged,
+    never data), logged at ERROR and counted (``basalt.pull.records.damaged``
+    for ``call``); ``next_begin_offset`` is the store-node's, past it."""
     data = answer.records.data
     if not data:
         return
+    damaged: list[DamagedRecord] = []
     try:
-        records = decode_records(data)
+        records = decode_records(data, damaged=damaged)
     except CorruptRecordError as e:
         raise Refusal(
             pb.RESPONSE_CODE_SYSTEM_ERROR, f"a pulled record does not decode: {e}"
         ) from None
+    damaged_records(call, broker, damaged)
     answer.messages.extend(
         pb.StoredMessage(
             topic=r.topic,

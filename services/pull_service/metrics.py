@@ -7,7 +7,13 @@
 * ``basalt.pull.held`` ({request}, up-down counter): calls waiting on a
   store-node with a suspend timeout (held long polls);
 * ``basalt.pull.sessions`` ({session}, observable gauge): consumer sessions
-  open on each pull-service (``basalt.pull_service.id``).
+  open on each pull-service (``basalt.pull_service.id``);
+* ``basalt.pull.records.damaged`` ({record}, counter): stored records a
+  decoding read left out because their checksum failed (``basalt.pull.call``:
+  ``Pull`` / ``PullBatch`` with ``decode``, the RocketMQ 5 front's
+  ``ReceiveMessage`` / ``PullMessage`` / ``ForwardMessageToDeadLetterQueue``;
+  ``messaging.destination.name``), each also logged at ERROR
+  (:func:`damaged_records`).
 
 Messages and bytes got are counted by the store-node, per topic
 (``basalt.store.get.*``): a PullBatch passes the store-node's answer through
@@ -19,6 +25,7 @@ it is recorded. Sessions are read at collection from the in-memory registry.
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from collections.abc import Iterable, Iterator
@@ -28,7 +35,10 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from basalt.common.record import DamagedRecord
 from basalt.services.histograms import duration_histogram
+
+log = logging.getLogger(__name__)
 
 _meter = metrics.get_meter("basalt.services.pull_service")
 _tracer = trace.get_tracer("basalt.services.pull_service")
@@ -38,6 +48,11 @@ _duration = duration_histogram(
 )
 _batch_queues = _meter.create_histogram(
     "basalt.pull.batch.queues", unit="{queue}", description="Queues read by one PullBatch."
+)
+_damaged = _meter.create_counter(
+    "basalt.pull.records.damaged",
+    unit="{record}",
+    description="Stored records left out of a decoded answer: their checksum failed.",
 )
 #: Pull calls now waiting with a suspend timeout (the event loop's; read at collection).
 _held_now = 0
@@ -98,3 +113,12 @@ _meter.create_observable_gauge(
     unit="{session}",
     description="Consumer sessions open on the pull-service.",
 )
+
+
+def damaged_records(call: str, broker: str, damaged: Iterable[DamagedRecord]) -> None:
+    """Report records ``call`` left out of its answer (read from ``broker``)
+    because their checksum failed: each logged at ERROR with its offsets, and
+    counted. Never data: the caller has already left them out."""
+    for d in damaged:
+        log.error("%s: broker %s: %s", call, broker, d.describe())
+        _damaged.add(1, {"basalt.pull.call": call, "messaging.destination.name": d.topic})

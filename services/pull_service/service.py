@@ -285,7 +285,7 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
             )
         answer = _pull_response(got, request.offset)
         if request.decode:
-            decode_answer(answer)
+            decode_answer(answer, call="Pull", broker=broker.broker_name)
         return answer
 
     @rpc_method
@@ -370,7 +370,7 @@ class PullServiceServicer(ps_grpc.PullServiceServicer):
             cap_bytes(merged, max_bytes)
         if request.decode:
             for answer in merged:
-                decode_answer(answer)
+                decode_answer(answer, call="PullBatch", broker=broker.broker_name)
         return pb.PullBatchResponse(results=merged)
 
     # -- offsets ----------------------------------------------------------------------

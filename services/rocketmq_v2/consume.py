@@ -43,12 +43,13 @@ import grpc
 
 from basalt.common.message import PROPERTY_UNIQ_KEY, Message, MessageRecord
 from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
-from basalt.common.record import CorruptRecordError, decode_record, decode_records
+from basalt.common.record import CorruptRecordError, DamagedRecord, decode_records
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.errors import Refusal, pull_outcome
 from basalt.services.meta.errors import MetaError
 from basalt.services.meta.model import TopicConfig
+from basalt.services.pull_service.metrics import damaged_records
 from basalt.services.rocketmq_v2.conversions import (
     StoreQueue,
     V2Error,
@@ -385,13 +386,27 @@ class ConsumeRpcs:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> v2.Message | None:
         """The v2 message of one popped delivery; None when it went to the
-        dead-letter topic instead (past the max attempts). V2Error
-        INTERNAL_SERVER_ERROR for a record that does not decode (the receive's
-        deliveries stay in flight and come again: nothing is dropped)."""
+        dead-letter topic instead (past the max attempts), or because its
+        checksum failed: a damaged record is never delivered; it is logged at
+        ERROR, counted (``basalt.pull.records.damaged``) and acked, so that it
+        does not come back at every pop. V2Error INTERNAL_SERVER_ERROR for a
+        record that does not decode (the receive's deliveries stay in flight
+        and come again: nothing is dropped)."""
+        damaged: list[DamagedRecord] = []
         try:
-            record = decode_record(popped.record)
+            records = decode_records(popped.record, damaged=damaged)
+            record = records[0] if records else None
         except CorruptRecordError as e:
             raise V2Error(v2.INTERNAL_SERVER_ERROR, f"stored record does not decode: {e}") from None
+        if record is None:  # its topic may be what was damaged: the handle's is the store's
+            try:
+                stored = ReceiptHandle.decode(popped.receipt_handle).topic
+            except ReceiptHandleError as e:
+                raise V2Error(v2.INTERNAL_SERVER_ERROR, f"popped handle: {e}") from None
+            handle = _handle(popped.receipt_handle, stored)
+            damaged_records("ReceiveMessage", handle.broker_name, damaged)
+            await self._ack_on(group, handle.topic, handle.broker_name, [handle.encode()], context)
+            return None
         if popped.delivery_attempt > self.config.rocketmq_v2_consumer_max_attempts:
             handle = _handle(popped.receipt_handle, record.topic, self._topic(record.topic))
             await self._dead_letter(group, handle, record, context)
@@ -465,9 +480,10 @@ class ConsumeRpcs:
             got: sn.GetMessageResponse = await self._call(
                 queue, self._address(queue), "GetMessage", get, context
             )
-            records = [
-                r for r in decode_records(got.records.data) if r.queue_offset == handle.queue_offset
-            ]
+            damaged: list[DamagedRecord] = []
+            decoded = decode_records(got.records.data, damaged=damaged)
+            damaged_records("ForwardMessageToDeadLetterQueue", handle.broker_name, damaged)
+            records = [r for r in decoded if r.queue_offset == handle.queue_offset]
             if not records:
                 raise V2Error(v2.MESSAGE_NOT_FOUND, "the message is no longer stored")
             await self._dead_letter(group, handle, records[0], context)
@@ -595,7 +611,9 @@ class ConsumeRpcs:
         try:
             read, topic = await self._pull(request, context)
             code, _ = pull_outcome(read.status, request.offset)
-            records = decode_records(read.records.data)
+            damaged: list[DamagedRecord] = []
+            records = decode_records(read.records.data, damaged=damaged)
+            damaged_records("PullMessage", request.message_queue.broker.name, damaged)
         except V2Error as e:
             yield sv.PullMessageResponse(status=e.status())
             return

@@ -124,7 +124,7 @@ def test_the_sdk_reserves_the_property_in_c_and_in_the_reference() -> None:
     data = encode_batch(messages, uniq, **args)
 
     assert data == encode_batch_py(messages, uniq, **args)
-    records = decode_records_py(data)
+    records = decode_records_py(data, check_crc=False)  # not stamped: the store fills the CRCs
     assert [r.properties.get("UNIQ_KEY") for r in records] == uniq
     pos = 0
     for r in records:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from basalt.common.message import Message, encode_host
-from basalt.common.record import CorruptRecordError, EncodedMessage, decode_records
+from basalt.common.record import CorruptRecordError, DamagedRecord, EncodedMessage, decode_records
 from basalt.pipeline._rows import ARROW_SCHEMA, raw_batches, record_batch
 from tests.support.strategies import hosts, messages
 
@@ -89,3 +89,26 @@ def test_a_damaged_run_fails_as_decode_records_does() -> None:
         with pytest.raises(CorruptRecordError) as got:
             fast(broken)
         assert (got.value.offset, got.value.reason) == (want.value.offset, want.value.reason)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(messages(), hosts, st.none()), min_size=1, max_size=5),
+    st.integers(1, 3),
+    st.data(),
+)
+def test_a_record_whose_crc_fails_is_left_out_and_reported_as_decode_records_does(
+    items: list[tuple[Message, str, bytes | None]], max_rows: int, data: st.DataObject
+) -> None:
+    raw = bytearray(run_of(items))
+    starts = [r.commit_log_offset for r in decode_records(bytes(raw))]  # run_of: phys = position
+    k = data.draw(st.integers(0, len(items) - 1), label="record")
+    raw[starts[k] + 8] ^= 0x40  # its BODYCRC: framing sound, checksum not
+    want: list[DamagedRecord] = []
+    expected = decode_records(bytes(raw), damaged=want)
+    got: list[DamagedRecord] = []
+    batches = list(raw_batches("broker-a", bytes(raw), max_rows=max_rows, damaged=got))
+    table = pa.Table.from_batches(batches, ARROW_SCHEMA)
+    assert table.equals(pa.Table.from_batches([record_batch("broker-a", expected)], ARROW_SCHEMA))
+    assert got == want and [d.position for d in got] == [starts[k]]
+    assert 1000 + k not in table.column("queue_offset").to_pylist()

@@ -3,6 +3,8 @@ on answers built from records the shared codec encodes, and decoding."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from basalt.common.message import Message, encode_host
@@ -50,7 +52,7 @@ def test_the_first_record_is_kept_whatever_the_cap_even_after_empty_entries() ->
     cap_bytes(answers, 1)
     assert answers[0] == pb.PullResponse(status=pb.PULL_STATUS_NO_NEW_MSG, next_begin_offset=4)
     assert answers[1].records.count == 1 and answers[1].next_begin_offset == 3
-    decode_answer(answers[1])
+    decode_answer(answers[1], call="Pull", broker="broker-a")
     assert [m.body for m in answers[1].messages] == [b"x" * 5000]
     assert not answers[1].HasField("records")
 
@@ -61,5 +63,20 @@ def test_records_that_are_not_records_are_a_system_error_not_a_loop() -> None:
         cap_bytes([broken], 10)
     assert cap.value.code == pb.RESPONSE_CODE_SYSTEM_ERROR
     with pytest.raises(Refusal) as decode:
-        decode_answer(broken)
+        decode_answer(broken, call="Pull", broker="broker-a")
     assert decode.value.code == pb.RESPONSE_CODE_SYSTEM_ERROR
+
+
+def test_a_record_whose_checksum_fails_is_left_out_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    damaged = answer(0, [b"first", b"second", b"third"], first_offset=10)
+    data = bytearray(damaged.records.data)
+    data[data.index(b"second")] ^= 0x01
+    damaged.records.data = bytes(data)
+    with caplog.at_level(logging.ERROR, "basalt.services.pull_service.metrics"):
+        decode_answer(damaged, call="Pull", broker="broker-a")
+    assert [m.body for m in damaged.messages] == [b"first", b"third"]
+    assert damaged.next_begin_offset == 13  # past it: the read goes on
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "broker-a" in line and "queue 0 offset 11" in line and "body CRC mismatch" in line

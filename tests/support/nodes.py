@@ -28,6 +28,7 @@ from basalt.services.store_node.main import EtcdTopics
 from basalt.services.store_node.server import RunningStoreNode, start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics
+from basalt.store.config import MessageStoreConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
@@ -142,10 +143,14 @@ async def cluster(
     pull_services: Sequence[str] = ("ps-1",),
     heartbeat_interval_ms: int = 10_000,
     topic: TopicConfig | None = DEFAULT_TOPIC,
+    store_config: Callable[[Path], MessageStoreConfig] = node_store_config,
+    rocketmq_v2_listen: str = "",
 ) -> AsyncIterator[Harness]:
-    """Pull-services, then store-nodes (stores under ``tmp_path / <broker>``, topics
-    from etcd, each registered), then ``topic`` created; yields once every
-    pull-service has seen all of it. Everything is stopped at exit."""
+    """Pull-services, then store-nodes (stores under ``tmp_path / <broker>``
+    configured by ``store_config``, topics from etcd, each registered), then
+    ``topic`` created; yields once every pull-service has seen all of it.
+    With ``rocketmq_v2_listen`` each pull-service serves the RocketMQ 5 front
+    there too. Everything is stopped at exit."""
     meta = MetaClient(meta_config)
     await meta.connect()
     h = Harness(meta)
@@ -158,6 +163,7 @@ async def cluster(
                     pull_service_id=name, heartbeat_interval_ms=heartbeat_interval_ms
                 ),
                 meta,
+                rocketmq_v2_listen=rocketmq_v2_listen,
             )
             h.services.append(running)
             channel = grpc.aio.insecure_channel(running.address)
@@ -168,9 +174,7 @@ async def cluster(
                 StoreNodeConfig(broker_name=name),
                 # A store host of its own, as each store-node process has (its
                 # advertise address): offset message ids name one node.
-                replace(
-                    node_store_config(tmp_path / name), store_host=f"127.0.0.1:{10911 + index}"
-                ),
+                replace(store_config(tmp_path / name), store_host=f"127.0.0.1:{10911 + index}"),
                 EtcdTopics(meta, topic_cache, 4),
             )
             h.nodes[name] = node
