@@ -399,11 +399,10 @@ class ConsumeRpcs:
         except CorruptRecordError as e:
             raise V2Error(v2.INTERNAL_SERVER_ERROR, f"stored record does not decode: {e}") from None
         if record is None:  # its topic may be what was damaged: the handle's is the store's
-            try:
-                stored = ReceiptHandle.decode(popped.receipt_handle).topic
+            try:  # the store-node's own handle: nothing to check it against
+                handle = ReceiptHandle.decode(popped.receipt_handle)
             except ReceiptHandleError as e:
                 raise V2Error(v2.INTERNAL_SERVER_ERROR, f"popped handle: {e}") from None
-            handle = _handle(popped.receipt_handle, stored)
             damaged_records("ReceiveMessage", handle.broker_name, damaged)
             await self._ack_on(group, handle.topic, handle.broker_name, [handle.encode()], context)
             return None
