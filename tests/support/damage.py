@@ -251,8 +251,10 @@ class Harm:
 
     ``undetected_span``: CommitLog damage a start does not look for (in a file
     older than the last three a clean start scans, RocketMQ's rule): its
-    records may still read back as they now are, damaged (verify-on-read is
-    issue 28 point 1, later work), every other record must be intact, and
+    records may still read back from the engine as they now are (the engine
+    serves stored bytes; every reader that decodes them checks their CRCs and
+    skips them: tests/reliability/test_crc_on_read.py), every other record
+    must be intact, and
     ``store check``, which reads the whole log, must report it and nothing
     else. ``pop_lost``: the pop journal was set aside, so POP_GROUP's
     messages in flight are delivered again.
@@ -760,7 +762,7 @@ def verify(store: MessageStore, layout: Layout, harm: Harm) -> Outcome:
             if expected.get(key) == body:
                 continue
             if harm.undetected_span is not None and key in harm.lost:
-                continue  # read back as it now is: verify-on-read is later work
+                continue  # the engine's bytes as they are: the decoding readers skip it
             out.wrong.append(f"{topic}/{queue_id}@{queue_offset}: wrong body {body[:40]!r}")
     for (topic, queue_id), upto in sorted(layout.queue_max.items()):
         result = store.put_message(Message(topic, b"after the damage", queue_id=queue_id))
