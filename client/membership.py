@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import grpc
 from opentelemetry import trace
 
+from basalt.client.channels import finish_requests
 from basalt.client.consumer_base import (
     ConsumerClient,
     ConsumerConfig,
@@ -259,6 +260,8 @@ class GroupMember:
         finally:
             beats.cancel()
             await asyncio.gather(beats, return_exceptions=True)
+            async with self._write_lock:
+                await finish_requests(call)  # gRPC's own write task ends too
 
     async def _heartbeats(self, interval_s: float) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):

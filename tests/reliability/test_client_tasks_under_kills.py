@@ -167,5 +167,6 @@ def test_kill_9_of_store_nodes_under_running_clients_leaves_no_task_behind(
     asyncio.run(scenario())
     gc.collect()
     assert counts["sent"] > 0 and counts["pushed"] > 0 and counts["polled"] > 0, counts
-    leaks = [str(c.get("message")) for c in reported] + asyncio_log
-    assert [m for m in leaks if m.startswith(LEAKS)] == [], leaks
+    said = [f"{c.get('message')}: {c.get('task')!r} {c.get('exception')!r}" for c in reported]
+    leaks = [m for m in said + asyncio_log if m.startswith(LEAKS)]
+    assert leaks == [], "\n".join(leaks)
