@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Self
+import asyncio
+import contextlib
+from typing import Any, Self
 
 import grpc
 
@@ -71,3 +73,16 @@ class Client:
                 ),
             )
         return channel
+
+
+async def finish_requests(call: grpc.aio.StreamStreamCall[Any, Any]) -> None:
+    """Half-close ``call`` once it has ended (or to end it), quietly.
+
+    A stream call made through interceptors (the signing ones) feeds its
+    writes to gRPC through a task of gRPC's own, which gRPC cancels only when
+    the call is cancelled before it ends: a call the peer or the connection
+    ended leaves that task waiting for the next write forever, and asyncio
+    reports it "destroyed but pending" once the call is garbage. Half-closing
+    the ended call ends that task."""
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+        await call.done_writing()

@@ -87,6 +87,7 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.errors import ClientError
 from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.client.tasks import TaskOwner, gather_all
 from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
 from basalt.common.settings import (
@@ -98,7 +99,7 @@ from basalt.common.settings import (
     setting,
 )
 from basalt.common.tls import TlsConfig
-from basalt.common.tracing import consume_attributes, message_links, untraced_task
+from basalt.common.tracing import consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,8 @@ class LitePullConsumer(ConsumerClient):
         #: The first fetch error since the last poll (see the module docstring).
         self._error: ClientError | None = None
         self._fetchers: dict[str, asyncio.Task[None]] = {}
+        #: The fetchers and their GetMessages replies, all ended by close.
+        self._tasks = TaskOwner()
         #: Per store-node: set when its fetcher has something new to fetch.
         self._wakes: dict[str, asyncio.Event] = {}
         #: The loop the consumer runs on (set by start).
@@ -232,7 +235,10 @@ class LitePullConsumer(ConsumerClient):
             elif self._reads:
                 await self.commit()
         finally:
-            await super().close()
+            try:
+                await self._tasks.close()
+            finally:
+                await super().close()
 
     # -- subscribe mode ---------------------------------------------------------------
 
@@ -291,7 +297,7 @@ class LitePullConsumer(ConsumerClient):
             await self.queues_of(topic)  # learn the store-nodes' addresses
         wanted = set(queues)
         new = [q for q in dict.fromkeys(queues) if q not in self._reads]
-        starts = await asyncio.gather(*(self._start_position(q) for q in new))
+        starts = await gather_all(*(self._start_position(q) for q in new))
         for q in [q for q in self._reads if q not in wanted]:
             self._end_read(q)
         for q, position in zip(new, starts, strict=True):
@@ -360,8 +366,8 @@ class LitePullConsumer(ConsumerClient):
             wake = self._wakes[broker] = asyncio.Event()
         wake.set()
         if self._started and not self._closing and broker not in self._fetchers:
-            self._fetchers[broker] = untraced_task(
-                self._fetch(broker, wake), name=f"basalt-lite-fetch:{broker}"
+            self._fetchers[broker] = self._tasks.spawn(
+                self._fetch(broker, wake), name=f"basalt-lite-fetch:{broker}", untraced=True
             )
 
     async def _stop_fetchers(self) -> None:
@@ -369,6 +375,7 @@ class LitePullConsumer(ConsumerClient):
         fetchers = list(self._fetchers.values())
         for task in fetchers:
             task.cancel()
+        # Each fetcher's own calls are cancelled and awaited as it ends.
         await asyncio.gather(*fetchers, return_exceptions=True)
         self._fetchers.clear()
 
@@ -397,12 +404,15 @@ class LitePullConsumer(ConsumerClient):
                     # Only now: the next GetMessages goes out before poll runs (and decodes).
                     arrived = False
                     self._arrived.set()
-                waiter = asyncio.ensure_future(wake.wait())
+                waiter = loop.create_task(wake.wait())
                 waiting: set[asyncio.Future[Any]] = {*calls, waiter}
                 try:
                     done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    waiter.cancel()
+                    if not waiter.done():
+                        waiter.cancel()
+                        # Ended before this fetcher goes on (or ends): never left pending.
+                        await asyncio.wait([waiter])
                 for call in [c for c in calls if c in done]:
                     reads = calls.pop(call)
                     for read in reads:
@@ -428,6 +438,8 @@ class LitePullConsumer(ConsumerClient):
         finally:
             for call in calls:
                 call.cancel()
+            # The replies end (their calls cancelled) before the fetcher does.
+            await asyncio.gather(*calls, return_exceptions=True)
 
     def _send(
         self,
@@ -488,7 +500,7 @@ class LitePullConsumer(ConsumerClient):
                 return ClientError.from_rpc_error(e, address=self._store_node_address(broker))
             return got
 
-        future = asyncio.ensure_future(reply())
+        future = self._tasks.spawn(reply())
         future.add_done_callback(lambda _: call.cancel())  # a no-op once the call ended
         return future
 
@@ -660,7 +672,7 @@ class LitePullConsumer(ConsumerClient):
     async def commit(self) -> None:
         """Store every queue's position as the group's offset (those that moved):
         past what poll returned, never past what is only buffered."""
-        await asyncio.gather(
+        await gather_all(
             *(
                 self._commit(q, r.position)
                 for q, r in self._reads.items()

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import grpc
 from opentelemetry import trace
 
+from basalt.client.channels import finish_requests
 from basalt.client.consumer_base import (
     ConsumerClient,
     ConsumerConfig,
@@ -48,13 +49,13 @@ from basalt.client.consumer_base import (
 )
 from basalt.client.errors import ClientError
 from basalt.client.rebalance import allocate_averagely
+from basalt.client.tasks import TaskOwner, gather_all
 from basalt.common.tracing import (
     MESSAGING_CLIENT_ID,
     MESSAGING_CONSUMER_GROUP_NAME,
     MESSAGING_SYSTEM,
     MESSAGING_SYSTEM_ROCKETMQ,
     extracted_context,
-    untraced_task,
 )
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -133,7 +134,9 @@ class GroupMember:
         self.session_up = asyncio.Event()
         self._closing = False
         self._session_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        #: The session task, and the background work (rebalancer, commands,
+        #: the owner's own loops): all ended by close.
+        self._tasks = TaskOwner()
         self._call: grpc.aio.StreamStreamCall[ps.SessionRequest, ps.SessionResponse] | None = None
         self._write_lock = asyncio.Lock()
 
@@ -142,44 +145,53 @@ class GroupMember:
         return self._session_task is not None
 
     def start(self) -> None:
-        self._session_task = untraced_task(
-            self._keep_session(), name=f"basalt-session:{self.client_id}"
+        self._session_task = self._tasks.spawn(
+            self._keep_session(), name=f"basalt-session:{self.client_id}", untraced=True
         )
         self.background(self._rebalancer())
 
     def background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` as a task that :meth:`close` cancels."""
-        task = untraced_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Run ``work`` as a task that :meth:`close` cancels and awaits; once
+        closing, ``work`` is dropped unstarted (a command or a reset adopted
+        while closing must not take queues again after close gave them up)."""
+        if self._closing:
+            work.close()
+            return
+        self._tasks.spawn(work, untraced=True)
 
     async def close(self) -> None:
         """Give every queue up (committed), release the locks, then end the
         session, so the locks are free before the group sees this member leave."""
         self._closing = True
         self._rebalance_now.set()
+        session = self._session_task
         async with self.lock:
-            cancelled = list(self._tasks)
-            for task in cancelled:
+            # Before the give-up: a rebalance waiting for the lock must not
+            # take queues again once it is released.
+            for task in self._background():
                 task.cancel()
             queues = sorted(self.owner.owned())
             await self.owner.give_up(queues, commit=True)
             if queues and self.session_up.is_set():
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await self._unlock(queues)
-        # Out of the lock (a cancelled task may be waiting for it): every
-        # background task has ended before close returns.
-        await asyncio.gather(*cancelled, return_exceptions=True)
+        # Out of the lock (a cancelled task may be waiting for it).
+        await asyncio.gather(*self._background(), return_exceptions=True)
         if self._call is not None:
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 async with self._write_lock:
                     await self._call.done_writing()
-        if self._session_task is not None:
+        if session is not None and not session.done():
             with contextlib.suppress(TimeoutError):
                 # The service ends the stream once we half-close it.
-                await asyncio.wait_for(asyncio.shield(self._session_task), 5)
-            self._session_task.cancel()
-            await asyncio.gather(self._session_task, return_exceptions=True)
+                await asyncio.wait_for(asyncio.shield(session), 5)
+        # Whatever still runs (the session, if it did not end) is cancelled,
+        # and every task has ended before close returns.
+        await self._tasks.close()
+
+    def _background(self) -> list[asyncio.Future[Any]]:
+        """The running tasks but the session's."""
+        return [t for t in self._tasks.running() if t is not self._session_task]
 
     def request_rebalance(self) -> None:
         self._rebalance_now.set()
@@ -235,6 +247,8 @@ class GroupMember:
         interval_s = first.opened.heartbeat_interval_ms / 1000
         self.session_up.set()
         self._rebalance_now.set()
+        # Not in self._tasks: close cancels those first, and the session must
+        # keep beating until close half-closes it; this task awaits it.
         beats = asyncio.get_running_loop().create_task(self._heartbeats(interval_s))
         try:
             while True:
@@ -246,6 +260,8 @@ class GroupMember:
         finally:
             beats.cancel()
             await asyncio.gather(beats, return_exceptions=True)
+            async with self._write_lock:
+                await finish_requests(call)  # gRPC's own write task ends too
 
     async def _heartbeats(self, interval_s: float) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -364,7 +380,7 @@ class GroupMember:
         if lost:
             await self.owner.give_up(lost, commit=False)
         new = sorted(held - owned)
-        positions = await asyncio.gather(*(self.client._start_position(q) for q in new))
+        positions = await gather_all(*(self.client._start_position(q) for q in new))
         await self.owner.take(dict(zip(new, positions, strict=True)))
         if leaving or new:
             log.info(

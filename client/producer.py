@@ -53,7 +53,7 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from basalt.client.channels import Client
+from basalt.client.channels import Client, finish_requests
 from basalt.client.errors import ClientError, ServiceUnavailableError, TopicNotFoundError
 from basalt.client.tasks import TaskOwner
 from basalt.common import _records
@@ -235,6 +235,7 @@ class _Stream:
             why = _describe(e)
         finally:
             self._fail(why)
+            await finish_requests(self.call)  # gRPC's own write task ends too
 
     @property
     def broken(self) -> bool:

@@ -60,11 +60,12 @@ from basalt.client.consumer_base import (
     subscription_of,
 )
 from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.client.tasks import TaskOwner, gather_all
 from basalt.common.auth import Credentials
 from basalt.common.message import MessageRecord
 from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
 from basalt.common.tls import TlsConfig
-from basalt.common.tracing import consume_attributes, message_links, untraced_task
+from basalt.common.tracing import consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,8 @@ class ProcessQueue:
         self.calls: set[asyncio.Future[object]] = set()
         #: One commit of the queue at a time (see PushConsumer._commit).
         self.commit_lock = asyncio.Lock()
-        self.tasks: set[asyncio.Task[None]] = set()
+        #: Its pull loop and consume tasks, ended (cancelled and awaited) by the drop.
+        self.tasks = TaskOwner()
 
     def commit_offset(self) -> int:
         """The lowest offset not yet consumed; with none pending, the next to pull."""
@@ -198,6 +200,9 @@ class PushConsumer(ConsumerClient):
         self._member = GroupMember(self, self, config, self._subscriptions)
         self._calls = asyncio.Semaphore(config.consume_thread_nums)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Every listener call (a task, or a thread's future) until it ends; the
+        #: ones still running when close has given every queue up are cancelled.
+        self._listener_calls = TaskOwner()
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -225,9 +230,12 @@ class PushConsumer(ConsumerClient):
         try:
             await self._member.close()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-            await super().close()
+            try:
+                await self._listener_calls.close()
+            finally:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False, cancel_futures=True)
+                await super().close()
 
     def assignment(self) -> list[MessageQueue]:
         """The queues this consumer owns now."""
@@ -248,7 +256,7 @@ class PushConsumer(ConsumerClient):
 
     async def give_up(self, queues: Sequence[MessageQueue], *, commit: bool) -> None:
         dropped = [self._queues.pop(q) for q in queues if q in self._queues]
-        await asyncio.gather(*(self._drop(pq, commit=commit) for pq in dropped))
+        await gather_all(*(self._drop(pq, commit=commit) for pq in dropped))
 
     async def reset(self, table: dict[MessageQueue, pb.QueueOffset]) -> int:
         """Seed 004's resetOffset, client side, without its 10 s sleep: the
@@ -271,16 +279,15 @@ class PushConsumer(ConsumerClient):
             self._spawn(pq, self._consume_orderly(pq))
 
     def _spawn(self, pq: ProcessQueue, work: Coroutine[Any, Any, None]) -> None:
-        task = untraced_task(work)
-        pq.tasks.add(task)
-        task.add_done_callback(pq.tasks.discard)
+        pq.tasks.spawn(work, untraced=True)
 
     async def _drop(self, pq: ProcessQueue, *, commit: bool) -> None:
         """Stop ``pq``'s pulls, wait (bounded) for its running listener calls, and
         with ``commit`` store its offset. The caller removes it from the table."""
         pq.dropped = True
-        for task in list(pq.tasks):
-            task.cancel()
+        # Its pulls and consume tasks end now (a listener call they await runs
+        # on: it is in pq.calls, and shielded).
+        await pq.tasks.close()
         if pq.calls:
             _, running = await asyncio.wait(
                 list(pq.calls), timeout=self.config.drop_await_termination_ms / 1000
@@ -452,12 +459,14 @@ class PushConsumer(ConsumerClient):
             call: asyncio.Future[object]
             if self._async_listener:
                 awaitable = cast(Awaitable[ConsumeStatus], self._listener(batch, pq.queue))
-                call = asyncio.ensure_future(awaitable)
+                call = self._listener_calls.adopt(asyncio.ensure_future(awaitable))
             else:
                 # In this task's context (the process span's), which an
                 # executor's thread does not inherit by itself.
                 run = contextvars.copy_context().run
-                call = loop.run_in_executor(self._pool, run, self._listener, batch, pq.queue)
+                call = self._listener_calls.adopt(
+                    loop.run_in_executor(self._pool, run, self._listener, batch, pq.queue)
+                )
             threshold = self.config.pull_threshold_for_queue
 
             def ended(call: asyncio.Future[object]) -> None:

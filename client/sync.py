@@ -39,9 +39,25 @@ class _LoopThread:
         return self.submit(coro).result()
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
+        """End every task still on the loop (a ``send_async`` the client's close
+        did not wait for, or everything if that close failed: cancelled and
+        awaited, as ``asyncio.run`` does), then stop and close the loop."""
+        try:
+            self.run(_end_other_tasks())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
+
+
+async def _end_other_tasks() -> None:
+    """Cancel every task of the running loop but this one and wait until they have ended."""
+    me = asyncio.current_task()
+    others = [t for t in asyncio.all_tasks() if t is not me]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 class SyncProducer:
