@@ -541,10 +541,17 @@ static int body_crc_ok(const uint8_t *p, const rec_t *r) {
     return (int32_t)(crc32_update(0, p + r->body_off, r->body_len) & 0x7FFFFFFF) == r->crc;
 }
 
-/* The record's checksum, as check_record's _crc_mismatch: the CRC32 property
+/* The record's checksum, as check_record's _crc_mismatch (a zeroed tail first): the CRC32 property
  * when the record carries it (it covers the body too: one pass for a sound
  * record), else BODYCRC; a mismatch names the body when BODYCRC fails too. */
 static int check_crc32(const uint8_t *p, const rec_t *r, reason_t *why) {
+    if (r->props_len > 0 && p[r->props_off + r->props_len - 1] == 0) {
+        /* basalt.common.record.ZEROED_PROPERTIES: every property ends with \x02, so
+         * a zero there is a tail a lost write cleared, CRC32 property and all. */
+        snprintf(why->text, sizeof why->text,
+                 "PROPERTIES end in a zero byte (a lost write cleared the record's tail)");
+        return KIND_CORRUPT;
+    }
     if (has_crc32_prop(p, r)) {
         const uint8_t *d = p + r->size - 1 - 10;
         int64_t stored = 0;

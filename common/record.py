@@ -88,6 +88,13 @@ TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+")
 #: Properties are stored behind a 2-byte signed length.
 MAX_PROPERTIES_SIZE = 32767
 
+#: Why a record whose PROPERTIES end in a zero byte is corrupt. Every property
+#: ends with ``\x02`` (RocketMQ's ``messageProperties2String``), so a zero there
+#: is a lost page write that cleared the record's tail: with it went the
+#: whole-record CRC32 property, which would otherwise have caught it (BODYCRC
+#: does not cover the properties).
+ZEROED_PROPERTIES = "PROPERTIES end in a zero byte (a lost write cleared the record's tail)"
+
 #: RocketMQ's ``MessageConst.PROPERTY_CRC32``: the whole-record checksum's name.
 PROPERTY_CRC32 = "__CRC32#"
 #: The property up to its digits: name + NAME_VALUE_SEPARATOR.
@@ -562,7 +569,12 @@ def decode_records_py(
 
 #: check_record's reasons for a record whose framing is sound but whose checksum fails.
 CRC_REASONS = frozenset(
-    ("body CRC mismatch", "record CRC mismatch", "CRC32 property is not 10 digits")
+    (
+        "body CRC mismatch",
+        "record CRC mismatch",
+        "CRC32 property is not 10 digits",
+        ZEROED_PROPERTIES,
+    )
 )
 
 
@@ -694,8 +706,11 @@ def _crc_mismatch(
     fast as with BODYCRC alone; a mismatch then checks BODYCRC to say where the
     damage is ("body CRC mismatch" when the body or BODYCRC changed, else
     "record CRC mismatch"). A record without it (RocketMQ's, older Basalt's)
-    is checked by BODYCRC alone.
+    is checked by BODYCRC alone, after :data:`ZEROED_PROPERTIES`' test: a
+    record whose tail a lost write cleared has lost its CRC32 property too.
     """
+    if len(props) and props[-1] == 0:
+        return ZEROED_PROPERTIES
     if has_crc32_property(props):
         end = len(record)
         stored = _stored_crc(bytes(record[end - 11 : end - 1]))

@@ -140,3 +140,27 @@ def test_a_damaged_topic_is_damaged_not_a_broken_answer() -> None:
         damaged: list[DamagedRecord] = []
         assert [r.body for r in decode(broken, damaged=damaged)] == [b"y"]
         assert [(d.topic, d.reason) for d in damaged] == [("\ufffdopicA", "record CRC mismatch")]
+
+
+@pytest.mark.parametrize("zeroed", [1, CRC32_RESERVED_LEN // 2, CRC32_RESERVED_LEN, 40])
+def test_a_record_whose_tail_a_lost_write_zeroed_is_damaged(zeroed: int) -> None:
+    """A lost page write that clears a record's tail takes its CRC32 property
+    with it, and BODYCRC does not cover the properties: the zero byte that ends
+    PROPERTIES (every property ends with \\x02) gives it away, in the decoders
+    and in recovery's scan alike."""
+    from basalt.common import _records
+    from basalt.common.record import ZEROED_PROPERTIES, RecordKind, check_record
+
+    message = Message("TopicA", b"payload", keys=("k-1",), properties={"p": "v" * 30})
+    raw, starts = stored_run([message, Message("TopicA", b"next")])
+    first = starts[1]  # where the first record ends
+    broken = bytearray(raw)
+    broken[first - zeroed : first] = bytes(zeroed)
+    for decode in (decode_records, decode_records_py):
+        damaged: list[DamagedRecord] = []
+        assert [r.body for r in decode(broken, damaged=damaged)] == [b"next"]
+        assert [d.reason for d in damaged] == [ZEROED_PROPERTIES]
+    info = check_record(broken, 0, len(broken), check_crc=True, expected_offset=5000)
+    assert (info.kind, info.reason) == (RecordKind.CORRUPT, ZEROED_PROPERTIES)
+    pos, kind, reason, *_ = _records.scan(broken, 0, len(broken), 5000, True, 0)
+    assert (pos, kind, reason) == (0, _records.KIND_CORRUPT, ZEROED_PROPERTIES)
