@@ -1702,6 +1702,41 @@ static int report_damaged(PyObject *damaged, PyObject *damaged_type, PyObject *e
     return rc;
 }
 
+/* One step of a reader's walk over stored records at data[pos:end], in
+ * check_record's order (the framing, the checksum when asked, the topic's
+ * UTF-8): STEP_RECORD with `r` filled; STEP_DAMAGED when the checksum failed
+ * and the record was reported (report_damaged; the caller skips r->size
+ * bytes); STEP_ERROR with a Python error set: error_type(pos, reason) for a
+ * broken frame (decode_records_py's reason), or the report's own failure. */
+enum { STEP_RECORD, STEP_DAMAGED, STEP_ERROR };
+
+static int read_step(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, int check_crc,
+                     PyObject *damaged, PyObject *damaged_type, PyObject *error_type, rec_t *r) {
+    const uint8_t *p = data + pos;
+    reason_t why;
+    int kind = parse_record(p, end - pos, r, &why);
+    if (kind == KIND_MORE && check_crc && check_crc32(p, r, &why) != KIND_MORE) {
+        if (report_damaged(damaged, damaged_type, error_type, pos, p, r, why.text) < 0)
+            return STEP_ERROR;
+        return STEP_DAMAGED;
+    }
+    if (kind == KIND_MORE && !utf8_valid(p + r->topic_off, r->topic_len)) {
+        snprintf(why.text, sizeof why.text, "topic is not UTF-8");
+        kind = KIND_CORRUPT;
+    }
+    if (kind == KIND_MORE) return STEP_RECORD;
+    if (end - pos < 8)
+        snprintf(why.text, sizeof why.text, "%zd bytes left, too few for a record", end - pos);
+    else if (kind != KIND_CORRUPT) /* a blank or zeroes: not a message */
+        snprintf(why.text, sizeof why.text, "bad magic code 0x%08X", get_u32(p + 4));
+    PyObject *err = PyObject_CallFunction(error_type, "ns", pos, why.text);
+    if (err != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+        Py_DECREF(err);
+    }
+    return STEP_ERROR;
+}
+
 /*
  * decode_records(data, record_type, decode_host, error_type, check_crc=False,
  *                damaged=None, damaged_type=None) -> list
@@ -1729,34 +1764,14 @@ static PyObject *py_decode_records(PyObject *self, PyObject *args) {
     while (list != NULL && pos < b.len) {
         const uint8_t *p = data + pos;
         rec_t r;
-        reason_t why;
-        int kind = parse_record(p, b.len - pos, &r, &why);
-        /* check_record's order: the checksum before the topic's UTF-8. */
-        if (kind == KIND_MORE && check_crc && check_crc32(p, &r, &why) != KIND_MORE) {
-            if (report_damaged(damaged, damaged_type, error_type, pos, p, &r, why.text) < 0) {
-                Py_CLEAR(list);
-                break;
-            }
-            pos += r.size;
-            continue;
-        }
-        if (kind == KIND_MORE && !utf8_valid(p + r.topic_off, r.topic_len)) {
-            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
-            kind = KIND_CORRUPT;
-        }
-        if (kind != KIND_MORE) {
-            if (b.len - pos < 8)
-                snprintf(why.text, sizeof why.text, "%zd bytes left, too few for a record",
-                         b.len - pos);
-            else if (kind != KIND_CORRUPT) /* a blank or zeroes: not a message */
-                snprintf(why.text, sizeof why.text, "bad magic code 0x%08X", get_u32(p + 4));
-            PyObject *err = PyObject_CallFunction(error_type, "ns", pos, why.text);
-            if (err != NULL) {
-                PyErr_SetObject((PyObject *)Py_TYPE(err), err);
-                Py_DECREF(err);
-            }
+        int step = read_step(data, pos, b.len, check_crc, damaged, damaged_type, error_type, &r);
+        if (step == STEP_ERROR) {
             Py_CLEAR(list);
             break;
+        }
+        if (step == STEP_DAMAGED) {
+            pos += r.size;
+            continue;
         }
         PyObject *o = record_object(&dc, p, &r);
         if (o == NULL || PyList_Append(list, o) < 0) Py_CLEAR(list);
@@ -2385,30 +2400,11 @@ static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
     while (pos < end && rows < max_rows && (rows == 0 || cols[AC_BODY].data.n < max_bytes)) {
         const uint8_t *p = data + pos;
         rec_t r;
-        reason_t why;
-        int kind = parse_record(p, end - pos, &r, &why);
-        if (kind == KIND_MORE && check_crc && check_crc32(p, &r, &why) != KIND_MORE) {
-            if (report_damaged(damaged, damaged_type, error_type, pos, p, &r, why.text) < 0)
-                goto done;
+        int step = read_step(data, pos, end, check_crc, damaged, damaged_type, error_type, &r);
+        if (step == STEP_ERROR) goto done;
+        if (step == STEP_DAMAGED) {
             pos += r.size;
             continue;
-        }
-        if (kind == KIND_MORE && !utf8_valid(p + r.topic_off, r.topic_len)) {
-            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
-            kind = KIND_CORRUPT;
-        }
-        if (kind != KIND_MORE) {
-            if (end - pos < 8)
-                snprintf(why.text, sizeof why.text, "%zd bytes left, too few for a record",
-                         end - pos);
-            else if (kind != KIND_CORRUPT)
-                snprintf(why.text, sizeof why.text, "bad magic code 0x%08X", get_u32(p + 4));
-            PyObject *err = PyObject_CallFunction(error_type, "ns", pos, why.text);
-            if (err != NULL) {
-                PyErr_SetObject((PyObject *)Py_TYPE(err), err);
-                Py_DECREF(err);
-            }
-            goto done;
         }
         /* Offsets are int32: stop before a column could pass 2 GiB. */
         if (rows > 0 && cols[AC_BODY].data.n + r.body_len + r.props_len > INT32_MAX / 2) break;
