@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from basalt.services import validation
 from basalt.services.errors import Refusal, as_refusal, invalid
 from basalt.services.meta.errors import MetaValidationError
-from basalt.services.meta.fields import check_group_name, check_topic_name
+from basalt.services.meta.fields import check_group_name
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.store.message_filter import MessageFilter, UnknownFilterTypeError, build_filter
 from basalt.store.sql92 import Sql92ParseError
@@ -40,12 +41,13 @@ def check_group(group: str) -> None:
 
 
 def check_topic(topic: str) -> None:
-    """MESSAGE_ILLEGAL unless ``topic`` is a topic name (the store's rule): what
-    the store-node answers a send to it, and admin a request naming it."""
+    """The request limits' topic rule (basalt.services.validation.TOPIC, the
+    store's): what the store-node answers a send to it, and admin a request
+    naming it."""
     try:
-        check_topic_name(topic)
-    except MetaValidationError as e:
-        raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, str(e)) from None
+        validation.check_topic(topic)
+    except validation.LimitError as e:
+        raise e.refusal() from None
 
 
 def check_read_arguments(group: str, offset: int, max_nums: int, *, max_field: str) -> None:
