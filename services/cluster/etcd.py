@@ -13,6 +13,7 @@ through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
 import json
@@ -67,12 +68,24 @@ def etcd_binary(name: str = "etcd") -> Path:
     return path
 
 
+#: The ports :func:`free_port` handed out lately. A probe socket that only bound
+#: frees its port the moment it closes, so the next ``bind(host, 0)`` may return
+#: it again before the process it was meant for has bound it: ``cluster up``
+#: gave one port to a store-node's metrics and to the pull-service's gRPC, and
+#: the second to start failed with "Address already in use".
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=1024)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port that was free on ``host`` a moment ago and that this process has
+    not handed out among its last 1,024 (another process may still take it)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
 
 class EtcdProcess:
