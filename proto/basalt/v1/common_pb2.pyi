@@ -84,6 +84,16 @@ class _ResponseCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Response
     a consumer offset commit carried a reset epoch older than the store-node's
     for that (group, topic); nothing was stored. See CommitResult.
     """
+    RESPONSE_CODE_NOT_MASTER: _ResponseCode.ValueType  # 10002
+    """A send, pop or ack reached a member of a broker group that is not its
+    master (FAILED_PRECONDITION); the message names the master, and the
+    trailing metadata `basalt-master` carries its client address
+    (docs/replication.md).
+    """
+    RESPONSE_CODE_IN_SYNC_REPLICAS_NOT_ENOUGH: _ResponseCode.ValueType  # 10003
+    """The group's in-sync set is smaller than min_in_sync_replicas: the send
+    was refused before anything was written (UNAVAILABLE).
+    """
 
 class ResponseCode(_ResponseCode, metaclass=_ResponseCodeEnumTypeWrapper):
     """RocketMQ's response codes (RemotingSysResponseCode and ResponseCode), with
@@ -118,6 +128,8 @@ class ResponseCode(_ResponseCode, metaclass=_ResponseCodeEnumTypeWrapper):
                                                          range, empty group, ...
       CONSUMER_NOT_ONLINE           NOT_FOUND            no session for that client id
       BROKER_NOT_EXIST              UNAVAILABLE          the named broker is not registered
+      NOT_MASTER                    FAILED_PRECONDITION  a send, pop or ack reached a slave
+      IN_SYNC_REPLICAS_NOT_ENOUGH   UNAVAILABLE          in-sync set below min_in_sync_replicas
 
     Codes that never fail a call (they are outcomes, carried in a response
     field): SUCCESS; FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE
@@ -168,6 +180,16 @@ RESPONSE_CODE_STALE_RESET_EPOCH: ResponseCode.ValueType  # 10001
 """Basalt's own (not in RocketMQ; numbered from 10000 to stay clear of it):
 a consumer offset commit carried a reset epoch older than the store-node's
 for that (group, topic); nothing was stored. See CommitResult.
+"""
+RESPONSE_CODE_NOT_MASTER: ResponseCode.ValueType  # 10002
+"""A send, pop or ack reached a member of a broker group that is not its
+master (FAILED_PRECONDITION); the message names the master, and the
+trailing metadata `basalt-master` carries its client address
+(docs/replication.md).
+"""
+RESPONSE_CODE_IN_SYNC_REPLICAS_NOT_ENOUGH: ResponseCode.ValueType  # 10003
+"""The group's in-sync set is smaller than min_in_sync_replicas: the send
+was refused before anything was written (UNAVAILABLE).
 """
 Global___ResponseCode: _TypeAlias = ResponseCode  # noqa: Y015
 
