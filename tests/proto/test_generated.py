@@ -162,7 +162,12 @@ def test_response_codes_keep_rocketmq_numbers() -> None:
         assert common_pb2.ResponseCode.Value(f"RESPONSE_CODE_{name}") == number, name
     # Basalt's own codes stay clear of RocketMQ's range.
     own = set(common_pb2.ResponseCode.keys()) - {f"RESPONSE_CODE_{n}" for n in rocketmq}
-    assert own == {"RESPONSE_CODE_STALE_RESET_EPOCH"}
+    assert own == {
+        "RESPONSE_CODE_STALE_RESET_EPOCH",
+        "RESPONSE_CODE_NOT_MASTER",
+        "RESPONSE_CODE_IN_SYNC_REPLICAS_NOT_ENOUGH",
+    }
+    assert all(common_pb2.ResponseCode.Value(n) >= 10_000 for n in own)
     assert all(common_pb2.ResponseCode.Value(n) >= 10000 for n in own)
 
 
