@@ -22,6 +22,10 @@ write ``except TopicNotFoundError`` rather than compare codes::
                               (a ServiceUnavailableError)     service (a store-node, etcd, ...)
     BrokerNotFoundError       BROKER_NOT_EXIST                the store-node is not registered
                               (a ServiceUnavailableError)
+    NotMasterError            NOT_MASTER                      a slave of a broker group was
+                              (a ServiceUnavailableError)     called; names the master
+    NotEnoughReplicasError    IN_SYNC_REPLICAS_NOT_ENOUGH     the group's in-sync set is below
+                              (a ServiceUnavailableError)     min_in_sync_replicas
     SystemBusyError           SYSTEM_BUSY                     flow control, or a send's deadline
     FlushTimeoutError         FLUSH_DISK_TIMEOUT,             a flush did not finish in time
                               FLUSH_SLAVE_TIMEOUT
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import grpc
 
-from basalt.common.status import response_code_of
+from basalt.common.status import master_address_of, response_code_of
 from basalt.v1 import common_pb2 as pb
 
 #: The response codes this protocol version knows (others keep their number).
@@ -181,6 +185,22 @@ class BrokerNotFoundError(ServiceUnavailableError):
     (BROKER_NOT_EXIST)."""
 
 
+class NotMasterError(ServiceUnavailableError):
+    """The store-node is a member of its broker group but not the master
+    (NOT_MASTER): :attr:`master_address` is the master's, None while an election
+    is on. The producer re-sends there at once (docs/replication.md)."""
+
+    @property
+    def master_address(self) -> str | None:
+        return master_address_of(self.message)
+
+
+class NotEnoughReplicasError(ServiceUnavailableError):
+    """The broker group has fewer in-sync members than its
+    ``min_in_sync_replicas``: the send was refused before anything was written
+    (IN_SYNC_REPLICAS_NOT_ENOUGH). Retried on another broker."""
+
+
 class SystemBusyError(ClientError):
     """The service is shedding load, or the send's deadline passed before any
     attempt succeeded (SYSTEM_BUSY). Retry later."""
@@ -211,6 +231,8 @@ _CLASS_OF_CODE: dict[int, type[ClientError]] = {
     pb.RESPONSE_CODE_STALE_RESET_EPOCH: OffsetFencedError,
     pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE: ServiceUnavailableError,
     pb.RESPONSE_CODE_BROKER_NOT_EXIST: BrokerNotFoundError,
+    pb.RESPONSE_CODE_NOT_MASTER: NotMasterError,
+    pb.RESPONSE_CODE_IN_SYNC_REPLICAS_NOT_ENOUGH: NotEnoughReplicasError,
     pb.RESPONSE_CODE_SYSTEM_BUSY: SystemBusyError,
     pb.RESPONSE_CODE_FLUSH_DISK_TIMEOUT: FlushTimeoutError,
     pb.RESPONSE_CODE_FLUSH_SLAVE_TIMEOUT: FlushTimeoutError,
@@ -227,6 +249,8 @@ __all__ = [
     "InvalidArgumentError",
     "MessageNotFoundError",
     "NoPermissionError",
+    "NotEnoughReplicasError",
+    "NotMasterError",
     "OffsetFencedError",
     "ServerError",
     "ServiceUnavailableError",

@@ -47,14 +47,19 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from basalt.client.channels import Client, finish_requests
-from basalt.client.errors import ClientError, ServiceUnavailableError, TopicNotFoundError
+from basalt.client.errors import (
+    ClientError,
+    NotMasterError,
+    ServiceUnavailableError,
+    TopicNotFoundError,
+)
 from basalt.client.tasks import TaskOwner
 from basalt.common import _records
 from basalt.common.auth import Credentials
@@ -111,6 +116,8 @@ RETRIED_CODES = frozenset(
         pb.RESPONSE_CODE_SYSTEM_BUSY,
         pb.RESPONSE_CODE_NO_PERMISSION,
         pb.RESPONSE_CODE_INVALID_PARAMETER,
+        pb.RESPONSE_CODE_NOT_MASTER,
+        pb.RESPONSE_CODE_IN_SYNC_REPLICAS_NOT_ENOUGH,
     }
 )
 
@@ -344,6 +351,9 @@ class Producer(Client):
         #: The streams' readers and writers and send_async's sends.
         self._tasks = TaskOwner()
         self._routes: dict[str, tuple[float, list[QueueAddress]]] = {}
+        #: Broker name -> its master's address, as a NOT_MASTER refusal named it:
+        #: fresher than any route until a send there fails.
+        self._masters: dict[str, str] = {}
         self._opaque = itertools.count(1)
         # RocketMQ's sendWhichQueue (ThreadLocalIndex) starts at a random index: a
         # fleet of short-lived producers spreads over the queues and brokers
@@ -420,7 +430,7 @@ class Producer(Client):
                 break
             self._check_open()
             try:
-                queue = await self._pick(topic, failed, refresh=last is not None)
+                queue = self._at_master(await self._pick(topic, failed, refresh=last is not None))
             except ClientError:
                 raise
             except Exception:
@@ -431,6 +441,15 @@ class Producer(Client):
                 # the same deadline without a task per attempt.
                 async with asyncio.timeout(deadline - time.monotonic()):
                     return await self._send_to(queue, messages, ids)
+            except NotMasterError as e:
+                # A slave of the broker's group: the master it names takes the
+                # retry, on the same broker, before any route poll (a route
+                # polled every 30 s lost messages in RocketMQ #7923).
+                last = e
+                master = e.master_address
+                if master is not None and master != queue.address:
+                    self._masters[queue.broker_name] = master
+                    continue
             except ClientError as e:
                 # A broken stream fails its sends with ServiceUnavailableError
                 # (retried) and is replaced on the next send to its node.
@@ -453,6 +472,8 @@ class Producer(Client):
                 # only that the producer is closed.
                 self._check_open()
                 raise
+            if self._masters.get(queue.broker_name) == queue.address:
+                del self._masters[queue.broker_name]  # that master is gone too
             failed.add(queue.broker_name)
             log.info("send to %s failed (%s); retrying elsewhere", queue.broker_name, last)
         raise last or ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_BUSY, "send timed out")
@@ -498,6 +519,14 @@ class Producer(Client):
         )
 
     # -- routes -----------------------------------------------------------------------
+
+    def _at_master(self, queue: QueueAddress) -> QueueAddress:
+        """``queue`` at its broker's master when a NOT_MASTER refusal named one.
+        Its store host stays the route's: the members of a group hold the same
+        bytes at the same offsets, so an offset message id naming any member
+        finds the message (docs/replication.md)."""
+        master = self._masters.get(queue.broker_name)
+        return queue if master is None else replace(queue, address=master)
 
     async def _pick(self, topic: str, avoid: set[str], *, refresh: bool) -> QueueAddress:
         """The next writable queue of ``topic``, round robin, on a broker not in

@@ -41,3 +41,27 @@ class CodedError(Exception):
     #: SYSTEM_ERROR (common.proto), until a subclass says otherwise.
     code: int = 1
     grpc_status: grpc.StatusCode | None = None
+
+
+#: How a NOT_MASTER refusal names the master (docs/replication.md#election-and-fencing):
+#: the text ends with this marker and the master's client address, so a client
+#: re-routes from the message alone - a refusal inside a SendStream answer has no
+#: trailing metadata.
+_MASTER_MARKER = "; master at "
+
+
+def not_master_message(broker_name: str, master_id: int | None, master_address: str | None) -> str:
+    """The message of a NOT_MASTER refusal by a member of ``broker_name``'s group;
+    ``master_address`` None while no master is known (an election is on)."""
+    if master_address is None or master_id is None:
+        return f"this member of {broker_name} is not its master, and no master is known now"
+    return (
+        f"this member of {broker_name} is not its master (broker id {master_id})"
+        f"{_MASTER_MARKER}{master_address}"
+    )
+
+
+def master_address_of(message: str) -> str | None:
+    """The master's client address a NOT_MASTER message names (None: none known)."""
+    _, marker, address = message.rpartition(_MASTER_MARKER)
+    return address or None if marker else None

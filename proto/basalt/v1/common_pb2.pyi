@@ -86,9 +86,8 @@ class _ResponseCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Response
     """
     RESPONSE_CODE_NOT_MASTER: _ResponseCode.ValueType  # 10002
     """A send, pop or ack reached a member of a broker group that is not its
-    master (FAILED_PRECONDITION); the message names the master, and the
-    trailing metadata `basalt-master` carries its client address
-    (docs/replication.md).
+    master (FAILED_PRECONDITION); the message names the master and ends
+    "; master at <its client address>" (docs/replication.md).
     """
     RESPONSE_CODE_IN_SYNC_REPLICAS_NOT_ENOUGH: _ResponseCode.ValueType  # 10003
     """The group's in-sync set is smaller than min_in_sync_replicas: the send
@@ -183,9 +182,8 @@ for that (group, topic); nothing was stored. See CommitResult.
 """
 RESPONSE_CODE_NOT_MASTER: ResponseCode.ValueType  # 10002
 """A send, pop or ack reached a member of a broker group that is not its
-master (FAILED_PRECONDITION); the message names the master, and the
-trailing metadata `basalt-master` carries its client address
-(docs/replication.md).
+master (FAILED_PRECONDITION); the message names the master and ends
+"; master at <its client address>" (docs/replication.md).
 """
 RESPONSE_CODE_IN_SYNC_REPLICAS_NOT_ENOUGH: ResponseCode.ValueType  # 10003
 """The group's in-sync set is smaller than min_in_sync_replicas: the send
