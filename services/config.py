@@ -85,13 +85,13 @@ ROCKETMQ_NAMES: Mapping[str, str] = {
 
 #: RocketMQ broker.conf keys Basalt has no use for: a broker.conf brought over
 #: loads, and each of these is reported (logged at WARNING at start, listed by
-#: ``--print-config``). Roles and HA (Basalt has no replication), the name
+#: ``--print-config``). RocketMQ 4's master/slave roles and HA addresses
+#: (Basalt's groups elect through etcd: docs/replication.md), the name
 #: server (etcd), per-subdirectory paths (all under the store root), thread
 #: pools, RocketMQ's own features; ``listenPort`` and ``brokerIP1``: Basalt
 #: takes whole addresses (``listen``, ``advertise_address``).
 ROCKETMQ_IGNORED = frozenset(
     {
-        "brokerId",
         "brokerRole",
         "brokerIP1",
         "brokerIP2",

@@ -42,6 +42,7 @@ from basalt.services.meta import (
     TopicConfig,
 )
 from basalt.services.meta.model import Perm
+from basalt.services.store_node.ha.config import ReplicationConfig
 from basalt.services.store_node.server import start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics, TopicDirectory
@@ -145,6 +146,7 @@ SPEC = config.ServiceSpec(
     (
         config.Section(StoreNodeProcessConfig),
         config.Section(StoreNodeConfig, aliases={"broker_name": "name"}),
+        config.Section(ReplicationConfig),
         config.Section(MessageStoreConfig, aliases={"store_path_root_dir": "data_dir"}),
         config.Section(
             MetaConfig, aliases={"endpoints": "etcd"}, defaults={"endpoints": ()}, enabled_by="etcd"

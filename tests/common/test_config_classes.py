@@ -30,6 +30,7 @@ from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.main import PullServiceProcessConfig
 from basalt.services.pull_service.service import PullServiceConfig
 from basalt.services.rocketmq_v2.service import RocketMQv2Config
+from basalt.services.store_node.ha.config import ReplicationConfig
 from basalt.services.store_node.main import StoreNodeProcessConfig
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.store.config import MessageStoreConfig
@@ -39,6 +40,7 @@ from basalt.store.errors import StoreConfigError
 CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {
     MessageStoreConfig: ({"store_path_root_dir": Path("store")}, StoreConfigError),
     StoreNodeConfig: ({"broker_name": "broker-a"}, ValueError),
+    ReplicationConfig: ({}, ValueError),
     PullServiceConfig: ({"pull_service_id": "pull-1"}, ValueError),
     MetaConfig: ({}, MetaValidationError),
     TopicConfig: ({"topic_name": "T"}, MetaValidationError),

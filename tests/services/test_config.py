@@ -151,8 +151,8 @@ def test_rocketmq_broker_conf_keys_are_accepted_and_unused_ones_reported(tmp_pat
     assert s["data_dir"] == tmp_path / "store"
     assert s["file_reserved_time_hours"] == 48 and s["check_crc_on_recover"] is False
     assert s["max_transfer_count_on_message_in_memory"] == 64
+    assert s["broker_id"] == 0  # a replication setting now (docs/replication.md)
     assert s.ignored == (
-        f"brokerId (file:{conf}:3)",
         f"brokerRole (file:{conf}:9)",
         f"namesrvAddr (file:{conf}:14)",
     )
