@@ -308,9 +308,10 @@ _CODE_OF_PUT_STATUS: dict[PutStatus, int] = {
 
 def put_refusal(result: PutMessageResult) -> Refusal | None:
     """The refusal a send's store status means; None when it was written (PUT_OK,
-    or FLUSH_DISK_TIMEOUT: written, fsync late - reported in the response)."""
+    FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT: written, fsync or replicas late -
+    reported in the response)."""
     status = result.status
-    if status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+    if status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_SLAVE_TIMEOUT):
         return None
     code = _CODE_OF_PUT_STATUS.get(status, pb.RESPONSE_CODE_SYSTEM_ERROR)
     return Refusal(code, f"{status.name}: {result.detail}" if result.detail else status.name)

@@ -37,6 +37,7 @@ from basalt.services.checks import (
 from basalt.services.errors import Refusal, invalid
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.rpc import rpc_method as _rpc
+from basalt.services.store_node.ha.gate import WriteGate
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.validation import LimitError, check_invisible_ms
@@ -73,6 +74,7 @@ class PopRpcs:
     hold: PullRequestHoldService
     writable: bool
     broker_perm: Callable[[], Perm]
+    group: WriteGate | None
 
     #: (group, topic) -> the future its next ack or change resolves (held pops
     #: wait on it); set on the instance at the first held pop.
@@ -86,6 +88,8 @@ class PopRpcs:
         check_group(group)
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
+        if self.group is not None:
+            self.group.check_master()  # pop state lives on the master, as sends do
         if self.topics.topic(topic) is None:
             raise no_such_topic(topic)
 

@@ -73,6 +73,7 @@ from basalt.services.errors import (
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
+from basalt.services.store_node.ha.gate import WriteGate
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
 from basalt.services.store_node.pop import PopRpcs
@@ -101,6 +102,13 @@ _WAIT_STATUSES = frozenset({GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.OFFSET_FOUN
 _WAIT_AT_ZERO = frozenset({GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE})
 #: A send's store status on the wire.
 _PUT_STATUS = {s: pb.PutMessageStatus.Value("PUT_MESSAGE_STATUS_" + s.name) for s in PutStatus}
+#: A written send's SendStatus by its PutStatus (RocketMQ's SendMessageProcessor);
+#: the others are refusals (services.errors.put_refusal).
+_SEND_STATUS = {
+    PutStatus.PUT_OK: pb.SEND_STATUS_SEND_OK,
+    PutStatus.FLUSH_DISK_TIMEOUT: pb.SEND_STATUS_FLUSH_DISK_TIMEOUT,
+    PutStatus.FLUSH_SLAVE_TIMEOUT: pb.SEND_STATUS_FLUSH_SLAVE_TIMEOUT,
+}
 
 
 def nothing_new(result: GetMessageResult, offset: int) -> bool:
@@ -213,16 +221,19 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         topics: TopicDirectory,
         hold: PullRequestHoldService,
         broker_perm: Callable[[], Perm] | None = None,
+        group: WriteGate | None = None,
     ) -> None:
         """``broker_perm`` gives this broker's permission as its registration in
         etcd says now (RocketMQ's ``brokerPermission``); None: the configured
-        ``broker_permission``."""
+        ``broker_permission``. ``group``: this node's broker group, asked before
+        and after each send (docs/replication.md); None: a node without one."""
         self.config = config
         self.store = store
         self.topics = topics
         self.hold = hold
         configured = Perm(config.broker_permission)
         self.broker_perm: Callable[[], Perm] = broker_perm or (lambda: configured)
+        self.group = group
         self.stats = _Stats()
         self.metrics = StoreNodeMetrics(config.broker_name, store, hold, topics)
         self.boot_timestamp_ms = int(time.time() * 1000)
@@ -238,6 +249,8 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         Raises :class:`Refusal`."""
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
+        if self.group is not None:
+            self.group.check_writable()
         broker = self.config.broker_name
         check_broker_perm(broker, self.broker_perm(), write=True)
         config = self.topics.topic(topic)
@@ -280,9 +293,8 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
             raise refusal
         self.stats.messages += len(result.queue_offsets)
         self.metrics.on_put(topic, len(result.queue_offsets), sum(result.sizes), started)
-        ok = result.status is PutStatus.PUT_OK
         return pb.SendResult(
-            status=pb.SEND_STATUS_SEND_OK if ok else pb.SEND_STATUS_FLUSH_DISK_TIMEOUT,
+            status=_SEND_STATUS[result.status],
             put_status=_PUT_STATUS[result.status],
             queue=pb.MessageQueue(
                 topic=topic, broker_name=self.config.broker_name, queue_id=queue_id
@@ -324,6 +336,12 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         encoded = self._encode_send(request)
         if not isinstance(encoded, PutMessageResult):
             encoded = await self.store.put_batch_async(encoded)
+            if self.group is not None:
+                confirmed: asyncio.Future[PutMessageResult] = (
+                    asyncio.get_running_loop().create_future()
+                )
+                self.group.confirm_then(encoded, confirmed.set_result)
+                encoded = await confirmed
         return self._send_result(topic, queue_id, encoded, started)
 
     def start_send(self, request: SendRequest, on_done: Callable[[SendOutcome], None]) -> bool:
@@ -348,6 +366,9 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
 
         if isinstance(encoded, PutMessageResult):
             settle(encoded)
+        elif self.group is not None:
+            group = self.group
+            self.store.put_batch_then(encoded, lambda result: group.confirm_then(result, settle))
         else:
             self.store.put_batch_then(encoded, settle)
         return True
