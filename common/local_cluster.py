@@ -72,6 +72,9 @@ class ProcessInfo:
     rocketmq_v2: str | None = None
     #: Serves (and, etcd, is dialed) with mutual TLS: ``basalt cluster up --tls``.
     tls: bool = False
+    #: A store-node's broker group (its broker name) and its id in it.
+    group: str | None = None
+    broker_id: int | None = None
 
     @property
     def metrics_url(self) -> str | None:

@@ -170,8 +170,15 @@ def up(
     store_files: str = "laptop",
     tls: bool = False,
     auth: bool = False,
+    replicas: int = 1,
+    min_in_sync_replicas: int | None = None,
+    replica_ack_mode: str = "SYNC",
 ) -> int:
     """Start the cluster; returns the exit status (2 when one is already running).
+    ``replicas``: each of the ``store_nodes`` broker groups is that many
+    store-nodes, broker ids 0..replicas-1, acknowledging by ``replica_ack_mode``
+    with ``min_in_sync_replicas`` (None: 2 with two or more replicas, else 1;
+    docs/replication.md).
     ``tls``: every process with mutual TLS, on certificates made for it in
     ``<data_dir>/tls/`` (the module's docstring).
     ``otlp_endpoint`` (a URL) becomes every service's ``OTEL_EXPORTER_OTLP_ENDPOINT``,
@@ -202,7 +209,13 @@ def up(
         env.update(ensure_local_auth(data_dir))
 
     def start_service(
-        role: str, name: str, module: str, *args: str, rocketmq_v2: str | None = None
+        role: str,
+        name: str,
+        module: str,
+        *args: str,
+        rocketmq_v2: str | None = None,
+        group: str | None = None,
+        broker_id: int | None = None,
     ) -> None:
         """``python -m module`` on free loopback ports (gRPC and metrics), on
         this cluster's etcd; ``rocketmq_v2``: the address its RocketMQ 5 front
@@ -224,7 +237,20 @@ def up(
             env,
         )  # fmt: skip
         children.append(proc)
-        procs.append(ProcessInfo(role, name, proc.pid, address, log, metrics, rocketmq_v2, tls=tls))
+        procs.append(
+            ProcessInfo(
+                role,
+                name,
+                proc.pid,
+                address,
+                log,
+                metrics,
+                rocketmq_v2,
+                tls=tls,
+                group=group,
+                broker_id=broker_id,
+            )
+        )
 
     store_config = write_store_node_config(data_dir, store_files)
     if store_files == "laptop":
@@ -239,17 +265,27 @@ def up(
             "store-nodes use RocketMQ's file sizes: 1 GiB CommitLog files, 420 MB IndexFiles",
             file=out,
         )
+    in_sync = min_in_sync_replicas or (2 if replicas > 1 else 1)
     for i in range(store_nodes):
-        name = f"broker-{chr(ord('a') + i)}"
-        start_service(
-            "store-node",
-            name,
-            "basalt.services.store_node.main",
-            "--name", name,
-            "--data-dir", str(data_dir / name),
-            "--flush-disk-type", flush_disk_type,
-            "--config", str(store_config),
-        )  # fmt: skip
+        broker = f"broker-{chr(ord('a') + i)}"
+        for broker_id in range(replicas):
+            # One copy keeps the names it always had; a member of a group is
+            # <broker>-<id> (its process, directory and log).
+            name = broker if replicas == 1 else f"{broker}-{broker_id}"
+            start_service(
+                "store-node",
+                name,
+                "basalt.services.store_node.main",
+                "--name", broker,
+                "--data-dir", str(data_dir / name),
+                "--flush-disk-type", flush_disk_type,
+                "--config", str(store_config),
+                "--broker-id", str(broker_id),
+                "--replica-ack-mode", replica_ack_mode,
+                "--min-in-sync-replicas", str(in_sync),
+                group=broker,
+                broker_id=broker_id,
+            )  # fmt: skip
     pull_service = "pull-service-1"
     rocketmq_v2 = f"127.0.0.1:{free_port()}"
     start_service(
@@ -475,7 +511,31 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
                 help="the cluster's directory (default: the nearest .basalt upward)",
             )
         if name == "up":
-            sub.add_argument("--store-nodes", type=int, default=2)
+            sub.add_argument(
+                "--store-nodes",
+                type=int,
+                default=2,
+                help="broker groups (broker-a, broker-b, ...; default 2)",
+            )
+            sub.add_argument(
+                "--replicas",
+                type=int,
+                default=1,
+                help="store-nodes per broker group: a master and replicas-1 slaves "
+                "(default 1: one copy; docs/replication.md)",
+            )
+            sub.add_argument(
+                "--replica-ack-mode",
+                choices=["SYNC", "ASYNC"],
+                default="SYNC",
+                help="SYNC: a send is acknowledged once the in-sync set has it (default)",
+            )
+            sub.add_argument(
+                "--min-in-sync-replicas",
+                type=int,
+                default=None,
+                help="below it sends are refused (default: 2 with --replicas >= 2, else 1)",
+            )
             sub.add_argument(
                 "--flush-disk-type", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH"
             )
@@ -529,6 +589,9 @@ def _handler(name: str) -> Callable[[argparse.Namespace, IO[str], IO[str]], int]
                 store_files=args.store_files,
                 tls=args.tls,
                 auth=args.auth,
+                replicas=args.replicas,
+                min_in_sync_replicas=args.min_in_sync_replicas,
+                replica_ack_mode=args.replica_ack_mode,
             )
         data_dir = args.data_dir or find_data_dir() or DEFAULT_DATA_DIR
         if name == "down":
