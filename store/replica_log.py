@@ -25,7 +25,9 @@ Concurrency: appends hold the CommitLog's put lock; the confirm offset its own l
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
+import zlib
 from collections.abc import Callable
 
 from basalt.common import _records
@@ -35,13 +37,29 @@ from basalt.store.clock import Clock
 from basalt.store.commitlog import END_FILE_MIN_BLANK_LENGTH, Appended, CommitLog, UnitRun
 from basalt.store.config import MessageStoreConfig
 from basalt.store.consume_queue_table import ConsumeQueueTable
+from basalt.store.consumer_offset_file import decode_offsets
+from basalt.store.consumer_offsets import ConsumerOffsetManager
 from basalt.store.dispatcher import ReputMessageService
 from basalt.store.epoch_file import EpochFile
 from basalt.store.errors import CorruptRecordError, StoreClosedError, StoreError
 from basalt.store.flush import GroupCommitService
 from basalt.store.index_service import IndexService
+from basalt.store.pop import PopStore
+from basalt.store.pop_journal import decode_records
 from basalt.store.queue_manifest import QueueManifest
 from basalt.store.truncation import check_cut_point, cut_commitlog, remove_marker, write_marker
+
+REPLICA_STATE_MAGIC = 0x42525053  # "BRPS"
+REPLICA_STATE_VERSION = 1
+#: The replica state's head: magic, version, and the lengths of its two parts.
+_STATE_HEAD = struct.Struct(
+    ">"
+    "I"  # magic
+    "I"  # version
+    "I"  # consumer offsets length (consumerOffset.json's bytes)
+    "I"  # pop state length (pop journal records: store.pop.PopStore.snapshot)
+)
+_STATE_CRC = struct.Struct(">I")
 
 #: Window of the walk that reads queue offsets back from the CommitLog.
 _WALK_WINDOW_BYTES = 4 * 1024 * 1024
@@ -137,6 +155,8 @@ class ReplicaLog:
     _confirm_lock: threading.Lock
     queue_manifest: QueueManifest
     clock: Clock
+    consumer_offsets: ConsumerOffsetManager
+    pop: PopStore
 
     @property
     def epochs(self) -> EpochFile:
@@ -382,3 +402,45 @@ class ReplicaLog:
         if self._checkpoint is not None:
             self._checkpoint.flush()
         self.epochs.truncate_from(offset)
+
+    # -- consumer offsets and pop state ------------------------------------------
+
+    def replica_state(self) -> bytes:
+        """The consumer offsets and the pop state, for a slave to install::
+
+        [magic "BRPS" 4][version 1: 4][offsets length 4][pop length 4]
+        [consumerOffset.json's bytes][pop journal records][crc32 4 of all before]
+        """
+        offsets = self.consumer_offsets.snapshot()
+        pop = self.pop.snapshot()
+        head = _STATE_HEAD.pack(REPLICA_STATE_MAGIC, REPLICA_STATE_VERSION, len(offsets), len(pop))
+        body = head + offsets + pop
+        return body + _STATE_CRC.pack(zlib.crc32(body))
+
+    def install_replica_state(self, data: bytes) -> None:
+        """Replace this store's consumer offsets and pop state with a
+        :meth:`replica_state`'s, persisted before it returns. Raises
+        ReplicaDataError when ``data`` is not one (nothing changed)."""
+        size = len(data) - _STATE_CRC.size
+        if size < _STATE_HEAD.size:
+            raise ReplicaDataError(-1, f"replica state of {len(data)} bytes")
+        magic, version, offsets_len, pop_len = _STATE_HEAD.unpack_from(data, 0)
+        if magic != REPLICA_STATE_MAGIC or version != REPLICA_STATE_VERSION:
+            raise ReplicaDataError(-1, f"not a replica state (magic {magic:#x}, version {version})")
+        if _STATE_HEAD.size + offsets_len + pop_len != size:
+            raise ReplicaDataError(-1, "replica state lengths do not add up")
+        (crc,) = _STATE_CRC.unpack_from(data, size)
+        if crc != zlib.crc32(data[:size]):
+            raise ReplicaDataError(-1, "replica state CRC mismatch")
+        offsets = data[_STATE_HEAD.size : _STATE_HEAD.size + offsets_len]
+        pop = data[_STATE_HEAD.size + offsets_len : size]
+        try:
+            # Both checked before either is installed: a bad part changes nothing.
+            decode_offsets(offsets)
+            ends = [end for end, _ in decode_records(pop)]
+            if (ends[-1] if ends else 0) != len(pop):
+                raise ValueError("the pop state is not whole journal records")
+            self.consumer_offsets.install(offsets)
+            self.pop.install_snapshot(pop)
+        except ValueError as e:
+            raise ReplicaDataError(-1, f"replica state: {e}") from None
