@@ -14,6 +14,7 @@ import pytest
 
 from basalt.store import ManualClock, Message, MessageStore
 from basalt.store.config import FlushDiskType
+from basalt.store.consistency import check_store
 from basalt.store.replica_log import ReplicaDataError, ReplicaOffsetError
 from tests.support.processes import REPO_ROOT
 from tests.support.stores import ConfigFactory, fill_store, small_store_config
@@ -282,3 +283,22 @@ def test_replica_state_round_trip_with_pops_in_flight(tmp_path: Path, clock: Man
         assert sorted(again_store.pop.in_flight("G", "T", 0)) == [0, 3, 4, 5]
     finally:
         again_store.shutdown()
+
+
+def test_store_check_of_a_controller_mode_store_stopped_above_its_confirm_offset(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    config = make_config(enable_controller_mode=True)
+    store = MessageStore.open(config, clock=clock)
+    result = store.put_messages([Message("T", b"c" * 30, queue_id=0)] * 4)
+    store.set_confirm_offset(result.physical_offsets[2])
+    assert store.wait_dispatched()
+    assert store.shutdown()  # clean: the records above wait for the confirm offset
+    report = check_store(config.store_path_root_dir)
+    assert report.ok, report.summary()
+    store = MessageStore.open(config, clock=clock)
+    try:
+        assert store.confirm_offset == result.physical_offsets[2]
+        assert store.get_max_offset_in_queue("T", 0) == 2
+    finally:
+        store.shutdown()
