@@ -7,11 +7,16 @@
     0       8     physicMsgTimestamp  store time of the last flushed CommitLog record
     8       8     logicsMsgTimestamp  store time of the last flushed ConsumeQueue entry
     16      8     indexMsgTimestamp   store time of the last flushed IndexFile entry
-    24      4072  zero
+    24      8     confirmPhyOffset    the confirm offset (controller mode; 0 otherwise)
+    32      4064  zero
 
 The file is 4096 bytes (one page) so its update is a single page write.
 Abnormal recovery starts from the last CommitLog file whose first record is
-older than ``min_timestamp_ms()``.
+older than ``min_timestamp_ms()``. With ``enable_controller_mode``, recovery
+dispatches no further than ``confirmPhyOffset`` (see docs/replication.md).
+RocketMQ 5 keeps its confirmPhyOffset at byte 32, behind a masterFlushedOffset
+Basalt has no use for; Basalt's is at 24, as its replication contract says,
+and a file written before it existed reads 0 there.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ _LAYOUT = struct.Struct(
     "q"  # physicMsgTimestamp
     "q"  # logicsMsgTimestamp
     "q"  # indexMsgTimestamp
+    "q"  # confirmPhyOffset
 )
 
 
@@ -54,6 +60,8 @@ class StoreCheckpoint:
         self.physic_msg_timestamp = 0
         self.logics_msg_timestamp = 0
         self.index_msg_timestamp = 0
+        #: The confirm offset (controller mode): written with the next flush().
+        self.confirm_phy_offset = 0
         self._fd = -1
         self._mm: mmap.mmap | None = None
         if read_only:
@@ -86,9 +94,12 @@ class StoreCheckpoint:
         self._set_from(self._mm)
 
     def _set_from(self, data: bytes | mmap.mmap) -> None:
-        self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp = (
-            _LAYOUT.unpack_from(data, 0)
-        )
+        (
+            self.physic_msg_timestamp,
+            self.logics_msg_timestamp,
+            self.index_msg_timestamp,
+            self.confirm_phy_offset,
+        ) = _LAYOUT.unpack_from(data, 0)
 
     def min_timestamp_ms(self) -> int:
         """min(physic, logics) − 3 s, never negative: where abnormal recovery may start."""
@@ -100,7 +111,7 @@ class StoreCheckpoint:
         return min(self.min_timestamp_ms(), self.index_msg_timestamp)
 
     def flush(self) -> None:
-        """Write the three timestamps and fsync."""
+        """Write the three timestamps and the confirm offset, and fsync."""
         if self._mm is None:
             return
         _LAYOUT.pack_into(
@@ -109,6 +120,7 @@ class StoreCheckpoint:
             self.physic_msg_timestamp,
             self.logics_msg_timestamp,
             self.index_msg_timestamp,
+            self.confirm_phy_offset,
         )
         # fdatasync writes the mapping's dirty page as msync would, and fails the
         # same way; an os call is what a fault injector (tests) can reach.

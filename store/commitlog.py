@@ -198,6 +198,16 @@ class CommitLog:
             callback()
         return AppendResult(physical, queue, sizes, store_timestamp_ms, end)
 
+    def note_store_timestamp(self, store_timestamp_ms: int) -> None:
+        """A replicated append's last store time (under the put lock): later appends
+        never stamp an earlier one."""
+        self._last_store_timestamp_ms = max(self._last_store_timestamp_ms, store_timestamp_ms)
+
+    def notify_appended(self) -> None:
+        """Run the on-append callbacks (outside the put lock), as after append()."""
+        for callback in self._on_append:
+            callback()
+
     # -- reads ------------------------------------------------------------------------
 
     def read(self, physical_offset: int, size: int) -> bytes | None:

@@ -156,6 +156,16 @@ class MessageStoreConfig:
             "that reserved the property still gets it filled."
         ),
     )
+    enable_controller_mode: bool = setting(
+        default=False,
+        check=boolean,
+        doc=(
+            "RocketMQ's enableControllerMode: the store is a member of a replicated group. "
+            "The dispatcher builds ConsumeQueues and the index only up to the confirm "
+            "offset (what every in-sync member has), the checkpoint keeps that offset, "
+            "and a restart dispatches no further (see docs/replication.md)."
+        ),
+    )
     store_host: str = setting(
         default="127.0.0.1:10911",
         check=_store_host,
@@ -303,6 +313,16 @@ class MessageStoreConfig:
     @property
     def abort_path(self) -> Path:
         return self.store_path_root_dir / "abort"
+
+    @property
+    def epoch_file_path(self) -> Path:
+        """The epoch file (store.epoch_file)."""
+        return self.store_path_root_dir / "epochFileCheckpoint"
+
+    @property
+    def truncate_marker_path(self) -> Path:
+        """Present while a durable truncation is under way (store.replica_log)."""
+        return self.store_path_root_dir / "truncate"
 
     @property
     def lock_path(self) -> Path:

@@ -262,6 +262,10 @@ class _Checker:
         #: Mapped after pass 1, so that every unit checked points below the CommitLog seen.
         self.commitlog = MappedFileQueue(layout.commitlog_dir, 1, read_only=True)
         self.abort = False
+        #: The checkpoint's confirmPhyOffset (controller mode; 0 otherwise): records
+        #: at or past it wait for it, they are not behind.
+        self.confirm_offset = 0
+        self.unconfirmed = 0
         self.records = self.not_dispatchable = self.blanks = 0
         self.walk_end = 0
         self.resynced = False
@@ -287,6 +291,9 @@ class _Checker:
                 ("index", cp.index_msg_timestamp),
             )
             f.note("checkpoint: " + ", ".join(f"{n} {ms} ({iso_ms(ms)})" for n, ms in stamps))
+            self.confirm_offset = cp.confirm_phy_offset
+            if self.confirm_offset:
+                f.note(f"checkpoint: confirm offset {self.confirm_offset} (controller mode)")
         self._open_consume_queues()
         self.commitlog = open_data_files(
             layout.commitlog_dir, "commitlog", f, file_size=self.commitlog_file_size
@@ -418,7 +425,9 @@ class _Checker:
         q.records += 1
         q.first = offset if q.first is None else min(q.first, offset)
         q.last = offset if q.last is None else max(q.last, offset)
-        if offset >= q.cq_end:
+        if offset >= q.cq_end and self.confirm_offset and phys >= self.confirm_offset:
+            self.unconfirmed += 1  # controller mode: dispatched once confirmed
+        elif offset >= q.cq_end:
             q.undispatched += 1
         elif offset < q.cq_start:
             q.before_cq += 1
@@ -482,7 +491,13 @@ class _Checker:
     # -- the verdict on lag, and the report --------------------------------------------
 
     def _check_undispatched(self) -> None:
-        """Lag behind the CommitLog is info with ``abort`` present, a problem without."""
+        """Lag behind the CommitLog is info with ``abort`` present, a problem without;
+        records past the checkpoint's confirm offset (controller mode) are info."""
+        if self.unconfirmed:
+            self.findings.note(
+                f"records past the confirm offset {self.confirm_offset}: {self.unconfirmed} "
+                "(controller mode: dispatched once the in-sync replicas have them)"
+            )
         lagging = {k: q for k, q in sorted(self.queues.items()) if q.undispatched}
         if not lagging:
             return

@@ -17,6 +17,10 @@ file                        rule (shared with the loader)                what a 
                             ``.not_a_journal``, ``decode_records``        cuts the tail
 ``index/<name>``            :func:`basalt.store.index_file`               sets it (and the
                             ``.check_index_bytes``                        later ones) aside
+``epochFileCheckpoint``     :func:`basalt.store.epoch_file`               refuses to start
+                            ``.check_epoch_file``
+``truncate``                :func:`basalt.store.truncation.read_marker`   finishes the cut
+                            (present: a cut under way)                    (damaged: refuses)
 ==========================  ===========================================  =====================
 
 A pop journal tail that does not decode is what a crash mid-append leaves:
@@ -37,6 +41,8 @@ from pathlib import Path
 from basalt.store.checkpoint import size_problem
 from basalt.store.consumer_offset_file import read_copy
 from basalt.store.consumer_offsets import consumer_offset_path
+from basalt.store.epoch_file import EPOCH_FILE_NAME, check_epoch_file
+from basalt.store.errors import CorruptFileError
 from basalt.store.index_file import (
     ENTRY,
     HEADER,
@@ -50,6 +56,7 @@ from basalt.store.index_file import (
 from basalt.store.pop_journal import JOURNAL_NAME, decode_records, not_a_journal
 from basalt.store.queue_manifest import ManifestStatus, manifest_path, read_manifest
 from basalt.store.readonly import Findings
+from basalt.store.truncation import TRUNCATE_MARKER_NAME, read_marker
 
 __all__ = ["check_side_files"]
 
@@ -76,6 +83,29 @@ def check_side_files(
     _check_manifest(manifest_path(root), queue_ends, findings)
     _check_pop(root / "pop", findings, abort=abort)
     _check_index(root / "index", commitlog_max_offset, findings, index_geometry)
+    _check_replication_files(root, findings)
+
+
+def _check_replication_files(root: Path, findings: Findings) -> None:
+    """The epoch file and a leftover truncate marker (store.epoch_file, store.truncation)."""
+    epochs = root / EPOCH_FILE_NAME
+    problem = check_epoch_file(epochs)
+    if problem is not None:
+        findings.problem(
+            "epoch-file", f"{EPOCH_FILE_NAME}: {problem} (a start refuses it)", path=epochs
+        )
+    marker = root / TRUNCATE_MARKER_NAME
+    try:
+        cut = read_marker(marker)
+    except CorruptFileError as e:
+        findings.problem("truncate-marker", f"{e.reason} (a start refuses it)", path=marker)
+        return
+    if cut is not None:
+        findings.problem(
+            "truncate-marker",
+            f"a truncation of the commitlog at {cut} did not finish (a start finishes it)",
+            path=marker,
+        )
 
 
 def _read(path: Path) -> bytes:

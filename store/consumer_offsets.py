@@ -85,6 +85,7 @@ from basalt.store.consumer_offset_file import (
     OffsetTables,
     Salvage,
     SpaceReserve,
+    decode_offsets,
     describe_lost,
     encode_offsets,
     name_problem,
@@ -375,6 +376,25 @@ class ConsumerOffsetManager:
     def persist_if_changed(self) -> bool:
         """:meth:`persist` if anything changed since the last persist; returns whether it wrote."""
         return self._persist(force=False)
+
+    def snapshot(self) -> bytes:
+        """The whole table as consumerOffset.json's bytes (a master's replica state)."""
+        with self._lock:
+            offsets = {k: dict(v) for k, v in self._offsets.items()}
+            epochs = dict(self._epochs)
+            version, changed_ms = self._version, self._changed_ms
+        return encode_offsets(offsets, epochs, version, changed_ms)
+
+    def install(self, data: bytes) -> None:
+        """Replace the whole table with a :meth:`snapshot`'s and persist it (a slave
+        taking its master's offsets). Raises ValueError when ``data`` does not decode
+        (nothing changed), OSError when the write fails."""
+        tables = decode_offsets(data)
+        with self._lock:
+            self._offsets = tables.offsets
+            self._epochs = tables.epochs
+            self._changed_locked()
+        self.persist()
 
     def _persist(self, *, force: bool) -> bool:
         with self._persist_lock:

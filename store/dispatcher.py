@@ -13,6 +13,13 @@ writer that finds the dispatcher idle and caught up applies its own hand-off
 dispatch step holds ``_dispatch_lock``, so steps never interleave and the
 ConsumeQueues still see one writer at a time.
 
+Confirm offset: with :attr:`ReputMessageService.confirm_offset` set (a store in
+controller mode, see docs/replication.md), nothing at or past it is dispatched
+- no ConsumeQueue unit, listener call, arrival or index entry - so a consumer
+never reads a record a failover could take back. None (the default) bounds
+dispatch by the CommitLog's end only, and costs the hot path nothing but one
+``is None`` test per append.
+
 Failure: an error while dispatching (EMFILE opening a ConsumeQueue file, an
 I/O error) or a record that does not parse stops dispatching for good - on
 either path - and is recorded in ``failures`` (the store's
@@ -34,6 +41,7 @@ from typing import Protocol
 
 from basalt.common import _records
 from basalt.common.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, property_value
+from basalt.common.record import RecordKind, check_record
 from basalt.store.commitlog import Appended, CommitLog, UnitRun
 from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.errors import CorruptRecordError, StoreError
@@ -117,6 +125,9 @@ class ReputMessageService:
         self.consume_queues = consume_queues
         self.batch_size_bytes = batch_size_bytes
         self.reput_from_offset = 0
+        #: Dispatch stops here (controller mode); None: at the CommitLog's end. Set
+        #: through the store's set_confirm_offset, which then calls wakeup().
+        self.confirm_offset: int | None = None
         #: Store time of the last record dispatched: the checkpoint's logics time.
         self.last_store_timestamp_ms = 0
         self.listeners: list[DispatchListener] = []
@@ -155,9 +166,17 @@ class ReputMessageService:
 
     # -- the loop ---------------------------------------------------------------------
 
+    def dispatch_end(self) -> int:
+        """Where dispatch stops: the CommitLog's end, or the confirm offset below it."""
+        end = self.commitlog.max_offset
+        bound = self.confirm_offset
+        return end if bound is None or bound > end else bound
+
     @property
     def behind_bytes(self) -> int:
-        return max(0, self.commitlog.max_offset - self.reput_from_offset)
+        """Bytes left to dispatch up to :meth:`dispatch_end` (records above the confirm
+        offset are not behind: they wait for it)."""
+        return max(0, self.dispatch_end() - self.reput_from_offset)
 
     def wakeup(self) -> None:
         # Called after every append: skip the Event's lock when a wake-up is pending.
@@ -231,6 +250,11 @@ class ReputMessageService:
         finally:
             self._dispatch_lock.release()
 
+    @property
+    def running(self) -> bool:
+        """Whether the dispatcher's thread runs."""
+        return self._thread is not None
+
     def start(self) -> None:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -283,7 +307,7 @@ class ReputMessageService:
 
     def wait_until_dispatched(self, offset: int | None = None, timeout_s: float = 10.0) -> bool:
         """Block until everything below ``offset`` (default: the current end) is dispatched."""
-        target = self.commitlog.max_offset if offset is None else offset
+        target = self.dispatch_end() if offset is None else offset
         with self._progress:
             self._waiters += 1
             try:
@@ -320,18 +344,20 @@ class ReputMessageService:
         if self.reput_from_offset < commitlog.min_offset:
             self.reput_from_offset = commitlog.min_offset
         start = self.reput_from_offset
-        if start >= commitlog.max_offset or self.stalled_reason is not None:
+        end = self.dispatch_end()
+        if start >= end or self.stalled_reason is not None:
             return 0
         handoff = commitlog.handoff
         while handoff and handoff[0].end <= start:
             handoff.popleft()  # already dispatched by a walk of the CommitLog
-        if handoff and handoff[0].start == start and not self.listeners:
+        if handoff and handoff[0].start == start and handoff[0].end <= end and not self.listeners:
             return self._take_handoff(handoff)
         mf = commitlog.files.find_by_offset(start)
         if mf is None:
             return 0
         rel = start - mf.file_from_offset
-        if mf.wrote_position <= rel:
+        avail = min(mf.wrote_position, end - mf.file_from_offset) - rel
+        if avail <= 0:
             return 0
         # One C call reads the window (pread, not the mapping: a page fault per
         # fresh page costs more than the copy) and walks it, with the GIL released.
@@ -339,12 +365,19 @@ class ReputMessageService:
         pos, kind, reason, consumed, last_ts, runs, records, need = _records.dispatch(
             mf.fd,
             rel,
-            mf.wrote_position - rel,
+            avail,
             start,
             window,
             bool(self.listeners),
             self._topics,
         )
+        if kind == _records.KIND_CORRUPT and end < mf.file_from_offset + mf.wrote_position:
+            # The confirm offset may cut a record (it is whatever the master sent):
+            # a whole record past it is no damage, only not dispatchable yet.
+            at = rel + pos
+            info = check_record(mf.buffer, at, mf.wrote_position, check_crc=False)
+            if info.kind is RecordKind.MESSAGE and mf.file_from_offset + at + info.size > end:
+                kind = _records.KIND_END
         if kind == _records.KIND_CORRUPT:
             self._stall(start + pos, reason)
         elif need > len(window):
@@ -375,13 +408,15 @@ class ReputMessageService:
         end = self.reput_from_offset
         records = 0
         last_ts = self.last_store_timestamp_ms
+        bound = self.confirm_offset
         try:
             while handoff:
                 # Pop, then check: the writer may drop the oldest entry (a full
                 # hand-off) between a look at handoff[0] and a popleft. Whatever is
                 # not contiguous is left to a walk of the CommitLog.
                 appended = handoff.popleft()
-                if appended.start != end:
+                if appended.start != end or (bound is not None and appended.end > bound):
+                    # Past the confirm offset: kept until it moves (or walked then).
                     handoff.appendleft(appended)
                     break
                 try:
@@ -398,7 +433,7 @@ class ReputMessageService:
             self.last_store_timestamp_ms = last_ts
             self.records_from_handoff += records
             self._advance(end)
-            self._caught_up = end >= self.commitlog.max_offset
+            self._caught_up = end >= self.dispatch_end()
         return records
 
     def _apply(self, runs: list[UnitRun], *, inline: bool = False) -> None:

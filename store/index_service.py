@@ -268,6 +268,29 @@ class IndexService:
                 self._quarantine_path(f.path, reason if j == 0 else "follows a damaged index file")
         return tuple(self._dropped)
 
+    def truncate_from(self, offset: int) -> int:
+        """Forget every entry for CommitLog offsets at or past ``offset`` (a durable
+        truncation): the files holding any are deleted, and :meth:`build_from_commitlog`
+        indexes again from the start of the first of them. Returns how many files
+        went. The dispatcher must be stopped (or not started)."""
+        files = self._files
+        keep = len(files)
+        for i, f in enumerate(files):
+            if f.index_count > 1 and f.end_phy_offset >= offset:
+                keep = i
+                break
+        doomed = files[keep:]
+        restart = min([offset, *(f.begin_phy_offset for f in doomed if f.index_count > 1)])
+        with self._lock:
+            self._files = files[:keep]
+            self._unflushed_full = [f for f in self._unflushed_full if f not in doomed]
+        for f in doomed:
+            f.destroy()
+        if self.reput_offset > restart:
+            self.reput_offset = restart
+            self._skip_keys = 0
+        return len(doomed)
+
     @property
     def dropped(self) -> tuple[DroppedIndexFile, ...]:
         """The files quarantined by :meth:`load` and :meth:`check`, in order."""

@@ -8,7 +8,9 @@ Owns one store root::
     <root>/config/               consumerOffset.json        (store.consumer_offsets)
                                  consumeQueueManifest.json  (store.queue_manifest)
     <root>/pop/journal           pop-and-ack consumer state (store.pop)
-    <root>/checkpoint            flush timestamps           (store.checkpoint)
+    <root>/checkpoint            flush timestamps, confirm offset (store.checkpoint)
+    <root>/epochFileCheckpoint   replication epochs         (store.epoch_file)
+    <root>/truncate              present while a cut is under way (store.truncation)
     <root>/abort                 present while running; left behind by a crash
     <root>/lock                  flock'ed while a store has the root open
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -52,6 +55,7 @@ from basalt.store.consumer_offsets import (
     consumer_offset_path,
 )
 from basalt.store.dispatcher import DispatchListener, ReputMessageService
+from basalt.store.epoch_file import EpochFile
 from basalt.store.errors import StoreClosedError
 from basalt.store.expiry import ExpiryReport, ExpiryService
 from basalt.store.failures import FailureChannel, StoreFailure
@@ -71,12 +75,14 @@ from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.queue_manifest import QueueManifest, manifest_path
 from basalt.store.recovery import CommitLogPrescan, RecoveryReport, recover
+from basalt.store.replica_log import ReplicaLog
 from basalt.store.store_reads import StoreReads
+from basalt.store.truncation import cut_commitlog, read_marker, remove_marker
 
 log = logging.getLogger(__name__)
 
 
-class MessageStore(StoreReads):
+class MessageStore(StoreReads, ReplicaLog):
     """One store root: CommitLog, ConsumeQueues, checkpoint, recovery, flush."""
 
     def __init__(
@@ -102,6 +108,8 @@ class MessageStore(StoreReads):
         self.dispatcher.listeners.extend(listeners)
         self.commitlog.on_append(self.dispatcher.on_append)
         self._lock = RootLock(config.store_path_root_dir)
+        self._epochs: EpochFile | None = None
+        self._confirm_lock = threading.Lock()
         #: Every queue's max offset, kept so a start detects lost queues (see
         #: store.queue_manifest); written by the ConsumeQueue flusher.
         self.queue_manifest = QueueManifest(manifest_path(config.store_path_root_dir))
@@ -175,7 +183,17 @@ class MessageStore(StoreReads):
         try:
             abnormal = cfg.abort_path.exists()
             self._checkpoint = checkpoint = StoreCheckpoint(cfg.checkpoint_path)
+            self._epochs = EpochFile(cfg.epoch_file_path)
+            if cfg.enable_controller_mode:
+                # Recovery dispatches no further than what was confirmed before.
+                self.dispatcher.confirm_offset = checkpoint.confirm_phy_offset
             self.commitlog.files.load()
+            cut = read_marker(cfg.truncate_marker_path)
+            if cut is not None:
+                # A truncation was under way when the store stopped: finish the cut
+                # before recovery can see the tail (store.truncation).
+                log.warning("finishing the truncation of the commitlog at %d", cut)
+                cut_commitlog(self.commitlog, cut)
             prescan = CommitLogPrescan(
                 self.commitlog.files.files,
                 checkpoint,
@@ -186,10 +204,13 @@ class MessageStore(StoreReads):
                 # One thread reads and writes the queues until recovery ends: their
                 # several passes read each small queue's file once (caching_reads).
                 with self.consume_queues.open_files.caching_reads():
-                    manifest = self.queue_manifest.load()
+                    # After a cut the manifest may list offsets past it: not kept.
+                    manifest = self.queue_manifest.load() if cut is None else None
                     self.consume_queues.load()
                     if self.index is not None:
                         self._load_index(not abnormal, checkpoint.index_msg_timestamp)
+                        if cut is not None:
+                            self.index.truncate_from(cut)
                     report = recover(
                         self.commitlog,
                         self.consume_queues,
@@ -199,9 +220,18 @@ class MessageStore(StoreReads):
                         check_crc=cfg.check_crc_on_recover,
                         prescan=prescan,
                         manifest=manifest,
+                        cut_at=cut,
                     )
             finally:
                 prescan.wait()  # it reads the mappings _close_files would unmap
+            if cfg.enable_controller_mode:
+                # Never past the recovered end; never below what the queues already
+                # hold (a store that turned controller mode on keeps its queues).
+                confirmed = min(checkpoint.confirm_phy_offset, self.commitlog.max_offset)
+                self._force_confirm_offset(max(confirmed, self.dispatcher.reput_from_offset))
+            if cut is not None:
+                self._after_cut(cut)
+                remove_marker(cfg.truncate_marker_path)
             if self.index is not None:
                 self._catch_up_index(report)
             # load() logs what it had to fall back on; the report carries it too.

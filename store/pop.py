@@ -539,8 +539,9 @@ class PopStore:
         if self._size > self.compact_bytes:
             self._compact()
 
-    def _compact(self) -> None:
-        """Rewrite the journal as the live state, when that halves it at least."""
+    def _live(self) -> bytes:
+        """The live state as journal records: each queue's cursor, then every
+        delivery in flight (acked ones are simply absent). Under ``_lock``."""
         live = [
             encode_record(Kind.CURSOR, g, t, qid, q.cursor)
             for (g, t, qid), q in self._queues.items()
@@ -549,10 +550,19 @@ class PopStore:
             for key, q in self._queues.items()
             for offset, entry in sorted(q.in_flight.items())
         ]
-        data = b"".join(live)
+        return b"".join(live)
+
+    def _compact(self) -> None:
+        """Rewrite the journal as the live state, when that halves it at least."""
+        data = self._live()
         if len(data) * 2 > self._size:
             self.compact_bytes = max(self.compact_bytes, len(data) * 4)  # mostly live: grow
             return
+        self._replace_journal(data)
+        self.compactions += 1
+
+    def _replace_journal(self, data: bytes) -> None:
+        """Make ``data`` the journal: temporary file, fsync, rename, directory fsync."""
         tmp = self.directory / (JOURNAL_NAME + ".compact")
         with open(tmp, "wb") as f:
             f.write(data)
@@ -560,10 +570,36 @@ class PopStore:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         fsync_dir(self.directory)
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self._size = len(data)
-        self.compactions += 1
+
+    # -- replication ---------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The whole pop state (cursors, deliveries in flight with their invisible
+        times, attempts and nonces) in the journal's own record format, as a
+        compaction writes it: what a slave installs to answer pops and acks as
+        this store would after a failover."""
+        with self._lock:
+            return self._live()
+
+    def install_snapshot(self, data: bytes) -> None:
+        """Replace the pop state with a :meth:`snapshot`'s and make it the journal
+        (durable before it returns). Raises ValueError when ``data`` is not whole,
+        valid records (nothing changed), OSError when the write fails."""
+        records = list(decode_records(data))
+        end = records[-1][0] if records else 0
+        if end != len(data):
+            raise ValueError(f"pop state: bytes {end}..{len(data)} are not a journal record")
+        with self._lock:
+            self._queues = {}
+            for _, rec in records:
+                self._apply(*rec)
+            self._replace_journal(data)
+            for (group, topic, queue_id), q in self._queues.items():
+                self._publish(group, topic, queue_id, q)
 
 
 def _nonce() -> int:

@@ -89,6 +89,7 @@ from basalt.store.queue_repair import (
     rebuilt_queues,
     repair_consume_queues,
 )
+from basalt.store.replica_log import advance_queue_offsets
 from basalt.store.resync import (
     DamagedSpan,
     data_length,
@@ -362,11 +363,14 @@ def recover(
     check_crc: bool,
     prescan: CommitLogPrescan | None = None,
     manifest: ManifestLoad | None = None,
+    cut_at: int | None = None,
 ) -> RecoveryReport:
     """Bring a freshly loaded store to a consistent state; see the module docstring.
 
     ``prescan``, when given, was started over the loaded CommitLog files with
-    the same ``abnormal``, ``check_crc`` and checkpoint. ``manifest`` is what
+    the same ``abnormal``, ``check_crc`` and checkpoint. ``cut_at``: the CommitLog
+    was just cut there (a durable truncation finished at start): units at or
+    past it are dropped, their queue offsets free again, not kept as blanks. ``manifest`` is what
     :meth:`QueueManifest.load` found: the queues it lists are checked for a
     missing directory or a short end, and keep their listed max offsets.
 
@@ -382,6 +386,8 @@ def recover(
     for cq in consume_queues:
         reasons = damage[cq] = list(cq.files.repaired)
         cleared = cq.recover()
+        if cut_at is not None:
+            cq.truncate_dirty(cut_at)
         if cleared:
             reasons.append(f"{cleared} non-zero bytes past the written end")
         if not cq.files.files:
@@ -501,6 +507,11 @@ def recover(
     table.clear()
     for cq in consume_queues:
         table[cq.topic, cq.queue_id] = cq.max_offset_in_queue
+    if dispatcher.reput_from_offset < commitlog.max_offset:
+        # Controller mode: records above the confirm offset stay undispatched, but
+        # their queue offsets are taken - no later append may issue one again
+        # (RocketMQ #7689). The CommitLog, not the queues, says which.
+        advance_queue_offsets(commitlog, dispatcher.reput_from_offset, commitlog.max_offset)
 
     report = RecoveryReport(
         abnormal=abnormal,
