@@ -13,6 +13,7 @@
     basalt admin queryMsgByKey -t T -k KEY
     basalt admin queryMsgById -i OFFSET_MSG_ID|MSG_ID [-t T]
     basalt admin brokerStatus -b BROKER
+    basalt admin electMaster -b BROKER -n BROKER_ID [--unclean]
     basalt admin shrinkTopic -t T -n N [--wait-s S] [-g offline-group ...]
     basalt admin resetOffsetByTime -g G -t T -s now|MILLIS|-1|yyyy-MM-dd#HH:mm:ss:SSS [-f BOOL]
 
@@ -50,9 +51,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from basalt.admin import auth_verbs, extras, ops, topics
+from basalt.admin import auth_verbs, extras, groups, ops, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
-from basalt.admin.errors import AdminError
+from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
 from basalt.common import dial
 from basalt.common.local_cluster import ClusterNotFoundError, discover, discover_tls
 from basalt.common.message import MessageRecord
@@ -157,19 +158,7 @@ async def _consumer_progress(meta: MetaClient, a: argparse.Namespace) -> Table:
 
 
 async def _cluster_list(meta: MetaClient, a: argparse.Namespace) -> Table:
-    rows = []
-    for broker, info in await ops.cluster_list(meta):
-        rows.append(
-            [
-                broker.broker_name,
-                broker.address,
-                int(broker.perm),
-                f"{info.put_tps:.1f}" if info else "(no answer)",
-                f"{info.disk_use_ratio:.2f}" if info else "",
-                info.commit_log_max_offset if info else "",
-            ]
-        )
-    return ["broker", "address", "perm", "put_tps", "disk_ratio", "commit_log_max"], rows
+    return groups.CLUSTER_HEADER, await groups.cluster_rows(meta)
 
 
 async def _reset_offset_by_time(admin: TopicAdmin, a: argparse.Namespace) -> Table:
@@ -251,19 +240,46 @@ async def _query_msg_by_id(meta: MetaClient, a: argparse.Namespace) -> Table:
 
 
 async def _broker_status(meta: MetaClient, a: argparse.Namespace) -> Table:
-    info = await ops.broker_status(meta, a.broker)
+    state, members = await meta.get_group(a.broker)
+    try:
+        info = await ops.broker_status(meta, a.broker)
+    except (BrokerNotRegisteredError, PeerCallError) as e:
+        if state is None:
+            raise
+        # A replicated group whose master is down or gone: its group still shows.
+        rows: list[list[Any]] = [["brokerName", a.broker], ["storeHost", f"(no answer: {e})"]]
+    else:
+        rows = [
+            ["brokerName", info.broker_name],
+            ["storeHost", info.store_host],
+            ["bootTimestamp", info.boot_timestamp_ms],
+            ["bootTime", iso_time(info.boot_timestamp_ms)],
+            ["putTps", f"{info.put_tps:.1f}"],
+            ["dispatchBehindBytes", info.dispatch_behind_bytes],
+            ["diskUseRatio", f"{info.disk_use_ratio:.3f}"],
+            ["commitLogMinOffset", info.commit_log_min_offset],
+            ["commitLogMaxOffset", info.commit_log_max_offset],
+        ]
+        rows += [[k, v] for k, v in sorted(info.extra.items())]
+    if state is not None:
+        rows += groups.group_status(state, groups.member_rows(a.broker, state, members))
+    return ["key", "value"], rows
+
+
+async def _elect_master(meta: MetaClient, a: argparse.Namespace) -> Table:
+    outcome = await groups.elect_master(meta, a.broker, a.broker_id, unclean=a.unclean)
+    after = outcome.after
     rows: list[list[Any]] = [
-        ["brokerName", info.broker_name],
-        ["storeHost", info.store_host],
-        ["bootTimestamp", info.boot_timestamp_ms],
-        ["bootTime", iso_time(info.boot_timestamp_ms)],
-        ["putTps", f"{info.put_tps:.1f}"],
-        ["dispatchBehindBytes", info.dispatch_behind_bytes],
-        ["diskUseRatio", f"{info.disk_use_ratio:.3f}"],
-        ["commitLogMinOffset", info.commit_log_min_offset],
-        ["commitLogMaxOffset", info.commit_log_max_offset],
+        ["broker", a.broker],
+        ["previousMaster", outcome.before.master_id],
+        ["previousEpoch", outcome.before.epoch],
+        ["master", after.master_id],
+        ["epoch", after.epoch],
+        ["syncStateSet", ",".join(map(str, sorted(after.sync_state_set)))],
+        ["result", "elected" if after != outcome.before else "already the master: unchanged"],
     ]
-    rows += [[k, v] for k, v in sorted(info.extra.items())]
+    if outcome.warning:
+        rows.append(["warning", outcome.warning])
     return ["key", "value"], rows
 
 
@@ -337,7 +353,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb | 
         _consumer_progress,
     ),
     "clusterList": (
-        "every registered store-node and its runtime figures",
+        "every store-node and its runtime figures; each broker group's members, roles, "
+        "epoch, in-sync set, offsets and lag",
         lambda p: None,
         _cluster_list,
     ),
@@ -363,9 +380,24 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb | 
         _query_msg_by_id,
     ),
     "brokerStatus": (
-        "one store-node's runtime figures",
+        "one store-node's runtime figures (and its broker group's members)",
         lambda p: p.add_argument("-b", "--broker", required=True),
         _broker_status,
+    ),
+    "electMaster": (
+        "move a broker group's mastership to one of its in-sync members (--unclean: any "
+        "live member, losing what it lacks)",
+        lambda p: (
+            p.add_argument("-b", "--broker", required=True),
+            p.add_argument("-n", "--broker-id", type=int, required=True, help="the new master"),
+            p.add_argument(
+                "--unclean",
+                action="store_true",
+                help="allow a member outside the in-sync set (records only the old master "
+                "had are lost)",
+            ),
+        ),
+        _elect_master,
     ),
     "shrinkTopic": (
         "change a topic's queue count safely: write first, read once drained (growing: read first)",

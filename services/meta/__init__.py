@@ -8,6 +8,10 @@ Keys under ``/basalt/<cluster>/`` (:class:`MetaKeys`):
 - ``pull-services/<id>``: :class:`PullServiceRegistration`, under its lease;
 - ``consumers/<group>/<client_id>``: :class:`ConsumerRegistration`, under the
   lease of the pull-service holding the session.
+- ``groups/<broker>/state``: :class:`GroupState`, durable, CAS only, and
+  ``groups/<broker>/members/<id>``: :class:`MemberRegistration`, under the
+  member's lease: a replicated broker group (:class:`BrokerGroup`,
+  docs/replication.md); its master publishes ``brokers/<broker_name>``;
 - ``users/<name>``, ``acls/<name>``: users (secrets sealed) and ACLs, durable;
   their form is basalt.services.auth's (:meth:`MetaClient.put_auth`, ``auth_cache``).
 
@@ -41,6 +45,8 @@ from typing import TYPE_CHECKING
 
 from basalt.services.meta.config import MIN_LEASE_TTL_S, MetaConfig, MetaKeys, parse_endpoints
 from basalt.services.meta.errors import (
+    ElectionRefusedError,
+    GroupNotFoundError,
     MetaConflictError,
     MetaError,
     MetaUnavailableError,
@@ -55,6 +61,9 @@ from basalt.services.meta.model import (
     BrokerRegistration,
     ConsumerRegistration,
     ExpressionType,
+    GroupState,
+    MemberRegistration,
+    MemberRole,
     Perm,
     PullServiceRegistration,
     Registrable,
@@ -65,6 +74,7 @@ from basalt.services.meta.model import (
 
 if TYPE_CHECKING:
     from basalt.services.meta.client import MetaClient
+    from basalt.services.meta.groups import BrokerGroup, GroupWatch
     from basalt.services.meta.lease import Registration
     from basalt.services.meta.watch import MetaChange, MetaWatcher
 
@@ -73,6 +83,8 @@ if TYPE_CHECKING:
 
 #: The names that need etcd's client, by the module that defines them.
 _ETCD_NAMES = {
+    "BrokerGroup": "groups",
+    "GroupWatch": "groups",
     "MetaClient": "client",
     "Registration": "lease",
     "MetaChange": "watch",
@@ -99,9 +111,16 @@ __all__ = [
     "DEFAULT_TOPIC_QUEUE_NUMS",
     "MAX_QUEUE_NUMS",
     "MIN_LEASE_TTL_S",
+    "BrokerGroup",
     "BrokerRegistration",
     "ConsumerRegistration",
+    "ElectionRefusedError",
     "ExpressionType",
+    "GroupNotFoundError",
+    "GroupState",
+    "GroupWatch",
+    "MemberRegistration",
+    "MemberRole",
     "MetaChange",
     "MetaClient",
     "MetaConfig",

@@ -31,6 +31,12 @@ from basalt.services.meta.errors import (
     TopicNotFoundError,
 )
 from basalt.services.meta.fields import check_name, check_topic_name
+from basalt.services.meta.group_model import (
+    GroupEntry,
+    GroupState,
+    MemberRegistration,
+    decode_group_entry,
+)
 from basalt.services.meta.lease import Registration
 from basalt.services.meta.model import (
     DEFAULT_TOPIC_QUEUE_NUMS,
@@ -69,6 +75,12 @@ class MetaClient:
         self._watchers: list[MetaWatcher[Any]] = []
         #: Compare-and-swap attempts that lost to a concurrent writer (observability).
         self.cas_conflicts = 0
+
+    @property
+    def session(self) -> EtcdSession:
+        """The etcd session, for this package's modules that need more than this
+        class offers (basalt.services.meta.groups' transactions)."""
+        return self._session
 
     async def connect(self) -> None:
         """Check that etcd answers (one read); raises MetaUnavailableError if not."""
@@ -238,6 +250,48 @@ class MetaClient:
     async def list_all_consumers(self) -> dict[str, ConsumerRegistration]:
         """Every group's live consumers, by ``group/client_id``."""
         return await self._list(self.keys.consumers, decode_consumer)
+
+    # -- broker groups (docs/replication.md; changes: basalt.services.meta.groups) -------
+
+    async def list_groups(self) -> dict[str, tuple[GroupState, dict[int, MemberRegistration]]]:
+        """Every replicated broker group with a state: broker name -> (its state,
+        its live members by id). Malformed values are logged and left out."""
+        _, kvs = await self._session.get_prefix(self.keys.groups)
+        states: dict[str, GroupState] = {}
+        members: dict[str, dict[int, MemberRegistration]] = {}
+        for kv in kvs:
+            broker, _, name = kv.key[len(self.keys.groups) :].partition("/")
+            try:
+                entry = decode_group_entry(broker, name, kv.value)
+            except MetaError as e:
+                log.warning("ignoring %s: %s", kv.key, e)
+                continue
+            if isinstance(entry, GroupState):
+                states[broker] = entry
+            else:
+                members.setdefault(broker, {})[entry.broker_id] = entry
+        return {b: (state, members.get(b, {})) for b, state in sorted(states.items())}
+
+    async def get_group(
+        self, broker_name: str
+    ) -> tuple[GroupState | None, dict[int, MemberRegistration]]:
+        """One group read now: its state (None: not a replicated group, or never
+        bootstrapped) and its live members by id."""
+        prefix = self.keys.group(broker_name)
+        entries = await self._list(
+            prefix, lambda name, raw: decode_group_entry(broker_name, name, raw)
+        )
+        state = entries.pop("state", None)
+        members = {e.broker_id: e for e in entries.values() if isinstance(e, MemberRegistration)}
+        return (state if isinstance(state, GroupState) else None), members
+
+    def group_cache(self, broker_name: str) -> MetaWatcher[GroupEntry]:
+        """A watcher of one group's keys: ``state`` and ``members/<id>``."""
+        return self._watcher(
+            self.keys.group(broker_name),
+            lambda name, raw: decode_group_entry(broker_name, name, raw),
+            f"group {broker_name}",
+        )
 
     # -- queue locks ------------------------------------------------------------------------
 

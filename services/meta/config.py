@@ -9,7 +9,12 @@ key                                value (JSON)                  lifetime
 ``brokers/<broker_name>``          BrokerRegistration            the store-node's lease
 ``pull-services/<id>``             PullServiceRegistration       the pull-service's lease
 ``consumers/<group>/<client_id>``  ConsumerRegistration          its pull-service's lease
+``groups/<broker>/state``          GroupState                    durable, CAS only
+``groups/<broker>/members/<id>``   MemberRegistration            the member's lease
 =================================  ============================  ============================
+
+``brokers/<broker_name>`` of a replicated group is the master's route, under
+the master's member lease (basalt.services.meta.groups, docs/replication.md).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from basalt.services.meta.fields import (
     MAX_NAME_LENGTH,
     NAME_CHARS,
     check_address,
+    check_broker_id,
     check_group_name,
     check_name,
     check_topic_name,
@@ -173,6 +179,26 @@ class MetaKeys:
 
     def consumer(self, group: str, client_id: str) -> str:
         return self.consumer_group(group) + check_name(client_id, "client id")
+
+    @property
+    def groups(self) -> str:
+        return self.root + "groups/"
+
+    def group(self, broker_name: str) -> str:
+        """Prefix of one broker group's keys (ends with ``/``): its state and members."""
+        return f"{self.groups}{check_name(broker_name, 'broker name')}/"
+
+    def group_state(self, broker_name: str) -> str:
+        """The group's state (:class:`basalt.services.meta.model.GroupState`), CAS only."""
+        return self.group(broker_name) + "state"
+
+    def group_members(self, broker_name: str) -> str:
+        """Prefix of the group's live members (ends with ``/``)."""
+        return self.group(broker_name) + "members/"
+
+    def group_member(self, broker_name: str, broker_id: int) -> str:
+        """One member's registration, under its lease."""
+        return self.group_members(broker_name) + str(check_broker_id(broker_id))
 
     def auth(self, kind: str) -> str:
         """Prefix of the users (``users/``) or the ACLs (``acls/``, by username)."""

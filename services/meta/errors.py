@@ -61,3 +61,25 @@ class TopicNotFoundError(MetaError, LookupError):
     def __init__(self, topic: str) -> None:
         self.topic = topic
         super().__init__(f"topic {topic!r} does not exist")
+
+
+class GroupNotFoundError(MetaError, LookupError):
+    """The broker group has no state in etcd (no member ever bootstrapped it)."""
+
+    def __init__(self, broker_name: str) -> None:
+        self.broker_name = broker_name
+        super().__init__(
+            f"broker group {broker_name!r} has no state: it is not a replicated group, "
+            "or none of its members has started"
+        )
+
+
+class ElectionRefusedError(MetaError, RuntimeError):
+    """An election or campaign the group's rules forbid (docs/replication.md):
+    the target is not registered, or not in the in-sync set without unclean."""
+
+    def __init__(self, broker_name: str, broker_id: int, reason: str) -> None:
+        self.broker_name = broker_name
+        self.broker_id = broker_id
+        self.reason = reason
+        super().__init__(f"{broker_name}: member {broker_id} cannot become master: {reason}")

@@ -64,6 +64,22 @@ def check_address(address: object, what: str) -> str:
     raise MetaValidationError(f"{what} must be host:port, got {address!r}")
 
 
+#: Largest broker id, offset or epoch a value holds (etcd's and protobuf's int64).
+MAX_INT64 = 2**63 - 1
+
+
+def check_non_negative(value: object, what: str) -> int:
+    """An int (not a bool) in 0..2**63-1: a broker id, an offset, an epoch, a version."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT64:
+        raise MetaValidationError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def check_broker_id(broker_id: object) -> int:
+    """A member's id within its broker group (RocketMQ's brokerId): an int >= 0."""
+    return check_non_negative(broker_id, "broker id")
+
+
 # -- JSON helpers -------------------------------------------------------------------
 
 

@@ -15,7 +15,14 @@ One background task per registration, on the loop that registered it:
   the outage is still there afterwards; the task re-puts the key anyway in
   case it was lost (e.g. etcd restored from an older snapshot);
 - the lease is gone (keepalive answers TTL 0: we were cut off longer than the
-  TTL, or etcd lost its data): it grants a new lease and puts the key again.
+  TTL, or etcd lost its data): it grants a new lease and puts the key again,
+  then runs the :meth:`Registration.on_granted` hooks (keys that share the
+  lease, e.g. a group master's route, are put again by them).
+
+Each registration has its own TTL (a broker group's member uses
+``ha_lease_ttl_s``, 3 s, not ``MetaConfig.lease_ttl_s``) and records when
+its lease was last confirmed (:attr:`Registration.last_renewed_monotonic`):
+a master fences itself by it (docs/replication.md#election-and-fencing).
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 from basalt.services.meta.config import MetaKeys
 from basalt.services.meta.errors import MetaUnavailableError, MetaValidationError
@@ -63,6 +71,31 @@ class Registration:
         self._wake = asyncio.Event()
         self._registered = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._last_renewed: float | None = None
+        self._hooks: list[Callable[[int], Awaitable[object]]] = []
+
+    @property
+    def last_renewed_monotonic(self) -> float | None:
+        """``time.monotonic()`` taken just before sending the last grant or
+        keepalive that etcd confirmed (None before the first; kept through an
+        outage). The lease runs at least ``ttl_s`` from then: etcd restarts
+        the TTL when it handles the request, which is after it was sent, so
+        ``last_renewed_monotonic + ttl_s`` never overestimates how long the
+        lease (and every key under it) lasts."""
+        return self._last_renewed
+
+    def on_granted(self, hook: Callable[[int], Awaitable[object]]) -> Callable[[], None]:
+        """Run ``hook(lease_id)`` after each new lease the background task
+        grants once the first is lost (the key is already put again then), so
+        keys that share the lease come back with it. A hook that raises is
+        logged. Returns the function that removes the hook."""
+        self._hooks.append(hook)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._hooks.remove(hook)
+
+        return remove
 
     @property
     def value(self) -> Registrable:
@@ -148,6 +181,7 @@ class Registration:
                 log.warning("%s not revoked, it expires within %d s: %s", self.key, self.ttl_s, e)
 
     async def _register(self) -> None:
+        sent = time.monotonic()
         lease = await self._session.grant(self.ttl_s)
         value = self._value
         try:
@@ -162,9 +196,17 @@ class Registration:
             # two live processes with one name would keep taking it from each other.
             log.info("%s taken over from lease %x", self.key, previous.lease)
         self._lease_id = lease
+        self._last_renewed = sent
         self._dirty = value is not self._value
         self._alive = True
         self._registered.set()
+
+    async def _run_hooks(self, lease: int) -> None:
+        for hook in list(self._hooks):
+            try:
+                await hook(lease)
+            except Exception:
+                log.exception("%s: a hook on the new lease %x failed", self.key, lease)
 
     async def _run(self) -> None:
         """The keepalive loop; never raises until cancelled."""
@@ -174,20 +216,26 @@ class Registration:
         while not self._closed:
             pause = interval_s
             try:
-                if self._lease_id is None:
+                sent = time.monotonic()
+                lease = self._lease_id
+                if lease is None:
                     await self._register()
                     if outage:
                         log.info("%s registered (etcd reachable again)", self.key)
-                elif await self._session.keepalive(self._lease_id) <= 0:
+                    if self._lease_id is not None:
+                        await self._run_hooks(self._lease_id)
+                elif await self._session.keepalive(lease) <= 0:
                     log.warning("lease of %s expired in etcd; registering again", self.key)
                     self._lease_id = None
                     self._alive = False
                     continue
-                elif outage or self._dirty:
+                else:
+                    self._last_renewed = sent
+                if lease is not None and (outage or self._dirty):
                     # Back from an outage (or holding a newer value): make sure the
                     # key is there with our value.
                     value = self._value
-                    await self._session.put(self.key, value.to_json(), lease=self._lease_id)
+                    await self._session.put(self.key, value.to_json(), lease=lease)
                     self._dirty = value is not self._value
                     if outage:
                         log.info("%s: etcd reachable again, lease kept", self.key)

@@ -19,6 +19,20 @@ JSON shapes (``/basalt/<cluster>/`` + key):
     {"address": "127.0.0.1:10911", "broker_name": "broker-a", "perm": 6,
      "started_at_ms": 1700000000000, "store_root_id": "5f0c..."}
 
+``groups/<broker>/state`` (CAS only; docs/replication.md)::
+
+    {"epoch": 3, "master_id": 1, "sync_state_set": [1, 2], "version": 7}
+
+``groups/<broker>/members/<id>``::
+
+    {"address": "10.0.0.2:10911", "broker_id": 1, "broker_name": "broker-a",
+     "client_address": "", "confirm_offset": 4096, "epoch": 3, "max_offset": 8192,
+     "role": "SLAVE", "store_root_id": "5f0c..."}
+
+A broker of a replicated group adds its ``broker_id`` and ``epoch`` to
+``brokers/<broker_name>`` (left out while 0, the shape single-node store-nodes
+always wrote).
+
 ``pull-services/<id>``::
 
     {"address": "127.0.0.1:8081", "pull_service_id": "pull-1", "started_at_ms": 1700000000000}
@@ -28,6 +42,9 @@ JSON shapes (``/basalt/<cluster>/`` + key):
     {"client_id": "10.0.0.5@4242", "client_version": "basalt-py/0.1.0",
      "connected_since_ms": 1700000000000, "group": "G", "pull_service_id": "pull-1",
      "subscriptions": [{"expression": "a || b", "expression_type": "TAG", "topic": "T"}]}
+
+The group values (GroupState, MemberRegistration) are defined in
+``group_model`` and importable from here.
 
 ``perm`` is RocketMQ's PermName bit set as a number, so values written by or
 for RocketMQ tools mean the same here: 6 = read+write, 4 = read only,
@@ -55,9 +72,11 @@ from basalt.common.settings import (
 from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.fields import (
     check_address,
+    check_broker_id,
     check_group_name,
     check_millis,
     check_name,
+    check_non_negative,
     check_topic_name,
     decode_object,
     dumps,
@@ -69,6 +88,7 @@ from basalt.services.meta.fields import (
     get_str,
     prefixed,
 )
+from basalt.services.meta.group_model import GroupState, MemberRegistration, MemberRole
 
 #: RocketMQ's defaultTopicQueueNums: queues of an automatically created topic.
 DEFAULT_TOPIC_QUEUE_NUMS = 4
@@ -76,6 +96,25 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4
 DEFAULT_QUEUE_NUMS = 16
 #: Upper bound on read/write queue counts (RocketMQ tools cap a topic well below this).
 MAX_QUEUE_NUMS = 1024
+
+
+__all__ = [
+    "DEFAULT_QUEUE_NUMS",
+    "DEFAULT_TOPIC_QUEUE_NUMS",
+    "MAX_QUEUE_NUMS",
+    "BrokerRegistration",
+    "ConsumerRegistration",
+    "ExpressionType",
+    "GroupState",
+    "MemberRegistration",
+    "MemberRole",
+    "Perm",
+    "PullServiceRegistration",
+    "Registrable",
+    "Subscription",
+    "TopicConfig",
+    "TopicFilterType",
+]
 
 
 class Perm(enum.IntFlag):
@@ -273,6 +312,11 @@ class BrokerRegistration:
     #: external listener); empty: ``address``. Records written before it
     #: existed load with it empty.
     client_address: str = ""
+    #: The master's epoch when a replicated group's master published this route
+    #: (docs/replication.md); 0: a store-node outside any group.
+    epoch: int = 0
+    #: The publishing member's id within its group (0 outside any group).
+    broker_id: int = 0
 
     def __post_init__(self) -> None:
         check_name(self.broker_name, "broker name")
@@ -282,6 +326,8 @@ class BrokerRegistration:
             if self.client_address:
                 check_address(self.client_address, "client_address")
             object.__setattr__(self, "perm", Perm.parse(self.perm))
+            check_non_negative(self.epoch, "epoch")
+            check_broker_id(self.broker_id)
         except MetaValidationError as e:
             raise prefixed(where, e) from None
         if not isinstance(self.store_root_id, str) or not self.store_root_id:
@@ -293,8 +339,9 @@ class BrokerRegistration:
 
     def to_json(self) -> bytes:
         data = {**asdict(self), "perm": int(self.perm)}
-        if not self.client_address:  # absent when unset: the shape older readers know
-            del data["client_address"]
+        for unset in ("client_address", "epoch", "broker_id"):
+            if not data[unset]:  # absent when unset: the shape older readers know
+                del data[unset]
         return dumps(data)
 
     @classmethod
@@ -310,6 +357,8 @@ class BrokerRegistration:
                 started_at_ms=get_int(data, "started_at_ms", where),
                 perm=Perm.parse(get_int(data, "perm", where, int(Perm.RW))),
                 client_address=get_str(data, "client_address", where, ""),
+                epoch=get_int(data, "epoch", where, 0),
+                broker_id=get_int(data, "broker_id", where, 0),
             ),
         )
 

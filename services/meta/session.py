@@ -2,9 +2,10 @@
 
 :class:`EtcdSession` wraps one ``aetcd.Client`` in a small typed surface
 (get, range, put, create-if-absent, compare-and-swap on mod_revision, delete,
-leases, watch) and turns the library's errors into ours: connection refused,
-deadline exceeded and watch set-up timeouts become :class:`MetaUnavailableError`
-naming the endpoints; anything else etcd refuses becomes :class:`MetaError`.
+multi-compare transactions, leases, watch) and turns the library's errors
+into ours: connection refused, deadline exceeded and watch set-up timeouts
+become :class:`MetaUnavailableError` naming the endpoints; anything else etcd
+refuses becomes :class:`MetaError`.
 Nothing outside this module sees an aetcd type.
 
 aetcd quirks handled here:
@@ -30,7 +31,7 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -98,6 +99,100 @@ class WatchEvent:
     value: bytes
     #: The revision of the change (of the deletion, for a DELETE).
     mod_revision: int
+
+
+class Target(enum.Enum):
+    """What of a key a :class:`Compare` looks at (etcd's Compare.CompareTarget)."""
+
+    VERSION = "VERSION"  # 0: the key does not exist
+    CREATE = "CREATE"  # create_revision; 0: the key does not exist
+    MOD = "MOD"  # mod_revision
+    VALUE = "VALUE"
+    LEASE = "LEASE"  # the id of the lease holding the key; 0: none (or no key)
+
+
+class Op(enum.Enum):
+    """How a :class:`Compare` compares (etcd's Compare.CompareResult)."""
+
+    EQUAL = "EQUAL"
+    NOT_EQUAL = "NOT_EQUAL"
+    GREATER = "GREATER"
+    LESS = "LESS"
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """One condition of a :meth:`EtcdSession.transaction`: ``key``'s ``target`` ``op`` ``value``."""
+
+    key: str
+    target: Target
+    value: int | bytes
+    op: Op = Op.EQUAL
+
+    @classmethod
+    def mod_is(cls, key: str, mod_revision: int) -> Compare:
+        """``key`` was last written at ``mod_revision`` (0: it does not exist)."""
+        return cls(key, Target.MOD, mod_revision)
+
+    @classmethod
+    def absent(cls, key: str) -> Compare:
+        """``key`` does not exist."""
+        return cls(key, Target.VERSION, 0)
+
+    @classmethod
+    def present(cls, key: str) -> Compare:
+        """``key`` exists."""
+        return cls(key, Target.VERSION, 0, Op.GREATER)
+
+    @classmethod
+    def leased_by(cls, key: str, lease_id: int) -> Compare:
+        """``key`` exists under lease ``lease_id``."""
+        return cls(key, Target.LEASE, lease_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """A put of a :meth:`EtcdSession.transaction` (under ``lease`` when not 0)."""
+
+    key: str
+    value: bytes
+    lease: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """A delete of a :meth:`EtcdSession.transaction`."""
+
+    key: str
+
+
+_TARGETS = {
+    Target.VERSION: ("version", 0),
+    Target.CREATE: ("create_revision", 1),
+    Target.MOD: ("mod_revision", 2),
+    Target.VALUE: ("value", 3),
+    Target.LEASE: ("lease", 4),
+}
+_OPS = {Op.EQUAL: 0, Op.GREATER: 1, Op.LESS: 2, Op.NOT_EQUAL: 3}
+
+
+def _compare_message(compare: Compare) -> Any:
+    field, target = _TARGETS[compare.target]
+    if isinstance(compare.value, bytes) != (compare.target is Target.VALUE):
+        raise TypeError(f"{compare.target.value} compares a {'bytes' if target == 3 else 'int'}")
+    message = aetcd.rpc.Compare(key=compare.key.encode(), target=target, result=_OPS[compare.op])
+    setattr(message, field, compare.value)
+    return message
+
+
+def _request_op(op: Put | Delete) -> Any:
+    if isinstance(op, Put):
+        return aetcd.rpc.RequestOp(
+            request_put=aetcd.rpc.PutRequest(key=op.key.encode(), value=op.value, lease=op.lease)
+        )
+    return aetcd.rpc.RequestOp(
+        request_delete_range=aetcd.rpc.DeleteRangeRequest(key=op.key.encode())
+    )
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -356,6 +451,41 @@ class EtcdSession:
             return bool(ok)
 
         return await self._call(f"unlock {key}", op)
+
+    async def transaction(
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete] = (),
+    ) -> bool:
+        """One etcd transaction: if every ``compare`` holds, apply ``success``,
+        else ``failure``, atomically. Returns whether the compares held.
+
+        etcd checks the leases of the puts of the branch taken only: a put under
+        a lease that has ended raises MetaError, so guard such a put with
+        :meth:`Compare.leased_by` on a key of the same lease (an ended lease has
+        taken its keys with it, and the compare fails instead).
+        """
+        what = "transaction on " + ", ".join(sorted({c.key for c in compare}) or ["nothing"])
+        request = aetcd.rpc.TxnRequest(
+            compare=[_compare_message(c) for c in compare],
+            success=[_request_op(op) for op in success],
+            failure=[_request_op(op) for op in failure],
+        )
+
+        async def op(c: Any) -> bool:
+            await c.connect()
+            try:
+                reply = await c.kvstub.Txn(
+                    request, timeout=self.config.op_timeout_s, metadata=c.metadata
+                )
+            except grpc.aio.AioRpcError as e:
+                if e.code() in _UNREACHABLE_CODES:
+                    raise TimeoutError(e.details()) from e
+                raise MetaError(f"etcd at {self.endpoint} refused {what}: {e.details()}") from e
+            return bool(reply.succeeded)
+
+        return await self._call(what, op)
 
     async def delete(self, key: str) -> bool:
         """Delete ``key``; False if it did not exist."""
