@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x62\x61salt/v1/replication.proto\x12\tbasalt.v1\"E\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\x12\x12\n\nend_offset\x18\x03 \x01(\x03\"h\n\x0eReplicaRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.basalt.v1.ReplicaHelloH\x00\x12$\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x15.basalt.v1.ReplicaAckH\x00\x42\x06\n\x04kind\"q\n\x0cReplicaHello\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12%\n\x06\x65pochs\x18\x04 \x03(\x0b\x32\x15.basalt.v1.EpochEntry\"-\n\nReplicaAck\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0f\n\x07\x66lushed\x18\x02 \x01(\x08\"\xd1\x01\n\x0fReplicaResponse\x12\x30\n\thandshake\x18\x01 \x01(\x0b\x32\x1b.basalt.v1.ReplicaHandshakeH\x00\x12(\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x17.basalt.v1.ReplicaFrameH\x00\x12\x30\n\theartbeat\x18\x03 \x01(\x0b\x32\x1b.basalt.v1.ReplicaHeartbeatH\x00\x12(\n\x05state\x18\x04 \x01(\x0b\x32\x17.basalt.v1.ReplicaStateH\x00\x42\x06\n\x04kind\"o\n\x10ReplicaHandshake\x12\x11\n\tmaster_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12%\n\x06\x65pochs\x18\x04 \x03(\x0b\x32\x15.basalt.v1.EpochEntry\"o\n\x0cReplicaFrame\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x1a\n\x12\x65poch_start_offset\x18\x03 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"T\n\x10ReplicaHeartbeat\x12\x16\n\x0e\x63onfirm_offset\x18\x01 \x01(\x03\x12\x19\n\x11master_max_offset\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"%\n\x0cReplicaState\x12\x15\n\rreplica_state\x18\x01 \x01(\x0c\x32U\n\x0bReplication\x12\x46\n\tReplicate\x12\x19.basalt.v1.ReplicaRequest\x1a\x1a.basalt.v1.ReplicaResponse(\x01\x30\x01\x42V\n\x1cio.github.basaltmq.basalt.v1P\x01Z4github.com/basalt-mq/basalt/proto/basalt/v1;basaltv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x62\x61salt/v1/replication.proto\x12\tbasalt.v1\"E\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\x12\x12\n\nend_offset\x18\x03 \x01(\x03\"h\n\x0eReplicaRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.basalt.v1.ReplicaHelloH\x00\x12$\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x15.basalt.v1.ReplicaAckH\x00\x42\x06\n\x04kind\"q\n\x0cReplicaHello\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x11\n\tbroker_id\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12%\n\x06\x65pochs\x18\x04 \x03(\x0b\x32\x15.basalt.v1.EpochEntry\"-\n\nReplicaAck\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0f\n\x07\x66lushed\x18\x02 \x01(\x08\"\xd1\x01\n\x0fReplicaResponse\x12\x30\n\thandshake\x18\x01 \x01(\x0b\x32\x1b.basalt.v1.ReplicaHandshakeH\x00\x12(\n\x05\x66rame\x18\x02 \x01(\x0b\x32\x17.basalt.v1.ReplicaFrameH\x00\x12\x30\n\theartbeat\x18\x03 \x01(\x0b\x32\x1b.basalt.v1.ReplicaHeartbeatH\x00\x12(\n\x05state\x18\x04 \x01(\x0b\x32\x17.basalt.v1.ReplicaStateH\x00\x42\x06\n\x04kind\"\x83\x01\n\x10ReplicaHandshake\x12\x11\n\tmaster_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12%\n\x06\x65pochs\x18\x04 \x03(\x0b\x32\x15.basalt.v1.EpochEntry\x12\x12\n\nmin_offset\x18\x05 \x01(\x03\"o\n\x0cReplicaFrame\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x1a\n\x12\x65poch_start_offset\x18\x03 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"T\n\x10ReplicaHeartbeat\x12\x16\n\x0e\x63onfirm_offset\x18\x01 \x01(\x03\x12\x19\n\x11master_max_offset\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"%\n\x0cReplicaState\x12\x15\n\rreplica_state\x18\x01 \x01(\x0c\x32U\n\x0bReplication\x12\x46\n\tReplicate\x12\x19.basalt.v1.ReplicaRequest\x1a\x1a.basalt.v1.ReplicaResponse(\x01\x30\x01\x42V\n\x1cio.github.basaltmq.basalt.v1P\x01Z4github.com/basalt-mq/basalt/proto/basalt/v1;basaltv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,14 +42,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPLICAACK']._serialized_end=379
   _globals['_REPLICARESPONSE']._serialized_start=382
   _globals['_REPLICARESPONSE']._serialized_end=591
-  _globals['_REPLICAHANDSHAKE']._serialized_start=593
-  _globals['_REPLICAHANDSHAKE']._serialized_end=704
-  _globals['_REPLICAFRAME']._serialized_start=706
-  _globals['_REPLICAFRAME']._serialized_end=817
-  _globals['_REPLICAHEARTBEAT']._serialized_start=819
-  _globals['_REPLICAHEARTBEAT']._serialized_end=903
-  _globals['_REPLICASTATE']._serialized_start=905
-  _globals['_REPLICASTATE']._serialized_end=942
-  _globals['_REPLICATION']._serialized_start=944
-  _globals['_REPLICATION']._serialized_end=1029
+  _globals['_REPLICAHANDSHAKE']._serialized_start=594
+  _globals['_REPLICAHANDSHAKE']._serialized_end=725
+  _globals['_REPLICAFRAME']._serialized_start=727
+  _globals['_REPLICAFRAME']._serialized_end=838
+  _globals['_REPLICAHEARTBEAT']._serialized_start=840
+  _globals['_REPLICAHEARTBEAT']._serialized_end=924
+  _globals['_REPLICASTATE']._serialized_start=926
+  _globals['_REPLICASTATE']._serialized_end=963
+  _globals['_REPLICATION']._serialized_start=965
+  _globals['_REPLICATION']._serialized_end=1050
 # @@protoc_insertion_point(module_scope)

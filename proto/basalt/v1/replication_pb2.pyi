@@ -12,8 +12,10 @@ The slave opens the stream and speaks first:
   slave                                   master
   hello {broker_id, max_offset, epochs} ─▶
                                         ◀─ handshake {master_id, epoch, epochs}
-  (finds the consistent point, truncates
-   its log to it durably)
+  (finds the consistent point - the end of
+   the newest epoch both logs hold, or the
+   master's min_offset when none - and
+   truncates its log to it durably)
   ack {offset = consistent point}       ─▶ (streams from that offset)
                                         ◀─ frame {offset, epoch, data} ...
   ack {offset written (or flushed)}     ─▶
@@ -249,12 +251,18 @@ class ReplicaHandshake(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     MAX_OFFSET_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
     master_id: _builtins.int
     """The master's broker_id."""
     epoch: _builtins.int
     """The master's epoch (its term); the last of `epochs`."""
     max_offset: _builtins.int
     """The master's CommitLog max offset when it answered."""
+    min_offset: _builtins.int
+    """The master's first CommitLog offset (older files expired): where a slave
+    whose log has no epoch in common with the master's starts, after
+    truncating its whole log.
+    """
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]:
         """The master's epoch file, oldest first."""
@@ -266,10 +274,11 @@ class ReplicaHandshake(_message.Message):
         epoch: _builtins.int = ...,
         max_offset: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochEntry] | None = ...,
+        min_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epochs", b"epochs", "master_id", b"master_id", "max_offset", b"max_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "epochs", b"epochs", "master_id", b"master_id", "max_offset", b"max_offset", "min_offset", b"min_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,8 +12,10 @@ The slave opens the stream and speaks first:
   slave                                   master
   hello {broker_id, max_offset, epochs} ─▶
                                         ◀─ handshake {master_id, epoch, epochs}
-  (finds the consistent point, truncates
-   its log to it durably)
+  (finds the consistent point - the end of
+   the newest epoch both logs hold, or the
+   master's min_offset when none - and
+   truncates its log to it durably)
   ack {offset = consistent point}       ─▶ (streams from that offset)
                                         ◀─ frame {offset, epoch, data} ...
   ack {offset written (or flushed)}     ─▶
