@@ -41,7 +41,7 @@ class ReplicationServicer(rpb_grpc.ReplicationServicer):
         self._known_master = None if master is not None else known_master
 
     @rpc_method
-    async def Replicate(  # type: ignore[override]  # noqa: N802 - gRPC method name
+    async def Replicate(  # type: ignore[override]  # gRPC method name
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         """One slave's stream, on ``context.read()``/``context.write()``."""
