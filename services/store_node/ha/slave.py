@@ -249,6 +249,11 @@ class ReplicationSlave:
             log.info(
                 "%s: slave %d truncated %d -> %d", self.broker_name, self.broker_id, my_max, point
             )
+        else:
+            # An epoch this member opened but wrote nothing in (it led a term
+            # briefly) starts at the point and is not the master's: left, it
+            # would make the master's frames look older than this log.
+            await self._on_disk(store.epochs.truncate_from, point)
         return min(point, store.max_offset)
 
     async def _apply_frame(self, frame: rpb.ReplicaFrame, written: _Written) -> None:

@@ -163,13 +163,15 @@ async def test_an_empty_slave_catches_up_over_file_rolls_byte_identical(tmp_path
     slave_store = open_store(tmp_path / "s")
     try:
         put(master_store, 150)  # ~150 KB: three 64 KiB files
-        async with serve(master_store, config) as served:
-            async with follow(slave_store, config, served.address) as slave:
-                await eventually(lambda: slave_store.max_offset == master_store.max_offset)
-                top = put(master_store, 60)  # and while connected, another roll
-                served.master.notify_appended()
-                await eventually(lambda: slave_store.max_offset == top)
-                assert slave.connected and slave.master_epoch == 1
+        async with (
+            serve(master_store, config) as served,
+            follow(slave_store, config, served.address) as slave,
+        ):
+            await eventually(lambda: slave_store.max_offset == master_store.max_offset)
+            top = put(master_store, 60)  # and while connected, another roll
+            served.master.notify_appended()
+            await eventually(lambda: slave_store.max_offset == top)
+            assert slave.connected and slave.master_epoch == 1
         assert len(commitlog_bytes(master_store)) >= 4
         assert commitlog_bytes(slave_store) == commitlog_bytes(master_store)
         assert epochs_of(slave_store) == epochs_of(master_store) == [(1, 0)]
@@ -185,9 +187,11 @@ async def test_a_divergent_tail_is_cut_to_the_consistent_point(tmp_path: Path) -
     b = open_store(tmp_path / "b")
     try:
         put(a, 40, tag=b"shared")
-        async with serve(a, config, epoch=1) as served:  # a leads epoch 1, b follows
-            async with follow(b, config, served.address):
-                await eventually(lambda: b.max_offset == a.max_offset)
+        async with (
+            serve(a, config, epoch=1) as served,
+            follow(b, config, served.address),
+        ):  # a leads epoch 1, b follows
+            await eventually(lambda: b.max_offset == a.max_offset)
         shared = a.max_offset
         put(a, 30, tag=b"lost")  # a's tail no one else has
         assert a.max_offset > shared
@@ -259,21 +263,21 @@ async def test_a_slave_refuses_a_frame_of_an_older_epoch(tmp_path: Path) -> None
     slave_store = open_store(tmp_path / "s")
     try:
         put(master_store, 5)
-        async with serve(master_store, config, epoch=2) as served:
-            async with follow(slave_store, config, served.address) as slave:
-                await eventually(lambda: slave_store.max_offset == master_store.max_offset)
-                # the slave learns of epoch 3 (a newer master's term) ...
-                slave_store.epochs.append(3, slave_store.max_offset)
-                held = slave_store.max_offset
-                put(master_store, 5)  # ... so the deposed master's next frame is refused
-                served.master.notify_appended()
-                await eventually(
-                    lambda: (
-                        "older than" in str(slave.last_error) or "epoch 2" in str(slave.last_error)
-                    )
-                )
-                assert slave_store.max_offset == held
-                assert "epoch 3" in str(slave.last_error)
+        async with (
+            serve(master_store, config, epoch=2) as served,
+            follow(slave_store, config, served.address) as slave,
+        ):
+            await eventually(lambda: slave_store.max_offset == master_store.max_offset)
+            # the slave learns of epoch 3 (a newer master's term) ...
+            slave_store.epochs.append(3, slave_store.max_offset)
+            held = slave_store.max_offset
+            put(master_store, 5)  # ... so the deposed master's next frame is refused
+            served.master.notify_appended()
+            await eventually(
+                lambda: "older than" in str(slave.last_error) or "epoch 2" in str(slave.last_error)
+            )
+            assert slave_store.max_offset == held
+            assert "epoch 3" in str(slave.last_error)
     finally:
         slave_store.shutdown()
         master_store.shutdown()
@@ -410,11 +414,13 @@ async def test_replica_state_reaches_the_slave(tmp_path: Path) -> None:
     slave_store = open_store(tmp_path / "s")
     try:
         put(master_store, 5)
-        async with serve(master_store, config) as served:
-            async with follow(slave_store, config, served.address):
-                await eventually(lambda: slave_store.max_offset == master_store.max_offset)
-                assert master_store.commit_offset("g", TOPIC, 0, 4).ok
-                await eventually(lambda: slave_store.query_offset("g", TOPIC, 0) == 4)
+        async with (
+            serve(master_store, config) as served,
+            follow(slave_store, config, served.address),
+        ):
+            await eventually(lambda: slave_store.max_offset == master_store.max_offset)
+            assert master_store.commit_offset("g", TOPIC, 0, 4).ok
+            await eventually(lambda: slave_store.query_offset("g", TOPIC, 0) == 4)
     finally:
         slave_store.shutdown()
         master_store.shutdown()
