@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -43,10 +43,11 @@ from basalt.services.meta import (
 )
 from basalt.services.meta.model import Perm
 from basalt.services.store_node.ha.config import ReplicationConfig
+from basalt.services.store_node.ha.role import GroupMember, MemberAddresses
 from basalt.services.store_node.server import start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics, TopicDirectory
-from basalt.store import MessageStoreConfig
+from basalt.store import MessageStore, MessageStoreConfig
 
 log = logging.getLogger("basalt.services.store_node.service")
 
@@ -189,7 +190,9 @@ async def serve(args: argparse.Namespace) -> int:
     addresses = settings.build(StoreNodeProcessConfig)
     store_config = settings.build(MessageStoreConfig)
     node = settings.build(StoreNodeConfig)
+    replication = settings.build(ReplicationConfig)
     tls = process.tls_config(args)
+    group: Callable[[MessageStore], GroupMember] | None = None
     meta: MetaClient | None = None
     topics: TopicDirectory
     cache: MetaWatcher[TopicConfig] | None = None
@@ -207,6 +210,12 @@ async def serve(args: argparse.Namespace) -> int:
         broker_perm = partial(
             _registered_perm, brokers, node.broker_name, Perm(node.broker_permission)
         )
+        # With etcd every node is a member of its broker group, a group of one
+        # included: its records become consumable once its in-sync set has them.
+        store_config = replace(store_config, enable_controller_mode=True)
+        group = partial(
+            GroupMember, config=replication, broker_name=node.broker_name, meta=meta, tls=tls
+        )
     else:
         listing = None
         topics = LocalTopics(addresses.default_topic_queue_nums)
@@ -218,6 +227,7 @@ async def serve(args: argparse.Namespace) -> int:
         ready=listing,
         tls=tls,
         broker_perm=broker_perm,
+        group=group,
     )
     # Not given: the address as bound (port 0 resolved), as services reach it.
     advertise = (
@@ -226,25 +236,24 @@ async def serve(args: argparse.Namespace) -> int:
         else _reachable(running.address)
     )
     client = addresses.client_address if settings.given("client_address") else advertise
-    registration = None
-    if meta is not None:
-        registration = await meta.register(
-            BrokerRegistration(
-                broker_name=node.broker_name,
-                address=advertise,
-                client_address="" if client == advertise else client,
-                store_root_id=str(store_config.store_path_root_dir.resolve()),
-                started_at_ms=int(time.time() * 1000),
-                perm=Perm(node.broker_permission),
-            ),
-            wait=False,
-        )
+    if running.group is not None:
+        try:
+            await running.group.start(
+                MemberAddresses(
+                    address=advertise,
+                    client_address=client,
+                    store_root_id=str(store_config.store_path_root_dir.resolve()),
+                    started_at_ms=int(time.time() * 1000),
+                    perm=Perm(node.broker_permission),
+                )
+            )
+        except BaseException:
+            await running.group.close()
+            await running.stop(addresses.stop_grace_s)
+            raise
     print(f"store-node {node.broker_name} serving on {running.address}", flush=True)
     await stop.wait()
     log.info("stopping")
-    if registration is not None:
-        with contextlib.suppress(Exception):
-            await registration.close()
     # Not clean (a flush or the offsets' last save failed): the exit status says so.
     clean = await running.stop(addresses.stop_grace_s)
     if cache is not None:

@@ -30,12 +30,13 @@ from basalt.services.process import (
     grpc_server,
     set_serving,
 )
+from basalt.services.store_node.ha.role import GroupMember
 from basalt.services.store_node.long_polling import PullRequestHoldService
 from basalt.services.store_node.service import StoreNodeConfig, StoreNodeServicer
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.store import MessageStore, MessageStoreConfig
 from basalt.store.failures import StoreFailure
-from basalt.v1 import store_node_pb2
+from basalt.v1 import replication_pb2, store_node_pb2
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class RunningStoreNode:
     store: MessageStore
     servicer: StoreNodeServicer
     health: health.aio.HealthServicer
+    #: This node's broker group membership (None: a node without etcd).
+    group: GroupMember | None = None
 
     @property
     def address(self) -> str:
@@ -59,12 +62,17 @@ class RunningStoreNode:
     async def stop(self, grace_s: float = 5.0) -> bool:
         """Graceful stop: NOT_SERVING, no new calls, in-flight ones finish (up to
         ``grace_s``), then the store shuts down; returns whether it did so cleanly
-        (see :meth:`MessageStore.shutdown`)."""
+        (see :meth:`MessageStore.shutdown`). A master hands its group over to a
+        caught-up slave first (docs/replication.md#election-and-fencing)."""
+        if self.group is not None:
+            await self.group.hand_over(grace_s)
         self.servicer.writable = False
         self.servicer.hold.wake_all()  # held pulls answer now instead of being cancelled
         await set_serving(self.health, STORE_NODE_SERVICE, False)
         await self.server.stop(grace_s)
         await self.servicer.hold.drain()  # no filtered read left in a thread
+        if self.group is not None:
+            await self.group.close()  # its member key goes now: the others need not wait
         self.servicer.metrics.close()
         clean = await asyncio.to_thread(self.store.shutdown)
         if clean:
@@ -83,6 +91,7 @@ async def start_store_node(
     ready: asyncio.Future[None] | None = None,
     tls: TlsConfig | None = None,
     broker_perm: Callable[[], Perm] | None = None,
+    group: Callable[[MessageStore], GroupMember] | None = None,
 ) -> RunningStoreNode:
     """Recover and open the store, then serve it on ``listen`` (with TLS when
     ``tls`` is enabled: basalt.services.process.add_port).
@@ -92,6 +101,9 @@ async def start_store_node(
     thread: awaited before the server starts, cancelled if the store fails to
     open; if it fails, the store is shut down and its exception raised.
     ``broker_perm``: this broker's permission now (StoreNodeServicer's).
+    ``group``: makes this node's broker group membership from the opened store;
+    it serves ``Replication``; the caller starts it (:meth:`GroupMember.start`)
+    once it knows the address the server is reached at (docs/replication.md).
     """
     try:
         store = await asyncio.to_thread(MessageStore.open, store_config)
@@ -110,7 +122,8 @@ async def start_store_node(
         loop, ThreadPoolExecutor(node.filtered_read_threads, thread_name_prefix="filtered-read")
     )
     store.add_arrival_listener(hold.notify_arrival)
-    servicer = StoreNodeServicer(node, store, topics, hold, broker_perm)
+    member = None if group is None else group(store)
+    servicer = StoreNodeServicer(node, store, topics, hold, broker_perm, member)
     # A send of one maximal message must reach the store (which answers
     # MESSAGE_ILLEGAL past max_message_size) rather than stop at gRPC's 4 MiB
     # default; a read returns at most one message past the transfer caps, and
@@ -126,6 +139,10 @@ async def start_store_node(
         store_node_pb2.DESCRIPTOR.services_by_name["StoreNode"],
         may_answer_bytes=frozenset({"GetMessages"}),
     )
+    if member is not None:
+        add_servicer(
+            server, member.servicer, replication_pb2.DESCRIPTOR.services_by_name["Replication"]
+        )
     health_servicer = add_health_and_reflection(server, STORE_NODE_SERVICE)
     try:
         port = add_port(server, listen, tls)
@@ -136,7 +153,7 @@ async def start_store_node(
     await set_serving(health_servicer, STORE_NODE_SERVICE, True)
     _report_failures(store, health_servicer, loop)
     log.info("store-node %s serving on port %d", node.broker_name, port)
-    return RunningStoreNode(server, port, store, servicer, health_servicer)
+    return RunningStoreNode(server, port, store, servicer, health_servicer, member)
 
 
 def _report_failures(

@@ -304,7 +304,9 @@ def test_etcd_away_under_load_sends_and_pulls_continue_registrations_return(
                 what="every registration before the outage",
             )
             leased = await asyncio.to_thread(leases, etcd, cluster)
-            assert len(leased) == len(BROKERS) + 2, leased  # and the pull-service, the consumer
+            # Each store-node: its group member key and its route, on one lease;
+            # and the pull-service, the consumer.
+            assert len(leased) == 2 * len(BROKERS) + 2, leased
 
             try:
                 load, window = await load_through_outage(
