@@ -340,7 +340,10 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
                 confirmed: asyncio.Future[PutMessageResult] = (
                     asyncio.get_running_loop().create_future()
                 )
-                self.group.confirm_then(encoded, confirmed.set_result)
+                # A call cancelled meanwhile (its deadline) has nobody to answer.
+                self.group.confirm_then(
+                    encoded, lambda r: None if confirmed.done() else confirmed.set_result(r)
+                )
                 encoded = await confirmed
         return self._send_result(topic, queue_id, encoded, started)
 
