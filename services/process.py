@@ -195,11 +195,15 @@ def settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
 def telemetry_config(args: argparse.Namespace) -> TelemetryConfig:
     """The telemetry of a service run with ``args`` (:func:`settings`); its
     ``service.instance.id`` is the service's ``name`` or ``id`` where it has
-    one. Raises config.ConfigError (a ValueError) for a bad value (a metrics
-    port out of range)."""
+    one (a store-node given a ``broker_id``: ``<name>-<broker_id>``). Raises
+    config.ConfigError (a ValueError) for a bad value (a metrics port out of
+    range)."""
     resolved = settings(args)
     named = [resolved[n] for n in ("name", "id") if n in resolved.values]
     instance = next((str(v) for v in named if v is not config.UNSET), "")
+    if instance and "broker_id" in resolved.values and resolved.given("broker_id"):
+        # A member of a replicated broker group: <broker>-<id>, as `cluster up` names it.
+        instance = f"{instance}-{resolved['broker_id']}"
     return resolved.build(
         TelemetryConfig, service_name=args.service_name, service_instance_id=instance
     )

@@ -280,7 +280,9 @@ def up(
                 "--data-dir", str(data_dir / name),
                 "--flush-disk-type", flush_disk_type,
                 "--config", str(store_config),
-                "--broker-id", str(broker_id),
+                *(
+                    ("--broker-id", str(broker_id)) if replicas > 1 else ()
+                ),
                 "--replica-ack-mode", replica_ack_mode,
                 "--min-in-sync-replicas", str(in_sync),
                 group=broker,
@@ -364,10 +366,17 @@ def down(data_dir: Path, out: IO[str], grace_s: float = 20.0) -> int:
 
 async def _registrations(
     etcd_address: str, tls: transport.TlsConfig | None
-) -> tuple[set[str], set[str]]:
+) -> tuple[dict[tuple[str, int], str], set[str]]:
+    """The registered store-nodes ((broker, broker id) -> MASTER or SLAVE, as their
+    group's state says) and pull-services."""
     config = MetaConfig(endpoints=(etcd_address,), cluster=CLUSTER_NAME, op_timeout_s=1.0)
     async with MetaClient(config, tls=tls) as meta:
-        return set(await meta.list_brokers()), set(await meta.list_pull_services())
+        members = {
+            (broker, broker_id): "MASTER" if state.master_id == broker_id else "SLAVE"
+            for broker, (state, registered) in (await meta.list_groups()).items()
+            for broker_id in registered
+        }
+        return members, set(await meta.list_pull_services())
 
 
 def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
@@ -380,7 +389,10 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
     ``name``, ``pid``, ``address`` (gRPC), ``rocketmq_v2`` (a pull-service's
     endpoint for RocketMQ 5 clients, or null), ``metrics`` (the ``/metrics`` URL or
     null), ``log``, ``alive``, ``health`` (SERVING/DOWN) and ``registered``
-    (true/false; null where the role registers nowhere); no cluster: ``[]``."""
+    (true/false; null where the role registers nowhere); a store-node's also
+    ``group`` (its broker name), ``broker_id`` and ``group_role`` (MASTER or
+    SLAVE as its group's state says; null when not registered); no cluster:
+    ``[]``."""
     state = data_dir.resolve() / CLUSTER_FILE
     if not state.exists():
         print("[]" if as_json else f"no cluster in {data_dir}", file=out)
@@ -389,16 +401,17 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
     etcd = next(p for p in procs if p.role == "etcd")
     tls = local_tls(data_dir.resolve())
     try:
-        brokers, pull_services = asyncio.run(_registrations(etcd.address, tls))
+        members, pull_services = asyncio.run(_registrations(etcd.address, tls))
         etcd_ok = True
     except Exception:
-        brokers, pull_services, etcd_ok = set(), set(), False
+        members, pull_services, etcd_ok = {}, set(), False
     bad = 0
     rows: list[dict[str, object]] = []
     lines: list[tuple[str, ...]] = []
     for p in procs:
         alive = _alive(p.pid)
         is_registered: bool | None = None
+        group_role: str | None = None
         if p.role == "etcd":
             health, registered = ("SERVING" if etcd_ok else "DOWN"), "-"
         else:
@@ -406,9 +419,13 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
             health = "SERVING" if serving else "DOWN"
             if p.role == "admin":
                 registered = "-"  # stateless, registers nowhere (found through cluster.json)
+            elif p.role == "store-node":
+                # A member of its broker group (an older cluster.json: broker id 0).
+                group_role = members.get((p.group or p.name, p.broker_id or 0))
+                is_registered = group_role is not None
+                registered = group_role or "NOT REGISTERED"
             else:
-                names = brokers if p.role == "store-node" else pull_services
-                is_registered = p.name in names
+                is_registered = p.name in pull_services
                 registered = "registered" if is_registered else "NOT REGISTERED"
         bad += health != "SERVING" or registered == "NOT REGISTERED"
         rows.append(
@@ -423,6 +440,11 @@ def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
                 "alive": alive,
                 "health": health,
                 "registered": is_registered,
+                **(
+                    {"group": p.group, "broker_id": p.broker_id, "group_role": group_role}
+                    if p.role == "store-node"
+                    else {}
+                ),
             }
         )
         lines.append(

@@ -19,15 +19,26 @@ def test_up_assigns_metrics_ports_that_answer_and_status_json_lists_every_endpoi
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "cluster"
-    started = run_basalt_sync("cluster", "up", "--data-dir", str(data), "--store-nodes", "1")
+    started = run_basalt_sync(
+        "cluster", "up", "--data-dir", str(data), "--store-nodes", "1", "--replicas", "2"
+    )
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         status = run_basalt_sync("cluster", "status", "--data-dir", str(data), "--json")
         assert status.returncode == 0, status.stdout + status.stderr
         rows = json.loads(status.stdout)
-        assert [r["role"] for r in rows] == ["etcd", "store-node", "pull-service", "admin"]
+        assert [r["role"] for r in rows] == [
+            "etcd", "store-node", "store-node", "pull-service", "admin",
+        ]  # fmt: skip
         assert all(r["alive"] and r["health"] == "SERVING" for r in rows)
-        assert [r["registered"] for r in rows] == [None, True, True, None]
+        # Each member of broker-a with its group, id and role in the group.
+        members = [r for r in rows if r["role"] == "store-node"]
+        assert [(r["name"], r["group"], r["broker_id"]) for r in members] == [
+            ("broker-a-0", "broker-a", 0),
+            ("broker-a-1", "broker-a", 1),
+        ]
+        assert sorted(r["group_role"] for r in members) == ["MASTER", "SLAVE"]
+        assert [r["registered"] for r in rows] == [None, True, True, True, None]
         etcd, *services = rows
         assert etcd["metrics"] is None
         for r in services:
@@ -50,7 +61,11 @@ def test_up_assigns_metrics_ports_that_answer_and_status_json_lists_every_endpoi
             at = {c: line[header.index(c) :].split()[0] for c in ("NAME", "ROCKETMQ 5", "ETCD")}
             assert at["NAME"] == r["name"]
             assert at["ROCKETMQ 5"] == (r["rocketmq_v2"] or "-")
-            assert at["ETCD"] == {None: "-", True: "registered"}[r["registered"]]
+            assert at["ETCD"] == (
+                r["group_role"]
+                if r["role"] == "store-node"
+                else {None: "-", True: "registered"}[r["registered"]]
+            )
         (pull,) = [r for r in rows if r["role"] == "pull-service"]
         assert pull["rocketmq_v2"] and pull["rocketmq_v2"] in started.stdout
     finally:
