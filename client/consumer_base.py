@@ -18,10 +18,12 @@ it (the store-node answers STALE_RESET_EPOCH and stores nothing).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +57,10 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 10.0
 #: A read's deadline past the long poll it asks for.
 PULL_DEADLINE_MARGIN_S = 10.0
+#: Least time between two route lookups of one topic after failed reads
+#: (:meth:`ConsumerClient.reroute`): a failover is seen within it, a dead node
+#: costs the pull-service one QueryRoute per topic this often.
+REROUTE_INTERVAL_S = 0.5
 
 
 def default_client_id() -> str:
@@ -177,6 +183,8 @@ class ConsumerClient(Client):
         self.consume_from_where = consume_from_where
         #: Store-node addresses by broker name, as the last routes gave them.
         self._addresses: dict[str, str] = {}
+        #: When each topic's route was last asked again after a failed read.
+        self._rerouted_at: dict[str, float] = {}
         #: Records left out because their checksum failed (check.crcs): never
         #: delivered, each logged at ERROR and passed to :attr:`on_damaged_record`.
         self.damaged_records = 0
@@ -258,6 +266,20 @@ class ConsumerClient(Client):
                 continue
             claims.setdefault(info.store_host, set()).add(broker)
         return {host: names.pop() for host, names in claims.items() if len(names) == 1}
+
+    async def reroute(self, topic: str) -> None:
+        """Ask ``topic``'s route again after a read of its store-node failed: a
+        broker group that failed over has a new master, whose address the
+        route now gives (docs/replication.md), so the next read goes there at
+        once rather than at the next rebalance. At most every
+        :data:`REROUTE_INTERVAL_S` per topic; a failure to ask is left to the
+        next read."""
+        now = time.monotonic()
+        if now - self._rerouted_at.get(topic, -REROUTE_INTERVAL_S) < REROUTE_INTERVAL_S:
+            return
+        self._rerouted_at[topic] = now
+        with contextlib.suppress(ClientError):
+            await self.queues_of(topic)
 
     def _store_node(self, queue: MessageQueue) -> sn_grpc.StoreNodeAsyncStub:
         return self._store_node_stub(queue.broker_name)

@@ -497,6 +497,8 @@ class LitePullConsumer(ConsumerClient):
             try:
                 got: pb.PullBatchResponse = await call
             except grpc.aio.AioRpcError as e:
+                # A failed-over group's new master: the next read goes there.
+                await self.reroute(reads[0].queue.topic)
                 return ClientError.from_rpc_error(e, address=self._store_node_address(broker))
             return got
 

@@ -373,6 +373,7 @@ class PushConsumer(ConsumerClient):
             except grpc.aio.AioRpcError as e:
                 log.warning("%s: pull of %s failed: %s", self.client_id, pq.queue, e.details())
                 await asyncio.sleep(next(delay))
+                await self.reroute(pq.queue.topic)  # a failed-over group's new master
                 continue
             if reply.HasField("refused"):
                 # What the pull-service's Pull refused as a gRPC error: the same
