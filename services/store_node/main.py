@@ -10,11 +10,15 @@ Every setting of MessageStoreConfig, StoreNodeConfig, MetaConfig and
 StoreNodeProcessConfig is a flag, a ``BASALT_*`` env var and a config file key
 (:mod:`basalt.services.config`, docs/configuration.md).
 
-With ``--etcd`` the node registers ``brokers/<name>`` under a lease it keeps
-alive, reads topic configs from a watched cache (serving from it while etcd
-is away) and creates unknown topics on first send. Without it, topics live
+With ``--etcd`` the node is a member (``--broker-id``, default 0) of the
+broker group ``--name``: it registers under a lease it keeps alive, and
+leads the group or follows its master (docs/replication.md; the master
+publishes ``brokers/<name>``); it reads topic configs from a watched cache
+(serving from it while etcd is away) and creates unknown topics on first
+send. Without it, topics live
 in memory (a single node on a laptop). SIGTERM or SIGINT stops it
-gracefully: the registration is revoked, in-flight calls finish, the store
+gracefully: a master hands its group to a caught-up slave, the registration
+is revoked, in-flight calls finish, the store
 shuts down cleanly (``abort`` removed). Logs go to stderr, one line per
 event: ``time level logger [trace_id span_id] message`` or JSON, and
 ``--metrics-port`` serves Prometheus metrics (docs/observability.md).
