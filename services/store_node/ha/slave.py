@@ -254,6 +254,11 @@ class ReplicationSlave:
             # briefly) starts at the point and is not the master's: left, it
             # would make the master's frames look older than this log.
             await self._on_disk(store.epochs.truncate_from, point)
+        if store.max_offset == 0 and point > 0:
+            # A new member (an empty log) of a master whose first files expired:
+            # it starts at the master's first offset, a file boundary, as
+            # RocketMQ's slave starts at the master's last file.
+            return point
         return min(point, store.max_offset)
 
     async def _apply_frame(self, frame: rpb.ReplicaFrame, written: _Written) -> None:

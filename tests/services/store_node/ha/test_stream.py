@@ -181,6 +181,37 @@ async def test_an_empty_slave_catches_up_over_file_rolls_byte_identical(tmp_path
 
 
 @async_test
+async def test_a_new_member_syncs_from_the_masters_first_file_after_expiry(tmp_path: Path) -> None:
+    # The master's first files are deleted by expiry: a member that joins later
+    # (a new disk) starts at the master's first offset, a file boundary, and
+    # holds the master's remaining files byte-identical from there.
+    config = fast()
+    master_store = open_store(tmp_path / "m", file_reserved_time_hours=0)
+    slave_store = open_store(tmp_path / "s")
+    try:
+        put(master_store, 250)  # ~250 KB: four 64 KiB files and a fifth begun
+        async with serve(master_store, config) as served:
+            # Alone in its in-sync set, the master confirms (and dispatches) all of
+            # it: expiry deletes only what is dispatched.
+            served.master.notify_appended()
+            await eventually(lambda: master_store.confirm_offset == master_store.max_offset)
+            # (and the index behind the dispatcher: a round deletes once both are past).
+            await eventually(lambda: bool(master_store.delete_expired_files().commitlog_files))
+            first = master_store.commitlog.min_offset
+            assert first > 0 and first % master_store.config.mapped_file_size_commit_log == 0
+            async with follow(slave_store, config, served.address):
+                await eventually(lambda: slave_store.max_offset == master_store.max_offset)
+                top = put(master_store, 20)
+                served.master.notify_appended()
+                await eventually(lambda: slave_store.max_offset == top)
+        assert slave_store.commitlog.min_offset == first
+        assert commitlog_bytes(slave_store) == commitlog_bytes(master_store)
+    finally:
+        slave_store.shutdown()
+        master_store.shutdown()
+
+
+@async_test
 async def test_a_divergent_tail_is_cut_to_the_consistent_point(tmp_path: Path) -> None:
     config = fast()
     a = open_store(tmp_path / "a")
