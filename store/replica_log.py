@@ -197,7 +197,10 @@ class ReplicaLog:
             self.dispatcher.confirm_offset = new
             if self._checkpoint is not None:
                 self._checkpoint.confirm_phy_offset = new
-        self.dispatcher.wakeup()
+        # As after an append: the caller applies the newly confirmed hand-off
+        # itself when the dispatcher is idle (a group of one confirms each send
+        # on the loop that answers it), else the thread is woken.
+        self.dispatcher.on_append()
 
     def _force_confirm_offset(self, offset: int) -> None:
         """Set the confirm offset to ``offset`` even if lower (truncation, start)."""
