@@ -447,6 +447,12 @@ class GroupMember:
             result.status is not PutStatus.PUT_OK
             or master is None
             or self.config.replica_ack_mode is ReplicaAckMode.ASYNC
+            or (
+                # Alone in its in-sync set (a group of one): the store's own answer
+                # is the set's - no task, no wait.
+                master.sync_state_set == {self.broker_id}
+                and master.pending_sync_state_set is None
+            )
         ):
             settle(result)
             return
