@@ -1,0 +1,359 @@
+"""A broker group as real processes: N store-node members of ``broker-a`` on one
+etcd, each its own process with its own store root, and what a test does to
+them (kill -9, SIGSTOP/SIGCONT, SIGTERM, restart) and asks of them (the group
+state in etcd, sends and reads over StoreNode's gRPC, the CommitLog's bytes).
+
+Used by ``tests/services/store_node/ha/test_group_*.py`` and by the fault loop
+(:mod:`tests.support.fault_loop`'s place is this module's second half:
+:class:`FaultLoop`), which ``benchmarks/replication_faults.py`` loads by path.
+So this module imports nothing from ``tests``: only ``basalt`` and the standard
+library (benchmarks do not depend on the tests package).
+
+Every member runs with small timings (a 2 s lease, a 2 s catch-up limit) and
+small store files (64 KiB CommitLog files), so a failover takes a few seconds
+and the files roll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from basalt.common.record import decode_record, split_records
+from basalt.common.status import response_code_of
+from basalt.services.cluster.etcd import free_port
+from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+from basalt.services.meta.group_model import GroupState, MemberRegistration
+from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
+
+THIS_FILE = Path(__file__).resolve()
+#: The repository root: the working directory of every member.
+REPO_ROOT = THIS_FILE.parents[2]
+
+#: The group's broker name, and the topic the helpers write.
+GROUP = "broker-a"
+TOPIC = "HA"
+QUEUES = 2
+#: Small CommitLog files: a test's few hundred KiB roll several.
+COMMITLOG_FILE_SIZE = 64 << 10
+#: How long a wait on a child process may take before it is a hang.
+PROCESS_TIMEOUT_S = 60.0
+
+
+def ha_flags(
+    *,
+    ack_mode: str = "SYNC",
+    min_in_sync: int = 2,
+    lease_ttl_s: int = 2,
+    fence_margin_ms: int = 700,
+    not_catchup_ms: int = 2000,
+    offset_sync_ms: int = 500,
+    sync_flush_timeout_ms: int = 1000,
+    unclean: bool = False,
+) -> tuple[str, ...]:
+    """A member's replication and store flags: small timings, small files."""
+    return (
+        "--replica-ack-mode", ack_mode,
+        "--min-in-sync-replicas", str(min_in_sync),
+        "--ha-lease-ttl-s", str(lease_ttl_s),
+        "--lease-ttl-s", str(lease_ttl_s),
+        "--ha-fence-margin-ms", str(fence_margin_ms),
+        "--ha-max-time-slave-not-catchup-ms", str(not_catchup_ms),
+        "--ha-offset-sync-interval-ms", str(offset_sync_ms),
+        "--ha-heartbeat-interval-ms", "100",
+        "--sync-flush-timeout-ms", str(sync_flush_timeout_ms),
+        "--enable-elect-unclean-master", "true" if unclean else "false",
+        "--mapped-file-size-commit-log", str(COMMITLOG_FILE_SIZE),
+        "--max-hash-slot-num", "1000",
+        "--max-index-num", "4000",
+        "--default-topic-queue-nums", str(QUEUES),
+    )  # fmt: skip
+
+
+class Member:
+    """One member's process: ``python -m basalt.services.store_node.main`` as
+    ``broker-a`` with ``--broker-id``, on a fixed port (a restart keeps it), its
+    store in ``directory/<broker>-<id>`` and its stderr in ``<broker>-<id>.log``."""
+
+    def __init__(
+        self, directory: Path, broker_id: int, etcd: str, cluster: str, flags: Sequence[str]
+    ) -> None:
+        self.broker_id = broker_id
+        self.port = free_port()
+        self.root = directory / f"{GROUP}-{broker_id}"
+        self.log = directory / f"{GROUP}-{broker_id}.log"
+        self.args = [
+            sys.executable, "-m", "basalt.services.store_node.main",
+            "--listen", self.address,
+            "--name", GROUP,
+            "--broker-id", str(broker_id),
+            "--data-dir", str(self.root),
+            "--etcd", etcd,
+            "--cluster", cluster,
+            *flags,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """Spawn it (its stderr appended to its log); :meth:`wait_serving` next."""
+        assert not self.alive, f"member {self.broker_id} is running"
+        with self.log.open("ab") as stderr:
+            self.proc = subprocess.Popen(
+                self.args, stdout=subprocess.PIPE, stderr=stderr, cwd=REPO_ROOT
+            )
+        self.paused = False
+
+    def wait_serving(self) -> None:
+        """Block until it says it serves (it has joined its group by then)."""
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        assert f"serving on {self.address}" in line, f"member {self.broker_id}: {line!r}"
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """kill -9, and reap it."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=PROCESS_TIMEOUT_S)
+        self.paused = False
+
+    def terminate(self) -> int:
+        """SIGTERM (a master hands over first); returns its exit status."""
+        assert self.proc is not None
+        if self.paused:
+            self.resume()
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=PROCESS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.paused = False
+
+    def restart(self) -> None:
+        self.start()
+        self.wait_serving()
+
+    def commitlog(self) -> dict[str, bytes]:
+        """The CommitLog's files by name, read now (quiesce the group first)."""
+        return {p.name: p.read_bytes() for p in sorted((self.root / "commitlog").iterdir())}
+
+
+def commitlog_bytes(files: dict[str, bytes]) -> bytes:
+    """The CommitLog as one stream, its zero tail cut (a preallocated file's
+    unwritten end; a truncation zeroes what it cuts)."""
+    return b"".join(files[name] for name in sorted(files)).rstrip(b"\0")
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A send's outcome: the body, and (for an answer) status, queue and offset."""
+
+    body: bytes
+    status: int  # pb.SendStatus, or 0 when refused
+    queue_id: int = -1
+    queue_offset: int = -1
+    code: int = -1  # the refusal's response code
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == pb.SEND_STATUS_SEND_OK
+
+
+class ReplicaGroup:
+    """``replicas`` members of ``broker-a`` on ``etcd`` as ``cluster``; ``async
+    with`` starts them (and creates topic HA on the group), leaving kills all."""
+
+    def __init__(
+        self,
+        directory: Path,
+        etcd: str,
+        cluster: str,
+        *,
+        replicas: int = 3,
+        flags: Sequence[str] = (),
+        on_spawn: Callable[[Member], None] | None = None,
+    ) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.etcd = etcd
+        self.cluster = cluster
+        self.members = {i: Member(directory, i, etcd, cluster, flags) for i in range(replicas)}
+        self._on_spawn = on_spawn
+        self.meta = MetaClient(MetaConfig(endpoints=(etcd,), cluster=cluster, op_timeout_s=2.0))
+        self._channels: dict[int, grpc.aio.Channel] = {}
+
+    async def __aenter__(self) -> ReplicaGroup:
+        await self.meta.connect()
+        await self.meta.create_topic(
+            TopicConfig(
+                topic_name=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, brokers=(GROUP,)
+            )
+        )
+        for m in self.members.values():
+            m.start()
+            if self._on_spawn is not None:
+                self._on_spawn(m)
+        await asyncio.gather(*(asyncio.to_thread(m.wait_serving) for m in self.members.values()))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.kill_all()
+        for channel in self._channels.values():
+            await channel.close()
+        await self.meta.close()
+
+    def kill_all(self) -> None:
+        for m in self.members.values():
+            m.kill()
+
+    async def restart(self, broker_id: int) -> None:
+        await asyncio.to_thread(self.members[broker_id].restart)
+
+    # -- the group in etcd ----------------------------------------------------------
+
+    async def view(self) -> tuple[GroupState | None, dict[int, MemberRegistration]]:
+        """The group state and the live members' registrations, read now."""
+        return await self.meta.get_group(GROUP)
+
+    async def state(self) -> GroupState:
+        state, _ = await self.view()
+        assert state is not None, "no group state"
+        return state
+
+    async def master_ready(self, *, above_epoch: int = 0, not_id: int | None = None) -> bool:
+        """A master of an epoch above ``above_epoch`` (other than ``not_id``) is
+        named, live, and takes sends (a send to it is answered, not refused)."""
+        try:
+            state, members = await self.view()
+        except Exception:
+            return False
+        if state is None or state.epoch <= above_epoch or state.master_id == not_id:
+            return False
+        if state.master_id not in members:
+            return False
+        return (await self.send(state.master_id, b"probe")).status != 0
+
+    async def in_sync(self, ids: set[int]) -> bool:
+        """The in-sync set is exactly ``ids``, each of them live."""
+        state, members = await self.view()
+        return state is not None and state.sync_state_set == ids and ids <= set(members)
+
+    # -- StoreNode calls ------------------------------------------------------------
+
+    def stub(self, broker_id: int) -> sn_grpc.StoreNodeAsyncStub:
+        channel = self._channels.get(broker_id)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(self.members[broker_id].address)
+            self._channels[broker_id] = channel
+        return sn_grpc.StoreNodeStub(channel)  # type: ignore[return-value]
+
+    async def send(
+        self, broker_id: int, body: bytes, queue_id: int = 0, *, timeout_s: float = 5.0
+    ) -> Sent:
+        """SendMessage of ``body`` to member ``broker_id``: its answer, or its
+        refusal (status 0, the response code and message; -1 when the call
+        failed without one: down, or no answer in ``timeout_s``)."""
+        request = sn.SendMessageRequest(
+            message=pb.Message(topic=TOPIC, body=body), queue_id=queue_id
+        )
+        try:
+            r = (await self.stub(broker_id).SendMessage(request, timeout=timeout_s)).result
+        except grpc.aio.AioRpcError as e:
+            code = response_code_of(e)
+            return Sent(body, 0, code=-1 if code is None else code, message=e.details() or "")
+        return Sent(body, r.status, r.queue.queue_id, r.queue_offsets[0])
+
+    async def read_queue(self, broker_id: int, queue_id: int) -> list[tuple[int, bytes]]:
+        """Every (queue offset, body) of a queue of TOPIC on member ``broker_id``
+        (what it has dispatched: up to its confirm offset), from offset 0."""
+        got: list[tuple[int, bytes]] = []
+        offset = 0
+        while True:
+            r = await self.stub(broker_id).GetMessage(
+                sn.GetMessageRequest(
+                    group="reader", topic=TOPIC, queue_id=queue_id, offset=offset, max_msg_nums=64
+                ),
+                timeout=10,
+            )
+            if r.status != pb.GET_MESSAGE_STATUS_FOUND:
+                return got
+            for raw in split_records(r.records.data):
+                record = decode_record(raw)
+                got.append((record.queue_offset, record.body))
+            assert r.next_begin_offset > offset
+            offset = r.next_begin_offset
+
+    async def read_all(self, broker_id: int) -> dict[tuple[int, int], bytes]:
+        """Every queue of TOPIC on member ``broker_id``: body by (queue, offset)."""
+        out: dict[tuple[int, int], bytes] = {}
+        for q in range(QUEUES):
+            for offset, body in await self.read_queue(broker_id, q):
+                out[(q, offset)] = body
+        return out
+
+
+def missing(acked: Sequence[Sent], read: dict[tuple[int, int], bytes]) -> list[Sent]:
+    """The acknowledged sends not read back at the queue offset they were given."""
+    return [s for s in acked if read.get((s.queue_id, s.queue_offset)) != s.body]
+
+
+@contextlib.contextmanager
+def sigcont_on_exit(members: Sequence[Member]) -> Iterator[None]:
+    """Resume every paused member however the block ends (a stopped process
+    would outlive the test's kill otherwise: SIGKILL works, but the reaper
+    would wait on nothing else)."""
+    try:
+        yield
+    finally:
+        for m in members:
+            if m.paused:
+                m.resume()
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, interval_s: float = 0.1
+) -> float:
+    """Poll ``check`` until true; seconds waited; AssertionError naming ``what``
+    after ``timeout_s`` (the fault loop's own :func:`tests.support.polling.eventually`,
+    which it cannot import). Exceptions of ``check`` count as false."""
+    started = time.monotonic()
+    while True:
+        with contextlib.suppress(Exception):
+            if await check():
+                return time.monotonic() - started
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"{what}: not true within {timeout_s} s")
+        await asyncio.sleep(interval_s)
