@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
 from basalt.common.record import decode_record, split_records
-from basalt.common.status import response_code_of
-from basalt.services.cluster.etcd import free_port
+from basalt.common.status import master_address_of, response_code_of
+from basalt.services.cluster.etcd import EtcdProcess, free_port
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from basalt.services.meta.group_model import GroupState, MemberRegistration
 from basalt.v1 import common_pb2 as pb
@@ -240,6 +241,12 @@ class ReplicaGroup:
             m.kill()
 
     async def restart(self, broker_id: int) -> None:
+        """Start member ``broker_id`` again and wait until it serves. Its channel
+        is replaced: the old one may still be backing off from the refused
+        connections of while it was down."""
+        channel = self._channels.pop(broker_id, None)
+        if channel is not None:
+            await channel.close()
         await asyncio.to_thread(self.members[broker_id].restart)
 
     # -- the group in etcd ----------------------------------------------------------
@@ -278,7 +285,7 @@ class ReplicaGroup:
         if channel is None:
             channel = grpc.aio.insecure_channel(self.members[broker_id].address)
             self._channels[broker_id] = channel
-        return sn_grpc.StoreNodeStub(channel)  # type: ignore[return-value]
+        return sn_grpc.StoreNodeStub(channel)
 
     async def send(
         self, broker_id: int, body: bytes, queue_id: int = 0, *, timeout_s: float = 5.0
@@ -357,3 +364,308 @@ async def wait_for(
         if time.monotonic() - started > timeout_s:
             raise AssertionError(f"{what}: not true within {timeout_s} s")
         await asyncio.sleep(interval_s)
+
+
+# -- the fault loop --------------------------------------------------------------------
+
+#: The faults the loop injects, one per cycle.
+FAULTS = ("kill -9", "sigstop", "sigterm", "etcd restart")
+
+
+@dataclass
+class FaultReport:
+    """What a :class:`FaultLoop` saw; :attr:`failures` empty means every check held."""
+
+    cycles: int = 0
+    faults: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAULTS, 0))
+    #: Sends answered SEND_OK; sends tried (every attempt); attempts that failed.
+    acked: int = 0
+    attempts: int = 0
+    failed_attempts: int = 0
+    read_back: int = 0
+    consumed: int = 0
+    #: Acknowledged bodies not at their queue offset at the end.
+    lost: list[str] = field(default_factory=list)
+    #: Bodies read more than once at the end (a retried send that had been written).
+    duplicates: int = 0
+    #: A queue offset acknowledged (or consumed) with two different bodies.
+    reissued: list[str] = field(default_factory=list)
+    #: A consumer's position found above its queue's max offset (the queue shrank).
+    went_back: list[str] = field(default_factory=list)
+    #: Consumed messages whose queue offset holds another body (or none) at the end.
+    vanished: list[str] = field(default_factory=list)
+    #: Members whose CommitLog differs from the master's at the end.
+    not_identical: list[int] = field(default_factory=list)
+    #: Seconds from each fault to the next SEND_OK, by fault kind.
+    unavailable_s: dict[str, list[float]] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def failures(self) -> list[str]:
+        out = [f"lost {x}" for x in self.lost[:10]]
+        out += [f"reissued {x}" for x in self.reissued[:10]]
+        out += [f"went back {x}" for x in self.went_back[:10]]
+        out += [f"vanished {x}" for x in self.vanished[:10]]
+        out += [f"member {i}'s CommitLog differs" for i in self.not_identical]
+        return out
+
+    def figures(self) -> dict[str, object]:
+        """The report as JSON-able figures."""
+        return {
+            "cycles": self.cycles,
+            "faults": self.faults,
+            "acked": self.acked,
+            "attempts": self.attempts,
+            "failed_attempts": self.failed_attempts,
+            "read_back": self.read_back,
+            "consumed": self.consumed,
+            "lost": len(self.lost),
+            "duplicates": self.duplicates,
+            "reissued": len(self.reissued),
+            "went_back": len(self.went_back),
+            "vanished": len(self.vanished),
+            "not_identical": self.not_identical,
+            "unavailable_s": {
+                k: {"n": len(v), "min": min(v), "avg": sum(v) / len(v), "max": max(v)}
+                for k, v in self.unavailable_s.items()
+                if v
+            },
+            "elapsed_s": round(self.elapsed_s, 1),
+        }
+
+    def table(self) -> str:
+        """The report as a printed table."""
+        rows = [
+            ("cycles", str(self.cycles)),
+            *((f"faults: {k}", str(v)) for k, v in self.faults.items()),
+            ("acked", str(self.acked)),
+            ("send attempts (failed)", f"{self.attempts} ({self.failed_attempts})"),
+            ("read back", str(self.read_back)),
+            ("consumed", str(self.consumed)),
+            ("lost", str(len(self.lost))),
+            ("duplicates", str(self.duplicates)),
+            ("queue offsets reissued", str(len(self.reissued))),
+            ("queues gone back", str(len(self.went_back))),
+            ("consumed then vanished", str(len(self.vanished))),
+            ("CommitLogs differing", str(len(self.not_identical))),
+        ]
+        for kind, values in self.unavailable_s.items():
+            if values:
+                rows.append(
+                    (
+                        f"no SEND_OK after {kind} (s)",
+                        f"min {min(values):.2f} avg {sum(values) / len(values):.2f} "
+                        f"max {max(values):.2f}",
+                    )
+                )
+        rows.append(("elapsed (s)", f"{self.elapsed_s:.1f}"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+class FaultLoop:
+    """A 3-member SYNC group (min_in_sync_replicas 2) on a private etcd under
+    ``directory``; producers and a consumer run while every cycle injects one
+    seeded random fault (kill -9, SIGSTOP then SIGCONT, or SIGTERM of a random
+    member - the master half the time - or kill -9 and restart of etcd),
+    repairs it, and waits for the group to be whole again. Then the history
+    is checked (:class:`FaultReport`).
+
+    Producers send each body until it is answered SEND_OK (to the member a
+    NOT_MASTER names, else the next one), so a send written but answered
+    late is sent again: read twice, a duplicate, never a loss."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        cycles: int,
+        seed: int,
+        producers: int = 2,
+        fault_every_s: tuple[float, float] = (1.0, 2.5),
+        heal_timeout_s: float = 60.0,
+        log: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.directory = directory
+        self.cycles = cycles
+        self.random = random.Random(seed)
+        self.producers = producers
+        self.fault_every_s = fault_every_s
+        self.heal_timeout_s = heal_timeout_s
+        self.log = log
+        self.report = FaultReport()
+        self.acked: list[Sent] = []
+        self.seen: dict[tuple[int, int], bytes] = {}
+        self.leader = 0
+        self._stop = asyncio.Event()
+        #: The latest start of a send answered SEND_OK, and when it was answered.
+        self._last_ok = (0.0, 0.0)
+
+    async def run(self) -> FaultReport:
+        started = time.monotonic()
+        etcd = EtcdProcess(self.directory / "etcd" / "data", unsafe_no_fsync=True)
+        etcd.start()
+        try:
+            async with ReplicaGroup(
+                self.directory, etcd.endpoint, "faults", flags=ha_flags(min_in_sync=2)
+            ) as group:
+                await wait_for(lambda: group.in_sync({0, 1, 2}), self.heal_timeout_s, "in sync")
+                self.leader = (await group.state()).master_id
+                tasks = [
+                    asyncio.ensure_future(self._produce(group, p)) for p in range(self.producers)
+                ]
+                tasks.append(asyncio.ensure_future(self._consume(group)))
+                try:
+                    for cycle in range(self.cycles):
+                        await asyncio.sleep(self.random.uniform(*self.fault_every_s))
+                        await self._fault(group, etcd, cycle)
+                        await wait_for(
+                            lambda: group.in_sync({0, 1, 2}), self.heal_timeout_s, "healed"
+                        )
+                        self.report.cycles += 1
+                finally:
+                    self._stop.set()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                await self._check(group)
+        finally:
+            etcd.kill()
+            self.report.elapsed_s = time.monotonic() - started
+        return self.report
+
+    # -- the faults -------------------------------------------------------------------
+
+    async def _fault(self, group: ReplicaGroup, etcd: EtcdProcess, cycle: int) -> None:
+        kind = self.random.choice(FAULTS)
+        state = await group.state()
+        # The master half the time: its faults are the ones that elect.
+        slaves = [i for i in group.members if i != state.master_id]
+        pick = state.master_id if self.random.random() < 0.5 else self.random.choice(slaves)
+        target = group.members[pick]
+        role = "master" if target.broker_id == state.master_id else "slave"
+        what = "etcd" if kind == "etcd restart" else f"{role} {target.broker_id}"
+        self.log(f"cycle {cycle + 1}/{self.cycles}: {kind} of {what} (epoch {state.epoch})")
+        self.report.faults[kind] += 1
+        injected = time.monotonic()
+        if kind == "kill -9":
+            target.kill()
+            await asyncio.sleep(self.random.uniform(0.5, 2.0))
+            await group.restart(target.broker_id)
+        elif kind == "sigstop":
+            with sigcont_on_exit([target]):
+                target.pause()
+                await asyncio.sleep(self.random.uniform(0.5, 4.0))
+        elif kind == "sigterm":
+            await asyncio.to_thread(target.terminate)
+            await group.restart(target.broker_id)
+        else:
+            await asyncio.to_thread(etcd.kill)
+            await asyncio.sleep(self.random.uniform(0.5, 2.0))
+            await asyncio.to_thread(etcd.start)
+        label = kind if kind == "etcd restart" else f"{kind} ({role})"
+        await wait_for(lambda: self._ok_since(injected), self.heal_timeout_s, "a SEND_OK")
+        self.report.unavailable_s.setdefault(label, []).append(self._last_ok[1] - injected)
+
+    async def _ok_since(self, t: float) -> bool:
+        """A send started after ``t`` was answered SEND_OK."""
+        return self._last_ok[0] > t
+
+    # -- the clients ------------------------------------------------------------------
+
+    async def _produce(self, group: ReplicaGroup, producer: int) -> None:
+        n = 0
+        ids = sorted(group.members)
+        while not self._stop.is_set():
+            body = b"p%d-%d" % (producer, n)
+            n += 1
+            while not self._stop.is_set():
+                target = self.leader
+                self.report.attempts += 1
+                sent_at = time.monotonic()
+                s = await group.send(target, body, n % QUEUES, timeout_s=3.0)
+                if s.ok:
+                    self.acked.append(s)
+                    self.report.acked += 1
+                    self._last_ok = max(self._last_ok, (sent_at, time.monotonic()))
+                    break
+                self.report.failed_attempts += 1
+                named = (
+                    master_address_of(s.message) if s.code == pb.RESPONSE_CODE_NOT_MASTER else None
+                )
+                by_address = {m.address: i for i, m in group.members.items()}
+                if named in by_address:
+                    self.leader = by_address[named]
+                elif self.leader == target:
+                    self.leader = ids[(ids.index(target) + 1) % len(ids)]
+                await asyncio.sleep(0.02)
+
+    async def _consume(self, group: ReplicaGroup) -> None:
+        """Read every queue from the member the producers use, in order; record
+        what was read and any position the queue no longer reaches."""
+        position = [0] * QUEUES
+        while not self._stop.is_set():
+            member = self.leader
+            for q in range(QUEUES):
+                try:
+                    r = await group.stub(member).GetMessage(
+                        sn.GetMessageRequest(
+                            group="loop", topic=TOPIC, queue_id=q, offset=position[q],
+                            max_msg_nums=64,
+                        ),
+                        timeout=3,
+                    )  # fmt: skip
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.1)
+                    continue
+                if r.status == pb.GET_MESSAGE_STATUS_OFFSET_OVERFLOW_BADLY:
+                    self.report.went_back.append(
+                        f"queue {q}: position {position[q]} above max {r.max_offset} "
+                        f"on member {member}"
+                    )
+                    continue
+                if r.status != pb.GET_MESSAGE_STATUS_FOUND:
+                    continue
+                for raw in split_records(r.records.data):
+                    record = decode_record(raw)
+                    key = (q, record.queue_offset)
+                    if self.seen.setdefault(key, record.body) != record.body:
+                        self.report.reissued.append(f"{key} consumed as two bodies")
+                    self.report.consumed += 1
+                position[q] = r.next_begin_offset
+            await asyncio.sleep(0.05)
+
+    # -- the checks -------------------------------------------------------------------
+
+    async def _check(self, group: ReplicaGroup) -> None:
+        master = (await group.state()).master_id
+        read: dict[tuple[int, int], bytes] = {}
+
+        async def read_back() -> bool:
+            read.update(await group.read_all(master))
+            return True
+
+        await wait_for(read_back, self.heal_timeout_s, "the final read")
+        self.report.read_back = len(read)
+        holder: dict[tuple[int, int], bytes] = {}
+        for s in self.acked:
+            key = (s.queue_id, s.queue_offset)
+            if holder.setdefault(key, s.body) != s.body:
+                self.report.reissued.append(f"{key} acknowledged for two bodies")
+        self.report.lost = [
+            f"{s.body.decode()} at {(s.queue_id, s.queue_offset)}"
+            for s in missing(self.acked, read)
+        ]
+        self.report.vanished = [
+            f"{key}: {body.decode()}" for key, body in self.seen.items() if read.get(key) != body
+        ]
+        counts: dict[bytes, int] = {}
+        for body in read.values():
+            counts[body] = counts.get(body, 0) + 1
+        self.report.duplicates = sum(c - 1 for c in counts.values())
+
+        async def identical() -> bool:
+            logs = {i: commitlog_bytes(m.commitlog()) for i, m in group.members.items()}
+            self.report.not_identical = [i for i in logs if logs[i] != logs[master]]
+            return not self.report.not_identical
+
+        with contextlib.suppress(AssertionError):
+            await wait_for(identical, self.heal_timeout_s, "byte-identical CommitLogs")
