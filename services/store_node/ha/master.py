@@ -228,7 +228,9 @@ class ReplicationMaster:
             return
         current = self._book.sync_state_set
         lagging = self._book.lagging(
-            self._clock.now_ms(), self.config.ha_max_time_slave_not_catchup_ms
+            self._clock.now_ms(),
+            self.config.ha_max_time_slave_not_catchup_ms,
+            self.store.max_offset,
         )
         wanted = (current - lagging) | (self._book.ready_to_join() & self._streams.keys())
         if wanted == current:

@@ -154,13 +154,23 @@ class SyncSetBook:
         """Each slave seen this term -> its acked offset (-1: none yet)."""
         return {broker_id: slave.acked for broker_id, slave in self._slaves.items()}
 
-    def lagging(self, now_ms: int, limit_ms: int) -> frozenset[int]:
-        """Members of the set (not the master) not caught up for over ``limit_ms``."""
-        return frozenset(
-            broker_id
-            for broker_id in self._set - {self.master_id}
-            if now_ms - self._slave(broker_id).caught_up_ms > limit_ms
-        )
+    def lagging(
+        self, now_ms: int, limit_ms: int, master_max_offset: int | None = None
+    ) -> frozenset[int]:
+        """Members of the set (not the master) not caught up for over ``limit_ms``.
+        A slave whose ack has reached ``master_max_offset`` (the master's max
+        offset now) is caught up now: in an idle group no frame is sent and no
+        ack comes, and without this every slave would leave the set (and rejoin
+        it, and leave it again) once the group had been idle for ``limit_ms``."""
+        out: set[int] = set()
+        for broker_id in self._set - {self.master_id}:
+            slave = self._slave(broker_id)
+            if master_max_offset is not None and slave.acked >= master_max_offset:
+                slave.caught_up_ms = now_ms
+                slave.sent.clear()
+            elif now_ms - slave.caught_up_ms > limit_ms:
+                out.add(broker_id)
+        return frozenset(out)
 
     def ready_to_join(self) -> frozenset[int]:
         """Slaves outside the set whose ack has reached the confirm offset."""

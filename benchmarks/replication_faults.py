@@ -1,0 +1,100 @@
+"""Replication fault loop: a broker group under random faults, its history checked.
+
+Usage::
+
+    python benchmarks/replication_faults.py [--cycles 30] [--seed N] [--root DIR]
+        [--producers 2] [--json FILE]
+
+Runs a private etcd and a 3-member SYNC group (min_in_sync_replicas 2, a 2 s
+lease) as real processes, producers sending each message until SEND_OK
+(following NOT_MASTER to the master) and a consumer reading every queue. Every
+1-2.5 s it injects one seeded random fault - kill -9, SIGSTOP+SIGCONT or
+SIGTERM of a random member, or kill -9 and restart of etcd - repairs it and
+waits for the group to be whole (all three in sync). Then it checks the
+history: every acknowledged message is read back at its queue offset, no queue
+offset was given to two messages, no consumer found its queue shorter than
+its position, nothing consumed vanished, and the CommitLogs are
+byte-identical. Prints a table (faults by kind, acknowledged, read back, lost,
+duplicates, how long after each kind of fault sends were answered SEND_OK
+again) and the figures as JSON; exits 1 if a check failed.
+
+The loop is ``tests/support/groups.py``'s :class:`FaultLoop` (the CI test
+``tests/reliability/test_replication_faults.py`` runs a few cycles of it),
+loaded by path: benchmarks do not depend on the tests package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GROUPS = REPO_ROOT / "tests" / "support" / "groups.py"
+
+
+def _load_groups() -> ModuleType:
+    """Import the shared loop by path: benchmarks do not depend on the tests package."""
+    name = "basalt_replica_groups"
+    spec = importlib.util.spec_from_file_location(name, GROUPS)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {GROUPS}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING:
+    from tests.support import groups
+else:
+    groups = _load_groups()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Random faults on a replicated broker group.")
+    parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--root", type=Path, help="work directory (default: a temporary one)")
+    parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--min-gap-s", type=float, default=1.0, help="least time between faults")
+    parser.add_argument("--max-gap-s", type=float, default=2.5, help="most time between faults")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+
+    work = args.root or Path(tempfile.mkdtemp(prefix="basalt-replication-faults-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"seed {args.seed}, work directory {work}", flush=True)
+    loop = groups.FaultLoop(
+        work,
+        cycles=args.cycles,
+        seed=args.seed,
+        producers=args.producers,
+        fault_every_s=(args.min_gap_s, args.max_gap_s),
+        log=lambda line: print(line, flush=True),
+    )
+    report = asyncio.run(loop.run())
+    print()
+    print(report.table())
+    figures = {"seed": args.seed, **report.figures()}
+    print(json.dumps(figures, sort_keys=True))
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    for failure in report.failures:
+        print(f"FAILED: {failure}")
+    if not report.failures and not args.keep and args.root is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
