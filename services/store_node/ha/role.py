@@ -204,11 +204,17 @@ class GroupMember:
             if serving and self.state is not None and self.state.epoch == state.epoch:
                 self.state = state  # the in-sync set may have changed
                 return
-            if self.store.epochs.last_epoch() == 0 and state.version > 1:
+            if (
+                self.store.epochs.last_epoch() == 0
+                and state.version > 1
+                and self._successor(state) is not None
+            ):
                 # Named master by a group that has lived (version > 1) while this
                 # store has never led or followed an epoch: its root was replaced
                 # or lost (a new disk). Leading would make the slaves cut what
-                # only they still hold; hand the group to one of them.
+                # only they still hold; hand the group to one of them. With no
+                # live in-sync member to take it (an operator's unclean
+                # electMaster of an empty member), it leads: that was the choice.
                 await self._resign(state)
                 return
             await self._become_master(state)
@@ -229,25 +235,34 @@ class GroupMember:
         ):
             await self._become_slave(state, master)
 
-    async def _resign(self, state: GroupState) -> None:
-        """Move mastership to the best live in-sync member (none: stay out, ELECTING)."""
-        self.role = Role.ELECTING
-        self.state = state
-        members = self._watch.members
+    def _successor(self, state: GroupState) -> MemberRegistration | None:
+        """The live in-sync member (but this one) furthest ahead, or None."""
         ranked = sorted(
-            (m for i, m in members.items() if i in state.sync_state_set and i != self.broker_id),
+            (
+                m
+                for i, m in self._watch.members.items()
+                if i in state.sync_state_set and i != self.broker_id
+            ),
             key=lambda m: (-m.epoch, -m.max_offset, m.broker_id),
         )
+        return ranked[0] if ranked else None
+
+    async def _resign(self, state: GroupState) -> None:
+        """Move mastership to :meth:`_successor` (this member takes no send meanwhile)."""
+        self.role = Role.ELECTING
+        self.state = state
+        successor = self._successor(state)
+        if successor is None:
+            return
         log.error(
-            "%s: broker id %d is named master of epoch %d but its store has no epoch; "
-            "handing the group to %s",
+            "%s: broker id %d is named master of epoch %d but its store has no epoch "
+            "(a new or replaced disk); handing the group to broker id %d",
             self.broker_name,
             self.broker_id,
             state.epoch,
-            ranked[0].broker_id if ranked else "no one (no live in-sync member: electMaster)",
+            successor.broker_id,
         )
-        if ranked:
-            await self.group.elect(ranked[0].broker_id, unclean=False)
+        await self.group.elect(successor.broker_id, unclean=False)
 
     async def _campaign(
         self, state: GroupState, revision: int, members: dict[int, MemberRegistration]
@@ -450,8 +465,7 @@ class GroupMember:
             or (
                 # Alone in its in-sync set (a group of one): the store's own answer
                 # is the set's - no task, no wait.
-                master.sync_state_set == {self.broker_id}
-                and master.pending_sync_state_set is None
+                master.sync_state_set == {self.broker_id} and master.pending_sync_state_set is None
             )
         ):
             settle(result)
