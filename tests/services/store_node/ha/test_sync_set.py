@@ -82,6 +82,20 @@ def test_lagging_and_ready_to_join() -> None:
     assert b.ready_to_join() == {4}
 
 
+def test_an_idle_group_keeps_its_caught_up_slaves() -> None:
+    # No send, no frame, no ack: a slave that has the master's max offset is
+    # caught up now, however long the group has been idle; one below it lags.
+    clock = ManualClock()
+    b = book({1, 2, 3}, clock)
+    b.acked(2, 3000, 3000)
+    b.acked(3, 2500, 3000)
+    clock.advance(60_000)
+    assert b.lagging(clock.now_ms(), 1000, master_max_offset=3000) == {3}
+    clock.advance(60_000)
+    assert b.lagging(clock.now_ms(), 1000, master_max_offset=3000) == {3}
+    assert b.lagging(clock.now_ms(), 1000) == {2, 3}  # without the master's offset
+
+
 def test_a_member_that_never_connects_lags_from_the_start() -> None:
     clock = ManualClock()
     b = book({1, 2}, clock)
