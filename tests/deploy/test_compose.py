@@ -50,7 +50,14 @@ from typing import Any
 
 import pytest
 
-from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Message, Producer
+from basalt.client import (
+    ConsumeFromWhere,
+    LitePullConfig,
+    LitePullConsumer,
+    Message,
+    NotEnoughReplicasError,
+    Producer,
+)
 from basalt.services.cluster.etcd import free_port
 from tests.support.docker import (
     COMPOSE_FILE,
@@ -251,12 +258,18 @@ def _docker_run(engine: dict[str, str], *argv: str) -> subprocess.CompletedProce
 
 
 async def _produce(
-    endpoints: str, topic: str = TOPIC, count: int = MESSAGES, *, broker: str | None = None
+    endpoints: str,
+    topic: str = TOPIC,
+    count: int = MESSAGES,
+    *,
+    first: int = 0,
+    broker: str | None = None,
 ) -> None:
-    """``count`` messages ``m-<i>`` to ``topic``, each answered SEND_OK (under SYNC:
-    on every in-sync member), by ``broker`` when one is named."""
+    """Messages ``m-<first>`` .. ``m-<count - 1>`` to ``topic`` in batches of 100,
+    each answered SEND_OK (under SYNC: on every in-sync member), by ``broker`` when
+    one is named."""
     async with Producer(endpoints, group="compose-test-producer") as producer:
-        for start in range(0, count, 100):
+        for start in range(first, count, 100):
             batch = [
                 Message(topic, f"m-{i}".encode(), keys=(f"k-{i}",))
                 for i in range(start, start + 100)
@@ -371,7 +384,24 @@ def _replicated_broker_a(stack: Stack, endpoints: str, admin: str) -> None:
         "broker-a",
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
-    asyncio.run(_produce(endpoints, REPLICATED_TOPIC, REPLICATED_MESSAGES, broker="broker-a"))
+
+    def first_batch_taken() -> bool:
+        # An idle group's slaves ack nothing, so the master drops them from the
+        # in-sync set after ha_max_time_slave_not_catchup_ms and they rejoin at
+        # their next ack: broker-a may refuse a send, writing nothing, until it is
+        # busy (reported; the test asserts the rest, sent while it is).
+        try:
+            asyncio.run(_produce(endpoints, REPLICATED_TOPIC, 100, broker="broker-a"))
+        except NotEnoughReplicasError:
+            return False
+        return True
+
+    eventually_sync(
+        first_batch_taken, timeout_s=60, interval_s=0.5, what="broker-a takes a SYNC send"
+    )
+    asyncio.run(
+        _produce(endpoints, REPLICATED_TOPIC, REPLICATED_MESSAGES, first=100, broker="broker-a")
+    )
 
     def every_member_has_the_whole_log() -> bool:
         rows = _broker_a(etcd)
