@@ -42,6 +42,9 @@ RELEASE = "mq"
 NAMESPACE = "messaging"
 #: Objects are named <release>-<chart>-<component>.
 PREFIX = f"{RELEASE}-basalt"
+#: The store-nodes' headless Service; each broker group's StatefulSet (and broker
+#: name) is <STORE_NODE>-<g>, its pods <STORE_NODE>-<g>-<broker id>.
+STORE_NODE = f"{PREFIX}-store-node"
 
 #: The values charts usually take, each set to something other than its default.
 EXTRAS: dict[str, Any] = {
@@ -75,7 +78,7 @@ EXTRAS: dict[str, Any] = {
         ],
     },
     "storeNode": {
-        "clientAddress": "$(BASALT_NAME).mq.example.org:10911",
+        "clientAddress": "$(POD_NAME).mq.example.org:10911",
         "podLabels": {"tier": "storage", "team": "brokers"},
         "podAnnotations": {"example.org/role": "broker", "prometheus.io/scrape": "false"},
         "priorityClassName": "basalt-storage",
@@ -153,7 +156,18 @@ EXTRAS: dict[str, Any] = {
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "external-etcd": {"etcd": {"external": "etcd-a.example.org:2379,etcd-b.example.org:2379"}},
-    "five-store-nodes": {"storeNode": {"replicas": 5, "antiAffinity": "required"}},
+    "three-groups-of-five": {
+        "storeNode": {
+            "brokers": 3,
+            "replicas": 5,
+            "replication": {"minInSyncReplicas": 3},
+            "antiAffinity": "required",
+        }
+    },
+    # Groups of one, the chart's layout before replication: no replication at all.
+    "groups-of-one": {
+        "storeNode": {"replicas": 1, "replication": {"ackMode": "ASYNC", "minInSyncReplicas": 1}}
+    },
     "tls": {"tls": {"enabled": True, "secretName": "basalt-tls"}},
     "service-monitor": {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
@@ -217,6 +231,11 @@ def test_the_chart_lints_strictly(helm: Path) -> None:
     [
         ("storeNode.replicas=two", "storeNode.replicas"),
         ("storeNode.antiAffinity=sometimes", "storeNode.antiAffinity"),
+        ("storeNode.brokers=0", "storeNode.brokers"),
+        ("storeNode.replication.ackMode=SYNC_FLUSH", "ackMode"),
+        ("storeNode.replication.minInSyncReplicas=0", "minInSyncReplicas"),
+        ("storeNode.minReadySeconds=-1", "minReadySeconds"),
+        ("storeNode.clientAddress=$(POD_NAME):$(BROKER_ID)", "clientAddress"),
         ("etcd.external=etcd.example.org", "etcd.external"),
         ("log.format=xml", "log.format"),
         ("tls.enabled=true", "tls.secretName"),
@@ -247,8 +266,8 @@ def test_store_nodes_are_a_stateful_set_with_a_volume_per_pod(
     rendered: dict[str, list[Manifest]],
 ) -> None:
     manifests = rendered["defaults"]
-    name = f"{PREFIX}-store-node"
-    sts = by_kind_name(manifests, "StatefulSet", name)
+    name = STORE_NODE
+    sts = by_kind_name(manifests, "StatefulSet", f"{name}-0")
     assert sts["spec"]["serviceName"] == name
     [claim] = sts["spec"]["volumeClaimTemplates"]
     pod = pod_spec(sts)
@@ -256,12 +275,14 @@ def test_store_nodes_are_a_stateful_set_with_a_volume_per_pod(
     assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/basalt"} in container[
         "volumeMounts"
     ]
-    # The broker's name is the pod's name, and it advertises the pod's stable DNS name.
+    # The broker's name is the group's (the StatefulSet's), and each member
+    # advertises its pod's stable DNS name.
     env = {var["name"]: var for var in container["env"]}
-    assert env["BASALT_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["BASALT_NAME"]["value"] == f"{name}-0"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     args = container["args"]
     assert args[args.index("--advertise-address") + 1] == (
-        f"$(BASALT_NAME).{name}.{NAMESPACE}.svc.cluster.local:10911"
+        f"$(POD_NAME).{name}.{NAMESPACE}.svc.cluster.local:10911"
     )
     # Kubernetes' native gRPC probes on the store-node's port.
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -272,16 +293,120 @@ def test_store_nodes_are_a_stateful_set_with_a_volume_per_pod(
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["fsGroup"] == 10001
     assert "preferredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+    # One headless Service for every group: it selects each group's pods.
     headless = by_kind_name(manifests, "Service", name)
     assert headless["spec"]["clusterIP"] == "None"
-    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    for group in _store_node_sets(manifests):
+        assert (
+            headless["spec"]["selector"].items() < group["spec"]["selector"]["matchLabels"].items()
+        )
 
 
-def test_five_store_nodes_may_require_a_node_each(rendered: dict[str, list[Manifest]]) -> None:
-    sts = by_kind_name(rendered["five-store-nodes"], "StatefulSet", f"{PREFIX}-store-node")
-    assert sts["spec"]["replicas"] == 5
-    anti = pod_spec(sts)["affinity"]["podAntiAffinity"]
-    assert list(anti) == ["requiredDuringSchedulingIgnoredDuringExecution"]
+def _store_node_sets(manifests: list[Manifest]) -> list[Manifest]:
+    """The broker groups' StatefulSets, by group index."""
+    sets = [
+        w
+        for w in workloads(manifests)
+        if w["metadata"]["labels"]["app.kubernetes.io/component"] == "store-node"
+    ]
+    return sorted(sets, key=lambda w: int(w["metadata"]["name"].rpartition("-")[2]))
+
+
+def _env(container: Manifest) -> dict[str, Manifest]:
+    return {var["name"]: var for var in container["env"]}
+
+
+def test_each_broker_group_is_a_stateful_set_of_replicated_members(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """By default two groups of three members: broker id = the pod's ordinal, SYNC,
+    two in sync at least, one member per node preferred, a disruption budget per
+    group, room in the grace period for a master's handover."""
+    manifests = rendered["defaults"]
+    groups = _store_node_sets(manifests)
+    assert [g["metadata"]["name"] for g in groups] == [f"{STORE_NODE}-0", f"{STORE_NODE}-1"]
+    for g, sts in enumerate(groups):
+        broker = f"{STORE_NODE}-{g}"
+        spec = sts["spec"]
+        assert spec["replicas"] == 3
+        # Highest ordinal first, one pod at a time; each Ready for a while before the next.
+        assert spec["updateStrategy"] == {"type": "RollingUpdate"}
+        assert spec["podManagementPolicy"] == "Parallel"
+        assert spec["minReadySeconds"] >= 5
+        selector = spec["selector"]["matchLabels"]
+        assert selector["basalt/broker"] == broker
+        assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+        pod = pod_spec(sts)
+        [container] = pod["containers"]
+        env = _env(container)
+        assert env["BASALT_NAME"]["value"] == broker
+        assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+            "metadata.labels['apps.kubernetes.io/pod-index']"
+        )
+        assert env["GROUP_INDEX"]["value"] == str(g)
+        assert env["BASALT_REPLICA_ACK_MODE"]["value"] == "SYNC"
+        assert env["BASALT_MIN_IN_SYNC_REPLICAS"]["value"] == "2"
+        # The broker id is a flag: an empty one (no pod-index label) is refused,
+        # where an empty BASALT_BROKER_ID would be unset, id 0 on every member.
+        args = container["args"]
+        assert args[args.index("--broker-id") + 1] == "$(POD_INDEX)"
+        assert "BASALT_BROKER_ID" not in env
+        names = [v["name"] for v in container["env"]]
+        assert names.index("POD_NAME") < names.index("POD_INDEX") < names.index("GROUP_INDEX")
+        # A master's handover (up to the 5 s stop grace), the gRPC grace, the flush.
+        assert pod["terminationGracePeriodSeconds"] >= 30
+        # The group's members kept apart: its own label in the anti-affinity term.
+        [term] = pod["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        pdb = by_kind_name(manifests, "PodDisruptionBudget", broker)
+        assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    # Budgets never overlap (an eviction under two fails): none for all store-nodes.
+    assert [m for m in manifests if m["metadata"]["name"] == STORE_NODE] == [
+        by_kind_name(manifests, "Service", STORE_NODE)
+    ]
+
+
+def test_three_groups_of_five_may_require_a_node_per_member(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    groups = _store_node_sets(rendered["three-groups-of-five"])
+    assert len(groups) == 3
+    for sts in groups:
+        assert sts["spec"]["replicas"] == 5
+        anti = pod_spec(sts)["affinity"]["podAntiAffinity"]
+        [term] = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert list(anti) == ["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["labelSelector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
+        [container] = pod_spec(sts)["containers"]
+        assert _env(container)["BASALT_MIN_IN_SYNC_REPLICAS"]["value"] == "3"
+
+
+def test_groups_of_one_share_the_component_budget(rendered: dict[str, list[Manifest]]) -> None:
+    """Without replication a broker is one pod: the store-nodes' one budget keeps a
+    drain to one broker at a time, as before groups."""
+    manifests = rendered["groups-of-one"]
+    groups = _store_node_sets(manifests)
+    assert [g["spec"]["replicas"] for g in groups] == [1, 1]
+    [container] = pod_spec(groups[0])["containers"]
+    assert _env(container)["BASALT_REPLICA_ACK_MODE"]["value"] == "ASYNC"
+    pdb = by_kind_name(manifests, "PodDisruptionBudget", STORE_NODE)
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert "basalt/broker" not in pdb["spec"]["selector"]["matchLabels"]
+    budgets = [m["metadata"]["name"] for m in manifests if m["kind"] == "PodDisruptionBudget"]
+    assert not any(name.startswith(f"{STORE_NODE}-") for name in budgets)
+
+
+def test_more_in_sync_members_than_members_is_refused(helm: Path, tmp_path: Path) -> None:
+    # Every send would be refused: the chart says so instead of deploying it.
+    done = run_helm(
+        helm, "template", RELEASE, str(CHART), "--set", "storeNode.replicas=2",
+        "--set", "storeNode.replication.minInSyncReplicas=3",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "minInSyncReplicas (3) is above storeNode.replicas (2)" in done.stderr
 
 
 def test_services_and_disruption_budgets_cover_every_component(
@@ -292,9 +417,12 @@ def test_services_and_disruption_budgets_cover_every_component(
         deployment = by_kind_name(manifests, "Deployment", f"{PREFIX}-{component}")
         service = by_kind_name(manifests, "Service", f"{PREFIX}-{component}")
         assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    for component in ("store-node", "pull-service", "admin-service", "etcd"):
+    for component in ("pull-service", "admin-service", "etcd"):
         pdb = by_kind_name(manifests, "PodDisruptionBudget", f"{PREFIX}-{component}")
         assert pdb["spec"]["maxUnavailable"] == 1
+    # The store-nodes': one per broker group (the test above).
+    for g in range(2):
+        by_kind_name(manifests, "PodDisruptionBudget", f"{STORE_NODE}-{g}")
 
 
 def test_the_pull_service_exposes_the_rocketmq_v2_front(
@@ -476,7 +604,7 @@ def test_extra_env_and_volumes_reach_every_basalt_container(
         assert volumes["scratch"] == {"name": "scratch", "emptyDir": {}}
         assert {"name": "scratch", "mountPath": "/scratch"} in container["volumeMounts"]
         assert ("spool" in volumes) == (component == "store-node")
-    sts = by_kind_name(rendered["extras"], "StatefulSet", f"{PREFIX}-store-node")
+    sts = by_kind_name(rendered["extras"], "StatefulSet", f"{STORE_NODE}-0")
     [container] = pod_spec(sts)["containers"]
     assert {"name": "spool", "mountPath": "/spool", "readOnly": True} in container["volumeMounts"]
 
@@ -485,29 +613,30 @@ def test_the_store_nodes_client_address_is_what_they_register_for_clients(
     rendered: dict[str, list[Manifest]], tmp_path: Path
 ) -> None:
     manifests = rendered["extras"]
-    name = f"{PREFIX}-store-node"
+    name = f"{STORE_NODE}-0"
     sts = by_kind_name(manifests, "StatefulSet", name)
     [container] = pod_spec(sts)["containers"]
     env = {v["name"]: v for v in container["env"]}
-    assert env["BASALT_CLIENT_ADDRESS"]["value"] == "$(BASALT_NAME).mq.example.org:10911"
+    assert env["BASALT_CLIENT_ADDRESS"]["value"] == "$(POD_NAME).mq.example.org:10911"
     assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.labels['apps.kubernetes.io/pod-index']"
     )
     # Defined after the variables it refers to, as the kubelet's $(VAR) needs.
     names = [v["name"] for v in container["env"]]
-    assert names.index("BASALT_NAME") < names.index("BASALT_CLIENT_ADDRESS")
-    assert names.index("POD_INDEX") < names.index("BASALT_CLIENT_ADDRESS")
+    for variable in ("POD_NAME", "BASALT_NAME", "POD_INDEX", "GROUP_INDEX"):
+        assert names.index(variable) < names.index("BASALT_CLIENT_ADDRESS"), variable
     invocation = container_invocation(manifests, sts, container, tmp_path)
     done = print_config(invocation, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     [row] = [
         line.split() for line in done.stdout.splitlines() if line.startswith("client_address ")
     ]
+    # The pod's own name: each member of the group its own address.
     assert row == ["client_address", f"{name}-0.mq.example.org:10911", "env:BASALT_CLIENT_ADDRESS"]
     # Unset: no such variable; the store-node gives clients its advertise address.
     default = by_kind_name(rendered["defaults"], "StatefulSet", name)
     [container] = pod_spec(default)["containers"]
-    assert {"BASALT_CLIENT_ADDRESS", "POD_INDEX"}.isdisjoint(v["name"] for v in container["env"])
+    assert "BASALT_CLIENT_ADDRESS" not in {v["name"] for v in container["env"]}
 
 
 def test_services_take_annotations_and_a_type(rendered: dict[str, list[Manifest]]) -> None:
@@ -527,7 +656,10 @@ def test_services_take_annotations_and_a_type(rendered: dict[str, list[Manifest]
 
 def test_probe_timings_come_from_values(rendered: dict[str, list[Manifest]]) -> None:
     def probes(variant: str, component: str) -> dict[str, Manifest]:
-        [container] = [c for _, c in basalt_containers(rendered[variant]) if c["name"] == component]
+        # The first workload of the component (every broker group's are alike).
+        container = next(
+            c for _, c in basalt_containers(rendered[variant]) if c["name"] == component
+        )
         return {k: v for k, v in container.items() if k.endswith("Probe")}
 
     store = probes("extras", "store-node")
@@ -600,12 +732,13 @@ def test_name_overrides_rename_every_object_and_its_labels(
     assert all(n.startswith(f"{RELEASE}-queue") for n in names), names
     for m in manifests:
         assert m["metadata"]["labels"]["app.kubernetes.io/name"] == "queue"
-    sts = by_kind_name(manifests, "StatefulSet", f"{RELEASE}-queue-store-node")
+    sts = by_kind_name(manifests, "StatefulSet", f"{RELEASE}-queue-store-node-0")
     [container] = pod_spec(sts)["containers"]
     args = container["args"]
     assert args[args.index("--advertise-address") + 1] == (
-        f"$(BASALT_NAME).{RELEASE}-queue-store-node.{NAMESPACE}.svc.cluster.local:10911"
+        f"$(POD_NAME).{RELEASE}-queue-store-node.{NAMESPACE}.svc.cluster.local:10911"
     )
+    assert _env(container)["BASALT_NAME"]["value"] == f"{RELEASE}-queue-store-node-0"
     whole = render(helm, tmp_path, {"fullnameOverride": "events"}, release=RELEASE)
     assert {m["metadata"]["name"] for m in whole} >= {
         "events-store-node",
@@ -635,9 +768,15 @@ def test_the_notes_say_where_the_credentials_are_and_what_clients_dial(
     )
     # The store-nodes' in-cluster addresses, and how to reach them from outside.
     assert f"<pod>.{PREFIX}-store-node.{NAMESPACE}.svc.cluster.local:10911" in notes
-    assert "storeNode.clientAddress=127.0.0.1:1091$(POD_INDEX)" in notes
-    for i in range(2):
-        assert f"port-forward pod/{PREFIX}-store-node-{i} 1091{i}:10911" in notes
+    assert "storeNode.clientAddress=127.0.0.1:109$(GROUP_INDEX)$(POD_INDEX)" in notes
+    for g in range(2):
+        for i in range(3):
+            assert f"port-forward pod/{STORE_NODE}-{g}-{i} 109{g}{i}:10911" in notes
+    # What was deployed: the groups, their members and how they acknowledge.
+    assert "Broker groups: 2" in notes
+    assert "one master, 2 slaves; sends SYNC, refused below 2 in-sync members" in notes
+    for g in range(2):
+        assert f"rollout status statefulset/{STORE_NODE}-{g}" in notes
     # An existing Secret is the one named; auth off: no credentials at all.
     named = render_notes(helm, tmp_path, {"auth": {"existingSecret": "my-basalt-admin"}})
     assert "get secret my-basalt-admin " in named
@@ -741,16 +880,18 @@ def test_a_container_invocation_is_what_the_kubelet_would_run(
     # The plumbing of the parse test below, checked on its own: $(VAR) expanded
     # from the env, downward-API fields filled in, the ConfigMap's file written.
     manifests = rendered["defaults"]
-    name = f"{PREFIX}-store-node"
-    sts = by_kind_name(manifests, "StatefulSet", name)
+    name = STORE_NODE
+    sts = by_kind_name(manifests, "StatefulSet", f"{name}-0")
     [container] = pod_spec(sts)["containers"]
     invocation = container_invocation(manifests, sts, container, tmp_path)
     assert invocation.env["BASALT_NAME"] == f"{name}-0"
+    assert invocation.env["POD_NAME"] == f"{name}-0-0"
     argv = invocation.argv
     assert argv[0] == "store-node"
     assert argv[argv.index("--advertise-address") + 1] == (
-        f"{name}-0.{name}.{NAMESPACE}.svc.cluster.local:10911"
+        f"{name}-0-0.{name}.{NAMESPACE}.svc.cluster.local:10911"
     )
+    assert argv[argv.index("--broker-id") + 1] == "0"
     written = Path(argv[argv.index("--config") + 1])
     assert invocation.config_files == {"/etc/basalt/store-node.conf": written}
     config_map = by_kind_name(manifests, "ConfigMap", f"{PREFIX}-config")
@@ -787,6 +928,10 @@ def test_every_container_command_line_parses_with_print_config(
         for written in invocation.config_files.values():
             if any("=" in line for line in written.read_text().splitlines()):
                 assert f"file:{written}" in done.stdout, f"{where}\n{done.stdout}"
+        if invocation.argv[0] == "store-node":
+            # The pod's ordinal (0 for the pod modelled here) is its broker id.
+            [row] = [r.split() for r in done.stdout.splitlines() if r.startswith("broker_id ")]
+            assert row == ["broker_id", "0", "flag:--broker-id"], where
 
 
 def test_with_tls_every_hop_serves_and_dials_with_the_secret(

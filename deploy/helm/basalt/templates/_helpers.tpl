@@ -271,13 +271,15 @@ topologySpreadConstraints:
 {{/*
 A workload's affinity: the component's affinity value, with the chart's pod
 anti-affinity (one pod of the component per node, preferred or required)
-unless that value has a podAntiAffinity of its own.
+unless that value has a podAntiAffinity of its own. "extraSelector" narrows
+the pods kept apart (a broker group's label: its members, each on a node).
 Pass (dict "root" $ "component" "store-node" "values" <component values> "required" false).
 */}}
 {{- define "basalt.affinity" -}}
 {{- $affinity := deepCopy (.values.affinity | default dict) -}}
 {{- if not (hasKey $affinity "podAntiAffinity") -}}
 {{- $selector := fromYaml (include "basalt.selectorLabels" (dict "root" .root "component" .component)) -}}
+{{- $selector = merge $selector (deepCopy (.extraSelector | default dict)) -}}
 {{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" $selector) -}}
 {{- if .required -}}
 {{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) -}}
