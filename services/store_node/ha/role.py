@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 MEMBER_REFRESH_S = 0.5
 
 
+class DuplicateMemberError(RuntimeError):
+    """Another live store-node is registered with this node's broker id."""
+
+
 class Role(enum.Enum):
     #: Before the first state is applied, or while no master is known.
     ELECTING = "ELECTING"
@@ -116,8 +120,10 @@ class GroupMember:
 
     async def start(self, addresses: MemberAddresses) -> None:
         """Register (reached at ``addresses``), create the group state if there is
-        none, and start following it."""
+        none, and start following it. Raises :class:`DuplicateMemberError` when
+        another live store-node holds this broker id (a copy-pasted config)."""
         self.addresses = addresses
+        await self._check_unique()
         self._registration = await self.group.register(
             self._member(), ttl_s=self.config.ha_lease_ttl_s
         )
@@ -126,6 +132,25 @@ class GroupMember:
         await self.group.bootstrap()
         await self._apply()
         self._task = asyncio.create_task(self._follow(), name=f"group {self.broker_name}")
+
+    async def _check_unique(self) -> None:
+        """Wait (one lease TTL and a second) for a member key of this broker id
+        registered from another address or store root to go; raise if it stays.
+        The same address and root is this node's previous run, whose lease has
+        not ended yet: its key is taken over."""
+        me = (self.addresses.address, self.addresses.store_root_id)
+        deadline = time.monotonic() + self.config.ha_lease_ttl_s + 1
+        while True:
+            other = (await self.group.members()).get(self.broker_id)
+            if other is None or (other.address, other.store_root_id) == me:
+                return
+            if time.monotonic() >= deadline:
+                raise DuplicateMemberError(
+                    f"broker id {self.broker_id} of {self.broker_name} is held by a live "
+                    f"store-node at {other.address} (store root {other.store_root_id}): "
+                    f"each member of a group needs its own --broker-id"
+                )
+            await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         """Stop following; the registration is revoked (the member key goes at once)."""

@@ -25,6 +25,7 @@ from tests.support.etcd import unique_cluster
 from tests.support.groups import (
     QUEUES,
     TOPIC,
+    Member,
     ReplicaGroup,
     Sent,
     commitlog_bytes,
@@ -143,6 +144,16 @@ async def test_not_master_names_the_master_and_the_sdk_producer_rides_a_failover
         refusal = await group.send(slave, b"to a slave")
         assert refusal.status == 0 and refusal.code == pb.RESPONSE_CODE_NOT_MASTER
         assert master_address_of(refusal.message) == group.members[old].address
+
+        # A second store-node given a live member's broker id (a copy-pasted
+        # config) refuses to start, naming the holder; the member keeps its key.
+        (tmp_path / "dup").mkdir()
+        duplicate = Member(tmp_path / "dup", slave, etcd.endpoint, cluster, ha_flags())
+        duplicate.start()
+        assert duplicate.proc is not None
+        assert await asyncio.to_thread(duplicate.proc.wait, 60) != 0
+        assert "needs its own --broker-id" in duplicate.log.read_text()
+        assert (await group.view())[1][slave].address == group.members[slave].address
 
         acked: dict[str, bytes] = {}
         failures = 0
