@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -47,7 +48,7 @@ from basalt.services.meta import (
 )
 from basalt.services.meta.model import Perm
 from basalt.services.store_node.ha.config import ReplicationConfig
-from basalt.services.store_node.ha.role import GroupMember, MemberAddresses
+from basalt.services.store_node.ha.role import DuplicateMemberError, GroupMember, MemberAddresses
 from basalt.services.store_node.server import start_store_node
 from basalt.services.store_node.service import StoreNodeConfig
 from basalt.services.store_node.topics import LocalTopics, TopicDirectory
@@ -251,9 +252,12 @@ async def serve(args: argparse.Namespace) -> int:
                     perm=Perm(node.broker_permission),
                 )
             )
-        except BaseException:
+        except BaseException as e:
             await running.group.close()
             await running.stop(addresses.stop_grace_s)
+            if isinstance(e, DuplicateMemberError):
+                print(f"basalt store-node: {e}", file=sys.stderr)
+                return 2
             raise
     print(f"store-node {node.broker_name} serving on {running.address}", flush=True)
     await stop.wait()
