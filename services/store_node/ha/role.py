@@ -182,12 +182,21 @@ class GroupMember:
             return False
         target = max(candidates)[1]
         self.role = Role.ELECTING  # no send is taken from here on
+        master = self.master
+        deadline = time.monotonic() + timeout_s
+        # Caught up first: under ASYNC, what was acknowledged but not yet sent
+        # would otherwise be the old master's alone.
+        while (
+            master.slave_offsets().get(target, -1) < self.store.max_offset
+            and time.monotonic() < deadline
+        ):
+            master.notify_appended()
+            await asyncio.sleep(0.01)
         try:
             await self.group.elect(target, unclean=False)
         except Exception as e:
             log.warning("handover of %s to %d failed: %s", self.broker_name, target, e)
             return False
-        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             state, _ = await self.group.state()
             if state is not None and state.master_id == target:
