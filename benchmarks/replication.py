@@ -250,7 +250,10 @@ async def batched(producer: Producer, senders: int, batch: int, duration_s: floa
     async def sender() -> None:
         nonlocal sent
         while time.monotonic() < stop:
-            sent += len(await producer.send_batch(messages(batch)))
+            # Not `sent += len(await ...)`: that reads `sent` before the await,
+            # and the other senders' counts made meanwhile would be lost.
+            acked = len(await producer.send_batch(messages(batch)))
+            sent += acked
 
     started = time.monotonic()
     await asyncio.gather(*(sender() for _ in range(senders)))
