@@ -155,6 +155,21 @@ class Group:
             await asyncio.sleep(0.05)
         raise RuntimeError(f"group not whole after {timeout_s} s: {await self.group()}")
 
+    async def wait_caught_up(self, timeout_s: float) -> None:
+        """Until every member's registered max offset is the master's, twice in
+        a row 0.6 s apart (registrations are refreshed every 0.5 s)."""
+        deadline = time.monotonic() + timeout_s
+        seen: tuple[int, ...] = ()
+        while time.monotonic() < deadline:
+            _, _, offsets = await self.group()
+            values = tuple(offsets[i] for i in sorted(offsets))
+            if len(values) == self.replicas and len(set(values)) == 1:
+                if values == seen:
+                    return
+                seen = values
+            await asyncio.sleep(0.6)
+        raise RuntimeError(f"members not caught up after {timeout_s} s: {await self.group()}")
+
     async def _routed(self) -> bool:
         assert self.meta is not None
         return BROKER in await self.meta.list_brokers()
@@ -210,6 +225,12 @@ def exited(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def messages(n: int) -> list[Message]:
     body = bytes(BODY)
     return [Message(TOPIC, body, tags="TagA") for _ in range(n)]
@@ -240,6 +261,9 @@ class ProduceResult:
     p50_us: float
     p99_us: float
     sends: int
+    #: CPU µs a message during the batched window: the master, the slaves
+    #: (together), this process (the SDK).
+    cpu_us: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 async def batched(producer: Producer, senders: int, batch: int, duration_s: float) -> float:
@@ -277,14 +301,31 @@ async def produce_config(
     async with group as g, Producer(g.cluster.pull_address, group="repl-bench") as producer:
         await first_send(producer)
         await batched(producer, args.senders, args.batch, 1.0)  # warm-up
+        master, _, _ = await g.group()
+        pids = {p.name: p.pid for p in g.cluster.of_role("store-node")}
+        before = {n: cpu_seconds(pid) for n, pid in pids.items()}
+        own = time.process_time()
         rate = await batched(producer, args.senders, args.batch, args.duration)
+        own = time.process_time() - own
+        # ASYNC slaves may still be behind: their copying is part of the cost,
+        # and the one-in-flight sends must not share the cores with it.
+        await g.wait_caught_up(60.0)
+        spent = {n: cpu_seconds(pid) - before[n] for n, pid in pids.items()}
+        count = rate * args.duration
+        master_name = g.name(max(master, 0))
+        cpu = (
+            spent[master_name] / count * 1e6,
+            sum(v for n, v in spent.items() if n != master_name) / count * 1e6,
+            own / count * 1e6,
+        )
         lat = await one_in_flight(producer, args.latency_sends)
     result = ProduceResult(
-        replicas, mode, r, rate, percentile(lat, 0.5), percentile(lat, 0.99), len(lat)
+        replicas, mode, r, rate, percentile(lat, 0.5), percentile(lat, 0.99), len(lat), cpu
     )
     log(
         f"  round {r} {replicas} x {mode}: {rate:,.0f} msgs/s, one in flight "
-        f"p50 {result.p50_us:,.0f} µs p99 {result.p99_us:,.0f} µs"
+        f"p50 {result.p50_us:,.0f} µs p99 {result.p99_us:,.0f} µs; CPU µs/msg master "
+        f"{cpu[0]:.1f} slaves {cpu[1]:.1f} client {cpu[2]:.1f}"
     )
     return result
 
@@ -467,6 +508,7 @@ def produce_table(results: list[ProduceResult]) -> tuple[str, dict[str, object]]
         if (replicas, mode) == (3, "SYNC"):
             target = f">= {PRODUCE_RATIO_TARGET:.0%} of 1 copy"
             status = "met" if ratio >= PRODUCE_RATIO_TARGET else "NOT MET"
+        cpu = [statistics.median(r.cpu_us[i] for r in mine) for i in range(3)]
         p50 = statistics.median(r.p50_us for r in mine)
         p99 = statistics.median(r.p99_us for r in mine)
         rows.append(
@@ -478,6 +520,7 @@ def produce_table(results: list[ProduceResult]) -> tuple[str, dict[str, object]]
                 " ".join(f"{x:.2f}" for x in ratios),
                 f"{p50:,.0f}",
                 f"{p99:,.0f}",
+                " / ".join(f"{x:.1f}" for x in cpu),
                 target,
                 status,
             )
@@ -487,6 +530,7 @@ def produce_table(results: list[ProduceResult]) -> tuple[str, dict[str, object]]
             "ratios": ratios,
             "p50_us": [r.p50_us for r in mine],
             "p99_us": [r.p99_us for r in mine],
+            "cpu_us_master_slaves_client": [list(r.cpu_us) for r in mine],
         }
     header = (
         "replicas",
@@ -496,6 +540,7 @@ def produce_table(results: list[ProduceResult]) -> tuple[str, dict[str, object]]
         "ratio per round",
         "1-in-flight p50 µs",
         "p99 µs",
+        "CPU µs/msg master / slaves / SDK",
         "target",
         "status",
     )
