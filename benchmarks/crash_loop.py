@@ -17,36 +17,27 @@ cycles, acknowledged messages, recovery time min/avg/max and failures; exits
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.report import load_by_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CRASH_WRITER = REPO_ROOT / "tests" / "support" / "crash_writer.py"
 
 
-def _load_crash_writer() -> ModuleType:
-    """Import the shared cycle logic by path: benchmarks do not depend on the tests package."""
-    name = "basalt_crash_writer"
-    spec = importlib.util.spec_from_file_location(name, CRASH_WRITER)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {CRASH_WRITER}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 if TYPE_CHECKING:
     from tests.support import crash_writer
 else:
-    crash_writer = _load_crash_writer()
+    crash_writer = load_by_path("basalt_crash_writer", CRASH_WRITER)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,7 @@ from basalt.services import process
 from basalt.services.cluster.local import CLUSTER_NAME, healthy
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
+from benchmarks.report import aligned
 
 TOPIC = "ReplBench"
 BROKER = "broker-a"
@@ -483,19 +484,7 @@ async def part_catchup(root: Path, args: argparse.Namespace) -> CatchUp:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: set[int]) -> str:
-    cells = [list(header), *[list(r) for r in rows]]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    lines = []
-    for n, c in enumerate(cells):
-        lines.append(
-            "  ".join(
-                c[i].rjust(widths[i]) if i in numeric and n else c[i].ljust(widths[i])
-                for i in range(len(header))
-            ).rstrip()
-        )
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return aligned([list(header), *[list(r) for r in rows]], numeric)
 
 
 def produce_table(results: list[ProduceResult]) -> tuple[str, dict[str, object]]:

@@ -27,36 +27,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.report import load_by_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GROUPS = REPO_ROOT / "tests" / "support" / "groups.py"
 
 
-def _load_groups() -> ModuleType:
-    """Import the shared loop by path: benchmarks do not depend on the tests package."""
-    name = "basalt_replica_groups"
-    spec = importlib.util.spec_from_file_location(name, GROUPS)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {GROUPS}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 if TYPE_CHECKING:
     from tests.support import groups
 else:
-    groups = _load_groups()
+    groups = load_by_path("basalt_replica_groups", GROUPS)
 
 
 def main(argv: list[str] | None = None) -> int:

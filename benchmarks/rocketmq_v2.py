@@ -57,6 +57,7 @@ from basalt.common.message import Message
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
+from benchmarks.report import aligned
 
 REPO = Path(__file__).resolve().parent.parent
 INTEROP = REPO / "benchmarks" / "interop"
@@ -250,19 +251,7 @@ def format_rows(results: Sequence[Result]) -> str:
                 str(r.errors),
             )
         )
-    numeric = {3, 4, 5, 7, 8, 9, 10}
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    lines = []
-    for n, c in enumerate(cells):
-        lines.append(
-            "  ".join(
-                c[i].rjust(widths[i]) if i in numeric and n else c[i].ljust(widths[i])
-                for i in range(len(header))
-            ).rstrip()
-        )
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return aligned(cells, {3, 4, 5, 7, 8, 9, 10})
 
 
 async def run(args: argparse.Namespace, root: Path) -> tuple[list[Result], float]:

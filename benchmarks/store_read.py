@@ -42,6 +42,7 @@ from basalt.common.record import EncodedMessage
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 from basalt.store.batch import EncodedBatch
 from basalt.store.message_filter import MessageFilter, build_filter
+from benchmarks.report import aligned
 from benchmarks.store_append import Target, _num, bench_root
 
 TOPIC = "ReadBench"
@@ -86,19 +87,7 @@ def format_table(rows: Sequence[Row]) -> str:
         )
         for r in rows
     ]
-    numeric = {2, 4, 5}
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    lines = []
-    for n, c in enumerate(cells):
-        lines.append(
-            "  ".join(
-                c[i].rjust(widths[i]) if i in numeric and n else c[i].ljust(widths[i])
-                for i in range(len(header))
-            ).rstrip()
-        )
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return aligned(cells, {2, 4, 5})
 
 
 def _progress(msg: str) -> None:
