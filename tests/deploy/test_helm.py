@@ -790,6 +790,10 @@ def test_the_notes_say_where_the_credentials_are_and_what_clients_dial(
     assert "one master, 2 slaves; sends SYNC, refused below 2 in-sync members" in notes
     for g in range(2):
         assert f"rollout status statefulset/{STORE_NODE}-{g}" in notes
+    # The upgrade hook, named, and not for groups of one.
+    assert f"the hook Job {PREFIX}-upgrade-mastership makes member 0" in notes
+    single = {"storeNode": {"replicas": 1, "replication": {"minInSyncReplicas": 1}}}
+    assert "upgrade-mastership" not in render_notes(helm, tmp_path, single)
     # An existing Secret is the one named; auth off: no credentials at all.
     named = render_notes(helm, tmp_path, {"auth": {"existingSecret": "my-basalt-admin"}})
     assert "get secret my-basalt-admin " in named
@@ -843,7 +847,7 @@ def test_a_pre_upgrade_hook_moves_every_replicated_groups_mastership_to_ordinal_
     spec = job["spec"]
     assert spec["backoffLimit"] == 0
     # Its backstop lies above the script's own bounds: the wait and 30 s per call.
-    assert spec["activeDeadlineSeconds"] > 60 + 30 * groups
+    assert spec["activeDeadlineSeconds"] > 60 + 2 * 30 * groups
     pod = pod_spec(job)
     assert pod["restartPolicy"] == "Never"
     assert pod["securityContext"]["runAsNonRoot"] is True
