@@ -12,6 +12,10 @@ container's command line, environment and config file through Basalt's parser.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,11 @@ import pytest
 from kubernetes_validate.utils import all_versions
 from packaging.version import Version
 
+from basalt.admin.groups import elect_master
+from basalt.services.cluster.etcd import EtcdProcess, free_port
+from tests.support.aio import async_test
+from tests.support.etcd import unique_cluster
+from tests.support.groups import GROUP, ReplicaGroup, ha_flags
 from tests.support.helm import (
     CHART,
     MIN_KUBERNETES,
@@ -37,6 +46,8 @@ from tests.support.helm import (
     workloads,
     write_manifests,
 )
+from tests.support.polling import eventually
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 RELEASE = "mq"
 NAMESPACE = "messaging"
@@ -188,6 +199,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # What charts usually take, every one set (EXTRAS).
     "extras": EXTRAS,
     "name-overrides": {"nameOverride": "queue"},
+    # No pre-upgrade hook: helm upgrade rolls the groups as they are.
+    "upgrade-mastership-off": {"storeNode": {"upgradeMastership": {"toOrdinalZero": False}}},
 }
 
 
@@ -777,6 +790,10 @@ def test_the_notes_say_where_the_credentials_are_and_what_clients_dial(
     assert "one master, 2 slaves; sends SYNC, refused below 2 in-sync members" in notes
     for g in range(2):
         assert f"rollout status statefulset/{STORE_NODE}-{g}" in notes
+    # The upgrade hook, named, and not for groups of one.
+    assert f"the hook Job {PREFIX}-upgrade-mastership makes member 0" in notes
+    single = {"storeNode": {"replicas": 1, "replication": {"minInSyncReplicas": 1}}}
+    assert "upgrade-mastership" not in render_notes(helm, tmp_path, single)
     # An existing Secret is the one named; auth off: no credentials at all.
     named = render_notes(helm, tmp_path, {"auth": {"existingSecret": "my-basalt-admin"}})
     assert "get secret my-basalt-admin " in named
@@ -788,6 +805,218 @@ def test_the_notes_say_where_the_credentials_are_and_what_clients_dial(
     assert "credentials" not in plain.lower()
     assert "broker.example.org:10911 (storeNode.clientAddress" in plain
     assert "port-forward pod/" not in plain
+
+
+# -- the pre-upgrade hook: mastership to ordinal 0 before the roll --------------------------
+
+#: The hook Job's name and its pods' component label.
+HOOK = f"{PREFIX}-upgrade-mastership"
+#: The script the Job runs, as the chart ships it.
+HOOK_SCRIPT = CHART / "files" / "masters_to_ordinal_zero.py"
+
+
+def _hook_jobs(manifests: list[Manifest]) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] == "Job"]
+
+
+def _hook_container(job: Manifest) -> Manifest:
+    [container] = pod_spec(job)["containers"]
+    return container
+
+
+@pytest.mark.parametrize(
+    ("variant", "groups"), [("defaults", 2), ("three-groups-of-five", 3), ("tls", 2)]
+)
+def test_a_pre_upgrade_hook_moves_every_replicated_groups_mastership_to_ordinal_zero(
+    rendered: dict[str, list[Manifest]], variant: str, groups: int
+) -> None:
+    """One Job, a Helm hook run before the upgrade (and a rollback) applies
+    anything, deleted before the next one and once it succeeded, never retried;
+    it runs the chart's script on every group's broker name - the StatefulSets' -
+    which elects member 0 of each (``electMaster -b <group> -n 0``)."""
+    manifests = rendered[variant]
+    [job] = _hook_jobs(manifests)
+    assert job["metadata"]["name"] == HOOK
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"].split(",") == ["pre-upgrade", "pre-rollback"]
+    assert int(annotations["helm.sh/hook-weight"]) < 0
+    assert annotations["helm.sh/hook-delete-policy"].split(",") == [
+        "before-hook-creation",
+        "hook-succeeded",
+    ]
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0
+    # Its backstop lies above the script's own bounds: the wait and 30 s per call.
+    assert spec["activeDeadlineSeconds"] > 60 + 2 * 30 * groups
+    pod = pod_spec(job)
+    assert pod["restartPolicy"] == "Never"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = _hook_container(job)
+    assert container["image"] == "basalt:0.1.0"
+    python, flag, script = container["command"]
+    assert (python, flag) == ("python3", "-c")
+    assert script == HOOK_SCRIPT.read_text(encoding="utf-8")
+    args = container["args"]
+    assert args[:4] == ["--cluster", "DefaultCluster", "--wait-s", "60"]
+    brokers = [sts["metadata"]["name"] for sts in _store_node_sets(manifests)]
+    assert args[4:] == brokers == [f"{STORE_NODE}-{g}" for g in range(groups)]
+    # The CLI's verb and target the script runs for each of them.
+    assert '("electMaster", cluster, "-b", broker, "-n", str(TARGET_ID))' in script
+    assert "TARGET_ID = 0" in script
+
+
+@pytest.mark.parametrize("variant", ["groups-of-one", "upgrade-mastership-off"])
+def test_no_hook_for_groups_of_one_or_when_turned_off(
+    rendered: dict[str, list[Manifest]], variant: str
+) -> None:
+    manifests = rendered[variant]
+    assert _hook_jobs(manifests) == []
+    assert [m for m in manifests if "upgrade-mastership" in m["metadata"]["name"]] == []
+    # The store-nodes themselves are as with the hook.
+    assert len(_store_node_sets(manifests)) == 2
+
+
+def test_the_hook_follows_the_cluster_name_and_the_release_names(
+    helm: Path, tmp_path: Path
+) -> None:
+    values = {
+        "clusterName": "Prod",
+        "nameOverride": "queue",
+        "storeNode": {"brokers": 1, "upgradeMastership": {"inSyncWaitSeconds": 15}},
+    }
+    manifests = render(helm, tmp_path, values, release="edge", namespace=NAMESPACE)
+    [job] = _hook_jobs(manifests)
+    assert job["metadata"]["name"] == "edge-queue-upgrade-mastership"
+    args = _hook_container(job)["args"]
+    # The CLI's --cluster defaults to DefaultCluster, not BASALT_CLUSTER: the flag.
+    assert args == ["--cluster", "Prod", "--wait-s", "15", "edge-queue-store-node-0"]
+
+
+@pytest.mark.parametrize("variant", ["defaults", "tls", "external-etcd", "extras"])
+def test_the_hook_runs_with_the_admin_pods_etcd_tls_and_auth(
+    rendered: dict[str, list[Manifest]], variant: str
+) -> None:
+    """Every env var of the admin service's container, with its value, and its
+    volumes and mounts (TLS, the auth Secret, extras): the hook reaches etcd and
+    the store-nodes as the admin service does; plus the CLI's credentials."""
+    manifests = rendered[variant]
+    [job] = _hook_jobs(manifests)
+    admin = by_kind_name(manifests, "Deployment", f"{PREFIX}-admin-service")
+    [admin_container] = pod_spec(admin)["containers"]
+    container = _hook_container(job)
+    env = _env(container)
+    for var in admin_container["env"]:
+        assert env[var["name"]] == var, var["name"]
+    assert env["BASALT_CREDENTIALS"]["value"] == "/etc/basalt/auth/admin.json"
+    assert container["volumeMounts"] == admin_container["volumeMounts"]
+    assert pod_spec(job)["volumes"] == pod_spec(admin)["volumes"]
+    assert {"name": "auth", "mountPath": "/etc/basalt/auth", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    for key in ("serviceAccountName", "automountServiceAccountToken", "securityContext"):
+        assert pod_spec(job)[key] == pod_spec(admin)[key]
+    if variant == "tls":
+        assert env["BASALT_TLS_ENABLE"]["value"] == "true"
+        assert {"name": "tls", "secret": {"secretName": "basalt-tls"}} in pod_spec(job)["volumes"]
+
+
+def test_the_hook_is_a_peer_of_basalts_pods_under_the_network_policies(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    # It dials etcd and the store-nodes: both policies let it in as a client,
+    # and neither selects it as a target (it serves nothing).
+    manifests = rendered["extras"]
+    [job] = _hook_jobs(manifests)
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "upgrade-mastership"
+    for name in (PREFIX, f"{PREFIX}-etcd"):
+        policy = by_kind_name(manifests, "NetworkPolicy", name)
+        [peer] = policy["spec"]["ingress"][0]["from"]
+        selector = peer["podSelector"]
+        assert selector["matchLabels"].items() <= labels.items()
+        [expression] = selector["matchExpressions"]
+        assert labels[expression["key"]] in expression["values"]
+    basalt = by_kind_name(manifests, "NetworkPolicy", PREFIX)["spec"]["podSelector"]
+    [targets] = basalt["matchExpressions"]
+    assert "upgrade-mastership" not in targets["values"]
+
+
+def _run_hook(
+    helm: Path, tmp_path: Path, etcd: str, cluster: str, brokers: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The rendered hook's container run here as the kubelet would run it (auth
+    off, this test's etcd and cluster; ``brokers`` in place of the chart's names
+    when given), ``python3`` being this interpreter and ``basalt`` its venv's."""
+    values = {"clusterName": cluster, "auth": {"enabled": False}}
+    values["storeNode"] = {"upgradeMastership": {"inSyncWaitSeconds": 60}}
+    manifests = render(helm, tmp_path, values, release=RELEASE, namespace=NAMESPACE)
+    [job] = _hook_jobs(manifests)
+    invocation = container_invocation(manifests, job, _hook_container(job), tmp_path)
+    python, *argv = invocation.argv
+    assert python == "python3"
+    if brokers is not None:
+        argv = [*argv[: argv.index("--wait-s") + 2], *brokers]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BASALT_")}
+    env.update(invocation.env, BASALT_ETCD=etcd)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
+
+
+def test_the_hook_never_fails_an_upgrade_when_a_group_cannot_be_moved(
+    helm: Path, tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    # A real etcd that has no such groups (e.g. an upgrade from the
+    # one-broker-per-pod layout, or more brokers than before): each election is
+    # refused, the Job says why per group and still succeeds.
+    done = _run_hook(helm, tmp_path, etcd.endpoint, unique_cluster())
+    assert done.returncode == 0, done.stdout + done.stderr
+    for g in range(2):
+        [line] = [x for x in done.stdout.splitlines() if f"{STORE_NODE}-{g}:" in x]
+        assert "mastership left as it is" in line
+        assert "hands over to an in-sync slave" in line
+    # Nor when etcd does not answer at all: the same, after the CLI's timeout.
+    done = _run_hook(helm, tmp_path, f"127.0.0.1:{free_port()}", unique_cluster())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("mastership left as it is") == 2
+
+
+@pytest.mark.slow
+@async_test(timeout_s=240)
+async def test_the_hook_makes_member_zero_master_and_waits_for_the_others(
+    helm: Path, tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    """A real group of three whose master is member 2 (the case the roll got
+    wrong: it would stop the master first): after the hook, member 0 is master
+    and every member is back in sync."""
+    cluster = unique_cluster()
+    async with ReplicaGroup(
+        tmp_path / "group", etcd.endpoint, cluster, flags=ha_flags(min_in_sync=2)
+    ) as group:
+        await eventually(lambda: group.in_sync({0, 1, 2}), timeout_s=60, what="all in sync")
+        # Member 2 master (electMaster; a no-op if it already is).
+        await elect_master(group.meta, GROUP, 2, unclean=False)
+        await eventually(lambda: group.in_sync({0, 1, 2}), timeout_s=60, what="back in sync")
+        epoch = (await group.state()).epoch
+        done = await asyncio.to_thread(_run_hook, helm, tmp_path, etcd.endpoint, cluster, [GROUP])
+        assert done.returncode == 0, done.stdout + done.stderr
+        state = await group.state()
+        assert state.master_id == 0 and state.epoch == epoch + 1
+        # The script returned only once every live member was back in sync.
+        assert state.sync_state_set == {0, 1, 2}, done.stdout
+        assert f"{GROUP}: master 2 -> 0" in done.stdout
+        assert f"{GROUP}: member 0 is master, every registered member in sync" in done.stdout
+        # Again: member 0 is already master, nothing changes.
+        again = await asyncio.to_thread(_run_hook, helm, tmp_path, etcd.endpoint, cluster, [GROUP])
+        assert again.returncode == 0 and "already the master" in again.stdout
+        assert (await group.state()).epoch == epoch + 1
 
 
 # -- kubernetes-validate --------------------------------------------------------------------
