@@ -208,6 +208,11 @@ class ReputMessageService:
             # event: it finds the units applied.
             loop.call_soon(loop.call_soon, self._apply_deferred)  # type: ignore[union-attr]
             return
+        if self.confirm_offset is not None and self.behind_bytes == 0:
+            # Caught up to the confirm offset (controller mode): what was appended
+            # waits for it, and moving it calls this again. Waking the thread for
+            # nothing would trade the GIL with it on every send.
+            return
         self.wakeup()
 
     def _apply_deferred(self) -> None:

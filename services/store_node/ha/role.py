@@ -482,8 +482,9 @@ class GroupMember:
         alone in its set keeps acknowledging while etcd is away (no clean
         election can replace it; etcd itself down expires no lease), as a group
         of one always did."""
-        state = self.state
-        others = state is not None and len(state.sync_state_set - {self.broker_id}) > 0
+        master = self.master
+        # The master's own book: a set it has just grown counts at once.
+        others = master is not None and len(master.sync_state_set) > 1
         return others or self.config.enable_elect_unclean_master
 
     def confirm_then(
@@ -499,7 +500,7 @@ class GroupMember:
             or (
                 # Alone in its in-sync set (a group of one): the store's own answer
                 # is the set's - no task, no wait.
-                master.sync_state_set == {self.broker_id} and master.pending_sync_state_set is None
+                len(master.sync_state_set) == 1 and master.pending_sync_state_set is None
             )
         ):
             settle(result)
