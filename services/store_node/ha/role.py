@@ -127,9 +127,13 @@ class GroupMember:
         self._registration = await self.group.register(
             self._member(), ttl_s=self.config.ha_lease_ttl_s
         )
+        await self.group.bootstrap()
+        # Listed after the bootstrap: the first view holds the state (and this
+        # member's key), so the role is settled before the node says it serves;
+        # a watch listed before it would see the state only with a later event,
+        # and the first sends would be refused NOT_MASTER meanwhile.
         self._watch.subscribe(lambda _change: self._changed.set())
         await self._watch.start()
-        await self.group.bootstrap()
         await self._apply()
         self._task = asyncio.create_task(self._follow(), name=f"group {self.broker_name}")
 
