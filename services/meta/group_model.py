@@ -188,6 +188,12 @@ def decode_group_entry(broker_name: str, name: str, raw: bytes) -> GroupEntry:
     raise MetaValidationError(f"groups/{broker_name}/{name} is not a group state or member key")
 
 
+def campaign_order(member: MemberRegistration) -> tuple[int, int, int]:
+    """The sort key of the campaign order: the newest epoch, then the furthest
+    max offset, then the lowest id (RocketMQ's DefaultElectPolicy order)."""
+    return (-member.epoch, -member.max_offset, member.broker_id)
+
+
 def election_rank(
     state: GroupState, members: dict[int, MemberRegistration], broker_id: int
 ) -> int | None:
@@ -200,7 +206,7 @@ def election_rank(
     candidates = [
         m for i, m in members.items() if i in state.sync_state_set and i != state.master_id
     ]
-    candidates.sort(key=lambda m: (-m.epoch, -m.max_offset, m.broker_id))
+    candidates.sort(key=campaign_order)
     for rank, member in enumerate(candidates):
         if member.broker_id == broker_id:
             return rank

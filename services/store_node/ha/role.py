@@ -38,6 +38,7 @@ from basalt.services.meta.group_model import (
     GroupState,
     MemberRegistration,
     MemberRole,
+    campaign_order,
     election_rank,
 )
 from basalt.services.meta.groups import BrokerGroup, GroupWatch
@@ -281,7 +282,7 @@ class GroupMember:
                 for i, m in self._watch.members.items()
                 if i in state.sync_state_set and i != self.broker_id
             ),
-            key=lambda m: (-m.epoch, -m.max_offset, m.broker_id),
+            key=campaign_order,
         )
         return ranked[0] if ranked else None
 
