@@ -63,7 +63,13 @@ from basalt.client.errors import (
 from basalt.client.tasks import TaskOwner
 from basalt.common import _records
 from basalt.common.auth import Credentials
-from basalt.common.message import PROPERTY_UNIQ_KEY, Message, encode_host, new_uniq_keys
+from basalt.common.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    encode_host,
+    new_uniq_keys,
+)
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
 from basalt.common.record import encode_batch
 from basalt.common.settings import (
@@ -389,6 +395,10 @@ class Producer(Client):
         topics = {m.topic for m in messages}
         if len(topics) > 1:
             raise ValueError(f"a batch goes to one topic, not {sorted(topics)}")
+        if len(messages) > 1 and any(_delayed(m) for m in messages):
+            # RocketMQ's MessageBatch refuses a delay level too: a store-node parks
+            # messages one by one, a batch of records is one queue's run.
+            raise ValueError("delayed messages cannot be batched: send them one by one")
         return await self._send(messages)
 
     def send_async(self, message: Message) -> asyncio.Future[SendResult]:
@@ -637,6 +647,10 @@ def _send_attributes(messages: Sequence[Message]) -> dict[str, AttributeValue]:
     return attributes
 
 
+def _delayed(m: Message) -> bool:
+    return m.delay_time_level > 0 or PROPERTY_DELAY_TIME_LEVEL in m.properties
+
+
 def _wire(m: Message, uniq: str) -> pb.Message:
     return pb.Message(
         topic=m.topic,
@@ -646,6 +660,7 @@ def _wire(m: Message, uniq: str) -> pb.Message:
         body=m.body,
         flag=m.flag,
         born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
+        delay_level=max(m.delay_time_level, 0),
     )
 
 

@@ -75,6 +75,7 @@ async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
                     body,
                     tags=tags[(sent + k) % len(tags)] or None,
                     keys=(f"key-{sent + k}",),
+                    delay_time_level=args.delay_level,
                 )
                 for k in range(n)
             ]
@@ -145,6 +146,13 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tags", help="tags, comma separated, used in turn")
     parser.add_argument("--size", type=int, default=1024, help="body bytes")
     parser.add_argument("--batch", type=int, default=1, help="messages per send (one queue)")
+    parser.add_argument(
+        "--delay-level",
+        type=int,
+        default=0,
+        help="RocketMQ delay level: 1 = 1s, 2 = 5s, ... 18 = 2h (the store's "
+        "message_delay_level); needs --batch 1",
+    )
     parser.add_argument("--group-name", default="quickstart-producer", help="producer group")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per message")
     parser.add_argument("--endpoints", help=ENDPOINTS_HELP)

@@ -463,6 +463,52 @@ static void find_tags(const uint8_t *rec, rec_t *r) {
     }
 }
 
+/* ---- SCHEDULE_TOPIC_XXXX's tagsCode: the message's due time -----------------
+ * delays: NULL/None (no rule: every topic's tagsCode is its TAGS hash) or a
+ * tuple of each delay level's delay in ms (MessageStoreConfig.delay_levels_ms).
+ * A record of SCHEDULE_TOPIC_XXXX whose DELAY property is a level (1 to 9
+ * ASCII digits, > 0) gets store_ts + the delay of min(level, len(delays)) as
+ * its tagsCode, as RocketMQ's checkMessageAndReturnSize computes it
+ * (computeDeliverTimestamp); any other record keeps r->tags_hash. Reference:
+ * basalt.common.record.consume_queue_tags_code. Needs the GIL; -1 with an
+ * exception set on error. */
+#define SCHEDULE_TOPIC "SCHEDULE_TOPIC_XXXX"
+#define SCHEDULE_TOPIC_LEN 19
+
+static int check_delays(PyObject *delays) {
+    if (delays == NULL || delays == Py_None || PyTuple_Check(delays)) return 0;
+    PyErr_SetString(PyExc_TypeError, "delays must be a tuple of ms or None");
+    return -1;
+}
+
+static int schedule_code(const uint8_t *rec, rec_t *r, int64_t store_ts, PyObject *delays) {
+    if (delays == NULL || delays == Py_None || PyTuple_GET_SIZE(delays) == 0) return 0;
+    if (r->topic_len != SCHEDULE_TOPIC_LEN ||
+        memcmp(rec + r->topic_off, SCHEDULE_TOPIC, SCHEDULE_TOPIC_LEN) != 0)
+        return 0;
+    const uint8_t *block = rec + r->props_off, *end = block + r->props_len;
+    for (const uint8_t *s = block; end - s >= 6; s++) {
+        if (s[0] != 'D' || memcmp(s, "DELAY\x01", 6) != 0 || (s != block && s[-1] != 2)) continue;
+        const uint8_t *v = s + 6;
+        const uint8_t *ve = memchr(v, 2, (size_t)(end - v));
+        if (ve == NULL) ve = end;
+        if (ve - v < 1 || ve - v > 9) return 0;
+        long long level = 0;
+        for (const uint8_t *c = v; c < ve; c++) {
+            if (*c < '0' || *c > '9') return 0;
+            level = level * 10 + (*c - '0');
+        }
+        if (level <= 0) return 0;
+        Py_ssize_t n = PyTuple_GET_SIZE(delays);
+        if (level > n) level = n; /* RocketMQ: past the last level waits the last */
+        long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(delays, level - 1));
+        if (d == -1 && PyErr_Occurred()) return -1;
+        r->tags_hash = store_ts + d;
+        return 0;
+    }
+    return 0;
+}
+
 /* tagsCode of a non-ASCII TAGS value: decode like Python (errors="replace"), hash UTF-16. */
 static int tags_hash_slow(const uint8_t *v, uint32_t n, int64_t *out) {
     PyObject *s = PyUnicode_DecodeUTF8((const char *)v, n, "replace");
@@ -662,7 +708,8 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
     return Py_BuildValue("nisLLL", pos, kind, why.text, last_ts, first_newer, count);
 }
 
-/* ---- dispatch(fd, file_pos, avail, base_offset, window, want_records, topic_cache)
+/* ---- dispatch(fd, file_pos, avail, base_offset, window, want_records, topic_cache,
+ *               delays=None)
  * The dispatcher's walk: pread up to len(window) bytes of the CommitLog file
  * from file_pos (avail bytes are written there, base_offset is their
  * physical offset) and walk the records, all with the GIL released once.
@@ -710,10 +757,14 @@ static PyObject *py_dispatch(PyObject *self, PyObject *args) {
     Py_buffer b;
     int fd, want_records;
     long long file_pos, avail, base;
-    PyObject *cache;
-    if (!PyArg_ParseTuple(args, "iLLLw*pO!", &fd, &file_pos, &avail, &base, &b, &want_records,
-                          &PyDict_Type, &cache))
+    PyObject *cache, *delays = NULL;
+    if (!PyArg_ParseTuple(args, "iLLLw*pO!|O", &fd, &file_pos, &avail, &base, &b, &want_records,
+                          &PyDict_Type, &cache, &delays))
         return NULL;
+    if (check_delays(delays) < 0) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
     uint8_t *buf = b.buf;
     Py_ssize_t pos = 0, need = 0, consumed = 0, nruns = 0;
     int kind = KIND_END, oom = 0, io_errno = 0;
@@ -828,6 +879,7 @@ static PyObject *py_dispatch(PyObject *self, PyObject *args) {
         }
         if (!r->tags_ascii && tags_hash_slow(rec + r->tags_off, r->tags_len, &r->tags_hash) < 0)
             goto done;
+        if (schedule_code(rec, r, r->store_ts, delays) < 0) goto done;
         /* Find the open run of (topic, queue_id) that this record continues. */
         Py_ssize_t ri = -1;
         if (last_run >= 0 && rv[last_run].topic == topic && rv[last_run].queue_id == r->queue_id &&
@@ -912,7 +964,7 @@ done:
 }
 
 /* ---- stamp(buf, start, end, base_phys, queue_offset, store_ts, store_host, ----
- *            topic, queue_id, max_body_size)
+ *            topic, queue_id, max_body_size, refuse_transactional=False, delays=None)
  * The write side: buf[start:end] holds records encoded by a producer
  * (common.record.encode_batch) for one (topic, queue id). Validates each exactly as a read
  * would, and more strictly in one way: its properties must be UTF-8 (a read keeps
@@ -1027,17 +1079,22 @@ static PyObject *py_stamp(PyObject *self, PyObject *args) {
     Py_buffer b, host, topic;
     stamp_t st;
     memset(&st, 0, sizeof st);
-    if (!PyArg_ParseTuple(args, "w*nnLLLy*y*iL|p", &b, &st.start, &st.end, &st.base,
+    PyObject *delays = NULL;
+    if (!PyArg_ParseTuple(args, "w*nnLLLy*y*iL|pO", &b, &st.start, &st.end, &st.base,
                           &st.next_qoff, &st.store_ts, &host, &topic, &st.queue_id,
-                          &st.max_body, &st.refuse_transactional))
+                          &st.max_body, &st.refuse_transactional, &delays))
         return NULL;
     PyObject *result = NULL;
     recs_t recs = {0};
+    if (check_delays(delays) < 0) goto done;
     if (st.start < 0 || st.end > b.len || st.start > st.end ||
         (host.len != 8 && host.len != 20)) {
         PyErr_SetString(PyExc_ValueError, "bad batch bounds or store host");
         goto done;
     }
+    /* The schedule rule only for a run of SCHEDULE_TOPIC_XXXX (a run is one topic). */
+    if (topic.len != SCHEDULE_TOPIC_LEN || memcmp(topic.buf, SCHEDULE_TOPIC, SCHEDULE_TOPIC_LEN))
+        delays = NULL;
     st.buf = b.buf;
     st.host = host.buf;
     st.host_len = host.len;
@@ -1084,6 +1141,7 @@ static PyObject *py_stamp(PyObject *self, PyObject *args) {
         const uint8_t *rec = st.buf + st.start + (r->phys - st.base);
         if (!r->tags_ascii && tags_hash_slow(rec + r->tags_off, r->tags_len, &r->tags_hash) < 0)
             goto fail;
+        if (schedule_code(rec, r, st.store_ts, delays) < 0) goto fail;
         put_i64(u, r->phys);
         put_i32(u + 8, r->size);
         put_i64(u + 12, r->tags_hash);
@@ -2177,9 +2235,10 @@ done:
     return list;
 }
 
-/* ---- tags_code_at(buf, pos) -> int | None ------------------------------------
+/* ---- tags_code_at(buf, pos, delays=None) -> int | None ----------------------
  * The ConsumeQueue tagsCode the dispatcher derives from the record at pos
- * (Java's String.hashCode of its TAGS property, 0 without one); None when
+ * (Java's String.hashCode of its TAGS property, 0 without one; with delays,
+ * a SCHEDULE_TOPIC_XXXX record's due time: schedule_code); None when
  * the bytes there are not a well-formed message. Recovery compares it with
  * a unit's tagsCode. Reference: basalt.store.hashing.tags_code of the
  * record's decoded TAGS.
@@ -2187,10 +2246,12 @@ done:
 static PyObject *py_tags_code_at(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "y*n", &b, &pos)) return NULL;
+    PyObject *delays = NULL;
+    if (!PyArg_ParseTuple(args, "y*n|O", &b, &pos, &delays)) return NULL;
     PyObject *result = NULL;
     rec_t r;
     reason_t why = {{0}};
+    if (check_delays(delays) < 0) goto done;
     if (pos < 0 || pos >= b.len ||
         parse_record((const uint8_t *)b.buf + pos, (int64_t)(b.len - pos), &r, &why) != KIND_MORE) {
         result = Py_NewRef(Py_None);
@@ -2199,6 +2260,7 @@ static PyObject *py_tags_code_at(PyObject *self, PyObject *args) {
     const uint8_t *rec = (const uint8_t *)b.buf + pos;
     find_tags(rec, &r);
     if (!r.tags_ascii && tags_hash_slow(rec + r.tags_off, r.tags_len, &r.tags_hash) < 0) goto done;
+    if (schedule_code(rec, &r, r.store_ts, delays) < 0) goto done;
     result = PyLong_FromLongLong((long long)r.tags_hash);
 done:
     PyBuffer_Release(&b);

@@ -32,6 +32,16 @@ from dataclasses import dataclass, field
 PROPERTY_TAGS = "TAGS"
 PROPERTY_KEYS = "KEYS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+#: RocketMQ's PROPERTY_DELAY_TIME_LEVEL: the delay level (1..N of the store's
+#: ``message_delay_level``) a message waits in :data:`SCHEDULE_TOPIC` for.
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+#: Where a scheduled message goes when due (RocketMQ's PROPERTY_REAL_TOPIC and
+#: PROPERTY_REAL_QUEUE_ID), set by the store when it parks the message.
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+#: RocketMQ's TopicValidator.RMQ_SYS_SCHEDULE_TOPIC: queue ``level - 1`` holds the
+#: messages of delay level ``level``; a unit's tagsCode is its due time (docs/scheduled.md).
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -207,11 +217,15 @@ class Message:
     born_host: str = "127.0.0.1:0"
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
+    #: RocketMQ's delayTimeLevel: > 0 writes the DELAY property (which then wins
+    #: over a DELAY in ``properties``); the store parks the message in
+    #: :data:`SCHEDULE_TOPIC` until the level's delay has passed.
+    delay_time_level: int = 0
 
     def encoded_properties(self) -> bytes:
         """``encode_properties(self.all_properties())``, without the dict copy when the
         message has only a tag and keys (the common case on the send path)."""
-        if self.properties:
+        if self.properties or self.delay_time_level > 0:
             return encode_properties(self.all_properties())
         text = f"{PROPERTY_TAGS}\x01{self.tags}\x02" if self.tags else ""
         if self.keys:
@@ -225,6 +239,8 @@ class Message:
             props[PROPERTY_TAGS] = self.tags
         if self.keys:
             props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
+        if self.delay_time_level > 0:
+            props[PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_time_level)
         return props
 
 

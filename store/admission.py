@@ -25,6 +25,7 @@ from basalt.store.commitlog import END_FILE_MIN_BLANK_LENGTH
 from basalt.store.config import MessageStoreConfig
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
+from basalt.store.schedule import BadDelayLevel, park
 
 
 def _bad_topic(topic: str) -> str:
@@ -53,7 +54,14 @@ class Admission:
         # encoded_properties() ends on a separator: the property is all EncodedMessage adds.
         reserved = CRC32_RESERVED_LEN if append_crc else 0
         encoded: list[EncodedMessage] = []
+        delays = cfg.delay_levels_ms
         for m in messages:
+            if m.delay_time_level or m.properties:
+                # A delayed message is stored parked in SCHEDULE_TOPIC_XXXX (store.schedule).
+                try:
+                    m = park(m, delays)
+                except BadDelayLevel as e:
+                    return _refused(PutStatus.MESSAGE_ILLEGAL, str(e))
             # Topic names are checked per run by check.
             if m.queue_id < 0 or m.queue_id > 0x7FFFFFFF:
                 return _refused(PutStatus.MESSAGE_ILLEGAL, f"queue id {m.queue_id} is out of range")

@@ -90,6 +90,8 @@ class CommitLog:
             fill_gaps=True,
         )
         self.store_host = encode_host(config.store_host)
+        #: Each delay level's delay: SCHEDULE_TOPIC_XXXX's tagsCode is a due time.
+        self.delays = config.delay_levels_ms
         #: Told each fsync's duration in seconds, on the flushing thread (the flush
         #: service's or the group commit's): must be quick and must not raise.
         self.flush_listeners: list[Callable[[float], None]] = []
@@ -177,6 +179,7 @@ class CommitLog:
                     run.queue_id,
                     self.config.max_message_size,
                     batch.from_producer,
+                    self.delays,
                 )
                 physical += run_phys
                 queue += run_queue

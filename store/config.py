@@ -6,6 +6,7 @@ Built once at the process edge and passed down. Units are in the names.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 from pathlib import Path
 
@@ -50,6 +51,34 @@ class FlushDiskType(enum.Enum):
     SYNC_FLUSH = "SYNC_FLUSH"
 
 
+#: RocketMQ's messageDelayLevel units, in ms.
+_DELAY_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+#: The most delay levels: SCHEDULE_TOPIC_XXXX has one queue per level.
+MAX_DELAY_LEVELS = 64
+
+
+@functools.lru_cache(maxsize=16)
+def parse_delay_levels(message_delay_level: str) -> tuple[int, ...]:
+    """RocketMQ's ``messageDelayLevel``: space-separated delays, each a positive
+    integer and a unit of s, m, h or d ("1s 5s 10s 30s 1m ... 2h"). Returns
+    level ``i``'s delay in ms at index ``i - 1``.
+
+    Raises ValueError when it does not parse, is empty or has more than
+    :data:`MAX_DELAY_LEVELS` levels.
+    """
+    delays = []
+    for word in message_delay_level.split():
+        amount, unit = word[:-1], word[-1:]
+        if unit not in _DELAY_UNITS_MS or not amount.isascii() or not amount.isdigit():
+            raise ValueError(f"{word!r} is not a number and a unit of s, m, h or d")
+        if int(amount) <= 0:
+            raise ValueError(f"{word!r} is not a positive delay")
+        delays.append(int(amount) * _DELAY_UNITS_MS[unit])
+    if not 1 <= len(delays) <= MAX_DELAY_LEVELS:
+        raise ValueError(f"{len(delays)} delay levels: 1-{MAX_DELAY_LEVELS} allowed")
+    return tuple(delays)
+
+
 def _is_ip_port(store_host: object) -> bool:
     """``ip:port``: an IPv4 or bracketed IPv6 address, a port in 0..65535."""
     if not isinstance(store_host, str):
@@ -63,6 +92,9 @@ def _is_ip_port(store_host: object) -> bool:
 
 
 _store_host = check("'ip:port'", _is_ip_port)
+_message_delay_level = instance_of(str, "a string") & from_validator(
+    "delays like '1s 5s 1m 2h' (units s, m, h, d)", parse_delay_levels
+)
 _delete_when = instance_of(str, "a string") & from_validator(
     "hours 00-23 separated by ';'", parse_delete_hours
 )
@@ -280,9 +312,33 @@ class MessageStoreConfig:
         doc="A file a reader still holds is deleted anyway this long after the first try.",
     )
 
+    message_delay_level: str = setting(
+        default="1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+        check=_message_delay_level,
+        doc=(
+            "RocketMQ's messageDelayLevel: the delay of each level a message may ask "
+            "for (DELAY=n waits the n-th), space-separated, units s, m, h, d; at "
+            f"most {MAX_DELAY_LEVELS} levels. See docs/scheduled.md."
+        ),
+    )
+    flush_delay_offset_interval_ms: int = setting(
+        default=10_000,
+        check=positive,
+        doc=(
+            "RocketMQ's flushDelayOffsetInterval: config/delayOffset.json is written "
+            "this often (if changed) and at shutdown."
+        ),
+    )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path_root_dir", Path(self.store_path_root_dir))
         validate(self, StoreConfigError)
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        """Level ``i``'s delay in ms at index ``i - 1`` (``message_delay_level`` parsed;
+        cached, as the put path and the dispatcher read it per scheduled message)."""
+        return parse_delay_levels(self.message_delay_level)
 
     @property
     def delete_hours(self) -> frozenset[int]:

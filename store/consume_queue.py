@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from basalt.common import _records
+from basalt.common.message import SCHEDULE_TOPIC
 from basalt.common.record import (
     MESSAGE_MAGIC_CODE,
     MIN_RECORD_SIZE,
@@ -54,6 +55,7 @@ assert UNIT.size == CQ_STORE_UNIT_SIZE
 #: The size field of a filler unit (RocketMQ writes Integer.MAX_VALUE).
 BLANK_UNIT_SIZE = 0x7FFFFFFF
 BLANK_UNIT = UNIT.pack(0, BLANK_UNIT_SIZE, 0)
+_SCHEDULE_TOPIC_RAW = SCHEDULE_TOPIC.encode()
 
 #: (queue offset, physical offset, size, tagsCode) — what the dispatcher hands in.
 CqEntry = tuple[int, int, int, int]
@@ -105,6 +107,10 @@ def _mismatch(
     p += 4 + body_len
     if body_len < 0 or p + 1 > rel + size or buf[p + 1 : p + 1 + buf[p]] != topic_raw:
         return f"unit ({phy}, {size}) points at another topic's record"
+    if topic_raw == _SCHEDULE_TOPIC_RAW:
+        # Its tagsCode is a due time from the delay levels configured when it was
+        # dispatched (store.schedule), which this check does not know.
+        return None
     # A wrong tagsCode hides the record from TAG subscriptions (and fails store check).
     code = _records.tags_code_at(buf, rel)
     if code != tags_code:

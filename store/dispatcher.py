@@ -375,6 +375,7 @@ class ReputMessageService:
             window,
             bool(self.listeners),
             self._topics,
+            commitlog.delays,
         )
         if kind == _records.KIND_CORRUPT and end < mf.file_from_offset + mf.wrote_position:
             # The confirm offset may cut a record (it is whatever the master sent):

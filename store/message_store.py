@@ -6,6 +6,7 @@ Owns one store root::
     <root>/consumequeue/T/Q/     ConsumeQueue files         (store.consume_queue)
     <root>/index/                IndexFiles                 (store.index_file)
     <root>/config/               consumerOffset.json        (store.consumer_offsets)
+                                 delayOffset.json           (store.schedule)
                                  consumeQueueManifest.json  (store.queue_manifest)
     <root>/pop/journal           pop-and-ack consumer state (store.pop)
     <root>/checkpoint            flush timestamps, confirm offset (store.checkpoint)
@@ -76,6 +77,7 @@ from basalt.store.put_result import refused as _refused
 from basalt.store.queue_manifest import QueueManifest, manifest_path
 from basalt.store.recovery import CommitLogPrescan, RecoveryReport, recover
 from basalt.store.replica_log import ReplicaLog
+from basalt.store.schedule import ScheduleMessageService, delay_offset_path
 from basalt.store.store_reads import StoreReads
 from basalt.store.truncation import cut_commitlog, read_marker, remove_marker
 
@@ -126,6 +128,14 @@ class MessageStore(StoreReads, ReplicaLog):
             consumer_offset_path(config.store_path_root_dir), clock=self.clock, space_reserve=True
         )
         self._offset_persister: OffsetPersistService | None = None
+        #: Delivers parked delayed messages when due (see store.schedule).
+        self.schedule = ScheduleMessageService(
+            self,
+            config.delay_levels_ms,
+            delay_offset_path(config.store_path_root_dir),
+            now_ms=self.clock.now_ms,
+            persist_interval_ms=config.flush_delay_offset_interval_ms,
+        )
         #: Pop-and-ack consumer state (RocketMQ 5's POP), journaled under <root>/pop.
         self.pop = PopStore(
             config.store_path_root_dir / "pop",
@@ -239,6 +249,7 @@ class MessageStore(StoreReads, ReplicaLog):
             # After the offsets: a queue the journal does not know starts at its
             # committed offset.
             self.pop_load_report = self.pop.load()
+            self.schedule.load()
             create_abort_file(cfg.abort_path)
         except BaseException:
             self._close_files()
@@ -282,7 +293,10 @@ class MessageStore(StoreReads, ReplicaLog):
         self.dispatcher.failures = self.failures
         if self.index is not None:
             self.index.failures = self.failures
-        for service in (flush, self._flush_cq, self.expiry, self._offset_persister):
+        # A controller-mode store delivers nothing until it is told it is the
+        # master (set_schedule_enabled): a slave's deliveries would fork its log.
+        self.schedule.enabled = not cfg.enable_controller_mode
+        for service in (flush, self._flush_cq, self.expiry, self._offset_persister, self.schedule):
             service.failures = self.failures
             service.start()
         self.dispatcher.start()
@@ -292,6 +306,7 @@ class MessageStore(StoreReads, ReplicaLog):
             self._flush_cq.name,
             self.expiry.name,
             self._offset_persister.name,
+            self.schedule.name,
         ) + (("index-service",) if self.index is not None else ())
         self._running = True
         return report
@@ -309,6 +324,11 @@ class MessageStore(StoreReads, ReplicaLog):
         if not self._running:
             return self.shut_down_cleanly
         self._running = False
+        try:
+            self.schedule.shutdown()  # stops delivering, writes delayOffset.json
+        except OSError as e:
+            # Not lost, only delivered again after the restart: still not a clean stop.
+            self.failures.record(self.schedule.name, e)
         if self.expiry is not None:
             self.expiry.shutdown()
         self.commitlog.close_for_writes()
@@ -521,6 +541,12 @@ class MessageStore(StoreReads, ReplicaLog):
 
     def put_message(self, message: Message) -> PutMessageResult:
         return self.put_messages([message])
+
+    def set_schedule_enabled(self, enabled: bool) -> None:
+        """Start (True) or stop delivering parked delayed messages: a controller-mode
+        store-node turns it on as master and off as slave (store.schedule)."""
+        self.schedule.enabled = enabled
+        self.schedule.wakeup()
 
     def _await_flush(self, result: PutMessageResult, flush_to: int | None) -> PutMessageResult:
         if flush_to is not None and self._group_commit is not None:

@@ -109,7 +109,7 @@ def walk_unit_runs(
         if avail <= 0:
             break
         pos, kind, reason, _, _, runs, _, need = _records.dispatch(
-            mf.fd, rel, avail, at, window, False, topics
+            mf.fd, rel, avail, at, window, False, topics, commitlog.delays
         )
         if runs:
             on_runs(runs)

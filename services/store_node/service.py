@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +41,14 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
-from basalt.common.message import decode_host, parse_offset_msg_id
+from basalt.common.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    SCHEDULE_TOPIC,
+    decode_host,
+    parse_offset_msg_id,
+    property_value,
+)
+from basalt.common.record import MIN_RECORD_SIZE, record_properties
 from basalt.common.settings import (
     boolean,
     check,
@@ -240,6 +248,8 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         #: False while shutting down: sends and reads are refused, as RocketMQ's
         #: broker permission does once it is set unwritable.
         self.writable = True
+        #: The store's delay levels: a send may ask for 0..this.
+        self._delay_levels = len(store.config.delay_levels_ms)
 
     # -- checks -----------------------------------------------------------------------
 
@@ -253,6 +263,13 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
             self.group.check_writable()
         broker = self.config.broker_name
         check_broker_perm(broker, self.broker_perm(), write=True)
+        if topic == SCHEDULE_TOPIC:
+            # The store's own (RocketMQ's TopicValidator refuses sends to system topics):
+            # only the store parks messages there, never through etcd's topics.
+            raise Refusal(
+                pb.RESPONSE_CODE_NO_PERMISSION,
+                f"topic {topic!r} is a system topic: ask for a delay level instead",
+            )
         config = self.topics.topic(topic)
         if config is not None and not config.writable:
             raise Refusal(pb.RESPONSE_CODE_NO_PERMISSION, f"topic {topic!r} is not writable")
@@ -311,11 +328,19 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
         itself (an empty batch, a message of another topic) raise."""
         if isinstance(request, sn.SendMessageRequest):
             m = request.message
-            return self.store.encode_messages([_store_message(m, m.topic, request.queue_id)])
+            stored = _store_message(m, m.topic, request.queue_id, self._delay_levels)
+            return self.store.encode_messages([stored])
         topic, queue_id = request.topic, request.queue_id
         if request.WhichOneof("batch") == "records":
             if not request.records:
                 raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
+            if _DELAY_MARK in request.records and _delayed_record(request.records):
+                # RocketMQ refuses a delayed MessageBatch too; a parked batch would be
+                # one queue's run rewritten record by record.
+                raise Refusal(
+                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                    "a batch of records cannot carry DELAY: send delayed messages one by one",
+                )
             return EncodedBatch.of_records(topic, queue_id, request.records)
         messages = request.messages.messages
         if not messages:
@@ -326,7 +351,10 @@ class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
                     pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
                     f"a batch goes to one topic: {m.topic!r} in a batch for {topic!r}",
                 )
-        return self.store.encode_messages([_store_message(m, topic, queue_id) for m in messages])
+        levels = self._delay_levels
+        return self.store.encode_messages(
+            [_store_message(m, topic, queue_id, levels) for m in messages]
+        )
 
     async def send(self, request: SendRequest) -> pb.SendResult:
         """One send (a message or a batch), checked, stored and answered."""
@@ -701,6 +729,26 @@ def _store_status(result: GetMessageResult) -> pb.GetMessageStatus.ValueType:
     return pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name)
 
 
+_DELAY_MARK = PROPERTY_DELAY_TIME_LEVEL.encode() + b"\x01"
+
+
+def _delayed_record(records: bytes) -> bool:
+    """Whether a record of a producer's batch has a DELAY property (the quick
+    ``in`` test found its name somewhere in the bytes)."""
+    pos = 0
+    try:
+        while pos < len(records):
+            size = int.from_bytes(records[pos : pos + 4], "big", signed=True)
+            if size < MIN_RECORD_SIZE or pos + size > len(records):
+                return False  # malformed: the store's stamp refuses it with the reason
+            if property_value(record_properties(records, pos), _DELAY_MARK[:-1]) is not None:
+                return True
+            pos += size
+    except (ValueError, IndexError, struct.error):
+        return False
+    return False
+
+
 def _send_target(request: SendRequest) -> tuple[str, int]:
     if isinstance(request, sn.SendMessageRequest):
         return request.message.topic, request.queue_id
@@ -715,19 +763,29 @@ def _check_write_queue(config: TopicConfig, queue_id: int) -> None:
         )
 
 
-def _store_message(m: pb.Message, topic: str, queue_id: int) -> Message:
-    """A wire Message as the store's; refusals for what the store cannot do,
-    and MESSAGE_ILLEGAL for a property named as the store's own (``__CRC32#``,
-    basalt.services.validation)."""
-    if m.delay_level > 0:
-        raise Refusal(
-            pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
-            f"delay_level {m.delay_level}: scheduled delivery is not supported",
-        )
+def _store_message(m: pb.Message, topic: str, queue_id: int, levels: int) -> Message:
+    """A wire Message as the store's; MESSAGE_ILLEGAL for a property named as the
+    store's own (``__CRC32#``, basalt.services.validation), INVALID_PARAMETER for a
+    delay level (``delay_level``, else the DELAY property) outside 0..``levels``:
+    the front refuses what the store would clamp (docs/scheduled.md)."""
     try:
         check_property_names(m.properties, STORE_PROPERTIES)
     except LimitError as e:
         raise e.refusal() from None
+    level = m.delay_level
+    raw = m.properties.get(PROPERTY_DELAY_TIME_LEVEL)
+    if not level and raw is not None:
+        # A RocketMQ client sets the level as the DELAY property.
+        try:
+            level = int(raw)
+        except ValueError:
+            level = -1
+    if not 0 <= level <= levels:
+        raise Refusal(
+            pb.RESPONSE_CODE_INVALID_PARAMETER,
+            f"delay level {raw if raw is not None and not m.delay_level else level} is out of "
+            f"range: 0 (no delay) or 1-{levels} (the store's message_delay_level)",
+        )
     return Message(
         topic,
         m.body,
@@ -738,4 +796,5 @@ def _store_message(m: pb.Message, topic: str, queue_id: int) -> Message:
         flag=m.flag,
         born_timestamp_ms=m.born_timestamp_ms,
         born_host=m.born_host or "127.0.0.1:0",
+        delay_time_level=level,
     )

@@ -191,11 +191,11 @@ def test_every_bad_input_is_refused_clearly_and_the_node_keeps_serving(tmp_path:
                 ),
                 (
                     stub.SendMessage(
-                        sn.SendMessageRequest(message=wire(TOPIC, b"x", delay_level=3))
+                        sn.SendMessageRequest(message=wire(TOPIC, b"x", delay_level=19))
                     ),
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
-                    "delay_level",
+                    pb.RESPONSE_CODE_INVALID_PARAMETER,
+                    "1-18",
                 ),
             ]
             for call, status, code, words in cases:

@@ -460,9 +460,9 @@ class Message(_message.Message):
     """
     delay_level: _builtins.int
     """RocketMQ's delayTimeLevel (1 = 1 s, 2 = 5 s, 3 = 10 s, ... 18 = 2 h); 0 = no
-    delay. Stored as the DELAY property. Basalt has no scheduled delivery
-    yet: until it does, a store-node refuses delay_level > 0
-    (INVALID_ARGUMENT, MESSAGE_ILLEGAL) rather than deliver early.
+    delay; the levels are the store's message_delay_level (docs/scheduled.md).
+    Stored as the DELAY property (0 here reads a DELAY in `properties`); a
+    level outside 0..N is refused (INVALID_ARGUMENT, INVALID_PARAMETER).
     """
     flag: _builtins.int
     """RocketMQ's message flag: an application-defined int stored as is."""

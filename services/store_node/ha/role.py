@@ -374,12 +374,14 @@ class GroupMember:
         )
         self.state = state
         self.role = Role.MASTER
+        self.store.set_schedule_enabled(True)  # only a master delivers delayed messages
         log.info(
             "%s: broker id %d is master, epoch %d", self.broker_name, self.broker_id, state.epoch
         )
 
     async def _become_slave(self, state: GroupState, master: MemberRegistration) -> None:
         self.role = Role.SLAVE  # first: a deposed master takes no more sends
+        self.store.set_schedule_enabled(False)  # its re-puts would fork the log
         await self._stop_master()
         await self._stop_slave()
         self.servicer.serve_as(None, f"{state.master_id} at {master.address}")
