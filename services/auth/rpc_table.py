@@ -123,6 +123,15 @@ RPC_TABLE: dict[str, Rule] = {
     _STORE + "PopMessages": consume(),
     _STORE + "AckMessages": consume(),
     _STORE + "ChangeInvisibleDuration": consume(),
+    # Cancelling a timer message is its topic's producer's (RocketMQ 5.3: Pub).
+    _STORE + "RecallMessage": Rule((topic(PUB),)),
+    _STORE + "GetScheduleStatus": Rule((cluster(GET),)),
+    # A consumer gives back what it read: its group's Sub on the topic it read.
+    _STORE + "ConsumerSendMsgBack": consume("origin_topic", "group"),
+    # A transaction ends on the half's real topic, known once the half is read:
+    # the producers' cluster-wide Pub, as RocketMQ's END_TRANSACTION.
+    _STORE + "EndTransaction": Rule((cluster(PUB),)),
+    _STORE + "WatchTransactionChecks": Rule((cluster(PUB),)),
     # -- PullService: what consumers and the admin service call.
     _PULL + "QueryRoute": Rule((topic(PUB_OR_SUB),)),
     _PULL + "Pull": consume("queue.topic"),

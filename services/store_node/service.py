@@ -85,8 +85,11 @@ from basalt.services.store_node.ha.gate import WriteGate
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
 from basalt.services.store_node.pop import PopRpcs
+from basalt.services.store_node.retry_rpcs import RetryRpcs
+from basalt.services.store_node.schedule_rpcs import ScheduleRpcs
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
 from basalt.services.store_node.topics import TopicDirectory
+from basalt.services.store_node.transaction_rpcs import TransactionRpcs
 from basalt.services.store_node.wire import pull_batch_wire
 from basalt.services.validation import STORE_PROPERTIES, LimitError, check_property_names
 from basalt.store import Message, MessageStore
@@ -218,7 +221,9 @@ class _Stats:
         return (count - before) / (now - then) if now > then else 0.0
 
 
-class StoreNodeServicer(PopRpcs, sn_grpc.StoreNodeServicer):
+class StoreNodeServicer(
+    PopRpcs, ScheduleRpcs, RetryRpcs, TransactionRpcs, sn_grpc.StoreNodeServicer
+):
     """The StoreNode RPCs over one running store (the pop-and-ack ones from
     :class:`~basalt.services.store_node.pop.PopRpcs`)."""
 

@@ -220,10 +220,15 @@ def test_services_and_methods() -> None:
                 "PopMessages",
                 "AckMessages",
                 "ChangeInvisibleDuration",
+                "RecallMessage",
+                "GetScheduleStatus",
+                "ConsumerSendMsgBack",
+                "EndTransaction",
             ],
             unary,
         ),
         "SendStream": (True, True),
+        "WatchTransactionChecks": (False, True),
     }
     assert _methods(pull_service_pb2, "PullService") == {
         "QueryRoute": unary,

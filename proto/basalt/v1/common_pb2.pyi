@@ -442,6 +442,7 @@ class Message(_message.Message):
     BORN_HOST_FIELD_NUMBER: _builtins.int
     DELAY_LEVEL_FIELD_NUMBER: _builtins.int
     FLAG_FIELD_NUMBER: _builtins.int
+    DELIVER_TIME_MS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """Topic name: 1 to 127 characters of [%|a-zA-Z0-9_-] (RocketMQ's rule).
     Else INVALID_ARGUMENT, MESSAGE_ILLEGAL.
@@ -466,6 +467,14 @@ class Message(_message.Message):
     """
     flag: _builtins.int
     """RocketMQ's message flag: an application-defined int stored as is."""
+    deliver_time_ms: _builtins.int
+    """RocketMQ 5's timer: deliver at this Unix ms (stored as TIMER_DELIVER_MS);
+    0 = no timer. The properties __STARTDELIVERTIME (ms), TIMER_DELIVER_MS
+    and TIMER_DELAY_SEC (seconds after the store time) ask the same. A time
+    more than the store's timer_max_delay_sec ahead, or a timer together with
+    delay_level: INVALID_ARGUMENT, INVALID_PARAMETER; a time already passed is
+    delivered at once (docs/timers.md).
+    """
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stored as the KEYS property, joined by one space; a key must not contain
@@ -494,10 +503,11 @@ class Message(_message.Message):
         born_host: _builtins.str = ...,
         delay_level: _builtins.int = ...,
         flag: _builtins.int = ...,
+        deliver_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_host", b"born_host", "born_timestamp_ms", b"born_timestamp_ms", "delay_level", b"delay_level", "flag", b"flag", "keys", b"keys", "properties", b"properties", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_host", b"born_host", "born_timestamp_ms", b"born_timestamp_ms", "delay_level", b"delay_level", "deliver_time_ms", b"deliver_time_ms", "flag", b"flag", "keys", b"keys", "properties", b"properties", "tags", b"tags", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -605,6 +615,7 @@ class SendResult(_message.Message):
     OFFSET_MSG_IDS_FIELD_NUMBER: _builtins.int
     STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     STORE_HOST_FIELD_NUMBER: _builtins.int
+    RECALL_HANDLES_FIELD_NUMBER: _builtins.int
     status: Global___SendStatus.ValueType
     put_status: Global___PutMessageStatus.ValueType
     """The store's own outcome (PUT_OK or FLUSH_*/SLAVE_* here; refusals fail the call)."""
@@ -629,6 +640,13 @@ class SendResult(_message.Message):
         offset (8, big-endian). Accepted by StoreNode.ViewMessage.
         """
 
+    @_builtins.property
+    def recall_handles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One per message: the handle that cancels a timer message before it is
+        due (StoreNode.RecallMessage; RocketMQ 5.3's recall handle); empty for a
+        message without a timer.
+        """
+
     def __init__(
         self,
         *,
@@ -640,10 +658,11 @@ class SendResult(_message.Message):
         offset_msg_ids: _abc.Iterable[_builtins.str] | None = ...,
         store_timestamp_ms: _builtins.int = ...,
         store_host: _builtins.str = ...,
+        recall_handles: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset_msg_ids", b"offset_msg_ids", "physical_offsets", b"physical_offsets", "put_status", b"put_status", "queue", b"queue", "queue_offsets", b"queue_offsets", "status", b"status", "store_host", b"store_host", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset_msg_ids", b"offset_msg_ids", "physical_offsets", b"physical_offsets", "put_status", b"put_status", "queue", b"queue", "queue_offsets", b"queue_offsets", "recall_handles", b"recall_handles", "status", b"status", "store_host", b"store_host", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

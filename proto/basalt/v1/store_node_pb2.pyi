@@ -60,6 +60,28 @@ POP_ACK_STATUS_WRONG_BROKER: PopAckStatus.ValueType  # 4
 """Names another store-node: route it to the broker the handle names."""
 Global___PopAckStatus: _TypeAlias = PopAckStatus  # noqa: Y015
 
+class _TransactionResolution:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TransactionResolutionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TransactionResolution.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRANSACTION_RESOLUTION_UNSPECIFIED: _TransactionResolution.ValueType  # 0
+    TRANSACTION_RESOLUTION_COMMIT: _TransactionResolution.ValueType  # 1
+    """Put the message to its real topic: consumers get it."""
+    TRANSACTION_RESOLUTION_ROLLBACK: _TransactionResolution.ValueType  # 2
+    """Drop it: no consumer ever gets it."""
+
+class TransactionResolution(_TransactionResolution, metaclass=_TransactionResolutionEnumTypeWrapper):
+    """The outcome a producer decides for a half message."""
+
+TRANSACTION_RESOLUTION_UNSPECIFIED: TransactionResolution.ValueType  # 0
+TRANSACTION_RESOLUTION_COMMIT: TransactionResolution.ValueType  # 1
+"""Put the message to its real topic: consumers get it."""
+TRANSACTION_RESOLUTION_ROLLBACK: TransactionResolution.ValueType  # 2
+"""Drop it: no consumer ever gets it."""
+Global___TransactionResolution: _TypeAlias = TransactionResolution  # noqa: Y015
+
 @_typing.final
 class SendMessageRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -1233,3 +1255,359 @@ class ChangeInvisibleDurationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChangeInvisibleDurationResponse: _TypeAlias = ChangeInvisibleDurationResponse  # noqa: Y015
+
+@_typing.final
+class RecallMessageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECALL_HANDLE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """The topic the timer message was sent to; must be the handle's."""
+    recall_handle: _builtins.str
+    """SendResult.recall_handles' entry of the message."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        recall_handle: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recall_handle", b"recall_handle", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecallMessageRequest: _TypeAlias = RecallMessageRequest  # noqa: Y015
+
+@_typing.final
+class RecallMessageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    """The recalled message's id (its UNIQ_KEY)."""
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecallMessageResponse: _TypeAlias = RecallMessageResponse  # noqa: Y015
+
+@_typing.final
+class GetScheduleStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    MAX_NEXT_DUE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Only this topic's timers; empty = every topic."""
+    max_next_due: _builtins.int
+    """How many of the next due times to list per topic (0 = none)."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        max_next_due: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_next_due", b"max_next_due", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetScheduleStatusRequest: _TypeAlias = GetScheduleStatusRequest  # noqa: Y015
+
+@_typing.final
+class DelayLevelStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEVEL_FIELD_NUMBER: _builtins.int
+    DELAY_MS_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    NEXT_DUE_MS_FIELD_NUMBER: _builtins.int
+    level: _builtins.int
+    """1..N (docs/scheduled.md)."""
+    delay_ms: _builtins.int
+    pending: _builtins.int
+    """Parked messages of the level not yet re-put to their topic."""
+    next_due_ms: _builtins.int
+    """The due time of the next one, Unix ms; 0 = none pending."""
+    def __init__(
+        self,
+        *,
+        level: _builtins.int = ...,
+        delay_ms: _builtins.int = ...,
+        pending: _builtins.int = ...,
+        next_due_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_ms", b"delay_ms", "level", b"level", "next_due_ms", b"next_due_ms", "pending", b"pending"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DelayLevelStatus: _TypeAlias = DelayLevelStatus  # noqa: Y015
+
+@_typing.final
+class TimerTopicStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    NEXT_DUE_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    pending: _builtins.int
+    """Timer messages of the topic not yet delivered."""
+    @_builtins.property
+    def next_due_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The earliest due times, Unix ms, ascending (at most max_next_due)."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        pending: _builtins.int = ...,
+        next_due_ms: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_due_ms", b"next_due_ms", "pending", b"pending", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimerTopicStatus: _TypeAlias = TimerTopicStatus  # noqa: Y015
+
+@_typing.final
+class GetScheduleStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEVELS_FIELD_NUMBER: _builtins.int
+    TIMER_TOPICS_FIELD_NUMBER: _builtins.int
+    TIMER_PENDING_FIELD_NUMBER: _builtins.int
+    TIMER_READ_MS_FIELD_NUMBER: _builtins.int
+    timer_pending: _builtins.int
+    """Every timer message pending on this store-node."""
+    timer_read_ms: _builtins.int
+    """How far the timer's scan has come, Unix ms: what is due before it has
+    been delivered.
+    """
+    @_builtins.property
+    def levels(self) -> _containers.RepeatedCompositeFieldContainer[Global___DelayLevelStatus]:
+        """One per delay level, in level order."""
+
+    @_builtins.property
+    def timer_topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TimerTopicStatus]:
+        """Topics with pending timers (or the requested one), by name."""
+
+    def __init__(
+        self,
+        *,
+        levels: _abc.Iterable[Global___DelayLevelStatus] | None = ...,
+        timer_topics: _abc.Iterable[Global___TimerTopicStatus] | None = ...,
+        timer_pending: _builtins.int = ...,
+        timer_read_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["levels", b"levels", "timer_pending", b"timer_pending", "timer_read_ms", b"timer_read_ms", "timer_topics", b"timer_topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetScheduleStatusResponse: _TypeAlias = GetScheduleStatusResponse  # noqa: Y015
+
+@_typing.final
+class ConsumerSendMsgBackRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    OFFSET_MSG_ID_FIELD_NUMBER: _builtins.int
+    ORIGIN_TOPIC_FIELD_NUMBER: _builtins.int
+    DELAY_LEVEL_FIELD_NUMBER: _builtins.int
+    MAX_RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """The consumer group giving the message back."""
+    offset_msg_id: _builtins.str
+    """The offset message id of the record the consumer got (on this store-node)."""
+    origin_topic: _builtins.str
+    """The topic the consumer read it from: its own topic or %RETRY%<group>
+    (RocketMQ's originTopic).
+    """
+    delay_level: _builtins.int
+    """0 = the broker's choice (3 + the message's reconsume times, RocketMQ 4's
+    rule); > 0 = this delay level; < 0 = to %DLQ%<group> at once.
+    """
+    max_reconsume_times: _builtins.int
+    """Past this many reconsumes the copy goes to %DLQ%<group> (RocketMQ's
+    maxReconsumeTimes; 16 by default in the SDK).
+    """
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        offset_msg_id: _builtins.str = ...,
+        origin_topic: _builtins.str = ...,
+        delay_level: _builtins.int = ...,
+        max_reconsume_times: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delay_level", b"delay_level", "group", b"group", "max_reconsume_times", b"max_reconsume_times", "offset_msg_id", b"offset_msg_id", "origin_topic", b"origin_topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerSendMsgBackRequest: _TypeAlias = ConsumerSendMsgBackRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerSendMsgBackResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERED_FIELD_NUMBER: _builtins.int
+    RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Where the copy went: %RETRY%<group> or %DLQ%<group>."""
+    dead_lettered: _builtins.bool
+    reconsume_times: _builtins.int
+    """The copy's RECONSUME_TIME."""
+    @_builtins.property
+    def result(self) -> _common_pb2.SendResult:
+        """The copy's send result."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        dead_lettered: _builtins.bool = ...,
+        reconsume_times: _builtins.int = ...,
+        result: _common_pb2.SendResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_lettered", b"dead_lettered", "reconsume_times", b"reconsume_times", "result", b"result", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerSendMsgBackResponse: _TypeAlias = ConsumerSendMsgBackResponse  # noqa: Y015
+
+@_typing.final
+class EndTransactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    OFFSET_MSG_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    RESOLUTION_FIELD_NUMBER: _builtins.int
+    FROM_CHECK_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    offset_msg_id: _builtins.str
+    """The half message's offset message id (SendResult.offset_msg_ids of the
+    transactional send, or TransactionCheck.offset_msg_id).
+    """
+    transaction_id: _builtins.str
+    """The message's UNIQ_KEY (RocketMQ's transactionId); must be the half's."""
+    resolution: Global___TransactionResolution.ValueType
+    from_check: _builtins.bool
+    """An answer to a TransactionCheck (RocketMQ's fromTransactionCheck)."""
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        offset_msg_id: _builtins.str = ...,
+        transaction_id: _builtins.str = ...,
+        resolution: Global___TransactionResolution.ValueType = ...,
+        from_check: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_check", b"from_check", "offset_msg_id", b"offset_msg_id", "producer_group", b"producer_group", "resolution", b"resolution", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionRequest: _TypeAlias = EndTransactionRequest  # noqa: Y015
+
+@_typing.final
+class EndTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def result(self) -> _common_pb2.SendResult:
+        """With COMMIT: the committed message's send result; unset for ROLLBACK."""
+
+    def __init__(
+        self,
+        *,
+        result: _common_pb2.SendResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionResponse: _TypeAlias = EndTransactionResponse  # noqa: Y015
+
+@_typing.final
+class WatchTransactionChecksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    client_id: _builtins.str
+    """Who listens (RocketMQ's clientId), for logs and metrics."""
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "producer_group", b"producer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchTransactionChecksRequest: _TypeAlias = WatchTransactionChecksRequest  # noqa: Y015
+
+@_typing.final
+class TransactionCheck(_message.Message):
+    """One unresolved half message the producer group should decide."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_MSG_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_ID_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    CHECK_TIMES_FIELD_NUMBER: _builtins.int
+    offset_msg_id: _builtins.str
+    transaction_id: _builtins.str
+    record: _builtins.bytes
+    """The half message as stored, one record in the CommitLog layout
+    (common.proto's Records): its real topic is the REAL_TOPIC property.
+    """
+    check_times: _builtins.int
+    """How many times it has been checked, this one included."""
+    def __init__(
+        self,
+        *,
+        offset_msg_id: _builtins.str = ...,
+        transaction_id: _builtins.str = ...,
+        record: _builtins.bytes = ...,
+        check_times: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_times", b"check_times", "offset_msg_id", b"offset_msg_id", "record", b"record", "transaction_id", b"transaction_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionCheck: _TypeAlias = TransactionCheck  # noqa: Y015

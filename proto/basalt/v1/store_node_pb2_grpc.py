@@ -116,6 +116,31 @@ class StoreNodeStub:
                 request_serializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationResponse.FromString,
                 _registered_method=True)
+        self.RecallMessage = channel.unary_unary(
+                '/basalt.v1.StoreNode/RecallMessage',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.RecallMessageRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.RecallMessageResponse.FromString,
+                _registered_method=True)
+        self.GetScheduleStatus = channel.unary_unary(
+                '/basalt.v1.StoreNode/GetScheduleStatus',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.GetScheduleStatusRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.GetScheduleStatusResponse.FromString,
+                _registered_method=True)
+        self.ConsumerSendMsgBack = channel.unary_unary(
+                '/basalt.v1.StoreNode/ConsumerSendMsgBack',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.ConsumerSendMsgBackRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.ConsumerSendMsgBackResponse.FromString,
+                _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/basalt.v1.StoreNode/EndTransaction',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.WatchTransactionChecks = channel.unary_stream(
+                '/basalt.v1.StoreNode/WatchTransactionChecks',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.WatchTransactionChecksRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.TransactionCheck.FromString,
+                _registered_method=True)
 
 
 class StoreNodeServicer:
@@ -264,6 +289,50 @@ class StoreNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecallMessage(self, request, context):
+        """Cancel a timer message before it is due (RocketMQ 5.3's RECALL_MESSAGE),
+        by the handle its send answered (SendResult.recall_handles).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetScheduleStatus(self, request, context):
+        """What is scheduled on this store-node: per delay level and per topic of
+        the timers, how many are pending and when the next are due.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConsumerSendMsgBack(self, request, context):
+        """A consumer gives a message back for a later retry (RocketMQ's
+        CONSUMER_SEND_MSG_BACK): it is copied to %RETRY%<group> with a delay
+        level, or to %DLQ%<group> past the group's max reconsume times
+        (docs/retry.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransaction(self, request, context):
+        """Commit or roll back a transactional half message (RocketMQ's
+        END_TRANSACTION; docs/transactions.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchTransactionChecks(self, request, context):
+        """A member of a producer group listens for check-backs of the group's
+        unresolved half messages on this store-node (RocketMQ's
+        CHECK_TRANSACTION_STATE, broker to producer); it answers each with
+        EndTransaction(from_check = true). Each check goes to one listener.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StoreNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -346,6 +415,31 @@ def add_StoreNodeServicer_to_server(servicer, server):
                     servicer.ChangeInvisibleDuration,
                     request_deserializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationResponse.SerializeToString,
+            ),
+            'RecallMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecallMessage,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.RecallMessageRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.RecallMessageResponse.SerializeToString,
+            ),
+            'GetScheduleStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetScheduleStatus,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.GetScheduleStatusRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.GetScheduleStatusResponse.SerializeToString,
+            ),
+            'ConsumerSendMsgBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerSendMsgBack,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.ConsumerSendMsgBackRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.ConsumerSendMsgBackResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.EndTransactionRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'WatchTransactionChecks': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTransactionChecks,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.WatchTransactionChecksRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.TransactionCheck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -781,6 +875,141 @@ class StoreNode:
             '/basalt.v1.StoreNode/ChangeInvisibleDuration',
             basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationRequest.SerializeToString,
             basalt_dot_v1_dot_store__node__pb2.ChangeInvisibleDurationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecallMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/RecallMessage',
+            basalt_dot_v1_dot_store__node__pb2.RecallMessageRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.RecallMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetScheduleStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/GetScheduleStatus',
+            basalt_dot_v1_dot_store__node__pb2.GetScheduleStatusRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.GetScheduleStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerSendMsgBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/ConsumerSendMsgBack',
+            basalt_dot_v1_dot_store__node__pb2.ConsumerSendMsgBackRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.ConsumerSendMsgBackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/basalt.v1.StoreNode/EndTransaction',
+            basalt_dot_v1_dot_store__node__pb2.EndTransactionRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchTransactionChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/basalt.v1.StoreNode/WatchTransactionChecks',
+            basalt_dot_v1_dot_store__node__pb2.WatchTransactionChecksRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.TransactionCheck.FromString,
             options,
             channel_credentials,
             insecure,

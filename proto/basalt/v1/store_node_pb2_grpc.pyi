@@ -113,6 +113,30 @@ class StoreNodeStub:
     """Give a delivery a new invisible time from now; answers a new handle
     (the old one is stale from then on).
     """
+    RecallMessage: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.RecallMessageRequest, _store_node_pb2.RecallMessageResponse]
+    """Cancel a timer message before it is due (RocketMQ 5.3's RECALL_MESSAGE),
+    by the handle its send answered (SendResult.recall_handles).
+    """
+    GetScheduleStatus: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetScheduleStatusRequest, _store_node_pb2.GetScheduleStatusResponse]
+    """What is scheduled on this store-node: per delay level and per topic of
+    the timers, how many are pending and when the next are due.
+    """
+    ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.ConsumerSendMsgBackRequest, _store_node_pb2.ConsumerSendMsgBackResponse]
+    """A consumer gives a message back for a later retry (RocketMQ's
+    CONSUMER_SEND_MSG_BACK): it is copied to %RETRY%<group> with a delay
+    level, or to %DLQ%<group> past the group's max reconsume times
+    (docs/retry.md).
+    """
+    EndTransaction: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.EndTransactionRequest, _store_node_pb2.EndTransactionResponse]
+    """Commit or roll back a transactional half message (RocketMQ's
+    END_TRANSACTION; docs/transactions.md).
+    """
+    WatchTransactionChecks: _grpc.UnaryStreamMultiCallable[_store_node_pb2.WatchTransactionChecksRequest, _store_node_pb2.TransactionCheck]
+    """A member of a producer group listens for check-backs of the group's
+    unresolved half messages on this store-node (RocketMQ's
+    CHECK_TRANSACTION_STATE, broker to producer); it answers each with
+    EndTransaction(from_check = true). Each check goes to one listener.
+    """
 
 @_typing.type_check_only
 class StoreNodeAsyncStub(StoreNodeStub):
@@ -189,6 +213,30 @@ class StoreNodeAsyncStub(StoreNodeStub):
     ChangeInvisibleDuration: _aio.UnaryUnaryMultiCallable[_store_node_pb2.ChangeInvisibleDurationRequest, _store_node_pb2.ChangeInvisibleDurationResponse]  # type: ignore[assignment]
     """Give a delivery a new invisible time from now; answers a new handle
     (the old one is stale from then on).
+    """
+    RecallMessage: _aio.UnaryUnaryMultiCallable[_store_node_pb2.RecallMessageRequest, _store_node_pb2.RecallMessageResponse]  # type: ignore[assignment]
+    """Cancel a timer message before it is due (RocketMQ 5.3's RECALL_MESSAGE),
+    by the handle its send answered (SendResult.recall_handles).
+    """
+    GetScheduleStatus: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetScheduleStatusRequest, _store_node_pb2.GetScheduleStatusResponse]  # type: ignore[assignment]
+    """What is scheduled on this store-node: per delay level and per topic of
+    the timers, how many are pending and when the next are due.
+    """
+    ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_store_node_pb2.ConsumerSendMsgBackRequest, _store_node_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
+    """A consumer gives a message back for a later retry (RocketMQ's
+    CONSUMER_SEND_MSG_BACK): it is copied to %RETRY%<group> with a delay
+    level, or to %DLQ%<group> past the group's max reconsume times
+    (docs/retry.md).
+    """
+    EndTransaction: _aio.UnaryUnaryMultiCallable[_store_node_pb2.EndTransactionRequest, _store_node_pb2.EndTransactionResponse]  # type: ignore[assignment]
+    """Commit or roll back a transactional half message (RocketMQ's
+    END_TRANSACTION; docs/transactions.md).
+    """
+    WatchTransactionChecks: _aio.UnaryStreamMultiCallable[_store_node_pb2.WatchTransactionChecksRequest, _store_node_pb2.TransactionCheck]  # type: ignore[assignment]
+    """A member of a producer group listens for check-backs of the group's
+    unresolved half messages on this store-node (RocketMQ's
+    CHECK_TRANSACTION_STATE, broker to producer); it answers each with
+    EndTransaction(from_check = true). Each check goes to one listener.
     """
 
 class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
@@ -359,6 +407,60 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_store_node_pb2.ChangeInvisibleDurationResponse, _abc.Awaitable[_store_node_pb2.ChangeInvisibleDurationResponse]]:
         """Give a delivery a new invisible time from now; answers a new handle
         (the old one is stale from then on).
+        """
+
+    @_abc_1.abstractmethod
+    def RecallMessage(
+        self,
+        request: _store_node_pb2.RecallMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.RecallMessageResponse, _abc.Awaitable[_store_node_pb2.RecallMessageResponse]]:
+        """Cancel a timer message before it is due (RocketMQ 5.3's RECALL_MESSAGE),
+        by the handle its send answered (SendResult.recall_handles).
+        """
+
+    @_abc_1.abstractmethod
+    def GetScheduleStatus(
+        self,
+        request: _store_node_pb2.GetScheduleStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.GetScheduleStatusResponse, _abc.Awaitable[_store_node_pb2.GetScheduleStatusResponse]]:
+        """What is scheduled on this store-node: per delay level and per topic of
+        the timers, how many are pending and when the next are due.
+        """
+
+    @_abc_1.abstractmethod
+    def ConsumerSendMsgBack(
+        self,
+        request: _store_node_pb2.ConsumerSendMsgBackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.ConsumerSendMsgBackResponse, _abc.Awaitable[_store_node_pb2.ConsumerSendMsgBackResponse]]:
+        """A consumer gives a message back for a later retry (RocketMQ's
+        CONSUMER_SEND_MSG_BACK): it is copied to %RETRY%<group> with a delay
+        level, or to %DLQ%<group> past the group's max reconsume times
+        (docs/retry.md).
+        """
+
+    @_abc_1.abstractmethod
+    def EndTransaction(
+        self,
+        request: _store_node_pb2.EndTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_store_node_pb2.EndTransactionResponse, _abc.Awaitable[_store_node_pb2.EndTransactionResponse]]:
+        """Commit or roll back a transactional half message (RocketMQ's
+        END_TRANSACTION; docs/transactions.md).
+        """
+
+    @_abc_1.abstractmethod
+    def WatchTransactionChecks(
+        self,
+        request: _store_node_pb2.WatchTransactionChecksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_store_node_pb2.TransactionCheck], _abc.AsyncIterator[_store_node_pb2.TransactionCheck]]:
+        """A member of a producer group listens for check-backs of the group's
+        unresolved half messages on this store-node (RocketMQ's
+        CHECK_TRANSACTION_STATE, broker to producer); it answers each with
+        EndTransaction(from_check = true). Each check goes to one listener.
         """
 
 def add_StoreNodeServicer_to_server(servicer: StoreNodeServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
