@@ -47,17 +47,19 @@ from basalt.store.index_service import IndexService
 from basalt.store.pop import PopStore
 from basalt.store.pop_journal import decode_records
 from basalt.store.queue_manifest import QueueManifest
+from basalt.store.schedule import ScheduleMessageService, decode_delay_offsets
 from basalt.store.truncation import check_cut_point, cut_commitlog, remove_marker, write_marker
 
 REPLICA_STATE_MAGIC = 0x42525053  # "BRPS"
-REPLICA_STATE_VERSION = 1
-#: The replica state's head: magic, version, and the lengths of its two parts.
+REPLICA_STATE_VERSION = 2
+#: The replica state's head: magic, version, and the lengths of its parts.
 _STATE_HEAD = struct.Struct(
     ">"
     "I"  # magic
     "I"  # version
     "I"  # consumer offsets length (consumerOffset.json's bytes)
     "I"  # pop state length (pop journal records: store.pop.PopStore.snapshot)
+    "I"  # delay levels' progress length (delayOffset.json's bytes)
 )
 _STATE_CRC = struct.Struct(">I")
 
@@ -157,6 +159,7 @@ class ReplicaLog:
     clock: Clock
     consumer_offsets: ConsumerOffsetManager
     pop: PopStore
+    schedule: ScheduleMessageService
 
     @property
     def epochs(self) -> EpochFile:
@@ -409,15 +412,18 @@ class ReplicaLog:
     # -- consumer offsets and pop state ------------------------------------------
 
     def replica_state(self) -> bytes:
-        """The consumer offsets and the pop state, for a slave to install::
+        """The consumer offsets, the pop state and the delay levels' progress,
+        for a slave to install::
 
-        [magic "BRPS" 4][version 1: 4][offsets length 4][pop length 4]
-        [consumerOffset.json's bytes][pop journal records][crc32 4 of all before]
+        [magic "BRPS" 4][version 2: 4][offsets length 4][pop length 4][delay length 4]
+        [consumerOffset.json's bytes][pop journal records][delayOffset.json's bytes]
+        [crc32 4 of all before]
         """
-        offsets = self.consumer_offsets.snapshot()
-        pop = self.pop.snapshot()
-        head = _STATE_HEAD.pack(REPLICA_STATE_MAGIC, REPLICA_STATE_VERSION, len(offsets), len(pop))
-        body = head + offsets + pop
+        parts = (self.consumer_offsets.snapshot(), self.pop.snapshot(), self.schedule.progress())
+        head = _STATE_HEAD.pack(
+            REPLICA_STATE_MAGIC, REPLICA_STATE_VERSION, *(len(part) for part in parts)
+        )
+        body = head + b"".join(parts)
         return body + _STATE_CRC.pack(zlib.crc32(body))
 
     def install_replica_state(self, data: bytes) -> None:
@@ -427,23 +433,28 @@ class ReplicaLog:
         size = len(data) - _STATE_CRC.size
         if size < _STATE_HEAD.size:
             raise ReplicaDataError(-1, f"replica state of {len(data)} bytes")
-        magic, version, offsets_len, pop_len = _STATE_HEAD.unpack_from(data, 0)
+        magic, version, *lengths = _STATE_HEAD.unpack_from(data, 0)
         if magic != REPLICA_STATE_MAGIC or version != REPLICA_STATE_VERSION:
             raise ReplicaDataError(-1, f"not a replica state (magic {magic:#x}, version {version})")
-        if _STATE_HEAD.size + offsets_len + pop_len != size:
+        if _STATE_HEAD.size + sum(lengths) != size:
             raise ReplicaDataError(-1, "replica state lengths do not add up")
         (crc,) = _STATE_CRC.unpack_from(data, size)
         if crc != zlib.crc32(data[:size]):
             raise ReplicaDataError(-1, "replica state CRC mismatch")
-        offsets = data[_STATE_HEAD.size : _STATE_HEAD.size + offsets_len]
-        pop = data[_STATE_HEAD.size + offsets_len : size]
+        parts, start = [], _STATE_HEAD.size
+        for length in lengths:
+            parts.append(data[start : start + length])
+            start += length
+        offsets, pop, delays = parts
         try:
-            # Both checked before either is installed: a bad part changes nothing.
+            # All checked before any is installed: a bad part changes nothing.
             decode_offsets(offsets)
             ends = [end for end, _ in decode_records(pop)]
             if (ends[-1] if ends else 0) != len(pop):
                 raise ValueError("the pop state is not whole journal records")
+            decode_delay_offsets(delays)
             self.consumer_offsets.install(offsets)
             self.pop.install_snapshot(pop)
+            self.schedule.adopt(delays)
         except ValueError as e:
             raise ReplicaDataError(-1, f"replica state: {e}") from None

@@ -396,6 +396,24 @@ class ScheduleMessageService(ServiceThread):
         with self._lock:
             self.offsets[level] = offset
 
+    def progress(self) -> bytes:
+        """The levels' offsets as delayOffset.json's bytes (for a slave: the
+        master's progress, so a failover does not deliver everything again)."""
+        with self._lock:
+            return encode_delay_offsets(dict(self.offsets))
+
+    def adopt(self, data: bytes) -> None:
+        """Take a master's :meth:`progress` and persist it (RocketMQ's slave
+        syncs delayOffset.json from its master). Ignored while this service
+        delivers: a master's own progress is the truth. Raises ValueError when
+        ``data`` does not parse (nothing changed)."""
+        offsets = decode_delay_offsets(data)
+        if self.enabled:
+            return
+        with self._lock:
+            self.offsets = {lv: o for lv, o in offsets.items() if 1 <= lv <= len(self.delays_ms)}
+        self.persist()
+
 
 __all__ = [
     "BadDelayLevel",

@@ -302,3 +302,41 @@ def test_store_check_of_a_controller_mode_store_stopped_above_its_confirm_offset
         assert store.get_max_offset_in_queue("T", 0) == 2
     finally:
         store.shutdown()
+
+
+def test_the_delay_levels_progress_reaches_a_slave_and_survives_its_restart(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A slave takes its master's delayOffset.json with the replica state (and
+    keeps it across a restart): promoted, it does not deliver again what the
+    master delivered. A delivering store ignores an adopted progress."""
+    master, slave = _pair(tmp_path, clock)
+    try:
+        slave.set_schedule_enabled(False)
+        for level in (1, 2):
+            assert master.put_message(Message("T", b"d%d" % level, delay_time_level=level)).ok
+        assert master.wait_dispatched()
+        clock.advance(1_000)
+        master.schedule.deliver_due()
+        assert master.schedule.offsets == {1: 1, 2: 0}
+        _copy(master, slave, [1 << 20])
+        assert slave.wait_dispatched()
+        slave.install_replica_state(master.replica_state())
+        assert slave.schedule.offsets == {1: 1, 2: 0}
+        master.schedule.adopt(b'{"offsetTable": {}}')
+        assert master.schedule.offsets == {1: 1, 2: 0}  # the master's own is the truth
+    finally:
+        master.shutdown()
+        slave.shutdown()
+    again = MessageStore.open(
+        small_store_config(tmp_path / "slave", mapped_file_size_commit_log=TINY), clock=clock
+    )
+    try:
+        assert again.schedule.offsets == {1: 1, 2: 0}
+        clock.advance(4_000)
+        again.schedule.deliver_due()  # promoted: only level 2's message is due and new
+        again.wait_dispatched()
+        bodies = sorted(r.body for q in range(4) for _, r in again.iter_queue("T", q))
+        assert bodies == [b"d1", b"d2"]
+    finally:
+        again.shutdown()
