@@ -116,6 +116,7 @@ class TransactionProducer(Producer):
         self.topics: set[str] = set(topics)
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@{id(self):x}"
         self._watches: dict[str, asyncio.Task[None]] = {}
+        self._stubs: dict[str, sn_grpc.StoreNodeAsyncStub] = {}
         self._watching: asyncio.Task[None] | None = None
         self._routes_changed = asyncio.Event()
 
@@ -139,6 +140,7 @@ class TransactionProducer(Producer):
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._stubs.clear()  # their channels close with the producer's
         await super().close()
 
     # -- the two phases ---------------------------------------------------------------
@@ -205,7 +207,11 @@ class TransactionProducer(Producer):
         )
 
     def _stub(self, address: str) -> sn_grpc.StoreNodeAsyncStub:
-        return sn_grpc.StoreNodeStub(self._channel(address))
+        # Kept: a stub builds a callable per RPC of the service, every time.
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = sn_grpc.StoreNodeStub(self._channel(address))
+        return stub
 
     # -- check-back -------------------------------------------------------------------
 

@@ -198,7 +198,11 @@ class _Store(Protocol):
 class TransactionalMessageService:
     """The half queue's bookkeeping over one store (see the module's doc)."""
 
-    def __init__(self, store: _Store, *, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, store: _Store, *, now_ms: Callable[[], int], started_ms: int | None = None
+    ) -> None:
+        """``started_ms``: when the store started (default: now); halves stored
+        before may have a commit whose op mark a crash lost."""
         self.store = store
         self.now_ms = now_ms
         self._lock = threading.Lock()
@@ -209,8 +213,9 @@ class TransactionalMessageService:
         #: One past the last copy the walk put to the half queue: a horizon counts
         #: it even before the dispatcher has (see _horizon).
         self._half_appended = 0
-        #: Halves stored before this (the load) may have a commit without its mark.
-        self._loaded_at_ms = 0
+        #: Halves stored before this (the store's start, or this member becoming
+        #: master) may have a commit without its mark.
+        self._loaded_at_ms = now_ms() if started_ms is None else started_ms
         self.loaded = False
 
     # -- progress -----------------------------------------------------------------------
@@ -229,9 +234,10 @@ class TransactionalMessageService:
             0, self.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, 0) - self.half_progress()
         )
 
-    def load(self) -> int:
+    def load(self, *, since_ms: int | None = None) -> int:
         """Read the op marks from the op progress to the end (at start, or when this
-        store becomes its group's master); returns how many were read."""
+        store becomes its group's master: ``since_ms`` then says when, see
+        ``started_ms``); returns how many were read."""
         op_from = self._progress(TRANS_OP_HALF_TOPIC, OP_QUEUE_ID)
         op_end = self.store.get_max_offset_in_queue(TRANS_OP_HALF_TOPIC, OP_QUEUE_ID)
         horizon = self.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, HALF_QUEUE_ID)
@@ -249,7 +255,8 @@ class TransactionalMessageService:
             marks.append((op, horizon))
         with self._lock:
             self._done, self._marks = done, marks
-            self._loaded_at_ms = self.now_ms()
+            if since_ms is not None:
+                self._loaded_at_ms = since_ms
             self.loaded = True
         return op_end - op_from
 

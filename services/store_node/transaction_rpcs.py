@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -88,6 +89,7 @@ class TransactionRpcs:
     store: MessageStore
     writable: bool
     group: WriteGate | None
+    boot_timestamp_ms: int
 
     #: Set on the instance at first use (:meth:`_txn`).
     _txn_service: TransactionalMessageService | None = None
@@ -109,7 +111,7 @@ class TransactionRpcs:
         """The store's half-queue bookkeeping (made at first use)."""
         if self._txn_service is None:
             self._txn_service = TransactionalMessageService(
-                self.store, now_ms=self.store.clock.now_ms
+                self.store, now_ms=self.store.clock.now_ms, started_ms=self.boot_timestamp_ms
             )
         return self._txn_service
 
@@ -288,6 +290,7 @@ class TransactionRpcs:
 
         wake = self._txn_wake
         assert wake is not None
+        was_master = True
         while not self._txn_stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), config.transaction_check_interval_ms / 1000)
@@ -296,13 +299,16 @@ class TransactionRpcs:
             if not self._is_master():
                 # A slave's table goes stale: read the marks again once master.
                 service.loaded = False
+                was_master = False
                 self._end_streams()
                 continue
             if not listeners:
                 continue  # nobody to ask: every check would wait anyway
             try:
                 if not service.loaded:
-                    await asyncio.to_thread(service.load)
+                    since = None if was_master else self.store.clock.now_ms()
+                    await asyncio.to_thread(functools.partial(service.load, since_ms=since))
+                    was_master = True
                 report = await asyncio.to_thread(
                     service.check_round,
                     timeout_ms=config.transaction_timeout_ms,
