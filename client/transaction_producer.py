@@ -10,7 +10,8 @@ phases (docs/transactions.md):
    function) and answers a :class:`LocalTransactionState`; an exception is
    UNKNOW, as in RocketMQ;
 3. COMMIT_MESSAGE or ROLLBACK_MESSAGE is sent to the store-node holding the
-   half (``StoreNode.EndTransaction``); UNKNOW sends nothing. A failed
+   half (``EndTransaction``, carried on the producer's ``SendStream`` to that
+   store-node: no call of its own per message); UNKNOW sends nothing. A failed
    EndTransaction is logged, not raised (RocketMQ sends it one-way): the
    store-node's check-back resolves the half later.
 
@@ -55,6 +56,7 @@ from basalt.common.message import (
     Message,
     MessageRecord,
 )
+from basalt.common.protowire import LENGTH_DELIMITED, tag, varint
 from basalt.common.record import decode_record
 from basalt.common.tls import TlsConfig
 from basalt.v1 import common_pb2 as pb
@@ -175,24 +177,28 @@ class TransactionProducer(Producer):
         return TransactionSendResult(**fields, local_transaction_state=state)
 
     async def _end(self, sent: SendResult, state: LocalTransactionState) -> None:
+        """EndTransaction on the store-node's SendStream (one frame among the
+        sends, not a call of its own); failures are logged: the check-back asks."""
+        request = sn.EndTransactionRequest(
+            producer_group=self.group,
+            offset_msg_id=sent.offset_msg_id,
+            transaction_id=sent.msg_id,
+            resolution=_RESOLUTION[state],
+        )
         try:
             address = await self._address_of(sent.topic, sent.broker_name)
-            await self._stub(address).EndTransaction(
-                sn.EndTransactionRequest(
-                    producer_group=self.group,
-                    offset_msg_id=sent.offset_msg_id,
-                    transaction_id=sent.msg_id,
-                    resolution=_RESOLUTION[state],
-                ),
-                timeout=self.config.send_msg_timeout_ms / 1000,
-            )
-        except (grpc.aio.AioRpcError, ClientError) as e:
+            opaque = next(self._opaque)
+            async with asyncio.timeout(self.config.send_msg_timeout_ms / 1000):
+                answer = await self._stream(address).send(opaque, _end_item(opaque, request))
+            if answer.HasField("refused"):
+                raise ClientError.from_code(answer.refused.code, answer.refused.message)
+        except (ClientError, TimeoutError) as e:
             # RocketMQ's endTransactionOneway: the check-back settles it.
             log.warning(
                 "ending transaction %s (%s) failed: %s; the check-back will ask",
                 sent.msg_id,
                 state.value,
-                e.details() if isinstance(e, grpc.aio.AioRpcError) else e,
+                e or "no answer in time",
             )
 
     async def _address_of(self, topic: str, broker_name: str) -> str:
@@ -290,6 +296,17 @@ class TransactionProducer(Producer):
             )
         except grpc.aio.AioRpcError as e:
             log.warning("answering the check of %s failed: %s", check.transaction_id, e.details())
+
+
+#: SendStreamRequest.items' tag: a request of one item is the tag, the item's length, the item.
+_ITEMS = tag(sn.SendStreamRequest.DESCRIPTOR, "items", LENGTH_DELIMITED)
+
+
+def _end_item(opaque: int, request: sn.EndTransactionRequest) -> list[bytes]:
+    """``SendStreamRequest(items=[SendStreamItem(opaque, end_transaction=request)])``
+    serialized, as pieces to join (producer.send_stream_message's framing)."""
+    item = sn.SendStreamItem(opaque=opaque, end_transaction=request).SerializeToString()
+    return [_ITEMS + varint(len(item)), item]
 
 
 async def _decide(

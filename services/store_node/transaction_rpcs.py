@@ -143,6 +143,16 @@ class TransactionRpcs:
     async def EndTransaction(
         self, request: sn.EndTransactionRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.EndTransactionResponse:
+        return await self.end_transaction_response(request)
+
+    async def end_transaction(self, request: sn.EndTransactionRequest) -> pb.SendResult:
+        """EndTransaction on a SendStream: the response's result (empty: none)."""
+        return (await self.end_transaction_response(request)).result
+
+    async def end_transaction_response(
+        self, request: sn.EndTransactionRequest
+    ) -> sn.EndTransactionResponse:
+        """An EndTransaction checked, stored and answered; refusals raise."""
         started = time.perf_counter()
         resolution = _RESOLUTION.get(request.resolution)
         if resolution is None:

@@ -331,3 +331,29 @@ def test_a_restarted_node_remembers_what_was_resolved(tmp_path: Path) -> None:
             assert [r.body for r in await records(stub)] == [b"done", b"open"]
 
     run(scenario)
+
+
+def test_end_transaction_rides_the_send_stream(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with txn_node(tmp_path, transaction_check_interval_ms=60_000) as (_, stub):
+            msg_id, uniq = await send_half(stub, b"streamed")
+            call = stub.SendStream()
+            await call.write(
+                sn.SendStreamRequest(
+                    items=[
+                        sn.SendStreamItem(opaque=7, end_transaction=end(msg_id, uniq, COMMIT)),
+                        sn.SendStreamItem(opaque=8, end_transaction=end(msg_id, "other", ROLLBACK)),
+                    ]
+                )
+            )
+            answers: dict[int, sn.SendStreamAnswer] = {}
+            while len(answers) < 2:
+                response = await call.read()
+                answers.update((a.opaque, a) for a in response.answers)
+            await call.done_writing()
+            assert answers[7].result.queue.topic == TOPIC
+            assert answers[8].refused.code == pb.RESPONSE_CODE_INVALID_PARAMETER
+            assert "transaction id" in answers[8].refused.message
+            assert [r.body for r in await records(stub)] == [b"streamed"]
+
+    run(scenario)
