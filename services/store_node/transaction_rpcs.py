@@ -158,7 +158,7 @@ class TransactionRpcs:
         if resolution is None:
             raise invalid(
                 "resolution must be TRANSACTION_RESOLUTION_COMMIT or _ROLLBACK "
-                f"(got {sn.TransactionResolution.Name(request.resolution)}): an unknown "
+                f"(got {_resolution_name(request.resolution)}): an unknown "
                 "outcome is not sent, the check-back asks again"
             )
         check_group(request.producer_group)
@@ -358,3 +358,11 @@ class TransactionRpcs:
             # Not cancelled: a round in its thread would go on putting while the
             # store shuts down; halted() ends it at its next half instead.
             await task
+
+
+def _resolution_name(value: int) -> str:
+    """An enum value's name, or the number for one the proto does not define."""
+    try:
+        return sn.TransactionResolution.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        return str(value)
