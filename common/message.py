@@ -412,3 +412,27 @@ def send_back_copy(
         copy.delay_time_level = delay_level or RETRY_BASE_DELAY_LEVEL + times
     copy.reconsume_times = times + 1
     return copy
+
+
+#: What a retried or dead-lettered copy carries that its original did not.
+_SEND_BACK_PROPERTIES = frozenset(
+    {
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_RECONSUME_TIME,
+        PROPERTY_MAX_RECONSUME_TIMES,
+        PROPERTY_DLQ_ORIGIN_TOPIC,
+        PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    }
+)
+
+
+def restored_message(record: MessageRecord) -> Message:
+    """The message a retried or dead-lettered ``record`` copies, for its
+    original topic (:func:`origin_topic`): body, flag, tag, keys, born time and
+    host, UNIQ_KEY and the user's properties; the send-back properties dropped,
+    reconsume times back to 0 (``basalt admin resendDlq``)."""
+    properties = {
+        k: v for k, v in _copied_properties(record).items() if k not in _SEND_BACK_PROPERTIES
+    }
+    return _copy(record, origin_topic(record), properties)
