@@ -271,7 +271,8 @@ async def _resend_dlq(meta: MetaClient, a: argparse.Namespace) -> Table:
 #: verb -> (help, argument adder, operation), as basalt.admin.verbs.VERBS.
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], RetryVerb]] = {
     "retryStatus": (
-        "a group's retry and dead-letter depth, per queue of %RETRY%<group> and %DLQ%<group>",
+        # No "%" here: argparse formats help with it.
+        "a group's retry and dead-letter depth, per queue of its retry and dead-letter topics",
         lambda p: p.add_argument("-g", "--group", required=True),
         _retry_status,
     ),

@@ -548,8 +548,8 @@ class PushConsumer(ConsumerClient):
         left = False
         for r in batch:
             times = r.reconsume_times + pq.failures.get(r.queue_offset, 0)
-            dead = limit is not None and times >= limit
-            if dead and await self._give_one_back(pq, r, -1, times):
+            # Its last try: straight to the dead-letter topic (a negative level).
+            if limit is not None and times >= limit and await self._give_one_back(pq, r, -1, limit):
                 pq.failures.pop(r.queue_offset, None)
                 pq.consumed([r], self.config.pull_threshold_for_queue)
                 continue

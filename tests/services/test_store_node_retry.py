@@ -6,8 +6,6 @@ one queue, and bad input is refused with nothing stored."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,44 +13,25 @@ import grpc
 
 from basalt.common.message import SCHEDULE_TOPIC, MessageRecord, encode_host, offset_msg_id
 from basalt.common.record import decode_record
-from basalt.services.meta.model import TopicConfig
-from basalt.services.store_node.server import RunningStoreNode, start_store_node
-from basalt.services.store_node.service import StoreNodeConfig
-from basalt.services.store_node.topics import LocalTopics
+from basalt.store.config import MessageStoreConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.aio import run
+from tests.support.nodes import NODE_TOPIC as TOPIC
+from tests.support.nodes import node
 from tests.support.polling import eventually
 from tests.support.rpc import refused, wire
 from tests.support.stores import node_store_config
 
-TOPIC = "RetryTopic"
 #: Four one-second levels: a first retry (level 3) is due a second after it is stored.
 FAST_LEVELS = "1s 1s 1s 1s"
 #: The producer's message id (what a consumer dedupes on): kept by every copy.
 UNIQ = "7F0000010001000000000000000A0001"
 
 
-@asynccontextmanager
-async def fast_node(
-    tmp_path: Path, *, broker_permission: int = 6
-) -> AsyncIterator[tuple[RunningStoreNode, sn_grpc.StoreNodeStub, LocalTopics]]:
-    topics = LocalTopics()
-    topics.put(
-        TopicConfig(topic_name=TOPIC, read_queue_nums=2, write_queue_nums=2, brokers=("broker-a",))
-    )
-    running = await start_store_node(
-        StoreNodeConfig(broker_name="broker-a", broker_permission=broker_permission),
-        replace(node_store_config(tmp_path / "store"), message_delay_level=FAST_LEVELS),
-        topics,
-    )
-    channel = grpc.aio.insecure_channel(running.address)
-    try:
-        yield running, sn_grpc.StoreNodeStub(channel), topics
-    finally:
-        await channel.close()
-        await running.stop(grace_s=1)
+def fast_store(root: Path) -> MessageStoreConfig:
+    return replace(node_store_config(root), message_delay_level=FAST_LEVELS)
 
 
 async def _only_record(stub: sn_grpc.StoreNodeStub, topic: str) -> MessageRecord | None:
@@ -66,7 +45,7 @@ def test_a_message_given_back_is_retried_after_its_delay_then_dead_lettered(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        async with fast_node(tmp_path) as (running, stub, topics):
+        async with node(tmp_path, store_config=fast_store) as (running, stub, topics):
             sent = await stub.SendMessage(
                 sn.SendMessageRequest(
                     message=wire(
@@ -133,7 +112,7 @@ def test_a_message_given_back_is_retried_after_its_delay_then_dead_lettered(
 
 def test_bad_send_backs_are_refused_with_nothing_stored(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with fast_node(tmp_path) as (running, stub, _):
+        async with node(tmp_path, store_config=fast_store) as (running, stub, _):
             sent = await stub.SendMessage(
                 sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=0)
             )
@@ -184,7 +163,11 @@ def test_bad_send_backs_are_refused_with_nothing_stored(tmp_path: Path) -> None:
 
 def test_a_read_only_broker_refuses_a_send_back(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with fast_node(tmp_path, broker_permission=4) as (running, stub, _):
+        async with node(tmp_path, broker_permission=4, store_config=fast_store) as (
+            running,
+            stub,
+            _,
+        ):
             here = running.store.config.store_host
             _, code, details = await refused(
                 stub.ConsumerSendMsgBack(
