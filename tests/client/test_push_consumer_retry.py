@@ -125,10 +125,14 @@ async def test_a_failed_message_comes_back_counting_then_goes_to_the_dlq_while_i
         for i in range(6, 12):
             await h.send("broker-a" if i % 2 else "broker-b", 1 if i % 2 else 2, f"r{i}".encode())
         seen = Seen()
+        last_try = threading.Event()
 
         def listener(messages: list[MessageRecord], queue: MessageQueue) -> ConsumeStatus:
             seen.add(messages)
             if messages[0].body == b"poison":
+                if messages[0].reconsume_times == 2:
+                    # Its last try waits: the rest must go on meanwhile.
+                    last_try.wait(timeout=60)
                 return ConsumeStatus.RECONSUME_LATER
             if messages[0].body == b"bomb":
                 raise RuntimeError("an exception counts as RECONSUME_LATER")
@@ -147,6 +151,12 @@ async def test_a_failed_message_comes_back_counting_then_goes_to_the_dlq_while_i
                 )
 
             await eventually(commits_passed, timeout_s=20, what="the commits moving on")
+            await eventually(lambda: len(seen.tries(b"poison")) == 3, what="poison's last try")
+            # Every other message consumed and committed while poison is still in
+            # its last try, not yet in the DLQ.
+            assert rest <= seen.bodies()
+            assert b"poison" not in {r.body for r in await dead_letters(h, GROUP)}
+            last_try.set()
 
             async def both_dead() -> bool:
                 return len(await dead_letters(h, GROUP)) == 2
