@@ -51,7 +51,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from basalt.admin import auth_verbs, extras, groups, ops, topics
+from basalt.admin import auth_verbs, extras, groups, ops, retry_verbs, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
 from basalt.common import dial
@@ -429,6 +429,7 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb | 
         Served(_reset_offset_by_time),
     ),
 }
+VERBS.update(retry_verbs.VERBS)
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,7 @@ import grpc
 from basalt.client.channels import Client
 from basalt.client.errors import ClientError
 from basalt.common.auth import Credentials
-from basalt.common.message import MessageRecord
+from basalt.common.message import RETRY_GROUP_TOPIC_PREFIX, MessageRecord
 from basalt.common.record import DamagedRecord, decode_records
 from basalt.common.settings import (
     between,
@@ -334,8 +334,38 @@ class ConsumerClient(Client):
             sn.GetMinMaxOffsetRequest(topic=queue.topic, queue_id=queue.queue_id),
             timeout=CALL_TIMEOUT_S,
         )
-        first = self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+        # A retry topic is read from its start (RocketMQ's computePullFromWhere):
+        # what it holds was given back by this group and waits for it.
+        first = (
+            self.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+            or queue.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+        )
         return Position(bounds.min_offset if first else bounds.max_offset, got.reset_epoch, -1)
+
+    async def _send_back(
+        self,
+        queue: MessageQueue,
+        record: MessageRecord,
+        *,
+        delay_level: int,
+        max_reconsume_times: int,
+    ) -> sn.ConsumerSendMsgBackResponse:
+        """Give ``record``, read from ``queue``, back to its store-node
+        (``ConsumerSendMsgBack``, docs/retry.md): it comes again from the group's
+        retry topic after ``delay_level`` (0: the broker's ``3 + reconsume
+        times``), or goes to the group's dead-letter topic (``delay_level < 0``,
+        or reconsumed ``max_reconsume_times`` times already). Raises
+        grpc.aio.AioRpcError when it was not stored."""
+        return await self._store_node(queue).ConsumerSendMsgBack(
+            sn.ConsumerSendMsgBackRequest(
+                group=self.consumer_group,
+                offset_msg_id=record.msg_id,
+                origin_topic=queue.topic,
+                delay_level=delay_level,
+                max_reconsume_times=max_reconsume_times,
+            ),
+            timeout=CALL_TIMEOUT_S,
+        )
 
     async def _store_offset(self, queue: MessageQueue, offset: int, reset_epoch: int) -> bool:
         """Store ``offset`` as the group's offset of ``queue``, fenced by

@@ -8,7 +8,9 @@ subscribe mode hold a :class:`GroupMember`, which:
   backoff when it ends; a session that ends takes every queue away at once,
   uncommitted (its locks went with the session's lease, so another member
   may own them already);
-* rebalances each subscribed topic with AllocateMessageQueueAveragely over
+* rebalances each subscribed topic (a PushConsumer's include its group's
+  ``%RETRY%<group>``, which has no queues until it exists) with
+  AllocateMessageQueueAveragely over
   the group's live client ids (``ListConsumers``, sorted) and the topic's
   read queues (``QueryRoute``, sorted): on start, when the service pushes a
   RebalanceCommand (a member joined or left, the topic's queues changed),
@@ -47,9 +49,10 @@ from basalt.client.consumer_base import (
     Position,
     subscription_of,
 )
-from basalt.client.errors import ClientError
+from basalt.client.errors import ClientError, TopicNotFoundError
 from basalt.client.rebalance import allocate_averagely
 from basalt.client.tasks import TaskOwner, gather_all
+from basalt.common.message import retry_topic
 from basalt.common.tracing import (
     MESSAGING_CLIENT_ID,
     MESSAGING_CONSUMER_GROUP_NAME,
@@ -366,7 +369,17 @@ class GroupMember:
         """Rebalance ``topic``; True when some queue allocated here is still locked elsewhere."""
         if self.client_id not in client_ids:
             return True  # our registration is not visible yet: again soon
-        queues = await self.client.queues_of(topic)
+        try:
+            queues = await self.client.queues_of(topic)
+        except ClientError as e:
+            if topic != retry_topic(self.group):
+                raise
+            # The group's retry topic: until a first send-back creates it (the
+            # pull-service then pushes a rebalance of it), or when it cannot be
+            # routed, it has no queues; the subscribed topics go on regardless.
+            if not isinstance(e, TopicNotFoundError):
+                log.warning("%s: %s has no route: %s", self.client_id, topic, e)
+            queues = []
         mine = set(allocate_averagely(queues, client_ids, self.client_id))
         owned = {q for q in self.owner.owned() if q.topic == topic}
         leaving = sorted(owned - mine)

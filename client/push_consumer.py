@@ -20,9 +20,23 @@ RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
   function run on the loop (at most ``consume_thread_nums`` at once).
   Concurrently (default): batches of up to ``consume_message_batch_max_size``
   run in parallel, in any order. Orderly (``orderly=True``): one batch of a
-  queue at a time, in offset order. RECONSUME_LATER (or an exception) runs
-  the batch again after ``suspend_current_queue_time_ms``: Basalt has no retry
-  topic, so the retry is local and holds the queue's commit back meanwhile.
+  queue at a time, in offset order.
+* **Retries** (docs/retry.md). Concurrently, RECONSUME_LATER (or an
+  exception) gives each message of the batch back to the store-node it was
+  read from (``ConsumerSendMsgBack``): it comes again from the group's
+  ``%RETRY%<group>`` after a delay level of ``3 + reconsume times``, and
+  after ``max_reconsume_times`` it goes to ``%DLQ%<group>``; the queue goes
+  on. A message whose send-back fails stays pending (it holds the queue's
+  commit at its offset, so a crash cannot lose it) and its listener call is
+  run again after ``suspend_current_queue_time_ms`` (RocketMQ's
+  consumeMessageLater), then given back again if it fails again; the rest
+  of the queue is consumed meanwhile. Every consumer of the group subscribes
+  to the retry topic (RocketMQ's copySubscription), and a message read from
+  it is shown to the listener with its original topic (RETRY_TOPIC) and its
+  ``reconsume_times``. Orderly, a failed batch runs again in place after
+  ``suspend_current_queue_time_ms``, holding its queue, until a message has
+  been reconsumed ``max_reconsume_times`` times: it then goes to the
+  dead-letter topic and the queue goes on.
 * **Commit.** The lowest offset not yet consumed (or, with none pending, the
   next to pull): every ``persist_consumer_offset_interval_ms`` and when a
   queue is given up or the consumer closes, one at a time per queue.
@@ -42,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import enum
 import inspect
 import itertools
@@ -60,10 +75,25 @@ from basalt.client.consumer_base import (
     subscription_of,
 )
 from basalt.client.membership import GroupMember, TopicSubscription
+from basalt.client.process_queue import ProcessQueue
 from basalt.client.tasks import TaskOwner, gather_all
 from basalt.common.auth import Credentials
-from basalt.common.message import MessageRecord
-from basalt.common.settings import boolean, config_dataclass, non_negative, positive, setting
+from basalt.common.message import (
+    DEFAULT_MAX_RECONSUME_TIMES,
+    PROPERTY_RETRY_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+    MessageRecord,
+    retry_topic,
+)
+from basalt.common.record import MAX_TOPIC_LENGTH
+from basalt.common.settings import (
+    boolean,
+    check,
+    config_dataclass,
+    non_negative,
+    positive,
+    setting,
+)
 from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
@@ -112,7 +142,8 @@ class PushConsumerConfig(ConsumerConfig):
     suspend_current_queue_time_ms: int = setting(
         default=1_000,
         check=non_negative,
-        doc="The pause before a batch answered RECONSUME_LATER runs again.",
+        doc="The pause before a failed listener call runs again here: orderly, or "
+        "when its send-back failed.",
     )
     drop_await_termination_ms: int = setting(
         default=10_000,
@@ -124,50 +155,23 @@ class PushConsumerConfig(ConsumerConfig):
         check=boolean,
         doc="One batch of a queue at a time, in offset order (MessageListenerOrderly).",
     )
+    max_reconsume_times: int = setting(
+        default=DEFAULT_MAX_RECONSUME_TIMES,
+        check=check(
+            "an integer >= -1",
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= -1,
+        ),
+        doc="Retries of a failed message before it goes to %DLQ%<group> (RocketMQ's "
+        "maxReconsumeTimes); -1: RocketMQ's default, 16 (orderly: no bound, retried "
+        "in place for ever); 0: dead-lettered at its first failure.",
+    )
 
-
-class ProcessQueue:
-    """One owned queue: where its pulls are, what was pulled and not yet consumed
-    (by offset, in offset order), the listener calls in flight, and the tasks
-    working on it. Dropped once; a queue owned again gets a new one."""
-
-    def __init__(self, queue: MessageQueue, offset: int, reset_epoch: int, committed: int) -> None:
-        self.queue = queue
-        #: Where the next pull starts.
-        self.next_offset = offset
-        self.reset_epoch = reset_epoch
-        #: The offset last stored for the group (-1: none).
-        self.committed = committed
-        #: Pulled, not yet consumed; insertion order is offset order.
-        self.pending: dict[int, MessageRecord] = {}
-        self.dropped = False
-        #: Set while there is room below the pull threshold.
-        self.room = asyncio.Event()
-        self.room.set()
-        #: Set while there are messages no listener call has taken (orderly).
-        self.ready = asyncio.Event()
-        self.calls: set[asyncio.Future[object]] = set()
-        #: One commit of the queue at a time (see PushConsumer._commit).
-        self.commit_lock = asyncio.Lock()
-        #: Its pull loop and consume tasks, ended (cancelled and awaited) by the drop.
-        self.tasks = TaskOwner()
-
-    def commit_offset(self) -> int:
-        """The lowest offset not yet consumed; with none pending, the next to pull."""
-        return next(iter(self.pending), self.next_offset)
-
-    def add(self, records: list[MessageRecord], threshold: int) -> None:
-        for record in records:
-            self.pending[record.queue_offset] = record
-        if len(self.pending) >= threshold:
-            self.room.clear()
-        self.ready.set()
-
-    def consumed(self, records: list[MessageRecord], threshold: int) -> None:
-        for record in records:
-            self.pending.pop(record.queue_offset, None)
-        if len(self.pending) < threshold:
-            self.room.set()
+    def reconsume_limit(self) -> int | None:
+        """How many reconsumes a message gets before it is dead-lettered; None
+        for no bound (orderly with -1, as RocketMQ's Integer.MAX_VALUE)."""
+        if self.max_reconsume_times >= 0:
+            return self.max_reconsume_times
+        return None if self.orderly else DEFAULT_MAX_RECONSUME_TIMES
 
 
 class PushConsumer(ConsumerClient):
@@ -196,6 +200,7 @@ class PushConsumer(ConsumerClient):
         self._listener = listener
         self._async_listener = inspect.iscoroutinefunction(listener)
         self._subscriptions: dict[str, TopicSubscription] = {}
+        self._retry_topic = retry_topic(config.consumer_group)
         self._queues: dict[MessageQueue, ProcessQueue] = {}
         self._member = GroupMember(self, self, config, self._subscriptions)
         self._calls = asyncio.Semaphore(config.consume_thread_nums)
@@ -216,6 +221,19 @@ class PushConsumer(ConsumerClient):
     async def start(self) -> None:
         if not self._subscriptions:
             raise RuntimeError("subscribe to a topic before start")
+        # The group's own retry topic, by every member (RocketMQ's copySubscription).
+        if len(self._retry_topic) <= MAX_TOPIC_LENGTH:
+            self._subscriptions.setdefault(
+                self._retry_topic, TopicSubscription(self._retry_topic, "*", False)
+            )
+        else:
+            log.warning(
+                "%s: group %r is too long for a retry topic (%d characters at most): "
+                "a failed message cannot be given back and is retried here only",
+                self.client_id,
+                self.consumer_group,
+                MAX_TOPIC_LENGTH - len(RETRY_GROUP_TOPIC_PREFIX),
+            )
         await super().start()
         if not self._async_listener:
             self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -402,13 +420,59 @@ class PushConsumer(ConsumerClient):
             self._spawn(pq, self._consume_batch(pq, records[i : i + size]))
 
     async def _consume_batch(self, pq: ProcessQueue, batch: list[MessageRecord]) -> None:
+        """Concurrently: one listener call of ``batch``; what fails is given back,
+        and what cannot be given back now is called again later (module docstring)."""
+        failures = 0
         while not pq.dropped:
-            if await self._call_listener(pq, batch) is ConsumeStatus.CONSUME_SUCCESS:
+            shown = [self._shown(r, failures) for r in batch]
+            if await self._call_listener(pq, shown) is ConsumeStatus.CONSUME_SUCCESS:
+                return  # marked consumed when the call ended (_run_listener)
+            if pq.gone():
+                return  # pending still: its next owner reads it again
+            batch = await self._give_back(pq, batch)
+            if not batch:
                 return
+            failures += 1
             await asyncio.sleep(self.config.suspend_current_queue_time_ms / 1000)
 
+    async def _give_back(self, pq: ProcessQueue, batch: list[MessageRecord]) -> list[MessageRecord]:
+        """Send each of ``batch`` back (a max of 0: to the dead-letter topic at
+        once); those stored are consumed here, the others returned, still pending."""
+        limit = self.config.reconsume_limit()
+        assert limit is not None  # concurrently, -1 is RocketMQ's 16
+        delay_level = -1 if limit == 0 else 0
+        stored = await asyncio.gather(
+            *(self._give_one_back(pq, r, delay_level, limit) for r in batch)
+        )
+        pq.consumed(
+            [r for r, ok in zip(batch, stored, strict=True) if ok],
+            self.config.pull_threshold_for_queue,
+        )
+        return [r for r, ok in zip(batch, stored, strict=True) if not ok]
+
+    async def _give_one_back(
+        self, pq: ProcessQueue, record: MessageRecord, delay_level: int, limit: int
+    ) -> bool:
+        """Whether ``record`` was stored back (its retry copy, or its dead letter)."""
+        try:
+            await self._send_back(
+                pq.queue, record, delay_level=delay_level, max_reconsume_times=limit
+            )
+        except grpc.aio.AioRpcError as e:
+            log.warning(
+                "%s: send-back of %s@%d failed, retried here later: %s",
+                self.client_id,
+                pq.queue,
+                record.queue_offset,
+                e.details(),
+            )
+            await self.reroute(pq.queue.topic)  # a failed-over group's new master
+            return False
+        return True
+
     async def _consume_orderly(self, pq: ProcessQueue) -> None:
-        """Orderly: the lowest pending batch, one call at a time, again until it succeeds."""
+        """Orderly: the lowest pending batch, one call at a time, again until it
+        succeeds or its messages are dead-lettered (module docstring)."""
         size = self.config.consume_message_batch_max_size
         while not pq.dropped:
             await pq.ready.wait()
@@ -416,8 +480,45 @@ class PushConsumer(ConsumerClient):
             if not batch:
                 pq.ready.clear()
                 continue
-            if await self._call_listener(pq, batch) is not ConsumeStatus.CONSUME_SUCCESS:
+            shown = [self._shown(r, pq.failures.get(r.queue_offset, 0)) for r in batch]
+            if await self._call_listener(pq, shown) is ConsumeStatus.CONSUME_SUCCESS:
+                for r in batch:
+                    pq.failures.pop(r.queue_offset, None)
+                continue
+            if pq.gone():
+                return
+            if await self._orderly_failed(pq, batch):
                 await asyncio.sleep(self.config.suspend_current_queue_time_ms / 1000)
+
+    async def _orderly_failed(self, pq: ProcessQueue, batch: list[MessageRecord]) -> bool:
+        """Count a failed orderly call of ``batch``: each message reconsumed
+        ``max_reconsume_times`` times goes to the dead-letter topic (RocketMQ's
+        checkReconsumeTimes); whether any of ``batch`` is left to run again."""
+        limit = self.config.reconsume_limit()
+        left = False
+        for r in batch:
+            times = r.reconsume_times + pq.failures.get(r.queue_offset, 0)
+            # Its last try: straight to the dead-letter topic (a negative level).
+            if limit is not None and times >= limit and await self._give_one_back(pq, r, -1, limit):
+                pq.failures.pop(r.queue_offset, None)
+                pq.consumed([r], self.config.pull_threshold_for_queue)
+                continue
+            pq.failures[r.queue_offset] = pq.failures.get(r.queue_offset, 0) + 1
+            left = True
+        return left
+
+    def _shown(self, record: MessageRecord, failures: int) -> MessageRecord:
+        """``record`` as the listener sees it (RocketMQ's resetRetryAndNamespace):
+        read from the group's retry topic, with its original topic; its reconsume
+        times counting the failed calls made here too."""
+        topic = record.topic
+        if topic == self._retry_topic:
+            topic = record.properties.get(PROPERTY_RETRY_TOPIC, topic)
+        if topic == record.topic and not failures:
+            return record
+        return dataclasses.replace(
+            record, topic=topic, reconsume_times=record.reconsume_times + failures
+        )
 
     async def _call_listener(self, pq: ProcessQueue, batch: list[MessageRecord]) -> ConsumeStatus:
         """:meth:`_run_listener` in a CONSUMER span, "process <topic>", one per

@@ -75,6 +75,32 @@ TIMER_PROPERTIES = frozenset(
 SYSTEM_TOPICS = frozenset(
     {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC}
 )
+#: RocketMQ's ``MessageConst.PROPERTY_CRC32``: the whole-record checksum's name
+#: (the store's own; :mod:`basalt.common.record` writes it).
+PROPERTY_CRC32 = "__CRC32#"
+
+# Retries and dead letters (docs/retry.md): RocketMQ's MixAll prefixes and
+# MessageConst names.
+#: ``%RETRY%<group>``: where a group's failed messages wait for their next try.
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+#: ``%DLQ%<group>``: where a group's messages go past their last try.
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+#: The topic a retried message was first sent to (kept across retries).
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+#: The offset message id of the message as first stored (kept across retries).
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+#: How many times the message was given back (the record's RECONSUMETIMES too).
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+#: The max_reconsume_times the consumer gave when it sent the message back.
+PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+#: What a dead-lettered copy names (RocketMQ 5's names; both protocols write them).
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+#: RocketMQ's default maxReconsumeTimes (a group's retryMaxTimes).
+DEFAULT_MAX_RECONSUME_TIMES = 16
+#: A send-back that leaves the level to the broker waits ``3 + reconsume times``
+#: levels (RocketMQ 4: 10 s, then 30 s, 1 min, ... with the default levels).
+RETRY_BASE_DELAY_LEVEL = 3
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -315,3 +341,131 @@ class MessageRecord:
     def msg_id(self) -> str:
         """The offset message id of this record."""
         return offset_msg_id(encode_host(self.store_host), self.commit_log_offset)
+
+
+# -- retries and dead letters (docs/retry.md) -------------------------------------------
+
+
+def retry_topic(group: str) -> str:
+    """``%RETRY%<group>`` (RocketMQ's MixAll.getRetryTopic)."""
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """``%DLQ%<group>`` (RocketMQ's MixAll.getDLQTopic)."""
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def origin_topic(record: MessageRecord) -> str:
+    """The topic ``record`` was first sent to: its RETRY_TOPIC (a retried or
+    dead-lettered copy), else DLQ_ORIGIN_TOPIC, else its own topic."""
+    props = record.properties
+    return props.get(PROPERTY_RETRY_TOPIC) or props.get(PROPERTY_DLQ_ORIGIN_TOPIC) or record.topic
+
+
+def origin_message_id(record: MessageRecord) -> str:
+    """The id of the message ``record`` copies: the producer's UNIQ_KEY (kept on
+    every copy), else the first copy's offset message id (ORIGIN_MESSAGE_ID),
+    else the record's own."""
+    return record.uniq_key or record.properties.get(PROPERTY_ORIGIN_MESSAGE_ID) or record.msg_id
+
+
+#: Properties a copy never takes from its record: TAGS and KEYS are the copy's
+#: fields, the checksum is the store's, and a delay is the copy's own decision.
+_NOT_COPIED = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_KEYS,
+        PROPERTY_CRC32,
+        PROPERTY_DELAY_TIME_LEVEL,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+    }
+)
+
+
+def _copy(record: MessageRecord, topic: str, properties: dict[str, str]) -> Message:
+    return Message(
+        topic=topic,
+        body=record.body,
+        tags=record.tags,
+        keys=record.keys,
+        properties=properties,
+        flag=record.flag,
+        # The body's bits (a compressed body stays compressed); the transaction
+        # and host bits are the copy's own.
+        sys_flag=record.sys_flag & (COMPRESSED_FLAG | MULTI_TAGS_FLAG),
+        born_timestamp_ms=record.born_timestamp_ms,
+        born_host=record.born_host,
+    )
+
+
+def _copied_properties(record: MessageRecord) -> dict[str, str]:
+    return {k: v for k, v in record.properties.items() if k not in _NOT_COPIED}
+
+
+def _name_dead_letter_origin(record: MessageRecord, properties: dict[str, str]) -> None:
+    properties[PROPERTY_DLQ_ORIGIN_TOPIC] = origin_topic(record)
+    properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = origin_message_id(record)
+
+
+def dead_letter(record: MessageRecord, group: str) -> Message:
+    """The copy of ``record`` written to ``group``'s dead-letter topic by the
+    RocketMQ 5 front: body, tag, keys and properties (the UNIQ_KEY too: the same
+    message id), plus its origin topic and message id."""
+    properties = _copied_properties(record)
+    _name_dead_letter_origin(record, properties)
+    return _copy(record, dlq_topic(group), properties)
+
+
+def send_back_copy(
+    record: MessageRecord, group: str, *, delay_level: int, max_reconsume_times: int
+) -> Message:
+    """The copy a consumer group's send-back of ``record`` stores (RocketMQ 4's
+    consumerSendMsgBack). To ``%DLQ%<group>`` when ``delay_level < 0`` or the
+    record was reconsumed ``max_reconsume_times`` times already, with no delay
+    and the dead-letter origin properties; else to ``%RETRY%<group>``, queue 0,
+    after ``delay_level`` levels (0: :data:`RETRY_BASE_DELAY_LEVEL` + the
+    record's reconsume times; the store clamps a level past its last). Either
+    way: body, flag, tag, keys, born time and host, UNIQ_KEY and the other
+    properties kept; RETRY_TOPIC and ORIGIN_MESSAGE_ID set on the first
+    send-back and kept after; reconsume times (the record field and
+    RECONSUME_TIME) one more; MAX_RECONSUME_TIMES the one given."""
+    times = record.reconsume_times
+    properties = _copied_properties(record)
+    properties.setdefault(PROPERTY_RETRY_TOPIC, record.topic)
+    properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, record.msg_id)
+    properties[PROPERTY_RECONSUME_TIME] = str(times + 1)
+    properties[PROPERTY_MAX_RECONSUME_TIMES] = str(max_reconsume_times)
+    if delay_level < 0 or times >= max_reconsume_times:
+        _name_dead_letter_origin(record, properties)
+        copy = _copy(record, dlq_topic(group), properties)
+    else:
+        copy = _copy(record, retry_topic(group), properties)
+        copy.delay_time_level = delay_level or RETRY_BASE_DELAY_LEVEL + times
+    copy.reconsume_times = times + 1
+    return copy
+
+
+#: What a retried or dead-lettered copy carries that its original did not.
+_SEND_BACK_PROPERTIES = frozenset(
+    {
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_RECONSUME_TIME,
+        PROPERTY_MAX_RECONSUME_TIMES,
+        PROPERTY_DLQ_ORIGIN_TOPIC,
+        PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    }
+)
+
+
+def restored_message(record: MessageRecord) -> Message:
+    """The message a retried or dead-lettered ``record`` copies, for its
+    original topic (:func:`origin_topic`): body, flag, tag, keys, born time and
+    host, UNIQ_KEY and the user's properties; the send-back properties dropped,
+    reconsume times back to 0 (``basalt admin resendDlq``)."""
+    properties = {
+        k: v for k, v in _copied_properties(record).items() if k not in _SEND_BACK_PROPERTIES
+    }
+    return _copy(record, origin_topic(record), properties)

@@ -74,6 +74,9 @@ from basalt.common.message import (
     encode_host,
     encode_properties,
 )
+from basalt.common.message import (
+    PROPERTY_CRC32 as PROPERTY_CRC32,  # its name's home; read from here too
+)
 
 #: Anything ``struct.unpack_from`` and ``memoryview`` accept: bytes, mmap, bytearray.
 Buffer = bytes | bytearray | memoryview | mmap.mmap
@@ -95,8 +98,6 @@ MAX_PROPERTIES_SIZE = 32767
 #: does not cover the properties).
 ZEROED_PROPERTIES = "PROPERTIES end in a zero byte (a lost write cleared the record's tail)"
 
-#: RocketMQ's ``MessageConst.PROPERTY_CRC32``: the whole-record checksum's name.
-PROPERTY_CRC32 = "__CRC32#"
 #: The property up to its digits: name + NAME_VALUE_SEPARATOR.
 CRC32_PREFIX = PROPERTY_CRC32.encode() + b"\x01"
 #: RocketMQ's ``CommitLog.CRC32_RESERVED_LEN``: name, separator, 10 digits, separator.

@@ -41,7 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from basalt.common.message import PROPERTY_UNIQ_KEY, Message, MessageRecord
+from basalt.common.message import (
+    PROPERTY_UNIQ_KEY,
+    Message,
+    MessageRecord,
+    dead_letter,
+    dlq_topic,
+)
 from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
 from basalt.common.record import CorruptRecordError, DamagedRecord, decode_records
 from basalt.rocketmq.v2 import definition_pb2 as v2
@@ -53,8 +59,6 @@ from basalt.services.pull_service.metrics import damaged_records
 from basalt.services.rocketmq_v2.conversions import (
     StoreQueue,
     V2Error,
-    dead_letter,
-    dlq_topic,
     group_name,
     ok_status,
     readable_brokers,

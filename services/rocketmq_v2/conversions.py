@@ -17,8 +17,8 @@
   ``Message`` a consumer reads: every system property the official clients
   read, the body digest as MD5 (the one digest the Python and Node.js clients
   agree on: their CRC32 strings differ, hex and decimal), user properties
-  without the server's own names. :func:`dead_letter` is the copy written to
-  ``%DLQ%<group>``.
+  without the server's own names. The copy written to ``%DLQ%<group>`` is
+  :func:`basalt.common.message.dead_letter`, shared with the SDK's retries.
 * **Codes.** :func:`code_of_response` maps Basalt's (RocketMQ 4) response
   codes to v2 codes; :data:`CODE_OF_SEND_STATUS` a stored send's flush and
   replication outcomes.
@@ -38,14 +38,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from basalt.common.message import (
     NAME_VALUE_SEPARATOR,
-    PROPERTY_KEYS,
+    PROPERTY_CRC32,
     PROPERTY_SEPARATOR,
-    PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     Message,
     MessageRecord,
 )
-from basalt.common.record import PROPERTY_CRC32
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.meta.model import TopicConfig
 from basalt.services.validation import (
@@ -337,18 +335,9 @@ def _to_message(message: v2.Message, max_body_size: int) -> Message:
 
 # -- deliveries --------------------------------------------------------------------------
 
-#: The dead-letter topic of a consumer group (RocketMQ's MixAll.DLQ_GROUP_TOPIC_PREFIX).
-DLQ_PREFIX = "%DLQ%"
-#: Properties a dead-lettered copy carries (RocketMQ 5's MessageConst names).
-PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
-PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 #: Stored properties that are system properties of a v2 message (or the
 #: store's own), never shown as user properties.
 _HIDDEN_PROPERTIES = RESERVED_PROPERTIES | {PROPERTY_CRC32}
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_PREFIX + group
 
 
 def _timestamp(ms: int) -> Timestamp:
@@ -404,22 +393,4 @@ def to_v2_message(
         user_properties={k: v for k, v in properties.items() if k not in _HIDDEN_PROPERTIES},
         system_properties=system,
         body=record.body,
-    )
-
-
-def dead_letter(record: MessageRecord, group: str) -> Message:
-    """The copy of ``record`` written to ``group``'s dead-letter topic: body,
-    tag, keys and properties (the UNIQ_KEY too: the same message id), plus its
-    origin topic and message id."""
-    dropped = (PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_CRC32)
-    properties = {k: v for k, v in record.properties.items() if k not in dropped}
-    properties[PROPERTY_DLQ_ORIGIN_TOPIC] = record.topic
-    properties[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = record.uniq_key or record.msg_id
-    return Message(
-        topic=dlq_topic(group),
-        body=record.body,
-        tags=record.tags,
-        keys=record.keys,
-        properties=properties,
-        born_timestamp_ms=record.born_timestamp_ms,
     )

@@ -76,9 +76,11 @@ class EtcdTopics:
             return config
         return self._created.get(name)
 
-    async def ensure_topic(self, name: str, broker: str) -> TopicConfig:
+    async def ensure_topic(
+        self, name: str, broker: str, *, queue_nums: int | None = None
+    ) -> TopicConfig:
         config = await self.meta.ensure_topic(
-            name, broker=broker, default_queue_nums=self.default_topic_queue_nums
+            name, broker=broker, default_queue_nums=queue_nums or self.default_topic_queue_nums
         )
         self._created[name] = config
         return config

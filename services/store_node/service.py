@@ -282,16 +282,21 @@ class StoreNodeServicer(
 
     # -- checks -----------------------------------------------------------------------
 
-    def _writable_config(self, topic: str, queue_id: int) -> TopicConfig | None:
-        """The checks of a send that need no await: the topic's config, or None
-        when this node must create the topic first (:meth:`_writable_topic`).
-        Raises :class:`Refusal`."""
+    def _check_node_writable(self) -> None:
+        """Refuse a write unless this node takes writes now: not stopping, the
+        master of its group (NOT_MASTER naming it), the broker's perm writable."""
         if not self.writable:
             raise Refusal(pb.RESPONSE_CODE_SERVICE_NOT_AVAILABLE, "the store-node is stopping")
         if self.group is not None:
             self.group.check_writable()
+        check_broker_perm(self.config.broker_name, self.broker_perm(), write=True)
+
+    def _writable_config(self, topic: str, queue_id: int) -> TopicConfig | None:
+        """The checks of a send that need no await: the topic's config, or None
+        when this node must create the topic first (:meth:`_writable_topic`).
+        Raises :class:`Refusal`."""
+        self._check_node_writable()
         broker = self.config.broker_name
-        check_broker_perm(broker, self.broker_perm(), write=True)
         if topic in SYSTEM_TOPICS:
             # The store's own (RocketMQ's TopicValidator refuses sends to system topics):
             # only the store parks messages there, never through etcd's topics.
@@ -402,7 +407,17 @@ class StoreNodeServicer(
         started = time.perf_counter()
         topic, queue_id = _send_target(request)
         await self._writable_topic(topic, queue_id)
-        encoded = self._encode_send(request)
+        return await self._store_encoded(topic, queue_id, self._encode_send(request), started)
+
+    async def _store_encoded(
+        self,
+        topic: str,
+        queue_id: int,
+        encoded: EncodedBatch | PutMessageResult,
+        started: float,
+    ) -> pb.SendResult:
+        """Append checked records (``encoded``, or the store's refusal of them),
+        confirmed by the broker group when there is one, as a send's result."""
         if not isinstance(encoded, PutMessageResult):
             encoded = await self.store.put_batch_async(encoded)
             if self.group is not None:

@@ -19,9 +19,12 @@ class TopicDirectory(Protocol):
     def topic(self, name: str) -> TopicConfig | None:
         """The cached configuration, or None for an unknown topic. Never blocks."""
 
-    async def ensure_topic(self, name: str, broker: str) -> TopicConfig:
-        """The topic's configuration, created with the default queue counts (and
-        ``broker`` among its brokers) when it does not exist yet. Raises
+    async def ensure_topic(
+        self, name: str, broker: str, *, queue_nums: int | None = None
+    ) -> TopicConfig:
+        """The topic's configuration, created with ``queue_nums`` read and write
+        queues (None: the default counts) when it does not exist yet, ``broker``
+        added to its brokers when missing. Raises
         ``basalt.services.meta.errors.MetaUnavailableError`` when it cannot be written."""
 
 
@@ -38,10 +41,12 @@ class LocalTopics:
     def topic(self, name: str) -> TopicConfig | None:
         return self._topics.get(name)
 
-    async def ensure_topic(self, name: str, broker: str) -> TopicConfig:
+    async def ensure_topic(
+        self, name: str, broker: str, *, queue_nums: int | None = None
+    ) -> TopicConfig:
         config = self._topics.get(name)
         if config is None:
-            n = self.default_topic_queue_nums
+            n = queue_nums or self.default_topic_queue_nums
             config = TopicConfig(
                 topic_name=name, read_queue_nums=n, write_queue_nums=n, brokers=(broker,)
             )

@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from basalt.common.message import Message, MessageRecord, encode_host
+from basalt.common.message import Message, MessageRecord, dead_letter, encode_host
 from basalt.common.record import decode_record, encode_batch
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.meta.model import Perm, TopicConfig
@@ -17,7 +17,6 @@ from basalt.services.rocketmq_v2.conversions import (
     V2Error,
     asked_queue,
     code_of_response,
-    dead_letter,
     fifo_queue,
     group_name,
     message_queues,

@@ -44,10 +44,15 @@ NODE_TOPIC = "NodeTopic"
 
 @asynccontextmanager
 async def node(
-    tmp_path: Path, *, auto_create: bool = True, broker_permission: int = 6
+    tmp_path: Path,
+    *,
+    auto_create: bool = True,
+    broker_permission: int = 6,
+    store_config: Callable[[Path], MessageStoreConfig] | None = None,
 ) -> AsyncIterator[tuple[RunningStoreNode, sn_grpc.StoreNodeStub, LocalTopics]]:
-    """Store-node ``broker-a`` over a store in ``tmp_path / "store"``, hosting
-    NODE_TOPIC; yields the running node, a stub to it and its topic directory."""
+    """Store-node ``broker-a`` over a store in ``tmp_path / "store"`` (configured
+    by ``store_config``, default :func:`node_store_config`), hosting NODE_TOPIC;
+    yields the running node, a stub to it and its topic directory."""
     topics = LocalTopics()
     topics.put(
         TopicConfig(
@@ -60,7 +65,7 @@ async def node(
             auto_create_topic_enable=auto_create,
             broker_permission=broker_permission,
         ),
-        node_store_config(tmp_path / "store"),
+        (store_config or node_store_config)(tmp_path / "store"),
         topics,
     )
     channel = grpc.aio.insecure_channel(running.address)

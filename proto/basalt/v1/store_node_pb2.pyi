@@ -1455,7 +1455,8 @@ class ConsumerSendMsgBackRequest(_message.Message):
     """
     max_reconsume_times: _builtins.int
     """Past this many reconsumes the copy goes to %DLQ%<group> (RocketMQ's
-    maxReconsumeTimes; 16 by default in the SDK).
+    maxReconsumeTimes; 16 by default in the SDK); 0 or less: RocketMQ's
+    default, 16.
     """
     def __init__(
         self,
