@@ -176,7 +176,13 @@ class TimerMessageService(ServiceThread):
             self._rebuild("timer_precision_ms or the roll window changed", scan, skip)
             return
         problem = None if wheel_ok else f"{self.wheel.path} is not {self.wheel.size_bytes} bytes"
+        if saved.log_file_size not in (0, self.log.file_size):
+            problem = f"mapped_file_size_timer_log changed from {saved.log_file_size}"
         problem = problem or self.log.covers(saved.log_end)
+        if problem is None:
+            bad = self.log.damaged_before(saved.log_end, 64)
+            if bad is not None:
+                problem = f"TimerLog entry at {bad} is damaged"
         if problem is not None:
             self._rebuild(problem, saved.scan_tick, skip)
             return
@@ -223,6 +229,7 @@ class TimerMessageService(ServiceThread):
             saved = replace(
                 st,
                 log_end=self.log.end,
+                log_file_size=self.log.file_size,
                 counts={t: c for t, c in st.counts.items() if c > 0},
                 buckets={b: c for b, c in st.buckets.items() if c > 0},
                 files=dict(st.files),
