@@ -42,6 +42,34 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 #: RocketMQ's TopicValidator.RMQ_SYS_SCHEDULE_TOPIC: queue ``level - 1`` holds the
 #: messages of delay level ``level``; a unit's tagsCode is its due time (docs/scheduled.md).
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: RocketMQ 5's timers (docs/timers.md). A message asks for a delivery time with
+#: one of: TIMER_DELIVER_MS (Unix ms), __STARTDELIVERTIME (Unix ms, RocketMQ 4's
+#: commercial name, still sent by clients), TIMER_DELAY_SEC / TIMER_DELAY_MS
+#: (after the store time; resolved to TIMER_DELIVER_MS when stored).
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_START_DELIVER_TIME = "__STARTDELIVERTIME"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+#: The properties that ask for a timer, in the order the store reads them.
+TIMER_REQUEST_PROPERTIES = (
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_START_DELIVER_TIME,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELAY_MS,
+)
+#: Set by the store on a parked timer message: its delivery time (Unix ms). A
+#: message carrying it is never parked again (RocketMQ's rule: it has been
+#: through the timer already), so the delivered copy keeps it.
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+#: A recall's delete marker: ``<real topic>+<UNIQ_KEY>`` of the timer message
+#: it cancels (RocketMQ 5.3's TimerMessageStore.buildDeleteKey).
+PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+#: How often a timer message past the wheel's roll window was put back into
+#: the timer topic to wait further (RocketMQ's TIMER_ROLL_TIMES).
+PROPERTY_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
+#: RocketMQ 5's TimerMessageStore.TIMER_TOPIC (``rmq_sys_`` + ``wheel_timer``):
+#: every timer message waits here (queue 0) until due (docs/timers.md).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 #: Transactional messages (docs/transactions.md). A half message (RocketMQ's
 #: prepared message) is parked in TRANS_HALF_TOPIC queue 0 with REAL_TOPIC /
 #: REAL_QID; its commit or rollback is an op mark in TRANS_OP_HALF_TOPIC queue 0
@@ -66,14 +94,17 @@ PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 #: "check_max"), so a restarted store-node answers a repeated EndTransaction
 #: with the outcome. RocketMQ's op marks lack it (and its readers ignore it).
 PROPERTY_TRANSACTION_RESOLUTION = "TRAN_RESOLUTION"
-#: RocketMQ 5's timer properties (its MessageConst names): a transactional
-#: message may not carry one.
-TIMER_PROPERTIES = frozenset(
-    {"__STARTDELIVERTIME", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"}
-)
+#: The timer properties as a set: a transactional message may not carry one.
+TIMER_PROPERTIES = frozenset(TIMER_REQUEST_PROPERTIES)
 #: The system topics a producer may not send to: only the store writes them.
 SYSTEM_TOPICS = frozenset(
-    {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC}
+    {
+        SCHEDULE_TOPIC,
+        TIMER_TOPIC,
+        TRANS_HALF_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
+    }
 )
 #: RocketMQ's ``MessageConst.PROPERTY_CRC32``: the whole-record checksum's name
 #: (the store's own; :mod:`basalt.common.record` writes it).
@@ -280,11 +311,15 @@ class Message:
     #: over a DELAY in ``properties``); the store parks the message in
     #: :data:`SCHEDULE_TOPIC` until the level's delay has passed.
     delay_time_level: int = 0
+    #: RocketMQ 5's timer: > 0 asks for delivery at this Unix ms (written as the
+    #: TIMER_DELIVER_MS property, which it wins over); the store parks the message
+    #: in :data:`TIMER_TOPIC` until then (docs/timers.md). 0: no timer.
+    deliver_time_ms: int = 0
 
     def encoded_properties(self) -> bytes:
         """``encode_properties(self.all_properties())``, without the dict copy when the
         message has only a tag and keys (the common case on the send path)."""
-        if self.properties or self.delay_time_level > 0:
+        if self.properties or self.delay_time_level > 0 or self.deliver_time_ms > 0:
             return encode_properties(self.all_properties())
         text = f"{PROPERTY_TAGS}\x01{self.tags}\x02" if self.tags else ""
         if self.keys:
@@ -300,6 +335,8 @@ class Message:
             props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
         if self.delay_time_level > 0:
             props[PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_time_level)
+        if self.deliver_time_ms > 0:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_time_ms)
         return props
 
 

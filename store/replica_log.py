@@ -29,6 +29,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from basalt.common import _records
 from basalt.common.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, SIZE_AND_MAGIC
@@ -48,6 +49,7 @@ from basalt.store.pop import PopStore
 from basalt.store.pop_journal import decode_records
 from basalt.store.queue_manifest import QueueManifest
 from basalt.store.schedule import ScheduleMessageService, decode_delay_offsets
+from basalt.store.timer.checkpoint import decode_progress
 from basalt.store.truncation import check_cut_point, cut_commitlog, remove_marker, write_marker
 
 REPLICA_STATE_MAGIC = 0x42525053  # "BRPS"
@@ -60,6 +62,7 @@ _STATE_HEAD = struct.Struct(
     "I"  # consumer offsets length (consumerOffset.json's bytes)
     "I"  # pop state length (pop journal records: store.pop.PopStore.snapshot)
     "I"  # delay levels' progress length (delayOffset.json's bytes)
+    "I"  # timers' progress length (store.timer.api.progress)
 )
 _STATE_CRC = struct.Struct(">I")
 
@@ -160,6 +163,12 @@ class ReplicaLog:
     consumer_offsets: ConsumerOffsetManager
     pop: PopStore
     schedule: ScheduleMessageService
+
+    if TYPE_CHECKING:  # MessageStore's
+
+        def timer_progress(self) -> bytes: ...
+
+        def adopt_timer_progress(self, data: bytes) -> None: ...
 
     @property
     def epochs(self) -> EpochFile:
@@ -412,14 +421,20 @@ class ReplicaLog:
     # -- consumer offsets and pop state ------------------------------------------
 
     def replica_state(self) -> bytes:
-        """The consumer offsets, the pop state and the delay levels' progress,
-        for a slave to install::
+        """The consumer offsets, the pop state and the progress of the delay
+        levels and of the timers, for a slave to install::
 
-        [magic "BRPS" 4][version 2: 4][offsets length 4][pop length 4][delay length 4]
+        [magic "BRPS" 4][version 2: 4]
+        [offsets length 4][pop length 4][delay length 4][timer length 4]
         [consumerOffset.json's bytes][pop journal records][delayOffset.json's bytes]
-        [crc32 4 of all before]
+        [timer progress][crc32 4 of all before]
         """
-        parts = (self.consumer_offsets.snapshot(), self.pop.snapshot(), self.schedule.progress())
+        parts = (
+            self.consumer_offsets.snapshot(),
+            self.pop.snapshot(),
+            self.schedule.progress(),
+            self.timer_progress(),
+        )
         head = _STATE_HEAD.pack(
             REPLICA_STATE_MAGIC, REPLICA_STATE_VERSION, *(len(part) for part in parts)
         )
@@ -445,7 +460,7 @@ class ReplicaLog:
         for length in lengths:
             parts.append(data[start : start + length])
             start += length
-        offsets, pop, delays = parts
+        offsets, pop, delays, timers = parts
         try:
             # All checked before any is installed: a bad part changes nothing.
             decode_offsets(offsets)
@@ -453,8 +468,10 @@ class ReplicaLog:
             if (ends[-1] if ends else 0) != len(pop):
                 raise ValueError("the pop state is not whole journal records")
             decode_delay_offsets(delays)
+            decode_progress(timers)
             self.consumer_offsets.install(offsets)
             self.pop.install_snapshot(pop)
             self.schedule.adopt(delays)
+            self.adopt_timer_progress(timers)
         except ValueError as e:
             raise ReplicaDataError(-1, f"replica state: {e}") from None

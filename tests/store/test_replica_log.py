@@ -16,6 +16,7 @@ from basalt.store import ManualClock, Message, MessageStore
 from basalt.store.config import FlushDiskType
 from basalt.store.consistency import check_store
 from basalt.store.replica_log import ReplicaDataError, ReplicaOffsetError
+from tests.support.polling import eventually_sync
 from tests.support.processes import REPO_ROOT
 from tests.support.stores import ConfigFactory, fill_store, small_store_config
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
@@ -304,7 +305,7 @@ def test_store_check_of_a_controller_mode_store_stopped_above_its_confirm_offset
         store.shutdown()
 
 
-def test_the_delay_levels_progress_reaches_a_slave_and_survives_its_restart(
+def test_the_delay_and_timer_progress_reaches_a_slave_and_survives_its_restart(
     tmp_path: Path, clock: ManualClock
 ) -> None:
     """A slave takes its master's delayOffset.json with the replica state (and
@@ -321,8 +322,14 @@ def test_the_delay_levels_progress_reaches_a_slave_and_survives_its_restart(
         assert master.schedule.offsets == {1: 1, 2: 0}
         _copy(master, slave, [1 << 20])
         assert slave.wait_dispatched()
+        # The timers' scan position travels too (store.timer.api.adopt's rules).
+        eventually_sync(
+            lambda: master.timer_status().scan_ms >= clock.now_ms(), what="the master's scan"
+        )
+        assert slave.timer_status().scan_ms < master.timer_status().scan_ms  # not scanning
         slave.install_replica_state(master.replica_state())
         assert slave.schedule.offsets == {1: 1, 2: 0}
+        assert slave.timer_status().scan_ms == master.timer_status().scan_ms
         master.schedule.adopt(b'{"offsetTable": {}}')
         assert master.schedule.offsets == {1: 1, 2: 0}  # the master's own is the truth
     finally:
