@@ -139,7 +139,11 @@ def test_a_checked_half_shows_its_real_topic_and_no_delivery_state() -> None:
     m = checked_half(decode_record(_record(half)), "ns")
     system = m.system_properties
     assert (m.topic.name, m.topic.resource_namespace, m.body) == ("Orders", "ns", b"order-1")
-    assert (system.message_type, system.queue_id, system.message_id) == (v2.TRANSACTION, 2, "01UNIQ")
+    assert (system.message_type, system.queue_id, system.message_id) == (
+        v2.TRANSACTION,
+        2,
+        "01UNIQ",
+    )
     assert system.tag == "T1"
     assert dict(m.user_properties) == {"mine": "x"}
     assert not system.HasField("receipt_handle")
