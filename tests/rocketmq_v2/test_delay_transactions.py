@@ -274,8 +274,9 @@ def test_bad_delays_recalls_and_transaction_ids_are_refused_clearly(cluster: Clu
 
         assert recall("garbled!").code == v2.BAD_REQUEST
         assert recall(tid).code == v2.BAD_REQUEST  # a transaction id is no recall handle
+        hour = _at(int(time.time() * 1000) + 3_600_000)
         timer = send(_message(topic, b"timer", "01TIMER", message_type=v2.DELAY,
-                              delivery_timestamp=_at(int(time.time() * 1000) + 3_600_000)))  # fmt: skip
+                              delivery_timestamp=hour))  # fmt: skip
         assert timer.status.code == v2.OK, timer.status
         handle = timer.entries[0].recall_handle
         assert recall(handle, on=other).code == v2.BAD_REQUEST
