@@ -42,6 +42,39 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 #: RocketMQ's TopicValidator.RMQ_SYS_SCHEDULE_TOPIC: queue ``level - 1`` holds the
 #: messages of delay level ``level``; a unit's tagsCode is its due time (docs/scheduled.md).
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: Transactional messages (docs/transactions.md). A half message (RocketMQ's
+#: prepared message) is parked in TRANS_HALF_TOPIC queue 0 with REAL_TOPIC /
+#: REAL_QID; its commit or rollback is an op mark in TRANS_OP_HALF_TOPIC queue 0
+#: (tag TRANS_OP_TAG, body: the half's queue offset); a half checked
+#: transaction_check_max times goes to TRANS_CHECK_MAX_TIME_TOPIC. RocketMQ's
+#: TopicValidator names.
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: RocketMQ's TransactionalMessageUtil.REMOVE_TAG: an op mark's tag.
+TRANS_OP_TAG = "d"
+#: RocketMQ's MixAll.CID_SYS_RMQ_TRANS: the group whose consumer offsets of the
+#: half and op queues are the check-back's progress.
+TRANS_CHECK_GROUP = "CID_SYS_RMQ_TRANS"
+#: "true" on a transactional send (RocketMQ's PROPERTY_TRANSACTION_PREPARED).
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+#: The producer group a half message belongs to (RocketMQ's PROPERTY_PRODUCER_GROUP).
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+#: How many times a half message has been checked back (RocketMQ's).
+PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+#: Basalt's own, on an op mark: what was done ("commit", "rollback",
+#: "check_max"), so a restarted store-node answers a repeated EndTransaction
+#: with the outcome. RocketMQ's op marks lack it (and its readers ignore it).
+PROPERTY_TRANSACTION_RESOLUTION = "TRAN_RESOLUTION"
+#: RocketMQ 5's timer properties (its MessageConst names): a transactional
+#: message may not carry one.
+TIMER_PROPERTIES = frozenset(
+    {"__STARTDELIVERTIME", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS"}
+)
+#: The system topics a producer may not send to: only the store writes them.
+SYSTEM_TOPICS = frozenset(
+    {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC}
+)
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"

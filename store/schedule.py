@@ -73,6 +73,7 @@ from basalt.store.consume_queue_table import ConsumeQueueTable
 from basalt.store.errors import StoreError
 from basalt.store.files import write_atomically
 from basalt.store.hashing import tags_code
+from basalt.store.parking import copy_of, real_destination
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.service_thread import ServiceThread
 
@@ -178,23 +179,8 @@ def unpark(record: MessageRecord) -> Message:
     """The message a parked record delivers: to REAL_TOPIC / REAL_QID, without the
     parking properties, everything else as the producer sent it. Raises
     ValueError when the record has no (valid) REAL_TOPIC / REAL_QID."""
-    props = record.properties
-    topic = props.get(PROPERTY_REAL_TOPIC)
-    queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "-1"))
-    if not topic or queue_id < 0:
-        raise ValueError(f"record at {record.commit_log_offset} has no REAL_TOPIC/REAL_QID")
-    return Message(
-        topic,
-        record.body,
-        queue_id=queue_id,
-        properties={k: v for k, v in props.items() if k not in _PARKING},
-        flag=record.flag,
-        sys_flag=record.sys_flag,
-        born_timestamp_ms=record.born_timestamp_ms,
-        born_host=record.born_host,
-        reconsume_times=record.reconsume_times,
-        prepared_transaction_offset=record.prepared_transaction_offset,
-    )
+    topic, queue_id = real_destination(record)
+    return copy_of(record, topic, queue_id, drop=_PARKING)
 
 
 # -- delayOffset.json -------------------------------------------------------------------

@@ -43,7 +43,10 @@ from opentelemetry import trace
 
 from basalt.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TRANSACTION_PREPARED,
     SCHEDULE_TOPIC,
+    SYSTEM_TOPICS,
+    TIMER_PROPERTIES,
     decode_host,
     parse_offset_msg_id,
     property_value,
@@ -98,6 +101,7 @@ from basalt.store.expiry import disk_used_percent
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter
 from basalt.store.put_result import PutMessageResult, PutStatus
+from basalt.store.transaction import BadHalf, half_message, is_transactional
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
@@ -202,6 +206,26 @@ class StoreNodeConfig:
         doc="Calls arrived but not yet picked up by the event loop (a burst of long "
         "polls) that gRPC queues; past it a call is refused CANCELLED.",
     )
+    # Transactional messages (docs/transactions.md): RocketMQ's BrokerConfig
+    # settings, the store-node's since it is the node that asks producers.
+    transaction_timeout_ms: int = setting(
+        default=6_000,
+        check=positive,
+        doc="A half message younger than this (from its born time) is not checked "
+        "back yet (RocketMQ's transactionTimeOut).",
+    )
+    transaction_check_max: int = setting(
+        default=15,
+        check=positive,
+        doc="Check-backs of one half message before it goes to TRANS_CHECK_MAX_TIME_TOPIC "
+        "and is rolled back (RocketMQ's transactionCheckMax).",
+    )
+    transaction_check_interval_ms: int = setting(
+        default=60_000,
+        check=positive,
+        doc="How often unresolved half messages are checked back with their producer "
+        "group (RocketMQ's transactionCheckInterval).",
+    )
 
     def __post_init__(self) -> None:
         validate(self, ValueError)
@@ -268,12 +292,13 @@ class StoreNodeServicer(
             self.group.check_writable()
         broker = self.config.broker_name
         check_broker_perm(broker, self.broker_perm(), write=True)
-        if topic == SCHEDULE_TOPIC:
+        if topic in SYSTEM_TOPICS:
             # The store's own (RocketMQ's TopicValidator refuses sends to system topics):
             # only the store parks messages there, never through etcd's topics.
+            how = "a delay level" if topic == SCHEDULE_TOPIC else "a transactional send"
             raise Refusal(
                 pb.RESPONSE_CODE_NO_PERMISSION,
-                f"topic {topic!r} is a system topic: ask for a delay level instead",
+                f"topic {topic!r} is a system topic: ask for {how} instead",
             )
         config = self.topics.topic(topic)
         if config is not None and not config.writable:
@@ -334,12 +359,19 @@ class StoreNodeServicer(
         if isinstance(request, sn.SendMessageRequest):
             m = request.message
             stored = _store_message(m, m.topic, request.queue_id, self._delay_levels)
+            if is_transactional(stored):
+                stored = _half(m, stored)
             return self.store.encode_messages([stored])
         topic, queue_id = request.topic, request.queue_id
         if request.WhichOneof("batch") == "records":
             if not request.records:
                 raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
-            if _DELAY_MARK in request.records and _delayed_record(request.records):
+            if _TRAN_MARK in request.records and _marked_record(request.records, _TRAN_MARK):
+                raise Refusal(
+                    pb.RESPONSE_CODE_INVALID_PARAMETER,
+                    "a batch cannot carry TRAN_MSG: send transactional messages one by one",
+                )
+            if _DELAY_MARK in request.records and _marked_record(request.records, _DELAY_MARK):
                 # RocketMQ refuses a delayed MessageBatch too; a parked batch would be
                 # one queue's run rewritten record by record.
                 raise Refusal(
@@ -357,9 +389,13 @@ class StoreNodeServicer(
                     f"a batch goes to one topic: {m.topic!r} in a batch for {topic!r}",
                 )
         levels = self._delay_levels
-        return self.store.encode_messages(
-            [_store_message(m, topic, queue_id, levels) for m in messages]
-        )
+        batch = [_store_message(m, topic, queue_id, levels) for m in messages]
+        if any(is_transactional(m) for m in batch):
+            raise Refusal(
+                pb.RESPONSE_CODE_INVALID_PARAMETER,
+                "a batch cannot carry TRAN_MSG: send transactional messages one by one",
+            )
+        return self.store.encode_messages(batch)
 
     async def send(self, request: SendRequest) -> pb.SendResult:
         """One send (a message or a batch), checked, stored and answered."""
@@ -735,18 +771,35 @@ def _store_status(result: GetMessageResult) -> pb.GetMessageStatus.ValueType:
 
 
 _DELAY_MARK = PROPERTY_DELAY_TIME_LEVEL.encode() + b"\x01"
+_TRAN_MARK = PROPERTY_TRANSACTION_PREPARED.encode() + b"\x01"
 
 
-def _delayed_record(records: bytes) -> bool:
-    """Whether a record of a producer's batch has a DELAY property (the quick
-    ``in`` test found its name somewhere in the bytes)."""
+def _half(m: pb.Message, stored: Message) -> Message:
+    """A transactional send as its half message (store.transaction); refused
+    INVALID_PARAMETER with a delay or a timer (RocketMQ's producer refuses a
+    delayed transactional message: the half, not the commit, would wait), or
+    without a producer group or transaction id."""
+    if stored.delay_time_level > 0 or m.deliver_time_ms or TIMER_PROPERTIES & m.properties.keys():
+        raise Refusal(
+            pb.RESPONSE_CODE_INVALID_PARAMETER,
+            "a transactional message cannot have a delay level or a delivery time",
+        )
+    try:
+        return half_message(stored)
+    except BadHalf as e:
+        raise Refusal(pb.RESPONSE_CODE_INVALID_PARAMETER, str(e)) from None
+
+
+def _marked_record(records: bytes, mark: bytes) -> bool:
+    """Whether a record of a producer's batch has the property ``mark`` (its name
+    and the separator; the quick ``in`` test found it somewhere in the bytes)."""
     pos = 0
     try:
         while pos < len(records):
             size = int.from_bytes(records[pos : pos + 4], "big", signed=True)
             if size < MIN_RECORD_SIZE or pos + size > len(records):
                 return False  # malformed: the store's stamp refuses it with the reason
-            if property_value(record_properties(records, pos), _DELAY_MARK[:-1]) is not None:
+            if property_value(record_properties(records, pos), mark[:-1]) is not None:
                 return True
             pos += size
     except (ValueError, IndexError, struct.error):
