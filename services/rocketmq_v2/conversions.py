@@ -40,10 +40,12 @@ from basalt.common.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
+    PROPERTY_PRODUCER_GROUP,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     Message,
     MessageRecord,
@@ -66,12 +68,9 @@ from basalt.v1 import common_pb2 as pb
 #: user property by this name, or by any of RESERVED_PROPERTIES, is refused
 #: ILLEGAL_MESSAGE_PROPERTY_KEY (basalt.services.validation).
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
-#: RocketMQ's MessageConst names the front stamps on a half message
-#: (PROPERTY_TRANSACTION_PREPARED, PROPERTY_PRODUCER_GROUP,
-#: PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS) and reads on a delivered timer
-#: message (PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC).
-PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP = "PGROUP"
+#: RocketMQ's MessageConst names the front stamps on a half message (with
+#: TRAN_MSG and PGROUP: basalt.common.message) and reads on a delivered timer
+#: message.
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"

@@ -10,12 +10,15 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from basalt.common.message import Message, encode_host
+from basalt.common.message import (
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TRANSACTION_PREPARED,
+    Message,
+    encode_host,
+)
 from basalt.common.record import decode_record, encode_batch
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.rocketmq_v2.conversions import (
-    PROPERTY_PRODUCER_GROUP,
-    PROPERTY_TRANSACTION_PREPARED,
     V2Error,
     checked_half,
     deliver_time_ms,
