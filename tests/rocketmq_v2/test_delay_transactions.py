@@ -68,7 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def _topic(cluster: Cluster, name: str) -> str:
     made = run_basalt_sync(
-        "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2", "-b", "broker-a,broker-b",
+        "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2", "-b", "broker-a", "-b", "broker-b",
         "--etcd", cluster.etcd,
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
