@@ -68,8 +68,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def _topic(cluster: Cluster, name: str) -> str:
     made = run_basalt_sync(
-        "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2", "-b", "broker-a", "-b", "broker-b",
-        "--etcd", cluster.etcd,
+        "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2",
+        "-b", "broker-a", "-b", "broker-b", "--etcd", cluster.etcd,
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
     return name
@@ -333,3 +333,64 @@ def test_a_raw_telemetry_stream_gets_the_check_and_its_end_transaction_commits(
             outgoing.put(None)
             stream.cancel()
     assert set(asyncio.run(_arrivals(cluster, topic, expect=1, timeout_s=30))) == {b"raw-orphan"}
+
+
+def test_checks_follow_the_topic_to_a_store_node_added_after_the_client_joined(
+    cluster: Cluster,
+) -> None:
+    """The relay's watches follow the route: a topic on broker-a only when the
+    client's Telemetry stream joins, then on broker-b too; halves left on
+    either store-node are all checked through the stream."""
+    made = run_basalt_sync(
+        "admin", "updateTopic", "-t", "V2Moving", "-r", "2", "-w", "2", "-b", "broker-a",
+        "--etcd", cluster.etcd,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    topic = "V2Moving"
+    channel, stub = _stub(cluster)
+    with channel:
+        settings = v2.Settings(
+            client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[v2.Resource(name=topic)])
+        )
+        outgoing: queue.Queue[sv.TelemetryCommand | None] = queue.Queue()
+        outgoing.put(sv.TelemetryCommand(settings=settings))
+        stream = stub.Telemetry(iter(outgoing.get, None), timeout=90)
+        try:
+            assert next(stream).HasField("settings")  # joined
+            _topic(cluster, topic)  # now on broker-a and broker-b
+            sent: dict[str, str] = {}
+            for i in range(6):  # round robin over both store-nodes' queues
+                half = stub.SendMessage(
+                    sv.SendMessageRequest(
+                        messages=[_message(topic, b"moving-%d" % i, f"01MOVING{i}",
+                                           message_type=v2.TRANSACTION)]
+                    ),
+                    timeout=10,
+                )  # fmt: skip
+                assert half.status.code == v2.OK, half.status
+                sent[f"01MOVING{i}"] = half.entries[0].transaction_id
+            brokers = {TransactionId.decode(t).broker_name for t in sent.values()}
+            assert brokers == {"broker-a", "broker-b"}
+            checked: dict[str, str] = {}
+            for got in stream:
+                command = got.recover_orphaned_transaction_command
+                message_id = command.message.system_properties.message_id
+                if message_id in sent and message_id not in checked:
+                    checked[message_id] = command.transaction_id
+                    ended = stub.EndTransaction(
+                        sv.EndTransactionRequest(
+                            topic=v2.Resource(name=topic), message_id=message_id,
+                            transaction_id=command.transaction_id, resolution=v2.COMMIT,
+                            source=v2.SOURCE_SERVER_CHECK,
+                        ),
+                        timeout=10,
+                    )  # fmt: skip
+                    assert ended.status.code == v2.OK, ended.status
+                if len(checked) == len(sent):
+                    break
+            assert {TransactionId.decode(t).broker_name for t in checked.values()} == brokers
+        finally:
+            outgoing.put(None)
+            stream.cancel()
+    arrived = asyncio.run(_arrivals(cluster, topic, expect=len(sent), timeout_s=30))
+    assert set(arrived) == {b"moving-%d" % i for i in range(6)}
