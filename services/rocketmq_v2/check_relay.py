@@ -158,21 +158,25 @@ class CheckRelay:
         its checks, until cancelled."""
         backoff = _FIRST_BACKOFF_S
         request = sn.WatchTransactionChecksRequest(producer_group=group, client_id=self.listener_id)
+        last = ""
         while True:
             call = self.pull.channels.store_node(address).WatchTransactionChecks(request)
             try:
                 async for check in call:
-                    backoff = _FIRST_BACKOFF_S
+                    backoff, last = _FIRST_BACKOFF_S, ""
                     self._relay(group, broker, check)
                 why = "ended"
             except grpc.aio.AioRpcError as e:
                 why = f"{e.code().name}: {e.details() or ''}".rstrip(": ")
             finally:
                 call.cancel()
-            log.info(
-                "transaction checks of group %r from store-node %r at %s %s; watching again "
-                "in %.1f s", group, broker, address, why, backoff,
+            # Once per cause: a store-node down for long retries every 2 s.
+            level = logging.INFO if why != last else logging.DEBUG
+            log.log(
+                level, "transaction checks of group %r from store-node %r at %s %s; "
+                "watching again in %.1f s", group, broker, address, why, backoff,
             )  # fmt: skip
+            last = why
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
