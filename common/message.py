@@ -75,6 +75,27 @@ TIMER_PROPERTIES = frozenset(
 SYSTEM_TOPICS = frozenset(
     {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC}
 )
+#: RocketMQ 5's timers (docs/timers.md). A message asks for a delivery time with
+#: one of: TIMER_DELIVER_MS (Unix ms), __STARTDELIVERTIME (Unix ms, RocketMQ 4's
+#: commercial name, still sent by clients), TIMER_DELAY_SEC / TIMER_DELAY_MS
+#: (after the store time; resolved to TIMER_DELIVER_MS when stored).
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_START_DELIVER_TIME = "__STARTDELIVERTIME"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+#: Set by the store on a parked timer message: its delivery time (Unix ms). A
+#: message carrying it is never parked again (RocketMQ's rule: it has been
+#: through the timer already), so the delivered copy keeps it.
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+#: A recall's delete marker: ``<real topic>+<UNIQ_KEY>`` of the timer message
+#: it cancels (RocketMQ 5.3's TimerMessageStore.buildDeleteKey).
+PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+#: How often a timer message past the wheel's roll window was put back into
+#: the timer topic to wait further (RocketMQ's TIMER_ROLL_TIMES).
+PROPERTY_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
+#: RocketMQ 5's TimerMessageStore.TIMER_TOPIC (``rmq_sys_`` + ``wheel_timer``):
+#: every timer message waits here (queue 0) until due (docs/timers.md).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"

@@ -175,12 +175,13 @@ def park(message: Message, delays_ms: Sequence[int]) -> Message:
     )
 
 
-def unpark(record: MessageRecord) -> Message:
+def unpark(record: MessageRecord, drop: frozenset[str] = _PARKING) -> Message:
     """The message a parked record delivers: to REAL_TOPIC / REAL_QID, without the
-    parking properties, everything else as the producer sent it. Raises
-    ValueError when the record has no (valid) REAL_TOPIC / REAL_QID."""
+    parking properties (``drop``: the delay levels' by default; the timers pass
+    theirs), everything else as the producer sent it. Raises ValueError when the
+    record has no (valid) REAL_TOPIC / REAL_QID."""
     topic, queue_id = real_destination(record)
-    return copy_of(record, topic, queue_id, drop=_PARKING)
+    return copy_of(record, topic, queue_id, drop=drop)
 
 
 # -- delayOffset.json -------------------------------------------------------------------
