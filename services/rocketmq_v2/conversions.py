@@ -45,6 +45,8 @@ from basalt.common.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     Message,
@@ -68,12 +70,9 @@ from basalt.v1 import common_pb2 as pb
 #: user property by this name, or by any of RESERVED_PROPERTIES, is refused
 #: ILLEGAL_MESSAGE_PROPERTY_KEY (basalt.services.validation).
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
-#: RocketMQ's MessageConst names the front stamps on a half message (with
-#: TRAN_MSG and PGROUP: basalt.common.message) and reads on a delivered timer
-#: message.
+#: RocketMQ's MessageConst name of a half message's check immunity, which the
+#: front stamps with TRAN_MSG and PGROUP (basalt.common.message's).
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
-PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
-PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 
 #: A stored send's SendStatus -> the v2 code of its entry (RocketMQ's proxy:
 #: a flush or replication timeout is reported, the message is stored).
