@@ -83,6 +83,13 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_START_DELIVER_TIME = "__STARTDELIVERTIME"
 PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+#: The properties that ask for a timer, in the order the store reads them.
+TIMER_REQUEST_PROPERTIES = (
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_START_DELIVER_TIME,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELAY_MS,
+)
 #: Set by the store on a parked timer message: its delivery time (Unix ms). A
 #: message carrying it is never parked again (RocketMQ's rule: it has been
 #: through the timer already), so the delivered copy keeps it.
@@ -275,11 +282,15 @@ class Message:
     #: over a DELAY in ``properties``); the store parks the message in
     #: :data:`SCHEDULE_TOPIC` until the level's delay has passed.
     delay_time_level: int = 0
+    #: RocketMQ 5's timer: > 0 asks for delivery at this Unix ms (written as the
+    #: TIMER_DELIVER_MS property, which it wins over); the store parks the message
+    #: in :data:`TIMER_TOPIC` until then (docs/timers.md). 0: no timer.
+    deliver_time_ms: int = 0
 
     def encoded_properties(self) -> bytes:
         """``encode_properties(self.all_properties())``, without the dict copy when the
         message has only a tag and keys (the common case on the send path)."""
-        if self.properties or self.delay_time_level > 0:
+        if self.properties or self.delay_time_level > 0 or self.deliver_time_ms > 0:
             return encode_properties(self.all_properties())
         text = f"{PROPERTY_TAGS}\x01{self.tags}\x02" if self.tags else ""
         if self.keys:
@@ -295,6 +306,8 @@ class Message:
             props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
         if self.delay_time_level > 0:
             props[PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_time_level)
+        if self.deliver_time_ms > 0:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_time_ms)
         return props
 
 

@@ -58,7 +58,7 @@ class Admission:
         delays = cfg.delay_levels_ms
         max_delay_ms = cfg.timer_max_delay_sec * 1000
         for m in messages:
-            if m.delay_time_level or m.properties:
+            if m.delay_time_level or m.properties or m.deliver_time_ms:
                 # A delayed message is stored parked in SCHEDULE_TOPIC_XXXX (store.schedule).
                 try:
                     if is_timer_request(m):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 MAGIC = b"BTMR"
 VERSION = 1
-_HEAD = struct.Struct(">4sHIIqqqqq")
+_HEAD = struct.Struct(">4sHIIqqqqqq")
 _COUNT = struct.Struct(">I")
 _PAIR = struct.Struct(">qq")
 _SLOT = struct.Struct(">qqqi")
@@ -42,6 +42,8 @@ class TimerState:
     log_end: int = 0
     skip_below: int = 0
     master_cap: int = -1
+    #: mapped_file_size_timer_log when written (store check maps positions with it).
+    log_file_size: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     buckets: dict[int, int] = field(default_factory=dict)
     files: dict[int, int] = field(default_factory=dict)
@@ -60,6 +62,7 @@ def encode_state(state: TimerState) -> bytes:
             state.log_end,
             state.skip_below,
             state.master_cap,
+            state.log_file_size,
         ),
         _COUNT.pack(len(state.counts)),
     ]
@@ -79,10 +82,10 @@ def decode_state(data: bytes) -> TimerState:
     """Raises ValueError when ``data`` is not a whole, undamaged checkpoint."""
     if len(data) < _HEAD.size + 4 or zlib.crc32(data[:-4]) != int.from_bytes(data[-4:], "big"):
         raise ValueError("timer checkpoint is truncated or damaged (crc)")
-    magic, version, precision, ring, enq, scan, end, skip, cap = _HEAD.unpack_from(data)
+    magic, version, precision, ring, enq, scan, end, skip, cap, fsize = _HEAD.unpack_from(data)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"not a timer checkpoint (magic {magic!r}, version {version})")
-    state = TimerState(precision, ring, enq, scan, end, skip, cap)
+    state = TimerState(precision, ring, enq, scan, end, skip, cap, fsize)
     pos = _HEAD.size
     (n,) = _COUNT.unpack_from(data, pos)
     pos += 4

@@ -252,6 +252,20 @@ class TimerLog:
         out.reverse()
         return out
 
+    def damaged_before(self, end: int, count: int) -> int | None:
+        """The position of the first of the last ``count`` entries before ``end``
+        that does not read back (None: all do)."""
+        if end <= 0:
+            return None
+        pos = end - ENTRY_SIZE if end % self.file_size else self.file_start(end - 1)
+        if not end % self.file_size:
+            pos += self.capacity - ENTRY_SIZE
+        start = max(self.file_start(pos), pos - (count - 1) * ENTRY_SIZE)
+        for i, entry in enumerate(self.iter_entries(start, pos + ENTRY_SIZE)):
+            if entry is None:
+                return start + i * ENTRY_SIZE
+        return None
+
     def iter_entries(self, start: int, end: int) -> Iterable[TimerEntry | None]:
         """Every position's entry in [start, end), in order (None: damaged)."""
         pos = start

@@ -23,7 +23,6 @@ from basalt.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
-    PROPERTY_START_DELIVER_TIME,
     PROPERTY_TIMER_DEL_UNIQKEY,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELAY_SEC,
@@ -32,6 +31,7 @@ from basalt.common.message import (
     PROPERTY_TIMER_ROLL_TIMES,
     PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
+    TIMER_REQUEST_PROPERTIES,
     TIMER_TOPIC,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
@@ -40,13 +40,6 @@ from basalt.common.message import (
 )
 from basalt.store.errors import StoreError
 
-#: The properties that ask for a timer, in the order they are read.
-TIMER_REQUEST_PROPERTIES = (
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_START_DELIVER_TIME,
-    PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_TIMER_DELAY_MS,
-)
 #: What the delivered copy loses (REAL_* as the delay levels' unpark; the
 #: relative forms were resolved at put). TIMER_DELIVER_MS and TIMER_OUT_MS stay:
 #: the delivery time shows on the delivered message and it is never parked again.
@@ -102,6 +95,8 @@ def is_timer_request(message: Message) -> bool:
     """Whether :func:`park_timer` has anything to do with ``message`` (cheap: the
     put path asks it of every message with properties)."""
     props = message.properties
+    if message.deliver_time_ms > 0:
+        return PROPERTY_TIMER_OUT_MS not in props
     if not props or PROPERTY_TIMER_OUT_MS in props:
         return False
     return any(name in props for name in TIMER_REQUEST_PROPERTIES)
@@ -119,7 +114,7 @@ def park_timer(message: Message, now_ms: int, max_delay_ms: int, *, enabled: boo
         # RocketMQ's checkIfTimerMessage: a delay level wins, the timer is dropped.
         for name in TIMER_REQUEST_PROPERTIES:
             props.pop(name, None)
-        return replace(message, tags=None, keys=(), properties=props)
+        return replace(message, tags=None, keys=(), properties=props, deliver_time_ms=0)
     if message.sys_flag & TRANSACTION_TYPE_MASK in (
         TRANSACTION_PREPARED_TYPE,
         TRANSACTION_ROLLBACK_TYPE,
@@ -140,7 +135,7 @@ def park_timer(message: Message, now_ms: int, max_delay_ms: int, *, enabled: boo
     if deliver_ms <= now_ms:
         # Due already: stored as it is, marked so it is never parked again.
         props[PROPERTY_TIMER_OUT_MS] = str(deliver_ms)
-        return replace(message, tags=None, keys=(), properties=props)
+        return replace(message, tags=None, keys=(), properties=props, deliver_time_ms=0)
     props[PROPERTY_TIMER_OUT_MS] = str(deliver_ms)
     props[PROPERTY_REAL_TOPIC] = message.topic
     props[PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
@@ -152,6 +147,7 @@ def park_timer(message: Message, now_ms: int, max_delay_ms: int, *, enabled: boo
         keys=(),
         properties=props,
         delay_time_level=0,
+        deliver_time_ms=0,
     )
 
 

@@ -39,6 +39,7 @@ scan position.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -143,6 +144,7 @@ class TimerMessageService(ServiceThread):
         self.skipped = 0
         self._resume = (0, 0)  # (tick, entries of its slot already re-put)
         self._loaded = False
+        self._persisted: tuple[int, ...] = ()
 
     # -- recovery ---------------------------------------------------------------------
 
@@ -166,6 +168,7 @@ class TimerMessageService(ServiceThread):
             if problem is None and not self.log.file_starts:
                 self.state = TimerState(self.precision_ms, self.ring_slots, scan_tick=now_tick)
                 self.state.enqueue_offset = self._queue_bounds()[0]
+                self._persisted = self._signature()  # nothing to write until a timer comes
                 return
             # Without a checkpoint nothing says what was delivered: all again.
             self._rebuild(problem or "TimerLog files without a checkpoint", now_tick, 0)
@@ -176,7 +179,13 @@ class TimerMessageService(ServiceThread):
             self._rebuild("timer_precision_ms or the roll window changed", scan, skip)
             return
         problem = None if wheel_ok else f"{self.wheel.path} is not {self.wheel.size_bytes} bytes"
+        if saved.log_file_size not in (0, self.log.file_size):
+            problem = f"mapped_file_size_timer_log changed from {saved.log_file_size}"
         problem = problem or self.log.covers(saved.log_end)
+        if problem is None:
+            bad = self.log.damaged_before(saved.log_end, 64)
+            if bad is not None:
+                problem = f"TimerLog entry at {bad} is damaged"
         if problem is not None:
             self._rebuild(problem, saved.scan_tick, skip)
             return
@@ -184,6 +193,7 @@ class TimerMessageService(ServiceThread):
         self.log.truncate(saved.log_end)  # entries filed after it are filed again
         saved.slots = []
         self.state = saved
+        self._persisted = self._signature()
         low, high = self._queue_bounds()
         self.state.enqueue_offset = min(max(saved.enqueue_offset, low), high)
 
@@ -205,7 +215,7 @@ class TimerMessageService(ServiceThread):
             scan_tick=scan_tick,
             skip_below=skip_below,
         )
-        self.checkpoint()  # a crash during the rebuild starts it again, skip_below kept
+        self.checkpoint(force=True)  # a crash during the rebuild starts it again
 
     def _queue_bounds(self) -> tuple[int, int]:
         cq = self.store.consume_queues.get(TIMER_TOPIC, 0)
@@ -213,16 +223,38 @@ class TimerMessageService(ServiceThread):
 
     # -- checkpoint -------------------------------------------------------------------
 
-    def checkpoint(self) -> None:
+    def _signature(self) -> tuple[int, ...]:
+        """What a checkpoint must follow. Not the scan position alone: with nothing
+        filed or delivered, an idle store's moving scan needs no write (a start
+        from an older position finds the same empty slots)."""
+        st = self.state
+        return (
+            st.enqueue_offset,
+            self.log.end,
+            st.skip_below,
+            st.master_cap,
+            len(self.wheel.dirty),
+            sum(st.buckets.values()),
+            sum(st.counts.values()),
+            self.delivered + self.rolled + self.cancelled + self.skipped,
+        )
+
+    def checkpoint(self, *, force: bool = False) -> None:
         """fsync the TimerLog, write ``config/timercheck``, write the changed slots
-        into the wheel; then delete TimerLog files scanned past. Raises OSError."""
+        into the wheel; then delete TimerLog files scanned past. Nothing is
+        written when nothing changed since the last one (unless ``force``).
+        Raises OSError."""
         with self.lock:
+            signature = self._signature()
+            if signature == self._persisted and not force:
+                return
             self.log.sync()
             slots = [(t, *slot) for t, slot in sorted(self.wheel.dirty.items())]
             st = self.state
             saved = replace(
                 st,
                 log_end=self.log.end,
+                log_file_size=self.log.file_size,
                 counts={t: c for t, c in st.counts.items() if c > 0},
                 buckets={b: c for b, c in st.buckets.items() if c > 0},
                 files=dict(st.files),
@@ -236,6 +268,7 @@ class TimerMessageService(ServiceThread):
                 if last_tick < st.scan_tick and start != writing:
                     self.log.delete_file(start)
                     del st.files[start]
+            self._persisted = signature
 
     # -- the thread -------------------------------------------------------------------
 
@@ -247,7 +280,14 @@ class TimerMessageService(ServiceThread):
                 busy = self.enqueue_round() >= UNITS_PER_ROUND
             wait = self.scan_due()
             if time.monotonic() - last >= interval or len(self.wheel.dirty) > MAX_DIRTY_SLOTS:
-                self.checkpoint()
+                try:
+                    self.checkpoint()
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise  # an fsync error: nothing after it can be vouched for
+                    # A full disk: kept in memory, tried again; a crash meanwhile
+                    # delivers again what was delivered since the last one.
+                    log.warning("timer checkpoint not written: %s", e)
                 last = time.monotonic()
             if busy:
                 wait = 0
