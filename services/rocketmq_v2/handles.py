@@ -1,35 +1,32 @@
-"""The v2 front's self-describing handles: transaction ids and recall handles.
+"""The v2 front's self-describing transaction ids.
 
-A v2 ``SendResultEntry`` answers a transactional send's ``transaction_id``
-and a timer message's ``recall_handle``; the client echoes them back later
-(``EndTransaction``, ``RecallMessage``), possibly to another pull-service.
-RocketMQ's proxy keeps transaction ids in memory (its TransactionDataManager)
-and so must be asked by the same proxy; Basalt's front keeps nothing, so each
-handle names what routes it, as receipt handles do (:mod:`basalt.common.receipt`):
+A v2 ``SendResultEntry`` answers a transactional send's ``transaction_id``;
+the client echoes it back later (``EndTransaction``, its checker's too),
+possibly to another pull-service. RocketMQ's proxy keeps transaction ids in
+memory (its TransactionDataManager) and so must be asked by the same proxy;
+Basalt's front keeps nothing, so the id names what routes it, as receipt
+handles do (:mod:`basalt.common.receipt`): the store-node (broker) holding
+the half message, the topic it was sent to, and the half's offset message id
+(what ``StoreNode.EndTransaction`` finds it by). (A timer's recall handle
+needs no such wrapper: the store-node's, RocketMQ 5.3's format
+(:mod:`basalt.common.recall`), names its broker already.)
 
-* a transaction id: the store-node (broker) holding the half message, the
-  topic it was sent to, and the half's offset message id (what
-  ``StoreNode.EndTransaction`` finds it by);
-* a recall handle: the store-node, the topic, and the store-node's own
-  recall handle (``SendResult.recall_handles``), passed through as it is.
-
-Both are URL-safe base64 (no padding) of these bytes, big-endian:
+An id is URL-safe base64 (no padding) of these bytes, big-endian:
 
 ======  ====  ===========  ==================================================
 Offset  Size  Field        Meaning
 ======  ====  ===========  ==================================================
 0       1     VERSION      1
-1       1     KIND         ``T`` (transaction id) or ``R`` (recall handle)
+1       1     KIND         ``T`` (a transaction id; other kinds may follow)
 2       4     CRC32        zlib.crc32 of bytes 6 .. end
 6       2     BROKERLEN    length of BROKER
 8       2     TOPICLEN     length of TOPIC
 10      2     REFLEN       length of REF
-12      ..    BROKER,      UTF-8; REF is the offset message id (``T``) or the
-              TOPIC, REF   store-node's recall handle (``R``)
+12      ..    BROKER,      UTF-8; REF is the half's offset message id
+              TOPIC, REF
 ======  ====  ===========  ==================================================
 
-A kind byte keeps one from being taken for the other; the CRC catches a
-handle mangled in transit or typed by hand. Anything that does not decode
+The CRC catches an id mangled in transit or typed by hand. Anything that does not decode
 raises :class:`HandleError` (a ValueError).
 """
 
@@ -42,7 +39,7 @@ import zlib
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = ["HandleError", "RecallHandle", "TransactionId"]
+__all__ = ["HandleError", "TransactionId"]
 
 _VERSION = 1
 _LAYOUT = struct.Struct(">BBIHHH")  # VERSION KIND CRC32 BROKERLEN TOPICLEN REFLEN
@@ -119,23 +116,3 @@ class TransactionId:
     def decode(cls, text: str) -> TransactionId:
         """The id a text encodes. Raises :class:`HandleError`."""
         return cls(*_decode(cls._KIND, "transaction id", text))
-
-
-@dataclass(frozen=True, slots=True)
-class RecallHandle:
-    """A timer message's v2 ``recall_handle`` (the module docstring)."""
-
-    _KIND: ClassVar[bytes] = b"R"
-
-    broker_name: str
-    topic: str
-    store_handle: str
-
-    def encode(self) -> str:
-        """The handle's text. Raises ValueError for a name past 65535 bytes."""
-        return _encode(self._KIND, self.broker_name, self.topic, self.store_handle)
-
-    @classmethod
-    def decode(cls, text: str) -> RecallHandle:
-        """The handle a text encodes. Raises :class:`HandleError`."""
-        return cls(*_decode(cls._KIND, "recall handle", text))

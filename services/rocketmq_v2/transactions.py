@@ -2,16 +2,16 @@
 
 * **Timers.** A v2 message with a ``delivery_timestamp`` (type DELAY) is sent
   alone as a store-node ``Message`` with ``deliver_time_ms``
-  (:meth:`SendOneRpcs._send_one`): the store-node refuses a batch of records
-  carrying a timer, as RocketMQ refuses a delayed batch. The entry's
-  ``recall_handle`` wraps the store-node's own with its broker
-  (:class:`.handles.RecallHandle`); a time past the store-node's
+  (:meth:`TransactionRpcs._send_one`): the store-node refuses a batch of
+  records carrying a timer, as RocketMQ refuses a delayed batch. The entry's
+  ``recall_handle`` is the store-node's own (RocketMQ 5.3's format, naming
+  topic and broker: :mod:`basalt.common.recall`); a time past the store-node's
   ``timer_max_delay_sec`` is its INVALID_PARAMETER, answered
   ILLEGAL_DELIVERY_TIME (RocketMQ 5's proxy code for it).
 * **Recall.** ``RecallMessage`` decodes the handle and calls
-  ``StoreNode.RecallMessage`` on the broker it names with the store-node's
-  handle; a handle that does not decode or is another topic's: BAD_REQUEST;
-  a message already delivered or recalled: the store-node's answer
+  ``StoreNode.RecallMessage`` on the broker it names; a handle that does not
+  decode, is another topic's or names a broker the topic is not on:
+  BAD_REQUEST; a message already delivered: the store-node's answer
   (MESSAGE_NOT_FOUND for its QUERY_NOT_FOUND).
 * **Transactions.** A TRANSACTION message is sent alone too, with the half
   message's properties (:mod:`.conversions`: TRAN_MSG, PGROUP = the topic);
@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from basalt.common.message import Message
+from basalt.common.recall import RecallHandle, RecallHandleError
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.rocketmq_v2.conversions import (
@@ -43,7 +44,7 @@ from basalt.services.rocketmq_v2.conversions import (
     ok_status,
     to_wire,
 )
-from basalt.services.rocketmq_v2.handles import HandleError, RecallHandle, TransactionId
+from basalt.services.rocketmq_v2.handles import HandleError, TransactionId
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -111,10 +112,8 @@ class TransactionRpcs:
             message_id=message_id,
             offset=result.queue_offsets[0] if result.queue_offsets else 0,
         )
-        if deliver_ms and result.recall_handles and result.recall_handles[0]:
-            entry.recall_handle = RecallHandle(
-                queue.broker_name, message.topic, result.recall_handles[0]
-            ).encode()
+        if deliver_ms and result.recall_handles:
+            entry.recall_handle = result.recall_handles[0]
         if transactional:
             if not result.offset_msg_ids:
                 raise V2Error(
@@ -133,16 +132,26 @@ class TransactionRpcs:
             topic = request.topic.name
             try:
                 handle = RecallHandle.decode(request.recall_handle)
-            except HandleError as e:
-                raise V2Error(v2.BAD_REQUEST, str(e)) from None
+            except RecallHandleError as e:
+                raise V2Error(v2.BAD_REQUEST, f"recall_handle: {e}") from None
             if handle.topic != topic:
                 raise V2Error(
                     v2.BAD_REQUEST, f"the recall handle is of topic {handle.topic!r}, not {topic!r}"
                 )
+            config = self.pull.view.topics.get(topic)
+            if config is None:
+                raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic!r} not found")
+            if handle.broker_name not in config.brokers:
+                raise V2Error(
+                    v2.BAD_REQUEST,
+                    f"the recall handle names broker {handle.broker_name!r}, which topic "
+                    f"{topic!r} is not on",
+                )
             queue = StoreQueue(handle.broker_name, 0)
             done: sn.RecallMessageResponse = await self._call(
                 queue, self._address(queue), "RecallMessage",
-                sn.RecallMessageRequest(topic=topic, recall_handle=handle.store_handle), context,
+                sn.RecallMessageRequest(topic=topic, recall_handle=request.recall_handle),
+                context,
             )  # fmt: skip
         except V2Error as e:
             return sv.RecallMessageResponse(status=e.status())

@@ -1,6 +1,6 @@
 """The v2 front's delay and transaction pieces without a cluster: message
 conversions (:mod:`basalt.services.rocketmq_v2.conversions`) and the
-self-describing handles (:mod:`basalt.services.rocketmq_v2.handles`)."""
+self-describing transaction ids (:mod:`basalt.services.rocketmq_v2.handles`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from basalt.common.message import (
     Message,
     encode_host,
 )
+from basalt.common.recall import RecallHandle, RecallHandleError
 from basalt.common.record import decode_record, encode_batch
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.rocketmq_v2.conversions import (
@@ -27,7 +28,7 @@ from basalt.services.rocketmq_v2.conversions import (
     to_v2_message,
     to_wire,
 )
-from basalt.services.rocketmq_v2.handles import HandleError, RecallHandle, TransactionId
+from basalt.services.rocketmq_v2.handles import HandleError, TransactionId
 
 
 def _message(**system: object) -> v2.Message:
@@ -155,13 +156,11 @@ def test_a_checked_half_shows_its_real_topic_and_no_delivery_state() -> None:
         checked_half(decode_record(_record(Message("X", b"b"))), "")
 
 
-def test_handles_round_trip_and_name_their_broker() -> None:
+def test_transaction_ids_round_trip_and_name_their_broker() -> None:
     tid = TransactionId("broker-a", "Orders", "7F00000100001F900000000000000ABC")
     assert TransactionId.decode(tid.encode()) == tid
-    recall = RecallHandle("broker-b", "Timers", "opaque store handle/+=")
-    assert RecallHandle.decode(recall.encode()) == recall
     # URL-safe: the clients carry them as strings.
-    assert all(c.isalnum() or c in "-_" for c in tid.encode() + recall.encode())
+    assert all(c.isalnum() or c in "-_" for c in tid.encode())
 
 
 def _flipped(text: str) -> str:
@@ -177,7 +176,7 @@ def _flipped(text: str) -> str:
         "not base64 !",
         "AAAA",
         _flipped(TransactionId("b", "T", "ID").encode()),  # CRC catches it
-        RecallHandle("b", "T", "H").encode(),  # another kind of handle
+        RecallHandle("T", "b", 1_900_000_000_000, "01ID").encode(),  # a recall handle
         "x" * 300_000,
     ],
 )
@@ -187,5 +186,5 @@ def test_garbled_transaction_ids_do_not_decode(text: str) -> None:
 
 
 def test_a_transaction_id_is_not_a_recall_handle() -> None:
-    with pytest.raises(HandleError, match="another kind"):
+    with pytest.raises(RecallHandleError):
         RecallHandle.decode(TransactionId("b", "T", "ID").encode())

@@ -7,11 +7,12 @@ protobuf's pool).
 ``spec.json``: ``{"topic": T, "messages": [{"body": str, "delay_s": int}],
 "recall": [index]}``. Sends each message with ``delivery_timestamp`` = now +
 ``delay_s`` (the client takes whole seconds), then recalls the messages whose
-index ``recall`` lists, each twice (the second is refused: recalled already).
+index ``recall`` lists, each twice (the store-node decides whether the
+second is taken: docs/timers.md).
 Prints one JSON list, per message ``{"message_id", "recall_handle",
 "deliver_at_ms", "recalled", "recall_again"}`` (``recalled`` the message id
-the recall answered; ``recall_again`` the error text; null when not
-recalled), or ``{"error": str}`` when its send was refused.
+the recall answered; ``recall_again`` the second recall's error text, null
+when it was taken or there was none), or ``{"error": str}`` when its send was refused.
 """
 
 from __future__ import annotations
