@@ -1,6 +1,7 @@
 """Basalt's Python SDK: producers and consumers over the gRPC contracts in proto/.
 
-``from basalt.client import Producer, PushConsumer, LitePullConsumer, Message``.
+``from basalt.client import Producer, PushConsumer, LitePullConsumer, Message``
+(and ``TransactionProducer`` for transactional messages).
 The SDK imports grpc, protobuf, the generated ``basalt.v1`` and
 :mod:`basalt.common` only, never the engine or the services: records are
 encoded and decoded with :mod:`basalt.common.record`, the one definition of
@@ -33,6 +34,11 @@ from basalt.client.membership import TopicSubscription
 from basalt.client.producer import Producer, ProducerConfig, SendResult, deliver_after
 from basalt.client.push_consumer import ConsumeStatus, PushConsumer, PushConsumerConfig
 from basalt.client.sync import SyncLitePullConsumer, SyncProducer, SyncPushConsumer
+from basalt.client.transaction_producer import (
+    LocalTransactionState,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from basalt.common.message import Message, MessageRecord
 
 __all__ = [
@@ -46,6 +52,7 @@ __all__ = [
     "InvalidArgumentError",
     "LitePullConfig",
     "LitePullConsumer",
+    "LocalTransactionState",
     "Message",
     "MessageNotFoundError",
     "MessageQueue",
@@ -69,6 +76,8 @@ __all__ = [
     "TopicExistsError",
     "TopicNotFoundError",
     "TopicSubscription",
+    "TransactionProducer",
+    "TransactionSendResult",
     "WrongServiceError",
     "deliver_after",
 ]

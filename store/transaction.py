@@ -3,7 +3,8 @@
 The store's part of RocketMQ's two-phase protocol (TransactionalMessageServiceImpl,
 TransactionalMessageBridge, EndTransactionProcessor's store work), as a
 library: no network. The store-node (services/store_node/transaction_rpcs.py)
-decides who is asked and answers the RPCs. docs/transactions.md is the reference.
+decides who is asked and answers the RPCs. The records' shapes are in
+store.transaction_records (re-exported here). docs/transactions.md is the reference.
 
 * **Half.** :func:`half_message`: a transactional send (TRAN_MSG=true, PGROUP)
   is stored in :data:`TRANS_HALF_TOPIC` queue 0 with REAL_TOPIC / REAL_QID
@@ -74,19 +75,11 @@ from typing import Protocol
 
 from basalt.common.message import (
     PROPERTY_PRODUCER_GROUP,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_TRANSACTION_CHECK_TIMES,
-    PROPERTY_TRANSACTION_PREPARED,
-    PROPERTY_TRANSACTION_RESOLUTION,
-    PROPERTY_UNIQ_KEY,
     TRANS_CHECK_GROUP,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
-    TRANS_OP_TAG,
     TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_TYPE_MASK,
     Message,
     MessageRecord,
     transaction_type,
@@ -94,147 +87,30 @@ from basalt.common.message import (
 from basalt.common.record import decode_records
 from basalt.store.commitlog import CommitLog
 from basalt.store.get_message import QueryMessageResult
-from basalt.store.parking import copy_of, real_destination
+from basalt.store.parking import real_destination
 from basalt.store.put_result import PutMessageResult, PutStatus
+from basalt.store.transaction_records import (
+    HALF_QUEUE_ID,
+    OP_QUEUE_ID,
+    BadHalf,
+    Resolution,
+    check_max_message,
+    check_times,
+    committed_message,
+    half_message,
+    is_transactional,
+    op_mark,
+    parse_op_mark,
+    rechecked_half,
+    transaction_key,
+)
 
 log = logging.getLogger(__name__)
 
-HALF_QUEUE_ID = 0
-OP_QUEUE_ID = 0
-#: RocketMQ's TransactionalMessageUtil.OFFSET_SEPARATOR (an op mark may list several).
-_OFFSET_SEPARATOR = ","
-#: What a half carries that its committed message does not.
-_HALF_ONLY = frozenset(
-    {
-        PROPERTY_REAL_TOPIC,
-        PROPERTY_REAL_QUEUE_ID,
-        PROPERTY_TRANSACTION_PREPARED,
-        PROPERTY_TRANSACTION_CHECK_TIMES,
-    }
-)
 #: Puts retried next round rather than given up on.
 _WRITTEN = frozenset(
     {PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_SLAVE_TIMEOUT}
 )
-
-
-class Resolution(enum.Enum):
-    """What was done with a transaction (the op mark's TRAN_RESOLUTION)."""
-
-    COMMIT = "commit"
-    ROLLBACK = "rollback"
-    #: Checked transaction_check_max times: moved to TRANS_CHECK_MAX_TIME_TOPIC, rolled back.
-    CHECK_MAX = "check_max"
-    #: Resolved, how is not known (a RocketMQ op mark, or one long forgotten).
-    RESOLVED = "resolved"
-
-
-class BadHalf(ValueError):
-    """A transactional send that cannot be a half message (no PGROUP, no UNIQ_KEY)."""
-
-
-def is_transactional(message: Message) -> bool:
-    """Whether a send asks to be a half message (TRAN_MSG=true, as RocketMQ reads it)."""
-    raw = message.properties.get(PROPERTY_TRANSACTION_PREPARED) if message.properties else None
-    return raw is not None and raw.lower() == "true"
-
-
-def half_message(message: Message) -> Message:
-    """``message`` parked as a half in TRANS_HALF_TOPIC queue 0 (see the module's
-    doc). Raises :class:`BadHalf` without a PGROUP or a UNIQ_KEY (the
-    transaction id every EndTransaction names)."""
-    props = message.all_properties()
-    if not props.get(PROPERTY_PRODUCER_GROUP):
-        raise BadHalf("a transactional message needs its producer group (PGROUP)")
-    if not props.get(PROPERTY_UNIQ_KEY):
-        raise BadHalf("a transactional message needs its transaction id (UNIQ_KEY)")
-    props[PROPERTY_TRANSACTION_PREPARED] = "true"
-    props[PROPERTY_REAL_TOPIC] = message.topic
-    props[PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
-    return Message(
-        TRANS_HALF_TOPIC,
-        message.body,
-        queue_id=HALF_QUEUE_ID,
-        properties=props,
-        flag=message.flag,
-        sys_flag=message.sys_flag & ~TRANSACTION_TYPE_MASK,
-        born_timestamp_ms=message.born_timestamp_ms,
-        born_host=message.born_host,
-        reconsume_times=message.reconsume_times,
-    )
-
-
-def committed_message(half: MessageRecord) -> Message:
-    """The real message a committed half becomes (RocketMQ's endMessageTransaction).
-    Raises ValueError for a record without REAL_TOPIC / REAL_QID."""
-    topic, queue_id = real_destination(half)
-    sys_flag = (half.sys_flag & ~TRANSACTION_TYPE_MASK) | TRANSACTION_COMMIT_TYPE
-    return copy_of(
-        half,
-        topic,
-        queue_id,
-        drop=_HALF_ONLY,
-        sys_flag=sys_flag,
-        prepared_transaction_offset=half.commit_log_offset,
-    )
-
-
-def op_mark(half_queue_offset: int, resolution: Resolution) -> Message:
-    """The op mark resolving the half at ``half_queue_offset``: tag ``d``, the offset
-    as the body (RocketMQ's layout), and what was done in TRAN_RESOLUTION."""
-    return Message(
-        TRANS_OP_HALF_TOPIC,
-        str(half_queue_offset).encode(),
-        queue_id=OP_QUEUE_ID,
-        tags=TRANS_OP_TAG,
-        properties={PROPERTY_TRANSACTION_RESOLUTION: resolution.value},
-    )
-
-
-def parse_op_mark(record: MessageRecord) -> tuple[list[int], Resolution]:
-    """The half queue offsets an op mark resolves, and how; ([], ...) for a record
-    that is no op mark (another tag, a body that is not offsets)."""
-    if record.tags != TRANS_OP_TAG:
-        return [], Resolution.RESOLVED
-    try:
-        offsets = [int(p) for p in record.body.decode("ascii").split(_OFFSET_SEPARATOR) if p]
-    except (UnicodeDecodeError, ValueError):
-        return [], Resolution.RESOLVED
-    try:
-        how = Resolution(record.properties.get(PROPERTY_TRANSACTION_RESOLUTION, "resolved"))
-    except ValueError:
-        how = Resolution.RESOLVED
-    return offsets, how
-
-
-def check_times(record: MessageRecord) -> int:
-    """How many times a half has been checked (TRANSACTION_CHECK_TIMES; 0 if absent)."""
-    try:
-        return max(0, int(record.properties.get(PROPERTY_TRANSACTION_CHECK_TIMES, "0")))
-    except ValueError:
-        return 0
-
-
-def rechecked_half(half: MessageRecord, times: int) -> Message:
-    """A half put again to the half queue with TRANSACTION_CHECK_TIMES = ``times``."""
-    return copy_of(
-        half,
-        TRANS_HALF_TOPIC,
-        HALF_QUEUE_ID,
-        add={PROPERTY_TRANSACTION_CHECK_TIMES: str(times)},
-    )
-
-
-def check_max_message(half: MessageRecord) -> Message:
-    """A half given up on, as stored in TRANS_CHECK_MAX_TIME_TOPIC queue 0 (RocketMQ's
-    toMessageExtBrokerInner: every property kept, REAL_TOPIC included)."""
-    return copy_of(half, TRANS_CHECK_MAX_TIME_TOPIC, 0)
-
-
-def transaction_key(record: MessageRecord) -> str:
-    """The transaction a half belongs to: its UNIQ_KEY (its queue offset for a
-    RocketMQ-written half without one)."""
-    return record.uniq_key or f"#{record.queue_offset}"
 
 
 class EndRefusal(enum.Enum):
@@ -322,7 +198,11 @@ class _Store(Protocol):
 class TransactionalMessageService:
     """The half queue's bookkeeping over one store (see the module's doc)."""
 
-    def __init__(self, store: _Store, *, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, store: _Store, *, now_ms: Callable[[], int], started_ms: int | None = None
+    ) -> None:
+        """``started_ms``: when the store started (default: now); halves stored
+        before may have a commit whose op mark a crash lost."""
         self.store = store
         self.now_ms = now_ms
         self._lock = threading.Lock()
@@ -330,8 +210,12 @@ class TransactionalMessageService:
         #: (op queue offset, horizon) of the marks read or written, in op order.
         self._marks: deque[tuple[int, int]] = deque()
         self._ending: set[str] = set()
-        #: Halves stored before this (the load) may have a commit without its mark.
-        self._loaded_at_ms = 0
+        #: One past the last copy the walk put to the half queue: a horizon counts
+        #: it even before the dispatcher has (see _horizon).
+        self._half_appended = 0
+        #: Halves stored before this (the store's start, or this member becoming
+        #: master) may have a commit without its mark.
+        self._loaded_at_ms = now_ms() if started_ms is None else started_ms
         self.loaded = False
 
     # -- progress -----------------------------------------------------------------------
@@ -350,9 +234,10 @@ class TransactionalMessageService:
             0, self.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, 0) - self.half_progress()
         )
 
-    def load(self) -> int:
+    def load(self, *, since_ms: int | None = None) -> int:
         """Read the op marks from the op progress to the end (at start, or when this
-        store becomes its group's master); returns how many were read."""
+        store becomes its group's master: ``since_ms`` then says when, see
+        ``started_ms``); returns how many were read."""
         op_from = self._progress(TRANS_OP_HALF_TOPIC, OP_QUEUE_ID)
         op_end = self.store.get_max_offset_in_queue(TRANS_OP_HALF_TOPIC, OP_QUEUE_ID)
         horizon = self.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, HALF_QUEUE_ID)
@@ -370,7 +255,8 @@ class TransactionalMessageService:
             marks.append((op, horizon))
         with self._lock:
             self._done, self._marks = done, marks
-            self._loaded_at_ms = self.now_ms()
+            if since_ms is not None:
+                self._loaded_at_ms = since_ms
             self.loaded = True
         return op_end - op_from
 
@@ -443,10 +329,16 @@ class TransactionalMessageService:
             self._ending.discard(plan.key)
             if not plan.messages or result is None or result.status not in _WRITTEN:
                 return
-            horizon = self.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, HALF_QUEUE_ID)
+            horizon = self._horizon()
             committed = result if len(plan.messages) == 2 else None
             self._done[plan.key] = _Done(plan.resolution, horizon, committed)
             self._marks.append((result.queue_offsets[-1], horizon))
+
+    def _horizon(self) -> int:
+        """Past every half copy stored so far (called under ``_lock``): the half
+        queue's dispatched end, or the walk's last copy if not dispatched yet."""
+        end = self.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, HALF_QUEUE_ID)
+        return max(end, self._half_appended)
 
     def _pending_copy(self, key: str) -> bool:
         """Whether a copy of transaction ``key`` lies at or past the progress."""
@@ -540,7 +432,7 @@ class TransactionalMessageService:
                 TRANS_CHECK_MAX_TIME_TOPIC,
             )
             with self._lock:
-                horizon = self.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, HALF_QUEUE_ID)
+                horizon = self._horizon()
                 self._done[key] = _Done(Resolution.CHECK_MAX, horizon)
                 self._marks.append((result.queue_offsets[-1], horizon))
             report.check_max += 1
@@ -552,6 +444,12 @@ class TransactionalMessageService:
         if result.status not in _WRITTEN:
             log.warning("re-putting half %s for its check: %s", key, result.detail)
             return False
+        with self._lock:
+            self._half_appended = max(self._half_appended, result.queue_offsets[0] + 1)
+            done = self._done.get(key)
+            if done is not None:
+                # Ended while the copy was being put: the copy is its, too.
+                done.horizon = max(done.horizon, self._half_appended)
         if not asked:
             report.unheard += 1
             return True

@@ -51,6 +51,10 @@ class Need:
 
     def resources(self, request: Message) -> list[Resource]:
         if self.type is ResourceType.CLUSTER:
+            # With a path, the Cluster only when the request names something
+            # there (a SendStream item that ends a transaction).
+            if self.path and not any(field_values(request, self.path)):
+                return []
             return [Resource(ResourceType.CLUSTER)]
         return [Resource(self.type, name) for name in field_values(request, self.path) if name]
 
@@ -105,7 +109,12 @@ RPC_TABLE: dict[str, Rule] = {
     _STORE + "SendMessage": Rule((topic(PUB, "message.topic"),)),
     _STORE + "SendBatch": Rule((topic(PUB),)),
     _STORE + "SendStream": Rule(
-        (topic(PUB, "items[].message.message.topic"), topic(PUB, "items[].batch.topic"))
+        (
+            topic(PUB, "items[].message.message.topic"),
+            topic(PUB, "items[].batch.topic"),
+            # An item ending a transaction: EndTransaction's rule.
+            Need(ResourceType.CLUSTER, PUB, "items[].end_transaction.producer_group"),
+        )
     ),
     _STORE + "GetMessage": consume(),
     _STORE + "GetMessages": consume("reads[].topic", "reads[].group"),
@@ -204,7 +213,12 @@ def _describe(rule: Rule) -> str:
     parts = []
     for need in rule.needs:
         actions = " or ".join(sorted(a.value for a in need.actions))
-        where = need.type.value if not need.path else f"{need.type.value}:<{need.path}>"
+        if not need.path:
+            where = need.type.value
+        elif need.type is ResourceType.CLUSTER:
+            where = f"{need.type.value} (when the request has <{need.path}>)"
+        else:
+            where = f"{need.type.value}:<{need.path}>"
         parts.append(f"{actions} on {where}")
     return "; ".join(parts)
 

@@ -50,6 +50,10 @@ class SendHandler(Protocol):
         """A send, awaited."""
         ...
 
+    async def end_transaction(self, request: sn.EndTransactionRequest) -> pb.SendResult:
+        """An EndTransaction carried on the stream (its response's result)."""
+        ...
+
 
 class _ClientGone(Exception):
     """An answer could not be written: the call ended (the client went away)."""
@@ -119,8 +123,13 @@ class _SendStream:
                 request: SendRequest = item.message
             elif form == "batch":
                 request = item.batch
+            elif form == "end_transaction":
+                self.tasks.create_task(self._end_awaiting(item.end_transaction, on_done))
+                return
             else:
-                raise invalid("a SendStream request carries neither message nor batch")
+                raise invalid(
+                    "a SendStream request carries neither message nor batch (nor end_transaction)"
+                )
             if self.handler.start_send(request, on_done):
                 return
         except Exception as e:
@@ -133,6 +142,15 @@ class _SendStream:
     ) -> None:
         try:
             outcome: SendOutcome = await self.handler.send(request)
+        except Exception as e:
+            outcome = as_refusal(e, "SendStream")
+        on_done(outcome)
+
+    async def _end_awaiting(
+        self, request: sn.EndTransactionRequest, on_done: Callable[[SendOutcome], None]
+    ) -> None:
+        try:
+            outcome: SendOutcome = await self.handler.end_transaction(request)
         except Exception as e:
             outcome = as_refusal(e, "SendStream")
         on_done(outcome)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -88,6 +89,7 @@ class TransactionRpcs:
     store: MessageStore
     writable: bool
     group: WriteGate | None
+    boot_timestamp_ms: int
 
     #: Set on the instance at first use (:meth:`_txn`).
     _txn_service: TransactionalMessageService | None = None
@@ -109,7 +111,7 @@ class TransactionRpcs:
         """The store's half-queue bookkeeping (made at first use)."""
         if self._txn_service is None:
             self._txn_service = TransactionalMessageService(
-                self.store, now_ms=self.store.clock.now_ms
+                self.store, now_ms=self.store.clock.now_ms, started_ms=self.boot_timestamp_ms
             )
         return self._txn_service
 
@@ -141,12 +143,22 @@ class TransactionRpcs:
     async def EndTransaction(
         self, request: sn.EndTransactionRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sn.EndTransactionResponse:
+        return await self.end_transaction_response(request)
+
+    async def end_transaction(self, request: sn.EndTransactionRequest) -> pb.SendResult:
+        """EndTransaction on a SendStream: the response's result (empty: none)."""
+        return (await self.end_transaction_response(request)).result
+
+    async def end_transaction_response(
+        self, request: sn.EndTransactionRequest
+    ) -> sn.EndTransactionResponse:
+        """An EndTransaction checked, stored and answered; refusals raise."""
         started = time.perf_counter()
         resolution = _RESOLUTION.get(request.resolution)
         if resolution is None:
             raise invalid(
                 "resolution must be TRANSACTION_RESOLUTION_COMMIT or _ROLLBACK "
-                f"(got {sn.TransactionResolution.Name(request.resolution)}): an unknown "
+                f"(got {_resolution_name(request.resolution)}): an unknown "
                 "outcome is not sent, the check-back asks again"
             )
         check_group(request.producer_group)
@@ -288,6 +300,7 @@ class TransactionRpcs:
 
         wake = self._txn_wake
         assert wake is not None
+        was_master = True
         while not self._txn_stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), config.transaction_check_interval_ms / 1000)
@@ -296,13 +309,16 @@ class TransactionRpcs:
             if not self._is_master():
                 # A slave's table goes stale: read the marks again once master.
                 service.loaded = False
+                was_master = False
                 self._end_streams()
                 continue
             if not listeners:
                 continue  # nobody to ask: every check would wait anyway
             try:
                 if not service.loaded:
-                    await asyncio.to_thread(service.load)
+                    since = None if was_master else self.store.clock.now_ms()
+                    await asyncio.to_thread(functools.partial(service.load, since_ms=since))
+                    was_master = True
                 report = await asyncio.to_thread(
                     service.check_round,
                     timeout_ms=config.transaction_timeout_ms,
@@ -342,3 +358,11 @@ class TransactionRpcs:
             # Not cancelled: a round in its thread would go on putting while the
             # store shuts down; halted() ends it at its next half instead.
             await task
+
+
+def _resolution_name(value: int) -> str:
+    """An enum value's name, or the number for one the proto does not define."""
+    try:
+        return sn.TransactionResolution.Name(value)  # type: ignore[arg-type]
+    except ValueError:
+        return str(value)

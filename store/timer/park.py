@@ -17,6 +17,7 @@ tick at or after its time (:func:`tick_of`): never delivered before its time.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from basalt.common.message import (
@@ -37,8 +38,11 @@ from basalt.common.message import (
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
     Message,
+    MessageRecord,
 )
 from basalt.store.errors import StoreError
+
+log = logging.getLogger(__name__)
 
 #: What the delivered copy loses (REAL_* as the delay levels' unpark; the
 #: relative forms were resolved at put). TIMER_DELIVER_MS and TIMER_OUT_MS stay:
@@ -52,6 +56,9 @@ DELIVERY_DROPS = frozenset(
         PROPERTY_TIMER_ROLL_TIMES,
     }
 )
+
+
+_TIMER_NAMES = frozenset(TIMER_REQUEST_PROPERTIES)
 
 
 class BadTimer(StoreError, ValueError):
@@ -97,9 +104,9 @@ def is_timer_request(message: Message) -> bool:
     props = message.properties
     if message.deliver_time_ms > 0:
         return PROPERTY_TIMER_OUT_MS not in props
-    if not props or PROPERTY_TIMER_OUT_MS in props:
+    if not props or _TIMER_NAMES.isdisjoint(props):
         return False
-    return any(name in props for name in TIMER_REQUEST_PROPERTIES)
+    return PROPERTY_TIMER_OUT_MS not in props
 
 
 def park_timer(message: Message, now_ms: int, max_delay_ms: int, *, enabled: bool) -> Message:
@@ -171,6 +178,41 @@ def delete_marker(topic: str, uniq_key: str, deliver_ms: int, born_ms: int) -> M
     )
 
 
+def out_ms(record: MessageRecord | None) -> int | None:
+    """A parked record's delivery time (TIMER_OUT_MS); None when it has none."""
+    if record is None:
+        return None
+    raw = record.properties.get(PROPERTY_TIMER_OUT_MS)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        log.error("timer: record at %d has TIMER_OUT_MS %r", record.commit_log_offset, raw)
+        return None
+
+
+def rolled(record: MessageRecord) -> Message:
+    """A ROLL entry's record written to the timer topic again, as it is (RocketMQ's
+    convertMessage with needRoll), TIMER_ROLL_TIMES counting."""
+    props = dict(record.properties)
+    try:
+        times = int(props.get(PROPERTY_TIMER_ROLL_TIMES, "0"))
+    except ValueError:
+        times = 0
+    props[PROPERTY_TIMER_ROLL_TIMES] = str(times + 1)
+    return Message(
+        TIMER_TOPIC,
+        record.body,
+        queue_id=0,
+        properties=props,
+        flag=record.flag,
+        sys_flag=record.sys_flag,
+        born_timestamp_ms=record.born_timestamp_ms,
+        born_host=record.born_host,
+        reconsume_times=record.reconsume_times,
+        prepared_transaction_offset=record.prepared_transaction_offset,
+    )
+
+
 __all__ = [
     "DELIVERY_DROPS",
     "TIMER_REQUEST_PROPERTIES",
@@ -178,7 +220,9 @@ __all__ = [
     "delete_key",
     "delete_marker",
     "is_timer_request",
+    "out_ms",
     "park_timer",
     "requested_deliver_ms",
+    "rolled",
     "tick_of",
 ]

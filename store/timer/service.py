@@ -51,7 +51,6 @@ from typing import Protocol
 from basalt.common.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DEL_UNIQKEY,
-    PROPERTY_TIMER_OUT_MS,
     PROPERTY_TIMER_ROLL_TIMES,
     TIMER_TOPIC,
     Message,
@@ -77,7 +76,7 @@ from basalt.store.timer.files import (
     encode_entry,
     topic_hash,
 )
-from basalt.store.timer.park import DELIVERY_DROPS, delete_key, tick_of
+from basalt.store.timer.park import DELIVERY_DROPS, delete_key, out_ms, rolled, tick_of
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +345,7 @@ class TimerMessageService(ServiceThread):
             if limit is not None and q >= limit:
                 break
             record = None if size == BLANK_UNIT_SIZE else self._record(phy, size)
-            due = _out_ms(record)
+            due = out_ms(record)
             if record is None or due is None:
                 q += 1
                 continue
@@ -483,11 +482,12 @@ class TimerMessageService(ServiceThread):
                 else:
                     topic = record.properties.get(PROPERTY_REAL_TOPIC, "")
                     key = delete_key(topic, record.uniq_key or "")
-                    if record.uniq_key and (key in deletes or key in self.recalled):
+                    marker = PROPERTY_TIMER_DEL_UNIQKEY in record.properties  # a rolled one
+                    if not marker and record.uniq_key and (key in deletes or key in self.recalled):
                         self._uncount(topic)
                         self.cancelled += 1
                     else:
-                        message = _rolled(record) if e.is_roll else self._delivery(record)
+                        message = rolled(record) if e.is_roll else self._delivery(record)
                         if message is None:
                             self._uncount(topic)
             if message is None:
@@ -580,40 +580,6 @@ class TimerMessageService(ServiceThread):
             for tick, _, last, _ in self.wheel.occupied(lo, hi - lo):
                 out += [(tick, e) for e in self.log.chain(last)]
         return out
-
-
-def _out_ms(record: MessageRecord | None) -> int | None:
-    if record is None:
-        return None
-    raw = record.properties.get(PROPERTY_TIMER_OUT_MS)
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        log.error("timer: record at %d has TIMER_OUT_MS %r", record.commit_log_offset, raw)
-        return None
-
-
-def _rolled(record: MessageRecord) -> Message:
-    """A ROLL entry's record written to the timer topic again, as it is (RocketMQ's
-    convertMessage with needRoll), TIMER_ROLL_TIMES counting."""
-    props = dict(record.properties)
-    try:
-        times = int(props.get(PROPERTY_TIMER_ROLL_TIMES, "0"))
-    except ValueError:
-        times = 0
-    props[PROPERTY_TIMER_ROLL_TIMES] = str(times + 1)
-    return Message(
-        TIMER_TOPIC,
-        record.body,
-        queue_id=0,
-        properties=props,
-        flag=record.flag,
-        sys_flag=record.sys_flag,
-        born_timestamp_ms=record.born_timestamp_ms,
-        born_host=record.born_host,
-        reconsume_times=record.reconsume_times,
-        prepared_transaction_offset=record.prepared_transaction_offset,
-    )
 
 
 __all__ = ["BUCKET_TICKS", "TimerMessageService", "ring_slots"]

@@ -383,3 +383,32 @@ def test_a_disabled_timer_delivers_nothing_until_enabled(
         assert len(real(store, "T")) == 1
     finally:
         store.shutdown()
+
+
+def test_a_recalled_message_past_the_roll_window_is_not_delivered_even_after_a_restart(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """The message waits in a roll slot, its marker in another: the recall holds
+    while it rolls, and across a restart (the marker is durable)."""
+    overrides = {"timer_roll_window_sec": 3600}
+    store = open_store(make_config, clock, **overrides)
+    t0 = clock.now_ms()
+    due = t0 + 3 * 3_600_000
+    assert store.put_message(timer_message("Far", b"gone", due, "GONE")).ok
+    assert store.put_message(timer_message("Far", b"kept", due, "KEPT")).ok
+    step(store)
+    assert store.recall_timer("Far", due, "GONE")
+    clock.advance(1_800_000)
+    step(store)
+    assert store.shutdown()
+    store = open_store(make_config, clock, **overrides)  # the in-memory recall is gone
+    try:
+        while clock.now_ms() < due:
+            clock.advance(600_000)
+            step(store)
+        clock.advance(1000)
+        step(store)
+        assert [r.uniq_key for r in real(store, "Far")] == ["KEPT"]
+        assert store.timer_status().pending == 0
+    finally:
+        store.shutdown()

@@ -237,24 +237,34 @@ class SendStreamItem(_message.Message):
     OPAQUE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
+    END_TRANSACTION_FIELD_NUMBER: _builtins.int
     opaque: _builtins.int
     """Echoed in the answer; the store-node does not interpret it."""
     @_builtins.property
     def message(self) -> Global___SendMessageRequest: ...
     @_builtins.property
     def batch(self) -> Global___SendBatchRequest: ...
+    @_builtins.property
+    def end_transaction(self) -> Global___EndTransactionRequest:
+        """EndTransaction on the stream (as RocketMQ's remoting carries
+        END_TRANSACTION on the producer's connection): answered with `result` =
+        EndTransactionResponse.result (empty for a rollback) or `refused`, as
+        the unary call. A transactional send costs no extra call per message.
+        """
+
     def __init__(
         self,
         *,
         opaque: _builtins.int = ...,
         message: Global___SendMessageRequest | None = ...,
         batch: Global___SendBatchRequest | None = ...,
+        end_transaction: Global___EndTransactionRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "message", b"message", "request", b"request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "end_transaction", b"end_transaction", "message", b"message", "request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "message", b"message", "opaque", b"opaque", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "end_transaction", b"end_transaction", "message", b"message", "opaque", b"opaque", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["message", "batch"]  # noqa: Y015
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["message", "batch", "end_transaction"]  # noqa: Y015
     _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
 
@@ -298,8 +308,8 @@ class SendStreamAnswer(_message.Message):
 
     @_builtins.property
     def refused(self) -> _common_pb2.Refused:
-        """What the unary call would have failed with; a request with neither
-        `message` nor `batch` is INVALID_ARGUMENT, INVALID_PARAMETER.
+        """What the unary call would have failed with; a request with none of
+        `message`, `batch`, `end_transaction` is INVALID_ARGUMENT, INVALID_PARAMETER.
         """
 
     def __init__(
