@@ -57,6 +57,7 @@ from basalt.services.meta.errors import MetaError
 from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.metrics import damaged_records
 from basalt.services.rocketmq_v2.conversions import (
+    ACCEPTED_MESSAGE_TYPES,
     StoreQueue,
     V2Error,
     group_name,
@@ -710,7 +711,7 @@ class ConsumeRpcs:
                     id=-1,
                     permission=v2.READ,
                     broker=v2.Broker(name=name, id=0, endpoints=request.endpoints),
-                    accept_message_types=[v2.NORMAL, v2.FIFO],
+                    accept_message_types=ACCEPTED_MESSAGE_TYPES,
                 )
             )
             for name in readable_brokers(config, self._broker_perms(config))

@@ -39,7 +39,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from basalt.common.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_CRC32,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
     PROPERTY_SEPARATOR,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     Message,
     MessageRecord,
@@ -61,6 +68,9 @@ from basalt.v1 import common_pb2 as pb
 #: user property by this name, or by any of RESERVED_PROPERTIES, is refused
 #: ILLEGAL_MESSAGE_PROPERTY_KEY (basalt.services.validation).
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
+#: RocketMQ's MessageConst name of a half message's check immunity, which the
+#: front stamps with TRAN_MSG and PGROUP (basalt.common.message's).
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 
 #: A stored send's SendStatus -> the v2 code of its entry (RocketMQ's proxy:
 #: a flush or replication timeout is reported, the message is stored).
@@ -92,6 +102,11 @@ _CODE_OF_RESPONSE: dict[int, int] = {
     pb.RESPONSE_CODE_SUBSCRIPTION_GROUP_NOT_EXIST: v2.CONSUMER_GROUP_NOT_FOUND,
     pb.RESPONSE_CODE_QUERY_NOT_FOUND: v2.MESSAGE_NOT_FOUND,
 }
+
+#: What every queue accepts: Basalt topics have no message type attribute
+#: (RocketMQ 5's ``message.type``), and the official clients refuse to send a
+#: type a queue does not list.
+ACCEPTED_MESSAGE_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
 
 #: PermName bits (RocketMQ's PermName.PERM_READ / PERM_WRITE).
 _PERM_READ, _PERM_WRITE = 4, 2
@@ -170,7 +185,7 @@ def message_queues(
                     id=q,
                     permission=v2.Permission.ValueType(_permission(config, broker_perms[name], q)),
                     broker=broker,
-                    accept_message_types=[v2.NORMAL, v2.FIFO],
+                    accept_message_types=ACCEPTED_MESSAGE_TYPES,
                 )
             )
     return out
@@ -265,14 +280,49 @@ def body_of(message: v2.Message, max_body_size: int) -> bytes:
     return body
 
 
-def check_supported(message: v2.Message) -> None:
-    """V2Error UNSUPPORTED for what Basalt does not store yet: transaction and
-    delay/timer messages."""
+def deliver_time_ms(message: v2.Message) -> int:
+    """The Unix ms a DELAY message is due (its ``delivery_timestamp``), 0 for
+    any other; V2Error ILLEGAL_DELIVERY_TIME for a DELAY message without one or
+    one that is not a valid Timestamp, MESSAGE_PROPERTY_CONFLICT_WITH_TYPE for a
+    ``delivery_timestamp`` on a FIFO or TRANSACTION message (RocketMQ 5's
+    clients refuse both combinations before sending). The store-node checks
+    the maximum delay (its ``timer_max_delay_sec``)."""
     system = message.system_properties
-    if system.message_type == v2.TRANSACTION:
-        raise V2Error(v2.UNSUPPORTED, "transaction messages are not supported yet")
-    if system.message_type == v2.DELAY or system.HasField("delivery_timestamp"):
-        raise V2Error(v2.UNSUPPORTED, "delay/timer messages are not supported yet")
+    kind = system.message_type
+    if not system.HasField("delivery_timestamp"):
+        if kind == v2.DELAY:
+            raise V2Error(v2.ILLEGAL_DELIVERY_TIME, "a DELAY message without a delivery_timestamp")
+        return 0
+    if kind == v2.TRANSACTION or system.HasField("message_group"):
+        raise V2Error(
+            v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            "a delivery_timestamp on a transactional or FIFO message",
+        )
+    try:
+        due = timestamp_ms(system.delivery_timestamp, "delivery_timestamp")
+    except LimitError as e:
+        raise V2Error(v2.ILLEGAL_DELIVERY_TIME, e.message) from None
+    # 0 is the wire's "no timer": a time at or before the epoch is due already.
+    return max(due, 1)
+
+
+def _transaction_properties(message: v2.Message) -> dict[str, str]:
+    """What makes a send a half message (RocketMQ 5's proxy stamps the same):
+    TRAN_MSG, PGROUP = the topic (the v2 protocol has no producer group: the
+    proxy registers each publishing client under each of its topics, and
+    checks go to that group), and the recovery duration the client asked for.
+    MESSAGE_PROPERTY_CONFLICT_WITH_TYPE for a transactional FIFO message."""
+    system = message.system_properties
+    if system.HasField("message_group"):
+        raise V2Error(
+            v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a transactional message with a message_group"
+        )
+    stamped = {PROPERTY_TRANSACTION_PREPARED: "true", PROPERTY_PRODUCER_GROUP: message.topic.name}
+    if system.HasField("orphaned_transaction_recovery_duration"):
+        seconds = system.orphaned_transaction_recovery_duration.seconds
+        if seconds > 0:
+            stamped[PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS] = str(seconds)
+    return stamped
 
 
 def to_message(message: v2.Message, max_body_size: int) -> Message:
@@ -282,8 +332,11 @@ def to_message(message: v2.Message, max_body_size: int) -> Message:
     unencodable property name, ILLEGAL_MESSAGE_TAG / ILLEGAL_MESSAGE_KEY /
     ILLEGAL_MESSAGE_GROUP for values the record format cannot hold,
     MESSAGE_PROPERTIES_TOO_LARGE past the properties' limits
-    (basalt.services.validation's table), and :func:`body_of`'s and
-    :func:`check_supported`'s."""
+    (basalt.services.validation's table), :func:`body_of`'s, and
+    MESSAGE_PROPERTY_CONFLICT_WITH_TYPE for a transactional FIFO message. A
+    TRANSACTION message gets the half message's properties
+    (:func:`_transaction_properties`); a DELAY message's time is
+    :func:`deliver_time_ms`'s."""
     try:
         return _to_message(message, max_body_size)
     except LimitError as e:
@@ -298,9 +351,10 @@ def _to_message(message: v2.Message, max_body_size: int) -> Message:
     if not system.message_id:
         raise V2Error(v2.ILLEGAL_MESSAGE_ID, "message without a message_id")
     _check_name_value(system.message_id, "message id", v2.ILLEGAL_MESSAGE_ID)
-    check_supported(message)
     properties = dict(message.user_properties)
     check_user_properties(properties, RESERVED_PROPERTIES)
+    if system.message_type == v2.TRANSACTION:
+        properties.update(_transaction_properties(message))
     for name, value in properties.items():
         _check_name_value(name, "property name", v2.ILLEGAL_MESSAGE_PROPERTY_KEY)
         _check_name_value(value, "property value", v2.ILLEGAL_MESSAGE_PROPERTY_KEY)
@@ -352,6 +406,21 @@ def duration_ms(ms: int) -> Duration:
     return d
 
 
+def message_type(properties: dict[str, str]) -> v2.MessageType.ValueType:
+    """A stored message's v2 type, as RocketMQ 5's proxy reads it: TRANSACTION
+    for a half message, DELAY with a delay level or timer, FIFO with a message
+    group, else NORMAL."""
+    if properties.get(PROPERTY_TRANSACTION_PREPARED) == "true":
+        return v2.TRANSACTION
+    if (
+        PROPERTY_DELAY_TIME_LEVEL in properties
+        or PROPERTY_TIMER_DELIVER_MS in properties
+        or PROPERTY_TIMER_DELAY_SEC in properties
+    ):
+        return v2.DELAY
+    return v2.FIFO if properties.get(PROPERTY_SHARDING_KEY) else v2.NORMAL
+
+
 def to_v2_message(
     record: MessageRecord,
     *,
@@ -363,9 +432,19 @@ def to_v2_message(
 ) -> v2.Message:
     """The v2 message of one popped ``record`` (module docstring): the UNIQ_KEY
     as ``message_id`` (the offset message id when a non-RocketMQ-5 producer
-    stored none), FIFO when it has a message group, the given delivery's
-    attempt, handle and invisible duration, ``queue_id`` the broker-local
-    queue id (:func:`message_queues`' numbering)."""
+    stored none), its :func:`message_type` (a timer's ``delivery_timestamp``
+    from TIMER_DELIVER_MS), the given delivery's attempt, handle and invisible
+    duration, ``queue_id`` the broker-local queue id (:func:`message_queues`'
+    numbering)."""
+    message = _v2_message(record, record.topic, namespace, queue_id)
+    system = message.system_properties
+    system.receipt_handle = receipt_handle
+    system.invisible_duration.CopyFrom(duration_ms(invisible_ms))
+    system.delivery_attempt = delivery_attempt
+    return message
+
+
+def _v2_message(record: MessageRecord, topic: str, namespace: str, queue_id: int) -> v2.Message:
     properties = record.properties
     group = properties.get(PROPERTY_SHARDING_KEY)
     system = v2.SystemProperties(
@@ -373,24 +452,54 @@ def to_v2_message(
         message_id=record.uniq_key or record.msg_id,
         body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(record.body).hexdigest().upper()),
         body_encoding=v2.IDENTITY,
-        message_type=v2.FIFO if group else v2.NORMAL,
+        message_type=message_type(properties),
         born_timestamp=_timestamp(record.born_timestamp_ms),
         born_host=record.born_host,
         store_timestamp=_timestamp(record.store_timestamp_ms),
         store_host=record.store_host,
-        receipt_handle=receipt_handle,
         queue_id=queue_id,
         queue_offset=record.queue_offset,
-        invisible_duration=duration_ms(invisible_ms),
-        delivery_attempt=delivery_attempt,
     )
     if record.tags is not None:
         system.tag = record.tags
     if group:
         system.message_group = group
+    due = properties.get(PROPERTY_TIMER_DELIVER_MS, "")
+    if due.isdigit():
+        system.delivery_timestamp.CopyFrom(_timestamp(int(due)))
     return v2.Message(
-        topic=v2.Resource(resource_namespace=namespace, name=record.topic),
+        topic=v2.Resource(resource_namespace=namespace, name=topic),
         user_properties={k: v for k, v in properties.items() if k not in _HIDDEN_PROPERTIES},
         system_properties=system,
         body=record.body,
+    )
+
+
+def checked_half(record: MessageRecord, namespace: str) -> v2.Message:
+    """The v2 message of a half message a store-node asks the producers to
+    decide (``TransactionCheck.record``), as RocketMQ's broker hands it to its
+    check listener: its real topic and queue (REAL_TOPIC, REAL_QID), type
+    TRANSACTION, no delivery state. ValueError when it has no REAL_TOPIC."""
+    topic = record.properties.get(PROPERTY_REAL_TOPIC)
+    if not topic:
+        raise ValueError(f"half message {record.msg_id} has no {PROPERTY_REAL_TOPIC}")
+    raw_queue = record.properties.get(PROPERTY_REAL_QUEUE_ID, "")
+    queue_id = int(raw_queue) if raw_queue.isdigit() else record.queue_id
+    message = _v2_message(record, topic, namespace, queue_id)
+    message.system_properties.message_type = v2.TRANSACTION
+    return message
+
+
+def to_wire(message: Message, deliver_ms: int) -> pb.Message:
+    """``message`` (:func:`to_message`'s) as a store-node's ``Message``, for the
+    sends that go one by one (a timer, ``deliver_ms`` > 0; a half message): the
+    store-node refuses a batch of records carrying either."""
+    return pb.Message(
+        topic=message.topic,
+        tags=message.tags or "",
+        keys=list(message.keys),
+        properties=message.properties,
+        body=message.body,
+        born_timestamp_ms=message.born_timestamp_ms,
+        deliver_time_ms=deliver_ms,
     )

@@ -10,8 +10,9 @@ pull-service serves any client. The RPCs:
   client called; TOPIC_NOT_FOUND for an unknown topic (no auto-creation, as
   RocketMQ 5).
 * ``Telemetry``: each ``Settings`` the client sends is answered at once with
-  the server's (:meth:`MessagingServiceServicer.settings_answer`); the stream
-  stays open until the client closes it.
+  the server's (:meth:`MessagingServiceServicer.settings_answer`); a
+  publishing client joins its topics' producer groups for transaction checks
+  (:mod:`.check_relay`) while the stream is open, until the client closes it.
 * ``Heartbeat``, ``NotifyClientTermination``: OK (no session state here).
 * ``SendMessage``: every message is checked and converted first (one bad
   message: nothing stored), then sent as one ``SendBatch`` per target queue
@@ -27,7 +28,11 @@ pull-service serves any client. The RPCs:
   offset: QueryConsumerOffset; OFFSET_NOT_FOUND when it has none) and
   ``UpdateOffset`` (UpdateConsumerOffset) on the store-node the request's
   ``MessageQueue`` names (its broker; the first when it names none).
-* ``EndTransaction``, ``RecallMessage``: UNSUPPORTED.
+  A timer (DELAY) or transactional message is sent alone
+  (:mod:`.transactions`).
+* ``EndTransaction``, ``RecallMessage``: :mod:`.transactions`; the Telemetry
+  stream of a publishing client also relays its group's transaction checks
+  (:mod:`.check_relay`).
 
 * Consumption (``ReceiveMessage``, ``AckMessage``,
   ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
@@ -41,10 +46,12 @@ loop.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +66,7 @@ from basalt.services.errors import downstream_refusal
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.pull_service.service import PullServiceServicer
 from basalt.services.rocketmq_v2.call_batching import Coalescer
+from basalt.services.rocketmq_v2.check_relay import CheckRelay, publishing_groups
 from basalt.services.rocketmq_v2.consume import ConsumeRpcs
 from basalt.services.rocketmq_v2.conversions import (
     CODE_OF_SEND_STATUS,
@@ -66,6 +74,7 @@ from basalt.services.rocketmq_v2.conversions import (
     V2Error,
     asked_queue,
     code_of_response,
+    deliver_time_ms,
     duration_ms,
     fifo_queue,
     group_name,
@@ -76,6 +85,7 @@ from basalt.services.rocketmq_v2.conversions import (
     writable_queues,
 )
 from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
+from basalt.services.rocketmq_v2.transactions import TransactionRpcs
 from basalt.services.validation import LimitError, timestamp_ms
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
@@ -172,6 +182,8 @@ class StoreCall:
     #: Who is called, for the refusal's message.
     peer: str
     timeout_s: float
+    #: Refusal codes answered otherwise than :func:`code_of_response` says.
+    codes: Mapping[int, int] | None = None
 
     def cancel(self) -> bool:
         """Cancel the call; False when it had already answered (then
@@ -184,10 +196,11 @@ class StoreCall:
             return await self.call
         except grpc.aio.AioRpcError as e:
             refusal = downstream_refusal(e, self.peer, self.timeout_s)
-            raise V2Error(code_of_response(refusal.code), refusal.message) from None
+            code = (self.codes or {}).get(refusal.code) or code_of_response(refusal.code)
+            raise V2Error(code, refusal.message) from None
 
 
-class MessagingServiceServicer(ConsumeRpcs):
+class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
     """The v2 RPCs (module docstring), over a running pull-service's view. Not
     the generated servicer's subclass: only the methods it has are registered
     (:mod:`basalt.services.rocketmq_v2.server`), the others are UNIMPLEMENTED."""
@@ -205,9 +218,12 @@ class MessagingServiceServicer(ConsumeRpcs):
         self._streams = SendStreams(pull.channels.store_node)
         #: Concurrent AckMessages of one group and topic on one store-node, joined.
         self._acks = Coalescer(self._ack_joined)
+        #: Transaction checks of the publishing clients' groups.
+        self.checks = CheckRelay(pull, f"rocketmq-v2@{pull.config.pull_service_id}")
 
     async def close(self) -> None:
-        """End the store-node streams (once the server stopped)."""
+        """End the store-node streams and check watches (once the server stopped)."""
+        await self.checks.close()
         await self._streams.close()
 
     # -- routes and clients -------------------------------------------------------------
@@ -247,14 +263,44 @@ class MessagingServiceServicer(ConsumeRpcs):
         request_iterator: AsyncIterator[sv.TelemetryCommand],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[sv.TelemetryCommand]:
-        """Answer each Settings at once; other commands (thread stacks, verify
-        results the server never asked for) are read and dropped. Ends when the
-        client closes its side."""
-        async for command in request_iterator:
-            if command.HasField("settings"):
-                yield sv.TelemetryCommand(
-                    status=ok_status(), settings=self.settings_answer(command.settings)
-                )
+        """Answer each Settings at once; a publishing client's Settings (re)join
+        its topics' groups for transaction checks, relayed on this stream
+        (:mod:`.check_relay`). Other commands (thread stacks, verify results the
+        server never asked for) are read and dropped. Ends when the client
+        closes its side; the client leaves its groups then."""
+        outbox: asyncio.Queue[sv.TelemetryCommand | None] = asyncio.Queue()
+        leave: Callable[[], None] | None = None
+
+        async def read() -> None:
+            nonlocal leave
+            try:
+                async for command in request_iterator:
+                    if not command.HasField("settings"):
+                        continue
+                    settings = command.settings
+                    outbox.put_nowait(
+                        sv.TelemetryCommand(
+                            status=ok_status(), settings=self.settings_answer(settings)
+                        )
+                    )
+                    publishing = publishing_groups(settings)
+                    if publishing is not None:
+                        if leave is not None:
+                            leave()
+                        leave = self.checks.join(*publishing, outbox.put_nowait)
+            finally:
+                outbox.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (command := await outbox.get()) is not None:
+                yield command
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+            if leave is not None:
+                leave()
 
     def settings_answer(self, client: v2.Settings) -> v2.Settings:
         """The client's Settings with the server's values: publishing
@@ -315,7 +361,9 @@ class MessagingServiceServicer(ConsumeRpcs):
         writable = writable_queues(config, live)
         if not writable:
             raise V2Error(v2.FORBIDDEN, f"topic {topic!r} has no writable queue")
+        due = [deliver_time_ms(m) for m in request.messages]
         targets: dict[StoreQueue, list[int]] = {}
+        alone: list[tuple[int, StoreQueue]] = []
         for i, m in enumerate(request.messages):
             system = m.system_properties
             if system.HasField("message_group"):
@@ -329,7 +377,10 @@ class MessagingServiceServicer(ConsumeRpcs):
                     queue = asked_queue(system.queue_id, turn, writable)
                 else:
                     queue = writable[turn % len(writable)]
-            targets.setdefault(queue, []).append(i)
+            if due[i] or system.message_type == v2.TRANSACTION:
+                alone.append((i, queue))
+            else:
+                targets.setdefault(queue, []).append(i)
         entries: list[sv.SendResultEntry | None] = [None] * len(messages)
         for queue, indices in targets.items():
             ids = [request.messages[i].system_properties.message_id for i in indices]
@@ -344,6 +395,12 @@ class MessagingServiceServicer(ConsumeRpcs):
                 code, offset = outcome
                 status = v2.Status(code=code, message=v2.Code.Name(code))
                 entries[i] = sv.SendResultEntry(status=status, message_id=ids[k], offset=offset)
+        for i, queue in alone:
+            m = request.messages[i]
+            entries[i] = await self._send_one(
+                queue, messages[i], m.system_properties.message_id, due[i],
+                m.system_properties.message_type == v2.TRANSACTION, context,
+            )  # fmt: skip
         return [e for e in entries if e is not None]
 
     async def _send_joined(
@@ -439,11 +496,16 @@ class MessagingServiceServicer(ConsumeRpcs):
         request: Any,
         context: grpc.aio.ServicerContext[Any, Any],
         hold_s: float = 0.0,
+        codes: Mapping[int, int] | None = None,
     ) -> Any:
         """StoreNode ``rpc`` at ``address`` (within the client's deadline; a
         call the store-node may hold, a long-polling pop, gets ``hold_s`` more);
-        its answer, or V2Error with the store-node's refusal in v2 terms."""
-        return await self._start(queue, address, rpc, request, context, hold_s).answer()
+        its answer, or V2Error with the store-node's refusal in v2 terms
+        (``codes`` first, then :func:`code_of_response`)."""
+        start = self._start(queue, address, rpc, request, context, hold_s)
+        if codes is not None:
+            start = StoreCall(start.call, start.peer, start.timeout_s, codes)
+        return await start.answer()
 
     def _start(
         self,
@@ -553,19 +615,3 @@ class MessagingServiceServicer(ConsumeRpcs):
             )
         request = make(config.topic_name, queue.queue_id)
         return await self._call(queue, self._address(queue), rpc, request, context, hold_s)
-
-    # -- not supported yet ---------------------------------------------------------------
-
-    async def EndTransaction(
-        self, request: sv.EndTransactionRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> sv.EndTransactionResponse:
-        return sv.EndTransactionResponse(
-            status=V2Error(v2.UNSUPPORTED, "transaction messages are not supported yet").status()
-        )
-
-    async def RecallMessage(
-        self, request: sv.RecallMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> sv.RecallMessageResponse:
-        return sv.RecallMessageResponse(
-            status=V2Error(v2.UNSUPPORTED, "delay/timer messages are not supported yet").status()
-        )

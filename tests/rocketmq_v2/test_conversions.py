@@ -12,6 +12,7 @@ from basalt.common.record import decode_record, encode_batch
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.rocketmq_v2.conversions import (
+    ACCEPTED_MESSAGE_TYPES,
     PROPERTY_SHARDING_KEY,
     StoreQueue,
     V2Error,
@@ -48,6 +49,9 @@ def test_each_broker_numbers_its_queues_from_0_and_they_map_back() -> None:
         (b, i) for b in ("broker-a", "broker-b") for i in range(4)
     ]
     assert {q.broker.id for q in queues} == {0}
+    # The official clients refuse to send a type the queue does not list.
+    assert {tuple(q.accept_message_types) for q in queues} == {ACCEPTED_MESSAGE_TYPES}
+    assert set(ACCEPTED_MESSAGE_TYPES) == {v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION}
     assert [q.permission for q in queues[:4]] == [v2.READ_WRITE, v2.READ_WRITE, v2.READ, v2.READ]
     assert queues[4:] == [
         v2.MessageQueue(
@@ -126,8 +130,10 @@ def test_gzip_body_is_decoded() -> None:
             v2.MESSAGE_BODY_TOO_LARGE,
         ),
         (_message(body=b"not gzip", body_encoding=v2.GZIP), v2.MESSAGE_CORRUPTED),
-        (_message(message_type=v2.TRANSACTION), v2.UNSUPPORTED),
-        (_message(message_type=v2.DELAY), v2.UNSUPPORTED),
+        (
+            _message(message_type=v2.TRANSACTION, message_group="g"),
+            v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+        ),
         (_message(keys=["a b"]), v2.ILLEGAL_MESSAGE_KEY),
         (v2.Message(topic=v2.Resource(name="T")), v2.ILLEGAL_MESSAGE_ID),
         (v2.Message(), v2.ILLEGAL_TOPIC),

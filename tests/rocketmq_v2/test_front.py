@@ -149,11 +149,13 @@ def test_query_route_and_bad_input(cluster: Cluster) -> None:
         assert _send(stub, BAD_TOPIC, props={"UNIQ_KEY": "x"}).status.code == (
             v2.ILLEGAL_MESSAGE_PROPERTY_KEY
         )
-        assert _send(stub, BAD_TOPIC, message_type=v2.TRANSACTION).status.code == v2.UNSUPPORTED
+        assert _send(stub, BAD_TOPIC, message_type=v2.DELAY).status.code == (
+            v2.ILLEGAL_DELIVERY_TIME
+        )
         empty = stub.SendMessage(sv.SendMessageRequest(), timeout=10)
         assert empty.status.code == v2.BAD_REQUEST
         ended = stub.EndTransaction(sv.EndTransactionRequest(), timeout=10)
-        assert ended.status.code == v2.UNSUPPORTED
+        assert ended.status.code == v2.INVALID_TRANSACTION_ID
         with pytest.raises(grpc.RpcError) as e:
             stub.SyncLiteSubscription(sv.SyncLiteSubscriptionRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
