@@ -86,6 +86,7 @@ from basalt.common.message import (
 )
 from basalt.common.record import decode_records
 from basalt.store.commitlog import CommitLog
+from basalt.store.errors import StoreError
 from basalt.store.get_message import QueryMessageResult
 from basalt.store.parking import real_destination
 from basalt.store.put_result import PutMessageResult, PutStatus
@@ -123,7 +124,9 @@ class EndRefusal(enum.Enum):
     BUSY = "an end of this transaction is in flight"
 
 
-class EndRefused(Exception):
+class EndRefused(StoreError):
+    """An EndTransaction the store does not carry out (``why``), nothing stored."""
+
     def __init__(self, why: EndRefusal, detail: str) -> None:
         super().__init__(detail)
         self.why = why

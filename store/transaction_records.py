@@ -23,6 +23,7 @@ from basalt.common.message import (
     Message,
     MessageRecord,
 )
+from basalt.store.errors import StoreError
 from basalt.store.parking import copy_of, real_destination
 
 HALF_QUEUE_ID = 0
@@ -51,7 +52,7 @@ class Resolution(enum.Enum):
     RESOLVED = "resolved"
 
 
-class BadHalf(ValueError):
+class BadHalf(StoreError, ValueError):
     """A transactional send that cannot be a half message (no PGROUP, no UNIQ_KEY)."""
 
 
