@@ -365,6 +365,19 @@ def rows_table(name: str, rows: Sequence[Row]) -> Table:
     return table
 
 
+def pairs_table(name: str, pairs: Sequence[tuple[str, Figure | str]]) -> Table:
+    """A table of named figures, one a row: what, value, unit (the figure's)."""
+    table = Table(name, ("what", "value", "unit"))
+    for what, value in pairs:
+        table.add(what, value, value.unit if isinstance(value, Figure) else "")
+    return table
+
+
+def count(n: float, *, lower_is_better: bool = False) -> Figure:
+    """A count: not judged, or judged lower-is-better (failures, losses)."""
+    return Figure(n, better=LOWER if lower_is_better else None, fmt=",")
+
+
 def format_table(rows: Sequence[Row]) -> str:
     """``rows`` printed as :func:`rows_table` prints them."""
     return rows_table("rows", rows).render()
