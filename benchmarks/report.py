@@ -216,37 +216,43 @@ class Table:
         self._seen: dict[str, int] = {}
 
     def add(self, *cells: Cell) -> None:
-        """Append a row: one cell per column. ValueError on a figure in a key
-        column, a wrong count, or two figures of the row under one name."""
+        """Append a row: one cell per column. ValueError (and no row added) on a
+        wrong count, a figure in a key column, a figure in a list cell with
+        neither label nor unit, or two figures of the row under one name."""
         if len(cells) != len(self.columns):
             raise ValueError(f"table {self.name!r}: {len(cells)} cells for {self.columns}")
         if any(not isinstance(cells[i], str) for i in self._key_at):
             raise ValueError(f"table {self.name!r}: key columns {self.key} hold text only")
-        key = " · ".join(str(cells[i]) for i in self._key_at)
-        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        base = " · ".join(str(cells[i]) for i in self._key_at)
+        seen = self._seen.get(base, 0) + 1
+        key = base if seen == 1 else f"{base} #{seen}"
+        self._named(key, cells)
+        self._seen[base] = seen
         self.rows.append(tuple(cells))
-        self.keys.append(key if seen == 1 else f"{key} #{seen}")
-        self._figures(len(self.rows) - 1)  # names checked now, not when written
+        self.keys.append(key)
 
-    def _figures(self, index: int) -> dict[str, Figure]:
+    def _named(self, key: str, cells: Sequence[Cell]) -> dict[str, Figure]:
+        """The row's figures by name: a lone figure's is its column's; one in a
+        list cell goes by its label, else its unit."""
         out: dict[str, Figure] = {}
-        for column, cell in zip(self.columns, self.rows[index], strict=True):
+        for column, cell in zip(self.columns, cells, strict=True):
             named: list[tuple[str, Figure]] = []
             if isinstance(cell, Figure):
                 named = [(column, cell)]
             elif not isinstance(cell, str):
                 named = [(p.name, p) for p in cell if isinstance(p, Figure)]
             for name, figure in named:
+                where = f"table {self.name!r} row {key!r}"
+                if not name:
+                    raise ValueError(f"{where}: a figure in a list needs a label or a unit")
                 if name in out or (name != column and name in self.columns):
-                    raise ValueError(
-                        f"table {self.name!r} row {self.keys[index]!r}: two figures named {name!r}"
-                    )
+                    raise ValueError(f"{where}: two figures named {name!r}")
                 out[name] = figure
         return out
 
     def figures(self) -> dict[str, dict[str, Figure]]:
         """Every figure: {row key: {column or figure name: figure}}."""
-        return {self.keys[i]: self._figures(i) for i in range(len(self.rows))}
+        return {key: self._named(key, row) for key, row in zip(self.keys, self.rows, strict=True)}
 
     def render(self) -> str:
         """The table as aligned text (see :func:`aligned`)."""
