@@ -157,6 +157,26 @@ def test_alternated_rounds_are_compared_by_their_medians_with_the_spread(
     assert compare.spread([5.0]) is None
 
 
+def test_a_change_past_the_threshold_within_the_runs_noise_is_not_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Medians 20 % apart, but one B run as fast as an A run: ``worse*``, exit 0;
+    every B run slower than every A run: REGRESSION, exit 1."""
+    for name, b_rates in (("overlap", (800.0, 790.0, 1000.0)), ("apart", (800.0, 790.0, 950.0))):
+        files = []
+        for n, (x, y) in enumerate(zip((1000.0, 990.0, 1010.0), b_rates, strict=True)):
+            files += [
+                write_run(tmp_path / name / f"a{n}", {"rate": (x, "msgs/s", "")}),
+                write_run(tmp_path / name / f"b{n}", {"rate": (y, "msgs/s", "")}),
+            ]
+        status, out = run_compare([str(p) for p in files], capsys)
+        if name == "overlap":
+            assert (status, verdicts(out)) == (0, {"rate": "worse*"})
+            assert "runs of A and B overlap: not flagged" in out
+        else:
+            assert (status, verdicts(out)) == (1, {"rate": "REGRESSION"})
+
+
 def test_two_globs_or_directories_are_the_two_sides(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
