@@ -40,6 +40,18 @@ def scripts() -> list[Path]:
     return found
 
 
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/<script> args`` run from the repository, as the docs run it."""
+    return subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def called(path: Path) -> set[str]:
     """The names of the functions and methods ``path`` calls."""
     names = set()
@@ -68,14 +80,7 @@ def test_every_script_writes_its_figures_through_the_report() -> None:
 def test_a_quick_store_read_run_writes_figures_compare_reads(tmp_path: Path) -> None:
     """The cheapest script in its quickest mode (about a second); no timing is
     asserted, only what the file holds and that compare judges it."""
-    done = subprocess.run(
-        [sys.executable, "benchmarks/store_read.py", "--quick", "--json-out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_script("store_read.py", "--quick", "--json-out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("store_read-*.json")
     run = Run.load(path)
@@ -95,13 +100,6 @@ def test_a_quick_store_read_run_writes_figures_compare_reads(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("script", [p.name for p in scripts() if p.name not in NOT_YET])
 def test_every_script_offers_json_out(script: str) -> None:
-    done = subprocess.run(
-        [sys.executable, f"benchmarks/{script}", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_script(script, "--help")
     assert done.returncode == 0, done.stderr
     assert "--json-out DIR" in done.stdout
