@@ -578,7 +578,7 @@ def step_table(step: Step, baseline: dict[str, NodeUsage]) -> Table:
         return [
             ms(percentile(values, 50), "p50"),
             ms(percentile(values, 99), "p99"),
-            Figure(len(values), label="n", better=None),
+            Figure(len(values), label="n", better=None, fmt=","),
         ]
 
     table.add("create the topics", [Figure(step.create_s, "s", fmt=".1f")], "", "")

@@ -527,7 +527,7 @@ def failover_table(times: list[float]) -> Table:
     )
     table.add(
         "kill -9 of the master to the next send acknowledged",
-        Figure(len(times), better=None),
+        Figure(len(times), better=None, fmt=","),
         *(Figure(x, "s", fmt=".3f") for x in (min(times), percentile(times, 0.5), p99, max(times))),
         f"<= {FAILOVER_P99_TARGET_S:.1f} s (p99)",
         "met" if p99 <= FAILOVER_P99_TARGET_S else "NOT MET",
