@@ -223,6 +223,15 @@ def test_json_out_defaults_to_the_ignored_results_folder() -> None:
     assert "/benchmarks/results/" in (REPO / ".gitignore").read_text().splitlines()
 
 
+def test_a_lone_figure_in_also_is_a_cell_as_in_a_list() -> None:
+    """transactions.py passes sdk_throughput.cpu_us_per_message's figure alone."""
+    table = rows_table(
+        "t", [Row("p", "c", 1.0, "msgs/s", 1, 1.0, None, Figure(2.5, "µs/msg", "CPU"))]
+    )
+    assert table.figures()["p · c"]["CPU"] == Figure(2.5, "µs/msg", "CPU")
+    assert table.render().splitlines()[-1].endswith("CPU 2.50 µs/msg")
+
+
 def test_rows_cross_process_boundaries() -> None:
     """grpc_floor.py hands its rows back from a spawned process."""
     row = Row("p", "c", 1.0, "us p99", 1, 1.0, None, [Figure(2.0, "us", "p50")])
