@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import load_by_path
+from benchmarks.report import Figure, Report, add_json_out, count, load_by_path, pairs_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CRASH_WRITER = REPO_ROOT / "tests" / "support" / "crash_writer.py"
@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip `basalt store check`")
     parser.add_argument("--keep", action="store_true", help="keep the store roots")
     parser.add_argument("--stop-on-failure", action="store_true")
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
 
     work = args.root or Path(tempfile.mkdtemp(prefix="basalt-crash-loop-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -108,31 +110,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {cycle + 1} cycles, {len(failures)} failures", flush=True)
     elapsed = time.perf_counter() - started
 
-    rows = [
-        ("cycles", f"{len(cycle_s) + len(failures)}"),
-        ("kills", f"{kills}"),
-        ("early kills (while starting)", f"{early_kills}"),
-        ("acknowledged messages", f"{acked}"),
-        ("nacked sends", f"{nacks}"),
-        ("recoveries that truncated", f"{truncations}"),
+    rows: list[tuple[str, Figure | str]] = [
+        ("cycles", count(len(cycle_s) + len(failures))),
+        ("kills", count(kills)),
+        ("early kills (while starting)", count(early_kills)),
+        ("acknowledged messages", count(acked)),
+        ("nacked sends", count(nacks)),
+        ("recoveries that truncated", count(truncations)),
     ]
     if recoveries_ms:
-        rows.append(
-            (
-                "recovery ms min/avg/max",
-                f"{min(recoveries_ms):.1f} / {statistics.fmean(recoveries_ms):.1f} / "
-                f"{max(recoveries_ms):.1f}",
-            )
-        )
+        rows += [
+            ("recovery min", Figure(min(recoveries_ms), "ms", fmt=".1f")),
+            ("recovery avg", Figure(statistics.fmean(recoveries_ms), "ms", fmt=".1f")),
+            ("recovery max", Figure(max(recoveries_ms), "ms", fmt=".1f")),
+        ]
     if cycle_s:
-        rows.append(("cycle s avg", f"{statistics.fmean(cycle_s):.2f}"))
-    rows += [("elapsed s", f"{elapsed:.1f}"), ("failures", f"{len(failures)}")]
-    width = max(len(name) for name, _ in rows)
+        rows.append(("cycle avg", Figure(statistics.fmean(cycle_s), "s", fmt=".2f")))
+    rows += [
+        ("elapsed", Figure(elapsed, "s", better=None, fmt=".1f")),
+        ("failures", count(len(failures), lower_is_better=True)),
+    ]
     print()
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    report.emit(pairs_table("crash loop", rows))
     for failure in failures:
-        print(f"\n{failure}")
+        print()
+        report.note(failure)
     if not args.keep and args.root is None:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failures else 0

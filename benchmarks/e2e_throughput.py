@@ -105,8 +105,17 @@ from benchmarks.e2e_client import (
     query_route,
     worker_main,
 )
-from benchmarks.store_append import Target, _load, bench_root
-from benchmarks.store_read import Row, format_table
+from benchmarks.report import (
+    Figure,
+    Report,
+    Row,
+    Table,
+    Target,
+    add_json_out,
+    load_text,
+    rows_table,
+)
+from benchmarks.store_append import bench_root
 
 BODY = 1024
 BATCH = 100
@@ -197,36 +206,29 @@ class CpuMeter:
         return row
 
 
-def format_cpu(rows: Sequence[CpuRow], cores: int) -> str:
-    if not rows:
-        return ""
-    names = list(rows[0].by_process)
-    header = ["cell", *names, "load procs", "other", "busy", "stolen", f"idle (of {100 * cores}%)"]
-    cells = [header]
+def cpu_table(rows: Sequence[CpuRow], cores: int) -> Table:
+    """CPU per process during each cell, % of one core (not judged: a faster
+    cell may well take more CPU a second)."""
+    names = list(rows[0].by_process) if rows else []
+    table = Table(
+        "cpu",
+        ["cell", *names, "load procs", "other", "busy", "stolen", f"idle (of {100 * cores}%)"],
+    )
+
+    def pct(x: float) -> Figure:
+        return Figure(x, "%", better=None, fmt=".0f")
+
     for r in rows:
-        cells.append(
-            [
-                r.cell,
-                *(f"{r.by_process.get(n, 0.0):.0f}%" for n in names),
-                f"{r.clients:.0f}% ({r.client_procs})" if r.client_procs else "-",
-                f"{max(0.0, r.machine - r.clients - sum(r.by_process.values())):.0f}%",
-                f"{r.machine:.0f}%",
-                f"{r.steal:.0f}%",
-                f"{max(0.0, 100 * cores - r.machine - r.steal):.0f}%",
-            ]
+        table.add(
+            r.cell,
+            *(pct(r.by_process.get(n, 0.0)) for n in names),
+            pct(r.clients) if r.client_procs else "-",
+            pct(max(0.0, r.machine - r.clients - sum(r.by_process.values()))),
+            pct(r.machine),
+            pct(r.steal),
+            pct(max(0.0, 100 * cores - r.machine - r.steal)),
         )
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    lines = []
-    for n, c in enumerate(cells):
-        lines.append(
-            "  ".join(
-                c[i].ljust(widths[i]) if i == 0 or not n else c[i].rjust(widths[i])
-                for i in range(len(header))
-            ).rstrip()
-        )
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return table
 
 
 # -- load processes ---------------------------------------------------------------------
@@ -382,7 +384,11 @@ def _latency_row(path: str, config: str, us: list[float], target_us: float | Non
         len(us),
         sum(us) / 1e6,
         None if target_us is None else Target(target_us, higher_is_better=False),
-        f"p50 {statistics.median(us):.0f} us, p90 {_pct(us, 0.9):.0f} us, max {us[-1]:.0f} us",
+        [
+            Figure(statistics.median(us), "us", "p50", fmt=",.0f"),
+            Figure(_pct(us, 0.9), "us", "p90", fmt=",.0f"),
+            Figure(us[-1], "us", "max", fmt=",.0f"),
+        ],
     )
 
 
@@ -559,9 +565,12 @@ async def wake_latency(
         len(after_ack),
         sum(after_send) / 1e6,
         Target(TARGET_WAKE_P99_US, higher_is_better=False),
-        f"p50 {statistics.median(after_ack):.0f} us; send start -> return p50 "
-        f"{statistics.median(after_send):.0f} us, p99 {_pct(after_send, 0.99):.0f} us; "
-        f"{early} returned before the ack",
+        [
+            Figure(statistics.median(after_ack), "us", "p50", fmt=",.0f"),
+            Figure(statistics.median(after_send), "us", "send start -> return p50", fmt=",.0f"),
+            Figure(_pct(after_send, 0.99), "us", "send start -> return p99", fmt=",.0f"),
+            f"{early} returned before the ack",
+        ],
     )
 
 
@@ -659,8 +668,10 @@ async def produce_cell(
         r.msgs,
         s.duration_s,
         Target(TARGET_PRODUCE) if batch > 1 and stream else None,
-        f"{r.calls / s.duration_s:,.0f} calls/s, {r.msgs * BODY / s.duration_s / 2**20:.0f} "
-        f"body MiB/s",
+        [
+            Figure(r.calls / s.duration_s, "calls/s", fmt=",.0f"),
+            Figure(r.msgs * BODY / s.duration_s / 2**20, "MiB/s", "body", fmt=".0f"),
+        ],
     )
 
 
@@ -739,7 +750,7 @@ async def consume_cell(
             r.msgs,
             secs,
             Target(TARGET_CONSUME) if batched else None,
-            f"{r.calls / secs:,.0f} calls/s; {_batches(r)}",
+            [Figure(r.calls / secs, "calls/s", fmt=",.0f"), _batches(r)],
         ),
         note,
     )
@@ -791,7 +802,7 @@ async def both_cell(
             p.msgs,
             s.duration_s,
             Target(TARGET_BOTH),
-            f"{p.calls / s.duration_s:,.0f} calls/s",
+            [Figure(p.calls / s.duration_s, "calls/s", fmt=",.0f")],
         ),
         Row(
             "both at once",
@@ -802,7 +813,11 @@ async def both_cell(
             c.msgs,
             s.duration_s,
             Target(TARGET_BOTH),
-            f"{c.calls / s.duration_s:,.0f} calls/s; {_batches(c)}; lag at end {lag:,} msgs",
+            [
+                Figure(c.calls / s.duration_s, "calls/s", fmt=",.0f"),
+                _batches(c),
+                Figure(lag, "msgs", "lag at end", better=None, fmt=","),
+            ],
         ),
     ]
 
@@ -905,6 +920,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="batches per SendStream message (each for another queue of the store-node)",
     )
     p.add_argument("--root", type=Path, help="cluster directory (default: a temp dir, removed)")
+    add_json_out(p)
     args = p.parse_args(argv)
     if args.quick:
         args.warmup, args.duration = 0.5, 2.0
@@ -936,6 +952,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     s = settings_from(args)
+    report = Report.start(__file__, args, argv)
     with bench_root(args.root, "e2e_throughput.py", argv) as root:
         print(
             f"settings:  warmup {s.warmup_s:g} s + {s.duration_s:g} s per throughput cell; "
@@ -947,20 +964,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         rows, cpu, notes = asyncio.run(run(s, root))
         print()
-        print(format_table(rows))
+        report.emit(rows_table("cells", rows))
         for note in notes:
-            print(f"note: {note}")
+            report.note(f"note: {note}")
         print(
             "\nCPU per process during each cell's window (% of one core). busy = the whole"
             " machine (user, system, irq); other = busy minus the processes listed (kernel"
             " threads, anything else running); stolen = taken by the hypervisor (a VM)."
         )
-        print(format_cpu(cpu, len(os.sched_getaffinity(0))))
+        report.emit(cpu_table(cpu, len(os.sched_getaffinity(0))))
         for c in cpu:
             for what, share in c.others[:3]:
-                print(f"other during {c.cell}: {share:.0f}% {what}")
+                report.note(f"other during {c.cell}: {share:.0f}% {what}")
         elapsed = time.perf_counter() - started
-        print(f"\nload avg:  {_load()} (1/5/15 min) at end; total {elapsed:.0f} s")
+        print()
+        report.note(f"load avg:  {load_text()} (1/5/15 min) at end; total {elapsed:.0f} s")
     return 0
 
 

@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -52,6 +53,7 @@ from basalt.store import Message, MessageStore, MessageStoreConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from benchmarks.report import Cell, Figure, Report, Table, add_json_out, count, pairs_table
 
 TOPIC = "FilterBench"
 QUEUES = 32
@@ -98,15 +100,19 @@ def _serve(root: str, per_queue: int, threads: int, ports: multiprocessing.Queue
     asyncio.run(main())
 
 
-def _quantiles(samples: list[float]) -> str:
+def _quantiles(samples: list[float]) -> list[Cell]:
+    """n, then p50, p99 and max in ms ("" each with no samples)."""
     if not samples:
-        return "no samples"
+        return [count(0), "", "", ""]
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return (
-        f"n={len(ordered):5d}  p50={statistics.median(ordered) * 1000:7.2f} ms  "
-        f"p99={p99 * 1000:7.2f} ms  max={ordered[-1] * 1000:7.2f} ms"
-    )
+    return [
+        count(len(ordered)),
+        *(
+            Figure(x * 1000, "ms", fmt=".2f")
+            for x in (statistics.median(ordered), p99, ordered[-1])
+        ),
+    ]
 
 
 async def _probe(address: str, seconds: float, clients: int) -> tuple[list[float], list[float]]:
@@ -146,7 +152,7 @@ async def _probe(address: str, seconds: float, clients: int) -> tuple[list[float
     return probes, read_times
 
 
-def _hop_cost(quick: bool) -> list[str]:
+def _hop_cost(quick: bool) -> Table:
     """An unfiltered 32-record GetMessage in the loop vs through a thread hop."""
     rounds = 2_000 if quick else 20_000
     with tempfile.TemporaryDirectory() as root:
@@ -175,13 +181,16 @@ def _hop_cost(quick: bool) -> list[str]:
             a, b = asyncio.run(inline()), asyncio.run(hopped())
         finally:
             store.shutdown()
-    return [
-        f"unfiltered GetMessage (32 records), store call on the loop: {a * 1e6:7.1f} us",
-        f"the same through run_in_executor (a thread hop):            {b * 1e6:7.1f} us",
-    ]
+    return pairs_table(
+        "thread hop",
+        [
+            ("unfiltered GetMessage (32 records), on the loop", Figure(a * 1e6, "us", fmt=".1f")),
+            ("the same through run_in_executor (a thread hop)", Figure(b * 1e6, "us", fmt=".1f")),
+        ],
+    )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: seconds")
     parser.add_argument("--per-queue", type=int, default=1_000, help="records per queue")
@@ -190,7 +199,9 @@ def main() -> None:
     parser.add_argument(
         "--clients", type=int, default=1, help="callers sending hostile reads at once"
     )
-    args = parser.parse_args()
+    add_json_out(parser)
+    args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     seconds = 2.0 if args.quick else args.seconds
     context = multiprocessing.get_context("spawn")
     ports: multiprocessing.Queue[int] = context.Queue()
@@ -211,14 +222,17 @@ def main() -> None:
         f"SQL92 filter: {len(HOSTILE)} characters, 255 terms; {QUEUES} queues; "
         f"{args.clients} hostile caller(s); filtered_read_threads {args.threads}"
     )
-    print(f"health Check, no reads:        {_quantiles(idle)}")
-    print(f"health Check, hostile reads:   {_quantiles(busy)}")
-    print(f"GetMessages (32 queues, SQL92): {_quantiles(reads)}")
+    table = Table("latency", ("what", "n", "p50 ms", "p99 ms", "max ms"))
+    table.add("health Check, no reads", *_quantiles(idle))
+    table.add("health Check, hostile reads", *_quantiles(busy))
+    table.add("GetMessages (32 queues, SQL92)", *_quantiles(reads))
+    report.emit(table)
     status = "met" if worst <= TARGET_MS else "NOT MET"
-    print(f"target: health Check max <= {TARGET_MS:.0f} ms with hostile reads: {status}")
-    for line in _hop_cost(args.quick):
-        print(line)
+    report.note(f"target: health Check max <= {TARGET_MS:.0f} ms with hostile reads: {status}")
+    print()
+    report.emit(_hop_cost(args.quick))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

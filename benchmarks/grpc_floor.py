@@ -40,7 +40,7 @@ if __package__ in (None, ""):
 import grpc
 
 from basalt.services.process import SERVICE_ENV
-from benchmarks.store_read import Row, format_table
+from benchmarks.report import Figure, Report, Row, add_json_out, rows_table
 
 #: The transports compared: a label and the environment gRPC starts with.
 TRANSPORTS = {"gRPC defaults": {name: "" for name in SERVICE_ENV}, "Basalt services": SERVICE_ENV}
@@ -92,7 +92,8 @@ def _serve_tcp(port: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
 def _row(path: str, config: str, us: list[float]) -> Row:
     us.sort()
     p50, p99 = us[len(us) // 2], us[min(len(us) - 1, int(len(us) * 0.99))]
-    return Row(path, config, p99, "us p99", len(us), sum(us) / 1e6, None, f"p50 {p50:.0f} us")
+    p50_figure = Figure(p50, "us", "p50", fmt=",.0f")
+    return Row(path, config, p99, "us p99", len(us), sum(us) / 1e6, None, [p50_figure])
 
 
 def _measure_grpc(
@@ -146,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=1, help="times to run each transport")
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     warmup = max(100, args.samples // 10)
     ctx = multiprocessing.get_context("spawn")
     queue: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
@@ -180,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         tcp.terminate()
     rows.sort(key=lambda r: r.path)
-    print(format_table(rows))
+    report.emit(rows_table("round trips", rows))
     return 0
 
 

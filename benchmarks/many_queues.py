@@ -88,6 +88,7 @@ from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from benchmarks.e2e_client import Cluster, ProcessEntry
+from benchmarks.report import Cell, Figure, Report, Table, add_json_out
 
 T = TypeVar("T")
 
@@ -566,60 +567,91 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "NOT MET"
 
 
-def report_step(step: Step, baseline: dict[str, NodeUsage]) -> str:
-    lines = [
-        f"\n== {step.topics:,} topics × 4 queues ({step.queues_per_node:,} queues a node)",
-        f"  created in {step.create_s:.1f} s; after the fill, dispatch caught up in "
-        f"{step.settle_s:.1f} s",
-    ]
+def step_table(step: Step, baseline: dict[str, NodeUsage]) -> Table:
+    """One topic count's figures: a row a measurement, its figures in one cell."""
+    table = Table(f"{step.topics} topics", ("what", "figures", "target", "status"))
 
-    def latency(name: str, values: Sequence[float], target: str = "") -> None:
-        lines.append(
-            f"  {name:<34} p50 {percentile(values, 50):8.2f} ms  p99 "
-            f"{percentile(values, 99):8.2f} ms  (n={len(values)}){target}"
-        )
+    def ms(x: float, label: str) -> Figure:
+        return Figure(x, "ms", label, fmt=".2f")
 
+    def latency(values: Sequence[float]) -> list[str | Figure]:
+        return [
+            ms(percentile(values, 50), "p50"),
+            ms(percentile(values, 99), "p99"),
+            Figure(len(values), label="n", better=None, fmt=","),
+        ]
+
+    table.add("create the topics", [Figure(step.create_s, "s", fmt=".1f")], "", "")
+    table.add("dispatch caught up after the fill", [Figure(step.settle_s, "s", fmt=".1f")], "", "")
     p50 = percentile(step.first_put_ms, 50)
-    latency(
+    table.add(
         "first put into a new queue",
-        step.first_put_ms,
-        f"  target p50 <= {TARGET_FIRST_PUT_MS:g} ms: {verdict(p50 <= TARGET_FIRST_PUT_MS)}",
+        latency(step.first_put_ms),
+        f"p50 <= {TARGET_FIRST_PUT_MS:g} ms",
+        verdict(p50 <= TARGET_FIRST_PUT_MS),
     )
-    latency("long-poll wake, fresh queue", step.wake_fresh_ms)
-    latency("long-poll wake, old queue", step.wake_old_ms)
-    cpu = ", ".join(f"{name} {us:.2f}" for name, us in step.produce_cpu_us.items())
-    lines.append(
-        f"  {'produce (SDK, round robin)':<34} {step.produce_rate:,.0f} msgs/s"
-        f" (CPU µs a message: {cpu})"
+    table.add("long-poll wake, fresh queue", latency(step.wake_fresh_ms), "", "")
+    table.add("long-poll wake, old queue", latency(step.wake_old_ms), "", "")
+    table.add(
+        "produce (SDK, round robin)",
+        [
+            Figure(step.produce_rate, "msgs/s", fmt=",.0f"),
+            *(
+                Figure(us, "µs/msg", f"CPU {name}", fmt=".2f")
+                for name, us in step.produce_cpu_us.items()
+            ),
+        ],
+        "",
+        "",
     )
     costs = per_queue(step, baseline)
     for name, u in step.usage.items():
         base = baseline[name]
         disk_q, rss_q = costs[name]
-        lines.append(
-            f"  {name}: RSS {u.rss / MIB:,.0f} MiB (outside CommitLog/IndexFile "
-            f"{u.rss_own / MIB:,.0f}), fds {u.fds:,}, mmaps {u.mmaps:,}, disk "
-            f"{u.disk / MIB:,.0f} MiB (consumequeue/ {u.disk_cq / MIB:,.0f})"
+
+        def mib(x: float, label: str) -> Figure:
+            return Figure(x / MIB, "MiB", label, fmt=",.0f")
+
+        table.add(
+            f"{name}: resources",
+            [
+                mib(u.rss, "RSS"),
+                mib(u.rss_own, "RSS outside CommitLog/IndexFile"),
+                Figure(u.fds, label="fds", better=None, fmt=","),
+                Figure(u.mmaps, label="mmaps", better=None, fmt=","),
+                mib(u.disk, "disk"),
+                mib(u.disk_cq, "consumequeue/"),
+            ],
+            "",
+            "",
         )
-        lines.append(
-            f"    per queue: disk {disk_q / KIB:,.1f} KiB  target <= 64 KiB: "
-            f"{verdict(disk_q <= TARGET_QUEUE_DISK)};  RSS {rss_q / KIB:,.1f} KiB  "
-            f"target <= 64 KiB: {verdict(rss_q <= TARGET_QUEUE_RSS)};  fds "
-            f"{(u.fds - base.fds) / step.queues_per_node:.2f}, mmaps "
-            f"{(u.mmaps - base.mmaps) / step.queues_per_node:.2f}"
+        table.add(
+            f"{name}: per queue",
+            [
+                Figure(disk_q / KIB, "KiB", "disk", fmt=",.1f"),
+                Figure(rss_q / KIB, "KiB", "RSS", fmt=",.1f"),
+                Figure((u.fds - base.fds) / step.queues_per_node, label="fds", better="lower"),
+                Figure(
+                    (u.mmaps - base.mmaps) / step.queues_per_node, label="mmaps", better="lower"
+                ),
+            ],
+            "disk, RSS <= 64 KiB",
+            f"{verdict(disk_q <= TARGET_QUEUE_DISK)}, {verdict(rss_q <= TARGET_QUEUE_RSS)}",
         )
     at_scale = step.queues_per_node >= TARGET_RESTART_QUEUES
-    restart_target = (
-        f"target <= {TARGET_RESTART_S:g} s at {TARGET_RESTART_QUEUES:,} queues a node: "
-        + (verdict(max(step.restart_term_s, step.restart_kill_s) <= TARGET_RESTART_S)
-           if at_scale else "not this N")
-    )  # fmt: skip
-    lines.append(
-        f"  restart broker-a: SIGTERM {step.restart_term_s:.2f} s (start {step.start_term_s:.2f}"
-        f" s), kill -9 {step.restart_kill_s:.2f} s (start {step.start_kill_s:.2f} s)  "
-        + restart_target
+    worst = max(step.restart_term_s, step.restart_kill_s)
+    table.add(
+        "restart broker-a",
+        [
+            Figure(step.restart_term_s, "s", "SIGTERM", fmt=".2f"),
+            Figure(step.start_term_s, "s", "SIGTERM start", fmt=".2f"),
+            Figure(step.restart_kill_s, "s", "kill -9", fmt=".2f"),
+            Figure(step.start_kill_s, "s", "kill -9 start", fmt=".2f"),
+        ],
+        f"<= {TARGET_RESTART_S:g} s at {TARGET_RESTART_QUEUES:,} queues a node",
+        verdict(worst <= TARGET_RESTART_S) if at_scale else "not this N",
     )
-    return "\n".join(lines)
+    return table
 
 
 def per_queue(step: Step, baseline: dict[str, NodeUsage]) -> dict[str, tuple[float, float]]:
@@ -635,50 +667,61 @@ def per_queue(step: Step, baseline: dict[str, NodeUsage]) -> dict[str, tuple[flo
     }
 
 
-def report_targets(
+def targets_table(
     steps: Sequence[Step], baseline: dict[str, NodeUsage], stopped: str | None
-) -> str:
+) -> Table:
     """The issue's targets against the run's figures: met / NOT MET, with the figure."""
+    table = Table("targets", ("target", "status", "figure", "note"))
     by_n = {s.topics: s for s in steps}
     reached = max(by_n, default=0)
     not_measured = "NOT MET (not measured)"
-    run = f"  {TARGET_TOPICS:,} topics × 4 with default settings: "
+    topics = Figure(reached, "topics", "reached", better="higher", fmt=",")
+    what = f"{TARGET_TOPICS:,} topics × 4 with default settings"
     if stopped or reached >= TARGET_TOPICS:
-        run += f"{verdict(reached >= TARGET_TOPICS)} (reached {reached:,})"
-        run += f"; {stopped}" if stopped else ""
+        table.add(what, verdict(reached >= TARGET_TOPICS), [topics], stopped or "")
     else:
-        run += f"{not_measured}: --topics ended at {reached:,}"
-    lines = ["\n== targets", run]
+        table.add(what, not_measured, [topics], f"--topics ended at {reached:,}")
     if steps:
         last = steps[-1]
         costs = per_queue(last, baseline).values()
         disk, rss = max(c[0] for c in costs), max(c[1] for c in costs)
         first_put = percentile(last.first_put_ms, 50)
         at = f"at {last.topics:,} topics"
-        lines += [
-            f"  idle queue <= 64 KiB of disk: {verdict(disk <= TARGET_QUEUE_DISK)} "
-            f"({disk / KIB:,.1f} KiB {at})",
-            f"  idle queue <= 64 KiB of RSS: {verdict(rss <= TARGET_QUEUE_RSS)} "
-            f"({rss / KIB:,.1f} KiB {at})",
-            f"  first put into a new queue <= {TARGET_FIRST_PUT_MS:g} ms: "
-            f"{verdict(first_put <= TARGET_FIRST_PUT_MS)} (p50 {first_put:.2f} ms {at})",
-        ]
+        table.add(
+            "idle queue <= 64 KiB of disk",
+            verdict(disk <= TARGET_QUEUE_DISK),
+            [Figure(disk / KIB, "KiB", fmt=",.1f")],
+            at,
+        )
+        table.add(
+            "idle queue <= 64 KiB of RSS",
+            verdict(rss <= TARGET_QUEUE_RSS),
+            [Figure(rss / KIB, "KiB", fmt=",.1f")],
+            at,
+        )
+        table.add(
+            f"first put into a new queue <= {TARGET_FIRST_PUT_MS:g} ms",
+            verdict(first_put <= TARGET_FIRST_PUT_MS),
+            [Figure(first_put, "ms", "p50", fmt=".2f")],
+            at,
+        )
     else:
-        lines += [f"  idle queue <= 64 KiB of disk and RSS: {not_measured}"]
-    produce = "  produce over 5,000 topics within 20 % of 1 topic: "
+        table.add("idle queue <= 64 KiB of disk and RSS", not_measured, "", "")
+    produce = "produce over 5,000 topics within 20 % of 1 topic"
     if 1 in by_n and 5_000 in by_n:
         ratio = by_n[5_000].produce_rate / by_n[1].produce_rate
-        lines.append(f"{produce}{verdict(ratio >= TARGET_PRODUCE_RATIO)} ({ratio:.0%})")
+        figure: Cell = [Figure(ratio * 100, "% of 1 topic", better="higher", fmt=".0f")]
+        table.add(produce, verdict(ratio >= TARGET_PRODUCE_RATIO), figure, "")
     else:
-        lines.append(produce + not_measured)
-    restart = f"  restart <= {TARGET_RESTART_S:g} s at {TARGET_RESTART_QUEUES:,} queues a node: "
+        table.add(produce, not_measured, "", "")
+    restart = f"restart <= {TARGET_RESTART_S:g} s at {TARGET_RESTART_QUEUES:,} queues a node"
     big = [s for s in steps if s.queues_per_node >= TARGET_RESTART_QUEUES]
     if big:
         worst = max(max(s.restart_term_s, s.restart_kill_s) for s in big)
-        lines.append(f"{restart}{verdict(worst <= TARGET_RESTART_S)} ({worst:.2f} s)")
+        table.add(restart, verdict(worst <= TARGET_RESTART_S), [Figure(worst, "s", fmt=".2f")], "")
     else:
-        lines.append(restart + not_measured)
-    return "\n".join(lines)
+        table.add(restart, not_measured, "", "")
+    return table
 
 
 # -- the guard -----------------------------------------------------------------------------
@@ -721,7 +764,7 @@ def guard(
     return None
 
 
-async def run(args: argparse.Namespace, root: Path) -> int:
+async def run(args: argparse.Namespace, root: Path, report: Report) -> int:
     cluster = Cluster(root / "cluster")
     steps: list[Step] = []
     stopped: str | None = None
@@ -759,7 +802,10 @@ async def run(args: argparse.Namespace, root: Path) -> int:
                         cluster, conn, meta, previous, topics, len(steps) + 1, args, rng
                     )
                     steps.append(step)
-                    print(report_step(step, baseline), flush=True)
+                    print(
+                        f"\n== {step.topics:,} topics × 4 queues ({step.queues_per_node:,} a node)"
+                    )
+                    report.emit(step_table(step, baseline))
                     costs = per_queue(step, baseline).values()
                     queue_disk = max(c[0] for c in costs)
                     queue_rss = max(max(c[1] for c in costs), 0.0)
@@ -771,7 +817,8 @@ async def run(args: argparse.Namespace, root: Path) -> int:
         print(f"\n{stopped}")
     finally:
         print(cluster.down().rstrip(), file=sys.stderr)
-    print(report_targets(steps, baseline, stopped))
+    print("\n== targets")
+    report.emit(targets_table(steps, baseline, stopped))
     return 0 if stopped is None or not stopped.startswith("stopped by an error") else 1
 
 
@@ -801,6 +848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--data-dir", type=Path, default=None,
         help="where the cluster's temp directory goes (default: the system's temp dir)",
     )  # fmt: skip
+    add_json_out(parser)
     args = parser.parse_args(argv)
     if args.topics is None:
         args.topics = [1, 100] if args.quick else [1, 100, 1_000, 5_000, 20_000]
@@ -808,9 +856,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.duration = min(args.duration, 2.0)
         args.first_put_sample = min(args.first_put_sample, 50)
         args.wake_sample = min(args.wake_sample, 8)
+    report = Report.start(__file__, args, argv)
     with tempfile.TemporaryDirectory(prefix="basalt-many-q-", dir=args.data_dir) as tmp:
         try:
-            return asyncio.run(run(args, Path(tmp)))
+            return asyncio.run(run(args, Path(tmp), report))
         except KeyboardInterrupt:  # run's finally has torn the cluster down
             print("interrupted", file=sys.stderr)
             return 130

@@ -66,7 +66,8 @@ from basalt.services import process
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from benchmarks import e2e_throughput as e2e
 from benchmarks.e2e_client import Cluster
-from benchmarks.store_append import _load, bench_root
+from benchmarks.report import Figure, Report, Table, add_json_out, load_text
+from benchmarks.store_append import bench_root
 from tests.support.otlp import OtlpReceiver, otlp_receiver
 
 #: The target: metrics on with default sampling costs at most this much.
@@ -233,34 +234,43 @@ async def run(
     return best
 
 
-def format_results(best: Mapping[str, Result]) -> str:
+def _cost(pct: float) -> Figure:
+    return Figure(pct, "%", better="lower", fmt="+.1f")
+
+
+def results_table(best: Mapping[str, Result]) -> Table:
+    """Each mode's best rates and their cost against **off** (in %, lower is better)."""
     base = best[MODES[0].name]
-    lines = [
-        f"{'mode':<32} {'produce msgs/s':>15} {'overhead':>9} {'consume msgs/s':>15} "
-        f"{'overhead':>9}  also",
-    ]
+    table = Table(
+        "modes",
+        ("mode", "produce msgs/s", "produce overhead", "consume msgs/s", "consume overhead",
+         "also"),
+    )  # fmt: skip
     for mode in MODES:
         r = best[mode.name]
         produce_pct = 100 * (1 - r.produce / base.produce) if base.produce else 0.0
         consume_pct = 100 * (1 - r.consume / base.consume) if base.consume else 0.0
-        also = []
+        also: list[str | Figure] = []
         if len(r.rounds) > 1:
             each = " ".join(f"{p / 1000:.0f}k/{c / 1000:.0f}k" for p, c in r.rounds)
             also.append(f"rounds {each}")
         if mode.scrape:
-            also.append(f"{r.scrapes} scrapes")
+            also.append(Figure(r.scrapes, "scrapes", better=None, fmt=","))
         if mode.export:
-            also.append(f"{r.spans:,} spans exported")
+            also.append(Figure(r.spans, "spans exported", better=None, fmt=","))
         if mode is MODES[1]:
             met = max(produce_pct, consume_pct) <= TARGET_OVERHEAD_PCT
             also.append(f"target <= {TARGET_OVERHEAD_PCT:g} %: {'met' if met else 'NOT MET'}")
-        produce_cost = "" if mode is MODES[0] else f"{produce_pct:+.1f} %"
-        consume_cost = "" if mode is MODES[0] else f"{consume_pct:+.1f} %"
-        lines.append(
-            f"{mode.name:<32} {r.produce:>15,.0f} {produce_cost:>9} "
-            f"{r.consume:>15,.0f} {consume_cost:>9}  " + ", ".join(also)
+        base_row = mode is MODES[0]
+        table.add(
+            mode.name,
+            Figure(r.produce, "msgs/s", fmt=",.0f"),
+            "" if base_row else _cost(produce_pct),
+            Figure(r.consume, "msgs/s", fmt=",.0f"),
+            "" if base_row else _cost(consume_pct),
+            also,
         )
-    return "\n".join(lines)
+    return table
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -276,6 +286,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--scrape-interval", type=float, default=5.0, help="s between scrapes of every endpoint"
     )
     p.add_argument("--root", type=Path, help="cluster directories (default: a temp dir, removed)")
+    add_json_out(p)
     args = p.parse_args(argv)
     if args.quick:
         args.warmup, args.duration = 0.5, 2.0
@@ -290,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = dataclasses.replace(
         e2e.settings_from(e2e.parse_args([])), warmup_s=args.warmup, duration_s=args.duration
     )
+    report = Report.start(__file__, args, argv)
     with bench_root(args.root, "otel_overhead.py", argv) as root:
         print(
             f"settings:  warmup {s.warmup_s:g} s + {s.duration_s:g} s per cell; produce: "
@@ -300,9 +312,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         best = asyncio.run(run(s, root, args.rounds, args.scrape_interval))
         print()
-        print(format_results(best))
+        report.emit(results_table(best))
         elapsed = time.perf_counter() - started
-        print(f"\nload avg:  {_load()} (1/5/15 min) at end; total {elapsed:.0f} s")
+        print()
+        report.note(f"load avg:  {load_text()} (1/5/15 min) at end; total {elapsed:.0f} s")
     return 0
 
 

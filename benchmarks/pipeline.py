@@ -24,7 +24,8 @@ earliest offsets into the ``noop`` sink, micro-batches of at most
 ``STREAM_MAX_OFFSETS`` offsets (``maxOffsetsPerTrigger``), timed from the
 query's start until every message has passed (no target).
 
-Prints a table: what, rows, seconds, rows/s, target.
+Prints a table: what, rows, seconds, rows/s, target (and writes it as JSON,
+``--json-out``: benchmarks/report.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ from pathlib import Path
 from basalt.pipeline import jobs
 from basalt.pipeline._root_source import FORMAT, source_class
 from basalt.store import Message, MessageStore, MessageStoreConfig
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.report import Figure, Report, Table, add_json_out, count
 
 QUEUES = 8
 BATCH = 256
@@ -140,13 +146,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--root", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument("--no-batch-read", action="store_true")
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     work = Path(tempfile.mkdtemp(prefix="basalt-pipeline-", dir=args.root))
-    table: list[tuple[str, int, float, str]] = []
+    table = Table("rows", ("what", "rows", "seconds", "rows/s", "target", "micro-batches"))
+
+    def add(what: str, rows: int, seconds: float, target: str = "", batches: int = 0) -> None:
+        table.add(
+            what,
+            count(rows),
+            Figure(seconds, "s", better=None, fmt=".2f"),
+            Figure(rows / seconds, "rows/s", fmt=",.0f"),
+            target,
+            count(batches) if batches else "",
+        )
+
     try:
         root = work / "broker-a"
         seconds = write_root(root, args.messages, args.body)
-        table.append(("write root (MessageStore)", args.messages, seconds, ""))
+        add("write root (MessageStore)", args.messages, seconds)
         spark = jobs.start_session(args.master, app="basalt-bench")
         spark.sparkContext.setLogLevel("ERROR")
         # JVM and workers warm, for the export and for a Python data source read
@@ -157,28 +176,24 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         reader = spark.read.format(FORMAT).option("root", str(root)).load()
         reader.write.format("noop").mode("overwrite").save()
-        table.append(("read root (noop sink)", args.messages, time.perf_counter() - started, ""))
+        add("read root (noop sink)", args.messages, time.perf_counter() - started)
         started = time.perf_counter()
         result = jobs.export(spark, root, str(work / "export.parquet"))
         seconds = time.perf_counter() - started
         assert result.rows == args.messages and result.ok, result.summary()
-        table.append(("export -> Parquet", result.rows, seconds, ">= 300,000"))
+        add("export -> Parquet", result.rows, seconds, ">= 300,000")
         if args.no_batch_read:
             pass
         elif importlib.util.find_spec("basalt.pipeline.source") is None:
             print("batch read: skipped (basalt.pipeline.source is not installed)")
         else:
             batch_s, stream_s, batches = cluster_reads(spark, work, args.messages, args.body)
-            table.append(('read format("basalt") (noop)', args.messages, batch_s, ">= 500,000"))
-            table.append(
-                (f'readStream format("basalt"), {batches} batches', args.messages, stream_s, "")
-            )
+            add('read format("basalt") (noop)', args.messages, batch_s, ">= 500,000")
+            add('readStream format("basalt")', args.messages, stream_s, batches=batches)
         spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'what':<38} {'rows':>10} {'seconds':>8} {'rows/s':>10}  target")
-    for what, rows, seconds, target in table:
-        print(f"{what:<38} {rows:>10} {seconds:>8.2f} {rows / seconds:>10,.0f}  {target}")
+    report.emit(table)
     return 0
 
 

@@ -29,8 +29,8 @@ on this machine's one disk, on loopback) and always runs ``cluster down``:
    "transfer" figure is the slope between the first and last registration
    that moved, which that lag does not bias.
 
-Prints one table per part (and the per-round ratios); ``--json PATH`` writes
-the figures too. Usage::
+Prints one table per part (and the per-round ratios) and writes them as JSON
+(``--json-out``, benchmarks/report.py). Usage::
 
     .venv/bin/python benchmarks/replication.py [--rounds 3] [--kills 20] [--catchup-mib 1024]
     .venv/bin/python benchmarks/replication.py --quick   # ~3 min smoke run
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -65,7 +64,7 @@ from basalt.services import process
 from basalt.services.cluster.local import CLUSTER_NAME, healthy
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
-from benchmarks.report import aligned
+from benchmarks.report import Figure, Report, Table, add_json_out
 
 TOPIC = "ReplBench"
 BROKER = "broker-a"
@@ -483,17 +482,18 @@ async def part_catchup(root: Path, args: argparse.Namespace) -> CatchUp:
 # -- report ------------------------------------------------------------------------------
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: set[int]) -> str:
-    return aligned([list(header), *[list(r) for r in rows]], numeric)
-
-
-def produce_table(results: list[ProduceResult]) -> tuple[str, dict[str, object]]:
+def produce_table(results: list[ProduceResult]) -> Table:
     """Per configuration: median batched rate, its median ratio to the single
-    copy of the same round, the ratios per round, one-in-flight p50 / p99
-    (median over rounds)."""
+    copy of the same round, the ratios per round, one-in-flight p50 / p99 and
+    CPU a message (medians over rounds)."""
     single = {r.round: r.rate for r in results if r.replicas == 1}
-    rows = []
-    figures: dict[str, object] = {}
+    table = Table(
+        "produce",
+        ("replicas", "ack mode", "batched msgs/s", "ratio", "ratio per round",
+         "1-in-flight p50 µs", "p99 µs", "CPU µs/msg master", "slaves", "SDK", "target",
+         "status"),
+        key=("replicas", "ack mode"),
+    )  # fmt: skip
     for replicas, mode in CONFIGS:
         mine = [r for r in results if (r.replicas, r.mode) == (replicas, mode)]
         if not mine:
@@ -505,121 +505,82 @@ def produce_table(results: list[ProduceResult]) -> tuple[str, dict[str, object]]
             target = f">= {PRODUCE_RATIO_TARGET:.0%} of 1 copy"
             status = "met" if ratio >= PRODUCE_RATIO_TARGET else "NOT MET"
         cpu = [statistics.median(r.cpu_us[i] for r in mine) for i in range(3)]
-        p50 = statistics.median(r.p50_us for r in mine)
-        p99 = statistics.median(r.p99_us for r in mine)
-        rows.append(
-            (
-                f"{replicas} cop{'y' if replicas == 1 else 'ies'}",
-                mode,
-                f"{statistics.median(r.rate for r in mine):,.0f}",
-                f"{ratio:.2f}",
-                " ".join(f"{x:.2f}" for x in ratios),
-                f"{p50:,.0f}",
-                f"{p99:,.0f}",
-                " / ".join(f"{x:.1f}" for x in cpu),
-                target,
-                status,
-            )
+        table.add(
+            f"{replicas} cop{'y' if replicas == 1 else 'ies'}",
+            mode,
+            Figure(statistics.median(r.rate for r in mine), "msgs/s", fmt=",.0f"),
+            Figure(ratio, "x", better="higher", fmt=".2f"),
+            " ".join(f"{x:.2f}" for x in ratios),
+            Figure(statistics.median(r.p50_us for r in mine), "µs", fmt=",.0f"),
+            Figure(statistics.median(r.p99_us for r in mine), "µs", fmt=",.0f"),
+            *(Figure(x, "µs/msg", fmt=".1f") for x in cpu),
+            target,
+            status,
         )
-        figures[f"{replicas}x{mode}"] = {
-            "rates": [r.rate for r in mine],
-            "ratios": ratios,
-            "p50_us": [r.p50_us for r in mine],
-            "p99_us": [r.p99_us for r in mine],
-            "cpu_us_master_slaves_client": [list(r.cpu_us) for r in mine],
-        }
-    header = (
-        "replicas",
-        "ack mode",
-        "batched msgs/s",
-        "ratio",
-        "ratio per round",
-        "1-in-flight p50 µs",
-        "p99 µs",
-        "CPU µs/msg master / slaves / SDK",
-        "target",
-        "status",
-    )
-    return table(header, rows, {2, 3, 5, 6}), figures
+    return table
 
 
-def failover_table(times: list[float]) -> str:
+def failover_table(times: list[float]) -> Table:
     p99 = percentile(times, 0.99)
-    rows = [
-        (
-            str(len(times)),
-            f"{min(times):.3f}",
-            f"{percentile(times, 0.5):.3f}",
-            f"{p99:.3f}",
-            f"{max(times):.3f}",
-            f"<= {FAILOVER_P99_TARGET_S:.1f} s (p99)",
-            "met" if p99 <= FAILOVER_P99_TARGET_S else "NOT MET",
-        )
-    ]
-    header = ("kills", "min s", "p50 s", "p99 s", "max s", "target", "status")
-    return table(header, rows, {0, 1, 2, 3, 4})
-
-
-def catchup_table(c: CatchUp) -> str:
-    overall = c.behind_bytes / c.total_s / 1e6
-    rows = [
-        (
-            f"{c.behind_bytes / (1 << 20):,.0f}",
-            f"{c.serving_s:.2f}",
-            f"{c.total_s:.2f}",
-            f"{overall:,.0f}",
-            f"{c.transfer_mb_s:,.0f}",
-            f">= {CATCHUP_TARGET_MB_S:.0f} MB/s",
-            "met" if overall >= CATCHUP_TARGET_MB_S else "NOT MET",
-        )
-    ]
-    header = (
-        "MiB behind",
-        "to SERVING s",
-        "to caught up s",
-        "MB/s (start to caught up)",
-        "MB/s (transfer slope)",
-        "target",
-        "status",
+    table = Table(
+        "failover", ("what", "kills", "min s", "p50 s", "p99 s", "max s", "target", "status")
     )
-    return table(header, rows, {0, 1, 2, 3, 4})
+    table.add(
+        "kill -9 of the master to the next send acknowledged",
+        Figure(len(times), better=None, fmt=","),
+        *(Figure(x, "s", fmt=".3f") for x in (min(times), percentile(times, 0.5), p99, max(times))),
+        f"<= {FAILOVER_P99_TARGET_S:.1f} s (p99)",
+        "met" if p99 <= FAILOVER_P99_TARGET_S else "NOT MET",
+    )
+    return table
 
 
-async def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
-    out: dict[str, object] = {}
+def catchup_table(c: CatchUp) -> Table:
+    overall = c.behind_bytes / c.total_s / 1e6
+    table = Table(
+        "catch-up",
+        ("what", "MiB behind", "to SERVING s", "to caught up s", "MB/s (start to caught up)",
+         "MB/s (transfer slope)", "target", "status"),
+    )  # fmt: skip
+    table.add(
+        "a slave restarted behind the master",
+        Figure(c.behind_bytes / (1 << 20), better=None, fmt=",.0f"),
+        Figure(c.serving_s, "s", fmt=".2f"),
+        Figure(c.total_s, "s", fmt=".2f"),
+        Figure(overall, "MB/s", fmt=",.0f"),
+        Figure(c.transfer_mb_s, "MB/s", fmt=",.0f"),
+        f">= {CATCHUP_TARGET_MB_S:.0f} MB/s",
+        "met" if overall >= CATCHUP_TARGET_MB_S else "NOT MET",
+    )
+    return table
+
+
+async def run(args: argparse.Namespace, root: Path, report: Report) -> None:
     if args.rounds:
         results = await part_produce(root, args)
-        text, figures = produce_table(results)
         print(
             f"\nproduce: SDK send_batch of {args.batch} x 1 KiB, {args.senders} in flight, "
             f"{args.duration:g} s; one in flight: {args.latency_sends} sends; "
-            f"{args.rounds} rounds (medians; ratio: to 1 copy of the same round)\n{text}",
+            f"{args.rounds} rounds (medians; ratio: to 1 copy of the same round)",
             flush=True,
         )
-        out["produce"] = figures
+        report.emit(produce_table(results))
     if args.kills:
         times = await part_failover(root, args)
         print(
             "\nfailover: 3 replicas SYNC, min in-sync 2, lease TTL 3 s; kill -9 of the master "
-            f"to the first acknowledged send started after it\n{failover_table(times)}",
+            "to the first acknowledged send started after it",
             flush=True,
         )
-        out["failover_s"] = times
+        report.emit(failover_table(times))
     if args.catchup_mib:
         c = await part_catchup(root, args)
         print(
             "\ncatch-up: 2 replicas ASYNC; a slave restarted behind the master, "
-            f"until its registered offset reaches the master's\n{catchup_table(c)}",
+            "until its registered offset reaches the master's",
             flush=True,
         )
-        out["catchup"] = {
-            "behind_bytes": c.behind_bytes,
-            "total_s": c.total_s,
-            "serving_s": c.serving_s,
-            "transfer_mb_s": c.transfer_mb_s,
-            "samples": c.samples,
-        }
-    return out
+        report.emit(catchup_table(c))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -633,24 +594,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--catchup-mib", type=int, default=1024, help="how far behind the slave restarts (0: skip)"
     )
-    parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
         "--quick", action="store_true", help="1 round of 2 s, 3 kills, 128 MiB behind"
     )
+    add_json_out(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.latency_sends = 1, 2.0, 300
         args.kills, args.catchup_mib = 3, 128
+    report = Report.start(__file__, args, argv)
     free = shutil.disk_usage(tempfile.gettempdir()).free
     if args.catchup_mib and free < 4 * (args.catchup_mib << 20) + (8 << 30):
         log(f"only {free >> 30} GiB free: --catchup-mib {args.catchup_mib} needs more")
         return 2
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="basalt-repl-") as tmp:
-        out = asyncio.run(run(args, Path(tmp)))
+        asyncio.run(run(args, Path(tmp), report))
     log(f"total {time.monotonic() - started:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

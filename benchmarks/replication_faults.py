@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/replication_faults.py [--cycles 30] [--seed N] [--root DIR]
-        [--producers 2] [--json FILE]
+        [--producers 2] [--json-out DIR]
 
 Runs a private etcd and a 3-member SYNC group (min_in_sync_replicas 2, a 2 s
 lease) as real processes, producers sending each message until SEND_OK
@@ -16,7 +16,8 @@ offset was given to two messages, no consumer found its queue shorter than
 its position, nothing consumed vanished, and the CommitLogs are
 byte-identical. Prints a table (faults by kind, acknowledged, read back, lost,
 duplicates, how long after each kind of fault sends were answered SEND_OK
-again) and the figures as JSON; exits 1 if a check failed.
+again), writes the figures as JSON (``--json-out``, benchmarks/report.py);
+exits 1 if a check failed.
 
 The loop is ``tests/support/groups.py``'s :class:`FaultLoop` (the CI test
 ``tests/reliability/test_replication_faults.py`` runs a few cycles of it),
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import sys
 import tempfile
@@ -38,7 +38,15 @@ from typing import TYPE_CHECKING
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.report import load_by_path
+from benchmarks.report import (
+    Figure,
+    Report,
+    Table,
+    add_json_out,
+    count,
+    load_by_path,
+    pairs_table,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GROUPS = REPO_ROOT / "tests" / "support" / "groups.py"
@@ -58,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--min-gap-s", type=float, default=1.0, help="least time between faults")
     parser.add_argument("--max-gap-s", type=float, default=2.5, help="most time between faults")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
 
     work = args.root or Path(tempfile.mkdtemp(prefix="basalt-replication-faults-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -73,18 +82,44 @@ def main(argv: list[str] | None = None) -> int:
         fault_every_s=(args.min_gap_s, args.max_gap_s),
         log=lambda line: print(line, flush=True),
     )
-    report = asyncio.run(loop.run())
+    history = asyncio.run(loop.run())
     print()
-    print(report.table())
-    figures = {"seed": args.seed, **report.figures()}
-    print(json.dumps(figures, sort_keys=True))
-    if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
-    for failure in report.failures:
-        print(f"FAILED: {failure}")
-    if not report.failures and not args.keep and args.root is None:
+    report.emit(history_table(history))
+    for failure in history.failures:
+        report.note(f"FAILED: {failure}")
+    if not history.failures and not args.keep and args.root is None:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if report.failures else 0
+    return 1 if history.failures else 0
+
+
+def history_table(history: groups.FaultReport) -> Table:
+    """The loop's history: faults injected, what was sent and read, what went
+    wrong (judged: lower is better), how long sends were refused after each kind
+    of fault."""
+    h = history
+    rows: list[tuple[str, Figure | str]] = [
+        ("cycles", count(h.cycles)),
+        *((f"faults: {kind}", count(n)) for kind, n in h.faults.items()),
+        ("acked", count(h.acked)),
+        ("send attempts", count(h.attempts)),
+        ("send attempts failed", count(h.failed_attempts)),
+        ("read back", count(h.read_back)),
+        ("consumed", count(h.consumed)),
+        ("lost", count(len(h.lost), lower_is_better=True)),
+        ("duplicates", count(h.duplicates)),
+        ("queue offsets reissued", count(len(h.reissued), lower_is_better=True)),
+        ("queues gone back", count(len(h.went_back), lower_is_better=True)),
+        ("reads behind a consumer (transient)", count(h.behind_reads)),
+        ("consumed then vanished", count(len(h.vanished), lower_is_better=True)),
+        ("CommitLogs differing", count(len(h.not_identical), lower_is_better=True)),
+    ]
+    for kind, values in h.unavailable_s.items():
+        if values:
+            avg = sum(values) / len(values)
+            for what, seconds in (("min", min(values)), ("avg", avg), ("max", max(values))):
+                rows.append((f"no SEND_OK after {kind}: {what}", Figure(seconds, "s", fmt=".2f")))
+    rows.append(("elapsed", Figure(h.elapsed_s, "s", better=None, fmt=".1f")))
+    return pairs_table("history", rows)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,7 @@ from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from basalt.v1 import pull_service_pb2 as ps
 from benchmarks.e2e_client import Cluster
-from benchmarks.store_append import Target
-from benchmarks.store_read import Row, format_table
+from benchmarks.report import Figure, Report, Row, Target, add_json_out, rows_table
 
 TOPIC = "ResetBench"
 GROUP = "reset-bench"
@@ -142,9 +141,16 @@ def latency_row(
 ) -> Row:
     p50 = statistics.median(samples_ms)
     worst = max(samples_ms)
-    also = f"p50 {p50:.1f} ms"
+    also: list[str | Figure] = [Figure(p50, "ms", "p50", fmt=".1f")]
     if in_heartbeats:
-        also += f"; {worst / HEARTBEAT_MS:.3f} heartbeats ({HEARTBEAT_MS} ms) at worst"
+        also += [
+            Figure(
+                worst / HEARTBEAT_MS,
+                f"heartbeats ({HEARTBEAT_MS} ms) at worst",
+                better="lower",
+                fmt=".3f",
+            )
+        ]
     return Row(
         path,
         config,
@@ -258,10 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="messages/s produced meanwhile")
     parser.add_argument("--resets", type=int, default=20)
     parser.add_argument("--joins", type=int, default=5)
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     with tempfile.TemporaryDirectory(prefix="basalt-reset-") as tmp:
         rows = asyncio.run(run(args, Path(tmp)))
-    print(format_table(rows))
+    report.emit(rows_table("cells", rows))
     return 0
 
 

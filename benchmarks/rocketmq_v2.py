@@ -57,7 +57,7 @@ from basalt.common.message import Message
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
-from benchmarks.report import aligned
+from benchmarks.report import Cell, Figure, Report, Table, add_json_out, count
 
 REPO = Path(__file__).resolve().parent.parent
 INTEROP = REPO / "benchmarks" / "interop"
@@ -220,38 +220,37 @@ async def v1_consume(address: str, topic: str, expected: int, server: Sequence[i
     )  # fmt: skip
 
 
-def format_rows(results: Sequence[Result]) -> str:
+def results_table(results: Sequence[Result]) -> Table:
     """The table: a v2 row's ratio is against the v1 row of the same path."""
     v1 = {r.path: r for r in results if r.client.endswith("v1")}
-    header = (
-        "path", "client", "how", "msgs/s", "server CPU µs/msg", "v2/v1", "target",
-        "of it pull-service", "client CPU µs/msg", "count", "errors",
+    table = Table(
+        "clients",
+        ("path", "client", "how", "msgs/s", "server CPU µs/msg", "v2/v1", "target",
+         "of it pull-service", "client CPU µs/msg", "count", "errors"),
+        key=("path", "client"),
     )  # fmt: skip
-    cells = [header]
     for r in results:
         base = v1.get(r.path)
-        if r.client.endswith("v1") or base is None:
-            ratio, status = "", ""
-        else:
+        ratio: Cell = ""
+        status = ""
+        if not r.client.endswith("v1") and base is not None:
             x = r.server_us / base.server_us
-            ratio = f"{x:.2f}x"
+            ratio = Figure(x, "x", better="lower", fmt=".2f")
             status = "met" if x <= TARGET_RATIO else "NOT MET"
-        cells.append(
-            (
-                r.path,
-                r.client,
-                r.how,
-                f"{r.rate:,.0f}",
-                f"{r.server_us:,.1f}",
-                ratio,
-                status,
-                f"{r.pull_us:,.1f}",
-                f"{r.client_us:,.1f}",
-                f"{r.count:,}",
-                str(r.errors),
-            )
+        table.add(
+            r.path,
+            r.client,
+            r.how,
+            Figure(r.rate, "msgs/s", fmt=",.0f"),
+            Figure(r.server_us, "µs/msg", fmt=",.1f"),
+            ratio,
+            status,
+            Figure(r.pull_us, "µs/msg", fmt=",.1f"),
+            Figure(r.client_us, "µs/msg", fmt=",.1f"),
+            count(r.count),
+            count(r.errors, lower_is_better=True),
         )
-    return aligned(cells, {3, 4, 5, 7, 8, 9, 10})
+    return table
 
 
 async def run(args: argparse.Namespace, root: Path) -> tuple[list[Result], float]:
@@ -322,11 +321,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="py-spy the pull-service during the v2 rows; collapsed stacks to this file",
     )
     parser.add_argument("--clients", nargs="*", default=["python", "node"], choices=sorted(CLIENTS))
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     with tempfile.TemporaryDirectory(prefix="basalt-v2bench-") as tmp:
         results, idle = asyncio.run(run(args, Path(tmp)))
-    print(format_rows(results))
-    print(f"idle cluster: {idle * 1e3:.1f} ms CPU/s; load average {os.getloadavg()[0]:.2f}")
+    report.emit(results_table(results))
+    report.note(f"idle cluster: {idle * 1e3:.1f} ms CPU/s; load average {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -45,7 +45,7 @@ from basalt.common.tls import TlsConfig
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
-from benchmarks.store_read import Row, format_table
+from benchmarks.report import Figure, Report, Row, add_json_out, rows_table
 
 TOPIC = "SdkBench"
 BODY = 1024
@@ -86,7 +86,7 @@ async def produce(
         sent,
         secs,
         None,
-        f"{calls / secs:,.0f} batches/s, {cpu_us_per_message(cpu, sent)} CPU/msg",
+        [Figure(calls / secs, "batches/s", fmt=",.0f"), cpu_us_per_message(cpu, sent)],
     )
 
 
@@ -127,14 +127,17 @@ async def consume(
         got,
         secs,
         None,
-        f"{polls / secs:,.0f} polls/s, {got / max(polls, 1):.0f} records/poll, "
-        f"{cpu_us_per_message(cpu, got)} CPU/msg",
+        [
+            Figure(polls / secs, "polls/s", fmt=",.0f"),
+            Figure(got / max(polls, 1), "records/poll", better=None, fmt=".0f"),
+            cpu_us_per_message(cpu, got),
+        ],
     )
 
 
-def cpu_us_per_message(cpu_s: float, count: int) -> str:
-    """This process's CPU seconds spread over ``count`` messages, as µs each."""
-    return f"{cpu_s / max(count, 1) * 1e6:.1f} µs"
+def cpu_us_per_message(cpu_s: float, count: int) -> Figure:
+    """This process's CPU seconds spread over ``count`` messages: ``CPU 12.3 µs/msg``."""
+    return Figure(cpu_s / max(count, 1) * 1e6, "µs/msg", "CPU", fmt=".1f")
 
 
 async def run(args: argparse.Namespace, root: Path) -> list[Row]:
@@ -194,10 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="rounds of consume with check_crcs off and on, alternating (CRC-on-read's cost)",
     )
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     with tempfile.TemporaryDirectory(prefix="basalt-sdk-") as tmp:
         rows = asyncio.run(run(args, Path(tmp)))
-    print(format_table(rows))
+    report.emit(rows_table("cells", rows))
     return 0
 
 

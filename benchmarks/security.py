@@ -43,8 +43,8 @@ from basalt.common.tls import TlsConfig
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
+from benchmarks.report import Figure, Report, Row, Table, add_json_out, rows_table
 from benchmarks.sdk_throughput import TOPIC, consume, produce
-from benchmarks.store_read import Row, format_table
 
 #: The most throughput TLS may cost (issue 20).
 TLS_COST_TARGET_PERCENT = 15.0
@@ -136,14 +136,18 @@ async def measure(variant: Variant, args: argparse.Namespace, data: Path) -> lis
         print(cluster.down().rstrip(), file=sys.stderr)
 
 
-def costs(rows: Sequence[Row]) -> list[str]:
-    """Each variant's best rate per path against its baseline's, as lines."""
+def costs(rows: Sequence[Row]) -> Table:
+    """Each variant's best rate per path against its baseline's: the cost in %."""
     best: dict[tuple[str, str], float] = {}
     for row in rows:
         path, _, rest = row.path.partition(" (")
         key = (path, rest.removesuffix(")"))
         best[key] = max(best.get(key, 0.0), row.rate)
-    lines = []
+    table = Table(
+        "costs",
+        ("path", "variant", "msgs/s", "against", "its msgs/s", "cost %", "target", "status"),
+        key=("path", "variant"),
+    )
     for path in sorted({p for p, _ in best}):
         for variant in VARIANTS:
             rate = best.get((path, variant.name))
@@ -153,12 +157,17 @@ def costs(rows: Sequence[Row]) -> list[str]:
                 continue
             cost = (1 - rate / base) * 100
             target = variant.target_percent
-            verdict = "met" if cost <= target else "NOT MET"
-            lines.append(
-                f"{path}: {variant.name} {rate:,.0f} vs {baseline.name} {base:,.0f} msgs/s: "
-                f"cost {cost:.1f} % (target <= {target:.0f} %: {verdict})"
+            table.add(
+                path,
+                variant.name,
+                Figure(rate, "msgs/s", fmt=",.0f"),
+                baseline.name,
+                Figure(base, "msgs/s", fmt=",.0f"),
+                Figure(cost, "%", better="lower", fmt=".1f"),
+                f"<= {target:.0f} %",
+                "met" if cost <= target else "NOT MET",
             )
-    return lines
+    return table
 
 
 async def run(args: argparse.Namespace, root: Path) -> list[Row]:
@@ -177,11 +186,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--queues", type=int, default=8, help="queues per store-node")
     parser.add_argument("--rounds", type=int, default=2, help="times through the variants")
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     with tempfile.TemporaryDirectory(prefix="basalt-security-") as tmp:
         rows = asyncio.run(run(args, Path(tmp)))
-    print(format_table(rows))
-    print("\n".join(costs(rows)))
+    report.emit(rows_table("cells", rows))
+    print()
+    report.emit(costs(rows))
     return 0
 
 

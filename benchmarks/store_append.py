@@ -54,7 +54,6 @@ import datetime
 import functools
 import mmap
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -64,6 +63,9 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from basalt.common.message import new_uniq_key
 from basalt.common.record import EncodedMessage
@@ -77,6 +79,17 @@ from basalt.store import (
 )
 from basalt.store.batch import EncodedBatch
 from basalt.store.recovery import RecoveryReport
+from benchmarks.report import (
+    Cell,
+    Figure,
+    Report,
+    Table,
+    Target,
+    add_json_out,
+    load_text,
+    machine,
+    number,
+)
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -110,22 +123,6 @@ TARGET_RECOVERY_S_PER_GIB = 1.5
 # -- machine ----------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def _mem_total_gib() -> float:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * KIB / GIB
-    return 0.0
-
-
 def _filesystem(path: Path) -> str:
     """Device and type of the mount holding ``path`` (best effort, Linux)."""
     best = ("", "?", "?")
@@ -137,11 +134,6 @@ def _filesystem(path: Path) -> str:
             if inside and len(mnt) >= len(best[0]):
                 best = (mnt, dev, fstype)
     return f"{best[1]} ({best[2]}) mounted on {best[0] or '?'}"
-
-
-def _load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def prefault_memory(gib: int) -> float:
@@ -162,31 +154,19 @@ def prefault_memory(gib: int) -> float:
 
 
 def machine_lines(root: Path) -> list[str]:
+    m = machine()
     return [
         f"date:      {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"machine:   nproc={os.cpu_count()} (usable {len(os.sched_getaffinity(0))}), "
-        f"cpu={_cpu_model()}, mem={_mem_total_gib():.1f} GiB",
-        f"os:        {platform.system()} {platform.release()}",
-        f"python:    {platform.python_implementation()} {platform.python_version()} "
-        f"({sys.executable})",
+        f"machine:   nproc={m['cpus']} (usable {m['usable_cpus']}), "
+        f"cpu={m['cpu_model']}, mem={m['mem_gib']:.1f} GiB",
+        f"os:        {m['os']}",
+        f"python:    {m['python']} ({sys.executable})",
         f"store dir: {root} on {_filesystem(root)}",
-        f"load avg:  {_load()} (1/5/15 min) at start",
+        f"load avg:  {load_text()} (1/5/15 min) at start",
     ]
 
 
 # -- results ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    value: float
-    higher_is_better: bool = True
-
-    def met(self, measured: float) -> bool:
-        return measured >= self.value if self.higher_is_better else measured <= self.value
-
-    def __str__(self) -> str:
-        return f"{'>=' if self.higher_is_better else '<='} {_num(self.value)}"
 
 
 @dataclass(slots=True)
@@ -240,14 +220,6 @@ def append_row(
     )
 
 
-def _num(x: float) -> str:
-    if x >= 100:
-        return f"{x:,.0f}"
-    if x >= 10:
-        return f"{x:,.1f}"
-    return f"{x:,.2f}"
-
-
 def _size(n: int) -> str:
     for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
         if n >= unit and n % unit == 0:
@@ -255,51 +227,34 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def format_table(rows: Sequence[Row]) -> str:
-    header = (
-        "path",
-        "body",
-        "config",
-        "rate",
-        "unit",
-        "body MiB/s",
-        "log MiB/s",
-        "count",
-        "secs",
-        "load1",
-        "target",
-        "status",
-    )
-    cells = [header]
+def append_table(rows: Sequence[Row]) -> Table:
+    """The run's one table, its rows known by path, body and config."""
+    table = Table(
+        "store",
+        ("path", "body", "config", "rate", "unit", "body MiB/s", "log MiB/s", "count", "secs",
+         "load1", "target", "status"),
+        key=("path", "body", "config"),
+    )  # fmt: skip
     for r in rows:
-        cells.append(
-            (
-                r.path,
-                _size(r.body_size),
-                r.config,
-                _num(r.rate),
-                r.unit,
-                "" if r.body_mib_s is None else _num(r.body_mib_s),
-                "" if r.log_mib_s is None else _num(r.log_mib_s),
-                f"{r.count:,}",
-                f"{r.seconds:.2f}",
-                f"{r.load1:.2f}",
-                "" if r.target is None else str(r.target),
-                r.status,
-            )
+
+        def mib_s(x: float | None) -> Cell:
+            return "" if x is None else Figure(x, "MiB/s")
+
+        table.add(
+            r.path,
+            _size(r.body_size),
+            r.config,
+            Figure(r.rate, r.unit),
+            r.unit,
+            mib_s(r.body_mib_s),
+            mib_s(r.log_mib_s),
+            Figure(r.count, better=None, fmt=","),
+            Figure(r.seconds, "s", better=None, fmt=".2f"),
+            Figure(r.load1, better=None, fmt=".2f"),
+            "" if r.target is None else str(r.target),
+            r.status,
         )
-    numeric = {3, 5, 6, 7, 8, 9}
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    lines = []
-    for n, c in enumerate(cells):
-        parts = [
-            c[i].rjust(widths[i]) if i in numeric and n else c[i].ljust(widths[i])
-            for i in range(len(header))
-        ]
-        lines.append("  ".join(parts).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return table
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -557,7 +512,7 @@ def repeated(s: Settings, cell: Callable[[], Row]) -> Row:
     rows = sorted((cell() for _ in range(max(1, s.repeat))), key=lambda r: r.rate)
     median = rows[len(rows) // 2]
     if len(rows) > 1:
-        spread = ", ".join(_num(r.rate) for r in rows)
+        spread = ", ".join(number(r.rate) for r in rows)
         median.note = f"median of {len(rows)} runs: {spread} {median.unit}"
     return median
 
@@ -733,7 +688,7 @@ def bench_dispatch(s: Settings, body_size: int) -> Row:
         load1 = os.getloadavg()[0]
     return Row(
         "dispatch",
-        f"{written:,} records x {rounds} round{'s' if rounds > 1 else ''}",
+        f"{written:,} records a round",
         body_size,
         entries / seconds,
         "entries/s",
@@ -743,6 +698,7 @@ def bench_dispatch(s: Settings, body_size: int) -> Row:
         log_mib_s=log_bytes * rounds / seconds / MIB,
         target=Target(TARGET_DISPATCH_ENTRIES_S) if body_size == 1 * KIB else None,
         load1=load1,
+        note=f"{rounds} round{'s' if rounds > 1 else ''}",
     )
 
 
@@ -939,6 +895,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="evict the store's files from the page cache before each recovery start",
     )
+    add_json_out(p)
     return p.parse_args(argv)
 
 
@@ -1056,6 +1013,7 @@ def bench_root(root: Path | None, script: str, argv: Sequence[str]) -> Iterator[
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    report = Report.start(__file__, args, argv)
     with bench_root(args.root, "store_append.py", argv) as root:
         s = settings_from(args, root)
         print(
@@ -1067,17 +1025,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         rows, recoveries = run(s)
         print()
-        print(format_table(rows))
+        report.emit(append_table(rows))
         for r in rows:
             if r.note:
-                print(f"note: {r.path} {_size(r.body_size)} {r.config}: {r.note}")
+                report.note(f"note: {r.path} {_size(r.body_size)} {r.config}: {r.note}")
         for rec in recoveries:
-            print(
+            report.note(
                 f"{rec.row.config}: start() {rec.start_s:.2f} s for "
                 f"{rec.log_bytes / GIB:.3f} GiB of CommitLog; {rec.report.summary()}"
             )
         elapsed = time.perf_counter() - started
-        print(f"\nload avg:  {_load()} (1/5/15 min) at end; total {elapsed:.0f} s")
+        print()
+        report.note(f"load avg:  {load_text()} (1/5/15 min) at end; total {elapsed:.0f} s")
     return 0
 
 

@@ -32,7 +32,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -42,8 +41,13 @@ from basalt.common.record import EncodedMessage
 from basalt.store import ManualClock, Message, MessageStore, MessageStoreConfig
 from basalt.store.batch import EncodedBatch
 from basalt.store.message_filter import MessageFilter, build_filter
-from benchmarks.report import aligned
-from benchmarks.store_append import Target, _num, bench_root
+from benchmarks.report import Figure, Report, Target, add_json_out, rows_table
+
+# Row and format_table lived here: a script not yet moved to benchmarks.report
+# (benchmarks/transactions.py) imports them from this module.
+from benchmarks.report import Row as Row
+from benchmarks.report import format_table as format_table
+from benchmarks.store_append import bench_root
 
 TOPIC = "ReadBench"
 BATCH = 64
@@ -51,43 +55,6 @@ PULL = 32
 TARGET_UNFILTERED = 2_000_000
 TARGET_TAG_SCAN = 500_000
 TARGET_BY_TIME_US = 100.0
-
-
-@dataclass(slots=True)
-class Row:
-    path: str
-    config: str
-    rate: float
-    unit: str
-    count: int
-    seconds: float
-    target: Target | None = None
-    extra: str = ""
-
-    @property
-    def status(self) -> str:
-        if self.target is None:
-            return ""
-        return "met" if self.target.met(self.rate) else "NOT MET"
-
-
-def format_table(rows: Sequence[Row]) -> str:
-    header = ("path", "config", "rate", "unit", "count", "secs", "target", "status", "also")
-    cells = [header] + [
-        (
-            r.path,
-            r.config,
-            _num(r.rate),
-            r.unit,
-            f"{r.count:,}",
-            f"{r.seconds:.2f}",
-            "" if r.target is None else str(r.target),
-            r.status,
-            r.extra,
-        )
-        for r in rows
-    ]
-    return aligned(cells, {2, 4, 5})
 
 
 def _progress(msg: str) -> None:
@@ -148,7 +115,7 @@ def latency_row(
         len(us),
         sum(us) / 1e6,
         Target(target_us, higher_is_better=False) if target_us is not None else None,
-        f"p99 {p99:.1f} us, max {us[-1]:.1f} us",
+        [Figure(p99, "us", "p99", fmt=".1f"), Figure(us[-1], "us", "max", fmt=".1f")],
     )
 
 
@@ -262,6 +229,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--lookups", type=int, default=5000, help="offset-by-time calls timed")
     p.add_argument("--key-queries", type=int, default=2000, help="query_message calls timed")
     p.add_argument("--root", type=Path, help="store directory (default: a temp dir, removed)")
+    add_json_out(p)
     args = p.parse_args(argv)
     if args.quick:
         args.messages, args.entries, args.lookups, args.key_queries = 20_000, 100_000, 500, 200
@@ -271,13 +239,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    report = Report.start(__file__, args, argv)
     with bench_root(args.root, "store_read.py", argv) as root:
         started = time.perf_counter()
         rows = bench_pulls_and_keys(root, args.messages, args.key_queries)
         rows.append(bench_by_time(root, args.entries, args.lookups))
         print()
-        print(format_table(rows))
-        print(f"\ntotal {time.perf_counter() - started:.0f} s")
+        report.emit(rows_table("reads", rows))
+        print()
+        report.note(f"total {time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -55,6 +55,14 @@ if str(REPO_ROOT) not in sys.path:
 
 from basalt.store import Message, MessageStore, MessageStoreConfig  # noqa: E402
 from basalt.store.consistency import check_store  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    Figure,
+    Report,
+    Table,
+    add_json_out,
+    count,
+    pairs_table,
+)
 from tests.support import crash_writer  # noqa: E402
 from tests.support.damage import (  # noqa: E402
     CATALOGUE,
@@ -142,8 +150,8 @@ def _one_try(
         shutil.rmtree(root, ignore_errors=True)
 
 
-def damage_table(work: Path, seeds: int, base_seed: int) -> bool:
-    """Part 1; prints the table and returns whether every variant met its goals."""
+def damage_table(report: Report, work: Path, seeds: int, base_seed: int) -> bool:
+    """Part 1; emits the table and returns whether every variant met its goals."""
     base = work / "built"
     t0 = time.perf_counter()
     layout = build_store(base)
@@ -157,31 +165,33 @@ def damage_table(work: Path, seeds: int, base_seed: int) -> bool:
         for damage in CATALOGUE:
             _one_try(base, layout, work, damage.name, base_seed + s, stats[damage.name])
         print(f"  seed {s + 1}/{seeds} done", flush=True)
-    header = ("variant", "tries", "refused", "lost dmg/coll", "reissued", "wrong", "check", "")
-    rows = [
-        (
+    table = Table(
+        "damage",
+        ("variant", "tries", "refused", "lost dmg", "lost coll", "reissued", "wrong", "check",
+         "problem"),
+    )  # fmt: skip
+    for name, st in stats.items():
+        table.add(
             name,
-            str(st.tries),
-            str(st.refused),
-            f"{st.damaged}/{st.collateral}",
-            str(st.reissued),
-            str(st.wrong),
-            str(st.check_failed),
+            count(st.tries),
+            count(st.refused, lower_is_better=True),
+            count(st.damaged),
+            count(st.collateral, lower_is_better=True),
+            count(st.reissued, lower_is_better=True),
+            count(st.wrong, lower_is_better=True),
+            count(st.check_failed, lower_is_better=True),
             "ok" if st.clean else st.first_problem[:90],
         )
-        for name, st in stats.items()
-    ]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     print()
-    for row in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    report.emit(table)
     clean = sum(st.clean for st in stats.values())
-    print(f"\n{clean}/{len(stats)} variants met every goal")
+    print()
+    report.note(f"{clean}/{len(stats)} variants met every goal")
     return clean == len(stats)
 
 
-def kill_cycles(work: Path, kills: int, seed: int) -> bool:
-    """Part 2; prints a summary and returns whether no cycle failed."""
+def kill_cycles(report: Report, work: Path, kills: int, seed: int) -> bool:
+    """Part 2; emits a summary and returns whether no cycle failed."""
     if kills <= 0:
         return True
     loop = crash_writer.CrashLoop(
@@ -195,9 +205,19 @@ def kill_cycles(work: Path, kills: int, seed: int) -> bool:
         except crash_writer.CrashCheckFailure as e:
             failures.append(f"cycle {cycle}: {str(e)[:300]}")
             break  # the root is suspect: later cycles would repeat the same loss
-    print(f"\nkill -9 cycles (SYNC flush): {kills}, acknowledged {acked}, failed {len(failures)}")
+    print("\nkill -9 cycles (SYNC flush)")
+    report.emit(
+        pairs_table(
+            "kill -9",
+            [
+                ("cycles", count(kills)),
+                ("acknowledged", count(acked)),
+                ("failed", count(len(failures), lower_is_better=True)),
+            ],
+        )
+    )
     for failure in failures:
-        print(f"  {failure}")
+        report.note(f"  {failure}")
     return not failures
 
 
@@ -225,8 +245,8 @@ def _recover_from_scratch(config: MessageStoreConfig) -> tuple[float, int, str]:
     return elapsed, end, report.summary()
 
 
-def recovery_timings(work: Path, gib: float, seed: int) -> None:
-    """Part 3: prints s/GiB of an undamaged recovery and the damaged/undamaged ratio."""
+def recovery_timings(report: Report, work: Path, gib: float, seed: int) -> None:
+    """Part 3: emits s/GiB of an undamaged recovery and the damaged/undamaged ratio."""
     root = work / "timing"
     config = _timing_config(root)
     rng = random.Random(seed)
@@ -243,7 +263,7 @@ def recovery_timings(work: Path, gib: float, seed: int) -> None:
         size = store.max_physical_offset
     print(f"\nwrote {size / GIB:.2f} GiB ({records} records) in {time.perf_counter() - t0:.1f} s")
     clean_s, clean_end, summary = _recover_from_scratch(config)
-    print(f"undamaged recovery: {clean_s:.2f} s, {clean_s / (size / GIB):.2f} s/GiB  ({summary})")
+    report.note(f"undamaged recovery: {summary}")
     # A 64 KiB run of garbage in the first file and a flipped byte every 64 MiB:
     # recovery must search past each for the next valid record.
     files = sorted(config.commitlog_dir.iterdir())
@@ -258,15 +278,30 @@ def recovery_timings(work: Path, gib: float, seed: int) -> None:
             f.seek(-1, 1)
             f.write(bytes([b ^ 0xFF]))
     damaged_s, damaged_end, summary = _recover_from_scratch(config)
-    print(
-        f"recovery past damage: {damaged_s:.2f} s, ratio {damaged_s / clean_s:.2f} "
-        f"(goal <= 2); valid end {damaged_end} of {clean_end} "
-        f"({(clean_end - damaged_end) / MIB:.0f} MiB lost)  ({summary})"
+    report.note(f"recovery past damage: valid end {damaged_end} of {clean_end}; {summary}")
+    report.emit(
+        pairs_table(
+            "recovery",
+            [
+                ("undamaged", Figure(clean_s, "s", fmt=".2f")),
+                ("undamaged per GiB (goal <= 1.5)", Figure(clean_s / (size / GIB), "s/GiB")),
+                ("past damage", Figure(damaged_s, "s", fmt=".2f")),
+                ("past damage / undamaged (goal <= 2)", ratio(damaged_s / clean_s)),
+                ("lost to the damage", Figure((clean_end - damaged_end) / MIB, "MiB", fmt=",.0f")),
+            ],
+        )
     )
     shutil.rmtree(root, ignore_errors=True)
 
 
-def crc_on_read_cost(rounds: int, records: int = 256, body_bytes: int = 1024) -> None:
+def ratio(x: float) -> Figure:
+    """A cost as a ratio to its reference (lower is better)."""
+    return Figure(x, "x", better="lower", fmt=".3f")
+
+
+def crc_on_read_cost(
+    report: Report, rounds: int, records: int = 256, body_bytes: int = 1024
+) -> None:
     """What verify-on-read costs the SDK's decoder (issue 28 point 1): a pull's
     answer of ``records`` stored records of ``body_bytes`` (the batched consume
     benchmark's 256 x 1 KiB), decoded with ``check_crc`` off and on in
@@ -303,9 +338,19 @@ def crc_on_read_cost(rounds: int, records: int = 256, body_bytes: int = 1024) ->
     each = ", ".join(f"{x:.3f}" for x in ratios)
     print(
         f"\nCRC on read (decode_records, {records} x {body_bytes} B records, {rounds} rounds "
-        f"alternating): off {min(offs):.3f} µs/record, on {min(ons):.3f} µs/record (best); "
-        f"on/off median {ratios[len(ratios) // 2]:.3f} (rounds {each})"
+        "alternating; best of the rounds, the ratio's median)"
     )
+    report.emit(
+        pairs_table(
+            "crc on read",
+            [
+                ("check_crc off", Figure(min(offs), "µs/record", fmt=".3f")),
+                ("check_crc on", Figure(min(ons), "µs/record", fmt=".3f")),
+                ("on / off", ratio(ratios[len(ratios) // 2])),
+            ],
+        )
+    )
+    report.note(f"on/off per round: {each}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,17 +361,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--root", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument("--crc-rounds", type=int, default=9, help="CRC-on-read rounds (0: none)")
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     work = args.root or Path(tempfile.mkdtemp(prefix="basalt-torture-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"seed {args.seed}, work directory {work}", flush=True)
     try:
-        ok = damage_table(work, args.seeds, args.seed)
-        ok = kill_cycles(work, args.kills, args.seed) and ok
+        ok = damage_table(report, work, args.seeds, args.seed)
+        ok = kill_cycles(report, work, args.kills, args.seed) and ok
         if args.gib > 0:
-            recovery_timings(work, args.gib, args.seed)
+            recovery_timings(report, work, args.gib, args.seed)
         if args.crc_rounds > 0:
-            crc_on_read_cost(args.crc_rounds)
+            crc_on_read_cost(report, args.crc_rounds)
     finally:
         if args.root is None:
             shutil.rmtree(work, ignore_errors=True)
