@@ -41,8 +41,9 @@ from basalt.common.message import Message, MessageRecord
 from basalt.services.cluster.local import CLUSTER_NAME
 from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
+from benchmarks.report import Report, add_json_out, rows_table
 from benchmarks.sdk_throughput import cpu_us_per_message
-from benchmarks.store_read import Row, format_table
+from benchmarks.store_read import Row
 
 TOPIC = "TxBench"
 BODY = 1024
@@ -110,7 +111,7 @@ async def transactional(address: str, in_flight: int, duration_s: float, r: int)
         )
 
 
-async def run(args: argparse.Namespace, root: Path) -> list[Row]:
+async def run(args: argparse.Namespace, root: Path, report: Report) -> list[Row]:
     cluster = Cluster(root / "cluster")
     try:
         print(cluster.up().rstrip(), file=sys.stderr)
@@ -140,10 +141,8 @@ async def run(args: argparse.Namespace, root: Path) -> list[Row]:
                     plain_rates.append(row.rate)
                 rows.append(row)
         ratio = (sum(tx_rates) / len(tx_rates)) / (sum(plain_rates) / len(plain_rates))
-        print(
-            f"transactional / plain (means over {args.rounds} rounds): {ratio:.2f} "
-            f"(target >= 0.30)",
-            file=sys.stderr,
+        report.note(
+            f"transactional / plain (means over {args.rounds} rounds): {ratio:.2f} (target >= 0.30)"
         )
         return rows
     finally:
@@ -156,10 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=64, help="sends in flight")
     parser.add_argument("--queues", type=int, default=8, help="queues per store-node")
     parser.add_argument("--rounds", type=int, default=2, help="plain/transactional pairs")
+    add_json_out(parser)
     args = parser.parse_args(argv)
+    report = Report.start(__file__, args, argv)
     with tempfile.TemporaryDirectory(prefix="basalt-tx-") as tmp:
-        rows = asyncio.run(run(args, Path(tmp)))
-    print(format_table(rows))
+        rows = asyncio.run(run(args, Path(tmp), report))
+    report.emit(rows_table("sends", rows))
     return 0
 
 
