@@ -42,6 +42,19 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 #: RocketMQ's TopicValidator.RMQ_SYS_SCHEDULE_TOPIC: queue ``level - 1`` holds the
 #: messages of delay level ``level``; a unit's tagsCode is its due time (docs/scheduled.md).
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: RocketMQ 5's timer properties (MessageConst): deliver at this Unix time in ms
+#: (PROPERTY_TIMER_DELIVER_MS), or this long after the store receives it
+#: (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS).
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+#: The due time in Unix ms a RocketMQ 5 broker stamps on a timer message it
+#: accepts (PROPERTY_TIMER_OUT_MS): what the relative properties resolved to.
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
+#: The delivery time in Unix ms as the OpenMessaging binding and Aliyun's ONS
+#: clients write it (``__STARTDELIVERTIME``; RocketMQ's metrics count it as a
+#: delayed message); issue 30 takes it as a timer like TIMER_DELIVER_MS.
+PROPERTY_START_DELIVER_TIME = "__STARTDELIVERTIME"
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
