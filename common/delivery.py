@@ -8,16 +8,17 @@ docs/timers.md):
   (a level past the last is the last, as the store clamps it). Only the parked
   record in ``SCHEDULE_TOPIC_XXXX`` (or a record not yet parked) carries it:
   the store removes ``DELAY`` from the copy it delivers.
-* a **timer** (RocketMQ 5): ``TIMER_OUT_MS`` (the due time a store stamps on a
-  timer it accepted), else ``TIMER_DELAY_SEC`` / ``TIMER_DELAY_MS`` after the
-  STORETIMESTAMP, else ``TIMER_DELIVER_MS`` / ``__STARTDELIVERTIME``, an
-  absolute Unix time in ms. RocketMQ's broker reads the relative ones first
-  (HookUtils.transformTimerMessage) and a delay level wins over them all
-  (it clears the timer properties of a message that has both).
+* a **timer** (RocketMQ 5): ``TIMER_OUT_MS`` (the due time the store stamps on
+  a timer message it parks; the delivered copy keeps it), else what the
+  message asked for, read in the store's order (basalt.store.timer):
+  ``TIMER_DELIVER_MS`` / ``__STARTDELIVERTIME`` (Unix ms), then
+  ``TIMER_DELAY_SEC`` / ``TIMER_DELAY_MS`` after the STORETIMESTAMP. A delay
+  level wins over them all (the store drops the timer of a message that has
+  both, as RocketMQ's checkIfTimerMessage does).
 
 The relative timer properties are relative to when the store received the
 message, so on a delivered copy (whose STORETIMESTAMP is its delivery) only
-a stamped ``TIMER_OUT_MS`` or an absolute property gives the right time.
+the stamped ``TIMER_OUT_MS`` or an absolute property gives the right time.
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ from basalt.common.message import (
     PROPERTY_TIMER_OUT_MS,
 )
 
-#: The absolute timer properties, in the order they are read.
-_ABSOLUTE = (PROPERTY_TIMER_DELIVER_MS, PROPERTY_START_DELIVER_TIME)
-#: The relative ones: name, ms per unit; read before the absolute ones.
-_RELATIVE = ((PROPERTY_TIMER_DELAY_SEC, 1000), (PROPERTY_TIMER_DELAY_MS, 1))
+#: What a message asks for, in the order the store reads it: the property and,
+#: for a time relative to the store time, its unit in ms (0: absolute).
+_REQUESTED = (
+    (PROPERTY_TIMER_DELIVER_MS, 0),
+    (PROPERTY_START_DELIVER_TIME, 0),
+    (PROPERTY_TIMER_DELAY_SEC, 1000),
+    (PROPERTY_TIMER_DELAY_MS, 1),
+)
 
 
 def delay_level(raw: str | None) -> int:
@@ -78,12 +83,8 @@ def delivery_time_ms(
     stamped = _long(properties.get(PROPERTY_TIMER_OUT_MS))
     if stamped is not None:
         return stamped
-    for name, unit_ms in _RELATIVE:
-        amount = _long(properties.get(name))
-        if amount is not None:
-            return store_timestamp_ms + amount * unit_ms
-    for name in _ABSOLUTE:
-        at = _long(properties.get(name))
-        if at is not None:
-            return at
+    for name, unit_ms in _REQUESTED:
+        value = _long(properties.get(name))
+        if value is not None:
+            return store_timestamp_ms + value * unit_ms if unit_ms else value
     return None

@@ -34,10 +34,10 @@ def test_timers_absolute_relative_and_stamped() -> None:
     assert delivery_time_ms({"TIMER_DELAY_MS": "250"}, STORED, DELAYS) == STORED + 250
     # A past time is returned as it is (delivered at once).
     assert delivery_time_ms({"TIMER_DELIVER_MS": "5"}, STORED, DELAYS) == 5
-    # The stamped due time wins over what it was computed from; relative before
-    # absolute, as RocketMQ's broker reads them; a delay level over every timer.
+    # The stamped due time wins over what it was computed from; absolute before
+    # relative, as the store reads them; a delay level over every timer.
     both = {"TIMER_DELAY_SEC": "1", "TIMER_DELIVER_MS": str(at)}
-    assert delivery_time_ms(both, STORED, DELAYS) == STORED + 1000
+    assert delivery_time_ms(both, STORED, DELAYS) == at
     assert delivery_time_ms({**both, "TIMER_OUT_MS": "77"}, STORED, DELAYS) == 77
     assert delivery_time_ms({**both, "DELAY": "1"}, STORED, DELAYS) == STORED + 1000
     # Malformed values are skipped; nothing scheduled is None.
