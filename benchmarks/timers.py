@@ -507,7 +507,7 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
         rows += [
             [
                 f"{pend.pending:,} pending: sent",
-                f"{pend.send_s:,.0f} s ({pend.pending / max(pend.send_s, 1e-9):,.0f} msgs/s); "
+                f"{pend.send_s:,.1f} s ({pend.pending / max(pend.send_s, 1e-9):,.0f} msgs/s); "
                 f"pending counted {counted} {pend.settle_s:,.0f} s later",
                 "",
                 "",
