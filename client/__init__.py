@@ -30,7 +30,7 @@ from basalt.client.errors import (
 )
 from basalt.client.lite_pull_consumer import LitePullConfig, LitePullConsumer
 from basalt.client.membership import TopicSubscription
-from basalt.client.producer import Producer, ProducerConfig, SendResult
+from basalt.client.producer import Producer, ProducerConfig, SendResult, deliver_after
 from basalt.client.push_consumer import ConsumeStatus, PushConsumer, PushConsumerConfig
 from basalt.client.sync import SyncLitePullConsumer, SyncProducer, SyncPushConsumer
 from basalt.common.message import Message, MessageRecord
@@ -70,4 +70,5 @@ __all__ = [
     "TopicNotFoundError",
     "TopicSubscription",
     "WrongServiceError",
+    "deliver_after",
 ]

@@ -66,11 +66,13 @@ from basalt.common.auth import Credentials
 from basalt.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_UNIQ_KEY,
+    TIMER_REQUEST_PROPERTIES,
     Message,
     encode_host,
     new_uniq_keys,
 )
 from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
+from basalt.common.recall import RecallHandle
 from basalt.common.record import encode_batch
 from basalt.common.settings import (
     config_dataclass,
@@ -96,6 +98,7 @@ from basalt.common.tracing import (
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +178,9 @@ class SendResult:
     broker_name: str
     queue_id: int
     queue_offset: int
+    #: For a timer message (``Message.deliver_time_ms``), what
+    #: :meth:`Producer.recall` cancels it with before it is due; "" otherwise.
+    recall_handle: str = ""
 
     @property
     def ok(self) -> bool:
@@ -190,9 +196,12 @@ _SEND_RESULT_FIELDS = (
     "broker_name",
     "queue_id",
     "queue_offset",
+    "recall_handle",
 )
 
 
+#: The gRPC service RecallMessage belongs to (named when a call hits another).
+_STORE_NODE = sn.DESCRIPTOR.services_by_name["StoreNode"].full_name
 #: SendStream's method path (the generated stub's, from the descriptor).
 _SEND_STREAM = "/{}/{}".format(
     *sn.DESCRIPTOR.services_by_name["StoreNode"]
@@ -395,10 +404,10 @@ class Producer(Client):
         topics = {m.topic for m in messages}
         if len(topics) > 1:
             raise ValueError(f"a batch goes to one topic, not {sorted(topics)}")
-        if len(messages) > 1 and any(_delayed(m) for m in messages):
+        if len(messages) > 1 and any(_delayed(m) or _timed(m) for m in messages):
             # RocketMQ's MessageBatch refuses a delay level too: a store-node parks
             # messages one by one, a batch of records is one queue's run.
-            raise ValueError("delayed messages cannot be batched: send them one by one")
+            raise ValueError("delayed and timer messages cannot be batched: send them one by one")
         return await self._send(messages)
 
     def send_async(self, message: Message) -> asyncio.Future[SendResult]:
@@ -525,8 +534,37 @@ class Producer(Client):
                 [queue.broker_name] * n,
                 [queue.queue_id] * n,
                 r.queue_offsets,
+                r.recall_handles or [""] * n,
             ),
         )
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a timer message before it is due (RocketMQ 5.3's recall), by the
+        ``recall_handle`` its :class:`SendResult` carried; returns its message id.
+
+        Raises ValueError for text that is not a recall handle, and ClientError:
+        QUERY_NOT_FOUND when the message is not pending (delivered already, or
+        unknown), INVALID_PARAMETER for a handle of another topic."""
+        handle = RecallHandle.decode(recall_handle)
+        self._check_open()
+        queues = await self.route(topic)
+        mine = [q for q in queues if q.broker_name == handle.broker_name]
+        if not mine:
+            raise ClientError.from_code(
+                pb.RESPONSE_CODE_INVALID_PARAMETER,
+                f"the recall handle names broker {handle.broker_name!r}, which does not "
+                f"serve topic {topic!r}",
+            )
+        address = self._at_master(mine[0]).address
+        stub = sn_grpc.StoreNodeStub(self._channel(address))
+        try:
+            answer = await stub.RecallMessage(
+                sn.RecallMessageRequest(topic=topic, recall_handle=recall_handle),
+                timeout=self.config.send_msg_timeout_ms / 1000,
+            )
+        except grpc.aio.AioRpcError as e:
+            raise ClientError.from_rpc_error(e, address=address, service=_STORE_NODE) from None
+        return answer.message_id
 
     # -- routes -----------------------------------------------------------------------
 
@@ -651,6 +689,16 @@ def _delayed(m: Message) -> bool:
     return m.delay_time_level > 0 or PROPERTY_DELAY_TIME_LEVEL in m.properties
 
 
+def _timed(m: Message) -> bool:
+    return m.deliver_time_ms > 0 or any(p in m.properties for p in TIMER_REQUEST_PROPERTIES)
+
+
+def deliver_after(seconds: float) -> int:
+    """The ``Message.deliver_time_ms`` of a message to deliver ``seconds`` from now:
+    ``Message("T", b"..", deliver_time_ms=deliver_after(30))``."""
+    return int(time.time() * 1000 + seconds * 1000)
+
+
 def _wire(m: Message, uniq: str) -> pb.Message:
     return pb.Message(
         topic=m.topic,
@@ -661,6 +709,7 @@ def _wire(m: Message, uniq: str) -> pb.Message:
         flag=m.flag,
         born_timestamp_ms=m.born_timestamp_ms or int(time.time() * 1000),
         delay_level=max(m.delay_time_level, 0),
+        deliver_time_ms=max(m.deliver_time_ms, 0),
     )
 
 
@@ -727,5 +776,6 @@ __all__ = [
     "ProducerConfig",
     "QueueAddress",
     "SendResult",
+    "deliver_after",
     "writable_queues",
 ]

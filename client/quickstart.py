@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import time
 from collections.abc import Callable, Coroutine
 from typing import IO, Any
 
 from basalt.client.errors import ClientError
 from basalt.client.lite_pull_consumer import ConsumeFromWhere, LitePullConfig, LitePullConsumer
-from basalt.client.producer import Producer
+from basalt.client.producer import Producer, deliver_after
 from basalt.common import auth
 from basalt.common.local_cluster import (
     CREDENTIALS_HELP,
@@ -66,6 +67,7 @@ async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
     body = b"x" * args.size
     started = time.monotonic()
     sent = 0
+    deliver_ms = _deliver_time(args)
     async with Producer(endpoints, group=args.group_name, tls=discover_tls()) as producer:
         while sent < args.count:
             n = min(args.batch, args.count - sent)
@@ -76,6 +78,7 @@ async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
                     tags=tags[(sent + k) % len(tags)] or None,
                     keys=(f"key-{sent + k}",),
                     delay_time_level=args.delay_level,
+                    deliver_time_ms=deliver_ms,
                 )
                 for k in range(n)
             ]
@@ -86,7 +89,9 @@ async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
                 print(
                     f"SendResult [status={'SEND_OK' if r.ok else 'FLUSH_DISK_TIMEOUT'}, "
                     f"msgId={r.msg_id}, offsetMsgId={r.offset_msg_id}, "
-                    f"queue={r.broker_name}/{r.queue_id}, queueOffset={r.queue_offset}]"
+                    f"queue={r.broker_name}/{r.queue_id}, queueOffset={r.queue_offset}"
+                    + (f", recallHandle={r.recall_handle}" if r.recall_handle else "")
+                    + "]"
                     + (f" (+{n - 1} in this batch)" if n > 1 and not args.verbose else ""),
                     file=out,
                 )
@@ -94,6 +99,33 @@ async def produce(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int
     secs = time.monotonic() - started
     print(f"sent {sent} messages to {args.topic} in {secs:.2f} s", file=out)
     return 0
+
+
+def _deliver_time(args: argparse.Namespace) -> int:
+    """--deliver-at (Unix ms, or an ISO 8601 time; no zone: UTC) or --deliver-after
+    (seconds from now) as a deliver_time_ms; 0 for neither."""
+    if args.deliver_after is not None:
+        return deliver_after(args.deliver_after)
+    return int(args.deliver_at or 0)
+
+
+def parse_deliver_at(text: str) -> int:
+    """Unix ms, or an ISO 8601 time (no zone: UTC), as Unix ms. Raises ValueError."""
+    if text.isdigit():
+        return int(text)
+    when = datetime.datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def _deliver_at_arg(text: str) -> int:
+    try:
+        return parse_deliver_at(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither Unix ms nor an ISO 8601 time (2030-01-02T03:04:05)"
+        ) from None
 
 
 async def consume(args: argparse.Namespace, endpoints: str, out: IO[str]) -> int:
@@ -152,6 +184,21 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="RocketMQ delay level: 1 = 1s, 2 = 5s, ... 18 = 2h (the store's "
         "message_delay_level); needs --batch 1",
+    )
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument(
+        "--deliver-at",
+        metavar="TIME",
+        type=_deliver_at_arg,
+        help="RocketMQ 5 timer: deliver at this time, Unix ms or ISO 8601 "
+        "(2030-01-02T03:04:05, UTC unless a zone is given); needs --batch 1; "
+        "the SendResult lines show each message's recall handle (docs/timers.md)",
+    )
+    when.add_argument(
+        "--deliver-after",
+        metavar="SECONDS",
+        type=float,
+        help="RocketMQ 5 timer: deliver this many seconds after the send; needs --batch 1",
     )
     parser.add_argument("--group-name", default="quickstart-producer", help="producer group")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per message")

@@ -10,7 +10,7 @@ docs/timers.md):
   the store removes ``DELAY`` from the copy it delivers.
 * a **timer** (RocketMQ 5): ``TIMER_OUT_MS`` (the due time the store stamps on
   a timer message it parks; the delivered copy keeps it), else what the
-  message asked for, read in the store's order (basalt.store.timer):
+  message asked for, in the store's order (``TIMER_REQUEST_PROPERTIES``):
   ``TIMER_DELIVER_MS`` / ``__STARTDELIVERTIME`` (Unix ms), then
   ``TIMER_DELAY_SEC`` / ``TIMER_DELAY_MS`` after the STORETIMESTAMP. A delay
   level wins over them all (the store drops the timer of a message that has
@@ -27,21 +27,14 @@ from collections.abc import Mapping, Sequence
 
 from basalt.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
-    PROPERTY_START_DELIVER_TIME,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELAY_SEC,
-    PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
+    TIMER_REQUEST_PROPERTIES,
 )
 
-#: What a message asks for, in the order the store reads it: the property and,
-#: for a time relative to the store time, its unit in ms (0: absolute).
-_REQUESTED = (
-    (PROPERTY_TIMER_DELIVER_MS, 0),
-    (PROPERTY_START_DELIVER_TIME, 0),
-    (PROPERTY_TIMER_DELAY_SEC, 1000),
-    (PROPERTY_TIMER_DELAY_MS, 1),
-)
+#: The properties relative to the store time: ms per unit (the others are Unix ms).
+_RELATIVE_UNIT_MS = {PROPERTY_TIMER_DELAY_SEC: 1000, PROPERTY_TIMER_DELAY_MS: 1}
 
 
 def delay_level(raw: str | None) -> int:
@@ -83,8 +76,9 @@ def delivery_time_ms(
     stamped = _long(properties.get(PROPERTY_TIMER_OUT_MS))
     if stamped is not None:
         return stamped
-    for name, unit_ms in _REQUESTED:
+    for name in TIMER_REQUEST_PROPERTIES:
         value = _long(properties.get(name))
         if value is not None:
-            return store_timestamp_ms + value * unit_ms if unit_ms else value
+            unit_ms = _RELATIVE_UNIT_MS.get(name)
+            return value if unit_ms is None else store_timestamp_ms + value * unit_ms
     return None

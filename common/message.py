@@ -42,19 +42,34 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 #: RocketMQ's TopicValidator.RMQ_SYS_SCHEDULE_TOPIC: queue ``level - 1`` holds the
 #: messages of delay level ``level``; a unit's tagsCode is its due time (docs/scheduled.md).
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
-#: RocketMQ 5's timer properties (MessageConst): deliver at this Unix time in ms
-#: (PROPERTY_TIMER_DELIVER_MS), or this long after the store receives it
-#: (PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS).
+#: RocketMQ 5's timers (docs/timers.md). A message asks for a delivery time with
+#: one of: TIMER_DELIVER_MS (Unix ms), __STARTDELIVERTIME (Unix ms, RocketMQ 4's
+#: commercial name, still sent by clients), TIMER_DELAY_SEC / TIMER_DELAY_MS
+#: (after the store time; resolved to TIMER_DELIVER_MS when stored).
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_START_DELIVER_TIME = "__STARTDELIVERTIME"
 PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
-#: The due time in Unix ms a RocketMQ 5 broker stamps on a timer message it
-#: accepts (PROPERTY_TIMER_OUT_MS): what the relative properties resolved to.
+#: The properties that ask for a timer, in the order the store reads them.
+TIMER_REQUEST_PROPERTIES = (
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_START_DELIVER_TIME,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELAY_MS,
+)
+#: Set by the store on a parked timer message: its delivery time (Unix ms). A
+#: message carrying it is never parked again (RocketMQ's rule: it has been
+#: through the timer already), so the delivered copy keeps it.
 PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
-#: The delivery time in Unix ms as the OpenMessaging binding and Aliyun's ONS
-#: clients write it (``__STARTDELIVERTIME``; RocketMQ's metrics count it as a
-#: delayed message); issue 30 takes it as a timer like TIMER_DELIVER_MS.
-PROPERTY_START_DELIVER_TIME = "__STARTDELIVERTIME"
+#: A recall's delete marker: ``<real topic>+<UNIQ_KEY>`` of the timer message
+#: it cancels (RocketMQ 5.3's TimerMessageStore.buildDeleteKey).
+PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
+#: How often a timer message past the wheel's roll window was put back into
+#: the timer topic to wait further (RocketMQ's TIMER_ROLL_TIMES).
+PROPERTY_TIMER_ROLL_TIMES = "TIMER_ROLL_TIMES"
+#: RocketMQ 5's TimerMessageStore.TIMER_TOPIC (``rmq_sys_`` + ``wheel_timer``):
+#: every timer message waits here (queue 0) until due (docs/timers.md).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -234,11 +249,15 @@ class Message:
     #: over a DELAY in ``properties``); the store parks the message in
     #: :data:`SCHEDULE_TOPIC` until the level's delay has passed.
     delay_time_level: int = 0
+    #: RocketMQ 5's timer: > 0 asks for delivery at this Unix ms (written as the
+    #: TIMER_DELIVER_MS property, which it wins over); the store parks the message
+    #: in :data:`TIMER_TOPIC` until then (docs/timers.md). 0: no timer.
+    deliver_time_ms: int = 0
 
     def encoded_properties(self) -> bytes:
         """``encode_properties(self.all_properties())``, without the dict copy when the
         message has only a tag and keys (the common case on the send path)."""
-        if self.properties or self.delay_time_level > 0:
+        if self.properties or self.delay_time_level > 0 or self.deliver_time_ms > 0:
             return encode_properties(self.all_properties())
         text = f"{PROPERTY_TAGS}\x01{self.tags}\x02" if self.tags else ""
         if self.keys:
@@ -254,6 +273,8 @@ class Message:
             props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
         if self.delay_time_level > 0:
             props[PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_time_level)
+        if self.deliver_time_ms > 0:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_time_ms)
         return props
 
 

@@ -26,6 +26,7 @@ from basalt.store.config import MessageStoreConfig
 from basalt.store.put_result import PutMessageResult, PutStatus
 from basalt.store.put_result import refused as _refused
 from basalt.store.schedule import BadDelayLevel, park
+from basalt.store.timer.park import BadTimer, is_timer_request, park_timer
 
 
 def _bad_topic(topic: str) -> str:
@@ -55,12 +56,18 @@ class Admission:
         reserved = CRC32_RESERVED_LEN if append_crc else 0
         encoded: list[EncodedMessage] = []
         delays = cfg.delay_levels_ms
+        max_delay_ms = cfg.timer_max_delay_sec * 1000
         for m in messages:
-            if m.delay_time_level or m.properties:
+            if m.delay_time_level or m.properties or m.deliver_time_ms:
                 # A delayed message is stored parked in SCHEDULE_TOPIC_XXXX (store.schedule).
                 try:
+                    if is_timer_request(m):
+                        # A timer message waits in rmq_sys_wheel_timer (store.timer);
+                        # with a delay level too, the level wins (RocketMQ's rule).
+                        now = now or self.clock.now_ms()
+                        m = park_timer(m, now, max_delay_ms, enabled=cfg.timer_wheel_enable)
                     m = park(m, delays)
-                except BadDelayLevel as e:
+                except (BadDelayLevel, BadTimer) as e:
                     return _refused(PutStatus.MESSAGE_ILLEGAL, str(e))
             # Topic names are checked per run by check.
             if m.queue_id < 0 or m.queue_id > 0x7FFFFFFF:

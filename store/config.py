@@ -12,6 +12,7 @@ from pathlib import Path
 
 from basalt.common.settings import (
     at_least,
+    between,
     boolean,
     check,
     config_dataclass,
@@ -330,6 +331,56 @@ class MessageStoreConfig:
         ),
     )
 
+    timer_wheel_enable: bool = setting(
+        default=True,
+        check=boolean,
+        doc=(
+            "RocketMQ's timerWheelEnable: whether messages may ask for a delivery time "
+            "(TIMER_DELIVER_MS and the like); off, such sends are refused. See docs/timers.md."
+        ),
+    )
+    timer_precision_ms: int = setting(
+        default=100,
+        check=between(10, 1000),
+        doc=(
+            "RocketMQ's timerPrecisionMs: one timer wheel slot per this many ms; a timer "
+            "message is delivered not before its time and about this much after."
+        ),
+    )
+    timer_max_delay_sec: int = setting(
+        default=7 * 86_400,
+        check=positive,
+        doc=(
+            "RocketMQ's timerMaxDelaySec: the furthest ahead a message may ask to be "
+            "delivered; later times are refused."
+        ),
+    )
+    timer_roll_window_sec: int = setting(
+        default=2 * 86_400,
+        check=at_least(60),
+        doc=(
+            "RocketMQ's timerRollWindowSlot, in seconds: a timer message due later than "
+            "this waits in the wheel this long, then is written to the timer topic again "
+            "(a roll) so its CommitLog record never expires first; keep it well under "
+            "file_reserved_time_hours. The wheel file holds twice this many slots."
+        ),
+    )
+    mapped_file_size_timer_log: int = setting(
+        default=100 << 20,
+        check=at_least(4096),
+        unit="bytes",
+        doc="RocketMQ's mappedFileSizeTimerLog: bytes of one TimerLog file.",
+    )
+    timer_flush_interval_ms: int = setting(
+        default=1000,
+        check=positive,
+        doc=(
+            "RocketMQ's timerFlushIntervalMs: the TimerLog and wheel are fsynced and "
+            "config/timercheck written this often (and at shutdown); a crash delivers "
+            "again what was delivered since."
+        ),
+    )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "store_path_root_dir", Path(self.store_path_root_dir))
         validate(self, StoreConfigError)
@@ -339,6 +390,19 @@ class MessageStoreConfig:
         """Level ``i``'s delay in ms at index ``i - 1`` (``message_delay_level`` parsed;
         cached, as the put path and the dispatcher read it per scheduled message)."""
         return parse_delay_levels(self.message_delay_level)
+
+    @property
+    def timer_dir(self) -> Path:
+        """The TimerLog's files (store.timer)."""
+        return self.store_path_root_dir / "timerlog"
+
+    @property
+    def timer_wheel_path(self) -> Path:
+        return self.store_path_root_dir / "timerwheel"
+
+    @property
+    def timer_checkpoint_path(self) -> Path:
+        return self.store_path_root_dir / "config" / "timercheck"
 
     @property
     def delete_hours(self) -> frozenset[int]:

@@ -21,6 +21,9 @@ file                        rule (shared with the loader)                what a 
                             ``.check_epoch_file``
 ``truncate``                :func:`basalt.store.truncation.read_marker`   finishes the cut
                             (present: a cut under way)                    (damaged: refuses)
+``config/timercheck``,      :func:`basalt.store.timer.check`              rebuilds the timer
+``timerlog/``,              ``.check_timer_files``                        from the timer
+``timerwheel``                                                            topic's queue
 ==========================  ===========================================  =====================
 
 A pop journal tail that does not decode is what a crash mid-append leaves:
@@ -56,6 +59,7 @@ from basalt.store.index_file import (
 from basalt.store.pop_journal import JOURNAL_NAME, decode_records, not_a_journal
 from basalt.store.queue_manifest import ManifestStatus, manifest_path, read_manifest
 from basalt.store.readonly import Findings
+from basalt.store.timer.check import check_timer_files
 from basalt.store.truncation import TRUNCATE_MARKER_NAME, read_marker
 
 __all__ = ["check_side_files"]
@@ -84,6 +88,9 @@ def check_side_files(
     _check_pop(root / "pop", findings, abort=abort)
     _check_index(root / "index", commitlog_max_offset, findings, index_geometry)
     _check_replication_files(root, findings)
+    check_timer_files(
+        root, lambda code, message, path: findings.problem(code, message, path=path), findings.note
+    )
 
 
 def _check_replication_files(root: Path, findings: Findings) -> None:

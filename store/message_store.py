@@ -7,6 +7,8 @@ Owns one store root::
     <root>/index/                IndexFiles                 (store.index_file)
     <root>/config/               consumerOffset.json        (store.consumer_offsets)
                                  delayOffset.json           (store.schedule)
+                                 timercheck                 (store.timer)
+    <root>/timerlog/, timerwheel TimerLog files, the wheel  (store.timer)
                                  consumeQueueManifest.json  (store.queue_manifest)
     <root>/pop/journal           pop-and-ack consumer state (store.pop)
     <root>/checkpoint            flush timestamps, confirm offset (store.checkpoint)
@@ -79,6 +81,8 @@ from basalt.store.recovery import CommitLogPrescan, RecoveryReport, recover
 from basalt.store.replica_log import ReplicaLog
 from basalt.store.schedule import ScheduleMessageService, delay_offset_path
 from basalt.store.store_reads import StoreReads
+from basalt.store.timer import api as timer_api
+from basalt.store.timer.service import TimerMessageService
 from basalt.store.truncation import cut_commitlog, read_marker, remove_marker
 
 log = logging.getLogger(__name__)
@@ -136,6 +140,8 @@ class MessageStore(StoreReads, ReplicaLog):
             now_ms=self.clock.now_ms,
             persist_interval_ms=config.flush_delay_offset_interval_ms,
         )
+        #: Files timer messages in the wheel and delivers them when due (store.timer).
+        self.timer = TimerMessageService(self, config, now_ms=self.clock.now_ms)
         #: Pop-and-ack consumer state (RocketMQ 5's POP), journaled under <root>/pop.
         self.pop = PopStore(
             config.store_path_root_dir / "pop",
@@ -250,6 +256,7 @@ class MessageStore(StoreReads, ReplicaLog):
             # committed offset.
             self.pop_load_report = self.pop.load()
             self.schedule.load()
+            self.timer.load()  # after recovery: it reads the timer topic's queue
             create_abort_file(cfg.abort_path)
         except BaseException:
             self._close_files()
@@ -295,8 +302,9 @@ class MessageStore(StoreReads, ReplicaLog):
             self.index.failures = self.failures
         # A controller-mode store delivers nothing until it is told it is the
         # master (set_schedule_enabled): a slave's deliveries would fork its log.
-        self.schedule.enabled = not cfg.enable_controller_mode
-        for service in (flush, self._flush_cq, self.expiry, self._offset_persister, self.schedule):
+        self.schedule.enabled = self.timer.enabled = not cfg.enable_controller_mode
+        services = (flush, self._flush_cq, self.expiry, self._offset_persister, self.schedule)
+        for service in (*services, self.timer):
             service.failures = self.failures
             service.start()
         self.dispatcher.start()
@@ -307,6 +315,7 @@ class MessageStore(StoreReads, ReplicaLog):
             self.expiry.name,
             self._offset_persister.name,
             self.schedule.name,
+            self.timer.name,
         ) + (("index-service",) if self.index is not None else ())
         self._running = True
         return report
@@ -329,6 +338,10 @@ class MessageStore(StoreReads, ReplicaLog):
         except OSError as e:
             # Not lost, only delivered again after the restart: still not a clean stop.
             self.failures.record(self.schedule.name, e)
+        try:
+            self.timer.shutdown()  # stops delivering, writes config/timercheck
+        except OSError as e:
+            self.failures.record(self.timer.name, e)
         if self.expiry is not None:
             self.expiry.shutdown()
         self.commitlog.close_for_writes()
@@ -441,6 +454,7 @@ class MessageStore(StoreReads, ReplicaLog):
         self.dispatcher.followers.append(self.index)
 
     def _close_files(self) -> None:
+        self.timer.close()
         if self.index is not None:
             self.index.close()
         if self._checkpoint is not None:
@@ -543,10 +557,37 @@ class MessageStore(StoreReads, ReplicaLog):
         return self.put_messages([message])
 
     def set_schedule_enabled(self, enabled: bool) -> None:
-        """Start (True) or stop delivering parked delayed messages: a controller-mode
-        store-node turns it on as master and off as slave (store.schedule)."""
-        self.schedule.enabled = enabled
+        """Start (True) or stop delivering parked delayed and timer messages: a
+        controller-mode store-node turns it on as master and off as slave
+        (store.schedule, store.timer)."""
+        self.schedule.enabled = self.timer.enabled = enabled
         self.schedule.wakeup()
+        self.timer.wakeup()
+
+    # -- timers (store.timer, docs/timers.md) -------------------------------------------
+
+    def recall_timer(self, topic: str, deliver_ms: int, uniq_key: str) -> bool:
+        """Cancel a pending timer message (RocketMQ 5.3's recall); False when it
+        is not pending (delivered, or unknown while the index is on). Raises
+        RecallFailed when the store cannot write the delete marker. Blocks
+        (index look-up, a put): from an event loop use a thread."""
+        return timer_api.recall(self.timer, self.index, topic, deliver_ms, uniq_key)
+
+    def timer_status(
+        self, topic: str | None = None, max_next_due: int = 0
+    ) -> timer_api.TimerStatus:
+        """Pending timers per topic with their next due times, and the scan
+        position (store.timer.api.TimerStatus). Blocks: reads the wheel."""
+        return timer_api.status(self.timer, topic, max_next_due)
+
+    def timer_progress(self) -> bytes:
+        """The timer's scan position and enqueue offset, for a slave to adopt."""
+        return timer_api.progress(self.timer)
+
+    def adopt_timer_progress(self, data: bytes) -> None:
+        """A slave takes its master's :meth:`timer_progress` (store.timer.api.adopt).
+        Raises ValueError for bytes that are not timer progress."""
+        timer_api.adopt(self.timer, data)
 
     def _await_flush(self, result: PutMessageResult, flush_to: int | None) -> PutMessageResult:
         if flush_to is not None and self._group_commit is not None:

@@ -174,20 +174,24 @@ def park(message: Message, delays_ms: Sequence[int]) -> Message:
     )
 
 
-def unpark(record: MessageRecord) -> Message:
+def unpark(record: MessageRecord, drop: frozenset[str] = _PARKING) -> Message:
     """The message a parked record delivers: to REAL_TOPIC / REAL_QID, without the
-    parking properties, everything else as the producer sent it. Raises
-    ValueError when the record has no (valid) REAL_TOPIC / REAL_QID."""
+    parking properties (``drop``: the delay levels' by default; the timers pass
+    theirs), everything else as the producer sent it. Raises ValueError when the
+    record has no (valid) REAL_TOPIC / REAL_QID."""
     props = record.properties
     topic = props.get(PROPERTY_REAL_TOPIC)
-    queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "-1"))
+    try:
+        queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "-1"))
+    except ValueError:
+        queue_id = -1
     if not topic or queue_id < 0:
         raise ValueError(f"record at {record.commit_log_offset} has no REAL_TOPIC/REAL_QID")
     return Message(
         topic,
         record.body,
         queue_id=queue_id,
-        properties={k: v for k, v in props.items() if k not in _PARKING},
+        properties={k: v for k, v in props.items() if k not in drop},
         flag=record.flag,
         sys_flag=record.sys_flag,
         born_timestamp_ms=record.born_timestamp_ms,

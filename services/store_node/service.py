@@ -35,7 +35,7 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -44,6 +44,7 @@ from opentelemetry import trace
 from basalt.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
+    TIMER_TOPIC,
     decode_host,
     parse_offset_msg_id,
     property_value,
@@ -86,7 +87,12 @@ from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldSer
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
 from basalt.services.store_node.pop import PopRpcs
 from basalt.services.store_node.retry_rpcs import RetryRpcs
-from basalt.services.store_node.schedule_rpcs import ScheduleRpcs
+from basalt.services.store_node.schedule_rpcs import (
+    ScheduleRpcs,
+    recall_handle,
+    timer_properties,
+    timer_record,
+)
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.store_node.transaction_rpcs import TransactionRpcs
@@ -98,6 +104,7 @@ from basalt.store.expiry import disk_used_percent
 from basalt.store.get_message import GetMessageResult, GetStatus
 from basalt.store.message_filter import MessageFilter
 from basalt.store.put_result import PutMessageResult, PutStatus
+from basalt.store.timer.park import TIMER_REQUEST_PROPERTIES
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
@@ -253,8 +260,6 @@ class StoreNodeServicer(
         #: False while shutting down: sends and reads are refused, as RocketMQ's
         #: broker permission does once it is set unwritable.
         self.writable = True
-        #: The store's delay levels: a send may ask for 0..this.
-        self._delay_levels = len(store.config.delay_levels_ms)
 
     # -- checks -----------------------------------------------------------------------
 
@@ -268,12 +273,12 @@ class StoreNodeServicer(
             self.group.check_writable()
         broker = self.config.broker_name
         check_broker_perm(broker, self.broker_perm(), write=True)
-        if topic == SCHEDULE_TOPIC:
+        if topic in _SYSTEM_TOPICS:
             # The store's own (RocketMQ's TopicValidator refuses sends to system topics):
             # only the store parks messages there, never through etcd's topics.
             raise Refusal(
                 pb.RESPONSE_CODE_NO_PERMISSION,
-                f"topic {topic!r} is a system topic: ask for a delay level instead",
+                f"topic {topic!r} is a system topic: {_SYSTEM_TOPICS[topic]}",
             )
         config = self.topics.topic(topic)
         if config is not None and not config.writable:
@@ -308,7 +313,12 @@ class StoreNodeServicer(
     # -- sends ------------------------------------------------------------------------
 
     def _send_result(
-        self, topic: str, queue_id: int, result: PutMessageResult, started: float
+        self,
+        topic: str,
+        queue_id: int,
+        result: PutMessageResult,
+        started: float,
+        recall_handles: Sequence[str] = (),
     ) -> pb.SendResult:
         refusal = put_refusal(result)
         if refusal is not None:
@@ -326,15 +336,20 @@ class StoreNodeServicer(
             offset_msg_ids=result.msg_ids,
             store_timestamp_ms=result.store_timestamp_ms,
             store_host=decode_host(result.store_host) if result.store_host else "",
+            recall_handles=recall_handles,
         )
 
-    def _encode_send(self, request: SendRequest) -> EncodedBatch | PutMessageResult:
-        """A checked send's records, or the store's refusal; refusals of the request
-        itself (an empty batch, a message of another topic) raise."""
+    def _encode_send(
+        self, request: SendRequest
+    ) -> tuple[EncodedBatch | PutMessageResult, tuple[str, ...]]:
+        """A checked send's records, or the store's refusal, and the recall handles
+        of its timer messages (empty: none); refusals of the request itself (an
+        empty batch, a message of another topic) raise."""
+        broker = self.config.broker_name
         if isinstance(request, sn.SendMessageRequest):
             m = request.message
-            stored = _store_message(m, m.topic, request.queue_id, self._delay_levels)
-            return self.store.encode_messages([stored])
+            stored, handle = _store_message(m, m.topic, request.queue_id, self.store, broker)
+            return self.store.encode_messages([stored]), (handle,) if handle else ()
         topic, queue_id = request.topic, request.queue_id
         if request.WhichOneof("batch") == "records":
             if not request.records:
@@ -346,7 +361,13 @@ class StoreNodeServicer(
                     pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
                     "a batch of records cannot carry DELAY: send delayed messages one by one",
                 )
-            return EncodedBatch.of_records(topic, queue_id, request.records)
+            if timer_record(request.records):
+                raise Refusal(
+                    pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
+                    "a batch of records cannot carry a delivery time (TIMER_DELIVER_MS, "
+                    "__STARTDELIVERTIME, TIMER_DELAY_SEC/MS): send timer messages one by one",
+                )
+            return EncodedBatch.of_records(topic, queue_id, request.records), ()
         messages = request.messages.messages
         if not messages:
             raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
@@ -356,9 +377,11 @@ class StoreNodeServicer(
                     pb.RESPONSE_CODE_MESSAGE_ILLEGAL,
                     f"a batch goes to one topic: {m.topic!r} in a batch for {topic!r}",
                 )
-        levels = self._delay_levels
-        return self.store.encode_messages(
-            [_store_message(m, topic, queue_id, levels) for m in messages]
+        pairs = [_store_message(m, topic, queue_id, self.store, broker) for m in messages]
+        handles = tuple(h for _, h in pairs)
+        return (
+            self.store.encode_messages([s for s, _ in pairs]),
+            handles if any(handles) else (),
         )
 
     async def send(self, request: SendRequest) -> pb.SendResult:
@@ -366,7 +389,7 @@ class StoreNodeServicer(
         started = time.perf_counter()
         topic, queue_id = _send_target(request)
         await self._writable_topic(topic, queue_id)
-        encoded = self._encode_send(request)
+        encoded, handles = self._encode_send(request)
         if not isinstance(encoded, PutMessageResult):
             encoded = await self.store.put_batch_async(encoded)
             if self.group is not None:
@@ -378,7 +401,7 @@ class StoreNodeServicer(
                     encoded, lambda r: None if confirmed.done() else confirmed.set_result(r)
                 )
                 encoded = await confirmed
-        return self._send_result(topic, queue_id, encoded, started)
+        return self._send_result(topic, queue_id, encoded, started, handles)
 
     def start_send(self, request: SendRequest, on_done: Callable[[SendOutcome], None]) -> bool:
         """:meth:`send` without a coroutine, for SendStream's sends: False (and
@@ -389,13 +412,13 @@ class StoreNodeServicer(
         topic, queue_id = _send_target(request)
         if self._writable_config(topic, queue_id) is None:
             return False
-        encoded = self._encode_send(request)
+        encoded, handles = self._encode_send(request)
 
         def settle(result: PutMessageResult) -> None:
             # Called by the store's drain, which settles the rest of the group
             # after this: nothing may escape.
             try:
-                outcome: SendOutcome = self._send_result(topic, queue_id, result, started)
+                outcome: SendOutcome = self._send_result(topic, queue_id, result, started, handles)
             except Exception as e:
                 outcome = as_refusal(e, "SendStream")
             on_done(outcome)
@@ -754,6 +777,14 @@ def _delayed_record(records: bytes) -> bool:
     return False
 
 
+_TIMER_NAMES = frozenset(TIMER_REQUEST_PROPERTIES)
+#: Topics only the store writes, and what a sender should do instead.
+_SYSTEM_TOPICS = {
+    SCHEDULE_TOPIC: "ask for a delay level instead",
+    TIMER_TOPIC: "ask for a delivery time (deliver_time_ms) instead",
+}
+
+
 def _send_target(request: SendRequest) -> tuple[str, int]:
     if isinstance(request, sn.SendMessageRequest):
         return request.message.topic, request.queue_id
@@ -768,11 +799,16 @@ def _check_write_queue(config: TopicConfig, queue_id: int) -> None:
         )
 
 
-def _store_message(m: pb.Message, topic: str, queue_id: int, levels: int) -> Message:
-    """A wire Message as the store's; MESSAGE_ILLEGAL for a property named as the
-    store's own (``__CRC32#``, basalt.services.validation), INVALID_PARAMETER for a
-    delay level (``delay_level``, else the DELAY property) outside 0..``levels``:
-    the front refuses what the store would clamp (docs/scheduled.md)."""
+def _store_message(
+    m: pb.Message, topic: str, queue_id: int, store: MessageStore, broker: str
+) -> tuple[Message, str]:
+    """A wire Message as the store's, and its recall handle ("" but for a timer
+    message); MESSAGE_ILLEGAL for a property named as the store's own
+    (``__CRC32#``, basalt.services.validation), INVALID_PARAMETER for a delay
+    level (``delay_level``, else the DELAY property) outside 0..N: the front
+    refuses what the store would clamp (docs/scheduled.md), and for a bad timer
+    (schedule_rpcs.timer_properties, docs/timers.md)."""
+    levels = len(store.config.delay_levels_ms)
     try:
         check_property_names(m.properties, STORE_PROPERTIES)
     except LimitError as e:
@@ -791,15 +827,21 @@ def _store_message(m: pb.Message, topic: str, queue_id: int, levels: int) -> Mes
             f"delay level {raw if raw is not None and not m.delay_level else level} is out of "
             f"range: 0 (no delay) or 1-{levels} (the store's message_delay_level)",
         )
-    return Message(
+    properties = dict(m.properties)
+    handle = ""
+    if m.deliver_time_ms or (properties and not _TIMER_NAMES.isdisjoint(properties)):
+        deliver = timer_properties(m, properties, level, store)
+        handle = recall_handle(topic, broker, deliver, properties)
+    message = Message(
         topic,
         m.body,
         queue_id=queue_id,
         tags=m.tags or None,
         keys=tuple(m.keys),
-        properties=dict(m.properties),
+        properties=properties,
         flag=m.flag,
         born_timestamp_ms=m.born_timestamp_ms,
         born_host=m.born_host or "127.0.0.1:0",
         delay_time_level=level,
     )
+    return message, handle
