@@ -161,7 +161,7 @@ async def _schedule_status(meta: MetaClient, a: argparse.Namespace) -> Table:
     rows: list[list[Any]] = []
     for broker, status in answers:
         if isinstance(status, AdminError):
-            rows.append([broker, f"(no answer: {status})", "", "", "", "", [], "", None])
+            rows.append([broker, f"(failed: {status})", "", "", "", "", [], "", None])
         else:
             rows += status_rows(broker, status, levels=not a.topic, iso_time=iso_time)
     if any(isinstance(status, AdminError) for _, status in answers):

@@ -53,16 +53,17 @@ async def test_schedule_status_lists_levels_and_timers_per_store_node(
         await _send(h, "broker-b", wire(OTHER, b"r", deliver_time_ms=hour + 5000))
 
         async def status(*flags: str) -> str:
-            async def counted() -> str | None:
-                code, out, err = await basalt("admin", "scheduleStatus", *flags, *etcd)
-                assert code == 0, err
-                # The timers count a message once they have read it from the log.
-                totals = _rows(out, name="(all topics)") if "--json" in flags else []
-                return out if sum(r["pending"] for r in totals) == 4 or not totals else None
+            code, out, err = await basalt("admin", "scheduleStatus", *flags, *etcd)
+            assert code == 0, err
+            return out
 
-            return await _eventually(counted)
+        async def counted() -> str | None:
+            # The timers count a message once they have read it from the log.
+            out = await status("--json", "--next", "2")
+            totals = _rows(out, name="(all topics)")
+            return out if sum(r["pending"] for r in totals) == 4 else None
 
-        out = await status("--json", "--next", "2")
+        out = await _eventually(counted)
         levels_a = _rows(out, broker="broker-a", kind="level")
         assert [r["name"] for r in levels_a] == [str(n) for n in range(1, 19)]
         assert levels_a[0]["delay"] == "1s" and levels_a[17]["delay"] == "2h"
@@ -85,12 +86,10 @@ async def test_schedule_status_lists_levels_and_timers_per_store_node(
             ("broker-b", "timer", "(all topics)"),
         }
         # The table: dates, not milliseconds.
-        code, out, err = await basalt("admin", "scheduleStatus", "-b", "broker-a", *etcd)
-        assert code == 0, err
+        out = await status("-b", "broker-a")
         header, _, *lines = out.splitlines()
-        assert header.split() == ["broker", "kind", "name", "delay", "pending", "next_due"] + [
-            "read_to"
-        ]
+        columns = ["broker", "kind", "name", "delay", "pending", "next_due", "read_to"]
+        assert header.split() == columns
         assert any(line.split()[:5] == ["broker-a", "level", "18", "2h", "1"] for line in lines)
         assert not any("next_due_ms" in line for line in lines)
 
