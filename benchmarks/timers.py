@@ -256,6 +256,7 @@ class Lateness:
     early: int = 0
     late_ms: list[int] = field(default_factory=list)
     put_late_ms: list[int] = field(default_factory=list)
+    pull_ms: list[int] = field(default_factory=list)
     send_s: float = 0.0
     cpu_s: float = 0.0
     rss_anon_start: int = 0
@@ -299,6 +300,7 @@ async def lateness(args: argparse.Namespace, root: Path) -> Lateness:
                         result.received += 1
                         result.late_ms.append(now_ms - at)
                         result.put_late_ms.append(r.store_timestamp_ms - at)
+                        result.pull_ms.append(now_ms - r.store_timestamp_ms)
                         if r.store_timestamp_ms < at:
                             result.early += 1
             done.set()
@@ -360,6 +362,8 @@ class Pending:
     commitlog_0: int = 0
     commitlog_n: int = 0
     cpu_s: float = 0.0
+    #: (messages sent, RssAnon) after each tenth of the sends.
+    rss_curve: list[tuple[int, int]] = field(default_factory=list)
 
 
 async def pending(args: argparse.Namespace, root: Path) -> Pending:
@@ -387,6 +391,9 @@ async def pending(args: argparse.Namespace, root: Path) -> Pending:
                 next_seq += count
                 due = [base_ms + rng.randrange(3_600_000) for _ in range(count)]
                 await node.send(queue, messages(first, due, args.body))
+                tenth = (first + count) * 10 // total
+                if tenth > len(result.rss_curve):
+                    result.rss_curve.append((first + count, Memory.of(node.pid).anon))
                 if first // args.batch % 200 == 0:
                     rate = (first + count) / (time.time() - started)
                     log(f"pending: sent {first + count:,} of {total:,} ({rate:,.0f}/s)")
@@ -429,6 +436,7 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
     if late is not None:
         values = sorted(late.late_ms)
         puts = sorted(late.put_late_ms)
+        pulls = sorted(late.pull_ms)
         p50 = percentile(values, 0.50) if values else float("nan")
         p99 = percentile(values, 0.99) if values else float("nan")
         worst = values[-1] if values else float("nan")
@@ -439,6 +447,14 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
             ["lateness p50 (consumer)", f"{p50:,.0f} ms", "", ""],
             ["lateness p99 (consumer)", f"{p99:,.0f} ms", "<= 100 ms", met],
             ["lateness max (consumer)", f"{worst:,.0f} ms", "", ""],
+            [
+                "consumer part p50 / p99 / max (arrival - store time)",
+                " / ".join(f"{percentile(pulls, q):,.0f}" for q in (0.5, 0.99, 1.0)) + " ms"
+                if pulls
+                else "-",
+                "",
+                "",
+            ],
             [
                 "put lateness p50 / p99 / max (store)",
                 " / ".join(f"{percentile(puts, q):,.0f}" for q in (0.5, 0.99, 1.0)) + " ms"
@@ -490,6 +506,8 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
             "put_p50_ms": percentile(puts, 0.5) if puts else None,
             "put_p99_ms": percentile(puts, 0.99) if puts else None,
             "put_max_ms": puts[-1] if puts else None,
+            "pull_p50_ms": percentile(pulls, 0.5) if pulls else None,
+            "pull_p99_ms": percentile(pulls, 0.99) if pulls else None,
             "cpu_s": late.cpu_s,
             "cpu_us_per_message": late.cpu_s / max(late.received, 1) * 1e6,
             "rss_anon_start": late.rss_anon_start,
@@ -517,6 +535,12 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
                 f"{_mib(pend.rss_anon_0)} / {_mib(pend.rss_anon_n)} (+{growth:,.1f} MiB)",
                 "<= +64 MiB",
                 met,
+            ],
+            [
+                "RssAnon after each 10 % sent",
+                " ".join(f"{anon / MiB:.0f}" for _, anon in pend.rss_curve) + " MiB",
+                "",
+                "",
             ],
             [
                 "RssFile at 0 / at N",
@@ -559,6 +583,7 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
             "commitlog_0": pend.commitlog_0,
             "commitlog_n": pend.commitlog_n,
             "cpu_s": pend.cpu_s,
+            "rss_anon_curve": pend.rss_curve,
         }
     return aligned(rows, numeric=set()), out
 
@@ -581,12 +606,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--senders", type=int, default=4, help="part 2's sends in flight")
     parser.add_argument("--body", type=int, default=100, help="body bytes (>= 16)")
     parser.add_argument("--quick", action="store_true", help="~2 min: 30,000 / 60 s / 500,000")
+    parser.add_argument(
+        "--timer-precision-ms",
+        type=int,
+        help="the store-node's timer_precision_ms (BASALT_TIMER_PRECISION_MS; default: its own)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.quick:
         args.messages, args.window_s, args.pending = 30_000, 60.0, 500_000
         args.grace_s = 20.0
     args.body = max(args.body, _HEAD.size)
+    if args.timer_precision_ms is not None:
+        # cluster up's processes inherit the environment; a BASALT_* variable
+        # sets a store-node setting (docs/configuration.md).
+        os.environ["BASALT_TIMER_PRECISION_MS"] = str(args.timer_precision_ms)
     with tempfile.TemporaryDirectory(prefix="basalt-timers-", dir=args_dir()) as tmp:
         late, pend = asyncio.run(run(args, Path(tmp)))
     table, figures = report(late, pend)
