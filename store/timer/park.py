@@ -58,6 +58,9 @@ DELIVERY_DROPS = frozenset(
 )
 
 
+_TIMER_NAMES = frozenset(TIMER_REQUEST_PROPERTIES)
+
+
 class BadTimer(StoreError, ValueError):
     """A timer property that is not a number, or a time past the maximum: refused."""
 
@@ -101,9 +104,9 @@ def is_timer_request(message: Message) -> bool:
     props = message.properties
     if message.deliver_time_ms > 0:
         return PROPERTY_TIMER_OUT_MS not in props
-    if not props or PROPERTY_TIMER_OUT_MS in props:
+    if not props or _TIMER_NAMES.isdisjoint(props):
         return False
-    return any(name in props for name in TIMER_REQUEST_PROPERTIES)
+    return PROPERTY_TIMER_OUT_MS not in props
 
 
 def park_timer(message: Message, now_ms: int, max_delay_ms: int, *, enabled: bool) -> Message:
