@@ -15,11 +15,13 @@ wire's ``deliver_time_ms`` (the store-node encodes and parks each), a
    long. A ``LitePullConsumer`` on every queue (through the pull-service)
    takes them as they come: lateness = its clock when ``poll`` returned the
    message - the delivery time asked for (one host, one clock), p50 / p99 /
-   max; early = delivered before its time (must be 0); "put" lateness = the
-   delivered copy's STORETIMESTAMP - the delivery time (the store's part
-   alone). Meanwhile the store-node's RSS is sampled every second from
-   ``/proc/<pid>/status``: RssAnon (its own memory) and RssFile (mapped
-   files' pages in the page cache, the kernel's to drop) apart; CPU is its
+   max; early = delivered before its time (must be 0). It is split in two:
+   "put" lateness = the delivered copy's STORETIMESTAMP - the delivery time
+   (the timer's part), and the consumer part = arrival - STORETIMESTAMP
+   (dispatch, long poll, pull-service, SDK). Meanwhile the store-node's RSS
+   is sampled every second from ``/proc/<pid>/status``: RssAnon (its own
+   memory) and RssFile (mapped files' pages in the page cache, the kernel's
+   to drop) apart; CPU is its
    utime + stime from the first send to the last delivery, a scheduled
    message (put, parked, delivered, pulled).
 2. **Pending**: a fresh cluster; RSS and disk at 0 pending, then
@@ -29,7 +31,8 @@ wire's ``deliver_time_ms`` (the store-node encodes and parks each), a
    store-node says they are all pending (GetScheduleStatus) or stops
    counting, RSS again, and the disk: the timer files (``timerlog/``,
    ``timerwheel``, ``config/timer*``) and the CommitLog, as allocated
-   blocks (``du``).
+   blocks (``du``). RssAnon is also read after each tenth of the sends:
+   whether it grows with the number pending or only once, with the load.
 
 Targets (issue 30): lateness p99 <= 100 ms; RSS at ``--pending`` <= RSS at 0
 + 64 MiB (RssAnon: what the store-node holds; RssFile shown beside it).
@@ -37,6 +40,11 @@ Prints one table; ``--json PATH`` writes the figures too. Usage::
 
     .venv/bin/python benchmarks/timers.py                 # ~15-20 min
     .venv/bin/python benchmarks/timers.py --quick         # ~2 min smoke run
+
+``--timer-precision-ms`` sets the store-node's ``timer_precision_ms``; any
+other store-node setting goes through its ``BASALT_*`` environment variable
+(``cluster up``'s processes inherit it), e.g.
+``BASALT_HA_HEARTBEAT_INTERVAL_MS=10``.
 """
 
 from __future__ import annotations
