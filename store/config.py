@@ -362,7 +362,7 @@ class MessageStoreConfig:
             "RocketMQ's timerRollWindowSlot, in seconds: a timer message due later than "
             "this waits in the wheel this long, then is written to the timer topic again "
             "(a roll) so its CommitLog record never expires first; keep it well under "
-            "file_reserved_time_hours. The wheel file holds twice this many slots."
+            "file_reserved_time_hours. The wheel file has slots for twice this span."
         ),
     )
     mapped_file_size_timer_log: int = setting(

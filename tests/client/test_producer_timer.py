@@ -5,6 +5,7 @@ and Producer.recall cancel one, bad input is refused."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import re
 import time
@@ -102,3 +103,17 @@ def test_deliver_at_takes_unix_ms_and_iso_times() -> None:
     with pytest.raises(ValueError):
         parse_deliver_at("soon")
     assert abs(deliver_after(1.5) - (time.time() * 1000 + 1500)) < 1000
+
+
+def test_recall_handles_are_rocketmq_5_3s() -> None:
+    # RecallMessageHandle.HandleV1.buildHandle: URL-safe base64 of "v1 topic broker time id".
+    handle = RecallHandle("Orders", "broker-a", 1_700_000_000_000, "7F00000100").encode()
+    assert (
+        handle == base64.urlsafe_b64encode(b"v1 Orders broker-a 1700000000000 7F00000100").decode()
+    )
+    assert RecallHandle.decode(handle.rstrip("=")) == RecallHandle.decode(handle)
+    for bad in ("", "***", base64.urlsafe_b64encode(b"v2 T b 1 id").decode(),
+                base64.urlsafe_b64encode(b"v1 T b soon id").decode(),
+                base64.urlsafe_b64encode(b"v1 T b 1").decode()):  # fmt: skip
+        with pytest.raises(ValueError, match="recall handle"):
+            RecallHandle.decode(bad)

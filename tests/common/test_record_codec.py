@@ -356,12 +356,12 @@ def test_send_result_fields_are_its_dataclass_fields() -> None:
 
 
 def test_slotted_builds_what_init_builds() -> None:
-    values = [(0, f"id{k}", f"off{k}", "T", "broker-a", 3, 100 + k) for k in range(4)]
+    values = [(0, f"id{k}", f"off{k}", "T", "broker-a", 3, 100 + k, f"h{k}") for k in range(4)]
     columns = tuple(list(column) for column in zip(*values, strict=True))
     built = _records.slotted(SendResult, _SEND_RESULT_FIELDS, columns)
     assert built == [SendResult(*v) for v in values]
     assert all(type(r) is SendResult for r in built)
-    assert _records.slotted(SendResult, _SEND_RESULT_FIELDS, ((),) * 7) == []
+    assert _records.slotted(SendResult, _SEND_RESULT_FIELDS, ((),) * len(values[0])) == []
 
 
 def test_slotted_refuses_what_it_cannot_fill() -> None:

@@ -27,8 +27,10 @@ from basalt.store.batch import EncodedBatch
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
-from tests.support.aio import run
+from tests.support.aio import async_test, run
 from tests.support.etcd import unique_cluster
+from tests.support.groups import TOPIC as GROUP_TOPIC
+from tests.support.groups import ReplicaGroup, ha_flags
 from tests.support.nodes import NODE_TOPIC as TOPIC
 from tests.support.nodes import node
 from tests.support.polling import eventually, eventually_sync
@@ -279,3 +281,46 @@ def test_100k_pending_timers_survive_kill_9_of_the_store_node(
         print(f"kill -9: {PENDING} delivered, {sum(seen.values()) - PENDING} duplicates")
     finally:
         store.shutdown()
+
+
+# -- a replicated group -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@async_test(timeout_s=180)
+async def test_in_a_group_only_the_master_delivers_and_recalls(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    """Two members: a timer sent to the master is delivered once - the slave
+    replicates the delivered copy and delivers nothing itself (its log would
+    fork) - and a recall sent to the slave is refused NOT_MASTER."""
+    async with ReplicaGroup(
+        tmp_path, etcd.endpoint, unique_cluster(), replicas=2, flags=ha_flags(min_in_sync=2)
+    ) as group:
+        await eventually(lambda: group.in_sync({0, 1}), timeout_s=60, what="both in sync")
+        master = (await group.state()).master_id
+        slave = 1 - master
+        due = now_ms() + 1500
+        sent = await group.stub(master).SendMessage(
+            sn.SendMessageRequest(
+                message=pb.Message(topic=GROUP_TOPIC, body=b"once", deliver_time_ms=due),
+                queue_id=0,
+            )
+        )
+        [handle] = sent.result.recall_handles
+        _, code, details = await refused(
+            group.stub(slave).RecallMessage(
+                sn.RecallMessageRequest(topic=GROUP_TOPIC, recall_handle=handle)
+            )
+        )
+        assert code == pb.RESPONSE_CODE_NOT_MASTER, details
+
+        async def on_both() -> bool:
+            counts = [len(await group.read_queue(m, 0)) for m in (master, slave)]
+            return counts == [1, 1]
+
+        await eventually(on_both, timeout_s=30, what="the delivered copy on both members")
+        await asyncio.sleep(1.0)  # a slave that delivered too would show a second copy
+        for member in (master, slave):
+            assert [body for _, body in await group.read_queue(member, 0)] == [b"once"]
+        assert now_ms() >= due
