@@ -15,8 +15,9 @@ store-node with every pending timer and how far the timer's scan has come
 (``read_to``: what is due before it has been delivered). ``-t TOPIC`` lists
 that topic's timers only (delay levels are shared by every topic: left
 out). ``--json`` has one object per row, the times in epoch ms too
-(``next_due_ms`` a list). A store-node that does not answer is a row saying
-so and exit status 1, the others' rows printed.
+(``next_due_ms`` a list). A store-node that does not answer (or refuses: a
+``--next`` over its limit of 1000) is a row ``(failed: why)`` and exit
+status 1, the others' rows printed.
 
 The delivery time of one message is :func:`basalt.common.delivery.delivery_time_ms`
 over the store-node's delay table (from the same call).

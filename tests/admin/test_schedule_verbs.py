@@ -97,6 +97,12 @@ async def test_schedule_status_lists_levels_and_timers_per_store_node(
         assert code == 1 and "broker-z" in err
         code, _, err = await basalt("admin", "scheduleStatus", "--next", "-1", *etcd)
         assert code == 1 and "--next" in err
+        # A store-node that refuses is a row of its own; exit 1.
+        code, out, _ = await basalt("admin", "scheduleStatus", "--next", "5000", "--json", *etcd)
+        assert code == 1
+        failed = json.loads(out)
+        assert {r["broker"] for r in failed} == set(BROKERS)
+        assert all("(failed: " in r["kind"] and "max_next_due" in r["kind"] for r in failed)
 
 
 @async_test(timeout_s=SUBPROCESS_TEST_TIMEOUT_S)
@@ -112,6 +118,9 @@ async def test_query_msg_by_id_shows_the_delivery_time(
             h, "broker-a", wire(TOPIC, b"s", properties={"TIMER_DELAY_SEC": "5400"})
         )
         plain = await _send(h, "broker-a", wire(TOPIC, b"p"))
+        # A time already past: stored in its topic at once, its time kept.
+        past = (int(time.time()) - 60) * 1000
+        at_once = await _send(h, "broker-b", wire(TOPIC, b"n", deliver_time_ms=past))
 
         async def shown(result: pb.SendResult) -> dict[str, Any]:
             code, out, err = await basalt(
@@ -129,6 +138,8 @@ async def test_query_msg_by_id_shows_the_delivery_time(
         # store time may differ from by the put's own duration): 90 minutes on.
         resolved = (await shown(relative))["deliver_ms"] - relative.store_timestamp_ms
         assert abs(resolved - 5_400_000) < 60_000
+        row = await shown(at_once)
+        assert row["deliver_ms"] == past and row["store_ms"] > past
         row = await shown(plain)
         assert row["deliver_ms"] is None and row["deliver_time"] == ""
 
