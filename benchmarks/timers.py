@@ -144,12 +144,11 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            with_ok = True
             try:
                 m = Memory.of(self.pid)
             except (OSError, KeyError):
-                with_ok = False
-            if with_ok:
+                pass  # the process is gone: the peaks so far stand
+            else:
                 self.peak_anon = max(self.peak_anon, m.anon)
                 self.peak_file = max(self.peak_file, m.file)
             self._stop.wait(self.period_s)
