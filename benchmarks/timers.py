@@ -61,7 +61,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,8 @@ RSS_GROWTH_TARGET_MIB = 64.0
 _HEAD = struct.Struct(">qq")
 #: A steady sender's tick.
 TICK_S = 0.1
+#: Lateness' per-message samples: summarized, not written to --json.
+_SAMPLES = frozenset({"late_ms", "put_late_ms", "pull_ms"})
 
 
 def log(text: str) -> None:
@@ -501,29 +503,16 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
                 "",
             ],
         ]
-        out["lateness"] = {
-            "messages": late.messages,
-            "window_s": late.window_s,
-            "received": late.received,
-            "duplicates": late.duplicates,
-            "early": late.early,
+        figures = {f.name: getattr(late, f.name) for f in fields(late)}
+        out["lateness"] = {k: v for k, v in figures.items() if k not in _SAMPLES} | {
             "p50_ms": p50,
             "p99_ms": p99,
             "max_ms": worst,
-            "put_p50_ms": percentile(puts, 0.5) if puts else None,
-            "put_p99_ms": percentile(puts, 0.99) if puts else None,
-            "put_max_ms": puts[-1] if puts else None,
-            "pull_p50_ms": percentile(pulls, 0.5) if pulls else None,
-            "pull_p99_ms": percentile(pulls, 0.99) if pulls else None,
-            "cpu_s": late.cpu_s,
+            "put_p50_p99_max_ms": [percentile(puts, q) for q in (0.5, 0.99, 1.0)] if puts else None,
+            "pull_p50_p99_max_ms": [percentile(pulls, q) for q in (0.5, 0.99, 1.0)]
+            if pulls
+            else None,
             "cpu_us_per_message": late.cpu_s / max(late.received, 1) * 1e6,
-            "rss_anon_start": late.rss_anon_start,
-            "rss_anon_peak": late.rss_anon_peak,
-            "rss_file_start": late.rss_file_start,
-            "rss_file_peak": late.rss_file_peak,
-            "send_s": late.send_s,
-            "machine_busy_pct": late.machine_busy_pct,
-            "steal_pct": late.steal_pct,
         }
     if pend is not None:
         growth = (pend.rss_anon_n - pend.rss_anon_0) / MiB
@@ -575,22 +564,8 @@ def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, 
                 "",
             ],
         ]
-        out["pending"] = {
-            "pending": pend.pending,
-            "counted": pend.counted,
-            "send_s": pend.send_s,
-            "settle_s": pend.settle_s,
-            "rss_anon_0": pend.rss_anon_0,
-            "rss_anon_n": pend.rss_anon_n,
-            "rss_file_0": pend.rss_file_0,
-            "rss_file_n": pend.rss_file_n,
-            "rss_anon_growth_mib": growth,
-            "timer_disk_0": pend.timer_disk_0,
-            "timer_disk_n": pend.timer_disk_n,
-            "commitlog_0": pend.commitlog_0,
-            "commitlog_n": pend.commitlog_n,
-            "cpu_s": pend.cpu_s,
-            "rss_anon_curve": pend.rss_curve,
+        out["pending"] = {f.name: getattr(pend, f.name) for f in fields(pend)} | {
+            "rss_anon_growth_mib": growth
         }
     return aligned(rows, numeric=set()), out
 
