@@ -13,6 +13,7 @@
     basalt admin queryMsgByKey -t T -k KEY
     basalt admin queryMsgById -i OFFSET_MSG_ID|MSG_ID [-t T]
     basalt admin brokerStatus -b BROKER
+    basalt admin scheduleStatus [-b BROKER ...] [-t T] [--next N]   (basalt.admin.schedule_verbs)
     basalt admin electMaster -b BROKER -n BROKER_ID [--unclean]
     basalt admin shrinkTopic -t T -n N [--wait-s S] [-g offline-group ...]
     basalt admin resetOffsetByTime -g G -t T -s now|MILLIS|-1|yyyy-MM-dd#HH:mm:ss:SSS [-f BOOL]
@@ -51,7 +52,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from basalt.admin import auth_verbs, extras, groups, ops, retry_verbs, topics
+from basalt.admin import auth_verbs, extras, groups, ops, retry_verbs, schedule_verbs, topics
 from basalt.admin.backends import DirectAdmin, ServiceAdmin, TopicAdmin
 from basalt.admin.errors import AdminError, BrokerNotRegisteredError, PeerCallError
 from basalt.common import dial
@@ -203,7 +204,8 @@ async def _consumer_connection(meta: MetaClient, a: argparse.Namespace) -> Table
     return [*header, "subscriptions", "version"], rows
 
 
-def _message_rows(found: list[tuple[str, MessageRecord]]) -> Table:
+async def _message_rows(meta: MetaClient, found: list[tuple[str, MessageRecord]]) -> Table:
+    delivery = await schedule_verbs.delivery_times(meta, found)
     header = [
         "broker",
         "queue",
@@ -214,6 +216,8 @@ def _message_rows(found: list[tuple[str, MessageRecord]]) -> Table:
         "store_ms",
         "tags",
         "keys",
+        "deliver_time",
+        "deliver_ms",
     ]
     return header, [
         [
@@ -226,17 +230,19 @@ def _message_rows(found: list[tuple[str, MessageRecord]]) -> Table:
             r.store_timestamp_ms,
             r.tags or "",
             " ".join(r.keys),
+            note or iso_time(at or 0),
+            at,
         ]
-        for broker, r in found
+        for (broker, r), (at, note) in zip(found, delivery, strict=True)
     ]
 
 
 async def _query_msg_by_key(meta: MetaClient, a: argparse.Namespace) -> Table:
-    return _message_rows(await ops.query_msg_by_key(meta, a.topic, a.key))
+    return await _message_rows(meta, await ops.query_msg_by_key(meta, a.topic, a.key))
 
 
 async def _query_msg_by_id(meta: MetaClient, a: argparse.Namespace) -> Table:
-    return _message_rows(await ops.query_msg_by_id(meta, a.msg_id, a.topic))
+    return await _message_rows(meta, await ops.query_msg_by_id(meta, a.msg_id, a.topic))
 
 
 async def _broker_status(meta: MetaClient, a: argparse.Namespace) -> Table:
@@ -430,6 +436,7 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Verb | 
     ),
 }
 VERBS.update(retry_verbs.VERBS)
+VERBS.update(schedule_verbs.VERBS)
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
@@ -529,7 +536,9 @@ async def _through_service(address: str, args: argparse.Namespace, operation: Se
 TOTAL = "(total)"
 #: Columns only ``--json`` prints: a time in milliseconds, which the table shows
 #: as the date in the column before it (scripts get both).
-JSON_ONLY = frozenset({"last_update_ms", "connected_since_ms", "store_ms"})
+JSON_ONLY = (
+    frozenset({"last_update_ms", "connected_since_ms", "store_ms"}) | schedule_verbs.JSON_ONLY
+)
 
 
 def iso_time(ms: int) -> str:
