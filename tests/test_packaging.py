@@ -191,11 +191,16 @@ def test_the_docs_folder_tables_list_every_source_folder(doc: str) -> None:
 
 
 def _quickstart_imports() -> str:
-    """The import statements of the README's Python quickstart, as source."""
+    """The import statements of the README's Python examples, as source."""
     readme = (REPO / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "Producer(" in b]
-    tree = ast.parse(block)
-    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert any("Producer(" in b for b in blocks)
+    imports = [
+        n
+        for block in blocks
+        for n in ast.parse(block).body
+        if isinstance(n, ast.Import | ast.ImportFrom)
+    ]
     assert any(isinstance(n, ast.ImportFrom) and n.module == "basalt.client" for n in imports)
     return "\n".join(ast.unparse(n) for n in imports)
 
