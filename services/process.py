@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import faulthandler
 import logging
 import os
 import resource
@@ -224,7 +225,8 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     Otherwise run ``serve(args)`` (``args.settings`` holds them) on a fresh
     event loop, telemetry set up (the metrics endpoint logged, ignored config
     keys warned of), the open files limit raised (:func:`raise_open_files_limit`)
-    and large buffers kept (:func:`keep_large_buffers`); its exit status. Spans
+    and large buffers kept (:func:`keep_large_buffers`), SIGQUIT dumping every
+    thread's stack to stderr; its exit status. Spans
     and metrics are flushed once ``serve`` returns (the service stopped),
     before the caller exits."""
     try:
@@ -249,6 +251,9 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
         log.info("metrics on %s", telemetry.metrics_url)
     raise_open_files_limit()
     keep_large_buffers()
+    # kill -QUIT writes every thread's stack to stderr and the service goes on
+    # (a JVM broker's thread dump): what a process that will not stop waits on.
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     try:
         _setup_auth(resolved)
     except (OSError, ValueError) as e:

@@ -144,7 +144,10 @@ class Member:
         self.paused = False
 
     def terminate(self) -> int:
-        """SIGTERM (a master hands over first); returns its exit status."""
+        """SIGTERM (a master hands over first); returns its exit status. A member
+        still running after PROCESS_TIMEOUT_S gets SIGQUIT first (faulthandler
+        writes every thread's stack to its log: what it hung on), then SIGKILL:
+        -9."""
         assert self.proc is not None
         if self.paused:
             self.resume()
@@ -152,8 +155,15 @@ class Member:
         try:
             return self.proc.wait(timeout=PROCESS_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            self.signal(signal.SIGQUIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
             self.kill()
             return -9
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The last ``lines`` of its log, for an assertion's message."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def pause(self) -> None:
         self.signal(signal.SIGSTOP)

@@ -123,7 +123,8 @@ async def test_failover_keeps_every_acknowledged_send_and_the_old_master_rejoins
         # A clean stop of the master hands the group to a caught-up slave before
         # the process exits: the state names another member at the next epoch
         # by then (no lease had to end), and nothing acknowledged is missing.
-        assert await asyncio.to_thread(group.members[new].terminate) == 0
+        stopped = await asyncio.to_thread(group.members[new].terminate)
+        assert stopped == 0, group.members[new].log_tail()
         handed = await group.state()
         assert handed.master_id != new and handed.epoch == second.epoch + 1
         await eventually(
