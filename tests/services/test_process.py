@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from basalt.services.process import (
     raise_open_files_limit,
     service_env,
 )
+from tests.support.polling import eventually_sync
 from tests.support.processes import ServiceProcess, store_node_process
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
@@ -111,3 +113,18 @@ def test_raising_the_open_files_limit_where_it_is_the_hard_one_changes_nothing(
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert "already the hard limit" in caplog.text
+
+
+def test_sigquit_dumps_every_threads_stack_and_the_service_goes_on(
+    tmp_path: Path, processes: list[ServiceProcess]
+) -> None:
+    node = store_node_process(tmp_path)
+    processes.append(node)
+    node.wait_serving()
+    node.proc.send_signal(signal.SIGQUIT)
+    log = tmp_path / "broker-a.log"
+    eventually_sync(lambda: "Current thread" in log.read_text(), what="the stack dump")
+    text = log.read_text()
+    assert text.count("Thread 0x") >= 2  # the loop's and the store's threads
+    assert node.proc.poll() is None  # still serving
+    assert node.stop() == 0
