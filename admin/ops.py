@@ -95,27 +95,10 @@ async def topic_status(meta: MetaClient, topic: str) -> list[QueueStatus]:
 async def _queue_status(
     stub: sn_grpc.StoreNodeAsyncStub, broker: str, topic: str, queue_id: int
 ) -> QueueStatus:
-    bounds = await _call(
-        broker,
-        stub.GetMinMaxOffset(
-            sn.GetMinMaxOffsetRequest(topic=topic, queue_id=queue_id), timeout=CALL_TIMEOUT_S
-        ),
-    )
+    bounds = await queue_bounds(stub, broker, topic, queue_id)
     last = 0
     if bounds.max_offset > bounds.min_offset:
-        got = await _call(
-            broker,
-            stub.GetMessage(
-                sn.GetMessageRequest(
-                    group=ADMIN_GROUP,
-                    topic=topic,
-                    queue_id=queue_id,
-                    offset=bounds.max_offset - 1,
-                    max_msg_nums=1,
-                ),
-                timeout=CALL_TIMEOUT_S,
-            ),
-        )
+        got = await read_queue_at(stub, broker, topic, queue_id, bounds.max_offset - 1, 1)
         if got.records.data:
             last = store_timestamp_at(got.records.data)
     return QueueStatus(broker, queue_id, bounds.min_offset, bounds.max_offset, last)
@@ -154,20 +137,9 @@ async def consumer_progress(
 async def _progress(
     stub: sn_grpc.StoreNodeAsyncStub, broker: str, group: str, topic: str, queue_id: int
 ) -> QueueProgress:
-    bounds = await _call(
-        broker,
-        stub.GetMinMaxOffset(
-            sn.GetMinMaxOffsetRequest(topic=topic, queue_id=queue_id), timeout=CALL_TIMEOUT_S
-        ),
-    )
-    committed = await _call(
-        broker,
-        stub.QueryConsumerOffset(
-            sn.QueryConsumerOffsetRequest(group=group, topic=topic, queue_id=queue_id),
-            timeout=CALL_TIMEOUT_S,
-        ),
-    )
-    return QueueProgress(topic, broker, queue_id, bounds.max_offset, committed.offset)
+    bounds = await queue_bounds(stub, broker, topic, queue_id)
+    committed = await committed_offset(stub, broker, group, topic, queue_id)
+    return QueueProgress(topic, broker, queue_id, bounds.max_offset, committed)
 
 
 async def cluster_list(
@@ -219,6 +191,51 @@ async def _call(broker: str, call: Awaitable[T]) -> T:
 
 def _peer_error(peer: str, e: grpc.aio.AioRpcError) -> PeerCallError:
     return PeerCallError(peer, e.code(), response_code_of(e), e.details() or "")
+
+
+# The store-node calls the verbs make of one queue (each failure a PeerCallError).
+
+
+async def queue_bounds(
+    stub: sn_grpc.StoreNodeAsyncStub, broker: str, topic: str, queue_id: int
+) -> sn.GetMinMaxOffsetResponse:
+    """The queue's min and max offsets on ``broker``."""
+    return await _call(
+        broker,
+        stub.GetMinMaxOffset(
+            sn.GetMinMaxOffsetRequest(topic=topic, queue_id=queue_id), timeout=CALL_TIMEOUT_S
+        ),
+    )
+
+
+async def committed_offset(
+    stub: sn_grpc.StoreNodeAsyncStub, broker: str, group: str, topic: str, queue_id: int
+) -> int:
+    """``group``'s committed offset of the queue on ``broker``."""
+    committed = await _call(
+        broker,
+        stub.QueryConsumerOffset(
+            sn.QueryConsumerOffsetRequest(group=group, topic=topic, queue_id=queue_id),
+            timeout=CALL_TIMEOUT_S,
+        ),
+    )
+    return committed.offset
+
+
+async def read_queue_at(
+    stub: sn_grpc.StoreNodeAsyncStub, broker: str, topic: str, queue_id: int, offset: int, n: int
+) -> sn.GetMessageResponse:
+    """Up to ``n`` of the queue's records from ``offset`` (as :data:`ADMIN_GROUP`,
+    which commits nothing)."""
+    return await _call(
+        broker,
+        stub.GetMessage(
+            sn.GetMessageRequest(
+                group=ADMIN_GROUP, topic=topic, queue_id=queue_id, offset=offset, max_msg_nums=n
+            ),
+            timeout=CALL_TIMEOUT_S,
+        ),
+    )
 
 
 # -- reset offset by time (RocketMQ's ResetOffsetByTimeCommand) ----------------------

@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from basalt.admin.errors import AdminError
-from basalt.admin.ops import ADMIN_GROUP, CALL_TIMEOUT_S, _call, _store_node
+from basalt.admin.ops import (
+    CALL_TIMEOUT_S,
+    _call,
+    _store_node,
+    committed_offset,
+    queue_bounds,
+    read_queue_at,
+)
 from basalt.admin.topics import topic_config
 from basalt.common.message import (
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -91,26 +98,10 @@ async def retry_status(meta: MetaClient, group: str) -> dict[str, list[QueueDept
         for name in config.brokers if config else ():
             async with _store_node(meta.tls, brokers, name) as stub:
                 for q in range(config.read_queue_nums if config else 0):
-                    bounds = await _call(
-                        name,
-                        stub.GetMinMaxOffset(
-                            sn.GetMinMaxOffsetRequest(topic=topic, queue_id=q),
-                            timeout=CALL_TIMEOUT_S,
-                        ),
-                    )
+                    bounds = await queue_bounds(stub, name, topic, q)
                     offset = None
                     if committed:
-                        offset = (
-                            await _call(
-                                name,
-                                stub.QueryConsumerOffset(
-                                    sn.QueryConsumerOffsetRequest(
-                                        group=group, topic=topic, queue_id=q
-                                    ),
-                                    timeout=CALL_TIMEOUT_S,
-                                ),
-                            )
-                        ).offset
+                        offset = await committed_offset(stub, name, group, topic, q)
                     rows.append(
                         QueueDepth(topic, name, q, bounds.min_offset, bounds.max_offset, offset)
                     )
@@ -145,28 +136,11 @@ async def dead_letters(meta: MetaClient, group: str) -> list[tuple[str, MessageR
 async def _read_queue(
     stub: sn_grpc.StoreNodeAsyncStub, broker: str, topic: str, queue_id: int
 ) -> list[MessageRecord]:
-    bounds = await _call(
-        broker,
-        stub.GetMinMaxOffset(
-            sn.GetMinMaxOffsetRequest(topic=topic, queue_id=queue_id), timeout=CALL_TIMEOUT_S
-        ),
-    )
+    bounds = await queue_bounds(stub, broker, topic, queue_id)
     records: list[MessageRecord] = []
     offset = bounds.min_offset
     while offset < bounds.max_offset:
-        got = await _call(
-            broker,
-            stub.GetMessage(
-                sn.GetMessageRequest(
-                    group=ADMIN_GROUP,
-                    topic=topic,
-                    queue_id=queue_id,
-                    offset=offset,
-                    max_msg_nums=READ_BATCH,
-                ),
-                timeout=CALL_TIMEOUT_S,
-            ),
-        )
+        got = await read_queue_at(stub, broker, topic, queue_id, offset, READ_BATCH)
         records += decode_records(got.records.data)
         if got.next_begin_offset <= offset:
             break  # nothing more readable (expired meanwhile)

@@ -1,7 +1,8 @@
 """Client side of ``benchmarks/e2e_throughput.py``: the cluster, payloads, load workers.
 
 * :class:`Cluster` runs ``basalt cluster up`` / ``down`` as a subprocess and
-  reads ``<data-dir>/cluster.json`` (each process's role, pid and address).
+  reads ``<data-dir>/cluster.json`` (each process's role, pid and address);
+  :meth:`Cluster.create_topics` creates a benchmark's topics on its store-nodes.
 * :func:`query_route` turns a topic's ``PullService.QueryRoute`` answer into
   :class:`QueueRef`\\ s (broker, its address and store host, queue id).
 * :func:`send_payloads` pre-serializes SendMessage / SendBatch requests
@@ -31,11 +32,11 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import grpc
 
@@ -46,6 +47,9 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
 from basalt.v1 import pull_service_pb2_grpc as ps_grpc
 from basalt.v1 import store_node_pb2 as sn
+
+if TYPE_CHECKING:
+    from basalt.common.tls import TlsConfig
 
 SEND_MESSAGE = "/basalt.v1.StoreNode/SendMessage"
 SEND_BATCH = "/basalt.v1.StoreNode/SendBatch"
@@ -137,6 +141,30 @@ class Cluster:
     @property
     def etcd_address(self) -> str:
         return self.of_role("etcd")[0].address
+
+    async def create_topics(
+        self, topics: Iterable[str], queues: int, *, tls: TlsConfig | None = None
+    ) -> None:
+        """Each of ``topics`` in etcd, as admin would, with ``queues`` queues on
+        every store-node; then a second for the pull-service's watch to see them."""
+        # Imported here: the load workers (spawned, importing this module) need
+        # no etcd client.
+        from basalt.services.cluster.local import CLUSTER_NAME
+        from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
+
+        brokers = tuple(p.name for p in self.of_role("store-node"))
+        config = MetaConfig(endpoints=(self.etcd_address,), cluster=CLUSTER_NAME)
+        async with MetaClient(config, tls=tls) as meta:
+            for topic in topics:
+                await meta.create_topic(
+                    TopicConfig(
+                        topic_name=topic,
+                        read_queue_nums=queues,
+                        write_queue_nums=queues,
+                        brokers=brokers,
+                    )
+                )
+        await asyncio.sleep(1.0)  # the pull-service's watch
 
 
 # -- routes and payloads ----------------------------------------------------------------

@@ -54,8 +54,6 @@ if __package__ in (None, ""):
 
 from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
 from basalt.common.message import Message
-from basalt.services.cluster.local import CLUSTER_NAME
-from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
 from benchmarks.report import Cell, Figure, Report, Table, add_json_out, count
 
@@ -262,18 +260,7 @@ async def run(args: argparse.Namespace, root: Path) -> tuple[list[Result], float
         # The pull-service first: cpu_seconds reports its share apart.
         server = [p.pid for p in cluster.of_role("pull-service") + cluster.of_role("store-node")]
         topics = {c: f"V2Bench{c.capitalize()}" for c in (*args.clients, "basalt")}
-        meta_config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
-        async with MetaClient(meta_config) as meta:
-            for topic in topics.values():
-                await meta.create_topic(
-                    TopicConfig(
-                        topic_name=topic,
-                        read_queue_nums=args.queues,
-                        write_queue_nums=args.queues,
-                        brokers=tuple(p.name for p in cluster.of_role("store-node")),
-                    )
-                )
-        await asyncio.sleep(1.0)  # the pull-service's watch
+        await cluster.create_topics(topics.values(), args.queues)
         idle = cpu_seconds(server)[0]
         await asyncio.sleep(2.0)
         idle_per_s = (cpu_seconds(server)[0] - idle) / 2.0

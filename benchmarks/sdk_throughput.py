@@ -42,8 +42,6 @@ from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Pr
 from basalt.common.auth import Credentials
 from basalt.common.message import Message
 from basalt.common.tls import TlsConfig
-from basalt.services.cluster.local import CLUSTER_NAME
-from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
 from benchmarks.report import Figure, Report, Row, add_json_out, rows_table
 
@@ -144,17 +142,7 @@ async def run(args: argparse.Namespace, root: Path) -> list[Row]:
     cluster = Cluster(root / "cluster")
     try:
         print(cluster.up().rstrip(), file=sys.stderr)
-        meta_config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
-        async with MetaClient(meta_config) as meta:
-            await meta.create_topic(
-                TopicConfig(
-                    topic_name=TOPIC,
-                    read_queue_nums=args.queues,
-                    write_queue_nums=args.queues,
-                    brokers=tuple(p.name for p in cluster.of_role("store-node")),
-                )
-            )
-        await asyncio.sleep(1.0)  # the pull-service's watch
+        await cluster.create_topics((TOPIC,), args.queues)
         produced = await produce(cluster.pull_address, args.senders, args.batch, args.duration)
         consumed = await consume(cluster.pull_address, produced.count + 1)
         rows = [produced, consumed]

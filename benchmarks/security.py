@@ -40,8 +40,6 @@ if __package__ in (None, ""):
 from basalt.common.auth import Credentials
 from basalt.common.local_cluster import LOCAL_CREDENTIALS, client_tls
 from basalt.common.tls import TlsConfig
-from basalt.services.cluster.local import CLUSTER_NAME
-from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
 from benchmarks.report import Figure, Report, Row, Table, add_json_out, rows_table
 from benchmarks.sdk_throughput import TOPIC, consume, produce
@@ -111,17 +109,7 @@ async def measure(variant: Variant, args: argparse.Namespace, data: Path) -> lis
             raise
         tls = variant.client_tls(data)
         credentials = variant.credentials(data)
-        meta_config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
-        async with MetaClient(meta_config, tls=tls) as meta:
-            await meta.create_topic(
-                TopicConfig(
-                    topic_name=TOPIC,
-                    read_queue_nums=args.queues,
-                    write_queue_nums=args.queues,
-                    brokers=tuple(p.name for p in cluster.of_role("store-node")),
-                )
-            )
-        await asyncio.sleep(1.0)  # the pull-service's watch
+        await cluster.create_topics((TOPIC,), args.queues, tls=tls)
         address = cluster.pull_address
         produced = await produce(
             address, args.senders, args.batch, args.duration, tls=tls, credentials=credentials

@@ -38,8 +38,6 @@ if __package__ in (None, ""):
 
 from basalt.client import LocalTransactionState, Producer, TransactionProducer
 from basalt.common.message import Message, MessageRecord
-from basalt.services.cluster.local import CLUSTER_NAME
-from basalt.services.meta import MetaClient, MetaConfig, TopicConfig
 from benchmarks.e2e_client import Cluster
 from benchmarks.report import Report, add_json_out, rows_table
 from benchmarks.sdk_throughput import cpu_us_per_message
@@ -115,17 +113,7 @@ async def run(args: argparse.Namespace, root: Path, report: Report) -> list[Row]
     cluster = Cluster(root / "cluster")
     try:
         print(cluster.up().rstrip(), file=sys.stderr)
-        meta_config = MetaConfig(endpoints=(cluster.etcd_address,), cluster=CLUSTER_NAME)
-        async with MetaClient(meta_config) as meta:
-            await meta.create_topic(
-                TopicConfig(
-                    topic_name=TOPIC,
-                    read_queue_nums=args.queues,
-                    write_queue_nums=args.queues,
-                    brokers=tuple(p.name for p in cluster.of_role("store-node")),
-                )
-            )
-        await asyncio.sleep(1.0)  # the pull-service's watch
+        await cluster.create_topics((TOPIC,), args.queues)
         rows: list[Row] = []
         plain_rates, tx_rates = [], []
         for r in range(1, args.rounds + 1):

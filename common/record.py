@@ -73,6 +73,7 @@ from basalt.common.message import (
     decode_properties,
     encode_host,
     encode_properties,
+    property_value,
 )
 from basalt.common.message import (
     PROPERTY_CRC32 as PROPERTY_CRC32,  # its name's home; read from here too
@@ -293,6 +294,31 @@ def record_properties(buf: Buffer, pos: int = 0) -> bytes:
     p += 1 + buf[p]  # TOPICLEN + TOPIC
     (props_len,) = _SHORT.unpack_from(buf, p)
     return bytes(buf[p + 2 : p + 2 + props_len])
+
+
+def batch_has_property(records: bytes, *names: str) -> bool:
+    """Whether a record of a producer's batch (records back to back, as
+    :func:`encode_batch` writes them) carries one of the properties ``names``.
+
+    A quick ``in`` test on the raw bytes first: most batches carry none, and
+    then no record is walked. False for a malformed batch (the store's stamp
+    refuses it with the reason), never an exception."""
+    needles = [name.encode() for name in names]
+    if not any(n + b"\x01" in records for n in needles):
+        return False
+    pos = 0
+    try:
+        while pos < len(records):
+            size = int.from_bytes(records[pos : pos + 4], "big", signed=True)
+            if size < MIN_RECORD_SIZE or pos + size > len(records):
+                return False
+            props = record_properties(records, pos)
+            if any(property_value(props, n) is not None for n in needles):
+                return True
+            pos += size
+    except (ValueError, IndexError, struct.error):
+        return False
+    return False
 
 
 class EncodedMessage:

@@ -65,6 +65,7 @@ from basalt.services.rocketmq_v2.conversions import (
     readable_brokers,
     to_v2_message,
 )
+from basalt.services.rocketmq_v2.store_calls import StoreCalls
 from basalt.services.validation import (
     INVISIBLE_DURATION,
     POLLING_TIME,
@@ -77,9 +78,8 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
 if TYPE_CHECKING:
-    from basalt.services.pull_service.service import PullServiceServicer
     from basalt.services.rocketmq_v2.call_batching import Coalescer
-    from basalt.services.rocketmq_v2.service import RocketMQv2Config, StoreCall
+    from basalt.services.rocketmq_v2.service import RocketMQv2Config
 
 #: Most messages one receive delivers (a larger batch_size is cut to it: one
 #: answer stays well under the gRPC message limit).
@@ -179,37 +179,14 @@ def _ack_code(status: int) -> int:
     return v2.OK if status == sn.POP_ACK_STATUS_OK else v2.INVALID_RECEIPT_HANDLE
 
 
-class ConsumeRpcs:
+class ConsumeRpcs(StoreCalls):
     """The consumption RPCs (module docstring); a mixin of
     :class:`basalt.services.rocketmq_v2.service.MessagingServiceServicer`."""
 
     config: RocketMQv2Config
-    pull: PullServiceServicer
     _acks: Coalescer[tuple[str, str, str], str, int]
 
     if TYPE_CHECKING:  # MessagingServiceServicer's
-
-        def _address(self, queue: StoreQueue) -> str: ...
-
-        async def _call(
-            self,
-            queue: StoreQueue,
-            address: str,
-            rpc: str,
-            request: Any,
-            context: grpc.aio.ServicerContext[Any, Any],
-            hold_s: float = 0.0,
-        ) -> Any: ...
-
-        def _start(
-            self,
-            queue: StoreQueue,
-            address: str,
-            rpc: str,
-            request: Any,
-            context: grpc.aio.ServicerContext[Any, Any],
-            hold_s: float = 0.0,
-        ) -> StoreCall: ...
 
         async def _on_store_node(
             self,

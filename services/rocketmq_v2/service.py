@@ -51,8 +51,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -62,7 +61,6 @@ from basalt.common.record import encode_batch
 from basalt.common.settings import config_dataclass, instance_of, positive, setting, validate
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
-from basalt.services.errors import downstream_refusal
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.pull_service.service import PullServiceServicer
 from basalt.services.rocketmq_v2.call_batching import Coalescer
@@ -84,6 +82,7 @@ from basalt.services.rocketmq_v2.conversions import (
     to_message,
     writable_queues,
 )
+from basalt.services.rocketmq_v2.store_calls import STORE_NODE_BUDGET_S
 from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
 from basalt.services.rocketmq_v2.transactions import TransactionRpcs
 from basalt.services.validation import LimitError, timestamp_ms
@@ -91,9 +90,6 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
 log = logging.getLogger(__name__)
-
-#: How long a call may wait on a store-node (cut to the client's deadline).
-_STORE_NODE_BUDGET_S = 10.0
 
 
 @config_dataclass
@@ -172,32 +168,6 @@ def _consumer_backoff(max_attempts: int, max_delay_ms: int) -> v2.RetryPolicy:
         max_attempts=max_attempts,
         customized_backoff=v2.CustomizedBackoff(next=[duration_ms(ms) for ms in delays]),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class StoreCall:
-    """A started store-node call (:meth:`MessagingServiceServicer._start`)."""
-
-    call: grpc.aio.UnaryUnaryCall[Any, Any]
-    #: Who is called, for the refusal's message.
-    peer: str
-    timeout_s: float
-    #: Refusal codes answered otherwise than :func:`code_of_response` says.
-    codes: Mapping[int, int] | None = None
-
-    def cancel(self) -> bool:
-        """Cancel the call; False when it had already answered (then
-        :meth:`answer` still has its answer)."""
-        return bool(self.call.cancel())
-
-    async def answer(self) -> Any:
-        """The store-node's answer, or V2Error with its refusal in v2 terms."""
-        try:
-            return await self.call
-        except grpc.aio.AioRpcError as e:
-            refusal = downstream_refusal(e, self.peer, self.timeout_s)
-            code = (self.codes or {}).get(refusal.code) or code_of_response(refusal.code)
-            raise V2Error(code, refusal.message) from None
 
 
 class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
@@ -438,7 +408,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             )
             for (topic, queue), group in groups.items()
         ]
-        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S)
+        timeout = call_timeout_s(context, STORE_NODE_BUDGET_S)
         answers = await self._streams.send(address, peer, batches, timeout)
         out: list[tuple[v2.Code.ValueType, int] | V2Error | None] = [None] * len(items)
         for group, answer in zip(groups.values(), answers, strict=True):
@@ -479,48 +449,6 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             queue, address, "SendBatch", request, context
         )
         return response.result
-
-    def _address(self, queue: StoreQueue) -> str:
-        """The address of ``queue``'s store-node; V2Error INTERNAL_SERVER_ERROR
-        when it is not registered (down)."""
-        broker = self.pull.brokers.get(queue.broker_name)
-        if broker is None:
-            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
-        return broker.address
-
-    async def _call(
-        self,
-        queue: StoreQueue,
-        address: str,
-        rpc: str,
-        request: Any,
-        context: grpc.aio.ServicerContext[Any, Any],
-        hold_s: float = 0.0,
-        codes: Mapping[int, int] | None = None,
-    ) -> Any:
-        """StoreNode ``rpc`` at ``address`` (within the client's deadline; a
-        call the store-node may hold, a long-polling pop, gets ``hold_s`` more);
-        its answer, or V2Error with the store-node's refusal in v2 terms
-        (``codes`` first, then :func:`code_of_response`)."""
-        start = self._start(queue, address, rpc, request, context, hold_s)
-        if codes is not None:
-            start = StoreCall(start.call, start.peer, start.timeout_s, codes)
-        return await start.answer()
-
-    def _start(
-        self,
-        queue: StoreQueue,
-        address: str,
-        rpc: str,
-        request: Any,
-        context: grpc.aio.ServicerContext[Any, Any],
-        hold_s: float = 0.0,
-    ) -> StoreCall:
-        """StoreNode ``rpc`` at ``address``, started as :meth:`_call` does, not
-        awaited: a caller may cancel it."""
-        timeout = call_timeout_s(context, _STORE_NODE_BUDGET_S + hold_s)
-        call = getattr(self.pull.channels.store_node(address), rpc)(request, timeout=timeout)
-        return StoreCall(call, f"store-node {queue.broker_name!r} at {address}", timeout)
 
     # -- offsets ------------------------------------------------------------------------
 

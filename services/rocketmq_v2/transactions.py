@@ -28,8 +28,7 @@ A mixin of :class:`basalt.services.rocketmq_v2.service.MessagingServiceServicer`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
@@ -45,11 +44,9 @@ from basalt.services.rocketmq_v2.conversions import (
     to_wire,
 )
 from basalt.services.rocketmq_v2.handles import HandleError, TransactionId
+from basalt.services.rocketmq_v2.store_calls import StoreCalls
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
-
-if TYPE_CHECKING:
-    from basalt.services.pull_service.service import PullServiceServicer
 
 #: A timer send's store-node refusals in v2 terms, where they differ from the
 #: general table: INVALID_PARAMETER is a delivery time past the maximum.
@@ -67,25 +64,8 @@ _RESOLUTIONS = {
 }
 
 
-class TransactionRpcs:
+class TransactionRpcs(StoreCalls):
     """The module docstring's RPCs and sends; a mixin of the servicer."""
-
-    pull: PullServiceServicer
-
-    if TYPE_CHECKING:  # MessagingServiceServicer's
-
-        def _address(self, queue: StoreQueue) -> str: ...
-
-        async def _call(
-            self,
-            queue: StoreQueue,
-            address: str,
-            rpc: str,
-            request: Any,
-            context: grpc.aio.ServicerContext[Any, Any],
-            hold_s: float = 0.0,
-            codes: Mapping[int, int] | None = None,
-        ) -> Any: ...
 
     async def _send_one(
         self,

@@ -29,7 +29,6 @@ A mixin of :class:`basalt.services.store_node.service.StoreNodeServicer`.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -41,10 +40,9 @@ from basalt.common.message import (
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
     new_uniq_key,
-    property_value,
 )
 from basalt.common.recall import RecallHandle, RecallHandleError
-from basalt.common.record import MIN_RECORD_SIZE, record_properties
+from basalt.common.record import batch_has_property
 from basalt.services.errors import Refusal, invalid
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.ha.gate import WriteGate
@@ -57,8 +55,6 @@ from basalt.v1 import store_node_pb2 as sn
 MAX_NEXT_DUE = 1000
 if TYPE_CHECKING:
     from basalt.services.store_node.service import StoreNodeConfig
-
-_TIMER_MARKS = tuple(name.encode() + b"\x01" for name in TIMER_REQUEST_PROPERTIES)
 
 
 def timer_properties(
@@ -108,21 +104,7 @@ def recall_handle(topic: str, broker: str, deliver_ms: int, properties: dict[str
 
 def timer_record(records: bytes) -> bool:
     """Whether a record of a producer's batch asks for a timer."""
-    if not any(mark in records for mark in _TIMER_MARKS):
-        return False
-    pos = 0
-    try:
-        while pos < len(records):
-            size = int.from_bytes(records[pos : pos + 4], "big", signed=True)
-            if size < MIN_RECORD_SIZE or pos + size > len(records):
-                return False  # malformed: the store's stamp refuses it with the reason
-            props = record_properties(records, pos)
-            if any(property_value(props, mark[:-1]) is not None for mark in _TIMER_MARKS):
-                return True
-            pos += size
-    except (ValueError, IndexError, struct.error):
-        return False
-    return False
+    return batch_has_property(records, *TIMER_REQUEST_PROPERTIES)
 
 
 class ScheduleRpcs:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,9 +49,8 @@ from basalt.common.message import (
     TIMER_TOPIC,
     decode_host,
     parse_offset_msg_id,
-    property_value,
 )
-from basalt.common.record import MIN_RECORD_SIZE, record_properties
+from basalt.common.record import batch_has_property
 from basalt.common.settings import (
     boolean,
     check,
@@ -386,12 +384,12 @@ class StoreNodeServicer(
         if request.WhichOneof("batch") == "records":
             if not request.records:
                 raise Refusal(pb.RESPONSE_CODE_MESSAGE_ILLEGAL, "empty batch")
-            if _TRAN_MARK in request.records and _marked_record(request.records, _TRAN_MARK):
+            if batch_has_property(request.records, PROPERTY_TRANSACTION_PREPARED):
                 raise Refusal(
                     pb.RESPONSE_CODE_INVALID_PARAMETER,
                     "a batch cannot carry TRAN_MSG: send transactional messages one by one",
                 )
-            if _DELAY_MARK in request.records and _marked_record(request.records, _DELAY_MARK):
+            if batch_has_property(request.records, PROPERTY_DELAY_TIME_LEVEL):
                 # RocketMQ refuses a delayed MessageBatch too; a parked batch would be
                 # one queue's run rewritten record by record.
                 raise Refusal(
@@ -812,10 +810,6 @@ def _store_status(result: GetMessageResult) -> pb.GetMessageStatus.ValueType:
     return pb.GetMessageStatus.Value("GET_MESSAGE_STATUS_" + result.status.name)
 
 
-_DELAY_MARK = PROPERTY_DELAY_TIME_LEVEL.encode() + b"\x01"
-_TRAN_MARK = PROPERTY_TRANSACTION_PREPARED.encode() + b"\x01"
-
-
 def _half(m: pb.Message, stored: Message) -> Message:
     """A transactional send as its half message (store.transaction); refused
     INVALID_PARAMETER with a delay or a timer (RocketMQ's producer refuses a
@@ -830,23 +824,6 @@ def _half(m: pb.Message, stored: Message) -> Message:
         return half_message(stored)
     except BadHalf as e:
         raise Refusal(pb.RESPONSE_CODE_INVALID_PARAMETER, str(e)) from None
-
-
-def _marked_record(records: bytes, mark: bytes) -> bool:
-    """Whether a record of a producer's batch has the property ``mark`` (its name
-    and the separator; the quick ``in`` test found it somewhere in the bytes)."""
-    pos = 0
-    try:
-        while pos < len(records):
-            size = int.from_bytes(records[pos : pos + 4], "big", signed=True)
-            if size < MIN_RECORD_SIZE or pos + size > len(records):
-                return False  # malformed: the store's stamp refuses it with the reason
-            if property_value(record_properties(records, pos), mark[:-1]) is not None:
-                return True
-            pos += size
-    except (ValueError, IndexError, struct.error):
-        return False
-    return False
 
 
 _TIMER_NAMES = frozenset(TIMER_REQUEST_PROPERTIES)

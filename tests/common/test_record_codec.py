@@ -36,6 +36,7 @@ from basalt.common.record import (
     CorruptRecordError,
     EncodedMessage,
     _host_parts,
+    batch_has_property,
     decode_record,
     decode_records,
     decode_records_py,
@@ -252,6 +253,21 @@ def test_encode_batch_equals_the_python_reference(
         born_timestamp_ms=born_ts,
     )
     assert fast == want
+
+
+def test_batch_has_property_finds_a_property_of_any_record_and_only_a_whole_name() -> None:
+    batch = [
+        Message("T", b"one", properties={"XDELAY": "3"}),
+        Message("T", b"two", properties={"DELAY": "3"}),
+    ]
+    raw = encode_batch(batch, ["u1", "u2"], queue_id=0, store_host=STORE_HOST, born_timestamp_ms=1)
+    assert batch_has_property(raw, "DELAY")  # the second record's
+    assert batch_has_property(raw, "TIMER_DELAY_SEC", "XDELAY")  # one of the names
+    first = encode_batch(batch[:1], ["u1"], queue_id=0, store_host=STORE_HOST, born_timestamp_ms=1)
+    assert not batch_has_property(first, "DELAY")  # XDELAY is not DELAY
+    assert not batch_has_property(raw, "TRAN_MSG")
+    # Malformed (a record cut short): no answer but False, never an exception.
+    assert not batch_has_property(raw[: len(raw) - 3], "DELAY")
 
 
 def test_an_encoded_batch_decodes_to_what_was_sent() -> None:

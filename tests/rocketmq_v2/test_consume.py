@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 import pytest
@@ -26,7 +25,7 @@ from tests.support.interop import (
     ensure_node_modules,
     run_client,
 )
-from tests.support.processes import local_cluster, run_basalt_sync
+from tests.support.v2_front import V2Cluster, v2_cluster
 
 FIFO_GROUP = "GFifo"
 #: A topic spread over both store-nodes.
@@ -34,23 +33,8 @@ BOTH = ("broker-a", "broker-b")
 MAX_ATTEMPTS = 3
 
 
-@dataclass(frozen=True)
-class Cluster:
-    etcd: str
-    pull: str
-    v2: str
-
-    def topic(self, name: str, brokers: tuple[str, ...] = ("broker-a",)) -> str:
-        on = [arg for b in brokers for arg in ("-b", b)]
-        made = run_basalt_sync(
-            "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2", *on, "--etcd", self.etcd,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stdout + made.stderr
-        return name
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
     ensure_node_modules()
     env = {
         "BASALT_ROCKETMQ_V2_CONSUMER_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
@@ -61,10 +45,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     }
     data = tmp_path_factory.mktemp("v2c") / "c"
     # Two store-nodes: topics on one (broker-a) and topics spread over both.
-    with local_cluster(data, "--store-nodes", "2", env=env) as rows:
-        by_role = {r["role"]: r for r in rows}
-        yield Cluster(by_role["etcd"]["address"], by_role["pull-service"]["address"],
-                      by_role["pull-service"]["rocketmq_v2"])  # fmt: skip
+    with v2_cluster(data, "--store-nodes", "2", env=env) as cluster:
+        yield cluster
 
 
 async def _sdk_send(pull: str, messages: list[Message]) -> list[str]:
@@ -91,7 +73,7 @@ async def _read_all(pull: str, topic: str, expect: int) -> list[MessageRecord]:
 
 
 @pytest.mark.parametrize("client", sorted(SIMPLE_CONSUMERS))
-def test_simple_consumer_receive_ack_invisible_redelivery(cluster: Cluster, client: str) -> None:
+def test_simple_consumer_receive_ack_invisible_redelivery(cluster: V2Cluster, client: str) -> None:
     topic = cluster.topic(f"V2Simple-{client}")
     messages = [
         Message(topic, f"s{i}".encode(), tags="T", keys=[f"k{i}"], properties={"n": str(i)})
@@ -112,17 +94,17 @@ def test_simple_consumer_receive_ack_invisible_redelivery(cluster: Cluster, clie
     assert {m["attempt"] for m in again} == {2}
     assert out["double_ack"], "a second ack of one delivery must be refused"
     # Everything is acked: nothing comes again.
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
         assert _receive(stub, topic, f"GSimple-{client}").status.code == v2.MESSAGE_NOT_FOUND
 
 
 @pytest.mark.parametrize("client", sorted(SIMPLE_CONSUMERS))
-def test_simple_consumers_read_both_store_nodes_of_a_topic(cluster: Cluster, client: str) -> None:
+def test_simple_consumers_read_both_store_nodes_of_a_topic(cluster: V2Cluster, client: str) -> None:
     # The Node.js SimpleConsumer 1.0.8 reads only through route queues numbered
     # 0: every store-node must have one, as in RocketMQ 5's routes.
     topic = cluster.topic(f"V2Spread-{client}", BOTH)
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
         host, _, port = cluster.v2.rpartition(":")
         endpoints = v2.Endpoints(addresses=[v2.Address(host=host, port=int(port))])
@@ -163,7 +145,7 @@ def test_simple_consumers_read_both_store_nodes_of_a_topic(cluster: Cluster, cli
 
 
 @pytest.mark.parametrize("client", sorted(PUSH_CONSUMERS))
-def test_push_consumer_retries_then_dead_letters(cluster: Cluster, client: str) -> None:
+def test_push_consumer_retries_then_dead_letters(cluster: V2Cluster, client: str) -> None:
     topic, group = cluster.topic(f"V2Push-{client}"), f"GPush-{client}"
     specs = [{"body": f"ok-{i}", "tag": "A"} for i in range(5)]
     specs += [{"body": f"fail-{i}", "tag": "B", "properties": {"p": "x"}} for i in range(2)]
@@ -191,7 +173,7 @@ def test_push_consumer_retries_then_dead_letters(cluster: Cluster, client: str) 
 
 @pytest.mark.parametrize("brokers", [("broker-a",), BOTH], ids=["one-broker", "two-brokers"])
 def test_fifo_push_consumer_keeps_each_message_groups_order(
-    cluster: Cluster, brokers: tuple[str, ...]
+    cluster: V2Cluster, brokers: tuple[str, ...]
 ) -> None:
     topic = cluster.topic(f"V2Fifo-{len(brokers)}", brokers)
     specs = [{"body": f"{g}-{i}", "group": g} for i in range(5) for g in ("ga", "gb")]
@@ -206,11 +188,6 @@ def test_fifo_push_consumer_keeps_each_message_groups_order(
 
 
 # -- raw v2 calls -------------------------------------------------------------------------
-
-
-def _stub(cluster: Cluster) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
-    channel = grpc.insecure_channel(cluster.v2)
-    return channel, sv_grpc.MessagingServiceStub(channel)
 
 
 def _receive(
@@ -230,10 +207,10 @@ def _receive(
     return statuses[0]
 
 
-def test_raw_consumption_calls_and_bad_input(cluster: Cluster) -> None:
+def test_raw_consumption_calls_and_bad_input(cluster: V2Cluster) -> None:
     topic = cluster.topic("V2Raw")
     asyncio.run(_sdk_send(cluster.pull, [Message(topic, b"raw", tags="R")]))
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
         group = v2.Resource(name="GRaw")
         request = sv.ReceiveMessageRequest(
@@ -304,14 +281,14 @@ def test_raw_consumption_calls_and_bad_input(cluster: Cluster) -> None:
         ] == [(-1, "broker-a")]
 
 
-def test_receive_filters_by_tag_and_sql92(cluster: Cluster) -> None:
+def test_receive_filters_by_tag_and_sql92(cluster: V2Cluster) -> None:
     topic = cluster.topic("V2Filter")
     sent = [
         Message(topic, f"f{i}".encode(), tags="A" if i % 2 else "B", properties={"n": str(i)})
         for i in range(6)
     ]
     asyncio.run(_sdk_send(cluster.pull, sent))
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
 
         def bodies(group: str, kind: int, expression: str) -> list[bytes]:
@@ -336,7 +313,9 @@ def test_receive_filters_by_tag_and_sql92(cluster: Cluster) -> None:
         assert answer.status.code == v2.ILLEGAL_FILTER_EXPRESSION
 
 
-def test_a_long_poll_outlasts_the_store_node_budget_and_wakes_on_arrival(cluster: Cluster) -> None:
+def test_a_long_poll_outlasts_the_store_node_budget_and_wakes_on_arrival(
+    cluster: V2Cluster,
+) -> None:
     topic = cluster.topic("V2LongPoll")
     request = sv.ReceiveMessageRequest(
         group=v2.Resource(name="GLong"),

@@ -15,10 +15,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -26,10 +24,10 @@ from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer
 from basalt.common.recall import RecallHandle
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
-from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from basalt.services.rocketmq_v2.handles import TransactionId
 from tests.support.interop import INTEROP, NODE, ensure_node_modules, run_client
-from tests.support.processes import local_cluster, run_basalt_sync
+from tests.support.processes import run_basalt_sync
+from tests.support.v2_front import V2Cluster, v2_cluster
 
 DELAY = {
     "python": [sys.executable, str(INTEROP / "python" / "delay.py")],
@@ -47,37 +45,21 @@ STORE_ENV = {
 }
 
 
-@dataclass(frozen=True)
-class Cluster:
-    etcd: str
-    pull: str
-    v2: str
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
     ensure_node_modules()
     data = tmp_path_factory.mktemp("v2dt") / "c"
-    with local_cluster(data, "--store-nodes", "2", env=STORE_ENV) as rows:
-        by_role = {r["role"]: r for r in rows}
-        yield Cluster(
-            by_role["etcd"]["address"],
-            by_role["pull-service"]["address"],
-            by_role["pull-service"]["rocketmq_v2"],
-        )
+    with v2_cluster(data, "--store-nodes", "2", env=STORE_ENV) as cluster:
+        yield cluster
 
 
-def _topic(cluster: Cluster, name: str) -> str:
-    made = run_basalt_sync(
-        "admin", "updateTopic", "-t", name, "-r", "2", "-w", "2",
-        "-b", "broker-a", "-b", "broker-b", "--etcd", cluster.etcd,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
-    return name
+def _topic(cluster: V2Cluster, name: str) -> str:
+    """``name`` on both store-nodes."""
+    return cluster.topic(name, ("broker-a", "broker-b"))
 
 
 async def _arrivals(
-    cluster: Cluster, topic: str, expect: int, timeout_s: float, linger_s: float = 1.5
+    cluster: V2Cluster, topic: str, expect: int, timeout_s: float, linger_s: float = 1.5
 ) -> dict[bytes, float]:
     """Each message body read from ``topic`` (from its first offset) and the
     wall-clock time, Unix ms, it was first seen: polls until ``expect`` came
@@ -106,7 +88,7 @@ async def _arrivals(
 
 @pytest.mark.parametrize("client", sorted(DELAY))
 def test_delayed_messages_arrive_not_before_their_time_and_recalled_ones_never(
-    cluster: Cluster, client: str
+    cluster: V2Cluster, client: str
 ) -> None:
     topic = _topic(cluster, f"V2Delay-{client}")
     spec = {
@@ -135,7 +117,7 @@ def test_delayed_messages_arrive_not_before_their_time_and_recalled_ones_never(
 
 @pytest.mark.parametrize("client", sorted(TRANSACTION))
 def test_transactions_commit_roll_back_and_are_checked_after_the_producer_died(
-    cluster: Cluster, client: str
+    cluster: V2Cluster, client: str
 ) -> None:
     topic = _topic(cluster, f"V2Txn-{client}")
     first = {
@@ -191,11 +173,6 @@ def test_transactions_commit_roll_back_and_are_checked_after_the_producer_died(
     assert set(arrived) == {f"{client}-committed".encode(), f"{client}-orphan".encode()}
 
 
-def _stub(cluster: Cluster) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
-    channel = grpc.insecure_channel(cluster.v2)
-    return channel, sv_grpc.MessagingServiceStub(channel)
-
-
 def _message(topic: str, body: bytes, message_id: str, **system: Any) -> v2.Message:
     return v2.Message(
         topic=v2.Resource(name=topic),
@@ -210,10 +187,10 @@ def _at(ms: int) -> Timestamp:
     return t
 
 
-def test_bad_delays_recalls_and_transaction_ids_are_refused_clearly(cluster: Cluster) -> None:
+def test_bad_delays_recalls_and_transaction_ids_are_refused_clearly(cluster: V2Cluster) -> None:
     topic = _topic(cluster, "V2DelayTxnBad")
     other = _topic(cluster, "V2DelayTxnOther")
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
 
         def send(message: v2.Message) -> sv.SendMessageResponse:
@@ -286,13 +263,13 @@ def test_bad_delays_recalls_and_transaction_ids_are_refused_clearly(cluster: Clu
 
 
 def test_a_raw_telemetry_stream_gets_the_check_and_its_end_transaction_commits(
-    cluster: Cluster,
+    cluster: V2Cluster,
 ) -> None:
     """The relay as the protocol has it: a publishing client's Telemetry stream
     gets a RecoverOrphanedTransactionCommand for an unresolved half of its
     topic, and its EndTransaction (SOURCE_SERVER_CHECK) commits it."""
     topic = _topic(cluster, "V2RawCheck")
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
         half = stub.SendMessage(
             sv.SendMessageRequest(
@@ -336,7 +313,7 @@ def test_a_raw_telemetry_stream_gets_the_check_and_its_end_transaction_commits(
 
 
 def test_checks_follow_the_topic_to_a_store_node_added_after_the_client_joined(
-    cluster: Cluster,
+    cluster: V2Cluster,
 ) -> None:
     """The relay's watches follow the route: a topic on broker-a only when the
     client's Telemetry stream joins, then on broker-b too; halves left on
@@ -347,7 +324,7 @@ def test_checks_follow_the_topic_to_a_store_node_added_after_the_client_joined(
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
     topic = "V2Moving"
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
         settings = v2.Settings(
             client_type=v2.PRODUCER, publishing=v2.Publishing(topics=[v2.Resource(name=topic)])

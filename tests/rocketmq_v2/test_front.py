@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -19,31 +18,18 @@ from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from basalt.services.rocketmq_v2.conversions import PROPERTY_SHARDING_KEY
 from tests.support.interop import PRODUCERS, ensure_node_modules, run_client
-from tests.support.processes import local_cluster, run_basalt_sync
+from tests.support.processes import run_basalt_sync
+from tests.support.v2_front import V2Cluster, v2_cluster
 
 TOPIC, BAD_TOPIC = "V2Topic", "V2Bad"
 
 
-@dataclass(frozen=True)
-class Cluster:
-    etcd: str
-    pull: str
-    v2: str
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
     ensure_node_modules()
-    with local_cluster(tmp_path_factory.mktemp("v2") / "c", "--store-nodes", "1") as rows:
-        by_role = {r["role"]: r for r in rows}
-        c = Cluster(by_role["etcd"]["address"], by_role["pull-service"]["address"],
-                    by_role["pull-service"]["rocketmq_v2"])  # fmt: skip
+    with v2_cluster(tmp_path_factory.mktemp("v2") / "c", "--store-nodes", "1") as c:
         for topic in (TOPIC, BAD_TOPIC):
-            made = run_basalt_sync(
-                "admin", "updateTopic", "-t", topic, "-r", "4", "-w", "4", "-b", "broker-a",
-                "--etcd", c.etcd,
-            )  # fmt: skip
-            assert made.returncode == 0, made.stdout + made.stderr
+            c.topic(topic, queues=4)
         yield c
 
 
@@ -66,7 +52,7 @@ async def _read_all(pull: str, topic: str, group: str, expect: int) -> list[Mess
 
 
 @pytest.mark.parametrize("client", sorted(PRODUCERS))
-def test_official_producer_messages_read_back_exactly(cluster: Cluster, client: str) -> None:
+def test_official_producer_messages_read_back_exactly(cluster: V2Cluster, client: str) -> None:
     normal = [
         {"body": f"{client}-{i}", "tag": "TagA", "keys": [f"k{i}", "other"],
          "properties": {"color": "red", "n": str(i)}}
@@ -102,11 +88,6 @@ def test_official_producer_messages_read_back_exactly(cluster: Cluster, client: 
 # -- raw v2 calls -------------------------------------------------------------------------
 
 
-def _stub(cluster: Cluster) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
-    channel = grpc.insecure_channel(cluster.v2)
-    return channel, sv_grpc.MessagingServiceStub(channel)
-
-
 def _send(stub: sv_grpc.MessagingServiceStub, topic: str, **kw: Any) -> sv.SendMessageResponse:
     props = kw.pop("props", {})
     body = kw.pop("body", b"x")
@@ -128,8 +109,8 @@ def _send(stub: sv_grpc.MessagingServiceStub, topic: str, **kw: Any) -> sv.SendM
     return response
 
 
-def test_query_route_and_bad_input(cluster: Cluster) -> None:
-    channel, stub = _stub(cluster)
+def test_query_route_and_bad_input(cluster: V2Cluster) -> None:
+    channel, stub = cluster.stub()
     with channel:
         host, _, port = cluster.v2.rpartition(":")
         endpoints = v2.Endpoints(addresses=[v2.Address(host=host, port=int(port))])
@@ -162,8 +143,8 @@ def test_query_route_and_bad_input(cluster: Cluster) -> None:
     assert asyncio.run(_read_all(cluster.pull, BAD_TOPIC, "G-bad", 0)) == []
 
 
-def test_telemetry_answers_settings_and_stays_open(cluster: Cluster) -> None:
-    channel, stub = _stub(cluster)
+def test_telemetry_answers_settings_and_stays_open(cluster: V2Cluster) -> None:
+    channel, stub = cluster.stub()
     with channel:
         settings = v2.Settings(
             client_type=v2.PRODUCER,
@@ -186,8 +167,8 @@ def test_telemetry_answers_settings_and_stays_open(cluster: Cluster) -> None:
         assert not answer.settings.subscription.fifo
 
 
-def test_raw_send_to_the_clients_queue_and_offsets(cluster: Cluster) -> None:
-    channel, stub = _stub(cluster)
+def test_raw_send_to_the_clients_queue_and_offsets(cluster: V2Cluster) -> None:
+    channel, stub = cluster.stub()
     with channel:
         message = v2.Message(
             topic=v2.Resource(name=TOPIC),
@@ -247,14 +228,14 @@ def _pull(
     return status, messages, next_offset
 
 
-def test_pull_message_reads_a_queue_by_offset(cluster: Cluster) -> None:
+def test_pull_message_reads_a_queue_by_offset(cluster: V2Cluster) -> None:
     topic = "V2Pull"
     made = run_basalt_sync(
         "admin", "updateTopic", "-t", topic, "-r", "4", "-w", "4", "-b", "broker-a",
         "--etcd", cluster.etcd,
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
         for i, tag in enumerate(["A", "B", "A"]):
             message = v2.Message(
@@ -302,7 +283,7 @@ def test_pull_message_reads_a_queue_by_offset(cluster: Cluster) -> None:
 
 
 def test_unset_queue_id_goes_round_robin_and_concurrent_sends_share_offsets(
-    cluster: Cluster,
+    cluster: V2Cluster,
 ) -> None:
     topic = f"{TOPIC}-spread"
     made = run_basalt_sync(
@@ -310,7 +291,7 @@ def test_unset_queue_id_goes_round_robin_and_concurrent_sends_share_offsets(
         "--etcd", cluster.etcd,
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
-    channel, stub = _stub(cluster)
+    channel, stub = cluster.stub()
     with channel:
 
         def message(n: int, queue_id: int = 0) -> sv.SendMessageRequest:

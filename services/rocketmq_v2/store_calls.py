@@ -1,0 +1,104 @@
+"""The v2 front's calls to the store-nodes: one base of the servicer and its mixins.
+
+:class:`StoreCalls` finds a queue's store-node (:meth:`StoreCalls._address`)
+and calls it within the client's deadline (:meth:`StoreCalls._call`, or
+:meth:`StoreCalls._start` for a call the caller may cancel), turning a refusal
+into :class:`~basalt.services.rocketmq_v2.conversions.V2Error` in v2 terms.
+:class:`~basalt.services.rocketmq_v2.service.MessagingServiceServicer` and its
+mixins (:mod:`.consume`, :mod:`.transactions`) inherit it, so the one
+definition is what all of them call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from basalt.rocketmq.v2 import definition_pb2 as v2
+from basalt.services.errors import downstream_refusal
+from basalt.services.pull_service.channels import call_timeout_s
+from basalt.services.rocketmq_v2.conversions import StoreQueue, V2Error, code_of_response
+
+if TYPE_CHECKING:
+    from basalt.services.pull_service.service import PullServiceServicer
+
+#: How long a call may wait on a store-node (cut to the client's deadline).
+STORE_NODE_BUDGET_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCall:
+    """A started store-node call (:meth:`StoreCalls._start`)."""
+
+    call: grpc.aio.UnaryUnaryCall[Any, Any]
+    #: Who is called, for the refusal's message.
+    peer: str
+    timeout_s: float
+    #: Refusal codes answered otherwise than :func:`code_of_response` says.
+    codes: Mapping[int, int] | None = None
+
+    def cancel(self) -> bool:
+        """Cancel the call; False when it had already answered (then
+        :meth:`answer` still has its answer)."""
+        return bool(self.call.cancel())
+
+    async def answer(self) -> Any:
+        """The store-node's answer, or V2Error with its refusal in v2 terms."""
+        try:
+            return await self.call
+        except grpc.aio.AioRpcError as e:
+            refusal = downstream_refusal(e, self.peer, self.timeout_s)
+            code = (self.codes or {}).get(refusal.code) or code_of_response(refusal.code)
+            raise V2Error(code, refusal.message) from None
+
+
+class StoreCalls:
+    """Calls to the store-node of a queue, over the pull-service's view of the
+    brokers and its channels (``pull``, set by the servicer)."""
+
+    pull: PullServiceServicer
+
+    def _address(self, queue: StoreQueue) -> str:
+        """The address of ``queue``'s store-node; V2Error INTERNAL_SERVER_ERROR
+        when it is not registered (down)."""
+        broker = self.pull.brokers.get(queue.broker_name)
+        if broker is None:
+            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
+        return broker.address
+
+    async def _call(
+        self,
+        queue: StoreQueue,
+        address: str,
+        rpc: str,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+        hold_s: float = 0.0,
+        codes: Mapping[int, int] | None = None,
+    ) -> Any:
+        """StoreNode ``rpc`` at ``address`` (within the client's deadline; a
+        call the store-node may hold, a long-polling pop, gets ``hold_s`` more);
+        its answer, or V2Error with the store-node's refusal in v2 terms
+        (``codes`` first, then :func:`code_of_response`)."""
+        start = self._start(queue, address, rpc, request, context, hold_s)
+        if codes is not None:
+            start = StoreCall(start.call, start.peer, start.timeout_s, codes)
+        return await start.answer()
+
+    def _start(
+        self,
+        queue: StoreQueue,
+        address: str,
+        rpc: str,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+        hold_s: float = 0.0,
+    ) -> StoreCall:
+        """StoreNode ``rpc`` at ``address``, started as :meth:`_call` does, not
+        awaited: a caller may cancel it."""
+        timeout = call_timeout_s(context, STORE_NODE_BUDGET_S + hold_s)
+        call = getattr(self.pull.channels.store_node(address), rpc)(request, timeout=timeout)
+        return StoreCall(call, f"store-node {queue.broker_name!r} at {address}", timeout)

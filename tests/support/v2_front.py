@@ -1,0 +1,49 @@
+"""A local cluster as the RocketMQ 5 front's tests (tests/rocketmq_v2/) use it:
+its addresses, a topic made with ``admin updateTopic``, a raw v2 stub."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
+from tests.support.processes import local_cluster, run_basalt_sync
+
+
+@dataclass(frozen=True)
+class V2Cluster:
+    """The addresses of etcd, the pull-service and its v2 front."""
+
+    etcd: str
+    pull: str
+    v2: str
+
+    def topic(self, name: str, brokers: tuple[str, ...] = ("broker-a",), queues: int = 2) -> str:
+        """Create topic ``name`` with ``queues`` read and write queues on each of
+        ``brokers`` (``admin updateTopic``, which must succeed); returns ``name``."""
+        on = [arg for b in brokers for arg in ("-b", b)]
+        made = run_basalt_sync(
+            "admin", "updateTopic", "-t", name, "-r", str(queues), "-w", str(queues), *on,
+            "--etcd", self.etcd,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stdout + made.stderr
+        return name
+
+    def stub(self) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
+        """A plaintext channel to the v2 front (the caller closes it) and its stub."""
+        channel = grpc.insecure_channel(self.v2)
+        return channel, sv_grpc.MessagingServiceStub(channel)
+
+
+@contextlib.contextmanager
+def v2_cluster(data: Path, *args: str, env: Mapping[str, str] | None = None) -> Iterator[V2Cluster]:
+    """:func:`tests.support.processes.local_cluster` (``data``, ``args``,
+    ``env``) as a :class:`V2Cluster`."""
+    with local_cluster(data, *args, env=env) as rows:
+        by_role = {r["role"]: r for r in rows}
+        pull = by_role["pull-service"]
+        yield V2Cluster(by_role["etcd"]["address"], pull["address"], pull["rocketmq_v2"])
