@@ -78,12 +78,12 @@ def recall(
     :class:`RecallFailed` when the marker cannot be written."""
     tick = tick_of(deliver_ms, timer.precision_ms)
     with timer.lock:
-        if tick < timer.state.scan_tick:
+        if _scanned(timer, tick, deliver_ms):
             return False
     if index is not None and not _parked(timer, index, topic, deliver_ms, uniq_key):
         return False
     with timer.lock:  # the scan cannot pass the tick between the check and the marker
-        if tick < timer.state.scan_tick:
+        if _scanned(timer, tick, deliver_ms):
             return False
         marker = delete_marker(topic, uniq_key, deliver_ms, timer.now_ms())
         result = timer.store.put_messages([marker])
@@ -91,6 +91,14 @@ def recall(
             raise RecallFailed(f"the recall's marker was refused: {result.detail}")
         timer.recalled[delete_key(topic, uniq_key)] = tick
     return True
+
+
+def _scanned(timer: TimerMessageService, tick: int, deliver_ms: int) -> bool:
+    """Whether the scan has passed a message of ``tick`` due at ``deliver_ms``: its
+    slot is done, or open (the scan is in its tick) and its time has come - it
+    is delivered, or will be at the scan's next look, whatever a marker says."""
+    scan_tick = timer.state.scan_tick
+    return tick < scan_tick or (tick == scan_tick and deliver_ms <= timer.now_ms())
 
 
 def _parked(
@@ -195,8 +203,8 @@ def adopt(timer: TimerMessageService, data: bytes) -> None:
         for _, entry in timer.pending_entries(st.scan_tick, scan):
             if not entry.is_delete:
                 timer._uncount_hash(entry.topic_hash)
+        timer.forget_open_slot()
         timer._advance(scan)
-        timer._resume = (0, 0)
 
 
 __all__ = [
