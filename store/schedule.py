@@ -217,7 +217,7 @@ class _Store(Protocol):
     commitlog: CommitLog
     consume_queues: ConsumeQueueTable
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult: ...
+    def put_internal(self, messages: Sequence[Message]) -> PutMessageResult: ...
 
 
 class ScheduleMessageService(ServiceThread):
@@ -363,7 +363,7 @@ class ScheduleMessageService(ServiceThread):
             log.error("a parked message cannot be delivered: %s", e)
             self.skipped += 1
             return True
-        result = self.store.put_messages([message])
+        result = self.store.put_internal([message])
         if result.status in _UNDELIVERABLE:
             log.error("parked message at %d refused by %s: %s", phy, message.topic, result.detail)
             self.skipped += 1

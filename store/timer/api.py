@@ -86,7 +86,7 @@ def recall(
         if _scanned(timer, tick, deliver_ms):
             return False
         marker = delete_marker(topic, uniq_key, deliver_ms, timer.now_ms())
-        result = timer.store.put_messages([marker])
+        result = timer.store.put_internal([marker])
         if result.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             raise RecallFailed(f"the recall's marker was refused: {result.detail}")
         timer.recalled[delete_key(topic, uniq_key)] = tick

@@ -100,7 +100,7 @@ class _Store(Protocol):
     commitlog: CommitLog
     consume_queues: ConsumeQueueTable
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult: ...
+    def put_internal(self, messages: Sequence[Message]) -> PutMessageResult: ...
 
 
 def ring_slots(config: MessageStoreConfig) -> int:
@@ -556,7 +556,7 @@ class TimerMessageService(ServiceThread):
         for good). Fewer than all: the store refused for now (retry later)."""
         if not messages:
             return 0
-        result = self.store.put_messages(messages)
+        result = self.store.put_internal(messages)
         if result.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             self.delivered += sum(1 for m in messages if m.topic != TIMER_TOPIC)
             return len(messages)
@@ -564,7 +564,7 @@ class TimerMessageService(ServiceThread):
             log.warning("timer: delivering: %s; retrying", result.detail)
             return 0
         for i, message in enumerate(messages):  # one bad message: the others go alone
-            one = self.store.put_messages([message])
+            one = self.store.put_internal([message])
             if one.status in _UNDELIVERABLE:
                 log.error("timer: message for %s refused: %s", message.topic, one.detail)
                 self.skipped += 1
