@@ -87,6 +87,11 @@ BUCKET_TICKS = 1024
 BLANK_MS = 60_000
 #: ConsumeQueue units one enqueue round takes (then due slots are scanned).
 UNITS_PER_ROUND = 4096
+#: Deliveries a tick at most: within a tick the scan wakes at each message's
+#: time but no sooner than precision / this after its previous delivery (20 ms
+#: at the default): each delivery costs a put and its consumers' fetches
+#: (docs/timers.md, "Precision and range").
+DELIVERY_STEPS = 5
 #: Messages re-put per put (one append, one fsync under SYNC flush).
 DELIVER_BATCH = 64
 #: More changed slots than this and a checkpoint is taken early (bounds memory).
@@ -123,6 +128,8 @@ class TimerMessageService(ServiceThread):
         self.config = config
         self.now_ms = now_ms
         self.precision_ms = config.timer_precision_ms
+        #: The least the scan waits between two deliveries within a tick.
+        self.step_ms = max(1, self.precision_ms // DELIVERY_STEPS)
         self.max_delay_ms = config.timer_max_delay_sec * 1000
         roll_ms = min(config.timer_roll_window_sec, config.timer_max_delay_sec) * 1000
         self.roll_ticks = -(-roll_ms // self.precision_ms)
@@ -142,8 +149,9 @@ class TimerMessageService(ServiceThread):
         self.rolled = 0
         self.cancelled = 0
         self.skipped = 0
-        #: The slot the scan is in, its entries held until each one's time.
-        self._slot: DueSlot | None = None
+        #: The slot the scan is in, its entries held until each one's time
+        #: (store.timer.slot); None between ticks.
+        self.open_slot: DueSlot | None = None
         self._loaded = False
         self._persisted: tuple[int, ...] = ()
 
@@ -195,7 +203,7 @@ class TimerMessageService(ServiceThread):
         saved.slots = []
         self.state = saved
         if saved.open_done:  # its slot was open: what it handled is not again
-            self._slot = DueSlot(saved.scan_tick, skip=saved.open_done)
+            self.open_slot = DueSlot(saved.scan_tick, skip=saved.open_done)
             saved.open_done = []
         self._persisted = self._signature()
         low, high = self._queue_bounds()
@@ -263,8 +271,8 @@ class TimerMessageService(ServiceThread):
                 buckets={b: c for b, c in st.buckets.items() if c > 0},
                 files=dict(st.files),
                 slots=slots,
-                open_done=list(self._slot.handled)
-                if self._slot is not None and self._slot.tick == st.scan_tick
+                open_done=list(self.open_slot.handled)
+                if self.open_slot is not None and self.open_slot.tick == st.scan_tick
                 else [],
             )
             write_atomically(self.checkpoint_path, encode_state(saved))
@@ -471,19 +479,21 @@ class TimerMessageService(ServiceThread):
                 if tick < passed:
                     self._advance(tick + 1)
                     continue
-                # The tick now falls in: wait for its next message or its end.
-                until = tick * p if held is None else min(held, tick * p)
-                return max(until - now, 1) / 1000
+                # The tick now falls in: wait for its end, or its next message
+                # but at least a step (what comes due meanwhile goes together).
+                if held is None:
+                    return (tick * p - now) / 1000
+                return max(held - now, self.step_ms) / 1000
         return 0.0
 
     def _advance(self, tick: int) -> None:
         """Move the scan to ``tick``: every slot below it is done."""
         st = self.state
-        if self._slot is not None:
-            if self._slot.tick < tick:
-                bucket = self._slot.tick // BUCKET_TICKS
-                st.buckets[bucket] = st.buckets.get(bucket, 0) - self._filed(self._slot.tick)
-            self._slot = None
+        if self.open_slot is not None:
+            if self.open_slot.tick < tick:
+                bucket = self.open_slot.tick // BUCKET_TICKS
+                st.buckets[bucket] = st.buckets.get(bucket, 0) - self._filed(self.open_slot.tick)
+            self.open_slot = None
         st.scan_tick = tick
         for b in [b for b in st.buckets if (b + 1) * BUCKET_TICKS <= tick]:
             del st.buckets[b]
@@ -494,18 +504,13 @@ class TimerMessageService(ServiceThread):
         slot = self.wheel.get(tick)
         return slot[2] if slot is not None else 0
 
-    def forget_open_slot(self) -> None:
-        """Drop the open slot's state without counting it done (the scan position
-        was moved over it by a master's progress: :func:`.api.adopt`)."""
-        self._slot = None
-
     def _scan_slot(self, tick: int, last: int, now: int, *, whole: bool) -> tuple[bool, int | None]:
         """Deliver what is due of slot ``tick`` (all of it when ``whole``: its time
         is past). Returns (False when a put failed - the rest waits for the next
         try - , the time the next entry held comes due or None)."""
-        current = self._slot
+        current = self.open_slot
         if current is None or current.tick != tick:
-            current = self._slot = DueSlot(tick)
+            current = self.open_slot = DueSlot(tick)
         current.refresh(self.log, last, self._record)
         due = len(current.held) if whole else current.due_count(now)
         done = current.handle(due, self._prepare, self._flush_batch, DELIVER_BATCH)
@@ -587,26 +592,6 @@ class TimerMessageService(ServiceThread):
             if topic_hash(topic) == t_hash:
                 self._uncount(topic)
                 return
-
-    # -- entries of a range -----------------------------------------------------------
-
-    def pending_entries(self, first_tick: int, last_tick: int) -> list[tuple[int, TimerEntry]]:
-        """(tick, entry) of every entry filed in slots [first_tick, last_tick), in
-        tick order, skipping empty buckets. Caller holds ``lock``."""
-        out: list[tuple[int, TimerEntry]] = []
-        for bucket in sorted(b for b, c in self.state.buckets.items() if c > 0):
-            lo = max(bucket * BUCKET_TICKS, first_tick)
-            hi = min((bucket + 1) * BUCKET_TICKS, last_tick)
-            if lo >= hi:
-                continue
-            for tick, _, last, _ in self.wheel.occupied(lo, hi - lo):
-                entries = self.log.chain(last)
-                if self._slot is not None and self._slot.tick == tick:
-                    # The open slot: what it delivered already is not pending.
-                    held, seen = self._slot.held_positions(), self._slot.last
-                    entries = [e for e in entries if e.is_delete or e.pos in held or e.pos > seen]
-                out += [(tick, e) for e in entries]
-        return out
 
 
 __all__ = ["BUCKET_TICKS", "TimerMessageService", "ring_slots"]

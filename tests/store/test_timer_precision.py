@@ -67,16 +67,23 @@ def test_the_scan_waits_for_the_next_message_of_its_tick_not_for_the_tick(
     store = open_store(make_config, clock)
     try:
         t = tick_start(clock)
-        assert store.put_message(timer_message("T", b"a", t + 20, "A")).ok
-        assert store.put_message(timer_message("T", b"b", t + 70, "B")).ok
+        for uniq, due in (("A", t + 20), ("B", t + 70), ("C", t + 75)):
+            assert store.put_message(timer_message("T", uniq.encode(), due, uniq)).ok
         step(store)
         clock.set(t + 20)
         step(store)
-        # The next thing due is B, 50 ms on; then the tick's end, 30 ms after.
+        # The next thing due is B, 50 ms on.
         assert store.timer.scan_due() == 0.05
         clock.set(t + 70)
-        assert store.timer.scan_due() == 0.03
+        step(store)
         assert keys(store, "T") == ["A", "B"]
+        # C is due 5 ms on, but the scan waits a step (precision / 5) at least:
+        # what comes due meanwhile goes in one put.
+        assert store.timer.step_ms == 20
+        assert store.timer.scan_due() == 0.02
+        clock.set(t + 90)
+        assert store.timer.scan_due() == 0.01  # the tick's end
+        assert keys(store, "T") == ["A", "B", "C"]
     finally:
         store.shutdown()
 
