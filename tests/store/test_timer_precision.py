@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import zlib
 
+from basalt.common.message import Message
 from basalt.store import ManualClock, MessageStore
 from basalt.store.timer.checkpoint import TimerState, decode_state, encode_state
 from basalt.store.timer.park import tick_of
 from tests.store.test_timer import open_store, real, step, timer_message
+from tests.support.polling import eventually_sync
 from tests.support.stores import ConfigFactory
 
 
@@ -180,3 +182,38 @@ def test_a_version_1_checkpoint_still_reads() -> None:
         )
     with_open = TimerState(100, 3000, scan_tick=42, open_done=[0, 96])
     assert decode_state(encode_state(with_open)).open_done == [0, 96]
+
+
+def test_the_stores_own_puts_call_the_internal_put_listeners(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """MessageStore.put_internal's hook (a store-node's group member moves its
+    confirm offset with it): called after each delivery's append, never for a
+    caller's put, and no more once removed."""
+    store = open_store(make_config, clock)
+    calls: list[int] = []
+
+    def listener() -> None:
+        calls.append(store.max_offset)
+
+    store.add_internal_put_listener(listener)
+    try:
+        t = tick_start(clock)
+        assert store.put_message(timer_message("T", b"a", t + 10, "A")).ok
+        assert store.put_message(timer_message("T", b"b", t + 50, "B")).ok
+        step(store)
+        assert calls == []  # a caller's put: the caller answers for it
+        clock.set(t + 10)
+        step(store)
+        assert calls == [store.max_offset]  # after the delivery's append
+        assert store.put_message(Message("D", b"d", delay_time_level=1)).ok
+        clock.advance(1000)
+        store.schedule.deliver_due()
+        eventually_sync(lambda: len(calls) == 2, what="the delay level's delivery")
+        assert [r.body for r in real(store, "D")] == [b"d"]
+        store.remove_internal_put_listener(listener)
+        step(store)
+        assert keys(store, "T") == ["A", "B"]
+        assert len(calls) == 2
+    finally:
+        store.shutdown()
