@@ -36,7 +36,8 @@ wire's ``deliver_time_ms`` (the store-node encodes and parks each), a
 
 Targets (issue 30): lateness p99 <= 100 ms; RSS at ``--pending`` <= RSS at 0
 + 64 MiB (RssAnon: what the store-node holds; RssFile shown beside it).
-Prints one table; ``--json PATH`` writes the figures too. Usage::
+Prints a table a part and writes the same figures as JSON (benchmarks/report.py:
+``benchmarks/results/timers-<UTC start>.json``, or ``--json-out DIR``). Usage::
 
     .venv/bin/python benchmarks/timers.py                 # ~15-20 min
     .venv/bin/python benchmarks/timers.py --quick         # ~2 min smoke run
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import math
 import os
 import random
 import shutil
@@ -61,9 +62,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -79,7 +79,7 @@ from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from benchmarks.e2e_client import Cluster, cpu_seconds, machine_busy
-from benchmarks.report import aligned
+from benchmarks.report import Cell, Figure, Report, Table, add_json_out, count
 
 TOPIC = "TimerBench"
 BROKER = "broker-a"
@@ -92,8 +92,6 @@ RSS_GROWTH_TARGET_MIB = 64.0
 _HEAD = struct.Struct(">qq")
 #: A steady sender's tick.
 TICK_S = 0.1
-#: Lateness' per-message samples: summarized, not written to --json.
-_SAMPLES = frozenset({"late_ms", "put_late_ms", "pull_ms"})
 
 
 def log(text: str) -> None:
@@ -434,140 +432,122 @@ async def pending(args: argparse.Namespace, root: Path) -> Pending:
 
 # -- the report --------------------------------------------------------------------------
 
+#: The tables' columns: a lone figure prints as its number, its unit beside it.
+COLUMNS = ("figure", "value", "unit", "target", "status")
 
-def _mib(n: int) -> str:
-    return f"{n / MiB:,.1f} MiB"
+
+def _status(ok: bool) -> str:
+    return "met" if ok else "NOT MET"
 
 
-def report(late: Lateness | None, pend: Pending | None) -> tuple[str, dict[str, Any]]:
-    rows: list[list[str]] = [["figure", "value", "target", "status"]]
-    out: dict[str, Any] = {}
-    if late is not None:
-        values = sorted(late.late_ms)
-        puts = sorted(late.put_late_ms)
-        pulls = sorted(late.pull_ms)
-        p50 = percentile(values, 0.50) if values else float("nan")
-        p99 = percentile(values, 0.99) if values else float("nan")
-        worst = values[-1] if values else float("nan")
-        met = "met" if values and p99 <= LATENESS_P99_TARGET_MS else "NOT MET"
-        title = f"{late.messages:,} timers over {late.window_s:.0f} s"
-        rows += [
-            [f"{title}: received", f"{late.received:,} (dup {late.duplicates:,})", "", ""],
-            ["lateness p50 (consumer)", f"{p50:,.0f} ms", "", ""],
-            ["lateness p99 (consumer)", f"{p99:,.0f} ms", "<= 100 ms", met],
-            ["lateness max (consumer)", f"{worst:,.0f} ms", "", ""],
-            [
-                "consumer part p50 / p99 / max (arrival - store time)",
-                " / ".join(f"{percentile(pulls, q):,.0f}" for q in (0.5, 0.99, 1.0)) + " ms"
-                if pulls
-                else "-",
-                "",
-                "",
-            ],
-            [
-                "put lateness p50 / p99 / max (store)",
-                " / ".join(f"{percentile(puts, q):,.0f}" for q in (0.5, 0.99, 1.0)) + " ms"
-                if puts
-                else "-",
-                "",
-                "",
-            ],
-            [
+def _ms(label: str, value: float) -> Figure:
+    return Figure(value, "ms", label=label, fmt=",.0f")
+
+
+def _mib(value: int, label: str = "") -> Figure:
+    return Figure(value / MiB, "MiB", label=label, better=None, fmt=",.1f")
+
+
+def _spread(values: Sequence[int]) -> Cell:
+    """p50, p99 and max of sorted ``values`` in ms (``-`` when there are none)."""
+    if not values:
+        return "-"
+    return [
+        _ms(label, percentile(values, q))
+        for label, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+    ]
+
+
+def _table(name: str, rows: Sequence[tuple[str, Cell] | tuple[str, Cell, str, bool]]) -> Table:
+    """Rows of (what, value[, target, met]); a lone figure's unit goes beside it."""
+    t = Table(name, COLUMNS)
+    for what, value, *judged in rows:
+        unit = value.unit if isinstance(value, Figure) else ""
+        target, status = (judged[0], _status(bool(judged[1]))) if judged else ("", "")
+        t.add(what, value, unit, str(target), status)
+    return t
+
+
+def lateness_table(late: Lateness) -> Table:
+    """Part 1's figures (see the module's doc)."""
+    values = sorted(late.late_ms)
+    p99 = percentile(values, 0.99) if values else math.nan
+    cpu_us = late.cpu_s / max(late.received, 1) * 1e6
+    busy = Figure(late.machine_busy_pct, "%", label="busy", better=None, fmt=".0f")
+    stolen = Figure(late.steal_pct, "%", label="stolen", better=None, fmt=".1f")
+    return _table(
+        "lateness",
+        [
+            (
+                f"{late.messages:,} timers over {late.window_s:.0f} s: received",
+                count(late.received),
+            ),
+            ("duplicates", count(late.duplicates, lower_is_better=True)),
+            ("lateness p50 (consumer)", _ms("", percentile(values, 0.5) if values else math.nan)),
+            ("lateness p99 (consumer)", _ms("", p99), "<= 100 ms", p99 <= LATENESS_P99_TARGET_MS),
+            ("lateness max (consumer)", _ms("", values[-1] if values else math.nan)),
+            ("consumer part (arrival - store time)", _spread(sorted(late.pull_ms))),
+            ("put lateness (store time - due time)", _spread(sorted(late.put_late_ms))),
+            (
                 "delivered before their time",
-                f"{late.early:,}",
+                count(late.early, lower_is_better=True),
                 "0",
-                "met" if not late.early else "NOT MET",
-            ],
-            [
+                not late.early,
+            ),
+            (
                 "store-node CPU / scheduled message",
-                f"{late.cpu_s / max(late.received, 1) * 1e6:,.0f} µs ({late.cpu_s:,.1f} s)",
-                "",
-                "",
-            ],
-            [
-                "store-node RssAnon start / peak",
-                f"{_mib(late.rss_anon_start)} / {_mib(late.rss_anon_peak)}",
-                "",
-                "",
-            ],
-            [
-                "store-node RssFile start / peak",
-                f"{_mib(late.rss_file_start)} / {_mib(late.rss_file_peak)}",
-                "",
-                "",
-            ],
-            [
-                "machine busy / stolen (part 1)",
-                f"{late.machine_busy_pct:.0f} % / {late.steal_pct:.1f} %",
-                "",
-                "",
-            ],
-        ]
-        figures = {f.name: getattr(late, f.name) for f in fields(late)}
-        out["lateness"] = {k: v for k, v in figures.items() if k not in _SAMPLES} | {
-            "p50_ms": p50,
-            "p99_ms": p99,
-            "max_ms": worst,
-            "put_p50_p99_max_ms": [percentile(puts, q) for q in (0.5, 0.99, 1.0)] if puts else None,
-            "pull_p50_p99_max_ms": [percentile(pulls, q) for q in (0.5, 0.99, 1.0)]
-            if pulls
-            else None,
-            "cpu_us_per_message": late.cpu_s / max(late.received, 1) * 1e6,
-        }
-    if pend is not None:
-        growth = (pend.rss_anon_n - pend.rss_anon_0) / MiB
-        met = "met" if growth <= RSS_GROWTH_TARGET_MIB else "NOT MET"
-        counted = f"{pend.counted:,}" if pend.counted >= 0 else "(no GetScheduleStatus)"
-        rows += [
-            [
-                f"{pend.pending:,} pending: sent",
-                f"{pend.send_s:,.1f} s ({pend.pending / max(pend.send_s, 1e-9):,.0f} msgs/s); "
-                f"pending counted {counted} {pend.settle_s:,.0f} s later",
-                "",
-                "",
-            ],
-            [
-                "RssAnon at 0 / at N (growth)",
-                f"{_mib(pend.rss_anon_0)} / {_mib(pend.rss_anon_n)} (+{growth:,.1f} MiB)",
-                "<= +64 MiB",
-                met,
-            ],
-            [
-                "RssAnon after each 10 % sent",
-                " ".join(f"{anon / MiB:.0f}" for _, anon in pend.rss_curve) + " MiB",
-                "",
-                "",
-            ],
-            [
-                "RssFile at 0 / at N",
-                f"{_mib(pend.rss_file_0)} / {_mib(pend.rss_file_n)}",
-                "",
-                "",
-            ],
-            [
+                [Figure(cpu_us, "µs/msg", fmt=",.0f"), Figure(late.cpu_s, "s", "total", None)],
+            ),
+            (
+                "store-node RssAnon",
+                [_mib(late.rss_anon_start, "start"), _mib(late.rss_anon_peak, "peak")],
+            ),
+            (
+                "store-node RssFile",
+                [_mib(late.rss_file_start, "start"), _mib(late.rss_file_peak, "peak")],
+            ),
+            ("machine busy / stolen (part 1)", [busy, stolen]),
+        ],
+    )
+
+
+def pending_table(pend: Pending) -> Table:
+    """Part 2's figures (see the module's doc)."""
+    growth = (pend.rss_anon_n - pend.rss_anon_0) / MiB
+    rate = Figure(pend.pending / max(pend.send_s, 1e-9), "msgs/s", fmt=",.0f")
+    per_timer = (pend.timer_disk_n - pend.timer_disk_0) / max(pend.pending, 1)
+    curve = " ".join(f"{anon / MiB:.0f}" for _, anon in pend.rss_curve) + " MiB"
+    return _table(
+        "pending",
+        [
+            (f"{pend.pending:,} pending: sent", [Figure(pend.send_s, "s", better=None), rate]),
+            (
+                "pending counted",
+                count(pend.counted) if pend.counted >= 0 else "(no GetScheduleStatus)",
+            ),
+            ("counted after the last send", Figure(pend.settle_s, "s", better=None, fmt=",.0f")),
+            ("RssAnon at 0 / at N", [_mib(pend.rss_anon_0, "at 0"), _mib(pend.rss_anon_n, "at N")]),
+            ("RssAnon growth", Figure(growth, "MiB", fmt=",.1f"), "<= +64 MiB", growth <= 64),
+            ("RssAnon after each 10 % sent", curve),
+            ("RssFile at 0 / at N", [_mib(pend.rss_file_0, "at 0"), _mib(pend.rss_file_n, "at N")]),
+            (
                 "timer files at 0 / at N",
-                f"{_mib(pend.timer_disk_0)} / {_mib(pend.timer_disk_n)} "
-                f"({(pend.timer_disk_n - pend.timer_disk_0) / max(pend.pending, 1):.1f} B/timer)",
-                "",
-                "",
-            ],
-            [
+                [
+                    _mib(pend.timer_disk_0, "at 0"),
+                    _mib(pend.timer_disk_n, "at N"),
+                    Figure(per_timer, "B/timer", fmt=".1f"),
+                ],
+            ),
+            (
                 "CommitLog at 0 / at N",
-                f"{_mib(pend.commitlog_0)} / {_mib(pend.commitlog_n)}",
-                "",
-                "",
-            ],
-            [
+                [_mib(pend.commitlog_0, "at 0"), _mib(pend.commitlog_n, "at N")],
+            ),
+            (
                 "store-node CPU / pending timer (put + enqueue)",
-                f"{pend.cpu_s / max(pend.pending, 1) * 1e6:,.0f} µs",
-                "",
-                "",
-            ],
-        ]
-        out["pending"] = {f.name: getattr(pend, f.name) for f in fields(pend)} | {
-            "rss_anon_growth_mib": growth
-        }
-    return aligned(rows, numeric=set()), out
+                Figure(pend.cpu_s / max(pend.pending, 1) * 1e6, "µs/msg", fmt=",.0f"),
+            ),
+        ],
+    )
 
 
 async def run(args: argparse.Namespace, root: Path) -> tuple[Lateness | None, Pending | None]:
@@ -593,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="the store-node's timer_precision_ms (BASALT_TIMER_PRECISION_MS; default: its own)",
     )
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    add_json_out(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.messages, args.window_s, args.pending = 30_000, 60.0, 500_000
@@ -603,18 +583,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # cluster up's processes inherit the environment; a BASALT_* variable
         # sets a store-node setting (docs/configuration.md).
         os.environ["BASALT_TIMER_PRECISION_MS"] = str(args.timer_precision_ms)
-    with tempfile.TemporaryDirectory(prefix="basalt-timers-", dir=args_dir()) as tmp:
+    report = Report.start(__file__, args, argv)
+    # Where the clusters go: $BASALT_BENCH_DIR, or the system's temp dir.
+    bench_dir = os.environ.get("BASALT_BENCH_DIR")
+    with tempfile.TemporaryDirectory(prefix="basalt-timers-", dir=bench_dir) as tmp:
         late, pend = asyncio.run(run(args, Path(tmp)))
-    table, figures = report(late, pend)
-    print(table)
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    if late is not None:
+        report.emit(lateness_table(late))
+    if pend is not None:
+        report.emit(pending_table(pend))
     return 0
-
-
-def args_dir() -> str | None:
-    """Where the clusters go: ``$BASALT_BENCH_DIR`` or the system's temp dir."""
-    return os.environ.get("BASALT_BENCH_DIR")
 
 
 if __name__ == "__main__":

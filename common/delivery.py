@@ -37,12 +37,17 @@ from basalt.common.message import (
 _RELATIVE_UNIT_MS = {PROPERTY_TIMER_DELAY_SEC: 1000, PROPERTY_TIMER_DELAY_MS: 1}
 
 
-def delay_level(raw: str | None) -> int:
+def delay_level(raw: bytes | str | None) -> int:
     """A DELAY value as the store reads it: a level when it is 1 to 9 ASCII digits
-    (0: no delay), else 0 (the rule of basalt.store.schedule.parse_delay_level)."""
-    if raw is None or not 1 <= len(raw) <= 9 or not raw.isascii() or not raw.isdigit():
+    (0: no delay), else 0. The one rule: the store's parking and ConsumeQueue
+    tagsCode (basalt.store.schedule, whose C walk ``_records`` applies it too)
+    and the tools that show a due time all read DELAY with it."""
+    if raw is None:
         return 0
-    return int(raw)
+    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    if not 1 <= len(data) <= 9 or not data.isdigit():  # bytes.isdigit: ASCII only
+        return 0
+    return int(data)
 
 
 def _long(raw: str | None) -> int | None:

@@ -168,6 +168,8 @@ class MessageStore(StoreReads, ReplicaLog):
         self._admission = Admission(config, self.commitlog.store_host, self.clock)
         self._transfer_limits = TransferLimits.of(config)
         #: One per event loop that sends (see put_batch_async).
+        #: Called after each put_internal (the store's own services' puts).
+        self._internal_put_listeners: list[Callable[[], None]] = []
         self._coalescers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SendCoalescer] = (
             weakref.WeakKeyDictionary()
         )
@@ -555,6 +557,34 @@ class MessageStore(StoreReads, ReplicaLog):
 
     def put_message(self, message: Message) -> PutMessageResult:
         return self.put_messages([message])
+
+    def put_internal(self, messages: Sequence[Message]) -> PutMessageResult:
+        """:meth:`put_messages` for the store's own services (delay levels, timers,
+        recall markers, transaction checks): once the records are appended (and
+        fsynced under SYNC flush), every listener added with
+        :meth:`add_internal_put_listener` is called, on this thread. A client's
+        send is acknowledged by the service layer, which then moves what waits
+        for it (a group's confirm offset); these puts have no caller there."""
+        result = self.put_messages(messages)
+        if result.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
+            for listener in tuple(self._internal_put_listeners):
+                try:
+                    listener()
+                except Exception:
+                    log.exception("an internal put listener failed")
+        return result
+
+    def add_internal_put_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after each :meth:`put_internal` that appended: on the
+        putting service's thread, so it must be quick and thread-safe (e.g.
+        ``loop.call_soon_threadsafe``). A store-node's group member moves its
+        confirm offset with it (docs/replication.md)."""
+        self._internal_put_listeners.append(listener)
+
+    def remove_internal_put_listener(self, listener: Callable[[], None]) -> None:
+        """Undo :meth:`add_internal_put_listener` (nothing when it is not added)."""
+        if listener in self._internal_put_listeners:
+            self._internal_put_listeners.remove(listener)
 
     def set_schedule_enabled(self, enabled: bool) -> None:
         """Start (True) or stop delivering parked delayed and timer messages: a

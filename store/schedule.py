@@ -53,6 +53,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from basalt.common.delivery import delay_level
 from basalt.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
@@ -96,17 +97,6 @@ def delay_offset_path(root: Path) -> Path:
 # -- the level and the tagsCode: the C rule's reference ---------------------------------
 
 
-def parse_delay_level(raw: bytes | str | None) -> int:
-    """A DELAY value as the store reads it: a level when it is 1 to 9 ASCII digits
-    (0 is no delay), else 0. The rule ``_records``' C walk applies."""
-    if raw is None:
-        return 0
-    data = raw.encode("utf-8") if isinstance(raw, str) else raw
-    if not 1 <= len(data) <= 9 or not data.isdigit():
-        return 0
-    return int(data)
-
-
 def due_time_ms(level: int, store_timestamp_ms: int, delays_ms: Sequence[int]) -> int:
     """RocketMQ's computeDeliverTimestamp: when a message stored at
     ``store_timestamp_ms`` with ``level`` (>= 1; past the last level = the last) is due."""
@@ -122,7 +112,7 @@ def consume_queue_tags_code(
     The Python reference of ``_records.stamp`` / ``dispatch`` / ``tags_code_at``
     given ``delays``; a parity test holds them together."""
     if delays_ms and topic == SCHEDULE_TOPIC:
-        level = parse_delay_level(property_value(properties, _DELAY_NAME))
+        level = delay_level(property_value(properties, _DELAY_NAME))
         if level > 0:
             return due_time_ms(level, store_timestamp_ms, delays_ms)
     raw = property_value(properties, PROPERTY_TAGS.encode())
@@ -217,7 +207,7 @@ class _Store(Protocol):
     commitlog: CommitLog
     consume_queues: ConsumeQueueTable
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult: ...
+    def put_internal(self, messages: Sequence[Message]) -> PutMessageResult: ...
 
 
 class ScheduleMessageService(ServiceThread):
@@ -363,7 +353,7 @@ class ScheduleMessageService(ServiceThread):
             log.error("a parked message cannot be delivered: %s", e)
             self.skipped += 1
             return True
-        result = self.store.put_messages([message])
+        result = self.store.put_internal([message])
         if result.status in _UNDELIVERABLE:
             log.error("parked message at %d refused by %s: %s", phy, message.topic, result.detail)
             self.skipped += 1
@@ -411,7 +401,6 @@ __all__ = [
     "due_time_ms",
     "encode_delay_offsets",
     "park",
-    "parse_delay_level",
     "requested_level",
     "unpark",
 ]

@@ -181,7 +181,7 @@ class CheckReport:
 class _Store(Protocol):
     """What the service needs of its MessageStore (public API only)."""
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult: ...
+    def put_internal(self, messages: Sequence[Message]) -> PutMessageResult: ...
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int: ...
     def get_message_by_queue_offset(
@@ -421,7 +421,7 @@ class TransactionalMessageService:
         times = check_times(half)
         if times >= check_max:
             mark = op_mark(half.queue_offset, Resolution.CHECK_MAX)
-            result = self.store.put_messages([check_max_message(half), mark])
+            result = self.store.put_internal([check_max_message(half), mark])
             if result.status not in _WRITTEN:
                 log.warning(
                     "moving half %s to %s: %s", key, TRANS_CHECK_MAX_TIME_TOPIC, result.detail
@@ -443,7 +443,7 @@ class TransactionalMessageService:
         group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
         asked = listening(group)
         copy = rechecked_half(half, times + 1 if asked else times)
-        result = self.store.put_messages([copy])
+        result = self.store.put_internal([copy])
         if result.status not in _WRITTEN:
             log.warning("re-putting half %s for its check: %s", key, result.detail)
             return False

@@ -18,9 +18,9 @@ from basalt.store.errors import CorruptRecordError, StoreError
 from basalt.store.index_service import IndexService
 from basalt.store.put_result import PutStatus
 from basalt.store.timer.checkpoint import decode_progress, encode_progress
-from basalt.store.timer.files import topic_hash
+from basalt.store.timer.files import TimerEntry, topic_hash
 from basalt.store.timer.park import delete_key, delete_marker, tick_of
-from basalt.store.timer.service import TimerMessageService
+from basalt.store.timer.service import BUCKET_TICKS, TimerMessageService
 
 log = logging.getLogger(__name__)
 
@@ -78,19 +78,27 @@ def recall(
     :class:`RecallFailed` when the marker cannot be written."""
     tick = tick_of(deliver_ms, timer.precision_ms)
     with timer.lock:
-        if tick < timer.state.scan_tick:
+        if _scanned(timer, tick, deliver_ms):
             return False
     if index is not None and not _parked(timer, index, topic, deliver_ms, uniq_key):
         return False
     with timer.lock:  # the scan cannot pass the tick between the check and the marker
-        if tick < timer.state.scan_tick:
+        if _scanned(timer, tick, deliver_ms):
             return False
         marker = delete_marker(topic, uniq_key, deliver_ms, timer.now_ms())
-        result = timer.store.put_messages([marker])
+        result = timer.store.put_internal([marker])
         if result.status not in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             raise RecallFailed(f"the recall's marker was refused: {result.detail}")
         timer.recalled[delete_key(topic, uniq_key)] = tick
     return True
+
+
+def _scanned(timer: TimerMessageService, tick: int, deliver_ms: int) -> bool:
+    """Whether the scan has passed a message of ``tick`` due at ``deliver_ms``: its
+    slot is done, or open (the scan is in its tick) and its time has come - it
+    is delivered, or will be at the scan's next look, whatever a marker says."""
+    scan_tick = timer.state.scan_tick
+    return tick < scan_tick or (tick == scan_tick and deliver_ms <= timer.now_ms())
 
 
 def _parked(
@@ -141,7 +149,7 @@ def status(timer: TimerMessageService, topic: str | None, max_next_due: int) -> 
             by_hash = {topic_hash(t): t for t in counts}
             seen = 0
             end = st.scan_tick + timer.ring_slots
-            for tick, entry in timer.pending_entries(st.scan_tick, end):
+            for tick, entry in pending_entries(timer, st.scan_tick, end):
                 name = by_hash.get(entry.topic_hash)
                 if entry.is_delete or name is None:
                     continue
@@ -171,6 +179,28 @@ def status(timer: TimerMessageService, topic: str | None, max_next_due: int) -> 
         )
 
 
+def pending_entries(
+    timer: TimerMessageService, first_tick: int, last_tick: int
+) -> list[tuple[int, TimerEntry]]:
+    """(tick, entry) of every entry filed in slots [first_tick, last_tick) and not
+    delivered yet, in tick order, skipping empty buckets. Caller holds ``lock``."""
+    out: list[tuple[int, TimerEntry]] = []
+    open_slot = timer.open_slot
+    for bucket in sorted(b for b, c in timer.state.buckets.items() if c > 0):
+        lo = max(bucket * BUCKET_TICKS, first_tick)
+        hi = min((bucket + 1) * BUCKET_TICKS, last_tick)
+        if lo >= hi:
+            continue
+        for tick, _, last, _ in timer.wheel.occupied(lo, hi - lo):
+            entries = timer.log.chain(last)
+            if open_slot is not None and open_slot.tick == tick:
+                # The open slot: what it delivered already is not pending.
+                held, seen = open_slot.held_positions(), open_slot.last
+                entries = [e for e in entries if e.is_delete or e.pos in held or e.pos > seen]
+            out += [(tick, e) for e in entries]
+    return out
+
+
 def progress(timer: TimerMessageService) -> bytes:
     """The scan position and enqueue offset, for a slave (:func:`adopt`)."""
     with timer.lock:
@@ -192,11 +222,11 @@ def adopt(timer: TimerMessageService, data: bytes) -> None:
         scan = scan_ms // timer.precision_ms
         if st.enqueue_offset > offset or scan <= st.scan_tick:
             return
-        for _, entry in timer.pending_entries(st.scan_tick, scan):
+        for _, entry in pending_entries(timer, st.scan_tick, scan):
             if not entry.is_delete:
                 timer._uncount_hash(entry.topic_hash)
+        timer.open_slot = None  # passed over, not done here: not counted done
         timer._advance(scan)
-        timer._resume = (0, 0)
 
 
 __all__ = [
@@ -204,6 +234,7 @@ __all__ = [
     "TimerStatus",
     "TimerTopicStatus",
     "adopt",
+    "pending_entries",
     "progress",
     "recall",
     "status",

@@ -20,11 +20,14 @@ import zlib
 from dataclasses import dataclass, field
 
 MAGIC = b"BTMR"
-VERSION = 1
+VERSION = 2
+#: Version 1 (no open slot's handled entries) is still read.
+_READABLE = (1, 2)
 _HEAD = struct.Struct(">4sHIIqqqqqq")
 _COUNT = struct.Struct(">I")
 _PAIR = struct.Struct(">qq")
 _SLOT = struct.Struct(">qqqi")
+_POS = struct.Struct(">q")
 _NAME = struct.Struct(">H")
 _PROGRESS = struct.Struct(">4sqq")
 _PROGRESS_MAGIC = b"BTP1"
@@ -48,6 +51,9 @@ class TimerState:
     buckets: dict[int, int] = field(default_factory=dict)
     files: dict[int, int] = field(default_factory=dict)
     slots: list[tuple[int, int, int, int]] = field(default_factory=list)
+    #: The TimerLog positions of the entries of slot ``scan_tick`` (the open
+    #: one) already handled: a restart does not deliver them again.
+    open_done: list[int] = field(default_factory=list)
 
 
 def encode_state(state: TimerState) -> bytes:
@@ -74,6 +80,8 @@ def encode_state(state: TimerState) -> bytes:
         parts += [_PAIR.pack(k, v) for k, v in sorted(table.items())]
     parts.append(_COUNT.pack(len(state.slots)))
     parts += [_SLOT.pack(*slot) for slot in state.slots]
+    parts.append(_COUNT.pack(len(state.open_done)))
+    parts += [_POS.pack(p) for p in state.open_done]
     body = b"".join(parts)
     return body + zlib.crc32(body).to_bytes(4, "big")
 
@@ -83,7 +91,7 @@ def decode_state(data: bytes) -> TimerState:
     if len(data) < _HEAD.size + 4 or zlib.crc32(data[:-4]) != int.from_bytes(data[-4:], "big"):
         raise ValueError("timer checkpoint is truncated or damaged (crc)")
     magic, version, precision, ring, enq, scan, end, skip, cap, fsize = _HEAD.unpack_from(data)
-    if magic != MAGIC or version != VERSION:
+    if magic != MAGIC or version not in _READABLE:
         raise ValueError(f"not a timer checkpoint (magic {magic!r}, version {version})")
     state = TimerState(precision, ring, enq, scan, end, skip, cap, fsize)
     pos = _HEAD.size
@@ -106,6 +114,11 @@ def decode_state(data: bytes) -> TimerState:
     pos += 4
     state.slots = list(_SLOT.iter_unpack(data[pos : pos + n * _SLOT.size]))
     pos += n * _SLOT.size
+    if version >= 2:
+        (n,) = _COUNT.unpack_from(data, pos)
+        pos += 4
+        state.open_done = [p for (p,) in _POS.iter_unpack(data[pos : pos + n * _POS.size])]
+        pos += n * _POS.size
     if pos != len(data) - 4:
         raise ValueError("timer checkpoint has trailing bytes")
     return state

@@ -237,12 +237,13 @@ class TimerLog:
             return None
         return decode_entry(pos, os.pread(fd, ENTRY_SIZE, pos - start))
 
-    def chain(self, last: int, limit: int = 1 << 62) -> list[TimerEntry]:
-        """A slot's entries, walked back from ``last``, returned oldest first. A
+    def chain(self, last: int, limit: int = 1 << 62, *, stop: int = -1) -> list[TimerEntry]:
+        """A slot's entries, walked back from ``last`` (up to the entry at ``stop``,
+        excluded: what a caller has read already), returned oldest first. A
         missing or damaged entry ends the walk (logged)."""
         out: list[TimerEntry] = []
         pos = last
-        while pos >= 0 and len(out) < limit:
+        while pos >= 0 and pos != stop and len(out) < limit:
             entry = self.read(pos)
             if entry is None:
                 log.error("TimerLog entry at %d is missing or damaged: its slot's list ends", pos)

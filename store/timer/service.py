@@ -77,6 +77,7 @@ from basalt.store.timer.files import (
     topic_hash,
 )
 from basalt.store.timer.park import DELIVERY_DROPS, delete_key, out_ms, rolled, tick_of
+from basalt.store.timer.slot import DueSlot
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,11 @@ BUCKET_TICKS = 1024
 BLANK_MS = 60_000
 #: ConsumeQueue units one enqueue round takes (then due slots are scanned).
 UNITS_PER_ROUND = 4096
+#: Deliveries a tick at most: within a tick the scan wakes at each message's
+#: time but no sooner than precision / this after its previous delivery (20 ms
+#: at the default): each delivery costs a put and its consumers' fetches
+#: (docs/timers.md, "Precision and range").
+DELIVERY_STEPS = 5
 #: Messages re-put per put (one append, one fsync under SYNC flush).
 DELIVER_BATCH = 64
 #: More changed slots than this and a checkpoint is taken early (bounds memory).
@@ -99,7 +105,7 @@ class _Store(Protocol):
     commitlog: CommitLog
     consume_queues: ConsumeQueueTable
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult: ...
+    def put_internal(self, messages: Sequence[Message]) -> PutMessageResult: ...
 
 
 def ring_slots(config: MessageStoreConfig) -> int:
@@ -122,6 +128,8 @@ class TimerMessageService(ServiceThread):
         self.config = config
         self.now_ms = now_ms
         self.precision_ms = config.timer_precision_ms
+        #: The least the scan waits between two deliveries within a tick.
+        self.step_ms = max(1, self.precision_ms // DELIVERY_STEPS)
         self.max_delay_ms = config.timer_max_delay_sec * 1000
         roll_ms = min(config.timer_roll_window_sec, config.timer_max_delay_sec) * 1000
         self.roll_ticks = -(-roll_ms // self.precision_ms)
@@ -141,7 +149,9 @@ class TimerMessageService(ServiceThread):
         self.rolled = 0
         self.cancelled = 0
         self.skipped = 0
-        self._resume = (0, 0)  # (tick, entries of its slot already re-put)
+        #: The slot the scan is in, its entries held until each one's time
+        #: (store.timer.slot); None between ticks.
+        self.open_slot: DueSlot | None = None
         self._loaded = False
         self._persisted: tuple[int, ...] = ()
 
@@ -192,6 +202,9 @@ class TimerMessageService(ServiceThread):
         self.log.truncate(saved.log_end)  # entries filed after it are filed again
         saved.slots = []
         self.state = saved
+        if saved.open_done:  # its slot was open: what it handled is not again
+            self.open_slot = DueSlot(saved.scan_tick, skip=saved.open_done)
+            saved.open_done = []
         self._persisted = self._signature()
         low, high = self._queue_bounds()
         self.state.enqueue_offset = min(max(saved.enqueue_offset, low), high)
@@ -258,6 +271,9 @@ class TimerMessageService(ServiceThread):
                 buckets={b: c for b, c in st.buckets.items() if c > 0},
                 files=dict(st.files),
                 slots=slots,
+                open_done=list(self.open_slot.handled)
+                if self.open_slot is not None and self.open_slot.tick == st.scan_tick
+                else [],
             )
             write_atomically(self.checkpoint_path, encode_state(saved))
             self.wheel.write_dirty(slots)
@@ -428,98 +444,109 @@ class TimerMessageService(ServiceThread):
     # -- scan -------------------------------------------------------------------------
 
     def scan_due(self) -> float:
-        """Scan every tick whose time has come; returns seconds until the next."""
+        """Deliver what is due: open each tick as its first millisecond comes,
+        deliver each of its messages at its own time, leave it once its time is
+        all past. Returns seconds until the next thing comes due."""
+        p = self.precision_ms
         while not self._halted():
             with self.lock:
                 if not self.enabled:
-                    return self.precision_ms / 1000
+                    return p / 1000
                 st = self.state
                 now = self.now_ms()
-                due_limit = now // self.precision_ms  # ticks whose time has come
+                # Ticks below ``passed`` are all past: every message filed in
+                # them is due, and none can be filed there any more once the
+                # scan leaves them (the enqueue delivers such a late one at
+                # once). The tick ``now`` falls in has started.
+                passed = now // p + 1
                 tick = st.scan_tick
-                if tick > due_limit:
-                    return (tick * self.precision_ms - now) / 1000
+                if tick > tick_of(now, p):
+                    return ((tick - 1) * p + 1 - now) / 1000  # its first ms
                 bucket = tick // BUCKET_TICKS
                 if st.buckets.get(bucket, 0) <= 0:
                     later = [b for b, c in st.buckets.items() if b > bucket and c > 0]
-                    target = min(later) * BUCKET_TICKS if later else due_limit + 1
-                    self._advance(min(target, due_limit + 1))
+                    target = min(min(later) * BUCKET_TICKS if later else passed, passed)
+                    if target <= tick:
+                        return (tick * p - now) / 1000  # the open tick's end
+                    self._advance(target)
                     continue
                 slot = self.wheel.get(tick)
-                if slot is not None and not self._scan_slot(tick, slot):
-                    return _RETRY_S
-                self._advance(tick + 1)
+                held: int | None = None
+                if slot is not None:
+                    delivered, held = self._scan_slot(tick, slot[1], now, whole=tick < passed)
+                    if not delivered:
+                        return _RETRY_S
+                if tick < passed:
+                    self._advance(tick + 1)
+                    continue
+                # The tick now falls in: wait for its end, or its next message
+                # but at least a step (what comes due meanwhile goes together).
+                if held is None:
+                    return (tick * p - now) / 1000
+                return max(held - now, self.step_ms) / 1000
         return 0.0
 
     def _advance(self, tick: int) -> None:
+        """Move the scan to ``tick``: every slot below it is done."""
         st = self.state
+        if self.open_slot is not None:
+            if self.open_slot.tick < tick:
+                bucket = self.open_slot.tick // BUCKET_TICKS
+                st.buckets[bucket] = st.buckets.get(bucket, 0) - self._filed(self.open_slot.tick)
+            self.open_slot = None
         st.scan_tick = tick
         for b in [b for b in st.buckets if (b + 1) * BUCKET_TICKS <= tick]:
             del st.buckets[b]
         if self.recalled:
             self.recalled = {k: t for k, t in self.recalled.items() if t >= tick}
 
-    def _scan_slot(self, tick: int, slot: tuple[int, int, int]) -> bool:
-        """Deliver one due slot; False when a put failed (the slot is resumed later)."""
-        entries = self.log.chain(slot[1])
-        deletes = set()
-        for e in entries:
-            if e.is_delete:
-                record = self._record(e.phy, e.size)
-                if record is not None:
-                    deletes.add(record.properties.get(PROPERTY_TIMER_DEL_UNIQKEY, ""))
-        done = self._resume[1] if self._resume[0] == tick else 0
-        self._resume = (tick, done)
-        batch: list[tuple[Message, str]] = []
-        for e in entries[done:]:
-            message: Message | None = None
-            topic = ""
-            if not e.is_delete:
-                record = self._record(e.phy, e.size)
-                if record is None:  # its CommitLog file expired (or is damaged)
-                    self._uncount_hash(e.topic_hash)
-                    self.skipped += 1
-                else:
-                    topic = record.properties.get(PROPERTY_REAL_TOPIC, "")
-                    key = delete_key(topic, record.uniq_key or "")
-                    marker = PROPERTY_TIMER_DEL_UNIQKEY in record.properties  # a rolled one
-                    if not marker and record.uniq_key and (key in deletes or key in self.recalled):
-                        self._uncount(topic)
-                        self.cancelled += 1
-                    else:
-                        message = rolled(record) if e.is_roll else self._delivery(record)
-                        if message is None:
-                            self._uncount(topic)
-            if message is None:
-                # Skipped: what is batched goes first, so ``done`` stays a prefix.
-                if batch and not self._flush_batch(batch, tick):
-                    return False
-                batch = []
-                self._resume = (tick, self._resume[1] + 1)
-                continue
-            batch.append((message, topic))
-            if len(batch) >= DELIVER_BATCH:
-                if not self._flush_batch(batch, tick):
-                    return False
-                batch = []
-        if batch and not self._flush_batch(batch, tick):
-            return False
-        self._resume = (0, 0)
-        bucket = tick // BUCKET_TICKS
-        self.state.buckets[bucket] = self.state.buckets.get(bucket, 0) - slot[2]
-        return True
+    def _filed(self, tick: int) -> int:
+        slot = self.wheel.get(tick)
+        return slot[2] if slot is not None else 0
 
-    def _flush_batch(self, batch: list[tuple[Message, str]], tick: int) -> bool:
-        """Put a slot's batch; records how far the slot got (``_resume``). False
-        when the store refused for now."""
+    def _scan_slot(self, tick: int, last: int, now: int, *, whole: bool) -> tuple[bool, int | None]:
+        """Deliver what is due of slot ``tick`` (all of it when ``whole``: its time
+        is past). Returns (False when a put failed - the rest waits for the next
+        try - , the time the next entry held comes due or None)."""
+        current = self.open_slot
+        if current is None or current.tick != tick:
+            current = self.open_slot = DueSlot(tick)
+        current.refresh(self.log, last, self._record)
+        due = len(current.held) if whole else current.due_count(now)
+        done = current.handle(due, self._prepare, self._flush_batch, DELIVER_BATCH)
+        return done, current.next_due_ms()
+
+    def _prepare(self, e: TimerEntry, deletes: set[str]) -> tuple[Message, str] | None:
+        """What handling entry ``e`` puts (its delivery, or its roll) and its
+        topic; None when it is skipped (cancelled, its record gone, refused)."""
+        record = self._record(e.phy, e.size)
+        if record is None:  # its CommitLog file expired (or is damaged)
+            self._uncount_hash(e.topic_hash)
+            self.skipped += 1
+            return None
+        topic = record.properties.get(PROPERTY_REAL_TOPIC, "")
+        key = delete_key(topic, record.uniq_key or "")
+        marker = PROPERTY_TIMER_DEL_UNIQKEY in record.properties  # a rolled one
+        if not marker and record.uniq_key and (key in deletes or key in self.recalled):
+            self._uncount(topic)
+            self.cancelled += 1
+            return None
+        message = rolled(record) if e.is_roll else self._delivery(record)
+        if message is None:
+            self._uncount(topic)
+            return None
+        return message, topic
+
+    def _flush_batch(self, batch: list[tuple[Message, str]]) -> int:
+        """Put a slot's batch; returns how many are done (fewer than all: the
+        store refused for now)."""
         put = self._put([m for m, _ in batch])
         for message, topic in batch[:put]:
             if message.topic == TIMER_TOPIC:
                 self.rolled += 1  # still pending: it is filed again
             else:
                 self._uncount(topic)
-        self._resume = (tick, self._resume[1] + put)
-        return put == len(batch)
+        return put
 
     def _delivery(self, record: MessageRecord) -> Message | None:
         try:
@@ -534,7 +561,7 @@ class TimerMessageService(ServiceThread):
         for good). Fewer than all: the store refused for now (retry later)."""
         if not messages:
             return 0
-        result = self.store.put_messages(messages)
+        result = self.store.put_internal(messages)
         if result.status in (PutStatus.PUT_OK, PutStatus.FLUSH_DISK_TIMEOUT):
             self.delivered += sum(1 for m in messages if m.topic != TIMER_TOPIC)
             return len(messages)
@@ -542,7 +569,7 @@ class TimerMessageService(ServiceThread):
             log.warning("timer: delivering: %s; retrying", result.detail)
             return 0
         for i, message in enumerate(messages):  # one bad message: the others go alone
-            one = self.store.put_messages([message])
+            one = self.store.put_internal([message])
             if one.status in _UNDELIVERABLE:
                 log.error("timer: message for %s refused: %s", message.topic, one.detail)
                 self.skipped += 1
@@ -565,21 +592,6 @@ class TimerMessageService(ServiceThread):
             if topic_hash(topic) == t_hash:
                 self._uncount(topic)
                 return
-
-    # -- entries of a range -----------------------------------------------------------
-
-    def pending_entries(self, first_tick: int, last_tick: int) -> list[tuple[int, TimerEntry]]:
-        """(tick, entry) of every entry filed in slots [first_tick, last_tick), in
-        tick order, skipping empty buckets. Caller holds ``lock``."""
-        out: list[tuple[int, TimerEntry]] = []
-        for bucket in sorted(b for b, c in self.state.buckets.items() if c > 0):
-            lo = max(bucket * BUCKET_TICKS, first_tick)
-            hi = min((bucket + 1) * BUCKET_TICKS, last_tick)
-            if lo >= hi:
-                continue
-            for tick, _, last, _ in self.wheel.occupied(lo, hi - lo):
-                out += [(tick, e) for e in self.log.chain(last)]
-        return out
 
 
 __all__ = ["BUCKET_TICKS", "TimerMessageService", "ring_slots"]

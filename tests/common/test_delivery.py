@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from basalt.common.delivery import delay_level, delivery_time_ms
 from basalt.common.message import SCHEDULE_TOPIC, encode_properties
 from basalt.store.config import parse_delay_levels
-from basalt.store.schedule import consume_queue_tags_code, parse_delay_level
+from basalt.store.schedule import consume_queue_tags_code
 
 DELAYS = parse_delay_levels("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
 STORED = 1_700_000_000_000
@@ -47,8 +47,9 @@ def test_timers_absolute_relative_and_stamped() -> None:
 
 
 @given(st.text(max_size=12) | st.from_regex(r"[0-9]{1,11}", fullmatch=True))
-def test_the_delay_rule_is_the_stores(raw: str) -> None:
-    assert delay_level(raw) == parse_delay_level(raw)
+def test_a_parked_records_tags_code_is_the_due_time_read_here(raw: str) -> None:
+    # The store reads DELAY from the record's property bytes: the same level.
+    assert delay_level(raw) == delay_level(raw.encode("utf-8"))
     # A parked record's ConsumeQueue tagsCode is the due time this module reads.
     level = delay_level(raw)
     if level > 0:

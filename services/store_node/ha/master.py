@@ -12,7 +12,8 @@ catching up (cold pages); the epoch entry of the term is fsynced in a thread.
 
 Concurrency: every method runs on the event loop the master was started on;
 :meth:`ReplicationMaster.notify_appended` too (the send path calls it after
-each put, on the loop).
+each put, and the group member after the store's own puts - delay levels,
+timers, transaction checks - both on the loop).
 """
 
 from __future__ import annotations

@@ -116,6 +116,9 @@ class GroupMember:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: A confirm-offset move for the store's own puts is scheduled on the loop.
+        self._own_put_pending = False
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -124,6 +127,11 @@ class GroupMember:
         none, and start following it. Raises :class:`DuplicateMemberError` when
         another live store-node holds this broker id (a copy-pasted config)."""
         self.addresses = addresses
+        self._loop = asyncio.get_running_loop()
+        # The store's own puts (delay levels, timers, transaction checks) are
+        # nobody's send: without this, what they deliver would wait for the next
+        # heartbeat or client send to be confirmed, and consumers to see it.
+        self.store.add_internal_put_listener(self._store_put)
         await self._check_unique()
         self._registration = await self.group.register(
             self._member(), ttl_s=self.config.ha_lease_ttl_s
@@ -161,6 +169,7 @@ class GroupMember:
         """Stop following; the registration is revoked (the member key goes at once)."""
         self._closed = True
         self.role = Role.ELECTING
+        self.store.remove_internal_put_listener(self._store_put)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -493,6 +502,30 @@ class GroupMember:
         # The master's own book: a set it has just grown counts at once.
         others = master is not None and len(master.sync_state_set) > 1
         return others or self.config.enable_elect_unclean_master
+
+    def _store_put(self) -> None:
+        """The store appended a put of its own (MessageStore.put_internal): on its
+        service's thread, ask the loop to treat it as a send's put - move the
+        confirm offset (only as far as the in-sync set has it: under SYNC that
+        is once the slaves ack, which the woken streams bring) and wake the
+        slaves' streams. One notification waits at a time: a burst of puts is
+        covered by the one that runs after them."""
+        loop = self._loop
+        if self._own_put_pending or loop is None or self._closed:
+            return
+        self._own_put_pending = True
+        try:
+            loop.call_soon_threadsafe(self._notify_store_put)
+        except RuntimeError:  # the loop is closed: nothing left to notify
+            self._own_put_pending = False
+
+    def _notify_store_put(self) -> None:
+        # Cleared first: a put appended from here on schedules another call, and
+        # one appended before is covered by the offsets read below.
+        self._own_put_pending = False
+        master = self.master
+        if master is not None:
+            master.notify_appended()
 
     def confirm_then(
         self, result: PutMessageResult, settle: Callable[[PutMessageResult], None]
