@@ -42,6 +42,7 @@ from basalt.store.schedule import (
 )
 from tests.support.polling import eventually_sync
 from tests.support.stores import ConfigFactory, small_store_config
+from tests.support.system_topics import dispatched, real
 
 LEVELS = "1s 5s 10s"
 
@@ -51,18 +52,6 @@ def open_store(make_config: ConfigFactory, clock: ManualClock, **overrides: obje
     store = MessageStore.open(make_config(message_delay_level=LEVELS, **overrides), clock=clock)
     store.schedule.shutdown()
     return store
-
-
-def dispatched(store: MessageStore) -> None:
-    eventually_sync(
-        lambda: store.dispatcher.reput_from_offset == store.max_physical_offset,
-        what="dispatch to catch up",
-    )
-
-
-def real(store: MessageStore, topic: str, queue_id: int) -> list[Message]:
-    dispatched(store)
-    return [r for _, r in store.iter_queue(topic, queue_id)]  # type: ignore[misc]
 
 
 def test_message_delay_level_is_parsed_and_validated(tmp_path: Path) -> None:

@@ -22,7 +22,6 @@ from basalt.common.message import (
     PROPERTY_UNIQ_KEY,
     TIMER_TOPIC,
     Message,
-    MessageRecord,
 )
 from basalt.store import ManualClock, MessageStore
 from basalt.store.errors import StoreConfigError
@@ -30,41 +29,10 @@ from basalt.store.put_result import PutStatus
 from basalt.store.timer.park import tick_of
 from tests.support.polling import eventually_sync
 from tests.support.stores import ConfigFactory, small_store_config
+from tests.support.system_topics import dispatched, real, step, timer_message
+from tests.support.system_topics import open_timer_store as open_store
 
 DAY_MS = 86_400_000
-
-
-def open_store(make_config: ConfigFactory, clock: ManualClock, **overrides: object) -> MessageStore:
-    """A started store whose timer thread is stopped (driven by hand)."""
-    store = MessageStore.open(make_config(**overrides), clock=clock)
-    store.timer.stop_thread()
-    return store
-
-
-def dispatched(store: MessageStore) -> None:
-    eventually_sync(
-        lambda: store.dispatcher.reput_from_offset == store.max_physical_offset,
-        what="dispatch to catch up",
-    )
-
-
-def real(store: MessageStore, topic: str, queue_id: int = 0) -> list[MessageRecord]:
-    dispatched(store)
-    return [r for _, r in store.iter_queue(topic, queue_id)]
-
-
-def step(store: MessageStore) -> None:
-    dispatched(store)
-    store.timer.run_once()
-
-
-def timer_message(topic: str, body: bytes, deliver_ms: int, uniq: str, **kw: object) -> Message:
-    return Message(
-        topic,
-        body,
-        properties={PROPERTY_TIMER_DELIVER_MS: str(deliver_ms), PROPERTY_UNIQ_KEY: uniq},
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 def test_timer_settings_are_validated(tmp_path: Path) -> None:

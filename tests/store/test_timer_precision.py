@@ -14,9 +14,10 @@ from basalt.common.message import Message
 from basalt.store import ManualClock, MessageStore
 from basalt.store.timer.checkpoint import TimerState, decode_state, encode_state
 from basalt.store.timer.park import tick_of
-from tests.store.test_timer import open_store, real, step, timer_message
 from tests.support.polling import eventually_sync
 from tests.support.stores import ConfigFactory
+from tests.support.system_topics import open_timer_store as open_store
+from tests.support.system_topics import real, step, timer_message
 
 
 def tick_start(clock: ManualClock) -> int:

@@ -25,9 +25,10 @@ from basalt.store.timer.files import (
     TimerWheel,
     encode_entry,
 )
-from tests.store.test_timer import dispatched, open_store, real, step, timer_message
 from tests.support.polling import eventually_sync
 from tests.support.stores import ConfigFactory, small_store_config
+from tests.support.system_topics import dispatched, real, step, timer_message
+from tests.support.system_topics import open_timer_store as open_store
 
 
 def crash(store: MessageStore) -> None:
