@@ -5,14 +5,16 @@ stored."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import grpc
 
-from basalt.common.message import SCHEDULE_TOPIC, Message
-from basalt.common.record import EncodedMessage, decode_record
+from basalt.common.message import SCHEDULE_TOPIC, Message, MessageRecord
+from basalt.common.record import EncodedMessage, decode_record, decode_records
 from basalt.store.batch import EncodedBatch
+from basalt.store.config import MessageStoreConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import run
@@ -20,6 +22,7 @@ from tests.support.nodes import NODE_TOPIC as TOPIC
 from tests.support.nodes import node
 from tests.support.polling import eventually
 from tests.support.rpc import refused, wire
+from tests.support.stores import node_store_config
 
 
 def test_a_delayed_send_reaches_its_queue_after_its_delay(tmp_path: Path) -> None:
@@ -51,6 +54,51 @@ def test_a_delayed_send_reaches_its_queue_after_its_delay(tmp_path: Path) -> Non
             # Due one second after it was stored, on the store's own clock.
             assert record.store_timestamp_ms - sent.result.store_timestamp_ms >= 1000
             assert time.time() - started >= 1.0
+
+    run(scenario)
+
+
+#: 18 levels (RocketMQ's count) short enough for a test: 1 s and 2 s in turn.
+EVERY_LEVEL = " ".join(("1s", "2s")[n % 2] for n in range(18))
+
+
+def test_a_send_at_every_level_arrives_not_before_its_delay(tmp_path: Path) -> None:
+    """One message per level (1..18) to one queue: each is parked in its level's
+    queue of SCHEDULE_TOPIC_XXXX and re-put to the real queue no earlier than
+    its level's delay after it was stored (store times, on the store's clock)."""
+    delays_ms = [1000 if n % 2 == 0 else 2000 for n in range(18)]
+
+    def config(root: Path) -> MessageStoreConfig:
+        return dataclasses.replace(node_store_config(root), message_delay_level=EVERY_LEVEL)
+
+    async def scenario() -> None:
+        async with node(tmp_path, store_config=config) as (running, stub, _):
+            stored: dict[bytes, int] = {}
+            for level in range(1, 19):
+                sent = await stub.SendMessage(
+                    sn.SendMessageRequest(
+                        message=wire(TOPIC, b"L%d" % level, delay_level=level), queue_id=2
+                    )
+                )
+                assert sent.result.status == pb.SEND_STATUS_SEND_OK
+                stored[b"L%d" % level] = sent.result.store_timestamp_ms
+            for level in range(1, 19):
+                assert running.store.get_max_offset_in_queue(SCHEDULE_TOPIC, level - 1) == 1
+
+            async def delivered() -> list[MessageRecord]:
+                got = await stub.GetMessage(
+                    sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=2, max_msg_nums=32)
+                )
+                return decode_records(got.records.data)
+
+            async def all_arrived() -> bool:
+                return len(await delivered()) == 18
+
+            await eventually(all_arrived, timeout_s=30, what="every level's message")
+            for record in await delivered():
+                level = int(record.body[1:])
+                assert record.store_timestamp_ms - stored[record.body] >= delays_ms[level - 1]
+                assert "DELAY" not in record.properties
 
     run(scenario)
 
