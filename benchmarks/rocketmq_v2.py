@@ -256,7 +256,7 @@ async def run(args: argparse.Namespace, root: Path) -> tuple[list[Result], float
     try:
         print(cluster.up().rstrip(), file=sys.stderr)
         state = json.loads((cluster.data_dir / "cluster.json").read_text())
-        endpoints = next(p["rocketmq_v2"] for p in state if p.get("rocketmq_v2"))
+        endpoints = next(p["rocketmq_v2"] for p in state if p["role"] == "pull-service")
         # The pull-service first: cpu_seconds reports its share apart.
         server = [p.pid for p in cluster.of_role("pull-service") + cluster.of_role("store-node")]
         topics = {c: f"V2Bench{c.capitalize()}" for c in (*args.clients, "basalt")}

@@ -60,6 +60,7 @@ from basalt.services.rocketmq_v2.conversions import (
     ACCEPTED_MESSAGE_TYPES,
     StoreQueue,
     V2Error,
+    endpoints_of,
     group_name,
     ok_status,
     readable_brokers,
@@ -207,14 +208,27 @@ class ConsumeRpcs(StoreCalls):
         ) -> pb.SendResult: ...
 
     def _topic(self, topic: str) -> TopicConfig | None:
-        return self.pull.view.topics.get(topic)
+        return self.host.topics.get(topic)
 
     def _broker_perms(self, config: TopicConfig) -> dict[str, int]:
         """PermName bits of the topic's registered (live) brokers."""
         return {
             name: int(broker.perm)
             for name in config.brokers
-            if (broker := self.pull.brokers.get(name)) is not None
+            if (broker := self.host.brokers.get(name)) is not None
+        }
+
+    def _broker_fronts(self, config: TopicConfig) -> dict[str, v2.Endpoints] | None:
+        """Each of the topic's brokers' own front (a store-node's), where it has
+        one, for routes and assignments to name; None in a pull-service's front
+        (every queue is served at the access point the client called)."""
+        fronts = self.host.fronts
+        if fronts is None:
+            return None
+        return {
+            name: endpoints_of(endpoint)
+            for name in config.brokers
+            if (endpoint := fronts.endpoint_of(name)) is not None
         }
 
     def is_fifo(self, group: str) -> bool:
@@ -249,7 +263,7 @@ class ConsumeRpcs(StoreCalls):
         for a refusal."""
         group = group_name(request.group)
         topic = request.message_queue.topic
-        config = self.pull.view.topics.get(topic.name)
+        config = self.host.topics.get(topic.name)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic.name!r} not found")
         if request.batch_size < 1:
@@ -416,10 +430,10 @@ class ConsumeRpcs(StoreCalls):
         twice), never loses it."""
         topic = dlq_topic(group)
         queue = StoreQueue(handle.broker_name, 0)
-        known = self.pull.view.topics.get(topic)
+        known = self.host.topics.get(topic)
         if known is None or handle.broker_name not in known.brokers:
             try:
-                await self.pull.meta.ensure_topic(
+                await self.host.meta.ensure_topic(
                     topic, broker=handle.broker_name, default_queue_nums=1
                 )
             except MetaError as e:
@@ -674,20 +688,21 @@ class ConsumeRpcs(StoreCalls):
             group_name(request.group)
         except V2Error as e:
             return sv.QueryAssignmentResponse(status=e.status())
-        config = self.pull.view.topics.get(request.topic.name)
+        config = self.host.topics.get(request.topic.name)
         if config is None:
             return sv.QueryAssignmentResponse(
                 status=V2Error(
                     v2.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} not found"
                 ).status()
             )
+        own = self._broker_fronts(config) or {}
         assignments = [
             v2.Assignment(
                 message_queue=v2.MessageQueue(
                     topic=request.topic,
                     id=-1,
                     permission=v2.READ,
-                    broker=v2.Broker(name=name, id=0, endpoints=request.endpoints),
+                    broker=v2.Broker(name=name, id=0, endpoints=own.get(name, request.endpoints)),
                     accept_message_types=ACCEPTED_MESSAGE_TYPES,
                 )
             )

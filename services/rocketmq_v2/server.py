@@ -1,20 +1,28 @@
-"""Serving the v2 front on its own listener, beside a pull-service.
+"""Serving the v2 front on its own listener, beside a pull-service or a store-node.
 
 RocketMQ's clients dial one access point and find everything there, while
-Basalt's own clients dial the pull-service's: a second gRPC server in the
-same process keeps the two protocols' ports and health apart while sharing
-the pull-service's caches and channels (the front holds nothing of its own).
+Basalt's own clients dial the pull-service's or the store-node's: a second
+gRPC server in the same process keeps the two protocols' ports and health
+apart while sharing the process's caches and channels (the front holds
+nothing of its own: :class:`~basalt.services.rocketmq_v2.host.FrontHost`).
+Its server is made by :func:`basalt.services.process.grpc_server`, so the
+process's interceptors (telemetry, auth) apply to it as to its own service.
+The listener's settings are :class:`RocketMQv2Listener`, a section of both
+processes' settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health
 
-from basalt.common.tls import TlsConfig
+from basalt.common.settings import config_dataclass, one_of, setting, validate
+from basalt.common.tls import ClientAuth, TlsConfig
 from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services import config as settings
 from basalt.services.process import (
     add_health_and_reflection,
     add_port,
@@ -22,7 +30,7 @@ from basalt.services.process import (
     grpc_server,
     set_serving,
 )
-from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.rocketmq_v2.host import FrontHost
 from basalt.services.rocketmq_v2.service import MessagingServiceServicer, RocketMQv2Config
 
 SERVICE = sv.DESCRIPTOR.services_by_name["MessagingService"]
@@ -50,9 +58,37 @@ SERVED = frozenset(
 )
 
 
+@config_dataclass
+class RocketMQv2ListenConfig:
+    """Where a process serves the front: settings of the pull-service and the
+    store-node alike (flags ``--rocketmq-v2-listen``, ...)."""
+
+    rocketmq_v2_listen: str = setting(
+        default="",
+        check=settings.listen_address_or_empty,
+        doc="host:port to serve RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) "
+        "on; empty: not served. A store-node's front serves its own queues in-process "
+        "(RocketMQ 5's local proxy mode) and needs etcd (docs/rocketmq-v2.md).",
+    )
+    rocketmq_v2_tls_client_auth: ClientAuth = setting(
+        default=ClientAuth.NONE,
+        check=one_of(*ClientAuth),
+        doc="With tls_enable: whether the RocketMQ 5 front requires client certificates. "
+        "NONE by default, as RocketMQ's proxy: the official clients present none "
+        "(they trust the server's; docs/security.md).",
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
+
+    def tls(self, tls: TlsConfig) -> TlsConfig:
+        """The front's TLS: the process's, with this client authentication."""
+        return dataclasses.replace(tls, tls_client_auth=self.rocketmq_v2_tls_client_auth)
+
+
 @dataclass(slots=True)
 class RunningFront:
-    """A started v2 front; :meth:`stop` it once (the pull-service does)."""
+    """A started v2 front; :meth:`stop` it once (the process serving it does)."""
 
     server: grpc.aio.Server
     port: int
@@ -68,16 +104,17 @@ class RunningFront:
 
 async def start_rocketmq_v2(
     config: RocketMQv2Config,
-    pull: PullServiceServicer,
+    host: FrontHost,
     listen: str,
     *,
     tls: TlsConfig | None = None,
 ) -> RunningFront:
     """Serve the front on ``listen`` (port 0: a free one; TLS when ``tls`` is
-    enabled, as the official clients dial it with ``tls_enable``) over ``pull``'s view,
-    SERVING once started. Raises what binding raises (the address in use)."""
-    server = grpc_server(pull.config.max_message_bytes)
-    servicer = MessagingServiceServicer(config, pull)
+    enabled, as the official clients dial it with ``tls_enable``) over
+    ``host``, SERVING once started. Raises what binding raises (the address in
+    use)."""
+    server = grpc_server(host.max_message_bytes)
+    servicer = MessagingServiceServicer(config, host)
     add_servicer(server, servicer, SERVICE, only=SERVED)
     health_servicer = add_health_and_reflection(server, SERVICE.full_name)
     port = add_port(server, listen, tls)

@@ -62,7 +62,6 @@ from basalt.common.settings import config_dataclass, instance_of, positive, sett
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.pull_service.channels import call_timeout_s
-from basalt.services.pull_service.service import PullServiceServicer
 from basalt.services.rocketmq_v2.call_batching import Coalescer
 from basalt.services.rocketmq_v2.check_relay import CheckRelay, publishing_groups
 from basalt.services.rocketmq_v2.consume import ConsumeRpcs
@@ -82,6 +81,7 @@ from basalt.services.rocketmq_v2.conversions import (
     to_message,
     writable_queues,
 )
+from basalt.services.rocketmq_v2.host import FrontHost
 from basalt.services.rocketmq_v2.store_calls import STORE_NODE_BUDGET_S
 from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
 from basalt.services.rocketmq_v2.transactions import TransactionRpcs
@@ -175,9 +175,9 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
     the generated servicer's subclass: only the methods it has are registered
     (:mod:`basalt.services.rocketmq_v2.server`), the others are UNIMPLEMENTED."""
 
-    def __init__(self, config: RocketMQv2Config, pull: PullServiceServicer) -> None:
+    def __init__(self, config: RocketMQv2Config, host: FrontHost) -> None:
         self.config = config
-        self.pull = pull
+        self.host = host
         self._turn = itertools.count()
         #: Concurrent SendMessages to one store-node, joined into one stream
         #: message (a SendBatch per queue).
@@ -185,11 +185,11 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             str, tuple[str, StoreQueue, Message, str], tuple[v2.Code.ValueType, int] | V2Error
         ] = Coalescer(self._send_joined)
         #: One SendStream per store-node, for the joined sends.
-        self._streams = SendStreams(pull.channels.store_node)
+        self._streams = SendStreams(host.channels.store_node)
         #: Concurrent AckMessages of one group and topic on one store-node, joined.
         self._acks = Coalescer(self._ack_joined)
         #: Transaction checks of the publishing clients' groups.
-        self.checks = CheckRelay(pull, f"rocketmq-v2@{pull.config.pull_service_id}")
+        self.checks = CheckRelay(host)
 
     async def close(self) -> None:
         """End the store-node streams and check watches (once the server stopped)."""
@@ -201,7 +201,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
     async def QueryRoute(
         self, request: sv.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.QueryRouteResponse:
-        config = self.pull.view.topics.get(request.topic.name)
+        config = self.host.topics.get(request.topic.name)
         if config is None:
             return sv.QueryRouteResponse(
                 status=V2Error(
@@ -213,6 +213,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             self._broker_perms(config),
             namespace=request.topic.resource_namespace,
             endpoints=request.endpoints,
+            own=self._broker_fronts(config),
         )
         return sv.QueryRouteResponse(status=ok_status(), message_queues=queues)
 
@@ -324,13 +325,14 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             raise V2Error(v2.BAD_REQUEST, "one SendMessage carries one topic's messages")
         max_body = self.config.rocketmq_v2_max_body_size_bytes
         messages = [to_message(m, max_body) for m in request.messages]
-        config = self.pull.view.topics.get(topic)
+        config = self.host.topics.get(topic)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic!r} not found")
-        live = [n for n in config.brokers if self.pull.brokers.get(n) is not None]
+        live = [n for n in config.brokers if self.host.brokers.get(n) is not None]
         writable = writable_queues(config, live)
         if not writable:
             raise V2Error(v2.FORBIDDEN, f"topic {topic!r} has no writable queue")
+        spread = self._preferred(writable)
         due = [deliver_time_ms(m) for m in request.messages]
         targets: dict[StoreQueue, list[int]] = {}
         alone: list[tuple[int, StoreQueue]] = []
@@ -344,9 +346,9 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
                 # messages would land on one queue of one store-node.
                 turn = next(self._turn)
                 if system.queue_id:
-                    queue = asked_queue(system.queue_id, turn, writable)
+                    queue = asked_queue(system.queue_id, turn, spread)
                 else:
-                    queue = writable[turn % len(writable)]
+                    queue = spread[turn % len(spread)]
             if due[i] or system.message_type == v2.TRANSACTION:
                 alone.append((i, queue))
             else:
@@ -373,6 +375,22 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             )  # fmt: skip
         return [e for e in entries if e is not None]
 
+    def _preferred(self, writable: list[StoreQueue]) -> list[StoreQueue]:
+        """The queues a send without a message group goes to: in a store-node's
+        front, its own writable queues while it is its broker's master
+        (RocketMQ 5's local proxy mode: a client sends to the broker whose queue
+        it picked, and that broker stores it, with no hop); else, or when it
+        has none of the topic's, all of ``writable``. A FIFO message group
+        hashes over all of them wherever it is sent, so it keeps its queue."""
+        local = self.host.local
+        if local is None:
+            return writable
+        registered = self.host.brokers.get(local.broker_name)
+        if registered is None or not local.serves(local.broker_name, registered.address):
+            return writable
+        own = [q for q in writable if q.broker_name == local.broker_name]
+        return own or writable
+
     async def _send_joined(
         self,
         broker: str,
@@ -385,7 +403,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
         refusal."""
         address = self._address(StoreQueue(broker, 0))
         peer = f"store-node {broker!r} at {address}"
-        hosts = await self.pull.store_hosts.of({broker: address})
+        hosts = await self.host.store_hosts.of({broker: address})
         store_host = hosts.get(broker)
         if store_host is None:
             raise V2Error(v2.INTERNAL_SERVER_ERROR, f"{peer} does not answer")
@@ -408,8 +426,12 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             )
             for (topic, queue), group in groups.items()
         ]
-        timeout = call_timeout_s(context, STORE_NODE_BUDGET_S)
-        answers = await self._streams.send(address, peer, batches, timeout)
+        local = self.host.local_at(broker, address)
+        if local is not None:
+            answers = await local.send(batches)
+        else:
+            timeout = call_timeout_s(context, STORE_NODE_BUDGET_S)
+            answers = await self._streams.send(address, peer, batches, timeout)
         out: list[tuple[v2.Code.ValueType, int] | V2Error | None] = [None] * len(items)
         for group, answer in zip(groups.values(), answers, strict=True):
             refusal = refused(answer, peer)
@@ -430,7 +452,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
         """One SendBatch of ``messages`` to ``queue``'s store-node; its SendResult,
         or V2Error with the store-node's refusal in v2 terms."""
         address = self._address(queue)
-        hosts = await self.pull.store_hosts.of({queue.broker_name: address})
+        hosts = await self.host.store_hosts.of({queue.broker_name: address})
         store_host = hosts.get(queue.broker_name)
         if store_host is None:
             raise V2Error(
@@ -532,7 +554,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
         store-node may hold gets ``hold_s`` more time); its answer, or V2Error
         (TOPIC_NOT_FOUND, BAD_REQUEST for a broker or queue id outside the
         topic, the store-node's refusal in v2 terms)."""
-        config = self.pull.view.topics.get(mq.topic.name)
+        config = self.host.topics.get(mq.topic.name)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
         queue = queue_of(config, mq)
