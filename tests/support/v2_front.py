@@ -14,6 +14,9 @@ import grpc
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from tests.support.processes import local_cluster, run_basalt_sync
 
+#: Where a test's client may dial the front (:meth:`V2Cluster.endpoint`).
+FRONTS = ("pull-service", "store-node", "other-store-node")
+
 
 @dataclass(frozen=True)
 class V2Cluster:
@@ -35,6 +38,17 @@ class V2Cluster:
         )  # fmt: skip
         assert made.returncode == 0, made.stdout + made.stderr
         return name
+
+    def endpoint(self, front: str, broker: str = "broker-a") -> str:
+        """The v2 endpoint a client dials for a topic on ``broker``, by
+        ``front`` (:data:`FRONTS`): the pull-service's (``pull-service``),
+        ``broker``'s own (``store-node``: its queues served in-process), or
+        another store-node's (``other-store-node``: they are routed over gRPC)."""
+        if front == "pull-service":
+            return self.v2
+        if front == "store-node":
+            return self.fronts[broker]
+        return next(a for name, a in sorted(self.fronts.items()) if name != broker)
 
     def stub(self, at: str | None = None) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
         """A plaintext channel to a v2 front (``at``: its address; the
