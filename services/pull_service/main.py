@@ -5,9 +5,8 @@
     basalt pull-service --id ps-1 --listen 127.0.0.1:8081 --etcd 127.0.0.1:2379 \\
         [--cluster DefaultCluster] [--heartbeat-interval-ms 10000] [--config FILE]
 
-Every setting of PullServiceConfig, MetaConfig, PullServiceProcessConfig,
-RocketMQv2ListenConfig and RocketMQv2Config is
-a flag, a ``BASALT_*`` env var and a config file key
+Every setting of PullServiceConfig, MetaConfig, PullServiceProcessConfig and
+RocketMQv2Config is a flag, a ``BASALT_*`` env var and a config file key
 (:mod:`basalt.services.config`, docs/configuration.md).
 
 The first line on stdout is ``pull-service <id> serving on <host:port>``
@@ -32,7 +31,6 @@ from basalt.services import config, process
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.server import start_pull_service
 from basalt.services.pull_service.service import PullServiceConfig
-from basalt.services.rocketmq_v2.server import RocketMQv2ListenConfig
 from basalt.services.rocketmq_v2.service import RocketMQv2Config
 
 
@@ -65,7 +63,6 @@ SPEC = config.ServiceSpec(
     "basalt-pull-service",
     (
         config.Section(PullServiceProcessConfig),
-        config.Section(RocketMQv2ListenConfig),
         config.Section(PullServiceConfig, aliases={"pull_service_id": "id"}),
         config.Section(RocketMQv2Config),
         config.Section(MetaConfig, aliases={"endpoints": "etcd"}),
@@ -87,7 +84,7 @@ async def serve(args: argparse.Namespace) -> int:
     stop = process.stop_signal()
     settings = process.settings(args)
     addresses = settings.build(PullServiceProcessConfig)
-    front = settings.build(RocketMQv2ListenConfig)
+    front = settings.build(RocketMQv2Config)
     service_config = settings.build(PullServiceConfig)
     tls = process.tls_config(args)
     meta = MetaClient(settings.build(MetaConfig), tls=tls)
@@ -100,7 +97,7 @@ async def serve(args: argparse.Namespace) -> int:
             advertise_host=addresses.advertise_host,
             client_address=addresses.client_address,
             rocketmq_v2_listen=front.rocketmq_v2_listen,
-            rocketmq_v2=settings.build(RocketMQv2Config),
+            rocketmq_v2=front,
             tls=tls,
             rocketmq_v2_tls=front.tls(tls),
         )

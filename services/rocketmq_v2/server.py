@@ -13,16 +13,13 @@ processes' settings.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health
 
-from basalt.common.settings import config_dataclass, one_of, setting, validate
-from basalt.common.tls import ClientAuth, TlsConfig
+from basalt.common.tls import TlsConfig
 from basalt.rocketmq.v2 import service_pb2 as sv
-from basalt.services import config as settings
 from basalt.services.process import (
     add_health_and_reflection,
     add_port,
@@ -56,34 +53,6 @@ SERVED = frozenset(
         "PullMessage",
     }
 )
-
-
-@config_dataclass
-class RocketMQv2ListenConfig:
-    """Where a process serves the front: settings of the pull-service and the
-    store-node alike (flags ``--rocketmq-v2-listen``, ...)."""
-
-    rocketmq_v2_listen: str = setting(
-        default="",
-        check=settings.listen_address_or_empty,
-        doc="host:port to serve RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) "
-        "on; empty: not served. A store-node's front serves its own queues in-process "
-        "(RocketMQ 5's local proxy mode) and needs etcd (docs/rocketmq-v2.md).",
-    )
-    rocketmq_v2_tls_client_auth: ClientAuth = setting(
-        default=ClientAuth.NONE,
-        check=one_of(*ClientAuth),
-        doc="With tls_enable: whether the RocketMQ 5 front requires client certificates. "
-        "NONE by default, as RocketMQ's proxy: the official clients present none "
-        "(they trust the server's; docs/security.md).",
-    )
-
-    def __post_init__(self) -> None:
-        validate(self, ValueError)
-
-    def tls(self, tls: TlsConfig) -> TlsConfig:
-        """The front's TLS: the process's, with this client authentication."""
-        return dataclasses.replace(tls, tls_client_auth=self.rocketmq_v2_tls_client_auth)
 
 
 @dataclass(slots=True)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -58,9 +59,18 @@ import grpc
 
 from basalt.common.message import Message, encode_host
 from basalt.common.record import encode_batch
-from basalt.common.settings import config_dataclass, instance_of, positive, setting, validate
+from basalt.common.settings import (
+    config_dataclass,
+    instance_of,
+    one_of,
+    positive,
+    setting,
+    validate,
+)
+from basalt.common.tls import ClientAuth, TlsConfig
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
+from basalt.services.config import listen_address_or_empty
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.rocketmq_v2.call_batching import Coalescer
 from basalt.services.rocketmq_v2.check_relay import CheckRelay, publishing_groups
@@ -94,8 +104,24 @@ log = logging.getLogger(__name__)
 
 @config_dataclass
 class RocketMQv2Config:
-    """What the v2 front tells clients in Telemetry's Settings. Validated at
+    """Where a process (a pull-service or a store-node) serves the v2 front and
+    what the front tells clients in Telemetry's Settings. Validated at
     construction: ValueError names the first bad field."""
+
+    rocketmq_v2_listen: str = setting(
+        default="",
+        check=listen_address_or_empty,
+        doc="host:port to serve RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) "
+        "on; empty: not served. A store-node's front serves its own queues in-process "
+        "(RocketMQ 5's local proxy mode) and needs etcd (docs/rocketmq-v2.md).",
+    )
+    rocketmq_v2_tls_client_auth: ClientAuth = setting(
+        default=ClientAuth.NONE,
+        check=one_of(*ClientAuth),
+        doc="With tls_enable: whether the RocketMQ 5 front requires client certificates. "
+        "NONE by default, as RocketMQ's proxy: the official clients present none "
+        "(they trust the server's; docs/security.md).",
+    )
 
     rocketmq_v2_max_body_size_bytes: int = setting(
         default=4 * 1024 * 1024,
@@ -136,6 +162,10 @@ class RocketMQv2Config:
 
     def __post_init__(self) -> None:
         validate(self, ValueError)
+
+    def tls(self, tls: TlsConfig) -> TlsConfig:
+        """The front's TLS: the process's, with ``rocketmq_v2_tls_client_auth``."""
+        return dataclasses.replace(tls, tls_client_auth=self.rocketmq_v2_tls_client_auth)
 
     def fifo_groups(self) -> frozenset[str]:
         """The FIFO groups ``rocketmq_v2_fifo_groups`` names."""

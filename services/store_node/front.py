@@ -70,7 +70,6 @@ class LocalFront:
 
 async def start_front(
     config: RocketMQv2Config,
-    listen: str,
     *,
     servicer: StoreNodeServicer,
     meta: MetaClient,
@@ -82,9 +81,9 @@ async def start_front(
     tls: TlsConfig | None = None,
     front_tls: TlsConfig | None = None,
 ) -> LocalFront:
-    """Serve the front of the node ``servicer`` serves on ``listen`` (port 0:
-    any) and register it in etcd (retried in the background while etcd is
-    away). ``topics`` and ``brokers``: the node's started watch caches;
+    """Serve the front of the node ``servicer`` serves on ``config``'s
+    ``rocketmq_v2_listen`` (port 0: any) and register it in etcd (retried in
+    the background while etcd is away). ``topics`` and ``brokers``: the node's started watch caches;
     ``address``: its registered StoreNode address (``brokers/<name>`` names it
     while it is master); ``client_host``: the host clients reach it at (the
     endpoint registered is that host and the bound port); ``tls``: what the
@@ -109,7 +108,7 @@ async def start_front(
             fronts=FrontDirectory(fronts, lookup),
         )
         running = await start_rocketmq_v2(
-            config, host, listen, tls=tls if front_tls is None else front_tls
+            config, host, config.rocketmq_v2_listen, tls=tls if front_tls is None else front_tls
         )
     except BaseException:
         await channels.close()

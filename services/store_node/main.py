@@ -7,9 +7,8 @@
         [--flush-disk-type SYNC_FLUSH] [--config broker.conf] [--print-config]
 
 Every setting of MessageStoreConfig, StoreNodeConfig, MetaConfig,
-StoreNodeProcessConfig, RocketMQv2ListenConfig and RocketMQv2Config is a flag,
-a ``BASALT_*`` env var and a config file key (:mod:`basalt.services.config`,
-docs/configuration.md).
+StoreNodeProcessConfig and RocketMQv2Config is a flag, a ``BASALT_*`` env var
+and a config file key (:mod:`basalt.services.config`, docs/configuration.md).
 
 ``--rocketmq-v2-listen HOST:PORT`` (with ``--etcd``) serves the official
 RocketMQ 5 clients from the node itself (RocketMQ 5's local proxy mode:
@@ -53,7 +52,6 @@ from basalt.services.meta import (
     TopicConfig,
 )
 from basalt.services.meta.model import Perm
-from basalt.services.rocketmq_v2.server import RocketMQv2ListenConfig
 from basalt.services.rocketmq_v2.service import RocketMQv2Config
 from basalt.services.store_node.front import LocalFront, start_front
 from basalt.services.store_node.ha.config import ReplicationConfig
@@ -164,7 +162,6 @@ SPEC = config.ServiceSpec(
         config.Section(StoreNodeProcessConfig),
         config.Section(StoreNodeConfig, aliases={"broker_name": "name"}),
         config.Section(ReplicationConfig),
-        config.Section(RocketMQv2ListenConfig),
         config.Section(RocketMQv2Config),
         config.Section(MessageStoreConfig, aliases={"store_path_root_dir": "data_dir"}),
         config.Section(
@@ -209,7 +206,7 @@ async def serve(args: argparse.Namespace) -> int:
     store_config = settings.build(MessageStoreConfig)
     node = settings.build(StoreNodeConfig)
     replication = settings.build(ReplicationConfig)
-    front_listen = settings.build(RocketMQv2ListenConfig)
+    front_listen = settings.build(RocketMQv2Config)
     tls = process.tls_config(args)
     if front_listen.rocketmq_v2_listen and not settings.given("etcd"):
         print(
@@ -285,8 +282,7 @@ async def serve(args: argparse.Namespace) -> int:
         assert meta is not None and cache is not None and brokers is not None  # etcd: checked
         try:
             front = await start_front(
-                settings.build(RocketMQv2Config),
-                front_listen.rocketmq_v2_listen,
+                front_listen,
                 servicer=running.servicer,
                 meta=meta,
                 topics=cache,

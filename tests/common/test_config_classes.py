@@ -29,7 +29,6 @@ from basalt.services.meta.errors import MetaValidationError
 from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.main import PullServiceProcessConfig
 from basalt.services.pull_service.service import PullServiceConfig
-from basalt.services.rocketmq_v2.server import RocketMQv2ListenConfig
 from basalt.services.rocketmq_v2.service import RocketMQv2Config
 from basalt.services.store_node.ha.config import ReplicationConfig
 from basalt.services.store_node.main import StoreNodeProcessConfig
@@ -54,7 +53,6 @@ CONFIGS: dict[type, tuple[dict[str, Any], type[Exception]]] = {
     PullServiceProcessConfig: ({}, ValueError),
     AdminServiceProcessConfig: ({}, ValueError),
     RocketMQv2Config: ({}, ValueError),
-    RocketMQv2ListenConfig: ({}, ValueError),
     TlsConfig: ({}, ValueError),
     AuthConfig: ({}, ValueError),
 }
