@@ -434,6 +434,16 @@ class PopStore:
     def journal_bytes(self) -> int:
         return self._size
 
+    def write_may_block(self) -> bool:
+        """Whether the next journal write would fsync (SYNC_FLUSH, or the
+        interval since the last fsync passed) or compact the journal: work a
+        caller on an event loop hands to a thread. Otherwise a write is one
+        ``os.write`` into the page cache. A hint, read without the lock."""
+        if self._fsync_interval_ms == 0 or self._size > self.compact_bytes:
+            return True
+        due_ns = self._last_fsync_ns + self._fsync_interval_ms * 1_000_000
+        return time.monotonic_ns() >= due_ns
+
     # -- internals (under the lock) ----------------------------------------------
 
     def _queue(self, key: _Key) -> _Queue:

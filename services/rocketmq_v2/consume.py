@@ -66,7 +66,7 @@ from basalt.services.rocketmq_v2.conversions import (
     readable_brokers,
     to_v2_message,
 )
-from basalt.services.rocketmq_v2.store_calls import StoreCalls
+from basalt.services.rocketmq_v2.store_calls import StoreCalls, local_error
 from basalt.services.validation import (
     INVISIBLE_DURATION,
     POLLING_TIME,
@@ -75,6 +75,7 @@ from basalt.services.validation import (
     check_invisible_ms,
     duration_ms,
 )
+from basalt.store.pop import AckStatus
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -501,6 +502,29 @@ class ConsumeRpcs(StoreCalls):
         official clients ack one message per AckMessage)."""
         return await self._acks.submit((group, topic, broker), handles, context)
 
+    async def _ack_decoded(
+        self,
+        group: str,
+        topic: str,
+        broker: str,
+        decoded: list[tuple[int, ReceiptHandle]],
+        texts: list[str],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[int]:
+        """An AckMessage's checked handles of ``broker`` (entry index, handle;
+        ``texts``: every entry's handle as sent) acked: the store-node this
+        front runs in takes them decoded (its pop work joins concurrent calls'
+        acks); another gets them in an AckMessages joined with concurrent acks
+        of the group (:meth:`_ack_on`). One v2 code each."""
+        local = self._local(broker)
+        if local is None:
+            return await self._ack_on(group, topic, broker, [texts[i] for i, _ in decoded], context)
+        try:
+            statuses = await local.ack(group, topic, [h for _, h in decoded])
+        except Refusal as r:
+            raise local_error(r, local) from None
+        return [v2.OK if s is AckStatus.OK else v2.INVALID_RECEIPT_HANDLE for s in statuses]
+
     async def _ack_joined(
         self,
         key: tuple[str, str, str],
@@ -525,21 +549,21 @@ class ConsumeRpcs(StoreCalls):
                 raise V2Error(v2.BAD_REQUEST, "AckMessage without entries")
             codes: list[v2.Status | None] = [None] * len(request.entries)
             config = self._topic(request.topic.name)
-            by_broker: dict[str, list[int]] = {}
+            by_broker: dict[str, list[tuple[int, ReceiptHandle]]] = {}
+            texts = [e.receipt_handle for e in request.entries]
             for i, entry in enumerate(request.entries):
                 try:
                     handle = _handle(entry.receipt_handle, request.topic.name, config)
                 except V2Error as e:
                     codes[i] = e.status()
                     continue
-                by_broker.setdefault(handle.broker_name, []).append(i)
-            for broker, indices in by_broker.items():
-                handles = [request.entries[i].receipt_handle for i in indices]
-                for i, code in zip(
-                    indices,
-                    await self._ack_on(group, request.topic.name, broker, handles, context),
-                    strict=True,
-                ):
+                by_broker.setdefault(handle.broker_name, []).append((i, handle))
+            for broker, decoded in by_broker.items():
+                indices = [i for i, _ in decoded]
+                acked = await self._ack_decoded(
+                    group, request.topic.name, broker, decoded, texts, context
+                )
+                for i, code in zip(indices, acked, strict=True):
                     codes[i] = ok_status() if code == v2.OK else v2.Status(
                         code=v2.INVALID_RECEIPT_HANDLE,
                         message="the receipt handle is stale, acked or not this topic's",

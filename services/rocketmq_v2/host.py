@@ -19,12 +19,15 @@ and the directory of fronts. The front keeps nothing else.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from basalt.common.message import encode_host
+from basalt.common.receipt import ReceiptHandle
 from basalt.services.errors import Refusal, as_refusal, refused
 from basalt.services.meta.model import BrokerRegistration, FrontRegistration, TopicConfig
+from basalt.store.pop import AckStatus
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -48,6 +51,14 @@ class LocalServicer(Protocol):
 
     async def send(self, request: sn.SendBatchRequest) -> pb.SendResult: ...
 
+    def start_send(
+        self, request: sn.SendBatchRequest, on_done: Callable[[pb.SendResult | Refusal], None]
+    ) -> bool: ...
+
+    async def ack_handles(
+        self, group: str, topic: str, handles: Sequence[ReceiptHandle]
+    ) -> list[AckStatus]: ...
+
 
 class LocalStoreNode:
     """The store-node a front runs in, called in-process.
@@ -62,12 +73,20 @@ class LocalStoreNode:
 
     ``address`` is the node's registered StoreNode address: a broker name is
     this node only while ``brokers/<name>`` names that address (a slave of the
-    group is not its broker; the master is called over gRPC)."""
+    group is not its broker; the master is called over gRPC). ``store_host``:
+    its STOREHOSTADDRESS (``ip:port``), which its records carry.
 
-    def __init__(self, servicer: LocalServicer, broker_name: str, address: str) -> None:
+    :meth:`send_records` and :meth:`ack` are the two calls the official
+    clients make once per message (a send, an ack): they skip the request
+    and answer messages the RPCs take and give, not only the call."""
+
+    def __init__(
+        self, servicer: LocalServicer, broker_name: str, address: str, store_host: str
+    ) -> None:
         self.servicer = servicer
         self.broker_name = broker_name
         self.address = address
+        self.store_host = encode_host(store_host)
         self._methods: dict[str, Callable[[Any, Any, Any], Awaitable[Any]]] = {}
 
     def serves(self, broker: str, address: str) -> bool:
@@ -93,6 +112,43 @@ class LocalStoreNode:
     def start(self, rpc: str, request: Any) -> asyncio.Task[Any]:
         """:meth:`call` as a task the caller may cancel."""
         return asyncio.ensure_future(self.call(rpc, request))
+
+    async def send_records(self, topic: str, queue_id: int, records: bytes) -> pb.SendResult:
+        """Store encoded ``records`` in ``queue_id`` of ``topic`` as a SendBatch
+        of records is stored (its checks, its answer); Refusal when refused.
+        Answered from the store's write callback (SendStream's way), or by the
+        awaited send when the topic must be created first."""
+        request = sn.SendBatchRequest(topic=topic, queue_id=queue_id, records=records)
+        done: asyncio.Future[pb.SendResult | Refusal] = asyncio.get_running_loop().create_future()
+
+        def settle(outcome: pb.SendResult | Refusal) -> None:
+            if not done.done():  # the caller may have gone (its deadline)
+                done.set_result(outcome)
+
+        try:
+            if not self.servicer.start_send(request, settle):
+                return await self.servicer.send(request)
+        except Refusal:
+            raise
+        except Exception as e:
+            raise as_refusal(e, "SendBatch") from None
+        outcome = await done
+        if isinstance(outcome, Refusal):
+            raise outcome
+        return outcome
+
+    async def ack(
+        self, group: str, topic: str, handles: Sequence[ReceiptHandle]
+    ) -> list[AckStatus]:
+        """Ack decoded handles of this node and ``topic`` (AckMessages' checks);
+        each one's status. Refusal when refused (the topic unknown here, the
+        node stopping or not master)."""
+        try:
+            return await self.servicer.ack_handles(group, topic, handles)
+        except Refusal:
+            raise
+        except Exception as e:
+            raise as_refusal(e, "AckMessages") from None
 
     async def send(self, batches: list[sn.SendBatchRequest]) -> list[sn.SendStreamAnswer]:
         """Store each batch (a SendBatch each, side by side); their answers in

@@ -71,6 +71,8 @@ from basalt.common.tls import ClientAuth, TlsConfig
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.config import listen_address_or_empty
+from basalt.services.errors import Refusal
+from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.rocketmq_v2.call_batching import Coalescer
 from basalt.services.rocketmq_v2.check_relay import CheckRelay, publishing_groups
@@ -91,8 +93,8 @@ from basalt.services.rocketmq_v2.conversions import (
     to_message,
     writable_queues,
 )
-from basalt.services.rocketmq_v2.host import FrontHost
-from basalt.services.rocketmq_v2.store_calls import STORE_NODE_BUDGET_S
+from basalt.services.rocketmq_v2.host import FrontHost, LocalStoreNode
+from basalt.services.rocketmq_v2.store_calls import STORE_NODE_BUDGET_S, local_error
 from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
 from basalt.services.rocketmq_v2.transactions import TransactionRpcs
 from basalt.services.validation import LimitError, timestamp_ms
@@ -220,6 +222,12 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
         self._acks = Coalescer(self._ack_joined)
         #: Transaction checks of the publishing clients' groups.
         self.checks = CheckRelay(host)
+        #: Per topic: its config, (live brokers, mastership) and the queues
+        #: :meth:`_writable` answered for them.
+        self._routes: dict[
+            str,
+            tuple[TopicConfig, tuple[tuple[str, ...], bool], list[StoreQueue], list[StoreQueue]],
+        ] = {}
 
     async def close(self) -> None:
         """End the store-node streams and check watches (once the server stopped)."""
@@ -358,11 +366,9 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
         config = self.host.topics.get(topic)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic!r} not found")
-        live = [n for n in config.brokers if self.host.brokers.get(n) is not None]
-        writable = writable_queues(config, live)
+        writable, spread = self._writable(config)
         if not writable:
             raise V2Error(v2.FORBIDDEN, f"topic {topic!r} has no writable queue")
-        spread = self._preferred(writable)
         due = [deliver_time_ms(m) for m in request.messages]
         targets: dict[StoreQueue, list[int]] = {}
         alone: list[tuple[int, StoreQueue]] = []
@@ -386,11 +392,17 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
         entries: list[sv.SendResultEntry | None] = [None] * len(messages)
         for queue, indices in targets.items():
             ids = [request.messages[i].system_properties.message_id for i in indices]
-            stored = await self._sends.submit(
-                queue.broker_name,
-                [(topic, queue, messages[i], ids[k]) for k, i in enumerate(indices)],
-                context,
-            )
+            local = self._local(queue.broker_name)
+            if local is not None:  # the store joins what concurrent calls send
+                stored = await self._store_here(
+                    local, topic, queue, [messages[i] for i in indices], ids
+                )
+            else:
+                stored = await self._sends.submit(
+                    queue.broker_name,
+                    [(topic, queue, messages[i], ids[k]) for k, i in enumerate(indices)],
+                    context,
+                )
             for k, (i, outcome) in enumerate(zip(indices, stored, strict=True)):
                 if isinstance(outcome, V2Error):
                     raise outcome
@@ -404,6 +416,26 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
                 m.system_properties.message_type == v2.TRANSACTION, context,
             )  # fmt: skip
         return [e for e in entries if e is not None]
+
+    def _writable(self, config: TopicConfig) -> tuple[list[StoreQueue], list[StoreQueue]]:
+        """The topic's writable queues on its live brokers, and those a send
+        without a message group goes to (:meth:`_preferred`); remembered while
+        the topic's config, its live brokers and this node's mastership stay
+        the same (every send asks)."""
+        live = tuple(n for n in config.brokers if self.host.brokers.get(n) is not None)
+        local = self.host.local
+        master = (
+            local is not None
+            and local.broker_name in live
+            and self._local(local.broker_name) is not None
+        )
+        known = self._routes.get(config.topic_name)
+        if known is not None and known[0] is config and known[1] == (live, master):
+            return known[2], known[3]
+        writable = writable_queues(config, live)
+        spread = self._preferred(writable)
+        self._routes[config.topic_name] = (config, (live, master), writable, spread)
+        return writable, spread
 
     def _preferred(self, writable: list[StoreQueue]) -> list[StoreQueue]:
         """The queues a send without a message group goes to: in a store-node's
@@ -420,6 +452,31 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             return writable
         own = [q for q in writable if q.broker_name == local.broker_name]
         return own or writable
+
+    async def _store_here(
+        self,
+        local: LocalStoreNode,
+        topic: str,
+        queue: StoreQueue,
+        messages: list[Message],
+        ids: list[str],
+    ) -> list[tuple[v2.Code.ValueType, int] | V2Error]:
+        """``messages`` stored in ``queue`` of the store-node this front runs in,
+        as one batch of records (:meth:`LocalStoreNode.send_records`): each one's
+        v2 code and queue offset, or the batch's refusal."""
+        records = encode_batch(
+            messages,
+            ids,
+            queue_id=queue.queue_id,
+            store_host=local.store_host,
+            born_timestamp_ms=int(time.time() * 1000),
+        )
+        try:
+            result = await local.send_records(topic, queue.queue_id, records)
+        except Refusal as r:
+            return [local_error(r, local)] * len(messages)
+        code = v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
+        return [(code, offset) for offset in result.queue_offsets]
 
     async def _send_joined(
         self,

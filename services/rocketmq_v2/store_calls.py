@@ -27,7 +27,7 @@ from basalt.services.pull_service.channels import call_timeout_s
 from basalt.services.rocketmq_v2.conversions import StoreQueue, V2Error, code_of_response
 
 if TYPE_CHECKING:
-    from basalt.services.rocketmq_v2.host import FrontHost
+    from basalt.services.rocketmq_v2.host import FrontHost, LocalStoreNode
 
 #: How long a call may wait on a store-node (cut to the client's deadline).
 STORE_NODE_BUDGET_S = 10.0
@@ -68,6 +68,11 @@ def _v2_error(refusal: Refusal, codes: Mapping[int, int] | None, peer: str = "")
     return V2Error(code, f"{peer}: {refusal.message}" if peer else refusal.message)
 
 
+def local_error(refusal: Refusal, local: LocalStoreNode) -> V2Error:
+    """The front's own store-node's refusal in v2 terms, named as a remote one is."""
+    return _v2_error(refusal, None, f"store-node {local.broker_name!r} at {local.address}")
+
+
 class StoreCalls:
     """Calls to the store-node of a queue, over the host's view of the brokers
     and its channels (``host``, set by the servicer)."""
@@ -81,6 +86,14 @@ class StoreCalls:
         if broker is None:
             raise V2Error(v2.INTERNAL_SERVER_ERROR, f"store-node {queue.broker_name!r} is down")
         return broker.address
+
+    def _local(self, broker: str) -> LocalStoreNode | None:
+        """The store-node this front runs in when it is ``broker``'s registered
+        master now; else None (call ``broker`` over gRPC). V2Error
+        INTERNAL_SERVER_ERROR when ``broker`` is not registered (down)."""
+        if self.host.local is None:
+            return None
+        return self.host.local_at(broker, self._address(StoreQueue(broker, 0)))
 
     async def _call(
         self,

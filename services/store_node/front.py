@@ -104,7 +104,7 @@ async def start_front(
             meta=meta,
             listener_id=f"rocketmq-v2@{broker_name}-{broker_id}",
             max_message_bytes=MAX_MESSAGE_BYTES,
-            local=LocalStoreNode(servicer, broker_name, address),
+            local=LocalStoreNode(servicer, broker_name, address, servicer.store.config.store_host),
             fronts=FrontDirectory(fronts, lookup),
         )
         running = await start_rocketmq_v2(

@@ -23,7 +23,7 @@ A mixin of :class:`basalt.services.store_node.service.StoreNodeServicer`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -284,6 +284,23 @@ class PopRpcs:
                 receipt_handle=texts[i], status=_ACK_STATUS[status], detail=detail
             )
         return [r for r in out if r is not None]
+
+    async def ack_handles(
+        self, group: str, topic: str, handles: Sequence[ReceiptHandle]
+    ) -> list[AckStatus]:
+        """AckMessages for a caller in this process that decoded the handles and
+        checked that they are this broker's and ``topic``'s (the v2 front in
+        this store-node): each handle's status, in order. Refusals as
+        AckMessages'."""
+        self._known_topic(group, topic)
+        count, most = len(handles), self.config.max_msg_nums_per_pull
+        if count > most:
+            raise invalid(f"{count} handles: at most {most}")
+        entries = [(h.queue_id, h.queue_offset, h.nonce) for h in handles]
+        pops = self.store.pop
+        statuses = await self._work().run(lambda: pops.ack_many(group, topic, entries))
+        self._wake_held_pops(group, topic)
+        return statuses
 
     @_rpc
     async def AckMessages(

@@ -1,14 +1,21 @@
-"""The pop RPCs' store work, joined across concurrent calls.
+"""The pop RPCs' store work: on the event loop, or joined in a worker thread.
 
 Every PopMessages round, AckMessages and ChangeInvisibleDuration appends to
-the pop journal and may fsync it, so it runs off the event loop. One worker
-thread hand-off and one journal write each cost more than the work itself
-when the official clients ack one message per call (benchmarks/rocketmq_v2.py):
-:class:`PopWork` runs the work of the calls that arrive while a batch runs
-as the next batch, in one thread hand-off and one
-:meth:`basalt.store.pop.PopStore.batch` - one journal write, and at most one
-fsync, for all of them - before any of them answers. The first call on an
-idle store-node goes at once (no added latency without concurrency).
+the pop journal, and a write may fsync it (always under SYNC_FLUSH; under
+ASYNC_FLUSH the first write after ``flush_interval_commit_log_ms``) or
+compact it. A worker thread hand-off costs more than the work itself when
+the official clients ack one message per call (benchmarks/rocketmq_v2.py),
+so :class:`PopWork` runs a call's work
+
+* **on the event loop** when its write cannot block
+  (:meth:`basalt.store.pop.PopStore.write_may_block`: one ``os.write`` into
+  the page cache; the reads are page-cache reads, as a GetMessage's on the
+  loop) and no batch is running in a thread (it holds the journal's lock);
+* **in a worker thread** otherwise, the calls that arrive while a batch runs
+  joined as the next batch: one thread hand-off and one
+  :meth:`basalt.store.pop.PopStore.batch` - one journal write and at most
+  one fsync for all of them - before any of them answers. The first such
+  call goes at once (no added latency without concurrency).
 
 A caller cancelled before its batch starts is left out (a pop nobody waits
 for would leave its messages invisible until their time runs out); once the
@@ -39,13 +46,19 @@ class PopWork:
         self._pops = pops
         self._waiting: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self._drain: asyncio.Task[None] | None = None
-        #: Batches run and works run in them, since start (tests, metrics).
+        #: Works run on the loop, batches run in a thread and works run in
+        #: them, since start (tests, metrics).
+        self.inline = 0
         self.batches = 0
         self.works = 0
 
     async def run(self, work: Callable[[], T]) -> T:
-        """``work()``'s result (or its exception), run in a worker thread in
-        one batch with the other calls' work."""
+        """``work()``'s result (or its exception), run on the loop when its
+        journal write cannot block, else in a worker thread in one batch with
+        the other calls' work (module docstring)."""
+        if self._drain is None and not self._pops.write_may_block():
+            self.inline += 1
+            return self._pops.batch(work)
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._waiting.append((work, future))
         if self._drain is None:
