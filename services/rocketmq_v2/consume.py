@@ -243,13 +243,6 @@ class ConsumeRpcs(StoreCalls):
     ) -> AsyncIterator[sv.ReceiveMessageResponse]:
         try:
             messages = await self._receive(request, context)
-            import os, sys, time
-            if os.environ.get("EXP_RECV"):
-                st = self.__dict__.setdefault("_exp", [0, 0, 0, time.monotonic()])
-                st[0] += 1; st[1] += len(messages); st[2] += not messages
-                if time.monotonic() - st[3] > 3:
-                    print(f"EXPRECV receives={st[0]} msgs={st[1]} empty={st[2]}", file=sys.stderr, flush=True)
-                    st[:] = [0, 0, 0, time.monotonic()]
         except V2Error as e:
             yield sv.ReceiveMessageResponse(status=e.status())
             return
