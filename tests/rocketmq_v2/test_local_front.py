@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from tests.support.interop import PRODUCERS, ensure_node_modules, run_client
+from tests.support.processes import run_basalt_sync
 from tests.support.v2_front import V2Cluster, v2_cluster
 
 BOTH = ("broker-a", "broker-b")
@@ -169,3 +171,14 @@ def test_an_official_producer_dialing_one_store_node_reaches_both(
     assert [r.body for r in sorted(fifo_records, key=lambda r: r.queue_offset)] == [
         f["body"].encode() for f in fifo
     ]
+
+
+def test_a_store_node_front_without_etcd_is_refused_at_start(tmp_path: Path) -> None:
+    # The front reads the cluster's topics, brokers and fronts from etcd.
+    done = run_basalt_sync(
+        "store-node", "--name", "broker-x", "--data-dir", str(tmp_path / "x"),
+        "--listen", "127.0.0.1:0", "--rocketmq-v2-listen", "127.0.0.1:0",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--rocketmq-v2-listen needs --etcd" in done.stderr
+    assert not (tmp_path / "x").exists()  # refused before the store opened
