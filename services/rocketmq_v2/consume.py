@@ -27,6 +27,7 @@ routes its ack. What RocketMQ 5's proxy does, mapped:
 * ``AckMessage`` / ``ChangeInvisibleDuration``: a handle that does not
   decode, is stale, or names another topic or broker is
   INVALID_RECEIPT_HANDLE (RocketMQ's proxy answer for each).
+* ``PullMessage`` (offset-based): :mod:`.pulls`.
 * ``QueryAssignment``: one assignment per live broker whose queues are
   readable, queue id -1 (every queue of the broker: pop is shared by the
   group's clients, so every client is assigned every broker, as RocketMQ 5's
@@ -52,7 +53,7 @@ from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
 from basalt.common.record import CorruptRecordError, DamagedRecord, decode_records
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
-from basalt.services.errors import Refusal, pull_outcome
+from basalt.services.errors import Refusal
 from basalt.services.meta.errors import MetaError
 from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.metrics import damaged_records
@@ -102,7 +103,7 @@ _FILTER_TYPE = {
 }
 
 
-def _poll_ms(
+def poll_ms_of(
     request: sv.ReceiveMessageRequest | sv.PullMessageRequest,
     context: grpc.aio.ServicerContext[Any, Any],
 ) -> int:
@@ -123,7 +124,7 @@ def _poll_ms(
     return poll_ms
 
 
-def _subscription(expression: v2.FilterExpression) -> pb.Subscription:
+def subscription_of(expression: v2.FilterExpression) -> pb.Subscription:
     """The store-node's subscription of a v2 filter (TAG when unspecified, ``*``
     when empty)."""
     return pb.Subscription(
@@ -275,8 +276,8 @@ class ConsumeRpcs(StoreCalls):
             if not request.HasField("invisible_duration"):
                 raise V2Error(v2.ILLEGAL_INVISIBLE_TIME, "a receive needs an invisible_duration")
             invisible_ms = _invisible_ms(request.invisible_duration, minimum_ms=1000)
-        poll_ms = _poll_ms(request, context)
-        subscription = _subscription(request.filter_expression)
+        poll_ms = poll_ms_of(request, context)
+        subscription = subscription_of(request.filter_expression)
         wanted = request.message_queue.broker.name
         brokers = [
             name
@@ -319,7 +320,7 @@ class ConsumeRpcs(StoreCalls):
                 out += await self._deliveries(group, popped.messages, invisible_ms, topic, context)
             if out or single:
                 return out
-            hold_ms = _poll_ms(request, context)
+            hold_ms = poll_ms_of(request, context)
             if hold_ms <= 0:
                 return out
             holds = [
@@ -615,93 +616,6 @@ class ConsumeRpcs(StoreCalls):
         return sv.ChangeInvisibleDurationResponse(
             status=ok_status(), receipt_handle=done.receipt_handle
         )
-
-    # -- offset-based pull --------------------------------------------------------------
-
-    async def PullMessage(
-        self, request: sv.PullMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[sv.PullMessageResponse]:
-        """RocketMQ 5's offset-based pull: one GetMessage on the store-node of the
-        queue the request names (long polling within the client's deadline), no
-        pop state and no commit (UpdateOffset commits). Answers, as RocketMQ 5's
-        proxy does: a status (OK with messages, MESSAGE_NOT_FOUND when nothing
-        new or nothing matched, ILLEGAL_OFFSET when the offset is outside the
-        queue), the messages, then the next offset to pull from."""
-        try:
-            read, topic = await self._pull(request, context)
-            code, _ = pull_outcome(read.status, request.offset)
-            damaged: list[DamagedRecord] = []
-            records = decode_records(read.records.data, damaged=damaged)
-            damaged_records("PullMessage", request.message_queue.broker.name, damaged)
-        except V2Error as e:
-            yield sv.PullMessageResponse(status=e.status())
-            return
-        except Refusal as e:
-            yield sv.PullMessageResponse(
-                status=V2Error(v2.INTERNAL_SERVER_ERROR, e.message).status()
-            )
-            return
-        except CorruptRecordError as e:
-            yield sv.PullMessageResponse(
-                status=V2Error(
-                    v2.INTERNAL_SERVER_ERROR, f"stored record does not decode: {e}"
-                ).status()
-            )
-            return
-        if code == pb.RESPONSE_CODE_SUCCESS:
-            yield sv.PullMessageResponse(status=ok_status())
-            for record in records:
-                yield sv.PullMessageResponse(
-                    message=to_v2_message(
-                        record,
-                        namespace=topic.resource_namespace,
-                        queue_id=request.message_queue.id,
-                        delivery_attempt=1,
-                        receipt_handle="",
-                        invisible_ms=0,
-                    )
-                )
-        elif code == pb.RESPONSE_CODE_PULL_OFFSET_MOVED:
-            yield sv.PullMessageResponse(
-                status=V2Error(
-                    v2.ILLEGAL_OFFSET,
-                    f"offset {request.offset} is outside the queue "
-                    f"[{read.min_offset}, {read.max_offset}]",
-                ).status()
-            )
-        else:
-            status = v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message")
-            yield sv.PullMessageResponse(status=status)
-        yield sv.PullMessageResponse(next_offset=read.next_begin_offset)
-
-    async def _pull(
-        self, request: sv.PullMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> tuple[sn.GetMessageResponse, v2.Resource]:
-        """The checked request's GetMessage answer and the topic it named;
-        V2Error for a refusal."""
-        group = group_name(request.group)
-        if request.offset < 0:
-            raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
-        if request.batch_size < 1:
-            raise V2Error(v2.BAD_REQUEST, f"batch_size {request.batch_size} < 1")
-        poll_ms = _poll_ms(request, context)
-        subscription = _subscription(request.filter_expression)
-        read: sn.GetMessageResponse = await self._on_store_node(
-            request.message_queue,
-            "GetMessage",
-            lambda t, q: sn.GetMessageRequest(
-                group=group,
-                topic=t,
-                queue_id=q,
-                offset=request.offset,
-                max_msg_nums=min(request.batch_size, MAX_BATCH),
-                subscription=subscription,
-                suspend_timeout_ms=poll_ms,
-            ),
-            context,
-            poll_ms / 1000,
-        )
-        return read, request.message_queue.topic
 
     # -- assignment ---------------------------------------------------------------------
 
