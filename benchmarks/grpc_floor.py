@@ -11,6 +11,11 @@ protobuf); the benchmark process measures, one call in flight:
 These are the floors under ``e2e_throughput.py``'s send latency: a send
 cannot answer faster than a bare round trip on the same transport.
 
+:func:`unary_server_cpu` is the other floor, of CPU: what a bare grpc.aio
+server spends per unary call at a given concurrency (``benchmarks/rocketmq_v2.py``
+measures it in its own run, as the official RocketMQ 5 clients make one
+unary call per message sent or acked).
+
 The gRPC rows run twice, server and client each in its own process started
 for it: on gRPC's defaults (its EventEngine), and on the settings ``basalt
 cluster up`` gives the services (:data:`basalt.services.process.SERVICE_ENV`:
@@ -54,6 +59,14 @@ async def _unary(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
     return request
 
 
+#: The answer of ``Ack``: about a v2 SendMessage or AckMessage answer's size.
+_ACK = bytes(48)
+
+
+async def _ack(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+    return _ACK
+
+
 async def _stream(
     requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
 ) -> AsyncIterator[bytes]:
@@ -61,12 +74,41 @@ async def _stream(
         yield request
 
 
-def _serve_grpc(port: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+#: The metadata the official RocketMQ 5 Python client sends with every call
+#: (its Signature.metadata: eight entries, an HMAC signature among them).
+V2_METADATA = (
+    ("x-mq-language", "PYTHON"),
+    ("x-mq-protocol", "GRPC_V2"),
+    ("x-mq-client-version", "5.1.2"),
+    ("x-mq-date-time", "20261129T041000Z"),
+    ("x-mq-request-id", "5f1e6a3c-8b1b-4f5e-9d2b-0123456789ab"),
+    ("x-mq-client-id", "host@1234@0@abcdef0123456789"),
+    ("x-mq-namespace", ""),
+    (
+        "authorization",
+        "MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, "
+        "Signature=0123456789abcdef0123456789abcdef01234567",
+    ),
+)
+
+
+def _serve_grpc(port: multiprocessing.Queue, basalt: bool = False) -> None:  # type: ignore[type-arg]
+    """A server answering at once; ``basalt``: made as Basalt's services make
+    theirs (:func:`basalt.services.process.grpc_server`: its interceptors)."""
+
     async def main() -> None:
-        server = grpc.aio.server()
+        if basalt:
+            from basalt.services.process import grpc_server
+
+            server = grpc_server(64 * 1024 * 1024)
+        else:
+            server = grpc.aio.server()
         handlers = {
             "Unary": grpc.unary_unary_rpc_method_handler(
                 _unary, request_deserializer=_identity, response_serializer=_identity
+            ),
+            "Ack": grpc.unary_unary_rpc_method_handler(
+                _ack, request_deserializer=_identity, response_serializer=_identity
             ),
             "Stream": grpc.stream_stream_rpc_method_handler(
                 _stream, request_deserializer=_identity, response_serializer=_identity
@@ -141,6 +183,102 @@ def _tcp_row(port: int, warmup: int, samples: int) -> Row:
             if i >= warmup:
                 us.append((time.perf_counter_ns() - t) / 1000)
     return _row("TCP", "blocking sockets, two processes, 1 byte", us)
+
+
+def _cpu_s(pid: int) -> float:
+    """User+system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load_unary(
+    address: str,
+    in_flight: int,
+    body_bytes: int,
+    duration_s: float,
+    metadata: tuple[tuple[str, str], ...] | None,
+    go: multiprocessing.Queue,  # type: ignore[type-arg]
+    out: multiprocessing.Queue,  # type: ignore[type-arg]
+) -> None:
+    """A client process: warm up, say ready, wait for go, then ``in_flight``
+    concurrent ``Ack`` calls of ``body_bytes`` (with ``metadata``) for
+    ``duration_s``; puts the calls made and the seconds they took."""
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/f.F/Ack")
+            body = bytes(body_bytes)
+            for _ in range(200):
+                await call(body, metadata=metadata)
+            out.put("ready")
+            await asyncio.get_running_loop().run_in_executor(None, go.get)
+            done = 0
+            started = time.monotonic()
+            stop = started + duration_s
+
+            async def caller() -> None:
+                nonlocal done
+                while time.monotonic() < stop:
+                    await call(body, metadata=metadata)
+                    done += 1
+
+            await asyncio.gather(*(caller() for _ in range(in_flight)))
+            out.put((done, time.monotonic() - started))
+
+    asyncio.run(main())
+
+
+def unary_server_cpu(
+    *,
+    in_flight: int = 32,
+    body_bytes: int = 1024,
+    duration_s: float = 5.0,
+    as_v2_clients_call_basalt: bool = False,
+) -> tuple[float, float]:
+    """The bare unary floor: a grpc.aio server answering every call at once
+    (bytes in, 48 bytes out, no protobuf, no interceptors), on the gRPC
+    settings Basalt's services run with (:data:`SERVICE_ENV`), called by
+    another process with ``in_flight`` calls of ``body_bytes`` in flight for
+    ``duration_s``. ``as_v2_clients_call_basalt``: the server made as
+    Basalt's are (its interceptors) and every call carrying the official
+    client's metadata (:data:`V2_METADATA`) - what one unary call of an
+    official client costs any Basalt server, its handler aside. Returns
+    (calls/s, the server's CPU µs per call)."""
+    ctx = multiprocessing.get_context("spawn")
+    ports: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    go: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    saved = dict(os.environ)
+    os.environ.update(SERVICE_ENV)
+    try:
+        server = ctx.Process(
+            target=_serve_grpc, args=(ports, as_v2_clients_call_basalt), daemon=True
+        )
+        server.start()
+        address = f"127.0.0.1:{ports.get(timeout=30)}"
+        metadata = V2_METADATA if as_v2_clients_call_basalt else None
+        client = ctx.Process(
+            target=_load_unary,
+            args=(address, in_flight, body_bytes, duration_s, metadata, go, out),
+            daemon=True,
+        )
+        client.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        assert out.get(timeout=60) == "ready"
+        assert server.pid is not None
+        before = _cpu_s(server.pid)
+        go.put("go")
+        calls, secs = out.get(timeout=duration_s + 60)
+        spent = _cpu_s(server.pid) - before
+        client.join(timeout=30)
+    finally:
+        server.terminate()
+        if client.is_alive():
+            client.terminate()
+    return calls / secs, spent / max(calls, 1) * 1e6
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,14 +34,17 @@ Crash semantics
 Records are written with ``os.write`` before the call returns, so a killed
 process loses none (they are in the page cache); fsync follows the store's
 flush setting: every write under SYNC_FLUSH, else at the first write after
-``fsync_interval_ms``. A machine crash loses at most the unsynced tail, and
-losing any tail only moves state *back*: a lost ACK redelivers its message, a
-lost INFLIGHT or CURSOR redelivers from the older cursor. Nothing is lost and
-the cursor never passes an un-acked offset, because an offset leaves the
-cursor only into the in-flight table, in the same record. RESET is always
-fsynced.
+``fsync_interval_ms``. :meth:`PopStore.batch` runs several operations (the
+pops and acks of concurrent calls) with their records written once at its
+end, before it returns: one write and, where one is due, one fsync for all
+of them. A machine crash loses at most the unsynced tail, and losing any
+tail only moves state *back*: a lost ACK redelivers its message, a lost
+INFLIGHT or CURSOR redelivers from the older cursor. Nothing is lost and the
+cursor never passes an un-acked offset, because an offset leaves the cursor
+only into the in-flight table, in the same record. RESET is always fsynced.
 
-Concurrency: every public method takes one lock; calls may come from any thread.
+Concurrency: every public method takes one (re-entrant) lock; calls may come
+from any thread. A :meth:`PopStore.batch` holds it throughout.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -160,6 +163,8 @@ class _Queue:
 
 _Key = tuple[str, str, int]
 T = TypeVar("T")
+#: One ack of :meth:`PopStore.ack_many`: (queue id, queue offset, nonce).
+AckEntry = tuple[int, int, int]
 
 
 class PopStore:
@@ -189,8 +194,10 @@ class PopStore:
         self._offsets = offsets
         self._fsync_interval_ms = fsync_interval_ms
         self.compact_bytes = compact_bytes
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._queues: dict[_Key, _Queue] = {}
+        #: Records held back by a running :meth:`batch` (None: none runs).
+        self._pending: list[bytes] | None = None
         self._fd = -1
         self._size = 0
         self._last_fsync_ns = 0
@@ -256,6 +263,23 @@ class PopStore:
 
     # -- the operations ------------------------------------------------------------
 
+    def batch(self, work: Callable[[], T]) -> T:
+        """Run ``work`` - calls of this store's operations - holding the lock,
+        with the journal records they make written once, when it ends (also
+        when it raises): one ``os.write`` and at most one fsync for all of
+        them, before this returns. A :meth:`reset` inside writes at once, the
+        records before it first. Returns what ``work`` returns."""
+        with self._lock:
+            if self._pending is not None:  # nested: the outer batch writes
+                return work()
+            self._pending = []
+            try:
+                return work()
+            finally:
+                records, self._pending = self._pending, None
+                if records:
+                    self._append(records)
+
     def pop(
         self,
         group: str,
@@ -307,15 +331,31 @@ class PopStore:
     ) -> AckStatus:
         """Remove a delivery from flight: OK, or STALE when ``nonce`` is not the
         message's current delivery (or it is not in flight)."""
+        return self.ack_many(group, topic, [(queue_id, queue_offset, nonce)])[0]
+
+    def ack_many(self, group: str, topic: str, entries: Sequence[AckEntry]) -> list[AckStatus]:
+        """:meth:`ack` of each entry, in order, journaled as one write (each
+        queue's committed offset published once)."""
         with self._lock:
-            key = (group, topic, queue_id)
-            q = self._queues.get(key)
-            entry = q.in_flight.get(queue_offset) if q is not None else None
-            if q is None or entry is None or entry.nonce != nonce:
-                return AckStatus.STALE
-            del q.in_flight[queue_offset]
-            self._write([encode_record(Kind.ACK, group, topic, queue_id, queue_offset)], key, q)
-            return AckStatus.OK
+            out: list[AckStatus] = []
+            records: list[bytes] = []
+            touched: dict[_Key, _Queue] = {}
+            for queue_id, queue_offset, nonce in entries:
+                key = (group, topic, queue_id)
+                q = self._queues.get(key)
+                entry = q.in_flight.get(queue_offset) if q is not None else None
+                if q is None or entry is None or entry.nonce != nonce:
+                    out.append(AckStatus.STALE)
+                    continue
+                del q.in_flight[queue_offset]
+                records.append(encode_record(Kind.ACK, group, topic, queue_id, queue_offset))
+                touched[key] = q
+                out.append(AckStatus.OK)
+            if records:
+                self._append(records)
+                for key, q in touched.items():
+                    self._publish(*key, q)
+            return out
 
     def change_invisible(
         self,
@@ -393,6 +433,16 @@ class PopStore:
     @property
     def journal_bytes(self) -> int:
         return self._size
+
+    def write_may_block(self) -> bool:
+        """Whether the next journal write would fsync (SYNC_FLUSH, or the
+        interval since the last fsync passed) or compact the journal: work a
+        caller on an event loop hands to a thread. Otherwise a write is one
+        ``os.write`` into the page cache. A hint, read without the lock."""
+        if self._fsync_interval_ms == 0 or self._size > self.compact_bytes:
+            return True
+        due_ns = self._last_fsync_ns + self._fsync_interval_ms * 1_000_000
+        return time.monotonic_ns() >= due_ns
 
     # -- internals (under the lock) ----------------------------------------------
 
@@ -527,6 +577,13 @@ class PopStore:
             self._offsets.commit_offset(group, topic, queue_id, committed)
 
     def _append(self, records: list[bytes], *, force_fsync: bool = False) -> None:
+        """Write ``records`` (and fsync when due or forced); inside a
+        :meth:`batch`, hold them for its end unless forced."""
+        if self._pending is not None:
+            self._pending.extend(records)
+            if not force_fsync:
+                return
+            records, self._pending = self._pending, []
         if self._fd < 0:
             raise StoreError("the pop journal is not open")
         data = b"".join(records)

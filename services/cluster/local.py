@@ -272,6 +272,9 @@ def up(
             # One copy keeps the names it always had; a member of a group is
             # <broker>-<id> (its process, directory and log).
             name = broker if replicas == 1 else f"{broker}-{broker_id}"
+            # Each store-node serves the official RocketMQ 5 clients itself too
+            # (RocketMQ 5's local proxy mode: sends and pops where the data is).
+            node_v2 = f"127.0.0.1:{free_port()}"
             start_service(
                 "store-node",
                 name,
@@ -285,6 +288,8 @@ def up(
                 ),
                 "--replica-ack-mode", replica_ack_mode,
                 "--min-in-sync-replicas", str(in_sync),
+                "--rocketmq-v2-listen", node_v2,
+                rocketmq_v2=node_v2,
                 group=broker,
                 broker_id=broker_id,
             )  # fmt: skip
@@ -322,7 +327,15 @@ def up(
         print(f"  {p.role:<13} {p.name:<15} {p.address:<22} pid {p.pid:<8} {metrics}", file=out)
     for p in procs:
         if p.rocketmq_v2:
-            print(f"RocketMQ 5 clients (gRPC v2): endpoints {p.rocketmq_v2} ({p.name})", file=out)
+            where = (
+                "its own queues in-process, the others routed"
+                if p.role == "store-node"
+                else "every queue routed"
+            )
+            print(
+                f"RocketMQ 5 clients (gRPC v2): endpoints {p.rocketmq_v2} ({p.name}: {where})",
+                file=out,
+            )
     if certs is not None:
         print(
             f"mutual TLS everywhere: CA {certs.ca_file}, client certificate in {certs.directory} "
@@ -381,15 +394,17 @@ async def _registrations(
 
 def status(data_dir: Path, out: IO[str], *, as_json: bool = False) -> int:
     """Print each process, whether it lives, answers health checks and is
-    registered, its RocketMQ 5 endpoint (a pull-service's) and its metrics
+    registered, its RocketMQ 5 endpoint (a pull-service's or a store-node's
+    own front) and its metrics
     endpoint, under a header line (:data:`STATUS_COLUMNS`); exit status 1 when
     one is down or unregistered (or there is no cluster).
 
     ``as_json``: one JSON list instead, an object per process with ``role``,
-    ``name``, ``pid``, ``address`` (gRPC), ``rocketmq_v2`` (a pull-service's
-    endpoint for RocketMQ 5 clients, or null), ``metrics`` (the ``/metrics`` URL or
-    null), ``log``, ``alive``, ``health`` (SERVING/DOWN) and ``registered``
-    (true/false; null where the role registers nowhere); a store-node's also
+    ``name``, ``pid``, ``address`` (gRPC), ``rocketmq_v2`` (the endpoint for
+    RocketMQ 5 clients of a pull-service or a store-node, or null),
+    ``metrics`` (the ``/metrics`` URL or null), ``log``, ``alive``, ``health``
+    (SERVING/DOWN) and ``registered`` (true/false; null where the role
+    registers nowhere); a store-node's also
     ``group`` (its broker name), ``broker_id`` and ``group_role`` (MASTER or
     SLAVE as its group's state says; null when not registered); no cluster:
     ``[]``."""

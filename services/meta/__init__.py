@@ -6,6 +6,8 @@ Keys under ``/basalt/<cluster>/`` (:class:`MetaKeys`):
   compare-and-swap on mod_revision (:meth:`MetaClient.update_topic`);
 - ``brokers/<broker_name>``: :class:`BrokerRegistration`, under the store-node's lease;
 - ``pull-services/<id>``: :class:`PullServiceRegistration`, under its lease;
+- ``rocketmq-v2/<broker_name>/<broker_id>``: :class:`FrontRegistration`, a
+  store-node's own RocketMQ 5 front, under the store-node's lease;
 - ``consumers/<group>/<client_id>``: :class:`ConsumerRegistration`, under the
   lease of the pull-service holding the session.
 - ``groups/<broker>/state``: :class:`GroupState`, durable, CAS only, and
@@ -61,6 +63,7 @@ from basalt.services.meta.model import (
     BrokerRegistration,
     ConsumerRegistration,
     ExpressionType,
+    FrontRegistration,
     GroupState,
     MemberRegistration,
     MemberRole,
@@ -116,6 +119,7 @@ __all__ = [
     "ConsumerRegistration",
     "ElectionRefusedError",
     "ExpressionType",
+    "FrontRegistration",
     "GroupNotFoundError",
     "GroupState",
     "GroupWatch",

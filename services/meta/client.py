@@ -42,6 +42,7 @@ from basalt.services.meta.model import (
     DEFAULT_TOPIC_QUEUE_NUMS,
     BrokerRegistration,
     ConsumerRegistration,
+    FrontRegistration,
     Perm,
     PullServiceRegistration,
     Registrable,
@@ -381,6 +382,14 @@ class MetaClient:
             self.keys.pull_services,
             lambda name, raw: PullServiceRegistration.from_json(raw, pull_service_id=name),
             "pull-service registrations",
+        )
+
+    def front_cache(self) -> MetaWatcher[FrontRegistration]:
+        """A watcher of the store-nodes' own RocketMQ 5 fronts (by ``broker/id``)."""
+        return self._watcher(
+            self.keys.rocketmq_v2_fronts,
+            lambda name, raw: FrontRegistration.from_json(raw, name=name),
+            "RocketMQ 5 fronts",
         )
 
     def consumer_cache(self, group: str) -> MetaWatcher[ConsumerRegistration]:

@@ -170,6 +170,11 @@ class MetaKeys:
         return self.pull_services + check_name(pull_service_id, "pull-service id")
 
     @property
+    def rocketmq_v2_fronts(self) -> str:
+        """Prefix of the store-nodes' own RocketMQ 5 fronts (``<broker>/<id>`` each)."""
+        return self.root + "rocketmq-v2/"
+
+    @property
     def consumers(self) -> str:
         return self.root + "consumers/"
 

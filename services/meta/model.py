@@ -37,6 +37,11 @@ always wrote).
 
     {"address": "127.0.0.1:8081", "pull_service_id": "pull-1", "started_at_ms": 1700000000000}
 
+``rocketmq-v2/<broker_name>/<broker_id>`` (a store-node's own RocketMQ 5 front)::
+
+    {"address": "127.0.0.1:10911", "broker_id": 0, "broker_name": "broker-a",
+     "endpoint": "127.0.0.1:8081"}
+
 ``consumers/<group>/<client_id>``::
 
     {"client_id": "10.0.0.5@4242", "client_version": "basalt-py/0.1.0",
@@ -361,6 +366,60 @@ class BrokerRegistration:
                 broker_id=get_int(data, "broker_id", where, 0),
             ),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrontRegistration:
+    """A store-node's own RocketMQ 5 front (RocketMQ 5's "local" proxy mode),
+    key ``rocketmq-v2/<broker_name>/<broker_id>``, bound to the store-node's lease.
+
+    Routes given by a store-node's front name, for each broker, the front of
+    the member that is its master now: the registration whose ``address`` is
+    the broker's (``brokers/<name>``), so the official clients send and receive
+    where the data is (docs/rocketmq-v2.md)."""
+
+    broker_name: str
+    broker_id: int = 0
+    #: The store-node's gRPC address (what ``brokers/<name>`` names while it is master).
+    address: str
+    #: ``host:port`` the official clients dial for this node's queues.
+    endpoint: str
+
+    def __post_init__(self) -> None:
+        check_name(self.broker_name, "broker name")
+        where = f"RocketMQ 5 front of broker {self.broker_name!r}"
+        try:
+            check_broker_id(self.broker_id)
+            check_address(self.address, "address")
+            check_address(self.endpoint, "endpoint")
+        except MetaValidationError as e:
+            raise prefixed(where, e) from None
+
+    def key_suffix(self) -> str:
+        return f"rocketmq-v2/{self.broker_name}/{self.broker_id}"
+
+    def to_json(self) -> bytes:
+        return dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, *, name: str | None = None) -> FrontRegistration:
+        """Decode the value; ``name`` (``<broker_name>/<broker_id>``, the key below
+        ``rocketmq-v2/``) must agree with it when given."""
+        where = f"rocketmq-v2/{name}" if name is not None else "RocketMQ 5 front"
+        broker, _, broker_id = (name or "").partition("/")
+        made = decode_object(
+            raw,
+            where,
+            lambda data: cls(
+                broker_name=get_identity(data, "broker_name", broker or None, where),
+                broker_id=get_int(data, "broker_id", where, 0),
+                address=get_str(data, "address", where),
+                endpoint=get_str(data, "endpoint", where),
+            ),
+        )
+        if name is not None and broker_id != str(made.broker_id):
+            raise MetaValidationError(f"{where}: broker_id {made.broker_id} is not the key's")
+        return made
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

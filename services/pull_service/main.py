@@ -5,8 +5,8 @@
     basalt pull-service --id ps-1 --listen 127.0.0.1:8081 --etcd 127.0.0.1:2379 \\
         [--cluster DefaultCluster] [--heartbeat-interval-ms 10000] [--config FILE]
 
-Every setting of PullServiceConfig, MetaConfig and PullServiceProcessConfig is
-a flag, a ``BASALT_*`` env var and a config file key
+Every setting of PullServiceConfig, MetaConfig, PullServiceProcessConfig and
+RocketMQv2Config is a flag, a ``BASALT_*`` env var and a config file key
 (:mod:`basalt.services.config`, docs/configuration.md).
 
 The first line on stdout is ``pull-service <id> serving on <host:port>``
@@ -24,11 +24,9 @@ per event: ``time level logger [trace_id span_id] message`` or JSON, and
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Sequence
 
-from basalt.common.settings import config_dataclass, instance_of, one_of, setting, validate
-from basalt.common.tls import ClientAuth
+from basalt.common.settings import config_dataclass, instance_of, setting, validate
 from basalt.services import config, process
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.pull_service.server import start_pull_service
@@ -53,19 +51,6 @@ class PullServiceProcessConfig:
         default="",
         check=config.address_or_empty,
         doc="host:port registered for clients to reach it at; empty: the advertised address.",
-    )
-    rocketmq_v2_listen: str = setting(
-        default="",
-        check=config.listen_address_or_empty,
-        doc="host:port to serve RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) "
-        "on; empty: not served (docs/rocketmq-v2.md).",
-    )
-    rocketmq_v2_tls_client_auth: ClientAuth = setting(
-        default=ClientAuth.NONE,
-        check=one_of(*ClientAuth),
-        doc="With tls_enable: whether the RocketMQ 5 front requires client certificates. "
-        "NONE by default, as RocketMQ's proxy: the official clients present none "
-        "(they trust the server's; docs/security.md).",
     )
     stop_grace_s: float = config.stop_grace_setting()
 
@@ -99,6 +84,7 @@ async def serve(args: argparse.Namespace) -> int:
     stop = process.stop_signal()
     settings = process.settings(args)
     addresses = settings.build(PullServiceProcessConfig)
+    front = settings.build(RocketMQv2Config)
     service_config = settings.build(PullServiceConfig)
     tls = process.tls_config(args)
     meta = MetaClient(settings.build(MetaConfig), tls=tls)
@@ -110,12 +96,10 @@ async def serve(args: argparse.Namespace) -> int:
             listen=addresses.listen,
             advertise_host=addresses.advertise_host,
             client_address=addresses.client_address,
-            rocketmq_v2_listen=addresses.rocketmq_v2_listen,
-            rocketmq_v2=settings.build(RocketMQv2Config),
+            rocketmq_v2_listen=front.rocketmq_v2_listen,
+            rocketmq_v2=front,
             tls=tls,
-            rocketmq_v2_tls=dataclasses.replace(
-                tls, tls_client_auth=addresses.rocketmq_v2_tls_client_auth
-            ),
+            rocketmq_v2_tls=front.tls(tls),
         )
         await process.serve_until_stopped(
             f"pull-service {service_config.pull_service_id}",

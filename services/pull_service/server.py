@@ -51,6 +51,7 @@ from basalt.services.process import (
 from basalt.services.pull_service.channels import ChannelPool
 from basalt.services.pull_service.service import ClusterView, PullServiceConfig, PullServiceServicer
 from basalt.services.pull_service.sessions import SessionRegistry
+from basalt.services.rocketmq_v2.host import FrontHost
 from basalt.services.rocketmq_v2.server import RunningFront, start_rocketmq_v2
 from basalt.services.rocketmq_v2.service import RocketMQv2Config
 from basalt.v1 import common_pb2 as pb
@@ -149,7 +150,7 @@ async def start_pull_service(
         if rocketmq_v2_listen:
             front = await start_rocketmq_v2(
                 rocketmq_v2 or RocketMQv2Config(),
-                servicer,
+                FrontHost.of_pull_service(servicer),
                 rocketmq_v2_listen,
                 tls=tls if rocketmq_v2_tls is None else rocketmq_v2_tls,
             )

@@ -30,8 +30,10 @@ of group G goes to a client publishing to topic G. The front does the same:
 
 A check with no client to take it (the last one left meanwhile) is dropped:
 the store-node checks the half again at its next check interval, and a half
-never resolved stays invisible (never half-visible). Concurrency: one event
-loop, the pull-service's.
+never resolved stays invisible (never half-visible). The watches are gRPC
+streams wherever the front runs, to its own store-node too (checks are rare;
+the stream is what the store-node gives each check to one watcher by).
+Concurrency: one event loop, the host process's.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from basalt.services.rocketmq_v2.handles import TransactionId
 from basalt.v1 import store_node_pb2 as sn
 
 if TYPE_CHECKING:
-    from basalt.services.pull_service.service import PullServiceServicer
+    from basalt.services.rocketmq_v2.host import FrontHost
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +75,13 @@ class _Client:
 
 
 class CheckRelay:
-    """The relay of the module docstring over a running pull-service's view.
-    ``listener_id`` names this front to the store-nodes (their logs and
-    metrics). :meth:`close` when the front stops."""
+    """The relay of the module docstring over the front's host (its etcd view
+    and channels; ``host.listener_id`` names this front to the store-nodes, in
+    their logs and metrics). :meth:`close` when the front stops."""
 
-    def __init__(self, pull: PullServiceServicer, listener_id: str) -> None:
-        self.pull = pull
-        self.listener_id = listener_id
+    def __init__(self, host: FrontHost) -> None:
+        self.host = host
+        self.listener_id = host.listener_id
         self._clients: dict[str, dict[int, _Client]] = {}
         self._ids = itertools.count(1)
         self._turn = itertools.count()
@@ -87,8 +89,8 @@ class CheckRelay:
         self._watches: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self._closed = False
         self._unsubscribe = [
-            pull.view.topics.subscribe(lambda _change: self.reconcile()),
-            pull.view.brokers.subscribe(lambda _change: self.reconcile()),
+            host.topics.subscribe(lambda _change: self.reconcile()),
+            host.broker_watch.subscribe(lambda _change: self.reconcile()),
         ]
 
     def join(
@@ -129,11 +131,11 @@ class CheckRelay:
             return
         wanted: set[tuple[str, str, str]] = set()
         for group in self._clients:
-            config = self.pull.view.topics.get(group)
+            config = self.host.topics.get(group)
             if config is None:
                 continue
             for name in config.brokers:
-                broker = self.pull.brokers.get(name)
+                broker = self.host.brokers.get(name)
                 if broker is not None:
                     wanted.add((group, name, broker.address))
         for key in set(self._watches) - wanted:
@@ -160,7 +162,7 @@ class CheckRelay:
         request = sn.WatchTransactionChecksRequest(producer_group=group, client_id=self.listener_id)
         last = ""
         while True:
-            call = self.pull.channels.store_node(address).WatchTransactionChecks(request)
+            call = self.host.channels.store_node(address).WatchTransactionChecks(request)
             try:
                 async for check in call:
                     backoff, last = _FIRST_BACKOFF_S, ""

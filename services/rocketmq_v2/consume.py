@@ -27,6 +27,7 @@ routes its ack. What RocketMQ 5's proxy does, mapped:
 * ``AckMessage`` / ``ChangeInvisibleDuration``: a handle that does not
   decode, is stale, or names another topic or broker is
   INVALID_RECEIPT_HANDLE (RocketMQ's proxy answer for each).
+* ``PullMessage`` (offset-based): :mod:`.pulls`.
 * ``QueryAssignment``: one assignment per live broker whose queues are
   readable, queue id -1 (every queue of the broker: pop is shared by the
   group's clients, so every client is assigned every broker, as RocketMQ 5's
@@ -52,7 +53,7 @@ from basalt.common.receipt import ReceiptHandle, ReceiptHandleError
 from basalt.common.record import CorruptRecordError, DamagedRecord, decode_records
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
-from basalt.services.errors import Refusal, pull_outcome
+from basalt.services.errors import Refusal
 from basalt.services.meta.errors import MetaError
 from basalt.services.meta.model import TopicConfig
 from basalt.services.pull_service.metrics import damaged_records
@@ -60,12 +61,13 @@ from basalt.services.rocketmq_v2.conversions import (
     ACCEPTED_MESSAGE_TYPES,
     StoreQueue,
     V2Error,
+    endpoints_of,
     group_name,
     ok_status,
     readable_brokers,
     to_v2_message,
 )
-from basalt.services.rocketmq_v2.store_calls import StoreCalls
+from basalt.services.rocketmq_v2.store_calls import StoreCalls, local_error
 from basalt.services.validation import (
     INVISIBLE_DURATION,
     POLLING_TIME,
@@ -74,6 +76,7 @@ from basalt.services.validation import (
     check_invisible_ms,
     duration_ms,
 )
+from basalt.store.pop import AckStatus
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -100,7 +103,7 @@ _FILTER_TYPE = {
 }
 
 
-def _poll_ms(
+def poll_ms_of(
     request: sv.ReceiveMessageRequest | sv.PullMessageRequest,
     context: grpc.aio.ServicerContext[Any, Any],
 ) -> int:
@@ -121,7 +124,7 @@ def _poll_ms(
     return poll_ms
 
 
-def _subscription(expression: v2.FilterExpression) -> pb.Subscription:
+def subscription_of(expression: v2.FilterExpression) -> pb.Subscription:
     """The store-node's subscription of a v2 filter (TAG when unspecified, ``*``
     when empty)."""
     return pb.Subscription(
@@ -207,14 +210,27 @@ class ConsumeRpcs(StoreCalls):
         ) -> pb.SendResult: ...
 
     def _topic(self, topic: str) -> TopicConfig | None:
-        return self.pull.view.topics.get(topic)
+        return self.host.topics.get(topic)
 
     def _broker_perms(self, config: TopicConfig) -> dict[str, int]:
         """PermName bits of the topic's registered (live) brokers."""
         return {
             name: int(broker.perm)
             for name in config.brokers
-            if (broker := self.pull.brokers.get(name)) is not None
+            if (broker := self.host.brokers.get(name)) is not None
+        }
+
+    def _broker_fronts(self, config: TopicConfig) -> dict[str, v2.Endpoints] | None:
+        """Each of the topic's brokers' own front (a store-node's), where it has
+        one, for routes and assignments to name; None in a pull-service's front
+        (every queue is served at the access point the client called)."""
+        fronts = self.host.fronts
+        if fronts is None:
+            return None
+        return {
+            name: endpoints_of(endpoint)
+            for name in config.brokers
+            if (endpoint := fronts.endpoint_of(name)) is not None
         }
 
     def is_fifo(self, group: str) -> bool:
@@ -249,7 +265,7 @@ class ConsumeRpcs(StoreCalls):
         for a refusal."""
         group = group_name(request.group)
         topic = request.message_queue.topic
-        config = self.pull.view.topics.get(topic.name)
+        config = self.host.topics.get(topic.name)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic.name!r} not found")
         if request.batch_size < 1:
@@ -260,8 +276,8 @@ class ConsumeRpcs(StoreCalls):
             if not request.HasField("invisible_duration"):
                 raise V2Error(v2.ILLEGAL_INVISIBLE_TIME, "a receive needs an invisible_duration")
             invisible_ms = _invisible_ms(request.invisible_duration, minimum_ms=1000)
-        poll_ms = _poll_ms(request, context)
-        subscription = _subscription(request.filter_expression)
+        poll_ms = poll_ms_of(request, context)
+        subscription = subscription_of(request.filter_expression)
         wanted = request.message_queue.broker.name
         brokers = [
             name
@@ -304,7 +320,7 @@ class ConsumeRpcs(StoreCalls):
                 out += await self._deliveries(group, popped.messages, invisible_ms, topic, context)
             if out or single:
                 return out
-            hold_ms = _poll_ms(request, context)
+            hold_ms = poll_ms_of(request, context)
             if hold_ms <= 0:
                 return out
             holds = [
@@ -416,10 +432,10 @@ class ConsumeRpcs(StoreCalls):
         twice), never loses it."""
         topic = dlq_topic(group)
         queue = StoreQueue(handle.broker_name, 0)
-        known = self.pull.view.topics.get(topic)
+        known = self.host.topics.get(topic)
         if known is None or handle.broker_name not in known.brokers:
             try:
-                await self.pull.meta.ensure_topic(
+                await self.host.meta.ensure_topic(
                     topic, broker=handle.broker_name, default_queue_nums=1
                 )
             except MetaError as e:
@@ -487,6 +503,29 @@ class ConsumeRpcs(StoreCalls):
         official clients ack one message per AckMessage)."""
         return await self._acks.submit((group, topic, broker), handles, context)
 
+    async def _ack_decoded(
+        self,
+        group: str,
+        topic: str,
+        broker: str,
+        decoded: list[tuple[int, ReceiptHandle]],
+        texts: list[str],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> list[int]:
+        """An AckMessage's checked handles of ``broker`` (entry index, handle;
+        ``texts``: every entry's handle as sent) acked: the store-node this
+        front runs in takes them decoded (its pop work joins concurrent calls'
+        acks); another gets them in an AckMessages joined with concurrent acks
+        of the group (:meth:`_ack_on`). One v2 code each."""
+        local = self._local(broker)
+        if local is None:
+            return await self._ack_on(group, topic, broker, [texts[i] for i, _ in decoded], context)
+        try:
+            statuses = await local.ack(group, topic, [h for _, h in decoded])
+        except Refusal as r:
+            raise local_error(r, local) from None
+        return [v2.OK if s is AckStatus.OK else v2.INVALID_RECEIPT_HANDLE for s in statuses]
+
     async def _ack_joined(
         self,
         key: tuple[str, str, str],
@@ -511,21 +550,21 @@ class ConsumeRpcs(StoreCalls):
                 raise V2Error(v2.BAD_REQUEST, "AckMessage without entries")
             codes: list[v2.Status | None] = [None] * len(request.entries)
             config = self._topic(request.topic.name)
-            by_broker: dict[str, list[int]] = {}
+            by_broker: dict[str, list[tuple[int, ReceiptHandle]]] = {}
+            texts = [e.receipt_handle for e in request.entries]
             for i, entry in enumerate(request.entries):
                 try:
                     handle = _handle(entry.receipt_handle, request.topic.name, config)
                 except V2Error as e:
                     codes[i] = e.status()
                     continue
-                by_broker.setdefault(handle.broker_name, []).append(i)
-            for broker, indices in by_broker.items():
-                handles = [request.entries[i].receipt_handle for i in indices]
-                for i, code in zip(
-                    indices,
-                    await self._ack_on(group, request.topic.name, broker, handles, context),
-                    strict=True,
-                ):
+                by_broker.setdefault(handle.broker_name, []).append((i, handle))
+            for broker, decoded in by_broker.items():
+                indices = [i for i, _ in decoded]
+                acked = await self._ack_decoded(
+                    group, request.topic.name, broker, decoded, texts, context
+                )
+                for i, code in zip(indices, acked, strict=True):
                     codes[i] = ok_status() if code == v2.OK else v2.Status(
                         code=v2.INVALID_RECEIPT_HANDLE,
                         message="the receipt handle is stale, acked or not this topic's",
@@ -578,93 +617,6 @@ class ConsumeRpcs(StoreCalls):
             status=ok_status(), receipt_handle=done.receipt_handle
         )
 
-    # -- offset-based pull --------------------------------------------------------------
-
-    async def PullMessage(
-        self, request: sv.PullMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[sv.PullMessageResponse]:
-        """RocketMQ 5's offset-based pull: one GetMessage on the store-node of the
-        queue the request names (long polling within the client's deadline), no
-        pop state and no commit (UpdateOffset commits). Answers, as RocketMQ 5's
-        proxy does: a status (OK with messages, MESSAGE_NOT_FOUND when nothing
-        new or nothing matched, ILLEGAL_OFFSET when the offset is outside the
-        queue), the messages, then the next offset to pull from."""
-        try:
-            read, topic = await self._pull(request, context)
-            code, _ = pull_outcome(read.status, request.offset)
-            damaged: list[DamagedRecord] = []
-            records = decode_records(read.records.data, damaged=damaged)
-            damaged_records("PullMessage", request.message_queue.broker.name, damaged)
-        except V2Error as e:
-            yield sv.PullMessageResponse(status=e.status())
-            return
-        except Refusal as e:
-            yield sv.PullMessageResponse(
-                status=V2Error(v2.INTERNAL_SERVER_ERROR, e.message).status()
-            )
-            return
-        except CorruptRecordError as e:
-            yield sv.PullMessageResponse(
-                status=V2Error(
-                    v2.INTERNAL_SERVER_ERROR, f"stored record does not decode: {e}"
-                ).status()
-            )
-            return
-        if code == pb.RESPONSE_CODE_SUCCESS:
-            yield sv.PullMessageResponse(status=ok_status())
-            for record in records:
-                yield sv.PullMessageResponse(
-                    message=to_v2_message(
-                        record,
-                        namespace=topic.resource_namespace,
-                        queue_id=request.message_queue.id,
-                        delivery_attempt=1,
-                        receipt_handle="",
-                        invisible_ms=0,
-                    )
-                )
-        elif code == pb.RESPONSE_CODE_PULL_OFFSET_MOVED:
-            yield sv.PullMessageResponse(
-                status=V2Error(
-                    v2.ILLEGAL_OFFSET,
-                    f"offset {request.offset} is outside the queue "
-                    f"[{read.min_offset}, {read.max_offset}]",
-                ).status()
-            )
-        else:
-            status = v2.Status(code=v2.MESSAGE_NOT_FOUND, message="no new message")
-            yield sv.PullMessageResponse(status=status)
-        yield sv.PullMessageResponse(next_offset=read.next_begin_offset)
-
-    async def _pull(
-        self, request: sv.PullMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> tuple[sn.GetMessageResponse, v2.Resource]:
-        """The checked request's GetMessage answer and the topic it named;
-        V2Error for a refusal."""
-        group = group_name(request.group)
-        if request.offset < 0:
-            raise V2Error(v2.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
-        if request.batch_size < 1:
-            raise V2Error(v2.BAD_REQUEST, f"batch_size {request.batch_size} < 1")
-        poll_ms = _poll_ms(request, context)
-        subscription = _subscription(request.filter_expression)
-        read: sn.GetMessageResponse = await self._on_store_node(
-            request.message_queue,
-            "GetMessage",
-            lambda t, q: sn.GetMessageRequest(
-                group=group,
-                topic=t,
-                queue_id=q,
-                offset=request.offset,
-                max_msg_nums=min(request.batch_size, MAX_BATCH),
-                subscription=subscription,
-                suspend_timeout_ms=poll_ms,
-            ),
-            context,
-            poll_ms / 1000,
-        )
-        return read, request.message_queue.topic
-
     # -- assignment ---------------------------------------------------------------------
 
     async def QueryAssignment(
@@ -674,20 +626,21 @@ class ConsumeRpcs(StoreCalls):
             group_name(request.group)
         except V2Error as e:
             return sv.QueryAssignmentResponse(status=e.status())
-        config = self.pull.view.topics.get(request.topic.name)
+        config = self.host.topics.get(request.topic.name)
         if config is None:
             return sv.QueryAssignmentResponse(
                 status=V2Error(
                     v2.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} not found"
                 ).status()
             )
+        own = self._broker_fronts(config) or {}
         assignments = [
             v2.Assignment(
                 message_queue=v2.MessageQueue(
                     topic=request.topic,
                     id=-1,
                     permission=v2.READ,
-                    broker=v2.Broker(name=name, id=0, endpoints=request.endpoints),
+                    broker=v2.Broker(name=name, id=0, endpoints=own.get(name, request.endpoints)),
                     accept_message_types=ACCEPTED_MESSAGE_TYPES,
                 )
             )

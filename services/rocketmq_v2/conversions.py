@@ -29,8 +29,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import ipaddress
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.duration_pb2 import Duration
@@ -165,19 +166,22 @@ def message_queues(
     *,
     namespace: str,
     endpoints: v2.Endpoints,
+    own: Mapping[str, v2.Endpoints] | None = None,
 ) -> list[v2.MessageQueue]:
     """The topic's queues on its registered brokers (``broker_perms``: name ->
     PermName bits; a broker not in it is down and left out), in config order,
     each broker's numbered ``0 .. n - 1`` (module docstring), each reachable at
-    ``endpoints`` (the access point the client called: every queue is served
-    through this front)."""
+    the broker's own front where ``own`` names one (RocketMQ 5's local proxy
+    mode), else at ``endpoints`` (the access point the client called, which
+    serves every queue)."""
     n = queues_per_broker(config)
     topic = v2.Resource(resource_namespace=namespace, name=config.topic_name)
     out = []
     for name in config.brokers:
         if name not in broker_perms:
             continue
-        broker = v2.Broker(name=name, id=0, endpoints=endpoints)
+        at = endpoints if own is None else own.get(name, endpoints)
+        broker = v2.Broker(name=name, id=0, endpoints=at)
         for q in range(n):
             out.append(
                 v2.MessageQueue(
@@ -189,6 +193,18 @@ def message_queues(
                 )
             )
     return out
+
+
+def endpoints_of(address: str) -> v2.Endpoints:
+    """``host:port`` as v2 Endpoints, the scheme from the host (an IPv4 or IPv6
+    literal, else a domain name)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        scheme = v2.IPv6 if ipaddress.ip_address(host).version == 6 else v2.IPv4
+    except ValueError:
+        scheme = v2.DOMAIN_NAME
+    return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=host, port=int(port))])
 
 
 @dataclass(frozen=True, slots=True)

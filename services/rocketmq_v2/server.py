@@ -1,9 +1,14 @@
-"""Serving the v2 front on its own listener, beside a pull-service.
+"""Serving the v2 front on its own listener, beside a pull-service or a store-node.
 
 RocketMQ's clients dial one access point and find everything there, while
-Basalt's own clients dial the pull-service's: a second gRPC server in the
-same process keeps the two protocols' ports and health apart while sharing
-the pull-service's caches and channels (the front holds nothing of its own).
+Basalt's own clients dial the pull-service's or the store-node's: a second
+gRPC server in the same process keeps the two protocols' ports and health
+apart while sharing the process's caches and channels (the front holds
+nothing of its own: :class:`~basalt.services.rocketmq_v2.host.FrontHost`).
+Its server is made by :func:`basalt.services.process.grpc_server`, so the
+process's interceptors (telemetry, auth) apply to it as to its own service.
+The listener's settings are :class:`RocketMQv2Listener`, a section of both
+processes' settings.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from basalt.services.process import (
     grpc_server,
     set_serving,
 )
-from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.rocketmq_v2.host import FrontHost
 from basalt.services.rocketmq_v2.service import MessagingServiceServicer, RocketMQv2Config
 
 SERVICE = sv.DESCRIPTOR.services_by_name["MessagingService"]
@@ -52,7 +57,7 @@ SERVED = frozenset(
 
 @dataclass(slots=True)
 class RunningFront:
-    """A started v2 front; :meth:`stop` it once (the pull-service does)."""
+    """A started v2 front; :meth:`stop` it once (the process serving it does)."""
 
     server: grpc.aio.Server
     port: int
@@ -68,16 +73,17 @@ class RunningFront:
 
 async def start_rocketmq_v2(
     config: RocketMQv2Config,
-    pull: PullServiceServicer,
+    host: FrontHost,
     listen: str,
     *,
     tls: TlsConfig | None = None,
 ) -> RunningFront:
     """Serve the front on ``listen`` (port 0: a free one; TLS when ``tls`` is
-    enabled, as the official clients dial it with ``tls_enable``) over ``pull``'s view,
-    SERVING once started. Raises what binding raises (the address in use)."""
-    server = grpc_server(pull.config.max_message_bytes)
-    servicer = MessagingServiceServicer(config, pull)
+    enabled, as the official clients dial it with ``tls_enable``) over
+    ``host``, SERVING once started. Raises what binding raises (the address in
+    use)."""
+    server = grpc_server(host.max_message_bytes)
+    servicer = MessagingServiceServicer(config, host)
     add_servicer(server, servicer, SERVICE, only=SERVED)
     health_servicer = add_health_and_reflection(server, SERVICE.full_name)
     port = add_port(server, listen, tls)

@@ -1,42 +1,35 @@
 """``apache.rocketmq.v2.MessagingService``: the official RocketMQ 5 clients' front.
 
-A thin, stateless adapter served by the pull-service on its own listener
-(:func:`start_rocketmq_v2`): it reads the pull-service's etcd view (topics,
-brokers) and sends through its channels to the store-nodes, so any
-pull-service serves any client. The RPCs:
+A thin, stateless adapter served on a listener of its own by the
+pull-service or a store-node (:func:`start_rocketmq_v2`): it reads its
+host's etcd view (topics, brokers) and calls the store-nodes through its
+channels - in a store-node, its own in-process (:mod:`.host`) - so any
+front serves any client. The RPCs:
 
 * ``QueryRoute``: one MessageQueue per queue, each broker's numbered from 0
   and naming its broker (:mod:`.conversions`), each at the access point the
-  client called; TOPIC_NOT_FOUND for an unknown topic (no auto-creation, as
+  client called (in a store-node's front, at each broker's own front where
+  it has one); TOPIC_NOT_FOUND for an unknown topic (no auto-creation, as
   RocketMQ 5).
 * ``Telemetry``: each ``Settings`` the client sends is answered at once with
   the server's (:meth:`MessagingServiceServicer.settings_answer`); a
   publishing client joins its topics' producer groups for transaction checks
   (:mod:`.check_relay`) while the stream is open, until the client closes it.
 * ``Heartbeat``, ``NotifyClientTermination``: OK (no session state here).
-* ``SendMessage``: every message is checked and converted first (one bad
-  message: nothing stored), then sent as one ``SendBatch`` per target queue
-  with records from :func:`basalt.common.record.encode_batch`; concurrent
-  requests' batches to one store-node are joined (:mod:`.call_batching`) into one
-  message of its ``SendStream`` (:mod:`.store_streams`). A FIFO
-  message's group picks its (broker, queue) by hash; otherwise a ``queue_id``
-  the client set (not 0) goes to the next writable broker round robin, its
-  queue ``queue_id`` modulo that broker's count (a v2 send names no broker);
-  an unset one to the next writable queue of all brokers round robin.
+* ``SendMessage``: :mod:`.sends`.
 * ``QueryOffset`` (BEGINNING / END / TIMESTAMP: the store-node's
   GetMinMaxOffset or SearchOffset), ``GetOffset`` (a group's committed
   offset: QueryConsumerOffset; OFFSET_NOT_FOUND when it has none) and
   ``UpdateOffset`` (UpdateConsumerOffset) on the store-node the request's
   ``MessageQueue`` names (its broker; the first when it names none).
-  A timer (DELAY) or transactional message is sent alone
-  (:mod:`.transactions`).
 * ``EndTransaction``, ``RecallMessage``: :mod:`.transactions`; the Telemetry
   stream of a publishing client also relays its group's transaction checks
   (:mod:`.check_relay`).
 
 * Consumption (``ReceiveMessage``, ``AckMessage``,
   ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
-  ``QueryAssignment``) and the offset-based ``PullMessage``: :mod:`.consume`.
+  ``QueryAssignment``): :mod:`.consume`; the offset-based ``PullMessage``:
+  :mod:`.pulls`.
 
 Every answer carries a v2 ``Status``; refusals are Statuses, never gRPC
 errors (``authorization`` headers are checked by the servers' auth
@@ -48,42 +41,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import dataclasses
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from basalt.common.message import Message, encode_host
-from basalt.common.record import encode_batch
-from basalt.common.settings import config_dataclass, instance_of, positive, setting, validate
+from basalt.common.settings import (
+    config_dataclass,
+    instance_of,
+    one_of,
+    positive,
+    setting,
+    validate,
+)
+from basalt.common.tls import ClientAuth, TlsConfig
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
-from basalt.services.pull_service.channels import call_timeout_s
-from basalt.services.pull_service.service import PullServiceServicer
+from basalt.services.config import listen_address_or_empty
 from basalt.services.rocketmq_v2.call_batching import Coalescer
 from basalt.services.rocketmq_v2.check_relay import CheckRelay, publishing_groups
 from basalt.services.rocketmq_v2.consume import ConsumeRpcs
 from basalt.services.rocketmq_v2.conversions import (
-    CODE_OF_SEND_STATUS,
-    StoreQueue,
     V2Error,
-    asked_queue,
     code_of_response,
-    deliver_time_ms,
     duration_ms,
-    fifo_queue,
     group_name,
     message_queues,
     ok_status,
     queue_of,
-    to_message,
-    writable_queues,
 )
-from basalt.services.rocketmq_v2.store_calls import STORE_NODE_BUDGET_S
-from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
+from basalt.services.rocketmq_v2.host import FrontHost
+from basalt.services.rocketmq_v2.pulls import PullRpcs
+from basalt.services.rocketmq_v2.sends import SendRpcs
 from basalt.services.rocketmq_v2.transactions import TransactionRpcs
 from basalt.services.validation import LimitError, timestamp_ms
 from basalt.v1 import common_pb2 as pb
@@ -94,8 +85,24 @@ log = logging.getLogger(__name__)
 
 @config_dataclass
 class RocketMQv2Config:
-    """What the v2 front tells clients in Telemetry's Settings. Validated at
+    """Where a process (a pull-service or a store-node) serves the v2 front and
+    what the front tells clients in Telemetry's Settings. Validated at
     construction: ValueError names the first bad field."""
+
+    rocketmq_v2_listen: str = setting(
+        default="",
+        check=listen_address_or_empty,
+        doc="host:port to serve RocketMQ 5 clients (apache.rocketmq.v2.MessagingService) "
+        "on; empty: not served. A store-node's front serves its own queues in-process "
+        "(RocketMQ 5's local proxy mode) and needs etcd (docs/rocketmq-v2.md).",
+    )
+    rocketmq_v2_tls_client_auth: ClientAuth = setting(
+        default=ClientAuth.NONE,
+        check=one_of(*ClientAuth),
+        doc="With tls_enable: whether the RocketMQ 5 front requires client certificates. "
+        "NONE by default, as RocketMQ's proxy: the official clients present none "
+        "(they trust the server's; docs/security.md).",
+    )
 
     rocketmq_v2_max_body_size_bytes: int = setting(
         default=4 * 1024 * 1024,
@@ -137,6 +144,10 @@ class RocketMQv2Config:
     def __post_init__(self) -> None:
         validate(self, ValueError)
 
+    def tls(self, tls: TlsConfig) -> TlsConfig:
+        """The front's TLS: the process's, with ``rocketmq_v2_tls_client_auth``."""
+        return dataclasses.replace(tls, tls_client_auth=self.rocketmq_v2_tls_client_auth)
+
     def fifo_groups(self) -> frozenset[str]:
         """The FIFO groups ``rocketmq_v2_fifo_groups`` names."""
         return frozenset(g.strip() for g in self.rocketmq_v2_fifo_groups.split(",") if g.strip())
@@ -170,26 +181,20 @@ def _consumer_backoff(max_attempts: int, max_delay_ms: int) -> v2.RetryPolicy:
     )
 
 
-class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
-    """The v2 RPCs (module docstring), over a running pull-service's view. Not
+class MessagingServiceServicer(SendRpcs, ConsumeRpcs, PullRpcs, TransactionRpcs):
+    """The v2 RPCs (module docstring), over its host's view (a pull-service's
+    or a store-node's: :class:`~basalt.services.rocketmq_v2.host.FrontHost`). Not
     the generated servicer's subclass: only the methods it has are registered
     (:mod:`basalt.services.rocketmq_v2.server`), the others are UNIMPLEMENTED."""
 
-    def __init__(self, config: RocketMQv2Config, pull: PullServiceServicer) -> None:
+    def __init__(self, config: RocketMQv2Config, host: FrontHost) -> None:
         self.config = config
-        self.pull = pull
-        self._turn = itertools.count()
-        #: Concurrent SendMessages to one store-node, joined into one stream
-        #: message (a SendBatch per queue).
-        self._sends: Coalescer[
-            str, tuple[str, StoreQueue, Message, str], tuple[v2.Code.ValueType, int] | V2Error
-        ] = Coalescer(self._send_joined)
-        #: One SendStream per store-node, for the joined sends.
-        self._streams = SendStreams(pull.channels.store_node)
+        self.host = host
+        self._init_sends()
         #: Concurrent AckMessages of one group and topic on one store-node, joined.
         self._acks = Coalescer(self._ack_joined)
         #: Transaction checks of the publishing clients' groups.
-        self.checks = CheckRelay(pull, f"rocketmq-v2@{pull.config.pull_service_id}")
+        self.checks = CheckRelay(host)
 
     async def close(self) -> None:
         """End the store-node streams and check watches (once the server stopped)."""
@@ -201,7 +206,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
     async def QueryRoute(
         self, request: sv.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> sv.QueryRouteResponse:
-        config = self.pull.view.topics.get(request.topic.name)
+        config = self.host.topics.get(request.topic.name)
         if config is None:
             return sv.QueryRouteResponse(
                 status=V2Error(
@@ -213,6 +218,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             self._broker_perms(config),
             namespace=request.topic.resource_namespace,
             endpoints=request.endpoints,
+            own=self._broker_fronts(config),
         )
         return sv.QueryRouteResponse(status=ok_status(), message_queues=queues)
 
@@ -296,160 +302,6 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
             )
         return answer
 
-    # -- sends --------------------------------------------------------------------------
-
-    async def SendMessage(
-        self, request: sv.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> sv.SendMessageResponse:
-        try:
-            entries = await self._send(request, context)
-        except V2Error as e:
-            return sv.SendMessageResponse(status=e.status())
-        codes = {e.status.code for e in entries}
-        if len(codes) == 1:
-            status = entries[0].status
-        else:
-            status = v2.Status(code=v2.MULTIPLE_RESULTS, message="entries differ")
-        return sv.SendMessageResponse(status=status, entries=entries)
-
-    async def _send(
-        self, request: sv.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> list[sv.SendResultEntry]:
-        """Check, convert and store the request's messages (module docstring);
-        one entry per message, in order. V2Error when nothing is stored."""
-        if not request.messages:
-            raise V2Error(v2.BAD_REQUEST, "SendMessage without messages")
-        topic = request.messages[0].topic.name
-        if any(m.topic.name != topic for m in request.messages):
-            raise V2Error(v2.BAD_REQUEST, "one SendMessage carries one topic's messages")
-        max_body = self.config.rocketmq_v2_max_body_size_bytes
-        messages = [to_message(m, max_body) for m in request.messages]
-        config = self.pull.view.topics.get(topic)
-        if config is None:
-            raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic!r} not found")
-        live = [n for n in config.brokers if self.pull.brokers.get(n) is not None]
-        writable = writable_queues(config, live)
-        if not writable:
-            raise V2Error(v2.FORBIDDEN, f"topic {topic!r} has no writable queue")
-        due = [deliver_time_ms(m) for m in request.messages]
-        targets: dict[StoreQueue, list[int]] = {}
-        alone: list[tuple[int, StoreQueue]] = []
-        for i, m in enumerate(request.messages):
-            system = m.system_properties
-            if system.HasField("message_group"):
-                queue = fifo_queue(system.message_group, writable)
-            else:
-                # queue_id 0 is also proto3's "not set", and the official Python
-                # client never sets it: taken as the client's choice, all its
-                # messages would land on one queue of one store-node.
-                turn = next(self._turn)
-                if system.queue_id:
-                    queue = asked_queue(system.queue_id, turn, writable)
-                else:
-                    queue = writable[turn % len(writable)]
-            if due[i] or system.message_type == v2.TRANSACTION:
-                alone.append((i, queue))
-            else:
-                targets.setdefault(queue, []).append(i)
-        entries: list[sv.SendResultEntry | None] = [None] * len(messages)
-        for queue, indices in targets.items():
-            ids = [request.messages[i].system_properties.message_id for i in indices]
-            stored = await self._sends.submit(
-                queue.broker_name,
-                [(topic, queue, messages[i], ids[k]) for k, i in enumerate(indices)],
-                context,
-            )
-            for k, (i, outcome) in enumerate(zip(indices, stored, strict=True)):
-                if isinstance(outcome, V2Error):
-                    raise outcome
-                code, offset = outcome
-                status = v2.Status(code=code, message=v2.Code.Name(code))
-                entries[i] = sv.SendResultEntry(status=status, message_id=ids[k], offset=offset)
-        for i, queue in alone:
-            m = request.messages[i]
-            entries[i] = await self._send_one(
-                queue, messages[i], m.system_properties.message_id, due[i],
-                m.system_properties.message_type == v2.TRANSACTION, context,
-            )  # fmt: skip
-        return [e for e in entries if e is not None]
-
-    async def _send_joined(
-        self,
-        broker: str,
-        items: list[tuple[str, StoreQueue, Message, str]],
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> list[tuple[v2.Code.ValueType, int] | V2Error]:
-        """The joined requests' messages to ``broker`` (``_sends``): one
-        SendBatch per topic and queue, all as one message on the store-node's
-        SendStream. Each message's v2 code and queue offset, or its batch's
-        refusal."""
-        address = self._address(StoreQueue(broker, 0))
-        peer = f"store-node {broker!r} at {address}"
-        hosts = await self.pull.store_hosts.of({broker: address})
-        store_host = hosts.get(broker)
-        if store_host is None:
-            raise V2Error(v2.INTERNAL_SERVER_ERROR, f"{peer} does not answer")
-        host = encode_host(store_host)
-        groups: dict[tuple[str, StoreQueue], list[int]] = {}
-        for n, (topic, queue, _, _) in enumerate(items):
-            groups.setdefault((topic, queue), []).append(n)
-        born_ms = int(time.time() * 1000)
-        batches = [
-            sn.SendBatchRequest(
-                topic=topic,
-                queue_id=queue.queue_id,
-                records=encode_batch(
-                    [items[n][2] for n in group],
-                    [items[n][3] for n in group],
-                    queue_id=queue.queue_id,
-                    store_host=host,
-                    born_timestamp_ms=born_ms,
-                ),
-            )
-            for (topic, queue), group in groups.items()
-        ]
-        timeout = call_timeout_s(context, STORE_NODE_BUDGET_S)
-        answers = await self._streams.send(address, peer, batches, timeout)
-        out: list[tuple[v2.Code.ValueType, int] | V2Error | None] = [None] * len(items)
-        for group, answer in zip(groups.values(), answers, strict=True):
-            refusal = refused(answer, peer)
-            result = answer.result
-            code = v2.Code.ValueType(CODE_OF_SEND_STATUS.get(result.status, v2.INTERNAL_ERROR))
-            for k, n in enumerate(group):
-                out[n] = refusal if refusal is not None else (code, result.queue_offsets[k])
-        return [o for o in out if o is not None]
-
-    async def _store(
-        self,
-        topic: str,
-        queue: StoreQueue,
-        messages: list[Message],
-        ids: list[str],
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> pb.SendResult:
-        """One SendBatch of ``messages`` to ``queue``'s store-node; its SendResult,
-        or V2Error with the store-node's refusal in v2 terms."""
-        address = self._address(queue)
-        hosts = await self.pull.store_hosts.of({queue.broker_name: address})
-        store_host = hosts.get(queue.broker_name)
-        if store_host is None:
-            raise V2Error(
-                v2.INTERNAL_SERVER_ERROR,
-                f"store-node {queue.broker_name!r} at {address} does not answer",
-            )
-        records = encode_batch(
-            messages,
-            ids,
-            queue_id=queue.queue_id,
-            store_host=encode_host(store_host),
-            born_timestamp_ms=int(time.time() * 1000),
-        )
-        request = sn.SendBatchRequest(topic=topic, queue_id=queue.queue_id, records=records)
-        response: sn.SendBatchResponse = await self._call(
-            queue, address, "SendBatch", request, context
-        )
-        return response.result
-
     # -- offsets ------------------------------------------------------------------------
 
     async def QueryOffset(
@@ -532,7 +384,7 @@ class MessagingServiceServicer(ConsumeRpcs, TransactionRpcs):
         store-node may hold gets ``hold_s`` more time); its answer, or V2Error
         (TOPIC_NOT_FOUND, BAD_REQUEST for a broker or queue id outside the
         topic, the store-node's refusal in v2 terms)."""
-        config = self.pull.view.topics.get(mq.topic.name)
+        config = self.host.topics.get(mq.topic.name)
         if config is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
         queue = queue_of(config, mq)

@@ -118,7 +118,7 @@ class TransactionRpcs(StoreCalls):
                 raise V2Error(
                     v2.BAD_REQUEST, f"the recall handle is of topic {handle.topic!r}, not {topic!r}"
                 )
-            config = self.pull.view.topics.get(topic)
+            config = self.host.topics.get(topic)
             if config is None:
                 raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic!r} not found")
             if handle.broker_name not in config.brokers:
@@ -166,7 +166,7 @@ class TransactionRpcs(StoreCalls):
             raise V2Error(
                 v2.BAD_REQUEST, f"resolution {request.resolution}: COMMIT (1) or ROLLBACK (2)"
             )
-        if self.pull.view.topics.get(topic) is None:
+        if self.host.topics.get(topic) is None:
             raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {topic!r} not found")
         queue = StoreQueue(tid.broker_name, 0)
         end = sn.EndTransactionRequest(

@@ -6,9 +6,14 @@
         --listen 127.0.0.1:10911 --etcd 127.0.0.1:2379 [--cluster DefaultCluster] \\
         [--flush-disk-type SYNC_FLUSH] [--config broker.conf] [--print-config]
 
-Every setting of MessageStoreConfig, StoreNodeConfig, MetaConfig and
-StoreNodeProcessConfig is a flag, a ``BASALT_*`` env var and a config file key
-(:mod:`basalt.services.config`, docs/configuration.md).
+Every setting of MessageStoreConfig, StoreNodeConfig, MetaConfig,
+StoreNodeProcessConfig and RocketMQv2Config is a flag, a ``BASALT_*`` env var
+and a config file key (:mod:`basalt.services.config`, docs/configuration.md).
+
+``--rocketmq-v2-listen HOST:PORT`` (with ``--etcd``) serves the official
+RocketMQ 5 clients from the node itself (RocketMQ 5's local proxy mode:
+:mod:`basalt.services.store_node.front`); its endpoint is logged and printed
+after the serving line.
 
 With ``--etcd`` the node is a member (``--broker-id``, default 0) of the
 broker group ``--name``: it registers under a lease it keeps alive, and
@@ -47,6 +52,8 @@ from basalt.services.meta import (
     TopicConfig,
 )
 from basalt.services.meta.model import Perm
+from basalt.services.rocketmq_v2.service import RocketMQv2Config
+from basalt.services.store_node.front import LocalFront, start_front
 from basalt.services.store_node.ha.config import ReplicationConfig
 from basalt.services.store_node.ha.role import DuplicateMemberError, GroupMember, MemberAddresses
 from basalt.services.store_node.server import start_store_node
@@ -155,6 +162,7 @@ SPEC = config.ServiceSpec(
         config.Section(StoreNodeProcessConfig),
         config.Section(StoreNodeConfig, aliases={"broker_name": "name"}),
         config.Section(ReplicationConfig),
+        config.Section(RocketMQv2Config),
         config.Section(MessageStoreConfig, aliases={"store_path_root_dir": "data_dir"}),
         config.Section(
             MetaConfig, aliases={"endpoints": "etcd"}, defaults={"endpoints": ()}, enabled_by="etcd"
@@ -198,7 +206,15 @@ async def serve(args: argparse.Namespace) -> int:
     store_config = settings.build(MessageStoreConfig)
     node = settings.build(StoreNodeConfig)
     replication = settings.build(ReplicationConfig)
+    front_listen = settings.build(RocketMQv2Config)
     tls = process.tls_config(args)
+    if front_listen.rocketmq_v2_listen and not settings.given("etcd"):
+        print(
+            "basalt store-node: --rocketmq-v2-listen needs --etcd (the front reads the "
+            "cluster's topics and brokers there)",
+            file=sys.stderr,
+        )
+        return 2
     group: Callable[[MessageStore], GroupMember] | None = None
     meta: MetaClient | None = None
     topics: TopicDirectory
@@ -261,9 +277,34 @@ async def serve(args: argparse.Namespace) -> int:
                 print(f"basalt store-node: {e}", file=sys.stderr)
                 return 2
             raise
+    front: LocalFront | None = None
+    if front_listen.rocketmq_v2_listen:
+        assert meta is not None and cache is not None and brokers is not None  # etcd: checked
+        try:
+            front = await start_front(
+                front_listen,
+                servicer=running.servicer,
+                meta=meta,
+                topics=cache,
+                brokers=brokers,
+                broker_id=replication.broker_id,
+                address=advertise,
+                client_host=client.rpartition(":")[0],
+                tls=tls,
+                front_tls=front_listen.tls(tls),
+            )
+        except BaseException:
+            if running.group is not None:
+                await running.group.close()
+            await running.stop(addresses.stop_grace_s)
+            raise
     print(f"store-node {node.broker_name} serving on {running.address}", flush=True)
+    if front is not None:
+        print(f"store-node {node.broker_name} RocketMQ 5 front on {front.endpoint}", flush=True)
     await stop.wait()
     log.info("stopping")
+    if front is not None:
+        await front.stop(addresses.stop_grace_s)
     # Not clean (a flush or the offsets' last save failed): the exit status says so.
     clean = await running.stop(addresses.stop_grace_s)
     if cache is not None:

@@ -14,7 +14,8 @@ delay) makes a message due sooner than the held pop computed - then pops
 once more. A ``wait_only`` pop pops nothing: it answers empty as soon as
 something may be deliverable (a front holding one receive on several
 store-nodes at once, docs/rocketmq-v2.md). Pops, acks and changes run in a
-worker thread: they append to the journal and may fsync it.
+worker thread, those of concurrent calls joined (:mod:`.pop_batching`): they
+append to the journal and may fsync it.
 
 A mixin of :class:`basalt.services.store_node.service.StoreNodeServicer`.
 """
@@ -22,7 +23,7 @@ A mixin of :class:`basalt.services.store_node.service.StoreNodeServicer`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -39,6 +40,7 @@ from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.rpc import rpc_method as _rpc
 from basalt.services.store_node.ha.gate import WriteGate
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
+from basalt.services.store_node.pop_batching import PopWork
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.validation import LimitError, check_invisible_ms
 from basalt.store import MessageStore
@@ -79,6 +81,13 @@ class PopRpcs:
     #: (group, topic) -> the future its next ack or change resolves (held pops
     #: wait on it); set on the instance at the first held pop.
     _pop_changes: dict[tuple[str, str], asyncio.Future[None]] | None = None
+    #: The joined store work of concurrent pop calls; set at the first.
+    _pop_work: PopWork | None = None
+
+    def _work(self) -> PopWork:
+        if self._pop_work is None:
+            self._pop_work = PopWork(self.store.pop)
+        return self._pop_work
 
     if TYPE_CHECKING:  # StoreNodeServicer's
 
@@ -194,9 +203,9 @@ class PopRpcs:
         popped: list[PoppedMessage] = []
         while True:
             if request.wait_only:
-                found, ends = await asyncio.to_thread(self._peek, request)
+                found, ends = await self._work().run(lambda: self._peek(request))
             else:
-                popped, ends = await asyncio.to_thread(self._pop_all, request, flt)
+                popped, ends = await self._work().run(lambda: self._pop_all(request, flt))
                 found = bool(popped)
             remaining = deadline - loop.time()
             if found or remaining <= 0:
@@ -255,16 +264,43 @@ class PopRpcs:
         return handle
 
     def _ack_all(self, group: str, topic: str, texts: list[str]) -> list[sn.AckResult]:
-        out = []
+        """Each handle's result, in order; the valid ones acked as one journal
+        write (worker thread)."""
+        out: list[sn.AckResult | None] = []
+        valid: list[tuple[int, ReceiptHandle]] = []
         for text in texts:
             h = self._handle(text, topic)
             if isinstance(h, sn.AckResult):
                 out.append(h)
-                continue
-            status = self.store.pop.ack(group, topic, h.queue_id, h.queue_offset, h.nonce)
+            else:
+                valid.append((len(out), h))
+                out.append(None)
+        statuses = self.store.pop.ack_many(
+            group, topic, [(h.queue_id, h.queue_offset, h.nonce) for _, h in valid]
+        )
+        for (i, _), status in zip(valid, statuses, strict=True):
             detail = "" if status is AckStatus.OK else "not in flight with this handle"
-            out.append(sn.AckResult(receipt_handle=text, status=_ACK_STATUS[status], detail=detail))
-        return out
+            out[i] = sn.AckResult(
+                receipt_handle=texts[i], status=_ACK_STATUS[status], detail=detail
+            )
+        return [r for r in out if r is not None]
+
+    async def ack_handles(
+        self, group: str, topic: str, handles: Sequence[ReceiptHandle]
+    ) -> list[AckStatus]:
+        """AckMessages for a caller in this process that decoded the handles and
+        checked that they are this broker's and ``topic``'s (the v2 front in
+        this store-node): each handle's status, in order. Refusals as
+        AckMessages'."""
+        self._known_topic(group, topic)
+        count, most = len(handles), self.config.max_msg_nums_per_pull
+        if count > most:
+            raise invalid(f"{count} handles: at most {most}")
+        entries = [(h.queue_id, h.queue_offset, h.nonce) for h in handles]
+        pops = self.store.pop
+        statuses = await self._work().run(lambda: pops.ack_many(group, topic, entries))
+        self._wake_held_pops(group, topic)
+        return statuses
 
     @_rpc
     async def AckMessages(
@@ -274,8 +310,9 @@ class PopRpcs:
         count, most = len(request.receipt_handles), self.config.max_msg_nums_per_pull
         if count > most:
             raise invalid(f"{count} handles: at most {most}")
-        results = await asyncio.to_thread(
-            self._ack_all, request.group, request.topic, list(request.receipt_handles)
+        handles = list(request.receipt_handles)
+        results = await self._work().run(
+            lambda: self._ack_all(request.group, request.topic, handles)
         )
         self._wake_held_pops(request.group, request.topic)
         return sn.AckMessagesResponse(results=results)
@@ -291,15 +328,11 @@ class PopRpcs:
         h = self._handle(request.receipt_handle, request.topic)
         if isinstance(h, sn.AckResult):
             return sn.ChangeInvisibleDurationResponse(status=h.status, detail=h.detail)
-        result = await asyncio.to_thread(
-            self.store.pop.change_invisible,
-            request.group,
-            request.topic,
-            h.queue_id,
-            h.queue_offset,
-            h.nonce,
-            ms,
-            self.store.clock.now_ms(),
+        pops, now = self.store.pop, self.store.clock.now_ms()
+        result = await self._work().run(
+            lambda: pops.change_invisible(
+                request.group, request.topic, h.queue_id, h.queue_offset, h.nonce, ms, now
+            )
         )
         if result.status is not AckStatus.OK:
             return sn.ChangeInvisibleDurationResponse(

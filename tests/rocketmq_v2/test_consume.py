@@ -25,7 +25,7 @@ from tests.support.interop import (
     ensure_node_modules,
     run_client,
 )
-from tests.support.v2_front import V2Cluster, v2_cluster
+from tests.support.v2_front import FRONTS, V2Cluster, v2_cluster
 
 FIFO_GROUP = "GFifo"
 #: A topic spread over both store-nodes.
@@ -72,16 +72,20 @@ async def _read_all(pull: str, topic: str, expect: int) -> list[MessageRecord]:
     return got
 
 
+@pytest.mark.parametrize("front", ["pull-service", "store-node"])
 @pytest.mark.parametrize("client", sorted(SIMPLE_CONSUMERS))
-def test_simple_consumer_receive_ack_invisible_redelivery(cluster: V2Cluster, client: str) -> None:
-    topic = cluster.topic(f"V2Simple-{client}")
+def test_simple_consumer_receive_ack_invisible_redelivery(
+    cluster: V2Cluster, client: str, front: str
+) -> None:
+    topic = cluster.topic(f"V2Simple-{client}-{front}")
     messages = [
         Message(topic, f"s{i}".encode(), tags="T", keys=[f"k{i}"], properties={"n": str(i)})
         for i in range(4)
     ]
     asyncio.run(_sdk_send(cluster.pull, messages))
-    spec = {"topic": topic, "group": f"GSimple-{client}", "expect": 4, "invisible_s": 20}
-    out = run_client(SIMPLE_CONSUMERS[client], cluster.v2, spec)
+    group = f"GSimple-{client}-{front}"
+    spec = {"topic": topic, "group": group, "expect": 4, "invisible_s": 20}
+    out = run_client(SIMPLE_CONSUMERS[client], cluster.endpoint(front), spec)
     first = out["first"]
     assert sorted(m["body"] for m in first) == ["s0", "s1", "s2", "s3"]
     for m in first:
@@ -96,7 +100,7 @@ def test_simple_consumer_receive_ack_invisible_redelivery(cluster: V2Cluster, cl
     # Everything is acked: nothing comes again.
     channel, stub = cluster.stub()
     with channel:
-        assert _receive(stub, topic, f"GSimple-{client}").status.code == v2.MESSAGE_NOT_FOUND
+        assert _receive(stub, topic, group).status.code == v2.MESSAGE_NOT_FOUND
 
 
 @pytest.mark.parametrize("client", sorted(SIMPLE_CONSUMERS))
@@ -171,15 +175,20 @@ def test_push_consumer_retries_then_dead_letters(cluster: V2Cluster, client: str
         assert r.properties["DLQ_ORIGIN_TOPIC"] == topic
 
 
+@pytest.mark.parametrize("front", ["pull-service", "store-node"])
 @pytest.mark.parametrize("brokers", [("broker-a",), BOTH], ids=["one-broker", "two-brokers"])
 def test_fifo_push_consumer_keeps_each_message_groups_order(
-    cluster: V2Cluster, brokers: tuple[str, ...]
+    cluster: V2Cluster, brokers: tuple[str, ...], front: str
 ) -> None:
-    topic = cluster.topic(f"V2Fifo-{len(brokers)}", brokers)
+    # Through a store-node's front: the producer and the consumer follow the
+    # route to each broker's own front; a message group still hashes to one
+    # queue of the topic wherever it is sent.
+    topic = cluster.topic(f"V2Fifo-{len(brokers)}-{front}", brokers)
+    endpoint = cluster.endpoint(front)
     specs = [{"body": f"{g}-{i}", "group": g} for i in range(5) for g in ("ga", "gb")]
-    run_client(PRODUCERS["python"], cluster.v2, {"topic": topic, "messages": specs})
+    run_client(PRODUCERS["python"], endpoint, {"topic": topic, "messages": specs})
     calls = run_client(
-        PUSH_CONSUMERS["python"], cluster.v2,
+        PUSH_CONSUMERS["python"], endpoint,
         {"topic": topic, "group": FIFO_GROUP, "succeed": 10, "fail_prefix": "", "settle_s": 1},
     )  # fmt: skip
     for g in ("ga", "gb"):
@@ -207,12 +216,16 @@ def _receive(
     return statuses[0]
 
 
-def test_raw_consumption_calls_and_bad_input(cluster: V2Cluster) -> None:
-    topic = cluster.topic("V2Raw")
+@pytest.mark.parametrize("front", FRONTS)
+def test_raw_consumption_calls_and_bad_input(cluster: V2Cluster, front: str) -> None:
+    # Through a store-node's own front the pops, acks, changes and the dead
+    # letter of its queues are in-process calls; through the other's, gRPC.
+    topic = cluster.topic(f"V2Raw-{front}")
+    raw = f"GRaw-{front}"
     asyncio.run(_sdk_send(cluster.pull, [Message(topic, b"raw", tags="R")]))
-    channel, stub = cluster.stub()
+    channel, stub = cluster.stub(cluster.endpoint(front))
     with channel:
-        group = v2.Resource(name="GRaw")
+        group = v2.Resource(name=raw)
         request = sv.ReceiveMessageRequest(
             group=group, message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
             batch_size=4, invisible_duration={"seconds": 30},
@@ -226,9 +239,9 @@ def test_raw_consumption_calls_and_bad_input(cluster: V2Cluster) -> None:
         assert system.body_digest.type == v2.MD5
         assert system.queue_offset == 0 and system.receipt_handle
         handle = system.receipt_handle
-        assert _receive(stub, "Nope", "GRaw").status.code == v2.TOPIC_NOT_FOUND
+        assert _receive(stub, "Nope", raw).status.code == v2.TOPIC_NOT_FOUND
         assert _receive(stub, topic, "").status.code == v2.ILLEGAL_CONSUMER_GROUP
-        unset = _receive(stub, topic, "GRaw", invisible_duration=None)
+        unset = _receive(stub, topic, raw, invisible_duration=None)
         assert unset.status.code == v2.ILLEGAL_INVISIBLE_TIME
         change = sv.ChangeInvisibleDurationRequest(
             group=group, topic=v2.Resource(name=topic), receipt_handle=handle,
@@ -264,10 +277,10 @@ def test_raw_consumption_calls_and_bad_input(cluster: V2Cluster) -> None:
             entries=[sv.AckMessageEntry(message_id="x", receipt_handle=handle)],
         )  # fmt: skip
         assert stub.AckMessage(ok, timeout=10).status.code == v2.INVALID_RECEIPT_HANDLE
-        assert _receive(stub, topic, "GRaw").status.code == v2.MESSAGE_NOT_FOUND
-        (dead,) = asyncio.run(_read_all(cluster.pull, "%DLQ%GRaw", 1))
+        assert _receive(stub, topic, raw).status.code == v2.MESSAGE_NOT_FOUND
+        (dead,) = asyncio.run(_read_all(cluster.pull, f"%DLQ%{raw}", 1))
         assert dead.body == b"raw"
-        host, _, port = cluster.v2.rpartition(":")
+        host, _, port = cluster.endpoint(front).rpartition(":")
         endpoints = v2.Endpoints(addresses=[v2.Address(host=host, port=int(port))])
         assigned = stub.QueryAssignment(
             sv.QueryAssignmentRequest(
@@ -279,6 +292,11 @@ def test_raw_consumption_calls_and_bad_input(cluster: V2Cluster) -> None:
         assert [
             (a.message_queue.id, a.message_queue.broker.name) for a in assigned.assignments
         ] == [(-1, "broker-a")]
+        # A store-node's front assigns the broker at its own front (where its
+        # pops are in-process); the pull-service's at the endpoint called.
+        own = cluster.v2 if front == "pull-service" else cluster.fronts["broker-a"]
+        (at,) = assigned.assignments[0].message_queue.broker.endpoints.addresses
+        assert f"{at.host}:{at.port}" == own
 
 
 def test_receive_filters_by_tag_and_sql92(cluster: V2Cluster) -> None:

@@ -27,7 +27,7 @@ from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.services.rocketmq_v2.handles import TransactionId
 from tests.support.interop import INTEROP, NODE, ensure_node_modules, run_client
 from tests.support.processes import run_basalt_sync
-from tests.support.v2_front import V2Cluster, v2_cluster
+from tests.support.v2_front import FRONTS, V2Cluster, v2_cluster
 
 DELAY = {
     "python": [sys.executable, str(INTEROP / "python" / "delay.py")],
@@ -86,11 +86,12 @@ async def _arrivals(
     return seen
 
 
+@pytest.mark.parametrize("front", ["pull-service", "store-node"])
 @pytest.mark.parametrize("client", sorted(DELAY))
 def test_delayed_messages_arrive_not_before_their_time_and_recalled_ones_never(
-    cluster: V2Cluster, client: str
+    cluster: V2Cluster, client: str, front: str
 ) -> None:
-    topic = _topic(cluster, f"V2Delay-{client}")
+    topic = _topic(cluster, f"V2Delay-{client}-{front}")
     spec = {
         "topic": topic,
         "messages": [
@@ -100,7 +101,7 @@ def test_delayed_messages_arrive_not_before_their_time_and_recalled_ones_never(
         ],
         "recall": [1],
     }
-    sent = run_client(DELAY[client], cluster.v2, spec)
+    sent = run_client(DELAY[client], cluster.endpoint(front), spec)
     assert all("message_id" in s for s in sent), sent
     assert all(s["recall_handle"] for s in sent), sent
     # the handle names the store-node holding the timer
@@ -115,11 +116,15 @@ def test_delayed_messages_arrive_not_before_their_time_and_recalled_ones_never(
         assert arrived[body.encode()] >= s["deliver_at_ms"], (body, arrived, s)
 
 
+@pytest.mark.parametrize("front", ["pull-service", "store-node"])
 @pytest.mark.parametrize("client", sorted(TRANSACTION))
 def test_transactions_commit_roll_back_and_are_checked_after_the_producer_died(
-    cluster: V2Cluster, client: str
+    cluster: V2Cluster, client: str, front: str
 ) -> None:
-    topic = _topic(cluster, f"V2Txn-{client}")
+    # Through a store-node's front the producers follow the route to each
+    # broker's own front; its check relay watches both store-nodes.
+    topic = _topic(cluster, f"V2Txn-{client}-{front}")
+    endpoint = cluster.endpoint(front)
     first = {
         "topic": topic,
         "messages": [
@@ -129,7 +134,7 @@ def test_transactions_commit_roll_back_and_are_checked_after_the_producer_died(
         ],
     }
     producer = subprocess.Popen(
-        [*TRANSACTION[client], cluster.v2], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [*TRANSACTION[client], endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert producer.stdin is not None and producer.stdout is not None
@@ -158,7 +163,7 @@ def test_transactions_commit_roll_back_and_are_checked_after_the_producer_died(
         "topic": topic, "checker": "commit", "check_until": [f"{client}-orphan"], "wait_s": 60,
     }  # fmt: skip
     run = subprocess.run(
-        [*TRANSACTION[client], cluster.v2], input=json.dumps(second), capture_output=True,
+        [*TRANSACTION[client], endpoint], input=json.dumps(second), capture_output=True,
         text=True, timeout=120, check=False,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
@@ -187,10 +192,15 @@ def _at(ms: int) -> Timestamp:
     return t
 
 
-def test_bad_delays_recalls_and_transaction_ids_are_refused_clearly(cluster: V2Cluster) -> None:
-    topic = _topic(cluster, "V2DelayTxnBad")
-    other = _topic(cluster, "V2DelayTxnOther")
-    channel, stub = cluster.stub()
+@pytest.mark.parametrize("front", FRONTS)
+def test_bad_delays_recalls_and_transaction_ids_are_refused_clearly(
+    cluster: V2Cluster, front: str
+) -> None:
+    # The same answers whether the store-node that refuses is called in-process
+    # (a store-node's own front) or over gRPC.
+    topic = _topic(cluster, f"V2DelayTxnBad-{front}")
+    other = _topic(cluster, f"V2DelayTxnOther-{front}")
+    channel, stub = cluster.stub(cluster.endpoint(front))
     with channel:
 
         def send(message: v2.Message) -> sv.SendMessageResponse:

@@ -8,15 +8,21 @@ long polling woken by an arrival, and every bad input refused clearly.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from basalt.common.receipt import ReceiptHandle
 from basalt.common.record import decode_record
+from basalt.services.store_node.pop_batching import PopWork
+from basalt.store import Message, MessageStore, MessageStoreConfig
+from basalt.store.config import FlushDiskType
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
@@ -315,3 +321,81 @@ def test_reset_offset_clears_in_flight_messages(tmp_path: Path) -> None:
             assert running.store.query_offset(GROUP, TOPIC, 0) == 3
 
     run(scenario)
+
+
+def test_the_store_work_of_concurrent_calls_is_one_batch(tmp_path: Path) -> None:
+    """What arrives while a batch runs goes together in the next one: one
+    thread hand-off and one journal write for all of it. (SYNC_FLUSH: every
+    journal write fsyncs, so all the work goes to the thread.)"""
+    config = MessageStoreConfig(
+        store_path_root_dir=tmp_path / "store", flush_disk_type=FlushDiskType.SYNC_FLUSH
+    )
+    store = MessageStore.open(config)
+    try:
+        for i in range(4):
+            store.put_message(Message(TOPIC, b"m%d" % i))
+        assert store.wait_dispatched()
+        work = PopWork(store.pop)
+        release = threading.Event()
+
+        def first() -> int:
+            release.wait(10)
+            return -1
+
+        def pop_one(group: str) -> list[int]:
+            got = store.pop.pop(group, TOPIC, 0, 1, 30_000, store.clock.now_ms())
+            return [m.queue_offset for m in got]
+
+        def failing() -> None:
+            raise ValueError("refused")
+
+        async def scenario() -> list[Any]:
+            held = asyncio.ensure_future(work.run(first))
+            await asyncio.sleep(0.05)  # the first batch runs (blocked) in its thread
+            joined = [asyncio.ensure_future(work.run(partial(pop_one, f"g{i}"))) for i in range(3)]
+            bad = asyncio.ensure_future(work.run(failing))
+            gave_up = asyncio.ensure_future(work.run(partial(pop_one, "gone")))
+            await asyncio.sleep(0)
+            gave_up.cancel()
+            size = store.pop.journal_bytes
+            release.set()
+            out = [await held, *[await j for j in joined]]
+            with pytest.raises(ValueError, match="refused"):
+                await bad
+            assert store.pop.journal_bytes > size
+            return out
+
+        assert asyncio.run(scenario()) == [-1, [0], [0], [0]]
+        assert (work.batches, work.works) == (2, 5)  # the cancelled one never ran
+        assert store.pop.cursor("gone", TOPIC, 0) is None
+    finally:
+        store.shutdown()
+
+
+def test_under_async_flush_pop_work_runs_on_the_loop_until_an_fsync_is_due(
+    tmp_path: Path,
+) -> None:
+    config = MessageStoreConfig(
+        store_path_root_dir=tmp_path / "store", flush_interval_commit_log_ms=60_000
+    )
+    store = MessageStore.open(config)
+    try:
+        for i in range(3):
+            store.put_message(Message(TOPIC, b"m%d" % i))
+        assert store.wait_dispatched()
+        work = PopWork(store.pop)
+
+        def pop_one() -> int:
+            (m,) = store.pop.pop("g", TOPIC, 0, 1, 30_000, store.clock.now_ms())
+            return m.queue_offset
+
+        async def scenario() -> list[int]:
+            # The first write fsyncs (none yet): a thread's; the next ones, with
+            # no fsync due for a minute, are one os.write each, on the loop.
+            return [await work.run(pop_one) for _ in range(3)]
+
+        assert asyncio.run(scenario()) == [0, 1, 2]
+        assert (work.batches, work.inline) == (1, 2)
+        assert not store.pop.write_may_block()
+    finally:
+        store.shutdown()

@@ -393,3 +393,62 @@ def test_compaction_keeps_the_live_state(
     assert again.cursor(GROUP, TOPIC, 0) == 50
     assert (tmp_path / "pop" / JOURNAL_NAME).stat().st_size == again.journal_bytes
     again.close()
+
+
+def test_a_batch_writes_its_operations_records_once_at_its_end_and_they_replay(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    store = MessageStore.open(make_config(), clock=clock)
+    put(store, 6)
+    journal = store.pop.path
+    sizes: list[int] = []
+
+    def work() -> list[AckStatus]:
+        got = store.pop.pop(GROUP, TOPIC, 0, 4, INVISIBLE_MS, clock.now_ms())
+        sizes.append(journal.stat().st_size)
+        acked = store.pop.ack_many(
+            GROUP,
+            TOPIC,
+            [(0, 0, got[0].nonce), (0, 1, got[0].nonce), (0, 2, got[2].nonce)],  # 1: stale
+        )
+        store.pop.change_invisible(GROUP, TOPIC, 0, 3, got[3].nonce, 5, clock.now_ms())
+        sizes.append(journal.stat().st_size)
+        return acked
+
+    before = journal.stat().st_size
+    acked = store.pop.batch(work)
+    assert acked == [AckStatus.OK, AckStatus.STALE, AckStatus.OK]
+    # Nothing reached the journal inside the batch; all of it by its end.
+    assert sizes == [before, before]
+    assert journal.stat().st_size > before
+    in_flight = store.pop.in_flight(GROUP, TOPIC, 0)
+    assert sorted(in_flight) == [1, 3]
+    store.shutdown()
+    store = MessageStore.open(make_config(), clock=clock)
+    try:
+        assert store.pop.in_flight(GROUP, TOPIC, 0) == in_flight
+        assert store.pop.cursor(GROUP, TOPIC, 0) == 4
+        assert store.query_offset(GROUP, TOPIC, 0) == 1
+    finally:
+        store.shutdown()
+
+
+def test_a_batch_that_raises_still_writes_what_it_did(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    store = MessageStore.open(make_config(), clock=clock)
+    put(store, 2)
+
+    def work() -> None:
+        store.pop.pop(GROUP, TOPIC, 0, 2, INVISIBLE_MS, clock.now_ms())
+        raise RuntimeError("after the pop")
+
+    with pytest.raises(RuntimeError):
+        store.pop.batch(work)
+    store.shutdown()
+    store = MessageStore.open(make_config(), clock=clock)
+    try:  # the delivery is journaled: the messages are in flight, not lost or new
+        assert sorted(store.pop.in_flight(GROUP, TOPIC, 0)) == [0, 1]
+        assert pop(store, clock, 10) == []
+    finally:
+        store.shutdown()

@@ -1,11 +1,12 @@
 """A local cluster as the RocketMQ 5 front's tests (tests/rocketmq_v2/) use it:
-its addresses, a topic made with ``admin updateTopic``, a raw v2 stub."""
+its addresses (the pull-service's front and each store-node's own), a topic
+made with ``admin updateTopic``, a raw v2 stub."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -13,14 +14,19 @@ import grpc
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from tests.support.processes import local_cluster, run_basalt_sync
 
+#: Where a test's client may dial the front (:meth:`V2Cluster.endpoint`).
+FRONTS = ("pull-service", "store-node", "other-store-node")
+
 
 @dataclass(frozen=True)
 class V2Cluster:
-    """The addresses of etcd, the pull-service and its v2 front."""
+    """The addresses of etcd, the pull-service and its v2 front, and each
+    store-node's own v2 front by its name (``cluster up`` serves one on each)."""
 
     etcd: str
     pull: str
     v2: str
+    fronts: dict[str, str] = field(default_factory=dict)
 
     def topic(self, name: str, brokers: tuple[str, ...] = ("broker-a",), queues: int = 2) -> str:
         """Create topic ``name`` with ``queues`` read and write queues on each of
@@ -33,9 +39,21 @@ class V2Cluster:
         assert made.returncode == 0, made.stdout + made.stderr
         return name
 
-    def stub(self) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
-        """A plaintext channel to the v2 front (the caller closes it) and its stub."""
-        channel = grpc.insecure_channel(self.v2)
+    def endpoint(self, front: str, broker: str = "broker-a") -> str:
+        """The v2 endpoint a client dials for a topic on ``broker``, by
+        ``front`` (:data:`FRONTS`): the pull-service's (``pull-service``),
+        ``broker``'s own (``store-node``: its queues served in-process), or
+        another store-node's (``other-store-node``: they are routed over gRPC)."""
+        if front == "pull-service":
+            return self.v2
+        if front == "store-node":
+            return self.fronts[broker]
+        return next(a for name, a in sorted(self.fronts.items()) if name != broker)
+
+    def stub(self, at: str | None = None) -> tuple[grpc.Channel, sv_grpc.MessagingServiceStub]:
+        """A plaintext channel to a v2 front (``at``: its address; the
+        pull-service's by default; the caller closes the channel) and its stub."""
+        channel = grpc.insecure_channel(at or self.v2)
         return channel, sv_grpc.MessagingServiceStub(channel)
 
 
@@ -46,4 +64,5 @@ def v2_cluster(data: Path, *args: str, env: Mapping[str, str] | None = None) -> 
     with local_cluster(data, *args, env=env) as rows:
         by_role = {r["role"]: r for r in rows}
         pull = by_role["pull-service"]
-        yield V2Cluster(by_role["etcd"]["address"], pull["address"], pull["rocketmq_v2"])
+        fronts = {r["name"]: r["rocketmq_v2"] for r in rows if r["role"] == "store-node"}
+        yield V2Cluster(by_role["etcd"]["address"], pull["address"], pull["rocketmq_v2"], fronts)
