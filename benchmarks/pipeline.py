@@ -31,7 +31,10 @@ basalt's rows/s over the ceiling's: >= 0.60 batch, >= 0.50 streaming.
 
 Tables (and JSON, ``--json-out``: benchmarks/report.py): ``rows`` (what,
 rows, seconds, rows/s, target), ``ceiling`` (each read's rows/s beside the
-ceiling's, and the ratio), ``cpu`` (CPU seconds per 1,000,000 rows of the
+ceiling's, and the ratio), ``spark cpu`` (the CPU of Spark's JVM and Python
+workers per 1,000,000 rows of each read and the ceiling's, and their ratio:
+the cost on the executors' cores alone, where the store-nodes do not share
+them as they do on one machine), ``cpu`` (CPU seconds per 1,000,000 rows of the
 median round, by process: Spark's JVM, its Python workers, the cluster's
 store-nodes, this driver, everything else on the machine).
 """
@@ -304,6 +307,12 @@ def timed(run: Callable[[], object]) -> Timed:
     return Timed(seconds, cpu_spent(before), value)
 
 
+def spark_cpu(run: Timed) -> float:
+    """CPU seconds of Spark's own processes in ``run``: its JVM and Python workers
+    (what the executors' cores pay where the store-nodes run on other hosts)."""
+    return run.cpu["JVM"] + run.cpu["Python workers"]
+
+
 def median_run(runs: Sequence[Timed]) -> Timed:
     """The run of median seconds."""
     return sorted(runs, key=lambda t: t.seconds)[len(runs) // 2]
@@ -412,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     table = Table("rows", ("what", "rows", "seconds", "rows/s", "target", "micro-batches"))
     ratios = Table("ceiling", ("read", "basalt rows/s", "ceiling rows/s", "ratio", "target"))
     cpu = Table("cpu", ("read", *ROLES, "total"))
+    spark_side = Table(
+        "spark cpu", ("read", "basalt JVM + workers", "ceiling JVM + workers", "ratio")
+    )
 
     def add(what: str, rows: int, seconds: float, target: str = "", batches: int = 0) -> None:
         table.add(
@@ -468,6 +480,17 @@ def main(argv: list[str] | None = None) -> int:
                         f"{c.seconds / b.seconds:.2f}" for b, c in zip(mine, theirs, strict=True)
                     )
                 )
+            for what, mine, theirs in (
+                ("batch", reads.batch, reads.batch_ceiling),
+                ("streaming", reads.stream, reads.stream_ceiling),
+            ):
+                ours_cpu, ceiling_cpu = (spark_cpu(median_run(r)) * 1e6 / n for r in (mine, theirs))
+                spark_side.add(
+                    what,
+                    Figure(ours_cpu, "s/1M rows", fmt=".2f"),
+                    Figure(ceiling_cpu, "s/1M rows", fmt=".2f"),
+                    Figure(ceiling_cpu / ours_cpu, "ratio", better="higher", fmt=".2f"),
+                )
             add_cpu("ceiling batch", median_run(reads.batch_ceiling))
             add_cpu('format("basalt") batch', median_run(reads.batch))
             add_cpu("ceiling streaming", median_run(reads.stream_ceiling))
@@ -478,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     report.emit(table)
     if ratios.rows:
         report.emit(ratios)
+        report.emit(spark_side)
         report.emit(cpu)
     return 0
 
