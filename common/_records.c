@@ -2334,39 +2334,10 @@ typedef struct {
     uint32_t name_len, value_len;
 } prop_t;
 
-static int put_i32_ne(bytes_t *s, int32_t v) { return bytes_put(s, &v, 4); }
-static int put_i64_ne(bytes_t *s, int64_t v) { return bytes_put(s, &v, 8); }
-
-/* One string column: native-endian int32 offsets (n + 1), data, validity bits. */
-typedef struct {
-    bytes_t off, data, valid;
-    Py_ssize_t nulls;
-} col_t;
-
-static int col_put(col_t *c, Py_ssize_t row, const uint8_t *s, Py_ssize_t n, int present) {
-    if ((row & 7) == 0) {
-        uint8_t zero = 0;
-        if (bytes_put(&c->valid, &zero, 1) < 0) return -1;
-    }
-    if (present) c->valid.p[row >> 3] |= (uint8_t)(1u << (row & 7));
-    else c->nulls++;
-    if (n > 0 && bytes_put(&c->data, s, n) < 0) return -1;
-    return put_i32_ne(&c->off, (int32_t)c->data.n);
-}
-
-static void col_free(col_t *c) {
-    PyMem_Free(c->off.p);
-    PyMem_Free(c->data.p);
-    PyMem_Free(c->valid.p);
-}
-
-static PyObject *bytes_obj(const bytes_t *s) {
-    return PyBytes_FromStringAndSize((const char *)s->p, s->n);
-}
-
 /* The record's properties as decode_properties splits them: pairs at \x02, each at
  * its first \x01, no-\x01 pairs skipped, a later name replacing an earlier one's
- * value in its place (a dict's rule). *props grows as needed; returns the count. */
+ * value in its place (a dict's rule). *props grows as needed (PyMem_Raw*: no GIL
+ * needed); returns the count, or -1 when out of memory (no error set). */
 static Py_ssize_t split_props(const uint8_t *s, Py_ssize_t n, prop_t **props,
                               Py_ssize_t *cap) {
     Py_ssize_t count = 0;
@@ -2384,11 +2355,8 @@ static Py_ssize_t split_props(const uint8_t *s, Py_ssize_t n, prop_t **props,
             if (i == count) {
                 if (count == *cap) {
                     Py_ssize_t grown = *cap ? *cap * 2 : 16;
-                    prop_t *q = PyMem_Realloc(*props, (size_t)grown * sizeof *q);
-                    if (q == NULL) {
-                        PyErr_NoMemory();
-                        return -1;
-                    }
+                    prop_t *q = PyMem_RawRealloc(*props, (size_t)grown * sizeof *q);
+                    if (q == NULL) return -1;
                     *props = q;
                     *cap = grown;
                 }
@@ -2414,6 +2382,240 @@ static const prop_t *find_pair(const prop_t *props, Py_ssize_t count, const char
 
 enum { AC_TOPIC, AC_MSG_ID, AC_TAGS, AC_KEYS, AC_PROP_KEYS, AC_PROP_VALUES, AC_BODY, AC_N };
 
+/* One input buffer: its bytes sit at [base, base + len) of the concatenation of
+ * all of them, the positions arrow_columns takes and reports. */
+typedef struct {
+    Py_buffer view;
+    Py_ssize_t base;
+} seg_t;
+
+/* A record the walk left out (its checksum failed) or stopped at (a broken frame):
+ * reported once the GIL is held again, in the walk's order. */
+typedef struct {
+    Py_ssize_t pos; /* in the concatenation */
+    const uint8_t *p;
+    rec_t r;
+    reason_t why;
+} skip_t;
+
+/* What the first pass over the records finds: the rows, and each column's size. */
+typedef struct {
+    const uint8_t **row; /* each row's record */
+    Py_ssize_t rows, row_cap;
+    skip_t *skips;
+    Py_ssize_t n_skips, skip_cap;
+    int broken;  /* the walk stopped at skips[n_skips - 1], a record that does not frame */
+    int no_memory;
+    int utf8_ok;
+    Py_ssize_t next_pos;
+    Py_ssize_t data[AC_N]; /* data bytes of each variable-width column */
+    Py_ssize_t entries;    /* map entries (property pairs) */
+    Py_ssize_t tags_nulls, keys_nulls;
+    prop_t *props;
+    Py_ssize_t props_cap;
+} walk_t;
+
+static int grow(void **items, Py_ssize_t *cap, Py_ssize_t need, size_t size) {
+    if (need <= *cap) return 0;
+    Py_ssize_t grown = *cap ? *cap * 2 : 16;
+    while (grown < need) grown *= 2;
+    void *q = PyMem_RawRealloc(*items, (size_t)grown * size);
+    if (q == NULL) return -1;
+    *items = q;
+    *cap = grown;
+    return 0;
+}
+
+/* The message id's bytes (STOREHOST + PHYSICALOFFSET) of a record: 16 or 28. */
+static Py_ssize_t msg_id_len(const rec_t *r) {
+    return ((r->sys_flag & STOREHOSTADDRESS_V6_FLAG) ? 20 : 8) + 8;
+}
+
+/* The properties block arrow_columns maps: without the CRC32 property. */
+static uint32_t shown_props_len(const uint8_t *p, const rec_t *r) {
+    return r->props_len - (has_crc32_prop(p, r) ? CRC32_RESERVED_LEN : 0);
+}
+
+/* Pass one, without the GIL: walk the records from `pos` (validated as
+ * read_step does), stopping before `end`, after max_rows rows, or once the bodies
+ * reach max_bytes; note each row and add up each column's size. A record whose
+ * checksum fails is a skip (report = 1: left out; report = 0: the walk stops
+ * there, as at a broken frame). */
+static void walk_records(const seg_t *segs, Py_ssize_t n_segs, Py_ssize_t pos, Py_ssize_t end,
+                         Py_ssize_t max_rows, Py_ssize_t max_bytes, int check_crc,
+                         int report, walk_t *w) {
+    Py_ssize_t s = 0;
+    w->utf8_ok = 1;
+    while (pos < end && w->rows < max_rows && (w->rows == 0 || w->data[AC_BODY] < max_bytes)) {
+        while (s + 1 < n_segs && segs[s + 1].base <= pos) s++;
+        const seg_t *g = &segs[s];
+        Py_ssize_t stop = g->base + g->view.len < end ? g->base + g->view.len : end;
+        const uint8_t *p = (const uint8_t *)g->view.buf + (pos - g->base);
+        rec_t r;
+        reason_t why = {{0}};
+        int kind = parse_record(p, stop - pos, &r, &why);
+        int damaged = kind == KIND_MORE && check_crc && check_crc32(p, &r, &why) != KIND_MORE;
+        if (!damaged && kind == KIND_MORE && !utf8_valid(p + r.topic_off, r.topic_len)) {
+            snprintf(why.text, sizeof why.text, "topic is not UTF-8");
+            kind = KIND_CORRUPT;
+        }
+        if (damaged || kind != KIND_MORE) {
+            if (!damaged) {
+                if (stop - pos < 8)
+                    snprintf(why.text, sizeof why.text, "%zd bytes left, too few for a record",
+                             stop - pos);
+                else if (kind != KIND_CORRUPT) /* a blank or zeroes: not a message */
+                    snprintf(why.text, sizeof why.text, "bad magic code 0x%08X", get_u32(p + 4));
+            }
+            if (grow((void **)&w->skips, &w->skip_cap, w->n_skips + 1, sizeof(skip_t)) < 0) {
+                w->no_memory = 1;
+                return;
+            }
+            w->skips[w->n_skips++] = (skip_t){pos, p, r, why};
+            if (!damaged || !report) {
+                w->broken = 1;
+                return;
+            }
+            pos += r.size;
+            continue;
+        }
+        /* Offsets are int32: stop before a column could pass 2 GiB. */
+        if (w->rows > 0 && w->data[AC_BODY] + r.body_len + r.props_len > INT32_MAX / 2) break;
+        uint32_t props_len = shown_props_len(p, &r);
+        const uint8_t *block = p + r.props_off;
+        if (!utf8_valid(block, props_len)) w->utf8_ok = 0;
+        Py_ssize_t count = split_props(block, props_len, &w->props, &w->props_cap);
+        if (count < 0 || grow((void **)&w->row, &w->row_cap, w->rows + 1, sizeof *w->row) < 0) {
+            w->no_memory = 1;
+            return;
+        }
+        const prop_t *tags = find_pair(w->props, count, "TAGS");
+        const prop_t *keys = find_pair(w->props, count, "KEYS");
+        w->data[AC_TOPIC] += r.topic_len;
+        w->data[AC_MSG_ID] += 2 * msg_id_len(&r);
+        w->data[AC_BODY] += r.body_len;
+        if (tags) w->data[AC_TAGS] += tags->value_len;
+        else w->tags_nulls++;
+        if (keys) w->data[AC_KEYS] += keys->value_len;
+        else w->keys_nulls++;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            w->data[AC_PROP_KEYS] += w->props[i].name_len;
+            w->data[AC_PROP_VALUES] += w->props[i].value_len;
+        }
+        w->entries += count;
+        w->row[w->rows++] = p;
+        pos += r.size;
+    }
+    w->next_pos = pos;
+}
+
+/* A variable-width column's buffers being filled: int32 offsets, data, validity. */
+typedef struct {
+    int32_t *off;
+    uint8_t *data, *valid;
+    Py_ssize_t at; /* data bytes so far */
+} fill_t;
+
+static void fill_put(fill_t *c, Py_ssize_t row, const uint8_t *s, Py_ssize_t n, int present) {
+    if (present) c->valid[row >> 3] |= (uint8_t)(1u << (row & 7));
+    if (n > 0) memcpy(c->data + c->at, s, (size_t)n);
+    c->at += n;
+    c->off[row + 1] = (int32_t)c->at;
+}
+
+/* The outputs pass two fills: the PyBytes arrow_columns returns, sized by pass one. */
+typedef struct {
+    int32_t *queue_id;
+    int64_t *queue_offset, *commitlog_offset, *born, *stored;
+    int32_t *map_off;
+    fill_t col[AC_N];
+} out_t;
+
+/* Pass two, without the GIL: the rows pass one found, into their buffers. */
+static void fill_rows(walk_t *w, out_t *o) {
+    static const char hex[] = "0123456789ABCDEF";
+    Py_ssize_t entry = 0;
+    o->map_off[0] = 0;
+    for (int c = 0; c < AC_N; c++) o->col[c].off[0] = 0;
+    for (Py_ssize_t row = 0; row < w->rows; row++) {
+        const uint8_t *p = w->row[row];
+        rec_t r;
+        reason_t why;
+        parse_record(p, INT32_MAX, &r, &why); /* pass one framed it */
+        o->queue_id[row] = r.queue_id;
+        o->queue_offset[row] = r.queue_offset;
+        o->commitlog_offset[row] = r.phys;
+        o->born[row] = get_i64(p + 40);
+        o->stored[row] = r.store_ts;
+        fill_put(&o->col[AC_TOPIC], row, p + r.topic_off, r.topic_len, 1);
+        Py_ssize_t sh = msg_id_len(&r) - 8;
+        uint8_t id[28];
+        memcpy(id, p + r.store_ts_off + 8, (size_t)sh);
+        put_i64(id + sh, r.phys);
+        uint8_t h[2 * sizeof id];
+        for (Py_ssize_t i = 0; i < sh + 8; i++) {
+            h[2 * i] = (uint8_t)hex[id[i] >> 4];
+            h[2 * i + 1] = (uint8_t)hex[id[i] & 15];
+        }
+        fill_put(&o->col[AC_MSG_ID], row, h, 2 * (sh + 8), 1);
+        /* Pass one grew w->props to the most pairs of any row: no allocation here. */
+        Py_ssize_t count =
+            split_props(p + r.props_off, shown_props_len(p, &r), &w->props, &w->props_cap);
+        const prop_t *props = w->props;
+        const prop_t *tags = find_pair(props, count, "TAGS");
+        const prop_t *keys = find_pair(props, count, "KEYS");
+        fill_put(&o->col[AC_TAGS], row, tags ? tags->value : NULL, tags ? tags->value_len : 0,
+                 tags != NULL);
+        fill_put(&o->col[AC_KEYS], row, keys ? keys->value : NULL, keys ? keys->value_len : 0,
+                 keys != NULL);
+        fill_put(&o->col[AC_BODY], row, p + r.body_off, r.body_len, 1);
+        for (Py_ssize_t i = 0; i < count; i++, entry++) {
+            fill_put(&o->col[AC_PROP_KEYS], entry, props[i].name, props[i].name_len, 1);
+            fill_put(&o->col[AC_PROP_VALUES], entry, props[i].value, props[i].value_len, 1);
+        }
+        o->map_off[row + 1] = (int32_t)entry;
+    }
+}
+
+/* A new bytes object of n bytes, zeroed when asked (validity bitmaps); its data at *at. */
+static PyObject *new_bytes(Py_ssize_t n, int zero, void *at) {
+    PyObject *b = PyBytes_FromStringAndSize(NULL, n);
+    if (b != NULL) {
+        if (zero) memset(PyBytes_AS_STRING(b), 0, (size_t)n);
+        *(void **)at = PyBytes_AS_STRING(b);
+    }
+    return b;
+}
+
+/* The buffers of data (a bytes-like object, or a list or tuple of them), each
+ * placed after the one before. 0, or -1 with an error set (the views taken so
+ * far released). */
+static int get_segments(PyObject *data, seg_t **segs, Py_ssize_t *n, Py_ssize_t *total) {
+    int many = PyList_Check(data) || PyTuple_Check(data);
+    PyObject *seq = many ? PySequence_Fast(data, "arrow_columns: data") : NULL;
+    Py_ssize_t count = many ? PySequence_Fast_GET_SIZE(seq) : 1;
+    *segs = PyMem_Calloc((size_t)(count ? count : 1), sizeof(seg_t));
+    *n = 0;
+    *total = 0;
+    if (*segs == NULL) {
+        Py_XDECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = many ? PySequence_Fast_GET_ITEM(seq, i) : data;
+        if (PyObject_GetBuffer(item, &(*segs)[i].view, PyBUF_SIMPLE) < 0) {
+            Py_XDECREF(seq);
+            return -1;
+        }
+        (*segs)[i].base = *total;
+        *total += (*segs)[i].view.len;
+        (*n)++;
+    }
+    Py_XDECREF(seq);
+    return 0;
+}
+
 /*
  * arrow_columns(data, pos, end, max_rows, max_bytes, error_type, check_crc=False,
  *               damaged=None, damaged_type=None)
@@ -2431,105 +2633,91 @@ enum { AC_TOPIC, AC_MSG_ID, AC_TAGS, AC_KEYS, AC_PROP_KEYS, AC_PROP_VALUES, AC_B
  * decode_records (error_type(position in data, reason) on a bad record; with
  * check_crc, damaged and damaged_type, a record whose checksum fails is left
  * out and reported as decode_records does).
+ * data may be a list or tuple of buffers, each holding whole records: then
+ * positions are in their concatenation (what b"".join(data) would give), read
+ * in place. Two passes, both without the GIL: the first walks and checks the
+ * records and sizes every column, the second fills bytes objects of exactly
+ * those sizes (each body copied once, no buffer grown).
  * utf8_ok is False when some property block is not UTF-8 (the decoder's
  * errors="replace" would change it): the caller then decodes that range with
- * decode_records. The readable reference is pipeline._rows.record_batch_py.
+ * decode_records. The readable reference is pipeline._rows.record_batch.
  */
 static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
-    Py_buffer b;
+    PyObject *data;
     Py_ssize_t pos, end, max_rows, max_bytes;
     PyObject *error_type, *damaged = Py_None, *damaged_type = Py_None;
     int check_crc = 0;
-    if (!PyArg_ParseTuple(args, "y*nnnnO|pOO", &b, &pos, &end, &max_rows, &max_bytes,
+    if (!PyArg_ParseTuple(args, "OnnnnO|pOO", &data, &pos, &end, &max_rows, &max_bytes,
                           &error_type, &check_crc, &damaged, &damaged_type))
         return NULL;
-    PyObject *result = NULL;
-    bytes_t ints[5] = {{0}}, map_off = {0};
-    col_t cols[AC_N];
-    memset(cols, 0, sizeof cols);
-    prop_t *props = NULL;
-    Py_ssize_t props_cap = 0, rows = 0;
-    int utf8_ok = 1;
-    static const char hex[] = "0123456789ABCDEF";
-    if (pos < 0 || end > b.len || pos > end) {
+    PyObject *result = NULL, *parts = NULL;
+    seg_t *segs = NULL;
+    Py_ssize_t n_segs = 0, total = 0;
+    walk_t w;
+    memset(&w, 0, sizeof w);
+    if (get_segments(data, &segs, &n_segs, &total) < 0) goto done;
+    if (pos < 0 || end > total || pos > end) {
         PyErr_SetString(PyExc_ValueError, "arrow_columns: pos/end outside data");
         goto done;
     }
-    for (int c = 0; c < AC_N; c++)
-        if (put_i32_ne(&cols[c].off, 0) < 0) goto done;
-    if (put_i32_ne(&map_off, 0) < 0) goto done;
-    const uint8_t *data = b.buf;
-    while (pos < end && rows < max_rows && (rows == 0 || cols[AC_BODY].data.n < max_bytes)) {
-        const uint8_t *p = data + pos;
-        rec_t r;
-        int step = read_step(data, pos, end, check_crc, damaged, damaged_type, error_type, &r);
-        if (step == STEP_ERROR) goto done;
-        if (step == STEP_DAMAGED) {
-            pos += r.size;
-            continue;
-        }
-        /* Offsets are int32: stop before a column could pass 2 GiB. */
-        if (rows > 0 && cols[AC_BODY].data.n + r.body_len + r.props_len > INT32_MAX / 2) break;
-        Py_ssize_t sh = (r.sys_flag & STOREHOSTADDRESS_V6_FLAG) ? 20 : 8;
-        uint8_t id[28 + 8];
-        char id_hex[2 * sizeof id];
-        memcpy(id, p + r.store_ts_off + 8, (size_t)sh);
-        put_i64(id + sh, r.phys);
-        for (Py_ssize_t i = 0; i < sh + 8; i++) {
-            id_hex[2 * i] = hex[id[i] >> 4];
-            id_hex[2 * i + 1] = hex[id[i] & 15];
-        }
-        uint32_t props_len = r.props_len - (has_crc32_prop(p, &r) ? CRC32_RESERVED_LEN : 0);
-        const uint8_t *block = p + r.props_off;
-        if (!utf8_valid(block, props_len)) utf8_ok = 0;
-        Py_ssize_t count = split_props(block, props_len, &props, &props_cap);
-        if (count < 0) goto done;
-        const prop_t *tags = find_pair(props, count, "TAGS");
-        const prop_t *keys = find_pair(props, count, "KEYS");
-        if (put_i32_ne(&ints[0], r.queue_id) < 0 || put_i64_ne(&ints[1], r.queue_offset) < 0 ||
-            put_i64_ne(&ints[2], r.phys) < 0 || put_i64_ne(&ints[3], get_i64(p + 40)) < 0 ||
-            put_i64_ne(&ints[4], r.store_ts) < 0 ||
-            col_put(&cols[AC_TOPIC], rows, p + r.topic_off, r.topic_len, 1) < 0 ||
-            col_put(&cols[AC_MSG_ID], rows, (const uint8_t *)id_hex, 2 * (sh + 8), 1) < 0 ||
-            col_put(&cols[AC_TAGS], rows, tags ? tags->value : NULL, tags ? tags->value_len : 0,
-                    tags != NULL) < 0 ||
-            col_put(&cols[AC_KEYS], rows, keys ? keys->value : NULL, keys ? keys->value_len : 0,
-                    keys != NULL) < 0 ||
-            col_put(&cols[AC_BODY], rows, p + r.body_off, r.body_len, 1) < 0)
-            goto done;
-        for (Py_ssize_t i = 0; i < count; i++) {
-            Py_ssize_t k = cols[AC_PROP_KEYS].off.n / 4 - 1; /* entries so far */
-            if (col_put(&cols[AC_PROP_KEYS], k, props[i].name, props[i].name_len, 1) < 0 ||
-                col_put(&cols[AC_PROP_VALUES], k, props[i].value, props[i].value_len, 1) < 0)
-                goto done;
-        }
-        if (put_i32_ne(&map_off, (int32_t)(cols[AC_PROP_KEYS].off.n / 4 - 1)) < 0) goto done;
-        rows++;
-        pos += r.size;
+    int report = damaged != NULL && damaged != Py_None;
+    Py_BEGIN_ALLOW_THREADS
+    walk_records(segs, n_segs, pos, end, max_rows, max_bytes, check_crc, report, &w);
+    Py_END_ALLOW_THREADS
+    if (w.no_memory) {
+        PyErr_NoMemory();
+        goto done;
     }
-    PyObject *parts = PyTuple_New(9 + AC_N);
-    if (parts == NULL) goto done;
-    PyTuple_SET_ITEM(parts, 0, PyLong_FromSsize_t(pos));
-    PyTuple_SET_ITEM(parts, 1, PyLong_FromSsize_t(rows));
-    PyTuple_SET_ITEM(parts, 2, PyBool_FromLong(utf8_ok));
-    for (int i = 0; i < 5; i++) PyTuple_SET_ITEM(parts, 3 + i, bytes_obj(&ints[i]));
-    PyTuple_SET_ITEM(parts, 8, bytes_obj(&map_off));
-    for (int c = 0; c < AC_N; c++)
-        PyTuple_SET_ITEM(parts, 9 + c,
-                         Py_BuildValue("(NNNn)", bytes_obj(&cols[c].off), bytes_obj(&cols[c].data),
-                                       bytes_obj(&cols[c].valid), cols[c].nulls));
-    for (Py_ssize_t i = 0; i < 9 + AC_N; i++)
-        if (PyTuple_GET_ITEM(parts, i) == NULL) {
-            Py_DECREF(parts); /* an allocation failed: its error is set */
+    for (Py_ssize_t i = 0; i < w.n_skips; i++) {
+        skip_t *k = &w.skips[i];
+        if (w.broken && i == w.n_skips - 1) {
+            PyObject *err = PyObject_CallFunction(error_type, "ns", k->pos, k->why.text);
+            if (err != NULL) {
+                PyErr_SetObject((PyObject *)Py_TYPE(err), err);
+                Py_DECREF(err);
+            }
             goto done;
         }
+        if (report_damaged(damaged, damaged_type, error_type, k->pos, k->p, &k->r,
+                           k->why.text) < 0)
+            goto done;
+    }
+    Py_ssize_t rows = w.rows;
+    out_t o;
+    parts = PyTuple_New(9 + AC_N);
+    if (parts == NULL) goto done;
+    PyTuple_SET_ITEM(parts, 0, PyLong_FromSsize_t(w.next_pos));
+    PyTuple_SET_ITEM(parts, 1, PyLong_FromSsize_t(rows));
+    PyTuple_SET_ITEM(parts, 2, PyBool_FromLong(w.utf8_ok));
+    PyTuple_SET_ITEM(parts, 3, new_bytes(rows * 4, 0, &o.queue_id));
+    PyTuple_SET_ITEM(parts, 4, new_bytes(rows * 8, 0, &o.queue_offset));
+    PyTuple_SET_ITEM(parts, 5, new_bytes(rows * 8, 0, &o.commitlog_offset));
+    PyTuple_SET_ITEM(parts, 6, new_bytes(rows * 8, 0, &o.born));
+    PyTuple_SET_ITEM(parts, 7, new_bytes(rows * 8, 0, &o.stored));
+    PyTuple_SET_ITEM(parts, 8, new_bytes((rows + 1) * 4, 0, &o.map_off));
+    for (int c = 0; c < AC_N; c++) {
+        Py_ssize_t n = (c == AC_PROP_KEYS || c == AC_PROP_VALUES) ? w.entries : rows;
+        Py_ssize_t nulls = c == AC_TAGS ? w.tags_nulls : c == AC_KEYS ? w.keys_nulls : 0;
+        o.col[c].at = 0;
+        PyTuple_SET_ITEM(parts, 9 + c,
+                         Py_BuildValue("(NNNn)", new_bytes((n + 1) * 4, 0, &o.col[c].off),
+                                       new_bytes(w.data[c], 0, &o.col[c].data),
+                                       new_bytes((n + 7) / 8, 1, &o.col[c].valid), nulls));
+    }
+    for (Py_ssize_t i = 0; i < 9 + AC_N; i++)
+        if (PyTuple_GET_ITEM(parts, i) == NULL) goto done; /* an allocation failed: its error is set */
+    Py_BEGIN_ALLOW_THREADS
+    fill_rows(&w, &o);
+    Py_END_ALLOW_THREADS
     result = parts;
+    parts = NULL;
 done:
-    for (int i = 0; i < 5; i++) PyMem_Free(ints[i].p);
-    PyMem_Free(map_off.p);
-    for (int c = 0; c < AC_N; c++) col_free(&cols[c]);
-    PyMem_Free(props);
-    PyBuffer_Release(&b);
+    Py_XDECREF(parts);
+    for (Py_ssize_t i = 0; i < n_segs; i++) PyBuffer_Release(&segs[i].view);
+    PyMem_Free(segs);
+    PyMem_RawFree(w.row);
+    PyMem_RawFree(w.skips);
+    PyMem_RawFree(w.props);
     return result;
 }
 
@@ -2572,7 +2760,8 @@ static PyMethodDef methods[] = {
     {"arrow_columns", py_arrow_columns, METH_VARARGS,
      "arrow_columns(data, pos, end, max_rows, max_bytes, error_type, check_crc=False, "
      "damaged=None, damaged_type=None) -> the buffers of "
-     "pipeline._rows.ARROW_SCHEMA's columns for the records of data[pos:end]."},
+     "pipeline._rows.ARROW_SCHEMA's columns for the records of data[pos:end] (data: a "
+     "buffer, or a list or tuple of buffers read as their concatenation)."},
     {NULL, NULL, 0, NULL},
 };
 

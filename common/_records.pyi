@@ -143,7 +143,7 @@ def slotted(
 ArrowColumn = tuple[bytes, bytes, bytes, int]
 
 def arrow_columns(
-    data: Buffer,
+    data: Buffer | list[Buffer] | tuple[Buffer, ...],  # several: read as their concatenation
     pos: int,
     end: int,
     max_rows: int,

@@ -25,6 +25,7 @@ body               binary               BODY
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -123,7 +124,7 @@ def _column(kind: pa.DataType, rows: int, part: tuple[bytes, bytes, bytes, int])
 
 def raw_batches(
     broker: str,
-    data: Buffer,
+    data: Buffer | Sequence[Buffer],
     pos: int = 0,
     end: int | None = None,
     *,
@@ -137,26 +138,39 @@ def raw_batches(
     of :data:`ARROW_SCHEMA` of at most ``max_rows`` rows (or ``max_bytes`` of
     bodies), equal to :func:`record_batch` of their :func:`decode_records`.
 
+    ``data`` may be a sequence of buffers each holding whole records (the
+    answers of several pulls): it is read as their concatenation, in place
+    (positions are in ``b"".join(data)``), so a batch may span answers without
+    their bytes being joined first.
+
     Each batch's buffers are built by one C call
-    (:func:`basalt.common._records.arrow_columns`) from the bytes, with no
-    Python object per row; a batch holding a property block that is not
-    UTF-8 is decoded record by record instead (the decoder replaces what
-    Arrow would refuse). Checks each record's checksum and raises
-    CorruptRecordError as decode_records does (``check_crc``, ``damaged``: a
-    record whose checksum fails is left out and appended to ``damaged``, its
-    position one in ``data``; the export, whose scan checked them, passes
-    ``check_crc=False``)."""
-    stop = len(memoryview(data)) if end is None else end
+    (:func:`basalt.common._records.arrow_columns`, the GIL released: a thread
+    writing the previous batch to Spark runs meanwhile) from the bytes, with
+    no Python object per row and each body copied once; a batch holding a
+    property block that is not UTF-8 is decoded record by record instead (the
+    decoder replaces what Arrow would refuse). Checks each record's checksum
+    and raises CorruptRecordError as decode_records does (``check_crc``,
+    ``damaged``: a record whose checksum fails is left out and appended to
+    ``damaged``, its position one in ``data``; the export, whose scan checked
+    them, passes ``check_crc=False``)."""
+    parts: Buffer | list[Buffer]
+    if isinstance(data, (bytes, bytearray, memoryview, mmap.mmap)):
+        parts, size = data, len(memoryview(data))
+    else:
+        parts = list(data)
+        size = sum(len(memoryview(d)) for d in parts)
+    stop = size if end is None else end
     broker_value = pa.scalar(broker, pa.string())
     while pos < stop:
         got = _records.arrow_columns(
-            data, pos, stop, max_rows, max_bytes, CorruptRecordError,
+            parts, pos, stop, max_rows, max_bytes, CorruptRecordError,
             check_crc, damaged, DamagedRecord,
         )  # fmt: skip
         at, rows, utf8_ok, queue_id, queue_offset, commitlog_offset, born, stored, entries = got[:9]
         if not utf8_ok:
             # The damaged records of this range are reported already: skip them again.
-            records = decode_records(memoryview(data)[pos:at], check_crc=check_crc, damaged=[])
+            joined = b"".join(parts) if isinstance(parts, list) else parts
+            records = decode_records(memoryview(joined)[pos:at], check_crc=check_crc, damaged=[])
             yield record_batch(broker, records)
             pos = at
             continue

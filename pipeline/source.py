@@ -30,8 +30,10 @@ style of Spark's Kafka source (docs/pipeline.md has the table):
 
 Planning happens on the driver (routes, bounds, time searches: one call per
 queue to its store-node); each input partition is one queue's offset range
-``[start, end)``, read on an executor through the pull-service's ``Pull``
-and yielded as Arrow RecordBatches (schema in :mod:`basalt.pipeline._rows`).
+``[start, end)`` (or several queues of one store-node), read on an executor
+from the store-node directly (``GetMessages``) and yielded as Arrow
+RecordBatches (schema in :mod:`basalt.pipeline._rows`) built in C from the
+answers, a thread fetching and building ahead of Spark's worker.
 An option the cluster refuses (unknown topic, unreachable endpoint, an
 expression that does not parse) raises :class:`BasaltSourceError` on the
 driver from ``load()`` (``schema()`` checks), before any task runs.
@@ -65,6 +67,7 @@ from pyspark.sql.types import StructType
 
 from basalt.common.record import DamagedRecord
 from basalt.pipeline import _cluster
+from basalt.pipeline._ahead import ahead
 from basalt.pipeline._cluster import BasaltSourceError, QueueRef
 from basalt.pipeline._rows import BATCH_BYTES, BATCH_ROWS, SCHEMA_DDL, raw_batches, rows_where
 from basalt.pipeline.sink import BasaltStreamWriter, BasaltWriter, sink_options
@@ -87,6 +90,11 @@ PACK_ABOVE_PARTITIONS = 16
 #: Most queues of one partition, so most entries of one GetMessages (the
 #: store-node takes 32; 8 answers of ~1 MiB stay far under the 64 MiB message cap).
 QUEUES_PER_CALL = 8
+#: Batches a partition's read makes ahead of Spark's worker (each up to BATCH_ROWS
+#: rows, ~8 MiB of 1 KiB bodies): one being written to the JVM, these waiting, one
+#: being fetched. Two keep the store-node, the batch building and the write busy
+#: at once; more only hold memory.
+READ_AHEAD = 2
 #: Kafka's special offsets in offsets JSON.
 EARLIEST, LATEST = -2, -1
 
@@ -304,13 +312,25 @@ def _plan(
 
 def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """The matching messages of ``partition`` (one queue's range, or several
-    of one store-node) as RecordBatches of about BATCH_ROWS rows.
+    of one store-node) as RecordBatches of about BATCH_ROWS rows: those of
+    :func:`_fetch`, made in a thread READ_AHEAD batches ahead of Spark
+    (:func:`basalt.pipeline._ahead.ahead`), so the store-node's read, the
+    batch building and the worker's write of the previous batch to the JVM
+    overlap."""
+    batches: Iterator[pa.RecordBatch] = ahead(
+        functools.partial(_fetch, options, partition), READ_AHEAD
+    )
+    return batches
+
+
+def _fetch(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """:func:`_read`'s batches, made in the calling thread.
 
     Read from the queues' store-node (its address from the route, asked
-    once) by :func:`_cluster.read_ranges`. Each queue's bytes are gathered
+    once) by :func:`_cluster.read_ranges`. Each queue's answers are gathered
     up to BATCH_BYTES and turned into Arrow in C (:func:`raw_batches`, no
-    Python object per row); rows past a range's end (a last filtered read
-    may return some) are dropped."""
+    Python object per row, the answers read in place); rows past a range's
+    end (a last filtered read may return some) are dropped."""
     if isinstance(partition, BasaltQueues):
         parts = partition.parts
     else:
@@ -342,14 +362,13 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
 def _batches(part: BasaltPartition, chunks: list[memoryview]) -> Iterator[pa.RecordBatch]:
     """``chunks`` (whole records, back to back) as batches, rows past ``part.end`` dropped.
 
-    One chunk is read in place; several are joined first (one copy) so a
-    batch is BATCH_ROWS rows rather than a read's ~1 MiB. A record whose
-    checksum fails is no row: it is logged at ERROR with its offsets (the
-    executor's log) and the read goes on past it."""
-    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    The chunks are read in place as one run (:func:`raw_batches` takes the
+    list), so a batch is BATCH_ROWS rows rather than a read's ~1 MiB and no
+    bytes are joined. A record whose checksum fails is no row: it is logged
+    at ERROR with its offsets (the executor's log) and the read goes on past it."""
     damaged: list[DamagedRecord] = []
     batches = raw_batches(
-        part.broker, data, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES, damaged=damaged
+        part.broker, chunks, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES, damaged=damaged
     )
     for batch in batches:
         yield rows_where(batch, pc.less(batch.column("queue_offset"), part.end))
@@ -418,7 +437,7 @@ class BasaltReader(DataSourceReader):
         return self._partitions or [BasaltPartition("", "", 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        yield from _read(self.options, partition)
+        return _read(self.options, partition)
 
 
 class BasaltStreamReader(DataSourceStreamReader):
@@ -460,7 +479,7 @@ class BasaltStreamReader(DataSourceStreamReader):
         return _plan(ranges, self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        yield from _read(self.options, partition)
+        return _read(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has committed the batch ending at ``end``: store it as the

@@ -4,6 +4,8 @@ same rows on every input, or the same CorruptRecordError."""
 
 from __future__ import annotations
 
+import itertools
+
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -112,3 +114,69 @@ def test_a_record_whose_crc_fails_is_left_out_and_reported_as_decode_records_doe
     assert table.equals(pa.Table.from_batches([record_batch("broker-a", expected)], ARROW_SCHEMA))
     assert got == want and [d.position for d in got] == [starts[k]]
     assert 1000 + k not in table.column("queue_offset").to_pylist()
+
+
+def chunked(data: bytes, cuts: list[int], starts: list[int]) -> list[memoryview]:
+    """``data`` (records at ``starts``) cut at record boundaries: a cut picks the
+    boundary of the record at that index (modulo the records); an empty run too."""
+    bounds = sorted({starts[c % len(starts)] for c in cuts} | {0, len(data)}) if starts else [0]
+    view = memoryview(data)
+    return [view[a:b] for a, b in itertools.pairwise(bounds)] + [view[0:0]]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(messages(), hosts, st.none()), min_size=1, max_size=6),
+    st.lists(st.integers(0, 10), max_size=4),
+    st.integers(1, 4),
+    st.data(),
+)
+def test_several_answers_read_in_place_equal_their_join(
+    items: list[tuple[Message, str, bytes | None]],
+    cuts: list[int],
+    max_rows: int,
+    data: st.DataObject,
+) -> None:
+    """A list of answers is read as their concatenation: the same batches (rows,
+    limits) as the joined bytes, and a damaged record reported at its position
+    in the join."""
+    raw = bytearray(run_of(items))
+    starts = [r.commit_log_offset for r in decode_records(bytes(raw))]
+    if data.draw(st.booleans(), label="damage one"):
+        raw[starts[data.draw(st.integers(0, len(starts) - 1), label="record")] + 8] ^= 0x40
+    joined = bytes(raw)
+    parts = chunked(joined, cuts, starts)
+    want: list[DamagedRecord] = []
+    got: list[DamagedRecord] = []
+    expected = list(raw_batches("broker-a", joined, max_rows=max_rows, damaged=want))
+    batches = list(raw_batches("broker-a", parts, max_rows=max_rows, damaged=got))
+    assert [b.num_rows for b in batches] == [b.num_rows for b in expected]
+    assert all(b.equals(e) for b, e in zip(batches, expected, strict=True))
+    assert got == want
+    for b in batches:
+        b.validate(full=True)
+
+
+def test_a_record_cut_across_two_answers_is_corrupt() -> None:
+    """Each buffer of a list must hold whole records: one cut inside a record is
+    a broken frame at that record's position in the concatenation."""
+    data = run_of([(Message("T", b"x" * 50), "127.0.0.1:1", None)] * 3)
+    second = decode_records(data)[1].commit_log_offset
+    parts = [data[: second + 10], data[second + 10 :]]
+    with pytest.raises(CorruptRecordError) as got:
+        list(raw_batches("broker-a", parts))
+    assert got.value.offset == second and "TOTALSIZE" in got.value.reason
+
+
+def test_a_property_block_that_is_not_utf8_in_a_list_falls_back_to_the_decoder() -> None:
+    items = [
+        (Message("T", b"a"), "127.0.0.1:1", None),
+        (Message("T", b"b"), "127.0.0.1:1", b"k\x01\xff\x02"),
+        (Message("T", b"c"), "127.0.0.1:1", None),
+    ]
+    data = run_of(items)
+    parts = chunked(data, [1, 2], [r.commit_log_offset for r in decode_records(data)])
+    assert len([p for p in parts if len(p)]) == 3
+    got = pa.Table.from_batches(list(raw_batches("broker-a", parts)), ARROW_SCHEMA)
+    assert got.equals(reference(data))
+    assert got.column("properties").to_pylist()[1] == [("k", "\ufffd")]
