@@ -45,6 +45,7 @@ from basalt.pipeline.source import (
     SourceOptions,
     _cap,
     _pack,
+    _plan,
     _read,
     _split,
 )
@@ -494,6 +495,52 @@ def test_many_ranges_pack_into_partitions_of_one_broker() -> None:
     for p in _pack(split, 2):
         parts = p.parts if isinstance(p, BasaltQueues) else (p,)
         assert len({q.queue_id for q in parts}) == len(parts)
+
+
+def _offsets(partition: object) -> list[tuple[str, int, int]]:
+    """(broker, queue id, offset) of every offset a planned partition reads."""
+    parts = partition.parts if isinstance(partition, BasaltQueues) else (partition,)
+    assert len({q.queue_key for q in parts}) == len(parts)  # GetMessages refuses a queue twice
+    assert len({q.broker for q in parts}) == 1  # one store-node a partition
+    return [(q.broker, q.queue_id, o) for q in parts for o in range(q.start, q.end)]
+
+
+def test_few_ranges_plan_as_many_partitions_each_reading_several_queues() -> None:
+    # 2 brokers of 4 queues (the benchmark's layout): 8 partitions, as one a queue
+    # would be, but each reads a quarter of its broker's 4 queues: 4 reads a call
+    ranges = [("T", b, q, 100 * q, 100 * q + 1000 + q) for b in ("a", "b") for q in range(4)]
+    plan = _plan(ranges, None)
+    assert len(plan) == len(ranges)
+    assert all(isinstance(p, BasaltQueues) and len(p.parts) == 4 for p in plan)
+    assert [p.parts[0].broker for p in plan] == ["a", "b"] * 4  # store-nodes in turn
+    read = [o for p in plan for o in _offsets(p)]
+    want = [(b, q, o) for _, b, q, start, end in ranges for o in range(start, end)]
+    assert sorted(read) == sorted(want)  # every offset once
+    sizes = [len(_offsets(p)) for p in plan]
+    assert max(sizes) - min(sizes) <= 4  # equal shares
+    # minPartitions: as many partitions as _split makes (2 a queue), none over its share
+    assert len(_split(ranges, 12)) == 16
+    plan = _plan(ranges, 12)
+    assert len(plan) == 16
+    assert max(q.end - q.start for p in plan for q in _offsets_parts(p)) <= max(
+        p.end - p.start for p in _split(ranges, 12)
+    )
+    assert sorted(o for p in plan for o in _offsets(p)) == sorted(want)
+    # a store-node of more than QUEUES_PER_CALL queues: groups of at most that many
+    many = [("T", "a", q, 0, 50) for q in range(QUEUES_PER_CALL + 4)]
+    plan = _plan(many, None)
+    assert len(plan) == len(many)
+    assert all(len(_offsets_parts(p)) <= QUEUES_PER_CALL for p in plan)
+    assert sorted(o for p in plan for o in _offsets(p)) == sorted(
+        ("a", q, o) for q in range(QUEUES_PER_CALL + 4) for o in range(50)
+    )
+    # tiny ranges: slices may be empty, and then are no read
+    tiny = _plan([("T", "a", 0, 0, 1), ("T", "a", 1, 5, 7)], None)
+    assert sorted(o for p in tiny for o in _offsets(p)) == [("a", 0, 0), ("a", 1, 5), ("a", 1, 6)]
+
+
+def _offsets_parts(partition: object) -> tuple[BasaltPartition, ...]:
+    return partition.parts if isinstance(partition, BasaltQueues) else (partition,)  # type: ignore[return-value]
 
 
 def test_max_offsets_per_trigger_shares_the_limit_over_queues() -> None:
