@@ -2577,13 +2577,44 @@ static void fill_rows(walk_t *w, out_t *o) {
     }
 }
 
-/* A new bytes object of n bytes, zeroed when asked (validity bitmaps); its data at *at. */
-static PyObject *new_bytes(Py_ssize_t n, int zero, void *at) {
-    PyObject *b = PyBytes_FromStringAndSize(NULL, n);
-    if (b != NULL) {
-        if (zero) memset(PyBytes_AS_STRING(b), 0, (size_t)n);
-        *(void **)at = PyBytes_AS_STRING(b);
+/* Where arrow_columns' outputs come from: bytes objects, or alloc(n) (a writable
+ * buffer of at least n bytes: pyarrow.allocate_buffer, Arrow's memory pool, which
+ * keeps freed memory for the next batch where malloc may hand large blocks back to
+ * the kernel and fault them in again). views holds the buffers taken of alloc's
+ * objects until the fill is done. */
+#define AC_OUTPUTS (6 + 3 * AC_N)
+typedef struct {
+    PyObject *alloc; /* NULL: bytes */
+    Py_buffer views[AC_OUTPUTS];
+    int n_views;
+} outputs_t;
+
+/* A new output of n bytes, zeroed when asked (validity bitmaps); its data at *at.
+ * NULL with an error set when the allocation fails. */
+static PyObject *new_bytes(outputs_t *outs, Py_ssize_t n, int zero, void *at) {
+    if (outs->alloc == NULL) {
+        PyObject *b = PyBytes_FromStringAndSize(NULL, n);
+        if (b != NULL) {
+            if (zero) memset(PyBytes_AS_STRING(b), 0, (size_t)n);
+            *(void **)at = PyBytes_AS_STRING(b);
+        }
+        return b;
     }
+    PyObject *b = PyObject_CallFunction(outs->alloc, "n", n);
+    if (b == NULL) return NULL;
+    Py_buffer *view = &outs->views[outs->n_views];
+    if (PyObject_GetBuffer(b, view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    outs->n_views++;
+    if (view->len < n) {
+        PyErr_Format(PyExc_ValueError, "arrow_columns: alloc(%zd) gave %zd bytes", n, view->len);
+        Py_DECREF(b);
+        return NULL;
+    }
+    if (zero && n > 0) memset(view->buf, 0, (size_t)n);
+    *(void **)at = view->buf;
     return b;
 }
 
@@ -2618,7 +2649,7 @@ static int get_segments(PyObject *data, seg_t **segs, Py_ssize_t *n, Py_ssize_t 
 
 /*
  * arrow_columns(data, pos, end, max_rows, max_bytes, error_type, check_crc=False,
- *               damaged=None, damaged_type=None)
+ *               damaged=None, damaged_type=None, alloc=None)
  *   -> (next_pos, rows, utf8_ok, queue_id, queue_offset, commitlog_offset,
  *       born_timestamp, store_timestamp, map_offsets,
  *       (offsets, data, validity, null_count) for topic, msg_id, tags, keys,
@@ -2641,15 +2672,20 @@ static int get_segments(PyObject *data, seg_t **segs, Py_ssize_t *n, Py_ssize_t 
  * utf8_ok is False when some property block is not UTF-8 (the decoder's
  * errors="replace" would change it): the caller then decodes that range with
  * decode_records. The readable reference is pipeline._rows.record_batch.
+ * alloc, when given, makes the outputs in place of bytes objects: alloc(n) must
+ * return a writable buffer of at least n bytes (pyarrow.allocate_buffer).
  */
 static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
     PyObject *data;
     Py_ssize_t pos, end, max_rows, max_bytes;
-    PyObject *error_type, *damaged = Py_None, *damaged_type = Py_None;
+    PyObject *error_type, *damaged = Py_None, *damaged_type = Py_None, *alloc = Py_None;
     int check_crc = 0;
-    if (!PyArg_ParseTuple(args, "OnnnnO|pOO", &data, &pos, &end, &max_rows, &max_bytes,
-                          &error_type, &check_crc, &damaged, &damaged_type))
+    if (!PyArg_ParseTuple(args, "OnnnnO|pOOO", &data, &pos, &end, &max_rows, &max_bytes,
+                          &error_type, &check_crc, &damaged, &damaged_type, &alloc))
         return NULL;
+    outputs_t outs;
+    outs.alloc = alloc == Py_None ? NULL : alloc;
+    outs.n_views = 0;
     PyObject *result = NULL, *parts = NULL;
     seg_t *segs = NULL;
     Py_ssize_t n_segs = 0, total = 0;
@@ -2689,23 +2725,30 @@ static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
     PyTuple_SET_ITEM(parts, 0, PyLong_FromSsize_t(w.next_pos));
     PyTuple_SET_ITEM(parts, 1, PyLong_FromSsize_t(rows));
     PyTuple_SET_ITEM(parts, 2, PyBool_FromLong(w.utf8_ok));
-    PyTuple_SET_ITEM(parts, 3, new_bytes(rows * 4, 0, &o.queue_id));
-    PyTuple_SET_ITEM(parts, 4, new_bytes(rows * 8, 0, &o.queue_offset));
-    PyTuple_SET_ITEM(parts, 5, new_bytes(rows * 8, 0, &o.commitlog_offset));
-    PyTuple_SET_ITEM(parts, 6, new_bytes(rows * 8, 0, &o.born));
-    PyTuple_SET_ITEM(parts, 7, new_bytes(rows * 8, 0, &o.stored));
-    PyTuple_SET_ITEM(parts, 8, new_bytes((rows + 1) * 4, 0, &o.map_off));
+    void *fixed_at[] = {&o.queue_id, &o.queue_offset, &o.commitlog_offset, &o.born, &o.stored,
+                        &o.map_off};
+    Py_ssize_t fixed_len[] = {rows * 4, rows * 8, rows * 8, rows * 8, rows * 8, (rows + 1) * 4};
+    for (int i = 0; i < 6; i++) {
+        PyObject *b = new_bytes(&outs, fixed_len[i], 0, fixed_at[i]);
+        if (b == NULL) goto done; /* its error is set */
+        PyTuple_SET_ITEM(parts, 3 + i, b);
+    }
     for (int c = 0; c < AC_N; c++) {
         Py_ssize_t n = (c == AC_PROP_KEYS || c == AC_PROP_VALUES) ? w.entries : rows;
         Py_ssize_t nulls = c == AC_TAGS ? w.tags_nulls : c == AC_KEYS ? w.keys_nulls : 0;
         o.col[c].at = 0;
-        PyTuple_SET_ITEM(parts, 9 + c,
-                         Py_BuildValue("(NNNn)", new_bytes((n + 1) * 4, 0, &o.col[c].off),
-                                       new_bytes(w.data[c], 0, &o.col[c].data),
-                                       new_bytes((n + 7) / 8, 1, &o.col[c].valid), nulls));
+        PyObject *off = new_bytes(&outs, (n + 1) * 4, 0, &o.col[c].off);
+        PyObject *dat = off == NULL ? NULL : new_bytes(&outs, w.data[c], 0, &o.col[c].data);
+        PyObject *val = dat == NULL ? NULL : new_bytes(&outs, (n + 7) / 8, 1, &o.col[c].valid);
+        if (val == NULL) {
+            Py_XDECREF(off);
+            Py_XDECREF(dat);
+            goto done;
+        }
+        PyObject *t = Py_BuildValue("(NNNn)", off, dat, val, nulls);
+        if (t == NULL) goto done;
+        PyTuple_SET_ITEM(parts, 9 + c, t);
     }
-    for (Py_ssize_t i = 0; i < 9 + AC_N; i++)
-        if (PyTuple_GET_ITEM(parts, i) == NULL) goto done; /* an allocation failed: its error is set */
     Py_BEGIN_ALLOW_THREADS
     fill_rows(&w, &o);
     Py_END_ALLOW_THREADS
@@ -2713,6 +2756,7 @@ static PyObject *py_arrow_columns(PyObject *self, PyObject *args) {
     parts = NULL;
 done:
     Py_XDECREF(parts);
+    for (int i = 0; i < outs.n_views; i++) PyBuffer_Release(&outs.views[i]);
     for (Py_ssize_t i = 0; i < n_segs; i++) PyBuffer_Release(&segs[i].view);
     PyMem_Free(segs);
     PyMem_RawFree(w.row);
@@ -2759,7 +2803,7 @@ static PyMethodDef methods[] = {
      "message_type, host_parts) -> bytes, or None: use common.record.encode_batch_py."},
     {"arrow_columns", py_arrow_columns, METH_VARARGS,
      "arrow_columns(data, pos, end, max_rows, max_bytes, error_type, check_crc=False, "
-     "damaged=None, damaged_type=None) -> the buffers of "
+     "damaged=None, damaged_type=None, alloc=None) -> the buffers of "
      "pipeline._rows.ARROW_SCHEMA's columns for the records of data[pos:end] (data: a "
      "buffer, or a list or tuple of buffers read as their concatenation)."},
     {NULL, NULL, 0, NULL},

@@ -140,7 +140,9 @@ def slotted(
 ) -> list[_R]: ...
 
 #: One variable-width Arrow column: int32 offsets, data, validity bitmap, null count.
-ArrowColumn = tuple[bytes, bytes, bytes, int]
+#: An output buffer of arrow_columns: bytes, or what its ``alloc`` returned.
+ArrowBuffer = Any
+ArrowColumn = tuple[ArrowBuffer, ArrowBuffer, ArrowBuffer, int]
 
 def arrow_columns(
     data: Buffer | list[Buffer] | tuple[Buffer, ...],  # several: read as their concatenation
@@ -152,17 +154,18 @@ def arrow_columns(
     check_crc: bool = False,
     damaged: list[Any] | None = None,
     damaged_type: Callable[[int, str, int, int, int, str], Any] | None = None,
+    alloc: Callable[[int], Any] | None = None,  # a writable buffer of at least n bytes
     /,
 ) -> tuple[
     int,
     int,
     bool,
-    bytes,
-    bytes,
-    bytes,
-    bytes,
-    bytes,
-    bytes,
+    ArrowBuffer,
+    ArrowBuffer,
+    ArrowBuffer,
+    ArrowBuffer,
+    ArrowBuffer,
+    ArrowBuffer,
     ArrowColumn,
     ArrowColumn,
     ArrowColumn,

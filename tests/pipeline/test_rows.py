@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from basalt.common import _records
 from basalt.common.message import Message, encode_host
 from basalt.common.record import CorruptRecordError, DamagedRecord, EncodedMessage, decode_records
 from basalt.pipeline._rows import ARROW_SCHEMA, raw_batches, record_batch
@@ -180,3 +181,25 @@ def test_a_property_block_that_is_not_utf8_in_a_list_falls_back_to_the_decoder()
     got = pa.Table.from_batches(list(raw_batches("broker-a", parts)), ARROW_SCHEMA)
     assert got.equals(reference(data))
     assert got.column("properties").to_pylist()[1] == [("k", "\ufffd")]
+
+
+def test_outputs_from_an_allocator_hold_the_bytes_the_default_outputs_hold() -> None:
+    """raw_batches has arrow_columns fill Arrow pool buffers (``alloc``); without
+    one it makes bytes objects: the same contents either way, and an allocator
+    that gives too few bytes is refused before anything is written."""
+    message = Message("T", b"body", tags="TagA", keys=["k1"], properties={"a": "b"})
+    data = run_of([(message, "10.0.0.1:10911", None), (Message("T", b"x"), "[::1]:1", None)])
+    args = (data, 0, len(data), 10, 1 << 20, CorruptRecordError, True, [], DamagedRecord)
+    as_bytes = _records.arrow_columns(*args)
+    pooled = _records.arrow_columns(*args, pa.allocate_buffer)
+
+    def flat(got: tuple[object, ...]) -> list[object]:
+        out: list[object] = []
+        for part in got:
+            out.extend(flat(part) if isinstance(part, tuple) else [part])
+        return [bytes(p) if isinstance(p, (bytes, pa.Buffer)) else p for p in out]
+
+    assert isinstance(pooled[3], pa.Buffer) and isinstance(as_bytes[3], bytes)
+    assert flat(pooled) == flat(as_bytes)
+    with pytest.raises(ValueError, match="gave 0 bytes"):
+        _records.arrow_columns(*args, lambda n: bytearray(0))
