@@ -184,6 +184,7 @@ _NEXT_BEGIN = _number(pb.PullResponse.DESCRIPTOR, "next_begin_offset")
 _RECORDS = _number(pb.PullResponse.DESCRIPTOR, "records")
 _REFUSED = _number(pb.PullResponse.DESCRIPTOR, "refused")
 _DATA = _number(pb.Records.DESCRIPTOR, "data")
+_COUNT = _number(pb.Records.DESCRIPTOR, "count")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,7 @@ class _Result:
     next_begin_offset: int
     data: memoryview | None
     refused: str | None
+    count: int = 0  # the records ``data`` holds, as the store-node says
 
 
 def _pull_results(answer: bytes) -> list[_Result]:
@@ -206,7 +208,7 @@ def _pull_results(answer: bytes) -> list[_Result]:
         for field, entry in fields(memoryview(answer)):
             if field != _RESULTS or not isinstance(entry, memoryview):
                 continue
-            status = next_begin = 0
+            status = next_begin = count = 0
             data = refused = None
             for number, value in fields(entry):
                 if number == _STATUS and isinstance(value, int):
@@ -217,9 +219,11 @@ def _pull_results(answer: bytes) -> list[_Result]:
                     for inner, block in fields(value):
                         if inner == _DATA and isinstance(block, memoryview):
                             data = block
+                        elif inner == _COUNT and isinstance(block, int):
+                            count = block
                 elif number == _REFUSED and isinstance(value, memoryview):
                     refused = pb.Refused.FromString(bytes(value)).message or "refused"
-            out.append(_Result(status, next_begin, data, refused))
+            out.append(_Result(status, next_begin, data, refused, count))
     except WireFormatError as e:
         raise BasaltSourceError(f"a store-node answer has {e}") from None
     return out
@@ -249,12 +253,13 @@ def read_ranges(
     group: str,
     subscription: pb.Subscription | None,
     max_nums: int,
-) -> Iterator[tuple[int, memoryview]]:
+) -> Iterator[tuple[int, memoryview, int]]:
     """The stored records of each queue range (all on one store-node, no
     queue twice), read from the store-node directly: one ``GetMessages`` per
     round, one entry per range not yet done, ``subscription`` applied on the
     store-node. Yields (index in ``ranges``, the records' bytes: a view of
-    the answer) per answer with records, each range's in offset order. A
+    the answer, how many records the store-node says they are: 0 when it
+    does not say) per answer with records, each range's in offset order. A
     record past a range's end may be in its last answer (a filtered read
     scans on): the caller drops it.
 
@@ -299,7 +304,7 @@ def read_ranges(
                     f"{address} refused it: {got.refused}"
                 )
             if got.status == pb.PULL_STATUS_FOUND and got.data is not None:
-                yield i, got.data
+                yield i, got.data, got.count
             elif got.status == pb.PULL_STATUS_NO_NEW_MSG:
                 at[i] = ranges[i][2]
                 continue

@@ -26,7 +26,7 @@ body               binary               BODY
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -141,7 +141,8 @@ def raw_batches(
     max_bytes: int = BATCH_BYTES,
     check_crc: bool = True,
     damaged: list[DamagedRecord] | None = None,
-) -> Iterator[pa.RecordBatch]:
+    max_batches: int | None = None,
+) -> Generator[pa.RecordBatch, None, int]:
     """The records of ``data[pos:end]`` (stored records back to back: a pull's
     answer, a run of a CommitLog file; all read from ``broker``) as RecordBatches
     of :data:`ARROW_SCHEMA` of at most ``max_rows`` rows (or ``max_bytes`` of
@@ -161,7 +162,9 @@ def raw_batches(
     and raises CorruptRecordError as decode_records does (``check_crc``,
     ``damaged``: a record whose checksum fails is left out and appended to
     ``damaged``, its position one in ``data``; the export, whose scan checked
-    them, passes ``check_crc=False``)."""
+    them, passes ``check_crc=False``). With ``max_batches``, stops after that
+    many batches. Returns (as the generator's value) the position it stopped
+    at: ``end``, or where the next batch would begin."""
     parts: Buffer | list[Buffer]
     if isinstance(data, (bytes, bytearray, memoryview, mmap.mmap)):
         parts, size = data, len(memoryview(data))
@@ -170,7 +173,9 @@ def raw_batches(
         size = sum(len(memoryview(d)) for d in parts)
     stop = size if end is None else end
     broker_value = pa.scalar(broker, pa.string())
-    while pos < stop:
+    made = 0
+    while pos < stop and (max_batches is None or made < max_batches):
+        made += 1
         got = _records.arrow_columns(
             parts, pos, stop, max_rows, max_bytes, CorruptRecordError,
             check_crc, damaged, DamagedRecord, _allocate,
@@ -206,6 +211,7 @@ def raw_batches(
         ]
         yield pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
         pos = at
+    return pos
 
 
 def rows_where(batch: pa.RecordBatch, mask: pa.BooleanArray | None) -> pa.RecordBatch:

@@ -47,11 +47,12 @@ reads every message once.
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import json
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -368,7 +369,17 @@ def _read(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Reco
     :func:`_fetch`, made in a thread READ_AHEAD batches ahead of Spark
     (:func:`basalt.pipeline._ahead.ahead`), so the store-node's read, the
     batch building and the worker's write of the previous batch to the JVM
-    overlap."""
+    overlap.
+
+    First freezes the objects the worker holds (:func:`gc.freeze`): Spark's
+    daemon runs a full ``gc.collect()`` after every task of a reused worker,
+    whose cost grows with every object the process holds, and this source's
+    modules (gRPC, protobuf, basalt) hold ~20,000 more than PySpark and
+    pyarrow alone: ~45 ms of the worker's CPU a task here, about a fifth of
+    its time in a read. Frozen objects are still freed when their last
+    reference goes; the daemon's collection before this task left no cyclic
+    garbage to freeze."""
+    gc.freeze()
     batches: Iterator[pa.RecordBatch] = ahead(
         functools.partial(_fetch, options, partition), READ_AHEAD
     )
@@ -380,9 +391,12 @@ def _fetch(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Rec
 
     Read from the queues' store-node (its address from the route, asked
     once) by :func:`_cluster.read_ranges`. Each queue's answers are gathered
-    up to BATCH_BYTES and turned into Arrow in C (:func:`raw_batches`, no
-    Python object per row, the answers read in place); rows past a range's
-    end (a last filtered read may return some) are dropped."""
+    until they hold a batch (BATCH_ROWS records, or BATCH_BYTES) and turned
+    into Arrow in C (:func:`raw_batches`, no Python object per row, the
+    answers read in place); what is left over waits for the next answers, so
+    every batch but a range's last is whole and a partition holds about one
+    batch a queue (a stripe reads several queues at once). Rows past a
+    range's end (a last filtered read may return some) are dropped."""
     if isinstance(partition, BasaltQueues):
         parts = partition.parts
     else:
@@ -397,22 +411,30 @@ def _fetch(options: SourceOptions, partition: InputPartition) -> Iterator[pa.Rec
         (QueueRef(p.topic, p.broker, p.queue_id, address.address), p.start, p.end) for p in parts
     ]
     pending: dict[int, list[memoryview]] = {}
+    rows: dict[int, int] = {}  # records pending, as the store-node counted them
     sizes: dict[int, int] = {}
-    for i, records in _cluster.read_ranges(
+    for i, records, count in _cluster.read_ranges(
         ranges, group=options.pull_group, subscription=options.subscription_pb(),
         max_nums=PULL_MAX_NUMS,
     ):  # fmt: skip
         pending.setdefault(i, []).append(records)
+        rows[i] = rows.get(i, 0) + count
         sizes[i] = sizes.get(i, 0) + len(records)
-        if sizes[i] >= BATCH_BYTES:
-            yield from _batches(parts[i], pending.pop(i))
-            sizes[i] = 0
+        if rows[i] >= BATCH_ROWS or sizes[i] >= BATCH_BYTES:
+            whole = max(1, rows[i] // BATCH_ROWS)
+            pending[i] = yield from _batches(parts[i], pending[i], whole)
+            rows[i] = max(0, rows[i] - whole * BATCH_ROWS)
+            sizes[i] = sum(len(c) for c in pending[i])
     for i, chunks in pending.items():
-        yield from _batches(parts[i], chunks)
+        yield from _batches(parts[i], chunks, None)
 
 
-def _batches(part: BasaltPartition, chunks: list[memoryview]) -> Iterator[pa.RecordBatch]:
-    """``chunks`` (whole records, back to back) as batches, rows past ``part.end`` dropped.
+def _batches(
+    part: BasaltPartition, chunks: list[memoryview], whole: int | None
+) -> Generator[pa.RecordBatch, None, list[memoryview]]:
+    """``chunks`` (whole records, back to back) as batches, rows past ``part.end``
+    dropped: ``whole`` batches (all of them when None); returns what is left of
+    the chunks (views of them, nothing copied).
 
     The chunks are read in place as one run (:func:`raw_batches` takes the
     list), so a batch is BATCH_ROWS rows rather than a read's ~1 MiB and no
@@ -420,13 +442,25 @@ def _batches(part: BasaltPartition, chunks: list[memoryview]) -> Iterator[pa.Rec
     at ERROR with its offsets (the executor's log) and the read goes on past it."""
     damaged: list[DamagedRecord] = []
     batches = raw_batches(
-        part.broker, chunks, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES, damaged=damaged
-    )
-    for batch in batches:
+        part.broker, chunks, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES, damaged=damaged,
+        max_batches=whole,
+    )  # fmt: skip
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration as stop:
+            at: int = stop.value
+            break
         yield rows_where(batch, pc.less(batch.column("queue_offset"), part.end))
     for d in damaged:
         if d.queue_offset < part.end:  # one past the range is the next range's to report
             log.error("basalt source: broker %s: %s", part.broker, d.describe())
+    left: list[memoryview] = []
+    for chunk in chunks:
+        if at < len(chunk):
+            left.append(chunk[at:] if at > 0 else chunk)
+        at = max(0, at - len(chunk))
+    return left
 
 
 def _offsets_json(positions: Mapping[QueueRef, int]) -> OffsetJson:

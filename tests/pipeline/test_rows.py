@@ -203,3 +203,23 @@ def test_outputs_from_an_allocator_hold_the_bytes_the_default_outputs_hold() -> 
     assert flat(pooled) == flat(as_bytes)
     with pytest.raises(ValueError, match="gave 0 bytes"):
         _records.arrow_columns(*args, lambda n: bytearray(0))
+
+
+def test_max_batches_stops_there_and_returns_where_the_next_batch_begins() -> None:
+    """The source builds only whole batches and keeps the rest for the next answers:
+    the batches made from the returned position on complete the run exactly."""
+    data = run_of([(Message("T", b"x" * k), "10.0.0.1:10911", None) for k in range(7)])
+    head: list[pa.RecordBatch] = []
+    batches = raw_batches("broker-a", data, max_rows=3, max_batches=1)
+    while True:
+        try:
+            head.append(next(batches))
+        except StopIteration as stop:
+            at = stop.value
+            break
+    assert [b.num_rows for b in head] == [3]
+    assert at == len(run_of([(Message("T", b"x" * k), "10.0.0.1:10911", None) for k in range(3)]))
+    tail = list(raw_batches("broker-a", data, at, max_rows=3))
+    assert [b.num_rows for b in tail] == [3, 1]
+    joined = pa.Table.from_batches([*head, *tail], ARROW_SCHEMA)
+    assert joined.equals(reference(data))
