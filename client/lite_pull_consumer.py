@@ -256,6 +256,8 @@ class LitePullConsumer(ConsumerClient):
         #: The reads with records buffered, in the order they got them (poll's order).
         self._ready: dict[MessageQueue, _Read] = {}
         self._subscriptions: dict[str, TopicSubscription] = {}
+        #: Each topic's subscription as read requests carry it (_subscription).
+        self._filters: dict[str, pb.Subscription] = {}
         self._member: GroupMember | None = None
         #: Set when records arrive or an error is pending (a waiting poll wakes).
         self._arrived = asyncio.Event()
@@ -639,10 +641,16 @@ class LitePullConsumer(ConsumerClient):
         self._arrived.set()
 
     def _subscription(self, topic: str) -> pb.Subscription:
-        sub = self._subscriptions.get(topic)
-        if sub is None:
-            return subscription_of(self.config.subscription, self.config.sql92)
-        return subscription_of(sub.expression, sub.sql92)
+        """``topic``'s filter on the wire, made once (a read request copies it)."""
+        made = self._filters.get(topic)
+        if made is None:
+            sub = self._subscriptions.get(topic)
+            if sub is None:
+                made = subscription_of(self.config.subscription, self.config.sql92)
+            else:
+                made = subscription_of(sub.expression, sub.sql92)
+            self._filters[topic] = made
+        return made
 
     # -- polling and committing -------------------------------------------------------
 
@@ -660,8 +668,10 @@ class LitePullConsumer(ConsumerClient):
         self._raise_pending()
         if not self._ready:
             self._arrived.clear()
+            # A timeout scope, not wait_for (a task per waiting poll).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), max(timeout_ms, 0) / 1000)
+                async with asyncio.timeout(max(timeout_ms, 0) / 1000):
+                    await self._arrived.wait()
             self._raise_pending()
         records = self._take(max_records)
         if records:
