@@ -99,6 +99,9 @@ class _SendStream:
         self.reading = True
         #: Whether a write is under way (the reader's or the writer task's).
         self.writing = False
+        #: Whether the reader is taking a request's sends: it sees to their answers
+        #: itself afterwards, so answers meanwhile do not wake the writer.
+        self.taking = False
         #: Set when the writer waits for an answer (or for the end of the stream).
         self.wake: asyncio.Future[None] | None = None
 
@@ -130,14 +133,19 @@ class _SendStream:
                 alone = len(items) == 1
                 for k, item in enumerate(items):
                     if k:  # the window counts sends; the first was acquired above
+                        self.taking = False  # the writer may be needed while this waits
+                        if self.ready:
+                            self._wake_writer()
                         await self.window.acquire()
+                    self.taking = True
                     self._take(item, alone)
-            if self.ready and not self.writing:
+                self.taking = False
+            if self.ready and self._writer_idle():
                 # Answered while taken (written at once, or refused): write it from
                 # here, the writer task's wake-up and turn saved.
                 await self._write_ready()
-                if self.ready:
-                    self._wake_writer()  # answers that came during the write
+            if self.ready:
+                self._wake_writer()  # answers that came during a write
 
     def _take(self, item: sn.SendStreamItem, alone: bool) -> None:
         self.in_flight += 1
@@ -186,7 +194,12 @@ class _SendStream:
         else:
             answer = sn.SendStreamAnswer(opaque=opaque, result=outcome)
         self.ready.append(answer)
-        self._wake_writer()
+        if not self.taking:
+            self._wake_writer()
+
+    def _writer_idle(self) -> bool:
+        """Whether the writer task waits, not woken (so no write is under way)."""
+        return self.wake is not None and not self.wake.done() and not self.writing
 
     def _wake_writer(self) -> None:
         if self.wake is not None and not self.wake.done():
