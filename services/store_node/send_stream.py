@@ -28,12 +28,14 @@ stream is not read, and HTTP/2 flow control holds the producer back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry import trace
 
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.services.store_node.metrics import send_stream_span
@@ -69,6 +71,10 @@ class SendHandler(Protocol):
     async def end_transaction(self, request: sn.EndTransactionRequest) -> pb.SendResult:
         """An EndTransaction carried on the stream (its response's result)."""
         ...
+
+
+#: What a request of an untraced stream is taken under: nothing.
+_UNTRACED = contextlib.nullcontext()
 
 
 class _ClientGone(Exception):
@@ -121,6 +127,10 @@ class _SendStream:
             pass  # nobody is left to answer; every send read was stored or refused
 
     async def _read_sends(self) -> None:
+        # The stream's span is the call's, for its whole life: a request's own span
+        # (send_stream_span) is made under a recorded one only, and an unrecorded
+        # stream skips even the check, a generator's enter and exit per request.
+        traced = trace.get_current_span().is_recording()
         while True:
             await self.window.acquire()
             request = await self.context.read()
@@ -129,7 +139,7 @@ class _SendStream:
             items = request.items
             if not items:
                 self.window.release()
-            with send_stream_span(items):
+            with send_stream_span(items) if traced else _UNTRACED:
                 alone = len(items) == 1
                 for k, item in enumerate(items):
                     if k:  # the window counts sends; the first was acquired above
