@@ -15,9 +15,13 @@ resume it. A send that must await (its topic is created first) runs as a task.
 A request of one send, read while the loop has nothing else to do, is written
 by the store before :meth:`SendHandler.start_send` returns (``alone``: no
 next-turn drain to group it with others, as there are none), and its answer is
-then ready as the reader finishes taking the request: the reader writes it
-itself rather than waking the writer task, one loop turn sooner. Answers that
-come later (a SYNC flush, the in-sync replicas' acks, a busy loop's grouped
+then ready as the reader finishes taking the request. For a request of one
+message - ``await producer.send(msg)``, one at a time - the reader writes it
+itself rather than waking the writer task, one loop turn sooner; the next
+request is read once that write is done, which costs nothing to a producer that
+waits for the answer. Other answers (a batch's, whose producer keeps several in
+flight and whose next request is read while the writer task writes; those that
+come later: a SYNC flush, the in-sync replicas' acks, a busy loop's grouped
 append, a send run as a task) are the writer task's; one write at a time
 either way.
 
@@ -141,6 +145,7 @@ class _SendStream:
                 self.window.release()
             with send_stream_span(items) if traced else _UNTRACED:
                 alone = len(items) == 1
+                lone_message = alone and items[0].HasField("message")
                 for k, item in enumerate(items):
                     if k:  # the window counts sends; the first was acquired above
                         self.taking = False  # the writer may be needed while this waits
@@ -150,7 +155,7 @@ class _SendStream:
                     self.taking = True
                     self._take(item, alone)
                 self.taking = False
-            if self.ready and self._writer_idle():
+            if self.ready and lone_message and self._writer_idle():
                 # Answered while taken (written at once, or refused): write it from
                 # here, the writer task's wake-up and turn saved.
                 await self._write_ready()
