@@ -85,7 +85,7 @@ class SendRpcs(StoreCalls):
             self._send_joined
         )
         #: One SendStream per other store-node, for the joined sends.
-        self._streams = SendStreams(self.host.channels.store_node)
+        self._streams = SendStreams(self.host.channels.open_send_stream)
         #: Per topic: its config, (live brokers, mastership) and the queues
         #: :meth:`_writable` answered for them.
         self._routes: dict[
