@@ -28,7 +28,9 @@ process's CPU over that window. Then as many one-at-a-time consumes + acks,
 each timed, likewise. Then **batched**: ``--batch``-message sends
 (``send_batch``; ``--batch`` publishes gathered; a pipeline of XADDs),
 ``--in-flight`` at once, for ``--batch-seconds``; a consume of everything in
-``--batch``-sized reads with acks; and **SYNC**: the batched send against a
+``--batch``-sized reads with acks (Basalt's consumer reads as
+``benchmarks/sdk_throughput.py``'s does: 256-record fetches prefetched to the
+SDK's default bound, ``--batch`` records a poll, a commit after each); and **SYNC**: the batched send against a
 server that syncs each write before answering (Basalt ``SYNC_FLUSH``, Redis
 ``appendfsync always``, NATS ``sync_interval: always``), each in a server of
 its own.
@@ -197,12 +199,15 @@ class Basalt(Peer):
     def server_pids(self) -> list[int]:
         return [p.pid for p in self.cluster.processes if p.role in ("store-node", "pull-service")]
 
-    async def _consumer(self, group: str, batch: int) -> LitePullConsumer:
+    async def _consumer(self, group: str, batch: int, threshold: int | None) -> LitePullConsumer:
+        """A consumer of the topic's queue fetching ``batch`` records a read,
+        holding at most ``threshold`` (None: the SDK's default)."""
+        bound = {} if threshold is None else {"pull_threshold_for_queue": threshold}
         config = LitePullConfig(
             consumer_group=group,
             pull_batch_size=batch,
-            pull_threshold_for_queue=batch,
             consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+            **bound,
         )
         consumer = LitePullConsumer(self.cluster.pull_address, config=config)
         await consumer.start()
@@ -224,7 +229,7 @@ class Basalt(Peer):
 
     async def consume_one(self) -> None:
         if self.one is None:
-            self.one = await self._consumer("peers-one", 1)
+            self.one = await self._consumer("peers-one", 1, 1)
         while not await self.one.poll(timeout_ms=1000, max_records=1):
             pass
         await self.one.commit()
@@ -235,7 +240,9 @@ class Basalt(Peer):
 
     async def consume_batch(self, most: int) -> int:
         if self.many is None:
-            self.many = await self._consumer("peers-many", most)
+            # As benchmarks/sdk_throughput.py reads: 256-record fetches, prefetched
+            # (the SDK's default bound), ``most`` records a poll, committed each time.
+            self.many = await self._consumer("peers-many", 256, None)
         got = len(await self.many.poll(timeout_ms=1000, max_records=most))
         await self.many.commit()
         return got
