@@ -30,10 +30,10 @@ each timed, likewise. Then **batched**: ``--batch``-message sends
 ``--in-flight`` at once, for ``--batch-seconds``; a consume of everything in
 ``--batch``-sized reads with acks (Basalt's consumer reads as
 ``benchmarks/sdk_throughput.py``'s does: 256-record fetches prefetched to the
-SDK's default bound, ``--batch`` records a poll, a commit after each); and **SYNC**: the batched send against a
-server that syncs each write before answering (Basalt ``SYNC_FLUSH``, Redis
-``appendfsync always``, NATS ``sync_interval: always``), each in a server of
-its own.
+SDK's default bound, ``--batch`` records a poll, a commit after each); and
+**SYNC**: the batched send against a server that syncs each write before
+answering (Basalt ``SYNC_FLUSH``, Redis ``appendfsync always``, NATS
+``sync_interval: always``), each in a server of its own.
 
 Tables: the one-in-flight cells (the median over rounds of each round's
 percentile; CPU per message likewise), and the batched rates with their ratio
