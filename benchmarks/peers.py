@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import socket
 import statistics
@@ -202,13 +203,13 @@ class Basalt(Peer):
     async def _consumer(self, group: str, batch: int, threshold: int | None) -> LitePullConsumer:
         """A consumer of the topic's queue fetching ``batch`` records a read,
         holding at most ``threshold`` (None: the SDK's default)."""
-        bound = {} if threshold is None else {"pull_threshold_for_queue": threshold}
         config = LitePullConfig(
             consumer_group=group,
             pull_batch_size=batch,
             consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-            **bound,
         )
+        if threshold is not None:
+            config = dataclasses.replace(config, pull_threshold_for_queue=threshold)
         consumer = LitePullConsumer(self.cluster.pull_address, config=config)
         await consumer.start()
         await consumer.assign(await consumer.queues_of(TOPIC))
