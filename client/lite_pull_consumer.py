@@ -23,7 +23,8 @@ the pull-service) in flight for the owned queues of that node
 whose buffer has room for another ``pull_batch_size`` records; a queue
 holding ``pull_threshold_for_queue`` records (the bound: a fetch never asks
 for more than the room left) is left out until :meth:`poll` drains it,
-which wakes the fetcher (events, no polling loop). A reply is filed as it
+which wakes the fetcher (an event; a call that ends sets it from its done
+callback, so a fetcher's turn starts no task). A reply is filed as it
 came and the next GetMessages sent before :meth:`poll` runs: poll decodes the
 records it returns (``basalt.common.record``, the one definition of the layout), so
 decoding overlaps the next fetch and nothing dropped is ever decoded.
@@ -50,10 +51,16 @@ the failures go on.
 
 Positions start at the group's committed offset (``QueryConsumerOffset``),
 else by ``consume_from_where``; :meth:`commit` stores them on the
-store-nodes (``UpdateConsumerOffset`` under the reset epoch learned with
-them; a stale epoch re-reads the offsets a reset stored and the queue is
-read again from there, so a reset is never undone). :meth:`close` stops the
-fetchers, then commits.
+store-nodes under the reset epoch learned with them (a stale epoch re-reads
+the offsets a reset stored and the queue is read again from there, so a
+reset is never undone). A queue whose next GetMessages is about to go when
+:meth:`commit` is called (one message at a time: poll drained its buffer,
+then commit) has its offset carried by that call (``commit_offset``, stored by
+the store-node before it reads, the outcome in the answer; such a call is
+never held by long polling): one round trip for a poll and a commit instead of
+two. Any other queue, and a carried commit whose call failed or did not go,
+is stored with ``UpdateConsumerOffset``. :meth:`close` stops the fetchers,
+then commits.
 
 Tracing: a :meth:`poll` that returns records is one CONSUMER span, "receive
 <topic>", linked to the send spans its messages carry
@@ -71,7 +78,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -101,6 +108,7 @@ from basalt.common.settings import (
 from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +153,7 @@ class _Read:
     is applied only if its read is still the queue's current one."""
 
     __slots__ = (
+        "carry",
         "caught_up",
         "chunks",
         "count",
@@ -174,6 +183,51 @@ class _Read:
         #: Refused lately: not fetched until the pause ends.
         self.paused = False
         self.refusals = 0
+        #: A commit to carry on this read's next GetMessages (see :meth:`LitePullConsumer._carry`).
+        self.carry: _Carry | None = None
+
+
+class _Carry:
+    """A commit riding on its read's next GetMessages (``commit_offset``): the
+    offset and the reset epoch fencing it, and what :meth:`LitePullConsumer.commit`
+    awaits: True stored, False refused as stale (a reset since), None not
+    carried (the call failed or was cancelled, the entry was refused, the read
+    ended or its fetcher paused first): commit then stores it itself."""
+
+    __slots__ = ("offset", "outcome", "reset_epoch")
+
+    def __init__(self, offset: int, reset_epoch: int, outcome: asyncio.Future[bool | None]) -> None:
+        self.offset = offset
+        self.reset_epoch = reset_epoch
+        self.outcome = outcome
+
+    def settle(self, stored: bool | None) -> None:
+        if not self.outcome.done():  # commit() may have been cancelled
+            self.outcome.set_result(stored)
+
+
+class _Fetch:
+    """One GetMessages in flight: its reads, in the request's order, and the
+    commits it carries with the index of their entry."""
+
+    __slots__ = ("carried", "reads")
+
+    def __init__(self, reads: list[_Read], carried: list[tuple[int, _Carry]]) -> None:
+        self.reads = reads
+        self.carried = carried
+
+    def settle(self, reply: pb.PullBatchResponse | None) -> None:
+        """Each carried commit's outcome from its entry of ``reply`` (None: no reply)."""
+        for i, carry in self.carried:
+            entry = reply.results[i] if reply is not None else None
+            if entry is not None and entry.HasField("commit"):
+                carry.settle(entry.commit.code != pb.RESPONSE_CODE_STALE_RESET_EPOCH)
+            else:
+                carry.settle(None)
+
+
+#: A GetMessages call in flight (grpc.aio's, through the channel's interceptors).
+_Call = grpc.aio.UnaryUnaryCall[Any, pb.PullBatchResponse]
 
 
 class LitePullConsumer(ConsumerClient):
@@ -202,12 +256,16 @@ class LitePullConsumer(ConsumerClient):
         #: The reads with records buffered, in the order they got them (poll's order).
         self._ready: dict[MessageQueue, _Read] = {}
         self._subscriptions: dict[str, TopicSubscription] = {}
+        #: Each topic's subscription as read requests carry it (_subscription).
+        self._filters: dict[str, pb.Subscription] = {}
         self._member: GroupMember | None = None
         #: Set when records arrive or an error is pending (a waiting poll wakes).
         self._arrived = asyncio.Event()
         #: The first fetch error since the last poll (see the module docstring).
         self._error: ClientError | None = None
         self._fetchers: dict[str, asyncio.Task[None]] = {}
+        #: Store-nodes whose fetcher pauses after a failed call.
+        self._held: set[str] = set()
         #: The fetchers and their GetMessages replies, all ended by close.
         self._tasks = TaskOwner()
         #: Per store-node: set when its fetcher has something new to fetch.
@@ -342,13 +400,19 @@ class LitePullConsumer(ConsumerClient):
         """Start a new read of ``queue`` at ``position.offset`` (the old one's
         buffer dropped, its fetches in flight discarded when they come back)."""
         self._ready.pop(queue, None)
+        old = self._reads.get(queue)
+        if old is not None:
+            _drop_carry(old)
         self._reads[queue] = _Read(queue, position)
         self._wake(queue.broker_name)
 
     def _end_read(self, queue: MessageQueue) -> _Read | None:
         """Stop owning ``queue``: its read and buffer go (fetches in flight discarded)."""
         self._ready.pop(queue, None)
-        return self._reads.pop(queue, None)
+        read = self._reads.pop(queue, None)
+        if read is not None:
+            _drop_carry(read)
+        return read
 
     def _wants_fetch(self, read: _Read) -> bool:
         """Not in flight, not paused, and its buffer has room for a whole pull of
@@ -378,88 +442,110 @@ class LitePullConsumer(ConsumerClient):
         # Each fetcher's own calls are cancelled and awaited as it ends.
         await asyncio.gather(*fetchers, return_exceptions=True)
         self._fetchers.clear()
+        for read in self._reads.values():
+            _drop_carry(read)  # commit() stores them itself
 
     # -- fetching ---------------------------------------------------------------------
 
     async def _fetch(self, broker: str, wake: asyncio.Event) -> None:
         """``broker``'s fetcher (one task, until close): keeps a GetMessages in
-        flight for its owned queues that want records, applies what comes back."""
-        calls: dict[asyncio.Future[pb.PullBatchResponse | ClientError], list[_Read]] = {}
+        flight for its owned queues that want records, applies what comes back.
+
+        It sleeps on ``wake`` alone: a call that ends files itself in ``ended``
+        and sets it (a done callback), so a turn costs no task and no
+        ``asyncio.wait`` of its own."""
+        calls: dict[_Call, _Fetch] = {}
+        ended: collections.deque[_Call] = collections.deque()
         arrived = False
         failures = 0
-        held = False  # after a failed call, until its pause ends
         loop = asyncio.get_running_loop()
 
+        def on_done(call: _Call) -> None:
+            ended.append(call)
+            wake.set()
+
         def resume() -> None:
-            nonlocal held
-            held = False
+            self._held.discard(broker)
             wake.set()
 
         try:
             while True:
                 wake.clear()
-                if not held:
-                    self._send(broker, calls)
+                while ended:
+                    call = ended.popleft()
+                    fetch = calls.pop(call, None)
+                    if fetch is None:
+                        continue  # cancelled by _send: its reads went into a new call
+                    for read in fetch.reads:
+                        read.in_flight = False
+                    outcome = await self._reply(broker, call, fetch)
+                    if not isinstance(outcome, ClientError):
+                        arrived |= outcome
+                        failures = 0
+                        continue
+                    self._failed(outcome)
+                    # Pause this store-node's fetches (its other calls finish);
+                    # commits waiting to ride on them are stored by commit() itself.
+                    failures += 1
+                    self._held.add(broker)
+                    for read in self._reads.values():
+                        if read.queue.broker_name == broker:
+                            _drop_carry(read)
+                    loop.call_later(self.config.retry_delay_s(failures), resume)
+                if broker not in self._held:
+                    self._send(broker, calls, on_done)
                 if arrived:
                     # Only now: the next GetMessages goes out before poll runs (and decodes).
                     arrived = False
                     self._arrived.set()
-                waiter = loop.create_task(wake.wait())
-                waiting: set[asyncio.Future[Any]] = {*calls, waiter}
-                try:
-                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    if not waiter.done():
-                        waiter.cancel()
-                        # Ended before this fetcher goes on (or ends): never left pending.
-                        await asyncio.wait([waiter])
-                for call in [c for c in calls if c in done]:
-                    reads = calls.pop(call)
-                    for read in reads:
-                        read.in_flight = False
-                    reply = call.result()
-                    try:
-                        if isinstance(reply, ClientError):
-                            raise reply
-                        arrived |= self._apply(reads, reply)
-                        failures = 0
-                        continue
-                    except ClientError as e:
-                        self._failed(e)
-                    except Exception as e:  # a bug
-                        log.exception("%s: fetch failed", broker)
-                        self._failed(
-                            ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{broker}: {e!r}")
-                        )
-                    # Pause this store-node's fetches (its other calls finish).
-                    failures += 1
-                    held = True
-                    loop.call_later(self.config.retry_delay_s(failures), resume)
+                await wake.wait()
         finally:
-            for call in calls:
+            self._held.discard(broker)
+            for call, fetch in calls.items():
                 call.cancel()
-            # The replies end (their calls cancelled) before the fetcher does.
+                fetch.settle(None)
+            # The calls end (cancelled) before the fetcher does.
             await asyncio.gather(*calls, return_exceptions=True)
 
+    async def _reply(self, broker: str, call: _Call, fetch: _Fetch) -> bool | ClientError:
+        """Apply one ended GetMessages: whether records came, or the error it
+        failed with (a gRPC error as a ClientError naming the store-node)."""
+        if call.cancelled():
+            fetch.settle(None)
+            return False
+        try:
+            reply: pb.PullBatchResponse = await call
+        except grpc.aio.AioRpcError as e:
+            fetch.settle(None)
+            # A failed-over group's new master: the next read goes there (the
+            # route is asked meanwhile; the pause after a failure outlasts it).
+            self._tasks.spawn(self.reroute(fetch.reads[0].queue.topic), untraced=True)
+            return ClientError.from_rpc_error(e, address=self._store_node_address(broker))
+        try:
+            fetch.settle(reply)
+            return self._apply(fetch.reads, reply)
+        except Exception as e:  # a bug
+            log.exception("%s: fetch failed", broker)
+            fetch.settle(None)
+            return ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{broker}: {e!r}")
+
     def _send(
-        self,
-        broker: str,
-        calls: dict[asyncio.Future[pb.PullBatchResponse | ClientError], list[_Read]],
+        self, broker: str, calls: dict[_Call, _Fetch], on_done: Callable[[_Call], None]
     ) -> None:
         """Start GetMessages calls of ``broker``'s reads that want records, if any; calls
-        in flight that are likely held (only caught-up reads) are cancelled and
-        their reads fetched with the new ones, so a seek, a take or a drained
-        buffer does not wait out a long poll."""
+        in flight that are likely held (only caught-up reads, no commit carried) are
+        cancelled and their reads fetched with the new ones, so a seek, a take or a
+        drained buffer does not wait out a long poll."""
         wanted = [
             r for q, r in self._reads.items() if q.broker_name == broker and self._wants_fetch(r)
         ]
         if not wanted:
             return
-        for call, reads in list(calls.items()):
-            if all(r.caught_up for r in reads):
+        for call, fetch in list(calls.items()):
+            if not fetch.carried and all(r.caught_up for r in fetch.reads):
                 call.cancel()
                 del calls[call]
-                for r in reads:
+                for r in fetch.reads:
                     r.in_flight = False
                     if self._reads.get(r.queue) is r and self._wants_fetch(r):
                         wanted.append(r)
@@ -467,44 +553,38 @@ class LitePullConsumer(ConsumerClient):
             chunk = wanted[i : i + MAX_QUEUES_PER_PULL]
             for r in chunk:
                 r.in_flight = True
-            calls[self._get_messages(chunk)] = chunk
+            call, fetch = self._get_messages(chunk)
+            calls[call] = fetch
+            call.add_done_callback(on_done)
 
-    def _get_messages(
-        self, reads: list[_Read]
-    ) -> asyncio.Future[pb.PullBatchResponse | ClientError]:
-        """One GetMessages of ``reads`` on their store-node, started now (so
-        that it is on its way before poll runs and decodes); its reply, or a
-        gRPC error as a ClientError naming the store-node. Cancelling the
-        future cancels the call."""
+    def _get_messages(self, reads: list[_Read]) -> tuple[_Call, _Fetch]:
+        """One GetMessages of ``reads`` on their store-node, started now (so that
+        it is on its way before poll runs and decodes), carrying the commits
+        waiting on them. A call that carries one is not held (suspend 0): the
+        commit's caller waits for its answer, which must not wait out a long poll."""
         threshold, batch = self.config.pull_threshold_for_queue, self.config.pull_batch_size
-        broker = reads[0].queue.broker_name
-        call = self._read_store_node(
-            broker,
-            [
+        requests: list[sn.GetMessageRequest] = []
+        carried: list[tuple[int, _Carry]] = []
+        for i, r in enumerate(reads):
+            request = self._read_request(
+                r.queue,
+                r.fetch_offset,
                 # Never more than the room left: the buffer's bound is exact.
-                self._read_request(
-                    r.queue,
-                    r.fetch_offset,
-                    min(batch, threshold - r.count),
-                    self._subscription(r.queue.topic),
-                )
-                for r in reads
-            ],
-            self.config.broker_suspend_max_time_ms,
+                min(batch, threshold - r.count),
+                self._subscription(r.queue.topic),
+            )
+            carry, r.carry = r.carry, None
+            if carry is not None and not carry.outcome.done():
+                request.commit_offset = carry.offset
+                request.reset_epoch = carry.reset_epoch
+                carried.append((i, carry))
+            requests.append(request)
+        call = self._read_store_node(
+            reads[0].queue.broker_name,
+            requests,
+            0 if carried else self.config.broker_suspend_max_time_ms,
         )
-
-        async def reply() -> pb.PullBatchResponse | ClientError:
-            try:
-                got: pb.PullBatchResponse = await call
-            except grpc.aio.AioRpcError as e:
-                # A failed-over group's new master: the next read goes there.
-                await self.reroute(reads[0].queue.topic)
-                return ClientError.from_rpc_error(e, address=self._store_node_address(broker))
-            return got
-
-        future = self._tasks.spawn(reply())
-        future.add_done_callback(lambda _: call.cancel())  # a no-op once the call ended
-        return future
+        return call, _Fetch(reads, carried)
 
     def _apply(self, reads: list[_Read], reply: pb.PullBatchResponse) -> bool:
         """File what one GetMessages brought (undecoded) for the reads still
@@ -561,10 +641,16 @@ class LitePullConsumer(ConsumerClient):
         self._arrived.set()
 
     def _subscription(self, topic: str) -> pb.Subscription:
-        sub = self._subscriptions.get(topic)
-        if sub is None:
-            return subscription_of(self.config.subscription, self.config.sql92)
-        return subscription_of(sub.expression, sub.sql92)
+        """``topic``'s filter on the wire, made once (a read request copies it)."""
+        made = self._filters.get(topic)
+        if made is None:
+            sub = self._subscriptions.get(topic)
+            if sub is None:
+                made = subscription_of(self.config.subscription, self.config.sql92)
+            else:
+                made = subscription_of(sub.expression, sub.sql92)
+            self._filters[topic] = made
+        return made
 
     # -- polling and committing -------------------------------------------------------
 
@@ -582,8 +668,10 @@ class LitePullConsumer(ConsumerClient):
         self._raise_pending()
         if not self._ready:
             self._arrived.clear()
+            # A timeout scope, not wait_for (a task per waiting poll).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), max(timeout_ms, 0) / 1000)
+                async with asyncio.timeout(max(timeout_ms, 0) / 1000):
+                    await self._arrived.wait()
             self._raise_pending()
         records = self._take(max_records)
         if records:
@@ -673,18 +761,52 @@ class LitePullConsumer(ConsumerClient):
 
     async def commit(self) -> None:
         """Store every queue's position as the group's offset (those that moved):
-        past what poll returned, never past what is only buffered."""
-        await gather_all(
-            *(
-                self._commit(q, r.position)
-                for q, r in self._reads.items()
-                if r.position.offset != r.position.committed
-            )
-        )
+        past what poll returned, never past what is only buffered.
 
-    async def _commit(self, queue: MessageQueue, position: Position) -> None:
-        offset = position.offset
-        if await self._store_offset(queue, offset, position.reset_epoch):
+        A queue whose next GetMessages is about to go (its buffer drained by
+        the poll before, nothing in flight: one message at a time) has its
+        offset carried by that call (``commit_offset``, stored by the store-node
+        before it reads), one round trip instead of two; any other is stored
+        with ``UpdateConsumerOffset``, as is a carried one whose call failed."""
+        moved = [
+            (q, r.position, self._carry(r))
+            for q, r in self._reads.items()
+            if r.position.offset != r.position.committed
+        ]
+        if len(moved) == 1:
+            await self._commit(*moved[0])  # no task for the one queue
+        else:
+            await gather_all(*(self._commit(q, p, carried) for q, p, carried in moved))
+
+    def _carry(self, read: _Read) -> _Carry | None:
+        """Hand ``read``'s commit to its next GetMessages, if one is about to go:
+        the read wants records (so its fetcher, woken, sends it at its next
+        turn), its fetcher runs and is not paused, and no commit waits on it yet."""
+        broker = read.queue.broker_name
+        if (
+            read.carry is not None
+            or self._closing
+            or broker not in self._fetchers
+            or broker in self._held
+            or not self._wants_fetch(read)
+        ):
+            return None
+        position = read.position
+        carry = _Carry(
+            position.offset, position.reset_epoch, asyncio.get_running_loop().create_future()
+        )
+        read.carry = carry
+        self._wake(broker)
+        return carry
+
+    async def _commit(
+        self, queue: MessageQueue, position: Position, carried: _Carry | None = None
+    ) -> None:
+        offset, epoch = position.offset, position.reset_epoch
+        stored = None if carried is None else await carried.outcome
+        if stored is None:
+            stored = await self._store_offset(queue, offset, epoch)
+        if stored:
             position.committed = offset
             return
         # Reset since we learned our offsets: adopt the reset, do not undo it,
@@ -695,6 +817,14 @@ class LitePullConsumer(ConsumerClient):
         read = self._reads.get(queue)
         if read is not None and read.position is position:
             self._new_read(queue, position)
+
+
+def _drop_carry(read: _Read) -> None:
+    """The commit waiting to ride on ``read``'s next fetch goes on its own:
+    that fetch will not be sent (the read ended, or its fetcher paused)."""
+    carry, read.carry = read.carry, None
+    if carry is not None:
+        carry.settle(None)
 
 
 def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
