@@ -74,6 +74,22 @@ async def _stream(
         yield request
 
 
+async def _ack_stream(
+    requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+) -> None:
+    # As SendStream answers: a small answer a request, written by the handler.
+    async for _ in requests:
+        await context.write(_ACK)
+
+
+#: The answer of ``Fetch``: one 1 KiB message.
+_FETCHED = bytes(1024)
+
+
+async def _fetch(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+    return _FETCHED
+
+
 #: The metadata the official RocketMQ 5 Python client sends with every call
 #: (its Signature.metadata: eight entries, an HMAC signature among them).
 V2_METADATA = (
@@ -92,9 +108,18 @@ V2_METADATA = (
 )
 
 
-def _serve_grpc(port: multiprocessing.Queue, basalt: bool = False) -> None:  # type: ignore[type-arg]
-    """A server answering at once; ``basalt``: made as Basalt's services make
-    theirs (:func:`basalt.services.process.grpc_server`: its interceptors)."""
+def _serve_grpc(
+    port: multiprocessing.Queue,  # type: ignore[type-arg]
+    basalt: bool = False,
+    listen: int = 0,
+) -> None:
+    """A server answering at once, on 127.0.0.1:``listen`` (0: any port), the
+    port put on ``port``; ``basalt``: made as Basalt's services make theirs
+    (:func:`basalt.services.process.grpc_server`: its interceptors).
+
+    Methods of ``f.F``: ``Unary`` (the request back), ``Ack`` (48 bytes),
+    ``Fetch`` (1 KiB), ``Stream`` (each request back), ``AckStream`` (48 bytes
+    a request, written as SendStream writes its answers)."""
 
     async def main() -> None:
         if basalt:
@@ -110,12 +135,18 @@ def _serve_grpc(port: multiprocessing.Queue, basalt: bool = False) -> None:  # t
             "Ack": grpc.unary_unary_rpc_method_handler(
                 _ack, request_deserializer=_identity, response_serializer=_identity
             ),
+            "Fetch": grpc.unary_unary_rpc_method_handler(
+                _fetch, request_deserializer=_identity, response_serializer=_identity
+            ),
             "Stream": grpc.stream_stream_rpc_method_handler(
                 _stream, request_deserializer=_identity, response_serializer=_identity
             ),
+            "AckStream": grpc.stream_stream_rpc_method_handler(
+                _ack_stream, request_deserializer=_identity, response_serializer=_identity
+            ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("f.F", handlers),))
-        port.put(server.add_insecure_port("127.0.0.1:0"))
+        port.put(server.add_insecure_port(f"127.0.0.1:{listen}"))
         await server.start()
         await server.wait_for_termination()
 
@@ -281,12 +312,28 @@ def unary_server_cpu(
     return calls / secs, spent / max(calls, 1) * 1e6
 
 
+class _Printed:
+    """Where ``--serve`` puts the port: this process's stdout."""
+
+    def put(self, port: int) -> None:
+        print(port, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=1, help="times to run each transport")
+    parser.add_argument(
+        "--serve",
+        type=int,
+        metavar="PORT",
+        help="only serve the bare server on PORT until killed (benchmarks/peers.py's floor)",
+    )
     add_json_out(parser)
     args = parser.parse_args(argv)
+    if args.serve is not None:
+        _serve_grpc(_Printed(), listen=args.serve)  # type: ignore[arg-type]
+        return 0
     report = Report.start(__file__, args, argv)
     warmup = max(100, args.samples // 10)
     ctx = multiprocessing.get_context("spawn")

@@ -1,8 +1,8 @@
-"""One message at a time, side by side: Basalt, NATS JetStream and Redis Streams.
+"""One message at a time, side by side: Basalt, NATS JetStream, Redis Streams, and gRPC's floor.
 
 Issue 31 §1's run. Each peer's server is started and stopped by this script in
 one temp directory (the same disk), and the peers take turns, round by round
-(round r starts at peer r mod 3: the host's drift lands on all of them):
+(round r starts at peer r mod n: the host's drift lands on all of them):
 
 * **Basalt** — ``basalt cluster up --store-nodes 1`` (etcd, one store-node, one
   pull-service; ASYNC flush), a topic of one queue. Send: ``await
@@ -18,6 +18,9 @@ one temp directory (the same disk), and the peers take turns, round by round
   redis-server``) with ``appendonly yes``, ``appendfsync everysec`` (the async
   flush: Basalt's ASYNC_FLUSH), redis-py with hiredis. Send: ``XADD``.
   Consume: ``XREADGROUP COUNT 1`` then ``XACK``.
+* **gRPC's floor** (``grpc``) — no queue: the same one-in-flight calls on bare
+  grpc.aio (:class:`GrpcFloor`), what any gRPC service's message costs here
+  before its own work; one-in-flight cells only.
 
 Per peer and round: ``--warmup`` sends, then ``--messages`` awaited sends,
 each timed; the server's CPU (``/proc/<pid>/stat``, all threads) and this
@@ -25,10 +28,12 @@ process's CPU over that window. Then as many one-at-a-time consumes + acks,
 each timed, likewise. Then **batched**: ``--batch``-message sends
 (``send_batch``; ``--batch`` publishes gathered; a pipeline of XADDs),
 ``--in-flight`` at once, for ``--batch-seconds``; a consume of everything in
-``--batch``-sized reads with acks; and **SYNC**: the batched send against a
-server that syncs each write before answering (Basalt ``SYNC_FLUSH``, Redis
-``appendfsync always``, NATS ``sync_interval: always``), each in a server of
-its own.
+``--batch``-sized reads with acks (Basalt's consumer reads as
+``benchmarks/sdk_throughput.py``'s does: 256-record fetches prefetched to the
+SDK's default bound, ``--batch`` records a poll, a commit after each); and
+**SYNC**: the batched send against a server that syncs each write before
+answering (Basalt ``SYNC_FLUSH``, Redis ``appendfsync always``, NATS
+``sync_interval: always``), each in a server of its own.
 
 Tables: the one-in-flight cells (the median over rounds of each round's
 percentile; CPU per message likewise), and the batched rates with their ratio
@@ -46,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import socket
 import statistics
@@ -63,12 +69,13 @@ if __package__ in (None, ""):
 
 from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
 from basalt.common.message import Message
+from basalt.services.process import service_env
 from benchmarks.e2e_client import Cluster, cpu_seconds
 from benchmarks.report import Figure, Report, Table, add_json_out
 
 TOPIC = "PeersBench"
 BODY = 1024
-PEERS = ("basalt", "nats", "redis")
+PEERS = ("basalt", "nats", "redis", "grpc")
 REDIS_HINT = "redis-server not found: apt-get install -y redis-server (or --peers basalt,nats)"
 
 
@@ -95,6 +102,8 @@ class Peer:
     """One server and its client, for one round. Subclasses fill in the verbs."""
 
     name = ""
+    #: Whether the peer stores messages: the batched and SYNC cells are measured.
+    batched = True
 
     def __init__(self, root: Path, *, sync: bool = False) -> None:
         self.root = root
@@ -145,10 +154,16 @@ class Subprocess(Peer):
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def env(self) -> dict[str, str] | None:
+        """The server's environment (None: this process's)."""
+        return None
+
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         log = (self.root / "server.log").open("wb")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env()
+        )
         wait_port(self.port, self.proc)
 
     def stop(self) -> None:
@@ -185,13 +200,16 @@ class Basalt(Peer):
     def server_pids(self) -> list[int]:
         return [p.pid for p in self.cluster.processes if p.role in ("store-node", "pull-service")]
 
-    async def _consumer(self, group: str, batch: int) -> LitePullConsumer:
+    async def _consumer(self, group: str, batch: int, threshold: int | None) -> LitePullConsumer:
+        """A consumer of the topic's queue fetching ``batch`` records a read,
+        holding at most ``threshold`` (None: the SDK's default)."""
         config = LitePullConfig(
             consumer_group=group,
             pull_batch_size=batch,
-            pull_threshold_for_queue=batch,
             consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
         )
+        if threshold is not None:
+            config = dataclasses.replace(config, pull_threshold_for_queue=threshold)
         consumer = LitePullConsumer(self.cluster.pull_address, config=config)
         await consumer.start()
         await consumer.assign(await consumer.queues_of(TOPIC))
@@ -212,7 +230,7 @@ class Basalt(Peer):
 
     async def consume_one(self) -> None:
         if self.one is None:
-            self.one = await self._consumer("peers-one", 1)
+            self.one = await self._consumer("peers-one", 1, 1)
         while not await self.one.poll(timeout_ms=1000, max_records=1):
             pass
         await self.one.commit()
@@ -223,7 +241,9 @@ class Basalt(Peer):
 
     async def consume_batch(self, most: int) -> int:
         if self.many is None:
-            self.many = await self._consumer("peers-many", most)
+            # As benchmarks/sdk_throughput.py reads: 256-record fetches, prefetched
+            # (the SDK's default bound), ``most`` records a poll, committed each time.
+            self.many = await self._consumer("peers-many", 256, None)
         got = len(await self.many.poll(timeout_ms=1000, max_records=most))
         await self.many.commit()
         return got
@@ -321,7 +341,49 @@ class Redis(Subprocess):
         return len(ids)
 
 
-KINDS: dict[str, type[Peer]] = {"basalt": Basalt, "nats": Nats, "redis": Redis}
+class GrpcFloor(Subprocess):
+    """No message queue: gRPC's own floor under Basalt's cells, in the same run.
+
+    The bare grpc.aio server of ``benchmarks/grpc_floor.py`` (no interceptors,
+    no protobuf), started as ``basalt cluster up`` starts a service (its gRPC
+    settings, :data:`basalt.services.process.SERVICE_ENV`); this process's
+    plain grpc.aio channel. Send: a 1 KiB write on a bidirectional stream and
+    its 48-byte answer read (a SendStream's shape). Consume: a unary call
+    answering 1 KiB, then a unary ``Ack`` (a pull and a commit). Nothing is
+    stored, so it has no batched cells."""
+
+    name = "grpc"
+    batched = False
+
+    def command(self) -> list[str]:
+        floor = Path(__file__).resolve().parent / "grpc_floor.py"
+        return [sys.executable, str(floor), "--serve", str(self.port)]
+
+    def env(self) -> dict[str, str] | None:
+        return service_env()
+
+    async def open(self) -> None:
+        import grpc  # after basalt's import: on the SDK's gRPC settings (basalt.GRPC_ENV)
+
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
+        self.stream: Any = self.channel.stream_stream("/f.F/AckStream")()
+        self.fetch: Any = self.channel.unary_unary("/f.F/Fetch")
+        self.ack: Any = self.channel.unary_unary("/f.F/Ack")
+
+    async def close(self) -> None:
+        await self.stream.done_writing()
+        await self.channel.close()
+
+    async def send_one(self, body: bytes) -> None:
+        await self.stream.write(body)
+        await self.stream.read()
+
+    async def consume_one(self) -> None:
+        await self.fetch(b"")
+        await self.ack(b"")
+
+
+KINDS: dict[str, type[Peer]] = {"basalt": Basalt, "nats": Nats, "redis": Redis, "grpc": GrpcFloor}
 
 
 @dataclass
@@ -384,6 +446,8 @@ async def one_round(peer: Peer, args: argparse.Namespace) -> Round:
         for _ in range(args.warmup):
             await peer.consume_one()
         out.consume_us, out.consume_cpu_us, _ = await timed(args.messages, peer.consume_one, peer)
+        if not peer.batched:
+            return out
         out.produce_rate = await batched_produce(peer, args)
         got, started = 0, time.monotonic()
         last = started
@@ -412,6 +476,8 @@ def run_peer(kind: str, root: Path, args: argparse.Namespace) -> Round:
         result = asyncio.run(one_round(peer, args))
     finally:
         peer.stop()
+    if not peer.batched:
+        return result
     peer = KINDS[kind](root / f"{kind}-sync", sync=True)
     peer.start()
     try:
@@ -452,6 +518,8 @@ def tables(results: dict[str, list[Round]]) -> tuple[Table, Table]:
     batched = Table("batched", ["peer", "produce", "consume", "SYNC produce"])
     base = results.get("redis")
     for kind, rounds in results.items():
+        if not KINDS[kind].batched:
+            continue
         cells: list[list[Figure]] = []
         for attr, what in (
             ("produce_rate", "produce"),

@@ -52,6 +52,7 @@ from basalt.client.consumer_base import (
 from basalt.client.errors import ClientError, TopicNotFoundError
 from basalt.client.rebalance import allocate_averagely
 from basalt.client.tasks import TaskOwner, gather_all
+from basalt.common import dial
 from basalt.common.message import retry_topic
 from basalt.common.tracing import (
     MESSAGING_CLIENT_ID,
@@ -71,6 +72,8 @@ _tracer = trace.get_tracer("basalt.client")
 CLIENT_VERSION = "basalt-py 0.1.0"
 #: Deadline of the membership's unary calls.
 CALL_TIMEOUT_S = 10.0
+#: PullService.Session, opened by :func:`basalt.common.dial.open_stream`.
+_SESSION = dial.rpc_path(ps.DESCRIPTOR.services_by_name["PullService"].methods_by_name["Session"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +236,12 @@ class GroupMember:
 
     async def _run_session(self) -> bool:
         """One session, to its end; False if it never opened."""
-        call = self._call = self.client._pull_service().Session()
+        call = self._call = dial.open_stream(
+            self.client._channel(self.client.endpoints),
+            _SESSION,
+            ps.SessionRequest.SerializeToString,
+            ps.SessionResponse.FromString,
+        )
         await call.write(
             ps.SessionRequest(
                 open=ps.OpenSession(

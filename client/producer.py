@@ -61,7 +61,7 @@ from basalt.client.errors import (
     TopicNotFoundError,
 )
 from basalt.client.tasks import TaskOwner
-from basalt.common import _records
+from basalt.common import _records, dial
 from basalt.common.auth import Credentials
 from basalt.common.message import (
     PROPERTY_DELAY_TIME_LEVEL,
@@ -202,11 +202,9 @@ _SEND_RESULT_FIELDS = (
 
 #: The gRPC service RecallMessage belongs to (named when a call hits another).
 _STORE_NODE = sn.DESCRIPTOR.services_by_name["StoreNode"].full_name
-#: SendStream's method path (the generated stub's, from the descriptor).
-_SEND_STREAM = "/{}/{}".format(
-    *sn.DESCRIPTOR.services_by_name["StoreNode"]
-    .methods_by_name["SendStream"]
-    .full_name.rsplit(".", 1)
+#: SendStream, opened by :func:`basalt.common.dial.open_stream`.
+_SEND_STREAM = dial.rpc_path(
+    sn.DESCRIPTOR.services_by_name["StoreNode"].methods_by_name["SendStream"]
 )
 
 
@@ -230,11 +228,12 @@ class _Stream:
     def __init__(self, channel: grpc.aio.Channel, address: str, tasks: TaskOwner) -> None:
         self.address = address
         self.tasks = tasks
-        self.call: grpc.aio.StreamStreamCall[bytes, sn.SendStreamResponse] = channel.stream_stream(
+        self.call: grpc.aio.StreamStreamCall[bytes, sn.SendStreamResponse] = dial.open_stream(
+            channel,
             _SEND_STREAM,
-            request_serializer=None,  # requests are already serialized
-            response_deserializer=sn.SendStreamResponse.FromString,
-        )()
+            None,  # requests are already serialized
+            sn.SendStreamResponse.FromString,
+        )
         self.waiting: dict[int, asyncio.Future[sn.SendStreamAnswer]] = {}
         self.unsent: list[bytes] = []
         #: Why the stream broke; None while it works.

@@ -11,17 +11,28 @@ why it lives above all three and none of them imports it:
   else the process's, else none),
 - the client spans and trace propagation of :mod:`basalt.common.telemetry`
   (grpc.aio channels only: its interceptors are grpc.aio ones).
+
+Bidirectional streams are opened by :func:`open_stream`, not through the
+channel's interceptors: grpc.aio routes every write of an intercepted stream
+call through a queue and a task of its own (one more loop turn a write: half
+a one-in-flight send's client time, BENCHMARKS.md). :func:`open_stream` signs
+the call and gives it its span at the start, as the interceptors would, and
+writes then go straight to the call. The channel keeps the interceptors of
+the three other kinds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import MethodDescriptor
 
 from basalt.common import auth
-from basalt.common.telemetry import client_interceptors
+from basalt.common.telemetry import client_interceptors, stream_spans
 from basalt.common.tls import TlsConfig, channel_credentials, channel_options, enabled
 
 
@@ -42,16 +53,56 @@ def channel(
     Basalt: etcd reads an ``authorization`` entry as its own auth token and
     refuses the call."""
     signing = auth.signing_interceptors(credentials) if signed else []
-    interceptors = [*client_interceptors(), *signing]
+    interceptors = [
+        i
+        for i in (*client_interceptors(), *signing)
+        if not isinstance(i, grpc.aio.StreamStreamClientInterceptor)  # open_stream's
+    ]
     if not enabled(tls):
-        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
-    assert tls is not None
-    return grpc.aio.secure_channel(
-        address,
-        channel_credentials(tls),
-        options=channel_options(tls, options),
-        interceptors=interceptors,
+        made = grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    else:
+        assert tls is not None
+        made = grpc.aio.secure_channel(
+            address,
+            channel_credentials(tls),
+            options=channel_options(tls, options),
+            interceptors=interceptors,
+        )
+    if signed:
+        chosen = credentials if credentials is not None else auth.process_credentials()
+        if chosen is not None:
+            _stream_signers[made] = chosen
+    return made
+
+
+#: The credentials :func:`open_stream` signs a channel's streams with (the
+#: channel's signing interceptors'); a channel absent signs nothing.
+_stream_signers: weakref.WeakKeyDictionary[grpc.aio.Channel, auth.Credentials] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def rpc_path(method: MethodDescriptor) -> str:
+    """``method``'s path on the wire: ``/<package>.<Service>/<Method>``."""
+    return f"/{method.containing_service.full_name}/{method.name}"
+
+
+def open_stream(
+    channel: grpc.aio.Channel,
+    path: str,
+    request_serializer: Callable[[Any], bytes] | None,
+    response_deserializer: Callable[[bytes], Any] | None,
+) -> grpc.aio.StreamStreamCall[Any, Any]:
+    """Open the bidirectional stream at ``path`` (:func:`rpc_path`) on
+    ``channel`` (one of :func:`channel`'s): signed as the channel's other calls
+    are, in a client span that ends with the call, its trace context in the
+    metadata. A serializer None passes bytes through."""
+    credentials = _stream_signers.get(channel)
+    signature = () if credentials is None else auth.signed_metadata(credentials, time.time())
+    call = channel.stream_stream(
+        path, request_serializer=request_serializer, response_deserializer=response_deserializer
     )
+    return stream_spans.stream(path, lambda context: call(metadata=(*signature, *context)))
 
 
 def sync_channel(

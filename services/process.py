@@ -32,6 +32,7 @@ from google.protobuf.message_factory import GetMessageClass
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+import basalt
 from basalt.common import tls as transport
 from basalt.common.telemetry import (
     TelemetryConfig,
@@ -46,16 +47,9 @@ from basalt.services.meta import MetaConfig
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 #: gRPC core settings the launcher (``basalt cluster up``) gives every service
-#: process, as RocketMQ's start scripts give the broker its JVM options; a value
-#: already in the environment wins. gRPC reads them once, when it is first
-#: imported, so a process cannot set them on itself.
-#:
-#: ``GRPC_EXPERIMENTS``: serve and dial through gRPC core's iomgr poller rather
-#: than the EventEngine's (the ``event_engine_listener`` and
-#: ``event_engine_client`` experiments, on by default in recent grpcio). Served
-#: by iomgr, a lone send's round trip on a SendStream took ~150 us less at the
-#: median on 2 vCPUs (BENCHMARKS.md, "gRPC transport"), and throughput held.
-SERVICE_ENV = {"GRPC_EXPERIMENTS": "-event_engine_client,-event_engine_listener"}
+#: process: :data:`basalt.GRPC_ENV`, which importing ``basalt`` also gives the
+#: importing process.
+SERVICE_ENV = basalt.GRPC_ENV
 
 
 def service_env() -> dict[str, str]:
@@ -65,11 +59,12 @@ def service_env() -> dict[str, str]:
 
 
 def rerun_with_service_env() -> None:
-    """Run this command again, in place, under :func:`service_env` - unless it
-    already runs so: for a client measured against the services on their own
-    gRPC settings. It replaces the process: call it from a ``__main__`` block,
-    before anything else."""
-    if any(name not in os.environ for name in SERVICE_ENV):
+    """Run this command again, in place, under :func:`service_env` - when its
+    gRPC was imported before ``basalt`` put the settings in the environment
+    (:data:`basalt.GRPC_ENV_MISSED`): for a client measured against the
+    services on their own gRPC settings. It replaces the process: call it
+    from a ``__main__`` block, before anything else."""
+    if basalt.GRPC_ENV_MISSED:
         os.execve(sys.executable, sys.orig_argv, service_env())
 
 

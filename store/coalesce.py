@@ -14,6 +14,13 @@ a caller answering from that callback saves the loop turn that resuming an
 awaiting coroutine costs - on an idle node, most of a lone send's time is
 such turns.
 
+A caller that queues no other send in its turn says so (``alone``): when
+nothing else is ready to run in that turn either, the drain would group it
+with nothing (what arrives meanwhile is read in later turns, after the drain
+ran), so the send is written at once and the drain's turn - an ``epoll`` and
+a pass of the loop - is saved. A busy loop keeps the next-turn drain, and the
+grouping with it.
+
 Semantics are those of separate sends: a refused send (bad topic, queue id,
 size, a malformed producer batch) is answered alone and does not affect the
 others; records of one send stay consecutive; a failed write or fsync fails
@@ -73,16 +80,24 @@ class SendCoalescer:
         self.submit_then(batch, functools.partial(_resolve, fut))
         return fut
 
-    def submit_then(self, batch: EncodedBatch, on_done: Settle) -> None:
+    def submit_then(self, batch: EncodedBatch, on_done: Settle, *, alone: bool = False) -> None:
         """Queue a send; ``on_done`` gets its result once it is written (and fsynced
         under SYNC), called by the drain itself - or before this returns, when the
         send is refused. ``on_done`` must not raise: the sends grouped with this
-        one are settled after it."""
+        one are settled after it.
+
+        ``alone``: the caller queues no other send before its turn ends. Then, if
+        no send is queued and the loop has nothing else ready in this turn, the
+        send is written before this returns (``on_done`` may be called before
+        it returns, with the result; under SYNC, once the fsync is done)."""
         refused = self._refuse(batch)
         if refused is not None:
             on_done(refused)
             return
         if not self._pending:
+            if alone and _nothing_else_ready(self._loop):
+                self._write([(batch, on_done)])
+                return
             self._loop.call_soon(self._drain)
         self._pending.append((batch, on_done))
 
@@ -127,6 +142,14 @@ class SendCoalescer:
                 settle(own if not why else self._flush_failed(own, why))
 
         waiting.add_done_callback(flushed)
+
+
+def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` has no handle left to run in this turn (and none queued for
+    the next): asyncio's own loops keep them in ``_ready``. Another loop class
+    (without it) is never taken for idle: its sends keep the next-turn drain."""
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and len(ready) == 0
 
 
 def _resolve(fut: asyncio.Future[PutMessageResult], result: PutMessageResult) -> None:

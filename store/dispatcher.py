@@ -195,6 +195,13 @@ class ReputMessageService:
         Anything else (a roll, a backlog, an overflowed hand-off, a writer
         already dispatching) wakes the thread.
         """
+        bound = self.confirm_offset
+        if bound is not None and self.reput_from_offset >= bound:
+            # Caught up to the confirm offset (controller mode): the append waits for
+            # it, and moving it calls this again - the master's own confirm, right
+            # after a send of a group of one. Nothing to apply or wake for: not even
+            # the lock (a stale read only takes the path below).
+            return
         loop = _running_loop()
         try:
             if self._apply_inline(may_create=loop is None):

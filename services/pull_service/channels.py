@@ -32,8 +32,11 @@ from basalt.v1 import store_node_pb2_grpc as sn_grpc
 
 log = logging.getLogger(__name__)
 
+_STORE_NODE = sn.DESCRIPTOR.services_by_name["StoreNode"]
 #: StoreNode.GetMessages' method path, for the undecoded call.
-GET_MESSAGES = "/basalt.v1.StoreNode/GetMessages"
+GET_MESSAGES = dial.rpc_path(_STORE_NODE.methods_by_name["GetMessages"])
+#: StoreNode.SendStream's path, opened by :func:`basalt.common.dial.open_stream`.
+SEND_STREAM = dial.rpc_path(_STORE_NODE.methods_by_name["SendStream"])
 #: How long an evicted channel lets its in-flight calls (held pulls) finish.
 _EVICT_GRACE_S = 30.0
 #: How long QueryRoute waits for a store-node to say its store host.
@@ -73,6 +76,15 @@ class ChannelPool:
             stub = sn_grpc.StoreNodeStub(self._channel(address))
             self._store_nodes[address] = stub
         return stub
+
+    def open_send_stream(self, address: str) -> grpc.aio.StreamStreamCall[Any, Any]:
+        """A new StoreNode.SendStream to ``address`` (:func:`basalt.common.dial.open_stream`)."""
+        return dial.open_stream(
+            self._channel(address),
+            SEND_STREAM,
+            sn.SendStreamRequest.SerializeToString,
+            sn.SendStreamResponse.FromString,
+        )
 
     def get_messages_raw(self, address: str) -> grpc.aio.UnaryUnaryMultiCallable[Any, bytes]:
         """StoreNode.GetMessages answering its serialized PullBatchResponse,

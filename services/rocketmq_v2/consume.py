@@ -62,6 +62,7 @@ from basalt.services.rocketmq_v2.conversions import (
     StoreQueue,
     V2Error,
     endpoints_of,
+    entries_status,
     group_name,
     ok_status,
     readable_brokers,
@@ -190,15 +191,6 @@ class ConsumeRpcs(StoreCalls):
     _acks: Coalescer[tuple[str, str, str], str, int]
 
     if TYPE_CHECKING:  # MessagingServiceServicer's
-
-        async def _on_store_node(
-            self,
-            mq: v2.MessageQueue,
-            rpc: str,
-            make: Callable[[str, int], Any],
-            context: grpc.aio.ServicerContext[Any, Any],
-            hold_s: float = 0.0,
-        ) -> Any: ...
 
         async def _store(
             self,
@@ -578,12 +570,7 @@ class ConsumeRpcs(StoreCalls):
             for entry, status in zip(request.entries, codes, strict=True)
             if status is not None
         ]
-        distinct = {e.status.code for e in entries}
-        if len(distinct) == 1:
-            status = entries[0].status
-        else:
-            status = v2.Status(code=v2.MULTIPLE_RESULTS, message="entries differ")
-        return sv.AckMessageResponse(status=status, entries=entries)
+        return sv.AckMessageResponse(status=entries_status(entries), entries=entries)
 
     async def ChangeInvisibleDuration(
         self,

@@ -33,6 +33,7 @@ import ipaddress
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -131,6 +132,14 @@ def group_name(group: v2.Resource) -> str:
     if not group.name:
         raise V2Error(v2.ILLEGAL_CONSUMER_GROUP, "no consumer group")
     return group.name
+
+
+def entries_status(entries: Sequence[Any]) -> v2.Status:
+    """The status of a response of ``entries`` (each with a ``status``): theirs
+    when they all agree, MULTIPLE_RESULTS when they differ (RocketMQ 5's proxy)."""
+    if len({e.status.code for e in entries}) == 1:
+        return entries[0].status  # type: ignore[no-any-return]
+    return v2.Status(code=v2.MULTIPLE_RESULTS, message="entries differ")
 
 
 def ok_status() -> v2.Status:

@@ -10,8 +10,8 @@ deadline; no pop state and no commit (``UpdateOffset`` commits).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -29,17 +29,6 @@ from basalt.v1 import store_node_pb2 as sn
 
 class PullRpcs(StoreCalls):
     """PullMessage (module docstring)."""
-
-    if TYPE_CHECKING:  # MessagingServiceServicer's
-
-        async def _on_store_node(
-            self,
-            mq: v2.MessageQueue,
-            rpc: str,
-            make: Callable[[str, int], Any],
-            context: grpc.aio.ServicerContext[Any, Any],
-            hold_s: float = 0.0,
-        ) -> Any: ...
 
     async def PullMessage(
         self, request: sv.PullMessageRequest, context: grpc.aio.ServicerContext[Any, Any]

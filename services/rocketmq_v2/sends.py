@@ -40,13 +40,15 @@ from basalt.services.rocketmq_v2.conversions import (
     V2Error,
     asked_queue,
     deliver_time_ms,
+    entries_status,
     fifo_queue,
     to_message,
     writable_queues,
 )
 from basalt.services.rocketmq_v2.host import LocalStoreNode
-from basalt.services.rocketmq_v2.store_calls import STORE_NODE_BUDGET_S, StoreCalls, local_error
+from basalt.services.rocketmq_v2.store_calls import STORE_NODE_BUDGET_S, local_error
 from basalt.services.rocketmq_v2.store_streams import SendStreams, refused
+from basalt.services.rocketmq_v2.transactions import TransactionRpcs
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -58,24 +60,13 @@ if TYPE_CHECKING:
 Stored = tuple[v2.Code.ValueType, int] | V2Error
 
 
-class SendRpcs(StoreCalls):
+class SendRpcs(TransactionRpcs):
     """SendMessage (module docstring); a mixin of
     :class:`basalt.services.rocketmq_v2.service.MessagingServiceServicer`,
-    which calls :meth:`_init_sends` once."""
+    which calls :meth:`_init_sends` once. Timer and half messages are sent
+    one by one by :class:`TransactionRpcs`' ``_send_one``."""
 
     config: RocketMQv2Config
-
-    if TYPE_CHECKING:  # TransactionRpcs'
-
-        async def _send_one(
-            self,
-            queue: StoreQueue,
-            message: Message,
-            message_id: str,
-            deliver_ms: int,
-            transactional: bool,
-            context: grpc.aio.ServicerContext[Any, Any],
-        ) -> sv.SendResultEntry: ...
 
     def _init_sends(self) -> None:
         self._turn = itertools.count()
@@ -85,7 +76,7 @@ class SendRpcs(StoreCalls):
             self._send_joined
         )
         #: One SendStream per other store-node, for the joined sends.
-        self._streams = SendStreams(self.host.channels.store_node)
+        self._streams = SendStreams(self.host.channels.open_send_stream)
         #: Per topic: its config, (live brokers, mastership) and the queues
         #: :meth:`_writable` answered for them.
         self._routes: dict[
@@ -100,12 +91,7 @@ class SendRpcs(StoreCalls):
             entries = await self._send(request, context)
         except V2Error as e:
             return sv.SendMessageResponse(status=e.status())
-        codes = {e.status.code for e in entries}
-        if len(codes) == 1:
-            status = entries[0].status
-        else:
-            status = v2.Status(code=v2.MULTIPLE_RESULTS, message="entries differ")
-        return sv.SendMessageResponse(status=status, entries=entries)
+        return sv.SendMessageResponse(status=entries_status(entries), entries=entries)
 
     async def _send(
         self, request: sv.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]

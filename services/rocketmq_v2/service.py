@@ -70,12 +70,10 @@ from basalt.services.rocketmq_v2.conversions import (
     group_name,
     message_queues,
     ok_status,
-    queue_of,
 )
 from basalt.services.rocketmq_v2.host import FrontHost
 from basalt.services.rocketmq_v2.pulls import PullRpcs
 from basalt.services.rocketmq_v2.sends import SendRpcs
-from basalt.services.rocketmq_v2.transactions import TransactionRpcs
 from basalt.services.validation import LimitError, timestamp_ms
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
@@ -181,7 +179,7 @@ def _consumer_backoff(max_attempts: int, max_delay_ms: int) -> v2.RetryPolicy:
     )
 
 
-class MessagingServiceServicer(SendRpcs, ConsumeRpcs, PullRpcs, TransactionRpcs):
+class MessagingServiceServicer(SendRpcs, ConsumeRpcs, PullRpcs):
     """The v2 RPCs (module docstring), over its host's view (a pull-service's
     or a store-node's: :class:`~basalt.services.rocketmq_v2.host.FrontHost`). Not
     the generated servicer's subclass: only the methods it has are registered
@@ -370,28 +368,3 @@ class MessagingServiceServicer(SendRpcs, ConsumeRpcs, PullRpcs, TransactionRpcs)
                 status=V2Error(code_of_response(done.commit.code), done.commit.message).status()
             )
         return sv.UpdateOffsetResponse(status=ok_status())
-
-    async def _on_store_node(
-        self,
-        mq: v2.MessageQueue,
-        rpc: str,
-        make: Callable[[str, int], Any],
-        context: grpc.aio.ServicerContext[Any, Any],
-        hold_s: float = 0.0,
-    ) -> Any:
-        """Call ``rpc`` with ``make(topic, queue_id)`` on the store-node of the
-        queue ``mq`` names (:func:`queue_of`: its broker and queue id; a call the
-        store-node may hold gets ``hold_s`` more time); its answer, or V2Error
-        (TOPIC_NOT_FOUND, BAD_REQUEST for a broker or queue id outside the
-        topic, the store-node's refusal in v2 terms)."""
-        config = self.host.topics.get(mq.topic.name)
-        if config is None:
-            raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
-        queue = queue_of(config, mq)
-        if queue is None:
-            raise V2Error(
-                v2.BAD_REQUEST,
-                f"topic {mq.topic.name!r} has no queue {mq.id} on broker {mq.broker.name!r}",
-            )
-        request = make(config.topic_name, queue.queue_id)
-        return await self._call(queue, self._address(queue), rpc, request, context, hold_s)

@@ -15,7 +15,7 @@ definition is what all of them call.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ import grpc
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.services.errors import Refusal, downstream_refusal
 from basalt.services.pull_service.channels import call_timeout_s
-from basalt.services.rocketmq_v2.conversions import StoreQueue, V2Error, code_of_response
+from basalt.services.rocketmq_v2.conversions import StoreQueue, V2Error, code_of_response, queue_of
 
 if TYPE_CHECKING:
     from basalt.services.rocketmq_v2.host import FrontHost, LocalStoreNode
@@ -94,6 +94,31 @@ class StoreCalls:
         if self.host.local is None:
             return None
         return self.host.local_at(broker, self._address(StoreQueue(broker, 0)))
+
+    async def _on_store_node(
+        self,
+        mq: v2.MessageQueue,
+        rpc: str,
+        make: Callable[[str, int], Any],
+        context: grpc.aio.ServicerContext[Any, Any],
+        hold_s: float = 0.0,
+    ) -> Any:
+        """Call ``rpc`` with ``make(topic, queue_id)`` on the store-node of the
+        queue ``mq`` names (:func:`queue_of`: its broker and queue id; a call the
+        store-node may hold gets ``hold_s`` more time); its answer, or V2Error
+        (TOPIC_NOT_FOUND, BAD_REQUEST for a broker or queue id outside the
+        topic, the store-node's refusal in v2 terms)."""
+        config = self.host.topics.get(mq.topic.name)
+        if config is None:
+            raise V2Error(v2.TOPIC_NOT_FOUND, f"topic {mq.topic.name!r} not found")
+        queue = queue_of(config, mq)
+        if queue is None:
+            raise V2Error(
+                v2.BAD_REQUEST,
+                f"topic {mq.topic.name!r} has no queue {mq.id} on broker {mq.broker.name!r}",
+            )
+        request = make(config.topic_name, queue.queue_id)
+        return await self._call(queue, self._address(queue), rpc, request, context, hold_s)
 
     async def _call(
         self,

@@ -60,18 +60,18 @@ class _Stream:
 
 class SendStreams:
     """One SendStream per store-node address (module docstring).
-    ``stub_of(address)``: the store-node's async stub (the pull-service's
-    channels)."""
+    ``open_stream(address)``: a new SendStream call to that store-node (the
+    pull-service's channels')."""
 
-    def __init__(self, stub_of: Callable[[str], Any]) -> None:
-        self._stub_of = stub_of
+    def __init__(self, open_stream: Callable[[str], Any]) -> None:
+        self._open_stream = open_stream
         self._streams: dict[str, _Stream] = {}
         self._opaques = itertools.count(1)
 
     def _stream(self, address: str, peer: str) -> _Stream:
         stream = self._streams.get(address)
         if stream is None or stream.broken is not None:
-            stream = _Stream(self._stub_of(address).SendStream(), peer)
+            stream = _Stream(self._open_stream(address), peer)
             self._streams[address] = stream
         return stream
 

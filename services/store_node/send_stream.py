@@ -12,6 +12,19 @@ an idle node the loop turns between a request and its answer are most of a
 lone send's time, and a task per send would add one to start it and one to
 resume it. A send that must await (its topic is created first) runs as a task.
 
+A request of one send, read while the loop has nothing else to do, is written
+by the store before :meth:`SendHandler.start_send` returns (``alone``: no
+next-turn drain to group it with others, as there are none), and its answer is
+then ready as the reader finishes taking the request. For a request of one
+message - ``await producer.send(msg)``, one at a time - the reader writes it
+itself rather than waking the writer task, one loop turn sooner; the next
+request is read once that write is done, which costs nothing to a producer that
+waits for the answer. Other answers (a batch's, whose producer keeps several in
+flight and whose next request is read while the writer task writes; those that
+come later: a SYNC flush, the in-sync replicas' acks, a busy loop's grouped
+append, a send run as a task) are the writer task's; one write at a time
+either way.
+
 At most ``max_in_flight`` sends are in flight on a stream: past that the
 stream is not read, and HTTP/2 flow control holds the producer back.
 """
@@ -19,12 +32,14 @@ stream is not read, and HTTP/2 flow control holds the producer back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry import trace
 
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.services.store_node.metrics import send_stream_span
@@ -42,8 +57,15 @@ SendOutcome = pb.SendResult | Refusal
 class SendHandler(Protocol):
     """The store-node's side of a send."""
 
-    def start_send(self, request: SendRequest, on_done: Callable[[SendOutcome], None]) -> bool:
-        """Start a send without awaiting; False (nothing done) when it must await."""
+    def start_send(
+        self,
+        request: SendRequest,
+        on_done: Callable[[SendOutcome], None],
+        *,
+        alone: bool = False,
+    ) -> bool:
+        """Start a send without awaiting; False (nothing done) when it must await.
+        ``alone``: the caller starts no other send in this loop turn."""
         ...
 
     async def send(self, request: SendRequest) -> pb.SendResult:
@@ -53,6 +75,10 @@ class SendHandler(Protocol):
     async def end_transaction(self, request: sn.EndTransactionRequest) -> pb.SendResult:
         """An EndTransaction carried on the stream (its response's result)."""
         ...
+
+
+#: What a request of an untraced stream is taken under: nothing.
+_UNTRACED = contextlib.nullcontext()
 
 
 class _ClientGone(Exception):
@@ -81,6 +107,11 @@ class _SendStream:
         #: Sends read whose answer is not written yet.
         self.in_flight = 0
         self.reading = True
+        #: Whether a write is under way (the reader's or the writer task's).
+        self.writing = False
+        #: Whether the reader is taking a request's sends: it sees to their answers
+        #: itself afterwards, so answers meanwhile do not wake the writer.
+        self.taking = False
         #: Set when the writer waits for an answer (or for the end of the stream).
         self.wake: asyncio.Future[None] | None = None
 
@@ -100,6 +131,10 @@ class _SendStream:
             pass  # nobody is left to answer; every send read was stored or refused
 
     async def _read_sends(self) -> None:
+        # The stream's span is the call's, for its whole life: a request's own span
+        # (send_stream_span) is made under a recorded one only, and an unrecorded
+        # stream skips even the check, a generator's enter and exit per request.
+        traced = trace.get_current_span().is_recording()
         while True:
             await self.window.acquire()
             request = await self.context.read()
@@ -108,13 +143,26 @@ class _SendStream:
             items = request.items
             if not items:
                 self.window.release()
-            with send_stream_span(items):
+            with send_stream_span(items) if traced else _UNTRACED:
+                alone = len(items) == 1
+                lone_message = alone and items[0].HasField("message")
                 for k, item in enumerate(items):
                     if k:  # the window counts sends; the first was acquired above
+                        self.taking = False  # the writer may be needed while this waits
+                        if self.ready:
+                            self._wake_writer()
                         await self.window.acquire()
-                    self._take(item)
+                    self.taking = True
+                    self._take(item, alone)
+                self.taking = False
+            if self.ready and lone_message and self._writer_idle():
+                # Answered while taken (written at once, or refused): write it from
+                # here, the writer task's wake-up and turn saved.
+                await self._write_ready()
+            if self.ready:
+                self._wake_writer()  # answers that came during a write
 
-    def _take(self, item: sn.SendStreamItem) -> None:
+    def _take(self, item: sn.SendStreamItem, alone: bool) -> None:
         self.in_flight += 1
         on_done = functools.partial(self._answer, item.opaque)
         form = item.WhichOneof("request")
@@ -130,7 +178,7 @@ class _SendStream:
                 raise invalid(
                     "a SendStream request carries neither message nor batch (nor end_transaction)"
                 )
-            if self.handler.start_send(request, on_done):
+            if self.handler.start_send(request, on_done, alone=alone):
                 return
         except Exception as e:
             on_done(as_refusal(e, "SendStream"))
@@ -161,7 +209,12 @@ class _SendStream:
         else:
             answer = sn.SendStreamAnswer(opaque=opaque, result=outcome)
         self.ready.append(answer)
-        self._wake_writer()
+        if not self.taking:
+            self._wake_writer()
+
+    def _writer_idle(self) -> bool:
+        """Whether the writer task waits, not woken (so no write is under way)."""
+        return self.wake is not None and not self.wake.done() and not self.writing
 
     def _wake_writer(self) -> None:
         if self.wake is not None and not self.wake.done():
@@ -170,21 +223,29 @@ class _SendStream:
     async def _write_answers(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not self.ready:
+            if not self.ready or self.writing:
+                # (While the reader writes, it wakes this task again for what is left.)
                 if not self.reading and self.in_flight == 0:
                     return
                 self.wake = loop.create_future()
                 await self.wake
                 continue
-            answers, self.ready = self.ready, []
-            try:
-                await self.context.write(sn.SendStreamResponse(answers=answers))
-            except Exception as e:
-                # A write on a server stream fails only once the call is over (the
-                # client cancelled it or went away): often before gRPC has told
-                # this handler so.
-                log.debug("SendStream ended with %d answers unwritten: %r", len(answers), e)
-                raise _ClientGone from e
-            self.in_flight -= len(answers)
-            for _ in answers:
-                self.window.release()
+            await self._write_ready()
+
+    async def _write_ready(self) -> None:
+        """Write every answer ready, in one write; no other write may be under way."""
+        answers, self.ready = self.ready, []
+        self.writing = True
+        try:
+            await self.context.write(sn.SendStreamResponse(answers=answers))
+        except Exception as e:
+            # A write on a server stream fails only once the call is over (the
+            # client cancelled it or went away): often before gRPC has told
+            # this handler so.
+            log.debug("SendStream ended with %d answers unwritten: %r", len(answers), e)
+            raise _ClientGone from e
+        finally:
+            self.writing = False
+        self.in_flight -= len(answers)
+        for _ in answers:
+            self.window.release()

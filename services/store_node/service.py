@@ -462,11 +462,19 @@ class StoreNodeServicer(
                 encoded = await confirmed
         return self._send_result(topic, queue_id, encoded, started, handles)
 
-    def start_send(self, request: SendRequest, on_done: Callable[[SendOutcome], None]) -> bool:
+    def start_send(
+        self,
+        request: SendRequest,
+        on_done: Callable[[SendOutcome], None],
+        *,
+        alone: bool = False,
+    ) -> bool:
         """:meth:`send` without a coroutine, for SendStream's sends: False (and
         nothing done) when the send must await - its topic is created first -
         and :meth:`send` must take it. ``on_done`` gets the result or refusal,
-        possibly before this returns. Refusals of the checks raise."""
+        possibly before this returns. Refusals of the checks raise. ``alone``:
+        the caller starts no other send in this loop turn (the store may then
+        write it at once: :meth:`MessageStore.put_batch_then`)."""
         started = time.perf_counter()
         topic, queue_id = _send_target(request)
         if self._writable_config(topic, queue_id) is None:
@@ -486,9 +494,11 @@ class StoreNodeServicer(
             settle(encoded)
         elif self.group is not None:
             group = self.group
-            self.store.put_batch_then(encoded, lambda result: group.confirm_then(result, settle))
+            self.store.put_batch_then(
+                encoded, lambda result: group.confirm_then(result, settle), alone=alone
+            )
         else:
-            self.store.put_batch_then(encoded, settle)
+            self.store.put_batch_then(encoded, settle, alone=alone)
         return True
 
     @_rpc

@@ -17,6 +17,7 @@ from basalt.common import auth, dial
 from tests.support.aio import async_test
 
 METHOD = "/test.Echo/Call"
+STREAM = "/test.Echo/Stream"
 ALICE = auth.Credentials("alice", "alice-secret")
 SERVICE = auth.Credentials("internal", "internal-secret")
 
@@ -31,11 +32,17 @@ async def recording_server() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
         seen.append({k: str(v) for k, v in context.invocation_metadata() or ()})
         return request
 
-    handler = grpc.unary_unary_rpc_method_handler(call)
+    async def stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        seen.append({k: str(v) for k, v in context.invocation_metadata() or ()})
+        async for request in requests:
+            await context.write(request)
+
+    handlers = {
+        "Call": grpc.unary_unary_rpc_method_handler(call),
+        "Stream": grpc.stream_stream_rpc_method_handler(stream),
+    }
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("test.Echo", {"Call": handler}),)
-    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", handlers),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -90,6 +97,24 @@ async def test_both_channels_sign_with_their_own_then_the_processs_credentials()
                 await etcd_like.unary_unary(METHOD)(b"x")
     signers = [_signer(m) for m in seen]
     assert signers == [None, None, "alice", "alice", "internal", "internal", None]
+
+
+@async_test
+async def test_a_stream_is_signed_as_its_channels_calls_and_written_to_directly() -> None:
+    """open_stream signs with the channel's credentials (given, else the
+    process's; never on an unsigned channel) and returns grpc.aio's own call:
+    no interceptor's queue and task between a write and the call."""
+    async with recording_server() as (address, seen):
+        with process_credentials(SERVICE):
+            for credentials, signed in ((ALICE, True), (None, True), (ALICE, False)):
+                async with dial.channel(address, credentials=credentials, signed=signed) as channel:
+                    call = dial.open_stream(channel, STREAM, None, None)
+                    assert type(call).__name__ == "StreamStreamCall"
+                    await call.write(b"a")
+                    assert await call.read() == b"a"
+                    await call.done_writing()
+                    assert await call.code() is grpc.StatusCode.OK
+    assert [_signer(m) for m in seen] == ["alice", "internal", None]
 
 
 def test_credentials_from_env_reads_the_named_file(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ async def test_every_kind_of_call_is_a_server_span_with_its_status(
                     assert e.code() is grpc.StatusCode.NOT_FOUND
                 else:
                     raise AssertionError("Fail answered")
-                echo = channel.stream_stream("/t.T/Echo")()
+                echo = dial.open_stream(channel, "/t.T/Echo", None, None)
                 await echo.write(b"a")
                 assert await echo.read() == b"a"
                 await echo.done_writing()
@@ -89,6 +89,10 @@ async def test_every_kind_of_call_is_a_server_span_with_its_status(
     (client_ok,) = [s for s in named(finished, "/t.T/Ok") if s.kind is trace.SpanKind.CLIENT]
     assert servers["/t.T/Ok"].parent is not None and client_ok.context is not None
     assert servers["/t.T/Ok"].parent.span_id == client_ok.context.span_id
+    # A stream opened by dial.open_stream has its client span too, the server's parent.
+    (client_echo,) = [s for s in named(finished, "/t.T/Echo") if s.kind is trace.SpanKind.CLIENT]
+    assert servers["/t.T/Echo"].parent is not None and client_echo.context is not None
+    assert servers["/t.T/Echo"].parent.span_id == client_echo.context.span_id
 
 
 @async_test

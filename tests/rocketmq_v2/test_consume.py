@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer, Producer
-from basalt.common.message import Message, MessageRecord
+from basalt.client import Producer
+from basalt.common.message import Message
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
@@ -25,7 +25,7 @@ from tests.support.interop import (
     ensure_node_modules,
     run_client,
 )
-from tests.support.v2_front import FRONTS, V2Cluster, v2_cluster
+from tests.support.v2_front import FRONTS, V2Cluster, read_all, v2_cluster
 
 FIFO_GROUP = "GFifo"
 #: A topic spread over both store-nodes.
@@ -52,24 +52,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
 async def _sdk_send(pull: str, messages: list[Message]) -> list[str]:
     async with Producer(pull, group="P") as producer:
         return [(await producer.send(m)).msg_id for m in messages]
-
-
-async def _read_all(pull: str, topic: str, expect: int) -> list[MessageRecord]:
-    consumer = LitePullConsumer(
-        pull,
-        config=LitePullConfig(
-            consumer_group="GRead", consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-        ),
-    )
-    consumer.subscribe(topic)
-    got: list[MessageRecord] = []
-    async with consumer:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        while len(got) < expect and loop.time() < deadline:
-            got += await consumer.poll(timeout_ms=500)
-        got += await consumer.poll(timeout_ms=300)  # nothing more than expected
-    return got
 
 
 @pytest.mark.parametrize("front", ["pull-service", "store-node"])
@@ -167,7 +149,7 @@ def test_push_consumer_retries_then_dead_letters(cluster: V2Cluster, client: str
         assert by_body[f"ok-{i}"] == [1]
     for i in range(2):
         assert by_body[f"fail-{i}"] == list(range(1, MAX_ATTEMPTS + 1))
-    dead = asyncio.run(_read_all(cluster.pull, f"%DLQ%{group}", 2))
+    dead = asyncio.run(read_all(cluster.pull, f"%DLQ%{group}", "GRead", 2))
     assert sorted(r.body for r in dead) == [b"fail-0", b"fail-1"]
     for r in dead:
         assert r.uniq_key == ids[r.body.decode()]
@@ -278,7 +260,7 @@ def test_raw_consumption_calls_and_bad_input(cluster: V2Cluster, front: str) -> 
         )  # fmt: skip
         assert stub.AckMessage(ok, timeout=10).status.code == v2.INVALID_RECEIPT_HANDLE
         assert _receive(stub, topic, raw).status.code == v2.MESSAGE_NOT_FOUND
-        (dead,) = asyncio.run(_read_all(cluster.pull, f"%DLQ%{raw}", 1))
+        (dead,) = asyncio.run(read_all(cluster.pull, f"%DLQ%{raw}", "GRead", 1))
         assert dead.body == b"raw"
         host, _, port = cluster.endpoint(front).rpartition(":")
         endpoints = v2.Endpoints(addresses=[v2.Address(host=host, port=int(port))])

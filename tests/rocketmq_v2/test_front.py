@@ -11,15 +11,13 @@ from typing import Any
 import grpc
 import pytest
 
-from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer
-from basalt.common.message import MessageRecord
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from basalt.services.rocketmq_v2.conversions import PROPERTY_SHARDING_KEY
 from tests.support.interop import PRODUCERS, ensure_node_modules, run_client
 from tests.support.processes import run_basalt_sync
-from tests.support.v2_front import V2Cluster, v2_cluster
+from tests.support.v2_front import V2Cluster, read_all, v2_cluster
 
 TOPIC, BAD_TOPIC = "V2Topic", "V2Bad"
 
@@ -31,24 +29,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
         for topic in (TOPIC, BAD_TOPIC):
             c.topic(topic, queues=4)
         yield c
-
-
-async def _read_all(pull: str, topic: str, group: str, expect: int) -> list[MessageRecord]:
-    consumer = LitePullConsumer(
-        pull,
-        config=LitePullConfig(
-            consumer_group=group, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
-        ),
-    )
-    consumer.subscribe(topic)
-    got: list[MessageRecord] = []
-    async with consumer:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        while len(got) < expect and loop.time() < deadline:
-            got += await consumer.poll(timeout_ms=500)
-        got += await consumer.poll(timeout_ms=300)  # nothing more than expected
-    return got
 
 
 @pytest.mark.parametrize("client", sorted(PRODUCERS))
@@ -67,7 +47,7 @@ def test_official_producer_messages_read_back_exactly(cluster: V2Cluster, client
     assert made.returncode == 0, made.stderr
     sent = run_client(PRODUCERS[client], cluster.v2, {"topic": topic, "messages": normal + fifo})
     assert all("message_id" in r for r in sent), sent
-    records = asyncio.run(_read_all(cluster.pull, topic, f"G-{client}", len(sent)))
+    records = asyncio.run(read_all(cluster.pull, topic, f"G-{client}", len(sent)))
     assert len(records) == len(sent)
     by_id = {r.properties["UNIQ_KEY"]: r for r in records}
     for spec, receipt in zip(normal + fifo, sent, strict=True):
@@ -140,7 +120,7 @@ def test_query_route_and_bad_input(cluster: V2Cluster) -> None:
         with pytest.raises(grpc.RpcError) as e:
             stub.SyncLiteSubscription(sv.SyncLiteSubscriptionRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert asyncio.run(_read_all(cluster.pull, BAD_TOPIC, "G-bad", 0)) == []
+    assert asyncio.run(read_all(cluster.pull, BAD_TOPIC, "G-bad", 0)) == []
 
 
 def test_telemetry_answers_settings_and_stays_open(cluster: V2Cluster) -> None:

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer
-from basalt.common.message import MessageRecord
 from basalt.rocketmq.v2 import definition_pb2 as v2
 from basalt.rocketmq.v2 import service_pb2 as sv
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from tests.support.interop import PRODUCERS, ensure_node_modules, run_client
 from tests.support.processes import run_basalt_sync
-from tests.support.v2_front import V2Cluster, v2_cluster
+from tests.support.v2_front import V2Cluster, read_all, v2_cluster
 
 BOTH = ("broker-a", "broker-b")
 
@@ -127,25 +125,6 @@ def test_a_store_node_front_stores_its_own_queues_sends_and_routes_the_others(
         }  # fmt: skip
 
 
-async def _read_all(pull: str, topic: str, expect: int) -> list[MessageRecord]:
-    consumer = LitePullConsumer(
-        pull,
-        config=LitePullConfig(
-            consumer_group=f"G-{topic}",
-            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-        ),
-    )
-    consumer.subscribe(topic)
-    got: list[MessageRecord] = []
-    async with consumer:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        while len(got) < expect and loop.time() < deadline:
-            got += await consumer.poll(timeout_ms=500)
-        got += await consumer.poll(timeout_ms=300)  # nothing more than expected
-    return got
-
-
 @pytest.mark.parametrize("client", sorted(PRODUCERS))
 def test_an_official_producer_dialing_one_store_node_reaches_both(
     cluster: V2Cluster, client: str
@@ -157,7 +136,7 @@ def test_an_official_producer_dialing_one_store_node_reaches_both(
         PRODUCERS[client], cluster.fronts["broker-a"], {"topic": topic, "messages": normal + fifo}
     )
     assert all("message_id" in r for r in sent), sent
-    records = asyncio.run(_read_all(cluster.pull, topic, len(sent)))
+    records = asyncio.run(read_all(cluster.pull, topic, f"G-{topic}", len(sent)))
     by_id = {r.properties["UNIQ_KEY"]: r for r in records}
     assert len(records) == len(by_id) == len(sent)
     for spec, receipt in zip(normal + fifo, sent, strict=True):

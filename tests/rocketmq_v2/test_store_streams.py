@@ -71,7 +71,7 @@ def _batch(topic: str) -> sn.SendBatchRequest:
 def test_answers_come_back_in_order_and_one_stream_is_reused() -> None:
     async def main() -> None:
         stub = FakeStub()
-        streams = SendStreams(lambda address: stub)
+        streams = SendStreams(lambda address: stub.SendStream())
         answers = await streams.send("a:1", "peer", [_batch("t"), _batch("no")], 5)
         assert [refused(a, "peer") is None for a in answers] == [True, False]
         refusal = refused(answers[1], "peer")
@@ -88,7 +88,7 @@ def test_answers_come_back_in_order_and_one_stream_is_reused() -> None:
 def test_a_broken_stream_fails_its_waiters_and_the_next_send_reopens() -> None:
     async def main() -> None:
         stub = FakeStub()
-        streams = SendStreams(lambda address: stub)
+        streams = SendStreams(lambda address: stub.SendStream())
         await streams.send("a:1", "peer", [_batch("t")], 5)
         stub.calls[0].silent = True
         waiting = asyncio.create_task(streams.send("a:1", "peer", [_batch("t")], 5))

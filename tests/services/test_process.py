@@ -43,13 +43,19 @@ def test_service_env_adds_the_grpc_settings_and_the_callers_own_win(
     assert service_env()["GRPC_EXPERIMENTS"] == ""
 
 
-@pytest.mark.parametrize("preset", [None, ""])
-def test_rerun_with_service_env_runs_the_same_command_again_unless_set(
-    preset: str | None,
+@pytest.mark.parametrize(
+    ("preset", "grpc_first", "reruns"),
+    [(None, True, True), (None, False, False), ("", True, False)],
+)
+def test_rerun_with_service_env_runs_again_only_when_grpc_started_without_the_settings(
+    preset: str | None, grpc_first: bool, reruns: bool
 ) -> None:
+    """Importing basalt puts basalt.GRPC_ENV in the environment before gRPC
+    reads it, unless gRPC came first: only then does the command run again."""
     code = (
         "import os, sys\n"
-        "print('start', os.getpid(), flush=True)\n"
+        + ("import grpc\n" if grpc_first else "")
+        + "print('start', os.getpid(), flush=True)\n"
         "from basalt.services.process import rerun_with_service_env\n"
         "rerun_with_service_env()\n"
         "print('run', os.getpid(), repr(os.environ['GRPC_EXPERIMENTS']), sys.argv[1:])\n"
@@ -70,7 +76,7 @@ def test_rerun_with_service_env_runs_the_same_command_again_unless_set(
     pid = lines[0].split()[1]
     # Run again (same pid: exec'd in place) with the same arguments, once.
     assert lines[-1] == f"run {pid} {wanted!r} ['an-arg']"
-    assert len(lines) == (3 if preset is None else 2)
+    assert len(lines) == (3 if reruns else 2)
 
 
 def _soft_open_files(pid: int) -> int:

@@ -9,6 +9,7 @@ while the rest of the stream or the call is served.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import grpc
 import pytest
 
 from basalt.common.record import decode_record, split_records
+from basalt.store import FlushDiskType
+from basalt.store.config import MessageStoreConfig
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import run
@@ -23,6 +26,7 @@ from tests.support.nodes import NODE_TOPIC as TOPIC
 from tests.support.nodes import node
 from tests.support.polling import eventually
 from tests.support.rpc import refused, wire
+from tests.support.stores import node_store_config
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
@@ -136,6 +140,60 @@ def test_send_stream_creates_topics_while_the_known_ones_keep_flowing(tmp_path: 
                 bodies = [decode_record(r).body for r in split_records(got.records.data)]
                 first = int(fresh[-1])
                 assert bodies == [b"s%d" % i for i in range(first, 12, 4)]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("flush", list(FlushDiskType))
+def test_send_stream_answers_lone_and_pipelined_sends_in_turn(
+    tmp_path: Path, flush: FlushDiskType
+) -> None:
+    """One send at a time (the lone send written at once and answered by the
+    stream's reader), then many in flight (the writer task's answers), then one
+    at a time again: every send answered once, in the order written."""
+
+    def store_config(root: Path) -> MessageStoreConfig:
+        return dataclasses.replace(node_store_config(root), flush_disk_type=flush)
+
+    def item(i: int) -> sn.SendStreamItem:
+        return sn.SendStreamItem(
+            opaque=1000 + i,
+            message=sn.SendMessageRequest(message=wire(TOPIC, b"s%d" % i), queue_id=2),
+        )
+
+    async def scenario() -> None:
+        async with node(tmp_path, store_config=store_config) as (_, stub, _):
+            call = stub.SendStream()
+            offsets: dict[int, int] = {}
+
+            async def answers(n: int) -> None:
+                while n:
+                    response = await asyncio.wait_for(call.read(), 10)
+                    for a in response.answers:
+                        assert a.opaque - 1000 not in offsets, "answered twice"
+                        assert a.result.status == pb.SEND_STATUS_SEND_OK, a
+                        offsets[a.opaque - 1000] = a.result.queue_offsets[0]
+                        n -= 1
+
+            for i in range(30):
+                await call.write(sn.SendStreamRequest(items=[item(i)]))
+                await answers(1)
+            for i in range(30, 70):
+                await call.write(sn.SendStreamRequest(items=[item(i)]))
+            await answers(40)
+            for i in range(70, 80):
+                await call.write(sn.SendStreamRequest(items=[item(i)]))
+                await answers(1)
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
+            assert await call.code() == grpc.StatusCode.OK
+
+            assert [offsets[i] for i in range(80)] == list(range(80))
+            got = await stub.GetMessage(
+                sn.GetMessageRequest(group="G", topic=TOPIC, queue_id=2, offset=0, max_msg_nums=80)
+            )
+            bodies = [decode_record(r).body for r in split_records(got.records.data)]
+            assert bodies == [b"s%d" % i for i in range(80)]
 
     run(scenario)
 

@@ -210,6 +210,85 @@ def test_sends_answered_by_callback_share_the_group_of_awaited_ones(
         )
 
 
+@pytest.mark.parametrize("flush", list(FlushDiskType))
+def test_a_lone_send_on_an_idle_loop_is_written_before_it_returns(
+    make_config: ConfigFactory, clock: ManualClock, flush: FlushDiskType
+) -> None:
+    """put_batch_then(alone=True) with nothing else ready on the loop: appended
+    before it returns (ASYNC: answered too; SYNC: answered once fsynced), and
+    the next lone send is its own append after it."""
+    with MessageStore(make_config(flush_disk_type=flush), clock=clock) as store:
+        appends = count_appends(store)
+
+        async def scenario() -> list[PutMessageResult]:
+            settled: list[PutMessageResult] = []
+            for body in (b"a", b"b"):
+                # Idle: what the last append left on the loop (the dispatcher applies a
+                # run that creates a ConsumeQueue file in a later turn) has run.
+                await asyncio.sleep(0.01)
+                batch = store.encode_messages([Message("Lone", body, 0)])
+                assert isinstance(batch, EncodedBatch)
+                before = appends()
+                store.put_batch_then(batch, settled.append, alone=True)
+                assert appends() == before + 1, "not written before it returned"
+                if flush is FlushDiskType.ASYNC_FLUSH:
+                    assert len(settled) == before + 1, "not answered before it returned"
+                else:
+                    assert len(settled) == before, "answered before its fsync"
+                    while len(settled) == before:
+                        await asyncio.sleep(0.001)
+                    assert store.commitlog.files.flushed_where >= end_of(settled[-1])
+            return settled
+
+        settled = asyncio.run(scenario())
+
+        assert [r.queue_offsets for r in settled] == [(0,), (1,)]
+        expect_all_own(
+            store,
+            [([Message("Lone", b"a", 0)], settled[0]), ([Message("Lone", b"b", 0)], settled[1])],
+        )
+
+
+def test_a_lone_send_on_a_busy_loop_keeps_the_turns_group(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """put_batch_then(alone=True) while another callback is ready in the turn, or
+    another send is queued: left to the drain, and grouped with the sends that
+    callback makes (one append for all)."""
+    with MessageStore(make_config(), clock=clock) as store:
+        appends = count_appends(store)
+
+        def batch_of(body: bytes) -> EncodedBatch:
+            batch = store.encode_messages([Message("Busy", body, 0)])
+            assert isinstance(batch, EncodedBatch)
+            return batch
+
+        async def scenario() -> list[PutMessageResult]:
+            settled: list[PutMessageResult] = []
+            loop = asyncio.get_running_loop()
+            # Another handle ready in this turn: a send it makes joins the group.
+            loop.call_soon(lambda: store.put_batch_then(batch_of(b"c"), settled.append))
+            store.put_batch_then(batch_of(b"a"), settled.append, alone=True)
+            # A send already queued: a lone one joins it, whatever the loop.
+            store.put_batch_then(batch_of(b"b"), settled.append, alone=True)
+            assert not settled and appends() == 0, "written before the turn's drain"
+            while len(settled) < 3:
+                await asyncio.sleep(0)
+            return settled
+
+        settled = asyncio.run(scenario())
+
+        assert appends() == 1
+        assert [r.queue_offsets for r in settled] == [(0,), (1,), (2,)]
+        expect_all_own(
+            store,
+            [
+                ([Message("Busy", b, 0)], r)
+                for b, r in zip((b"a", b"b", b"c"), settled, strict=True)
+            ],
+        )
+
+
 def test_consecutive_groups_continue_the_queues(
     make_config: ConfigFactory, clock: ManualClock
 ) -> None:

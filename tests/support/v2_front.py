@@ -4,6 +4,7 @@ made with ``admin updateTopic``, a raw v2 stub."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import grpc
 
+from basalt.client import ConsumeFromWhere, LitePullConfig, LitePullConsumer
+from basalt.common.message import MessageRecord
 from basalt.rocketmq.v2 import service_pb2_grpc as sv_grpc
 from tests.support.processes import local_cluster, run_basalt_sync
 
@@ -66,3 +69,24 @@ def v2_cluster(data: Path, *args: str, env: Mapping[str, str] | None = None) -> 
         pull = by_role["pull-service"]
         fronts = {r["name"]: r["rocketmq_v2"] for r in rows if r["role"] == "store-node"}
         yield V2Cluster(by_role["etcd"]["address"], pull["address"], pull["rocketmq_v2"], fronts)
+
+
+async def read_all(pull: str, topic: str, group: str, expect: int) -> list[MessageRecord]:
+    """Every record of ``topic`` from its first offset, read with the SDK as
+    ``group`` through the pull-service at ``pull``: until ``expect`` came (or
+    15 s passed), then whatever more arrives in 0.3 s (nothing, when exact)."""
+    consumer = LitePullConsumer(
+        pull,
+        config=LitePullConfig(
+            consumer_group=group, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+        ),
+    )
+    consumer.subscribe(topic)
+    got: list[MessageRecord] = []
+    async with consumer:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while len(got) < expect and loop.time() < deadline:
+            got += await consumer.poll(timeout_ms=500)
+        got += await consumer.poll(timeout_ms=300)  # nothing more than expected
+    return got

@@ -37,11 +37,15 @@ from basalt.services.store_node.ha.wire import entries_from_pb, entries_to_pb
 from basalt.store import MessageStore
 from basalt.store.config import FlushDiskType
 from basalt.v1 import replication_pb2 as rpb
-from basalt.v1 import replication_pb2_grpc as rpb_grpc
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Replication.Replicate, the session's stream.
+_REPLICATE = dial.rpc_path(
+    rpb.DESCRIPTOR.services_by_name["Replication"].methods_by_name["Replicate"]
+)
 
 #: Makes the channel to a master address (default: basalt.common.dial.channel,
 #: with the store-node's TLS and credentials).
@@ -148,7 +152,12 @@ class ReplicationSlave:
         call: Any = None
         acks: asyncio.Task[None] | None = None
         try:
-            call = rpb_grpc.ReplicationStub(channel).Replicate()
+            call = dial.open_stream(
+                channel,
+                _REPLICATE,
+                rpb.ReplicaRequest.SerializeToString,
+                rpb.ReplicaResponse.FromString,
+            )
             store = self.store
             await call.write(
                 rpb.ReplicaRequest(
