@@ -106,7 +106,7 @@ from basalt.common.settings import (
     setting,
 )
 from basalt.common.tls import TlsConfig
-from basalt.common.tracing import consume_attributes, message_links
+from basalt.common.tracing import commit_attributes, consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -803,7 +803,7 @@ class LitePullConsumer(ConsumerClient):
         self, queue: MessageQueue, position: Position, carried: _Carry | None = None
     ) -> None:
         offset, epoch = position.offset, position.reset_epoch
-        stored = None if carried is None else await carried.outcome
+        stored = None if carried is None else await self._carried(queue, carried)
         if stored is None:
             stored = await self._store_offset(queue, offset, epoch)
         if stored:
@@ -817,6 +817,25 @@ class LitePullConsumer(ConsumerClient):
         read = self._reads.get(queue)
         if read is not None and read.position is position:
             self._new_read(queue, position)
+
+    async def _carried(self, queue: MessageQueue, carried: _Carry) -> bool | None:
+        """``carried``'s outcome. In a caller's recorded trace, awaited in a
+        CLIENT span "commit <topic>" of its own: the carrying GetMessages runs in
+        the fetcher's context, so without it the caller's trace would lose the
+        commit that its UpdateConsumerOffset call's span used to show."""
+        if not trace.get_current_span().is_recording():
+            return await carried.outcome
+        with _tracer.start_as_current_span(
+            f"commit {queue.topic}",
+            kind=trace.SpanKind.CLIENT,
+            attributes=commit_attributes(
+                topic=queue.topic,
+                queue_id=queue.queue_id,
+                group=self.consumer_group,
+                client_id=self.config.client_id,
+            ),
+        ):
+            return await carried.outcome
 
 
 def _drop_carry(read: _Read) -> None:

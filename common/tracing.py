@@ -89,6 +89,22 @@ def message_links(all_properties: Iterable[Mapping[str, str]]) -> list[trace.Lin
     return list(links.values())
 
 
+def commit_attributes(
+    *, topic: str, queue_id: int, group: str, client_id: str
+) -> dict[str, AttributeValue]:
+    """A commit span's attributes (a consumer storing its offset of one queue:
+    OpenTelemetry's "settle" operation type, named "commit")."""
+    return {
+        MESSAGING_SYSTEM: MESSAGING_SYSTEM_ROCKETMQ,
+        MESSAGING_OPERATION_NAME: "commit",
+        MESSAGING_OPERATION_TYPE: "settle",
+        MESSAGING_CONSUMER_GROUP_NAME: group,
+        MESSAGING_CLIENT_ID: client_id,
+        MESSAGING_DESTINATION_NAME: topic,
+        MESSAGING_DESTINATION_PARTITION_ID: str(queue_id),
+    }
+
+
 def consume_attributes(
     operation: str,
     *,

@@ -8,8 +8,10 @@ store-nodes and a pull-service; the calls seen as the store-node's server spans
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -60,11 +62,22 @@ async def test_one_at_a_time_each_commit_rides_on_the_next_fetch_and_is_exact(
                 # The last one's fetch finds the queue caught up: not held. (A
                 # timeout scope, not wait_for: its task would let the fetcher
                 # send before commit() runs, and the commit would go on its own.)
-                async with asyncio.timeout(20):
-                    await consumer.commit()
+                # The first commit is made in a caller's trace, the others outside any.
+                with contextlib.ExitStack() as scope:
+                    if i == 0:
+                        caller = scope.enter_context(
+                            trace.get_tracer("test").start_as_current_span("caller")
+                        )
+                    async with asyncio.timeout(20):
+                        await consumer.commit()
                 assert await committed(h, q) == i + 1 == consumer.position(q)
             finished = spans.get_finished_spans()
             assert named(finished, GET_MESSAGES) and not named(finished, UPDATE)
+            # The carried commit shows in the caller's trace, as its call did.
+            (commit,) = named(finished, f"commit {TOPIC}")
+            assert commit.kind is SpanKind.CLIENT and commit.parent is not None
+            assert commit.parent.span_id == caller.get_span_context().span_id
+            assert (commit.attributes or {})["messaging.operation.type"] == "settle"
             # Caught up, the next fetch is held and an arrival still wakes it.
             await h.send(q.broker_name, q.queue_id, b"late")
             got = await consumer.poll(timeout_ms=10_000)
