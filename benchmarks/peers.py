@@ -48,6 +48,7 @@ Redis absent: ``apt-get install -y redis-server`` (or ``--peers basalt,nats``).
 
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import contextlib
@@ -98,49 +99,51 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 20.0)
     raise RuntimeError(f"nothing listening on {port} after {timeout_s} s")
 
 
-class Peer:
-    """One server and its client, for one round. Subclasses fill in the verbs."""
+class Peer(abc.ABC):
+    """One server and its client, for one round: the one-in-flight verbs."""
 
     name = ""
-    #: Whether the peer stores messages: the batched and SYNC cells are measured.
-    batched = True
 
     def __init__(self, root: Path, *, sync: bool = False) -> None:
         self.root = root
         self.sync = sync
 
-    def start(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def start(self) -> None: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def stop(self) -> None: ...
 
-    def server_pids(self) -> list[int]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def server_pids(self) -> list[int]: ...
 
-    async def open(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def open(self) -> None: ...
 
-    async def close(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def close(self) -> None: ...
 
-    async def send_one(self, body: bytes) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def send_one(self, body: bytes) -> None: ...
 
+    @abc.abstractmethod
     async def consume_one(self) -> None:
         """Receive the next message and acknowledge it, one in flight."""
-        raise NotImplementedError
-
-    async def send_batch(self, bodies: list[bytes]) -> None:
-        raise NotImplementedError
-
-    async def consume_batch(self, most: int) -> int:
-        """Receive up to ``most`` messages of a second group and acknowledge them:
-        how many (0: none came within a second)."""
-        raise NotImplementedError
 
     def server_cpu(self) -> float:
         return sum(cpu_seconds(pid) or 0.0 for pid in self.server_pids())
+
+
+class Queue(Peer):
+    """A peer that stores messages: its batched and SYNC cells are measured too."""
+
+    @abc.abstractmethod
+    async def send_batch(self, bodies: list[bytes]) -> None: ...
+
+    @abc.abstractmethod
+    async def consume_batch(self, most: int) -> int:
+        """Receive up to ``most`` messages of a second group and acknowledge them:
+        how many (0: none came within a second)."""
 
 
 class Subprocess(Peer):
@@ -151,8 +154,8 @@ class Subprocess(Peer):
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def command(self) -> list[str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def command(self) -> list[str]: ...
 
     def env(self) -> dict[str, str] | None:
         """The server's environment (None: this process's)."""
@@ -179,7 +182,7 @@ class Subprocess(Peer):
         return [self.proc.pid] if self.proc is not None else []
 
 
-class Basalt(Peer):
+class Basalt(Queue):
     name = "basalt"
 
     def __init__(self, root: Path, *, sync: bool = False) -> None:
@@ -249,7 +252,7 @@ class Basalt(Peer):
         return got
 
 
-class Nats(Subprocess):
+class Nats(Subprocess, Queue):
     name = "nats"
 
     def command(self) -> list[str]:
@@ -294,7 +297,7 @@ class Nats(Subprocess):
         return len(msgs)
 
 
-class Redis(Subprocess):
+class Redis(Subprocess, Queue):
     name = "redis"
 
     def command(self) -> list[str]:
@@ -350,10 +353,9 @@ class GrpcFloor(Subprocess):
     plain grpc.aio channel. Send: a 1 KiB write on a bidirectional stream and
     its 48-byte answer read (a SendStream's shape). Consume: a unary call
     answering 1 KiB, then a unary ``Ack`` (a pull and a commit). Nothing is
-    stored, so it has no batched cells."""
+    stored, so it has no batched cells (not a :class:`Queue`)."""
 
     name = "grpc"
-    batched = False
 
     def command(self) -> list[str]:
         floor = Path(__file__).resolve().parent / "grpc_floor.py"
@@ -415,7 +417,7 @@ async def timed(
     return took, server, (time.process_time() - client) / n * 1e6
 
 
-async def batched_produce(peer: Peer, args: argparse.Namespace) -> float:
+async def batched_produce(peer: Queue, args: argparse.Namespace) -> float:
     """msgs/s of ``--in-flight`` batch senders for ``--batch-seconds``."""
     bodies = [bytes(BODY)] * args.batch
     await peer.send_batch(bodies)  # warm
@@ -446,7 +448,7 @@ async def one_round(peer: Peer, args: argparse.Namespace) -> Round:
         for _ in range(args.warmup):
             await peer.consume_one()
         out.consume_us, out.consume_cpu_us, _ = await timed(args.messages, peer.consume_one, peer)
-        if not peer.batched:
+        if not isinstance(peer, Queue):
             return out
         out.produce_rate = await batched_produce(peer, args)
         got, started = 0, time.monotonic()
@@ -460,7 +462,7 @@ async def one_round(peer: Peer, args: argparse.Namespace) -> Round:
     return out
 
 
-async def sync_round(peer: Peer, args: argparse.Namespace) -> float:
+async def sync_round(peer: Queue, args: argparse.Namespace) -> float:
     await peer.open()
     try:
         return await batched_produce(peer, args)
@@ -476,9 +478,10 @@ def run_peer(kind: str, root: Path, args: argparse.Namespace) -> Round:
         result = asyncio.run(one_round(peer, args))
     finally:
         peer.stop()
-    if not peer.batched:
+    if not isinstance(peer, Queue):
         return result
     peer = KINDS[kind](root / f"{kind}-sync", sync=True)
+    assert isinstance(peer, Queue)
     peer.start()
     try:
         result.sync_rate = asyncio.run(sync_round(peer, args))
@@ -518,7 +521,7 @@ def tables(results: dict[str, list[Round]]) -> tuple[Table, Table]:
     batched = Table("batched", ["peer", "produce", "consume", "SYNC produce"])
     base = results.get("redis")
     for kind, rounds in results.items():
-        if not KINDS[kind].batched:
+        if not issubclass(KINDS[kind], Queue):
             continue
         cells: list[list[Figure]] = []
         for attr, what in (
