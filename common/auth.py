@@ -174,16 +174,15 @@ class _StreamUnarySigning(_Signing, grpc.aio.StreamUnaryClientInterceptor):
         return await continuation(self._signed(details), requests)
 
 
-class _StreamStreamSigning(_Signing, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(self._signed(details), requests)
-
-
 def signing_interceptors(
     credentials: Credentials | None = None, *, clock: Callable[[], float] = time.time
 ) -> Sequence[grpc.aio.ClientInterceptor]:
-    """Client interceptors (one per kind of call) that sign with ``credentials``,
-    or with :func:`process_credentials` when None; none when neither is set."""
+    """Client interceptors that sign with ``credentials``, or with
+    :func:`process_credentials` when None; none when neither is set. One per
+    kind of call but the bidirectional one: a stream-stream interceptor makes
+    grpc.aio route each write through a queue and a task, so those streams are
+    signed as they open (:func:`basalt.common.dial.open_stream`, with
+    :func:`signed_metadata`)."""
     chosen = credentials if credentials is not None else _process_credentials
     if chosen is None:
         return []
@@ -191,7 +190,6 @@ def signing_interceptors(
         _UnaryUnarySigning(chosen, clock),
         _UnaryStreamSigning(chosen, clock),
         _StreamUnarySigning(chosen, clock),
-        _StreamStreamSigning(chosen, clock),
     ]
 
 

@@ -53,11 +53,7 @@ def channel(
     Basalt: etcd reads an ``authorization`` entry as its own auth token and
     refuses the call."""
     signing = auth.signing_interceptors(credentials) if signed else []
-    interceptors = [
-        i
-        for i in (*client_interceptors(), *signing)
-        if not isinstance(i, grpc.aio.StreamStreamClientInterceptor)  # open_stream's
-    ]
+    interceptors = [*client_interceptors(), *signing]
     if not enabled(tls):
         made = grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     else:

@@ -406,12 +406,16 @@ class ClientSpans:
         """A call made outside any trace that the root draw leaves untraced."""
         return not trace.get_current_span().get_span_context().is_valid and _untraced_root()
 
-    def _start(self, details: grpc.aio.ClientCallDetails) -> tuple[trace.Span, Any]:
-        method: Any = details.method  # str here; bytes in some grpcio versions
-        name = method.decode() if isinstance(method, bytes) else str(method)
+    def _span(self, name: str) -> tuple[trace.Span, dict[str, str]]:
+        """A CLIENT span called ``name``, started, and the metadata carrying its context."""
         span = self._tracer.start_span(name, kind=trace.SpanKind.CLIENT)
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
+        return span, carrier
+
+    def _start(self, details: grpc.aio.ClientCallDetails) -> tuple[trace.Span, Any]:
+        method: Any = details.method  # str here; bytes in some grpcio versions
+        span, carrier = self._span(method.decode() if isinstance(method, bytes) else str(method))
         if not carrier:
             return span, details
         metadata = grpc.aio.Metadata()
@@ -458,9 +462,7 @@ class ClientSpans:
         through the queue and task an intercepted stream call adds."""
         if self._untraced():
             return open_call(())
-        span = self._tracer.start_span(method, kind=trace.SpanKind.CLIENT)
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        span, carrier = self._span(method)
         try:
             call = open_call(tuple(carrier.items()))
         except BaseException:
@@ -508,11 +510,6 @@ class _UnaryStreamSpans(ClientSpans, grpc.aio.UnaryStreamClientInterceptor):
         return await self._streamed_answers(continuation, details, request)
 
 
-class _StreamStreamSpans(ClientSpans, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await self._streamed_answers(continuation, details, requests)
-
-
 def _end_client_span(span: trace.Span, method: Any, code: grpc.StatusCode, details: str) -> None:
     """End a client span, with the ``rpc.*`` attributes and status when recorded."""
     if span.is_recording():
@@ -529,8 +526,10 @@ def _end_client_span(span: trace.Span, method: Any, code: grpc.StatusCode, detai
 
 def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
     """The interceptors every grpc.aio channel takes (:class:`ClientSpans`, one
-    per kind of call)."""
-    return [_UnaryUnarySpans(), _StreamUnarySpans(), _UnaryStreamSpans(), _StreamStreamSpans()]
+    per kind of call but the bidirectional one: a stream-stream interceptor
+    makes grpc.aio route each write through a queue and a task, so
+    :meth:`ClientSpans.stream` gives those calls their span as they open)."""
+    return [_UnaryUnarySpans(), _StreamUnarySpans(), _UnaryStreamSpans()]
 
 
 #: The spans of the bidirectional streams :func:`basalt.common.dial.open_stream` opens.

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from basalt.admin.service import start_admin_service
-from basalt.common import auth
+from basalt.common import auth, dial
 from basalt.services.auth.cipher import SecretCipher, new_cluster_key
 from basalt.services.auth.interceptor import AuthGuard, AuthInterceptor, install
 from basalt.services.auth.model import (
@@ -223,9 +223,16 @@ async def test_acls_decide_prefix_deny_source_ip_and_sub_without_grant(
 @async_test
 async def test_each_message_of_a_stream_is_authorized(meta_config: MetaConfig) -> None:
     async with guarded(meta_config, Clock()) as (address, servicer):
-        channel, node = stub(address, ALICE)
-        async with channel:
-            stream = node.SendStream()
+        # Signed as it opens, as every stream the SDK and the services open.
+        async with dial.channel(address, credentials=ALICE) as channel:
+            stream = dial.open_stream(
+                channel,
+                dial.rpc_path(
+                    sn.DESCRIPTOR.services_by_name["StoreNode"].methods_by_name["SendStream"]
+                ),
+                sn.SendStreamRequest.SerializeToString,
+                sn.SendStreamResponse.FromString,
+            )
             for topic in ("orders-eu", "payments"):
                 await stream.write(
                     sn.SendStreamRequest(items=[sn.SendStreamItem(message=send(topic))])
