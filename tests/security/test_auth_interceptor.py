@@ -31,6 +31,7 @@ from basalt.services.auth.store import AuthCache, AuthStore
 from basalt.services.cluster.etcd import EtcdProcess
 from basalt.services.meta import MetaClient, MetaConfig
 from basalt.services.process import add_health_and_reflection, add_servicer
+from basalt.services.pull_service.channels import SEND_STREAM
 from basalt.v1 import admin_pb2 as adm
 from basalt.v1 import admin_pb2_grpc as adm_grpc
 from basalt.v1 import common_pb2 as pb
@@ -227,9 +228,7 @@ async def test_each_message_of_a_stream_is_authorized(meta_config: MetaConfig) -
         async with dial.channel(address, credentials=ALICE) as channel:
             stream = dial.open_stream(
                 channel,
-                dial.rpc_path(
-                    sn.DESCRIPTOR.services_by_name["StoreNode"].methods_by_name["SendStream"]
-                ),
+                SEND_STREAM,
                 sn.SendStreamRequest.SerializeToString,
                 sn.SendStreamResponse.FromString,
             )
