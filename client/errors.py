@@ -260,3 +260,11 @@ __all__ = [
     "TopicNotFoundError",
     "WrongServiceError",
 ]
+
+
+def describe_failure(error: Exception) -> str:
+    """Why a call or a stream failed, in one line: a gRPC status as ``CODE:
+    details`` (an AioRpcError's own text spans lines), else the exception."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details() or 'no details'}"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

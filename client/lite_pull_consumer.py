@@ -79,12 +79,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import grpc
 from opentelemetry import trace
 
 from basalt.client.consumer_base import (
+    PULL_DEADLINE_MARGIN_S,
     ConsumeFromWhere,
     ConsumerClient,
     ConsumerConfig,
@@ -93,6 +92,7 @@ from basalt.client.consumer_base import (
     subscription_of,
 )
 from basalt.client.errors import ClientError
+from basalt.client.fetch_stream import FetchOutcome, FetchStream
 from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.client.tasks import TaskOwner, gather_all
 from basalt.common.auth import Credentials
@@ -224,10 +224,6 @@ class _Fetch:
                 carry.settle(entry.commit.code != pb.RESPONSE_CODE_STALE_RESET_EPOCH)
             else:
                 carry.settle(None)
-
-
-#: A GetMessages call in flight (grpc.aio's, through the channel's interceptors).
-_Call = grpc.aio.UnaryUnaryCall[Any, pb.PullBatchResponse]
 
 
 class LitePullConsumer(ConsumerClient):
@@ -448,21 +444,24 @@ class LitePullConsumer(ConsumerClient):
     # -- fetching ---------------------------------------------------------------------
 
     async def _fetch(self, broker: str, wake: asyncio.Event) -> None:
-        """``broker``'s fetcher (one task, until close): keeps a GetMessages in
-        flight for its owned queues that want records, applies what comes back.
+        """``broker``'s fetcher (one task, until close): keeps fetches in flight for
+        its owned queues that want records, on one GetMessagesStream to its
+        store-node (:mod:`basalt.client.fetch_stream`), and applies what comes back.
 
-        It sleeps on ``wake`` alone: a call that ends files itself in ``ended``
-        and sets it (a done callback), so a turn costs no task and no
-        ``asyncio.wait`` of its own."""
-        calls: dict[_Call, _Fetch] = {}
-        ended: collections.deque[_Call] = collections.deque()
+        It sleeps on ``wake`` alone: the stream's reader files each answer in
+        ``ended`` and sets it, so a turn costs no task of its own."""
+        fetches: dict[int, _Fetch] = {}
+        ended: collections.deque[tuple[_Fetch, FetchOutcome]] = collections.deque()
+        stream: FetchStream | None = None
         arrived = False
         failures = 0
         loop = asyncio.get_running_loop()
 
-        def on_done(call: _Call) -> None:
-            ended.append(call)
-            wake.set()
+        def on_answer(opaque: int, outcome: FetchOutcome) -> None:
+            fetch = fetches.pop(opaque, None)
+            if fetch is not None:  # else cancelled by _send: its reads went into a newer fetch
+                ended.append((fetch, outcome))
+                wake.set()
 
         def resume() -> None:
             self._held.discard(broker)
@@ -472,19 +471,16 @@ class LitePullConsumer(ConsumerClient):
             while True:
                 wake.clear()
                 while ended:
-                    call = ended.popleft()
-                    fetch = calls.pop(call, None)
-                    if fetch is None:
-                        continue  # cancelled by _send: its reads went into a new call
+                    fetch, answer = ended.popleft()
                     for read in fetch.reads:
                         read.in_flight = False
-                    outcome = await self._reply(broker, call, fetch)
+                    outcome = self._reply(fetch, answer)
                     if not isinstance(outcome, ClientError):
                         arrived |= outcome
                         failures = 0
                         continue
                     self._failed(outcome)
-                    # Pause this store-node's fetches (its other calls finish);
+                    # Pause this store-node's fetches (its other fetches finish);
                     # commits waiting to ride on them are stored by commit() itself.
                     failures += 1
                     self._held.add(broker)
@@ -493,74 +489,95 @@ class LitePullConsumer(ConsumerClient):
                             _drop_carry(read)
                     loop.call_later(self.config.retry_delay_s(failures), resume)
                 if broker not in self._held:
-                    self._send(broker, calls, on_done)
+                    stream = self._stream(broker, stream, fetches, on_answer)
+                    await self._send(broker, stream, fetches)
                 if arrived:
-                    # Only now: the next GetMessages goes out before poll runs (and decodes).
+                    # Only now: the next fetch goes out before poll runs (and decodes).
                     arrived = False
                     self._arrived.set()
                 await wake.wait()
         finally:
             self._held.discard(broker)
-            for call, fetch in calls.items():
-                call.cancel()
+            for fetch in fetches.values():
                 fetch.settle(None)
-            # The calls end (cancelled) before the fetcher does.
-            await asyncio.gather(*calls, return_exceptions=True)
+            fetches.clear()
+            if stream is not None:
+                stream.close()
 
-    async def _reply(self, broker: str, call: _Call, fetch: _Fetch) -> bool | ClientError:
-        """Apply one ended GetMessages: whether records came, or the error it
-        failed with (a gRPC error as a ClientError naming the store-node)."""
-        if call.cancelled():
-            fetch.settle(None)
-            return False
-        try:
-            reply: pb.PullBatchResponse = await call
-        except grpc.aio.AioRpcError as e:
+    def _stream(
+        self,
+        broker: str,
+        stream: FetchStream | None,
+        fetches: dict[int, _Fetch],
+        on_answer: Callable[[int, FetchOutcome], None],
+    ) -> FetchStream:
+        """``stream`` if it still works and goes where the route says ``broker``
+        is, else a new one. A stream left behind by a route that moved (a
+        failed-over group) is closed, what was in flight on it fetched anew."""
+        address = self._addresses[broker]
+        if stream is not None and not stream.broken:
+            if stream.address == address:
+                return stream
+            for fetch in fetches.values():
+                fetch.settle(None)
+                for r in fetch.reads:
+                    r.in_flight = False
+            fetches.clear()
+            stream.close()
+        return FetchStream(
+            self._channel(address), address, self._tasks, on_answer, PULL_DEADLINE_MARGIN_S
+        )
+
+    def _reply(self, fetch: _Fetch, answer: FetchOutcome) -> bool | ClientError:
+        """Apply one fetch's answer: whether records came, or the error it failed
+        with (a ClientError naming the store-node)."""
+        if isinstance(answer, ClientError):
             fetch.settle(None)
             # A failed-over group's new master: the next read goes there (the
             # route is asked meanwhile; the pause after a failure outlasts it).
             self._tasks.spawn(self.reroute(fetch.reads[0].queue.topic), untraced=True)
-            return ClientError.from_rpc_error(e, address=self._store_node_address(broker))
+            return answer
         try:
-            fetch.settle(reply)
-            return self._apply(fetch.reads, reply)
+            fetch.settle(answer)
+            return self._apply(fetch.reads, answer)
         except Exception as e:  # a bug
-            log.exception("%s: fetch failed", broker)
+            log.exception("%s: fetch failed", fetch.reads[0].queue.broker_name)
             fetch.settle(None)
-            return ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_ERROR, f"{broker}: {e!r}")
+            return ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_ERROR, repr(e))
 
-    def _send(
-        self, broker: str, calls: dict[_Call, _Fetch], on_done: Callable[[_Call], None]
-    ) -> None:
-        """Start GetMessages calls of ``broker``'s reads that want records, if any; calls
-        in flight that are likely held (only caught-up reads, no commit carried) are
-        cancelled and their reads fetched with the new ones, so a seek, a take or a
-        drained buffer does not wait out a long poll."""
+    async def _send(self, broker: str, stream: FetchStream, fetches: dict[int, _Fetch]) -> None:
+        """Fetch ``broker``'s reads that want records, if any; fetches in flight
+        that are likely held (only caught-up reads, no commit carried) are
+        cancelled and their reads fetched with the new ones, so a seek, a take or
+        a drained buffer does not wait out a long poll."""
         wanted = [
             r for q, r in self._reads.items() if q.broker_name == broker and self._wants_fetch(r)
         ]
         if not wanted:
             return
-        for call, fetch in list(calls.items()):
+        cancels = []
+        for opaque, fetch in list(fetches.items()):
             if not fetch.carried and all(r.caught_up for r in fetch.reads):
-                call.cancel()
-                del calls[call]
+                cancels.append(opaque)
+                del fetches[opaque]
                 for r in fetch.reads:
                     r.in_flight = False
                     if self._reads.get(r.queue) is r and self._wants_fetch(r):
                         wanted.append(r)
+        requests = []
         for i in range(0, len(wanted), MAX_QUEUES_PER_PULL):
             chunk = wanted[i : i + MAX_QUEUES_PER_PULL]
             for r in chunk:
                 r.in_flight = True
-            call, fetch = self._get_messages(chunk)
-            calls[call] = fetch
-            call.add_done_callback(on_done)
+            request, fetch = self._get_messages(chunk)
+            opaque = stream.next_opaque()
+            fetches[opaque] = fetch
+            requests.append((opaque, request))
+        await stream.fetch(requests, cancels)
 
-    def _get_messages(self, reads: list[_Read]) -> tuple[_Call, _Fetch]:
-        """One GetMessages of ``reads`` on their store-node, started now (so that
-        it is on its way before poll runs and decodes), carrying the commits
-        waiting on them. A call that carries one is not held (suspend 0): the
+    def _get_messages(self, reads: list[_Read]) -> tuple[sn.GetMessagesRequest, _Fetch]:
+        """One GetMessages of ``reads`` on their store-node, carrying the commits
+        waiting on them. A fetch that carries one is not held (suspend 0): the
         commit's caller waits for its answer, which must not wait out a long poll."""
         threshold, batch = self.config.pull_threshold_for_queue, self.config.pull_batch_size
         requests: list[sn.GetMessageRequest] = []
@@ -579,12 +596,10 @@ class LitePullConsumer(ConsumerClient):
                 request.reset_epoch = carry.reset_epoch
                 carried.append((i, carry))
             requests.append(request)
-        call = self._read_store_node(
-            reads[0].queue.broker_name,
-            requests,
-            0 if carried else self.config.broker_suspend_max_time_ms,
+        suspend_ms = 0 if carried else self.config.broker_suspend_max_time_ms
+        return sn.GetMessagesRequest(reads=requests, suspend_timeout_ms=suspend_ms), _Fetch(
+            reads, carried
         )
-        return call, _Fetch(reads, carried)
 
     def _apply(self, reads: list[_Read], reply: pb.PullBatchResponse) -> bool:
         """File what one GetMessages brought (undecoded) for the reads still

@@ -59,6 +59,7 @@ from basalt.client.errors import (
     NotMasterError,
     ServiceUnavailableError,
     TopicNotFoundError,
+    describe_failure,
 )
 from basalt.client.tasks import TaskOwner
 from basalt.common import _records, dial
@@ -253,7 +254,7 @@ class _Stream:
             why = "closed"
             raise
         except Exception as e:  # whatever ended the reader, nothing will be answered
-            why = _describe(e)
+            why = describe_failure(e)
         finally:
             self._fail(why)
             await finish_requests(self.call)  # gRPC's own write task ends too
@@ -319,7 +320,7 @@ class _Stream:
             self._fail("closed")
             raise
         except Exception as e:  # InvalidStateError (call finished), AioRpcError
-            self._fail(f"a write failed: {_describe(e)}")
+            self._fail(f"a write failed: {describe_failure(e)}")
         finally:
             self.writer = None
 
@@ -329,14 +330,6 @@ class _Stream:
         self.reader.cancel()
         if self.writer is not None:
             self.writer.cancel()
-
-
-def _describe(error: Exception) -> str:
-    """Why a call failed, in one line: a gRPC status as ``CODE: details``
-    (an AioRpcError's own text spans lines), else the exception."""
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name}: {error.details() or 'no details'}"
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _mark_seen(future: asyncio.Future[sn.SendStreamAnswer]) -> None:

@@ -118,6 +118,9 @@ RPC_TABLE: dict[str, Rule] = {
     ),
     _STORE + "GetMessage": consume(),
     _STORE + "GetMessages": consume("reads[].topic", "reads[].group"),
+    _STORE + "GetMessagesStream": consume(
+        "items[].fetch.reads[].topic", "items[].fetch.reads[].group"
+    ),
     # Where a consumer starts and what it committed: its own reads (Sub), or an
     # operator's (Get), as RocketMQ 5 maps getMaxOffset and queryConsumerOffset.
     _STORE + "GetMinMaxOffset": Rule((topic(SUB_OR_GET),)),

@@ -129,15 +129,20 @@ class PullRequestHoldService:
         else:
             del self._held[topic, queue_id]
 
-    async def wait_for_arrival(self, reads: Sequence[HeldRead[Any]], timeout_s: float) -> bool:
-        """Wait until any read's queue grows past its offset, or ``timeout_s``
-        elapses; True when one grew.
+    async def wait_for_arrival(
+        self,
+        reads: Sequence[HeldRead[Any]],
+        timeout_s: float,
+        until: asyncio.Future[Any] | None = None,
+    ) -> bool:
+        """Wait until any read's queue grows past its offset, ``timeout_s``
+        elapses or ``until`` is done; True when one grew (or ``until`` ended it).
 
         The queues are looked at again *after* the waiters are parked: an
         arrival reported on a writer's thread just before that found no waiter
         and sent no wake-up, and must not leave the pull waiting out its timeout.
         """
-        if timeout_s <= 0 or self._stopping:
+        if timeout_s <= 0 or self._stopping or (until is not None and until.done()):
             return any(r.grew() for r in reads)
         # One future for the whole call, parked under each of its queues: the
         # first arrival on any of them wakes it.
@@ -145,6 +150,7 @@ class PullRequestHoldService:
         parked = [((r.topic, r.queue_id), _Waiter(r.offset, future)) for r in reads]
         for key, waiter in parked:
             self._held.setdefault(key, []).append(waiter)
+        cut = None if until is None else _resolve_on_done(until, future)
         try:
             if any(r.grew() for r in reads):
                 return True
@@ -153,6 +159,9 @@ class PullRequestHoldService:
         except TimeoutError:
             return False
         finally:
+            if cut is not None:
+                assert until is not None
+                until.remove_done_callback(cut)
             for key, waiter in parked:
                 waiters = self._held.get(key)
                 if waiters is not None and waiter in waiters:
@@ -160,10 +169,35 @@ class PullRequestHoldService:
                     if not waiters:
                         del self._held[key]
 
-    async def hold(self, reads: Sequence[HeldRead[T]], timeout_s: float) -> list[T]:
+    def pull_now(self, reads: Sequence[HeldRead[T]]) -> list[T] | None:
+        """Every read run now, on the loop (no coroutine); None when one is slow
+        (it must run in a worker thread: leave it to :meth:`hold`)."""
+        if any(r.slow for r in reads):
+            return None
+        return [r.pull(r.offset) for r in reads]
+
+    def settled(self, reads: Sequence[HeldRead[T]], results: list[T], timeout_s: float) -> bool:
+        """Whether ``results`` of ``reads`` are the answer, with no hold: one found
+        something, no hold was asked, or the service stops."""
+        return (
+            timeout_s <= 0
+            or self._stopping
+            or any(r.found(result) for r, result in zip(reads, results, strict=True))
+        )
+
+    async def hold(
+        self,
+        reads: Sequence[HeldRead[T]],
+        timeout_s: float,
+        *,
+        until: asyncio.Future[Any] | None = None,
+        first: list[T] | None = None,
+    ) -> list[T]:
         """Run every read; while none finds anything and time remains, park until
         one of their queues grows and run them all again. Returns the last
-        results, in ``reads``' order.
+        results, in ``reads``' order. ``until``, once done, ends the hold (the
+        reads run one last time); ``first``: the results of a run just made
+        (:meth:`pull_now`'s), so the reads do not run twice.
 
         The reads run on the loop, so each must be quick (the store's
         get_message is, unfiltered or filtered by tag: it reads the page
@@ -177,16 +211,16 @@ class PullRequestHoldService:
         RocketMQ's does.
         """
         deadline = self.loop.time() + timeout_s
-        results = await self._pull_all(reads)
+        results = first if first is not None else await self._pull_all(reads)
         while not any(r.found(result) for r, result in zip(reads, results, strict=True)):
             remaining = deadline - self.loop.time()
             if remaining <= 0:
                 break
             for r, result in zip(reads, results, strict=True):
                 r.offset = max(r.offset, r.next_offset(result))
-            grew = await self.wait_for_arrival(reads, remaining)
+            grew = await self.wait_for_arrival(reads, remaining, until)
             results = await self._pull_all(reads)
-            if not grew or self._stopping:
+            if not grew or self._stopping or (until is not None and until.done()):
                 break
         return results
 
@@ -205,6 +239,19 @@ class PullRequestHoldService:
         down the executor given to the constructor; takes no new slow read."""
         if self.executor is not None:
             await asyncio.to_thread(self.executor.shutdown, True)
+
+
+def _resolve_on_done(
+    until: asyncio.Future[Any], future: asyncio.Future[None]
+) -> Callable[[asyncio.Future[Any]], None]:
+    """Add (and return) a done callback to ``until`` that resolves ``future``."""
+
+    def cut(_: asyncio.Future[Any]) -> None:
+        if not future.done():
+            future.set_result(None)
+
+    until.add_done_callback(cut)
+    return cut
 
 
 def _run_pulls(pulls: Sequence[tuple[Callable[[int], T], int]]) -> list[T]:

@@ -138,7 +138,7 @@ async def start_store_node(
         server,
         servicer,
         store_node_pb2.DESCRIPTOR.services_by_name["StoreNode"],
-        may_answer_bytes=frozenset({"GetMessages"}),
+        may_answer_bytes=frozenset({"GetMessages", "GetMessagesStream"}),
     )
     if member is not None:
         add_servicer(

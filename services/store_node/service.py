@@ -83,6 +83,7 @@ from basalt.services.errors import (
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
+from basalt.services.store_node.fetch_stream import Fetch, serve_fetch_stream
 from basalt.services.store_node.ha.gate import WriteGate
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
@@ -206,6 +207,12 @@ class StoreNodeConfig:
         default=256,
         check=positive,
         doc="Sends in flight on one SendStream before the node stops reading it.",
+    )
+    max_fetches_in_flight_per_stream: int = setting(
+        default=256,
+        check=positive,
+        doc="GetMessages in flight (held included) on one GetMessagesStream before the "
+        "node stops reading it.",
     )
     max_pending_calls: int = setting(
         default=MAX_PENDING_CALLS,
@@ -623,6 +630,17 @@ class StoreNodeServicer(
 
     async def _get_messages(self, request: sn.GetMessagesRequest) -> tuple[bytes, int]:
         """GetMessages' answer, serialized, and the messages it carries."""
+        fetch = self.start_fetch(request)
+        if fetch.answer is None:
+            await self.hold_fetch(fetch)
+        assert fetch.answer is not None
+        return fetch.answer
+
+    def start_fetch(self, request: sn.GetMessagesRequest) -> Fetch:
+        """Check a GetMessages, store its commits and read what it reads now, on
+        the loop; answered (``answer`` set) unless it must wait: nothing found
+        and a hold asked, or a read that runs in a worker thread
+        (:meth:`hold_fetch` then). Raises what the call fails with."""
         timeout_s = self._suspend_s(request.suspend_timeout_ms)
         entries = request.reads
         check_batch_entries(
@@ -632,21 +650,37 @@ class StoreNodeServicer(
             self.config.max_queues_per_get_messages,
             [(e.topic, e.queue_id, e.suspend_timeout_ms) for e in entries],
         )
-        answers: list[pb.PullResponse | None] = []
-        reads: list[tuple[HeldRead[GetMessageResult], pb.CommitResult | None]] = []
+        fetch = Fetch(timeout_s)
         for entry in entries:
             try:
-                reads.append(self._read(entry))
-                answers.append(None)
+                fetch.reads.append(self._read(entry))
+                fetch.refusals.append(None)
             except Exception as e:
-                answers.append(pb.PullResponse(refused=refused(as_refusal(e, "GetMessages"))))
-        if len(reads) < len(entries):
-            timeout_s = 0.0
-        results = await self.hold.hold([r for r, _ in reads], timeout_s) if reads else []
-        read = iter(zip(reads, results, strict=True))
+                fetch.refusals.append(
+                    pb.PullResponse(refused=refused(as_refusal(e, "GetMessages")))
+                )
+        if len(fetch.reads) < len(entries):
+            fetch.timeout_s = 0.0  # a refusal is an answer worth sending at once
+        held = [r for r, _ in fetch.reads]
+        results = self.hold.pull_now(held) if held else []
+        if results is not None and self.hold.settled(held, results, fetch.timeout_s):
+            fetch.answer = self._fetch_answer(fetch, results)
+        else:
+            fetch.first = results
+        return fetch
+
+    async def hold_fetch(self, fetch: Fetch, until: asyncio.Future[Any] | None = None) -> None:
+        """Hold a fetch :meth:`start_fetch` left unanswered until it finds something,
+        its time is up or ``until`` is done; then answer it."""
+        held = [r for r, _ in fetch.reads]
+        results = await self.hold.hold(held, fetch.timeout_s, until=until, first=fetch.first)
+        fetch.answer = self._fetch_answer(fetch, results)
+
+    def _fetch_answer(self, fetch: Fetch, results: list[GetMessageResult]) -> tuple[bytes, int]:
+        read = iter(zip(fetch.reads, results, strict=True))
         out: list[tuple[pb.PullResponse, bytes | None, int]] = []
         messages = 0
-        for answer in answers:
+        for answer in fetch.refusals:
             if answer is not None:
                 out.append((answer, None, 0))
                 continue
@@ -670,6 +704,13 @@ class StoreNodeServicer(
         # Serialized here, the records copied once (basalt.services.store_node.wire); the
         # registration in basalt.services.store_node.server lets GetMessages answer bytes.
         return pull_batch_wire(out), messages
+
+    @_rpc
+    async def GetMessagesStream(  # type: ignore[override]
+        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """GetMessages calls on one stream: see :mod:`basalt.services.store_node.fetch_stream`."""
+        await serve_fetch_stream(self, context, self.config.max_fetches_in_flight_per_stream)
 
     @_rpc
     async def GetMinMaxOffset(

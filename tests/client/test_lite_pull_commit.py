@@ -1,6 +1,6 @@
-"""client.LitePullConsumer's commits carried by its next GetMessages
-(``commit_offset``): one message at a time, a poll and a commit cost one round
-trip, and the carried commit keeps every promise of UpdateConsumerOffset
+"""client.LitePullConsumer's commits carried by its next fetch (a GetMessages
+on its GetMessagesStream, ``commit_offset``): one message at a time, a poll and
+a commit cost one round trip, and the carried commit keeps every promise of UpdateConsumerOffset
 (exact offsets, a reset never undone, no wait on a long poll). Real etcd,
 store-nodes and a pull-service; the calls seen as the store-node's server spans
 (:mod:`tests.support.telemetry`)."""
@@ -27,6 +27,9 @@ from tests.support.telemetry import named
 
 UPDATE = "/basalt.v1.StoreNode/UpdateConsumerOffset"
 GET_MESSAGES = "/basalt.v1.StoreNode/GetMessages"
+FETCH_STREAM = "/basalt.v1.StoreNode/GetMessagesStream"
+#: The store-node's span of each fetch on a recorded stream.
+FETCH = "GetMessages"
 SERVER = SpanKind.SERVER
 
 
@@ -71,8 +74,13 @@ async def test_one_at_a_time_each_commit_rides_on_the_next_fetch_and_is_exact(
                     async with asyncio.timeout(20):
                         await consumer.commit()
                 assert await committed(h, q) == i + 1 == consumer.position(q)
+            # Every fetch went on one stream, each with a span of its own under
+            # the stream's; no unary read, no UpdateConsumerOffset.
             finished = spans.get_finished_spans()
-            assert named(finished, GET_MESSAGES) and not named(finished, UPDATE)
+            fetches = named(finished, FETCH)
+            assert len(fetches) >= 6
+            (parent,) = {f.parent.span_id if f.parent else None for f in fetches}
+            assert not named(finished, GET_MESSAGES) and not named(finished, UPDATE)
             # The carried commit shows in the caller's trace, as its call did.
             (commit,) = named(finished, f"commit {TOPIC}")
             assert commit.kind is SpanKind.CLIENT and commit.parent is not None
@@ -83,6 +91,9 @@ async def test_one_at_a_time_each_commit_rides_on_the_next_fetch_and_is_exact(
             got = await consumer.poll(timeout_ms=10_000)
             assert [(r.body, r.queue_offset) for r in got] == [(b"late", 6)]
         assert await committed(h, q) == 7  # close committed the last one
+        # The stream's span ended with it, at close.
+        (stream,) = [s for s in named(spans.get_finished_spans(), FETCH_STREAM) if s.kind is SERVER]
+        assert stream.context is not None and stream.context.span_id == parent
 
 
 @async_test

@@ -228,6 +228,7 @@ def test_services_and_methods() -> None:
             unary,
         ),
         "SendStream": (True, True),
+        "GetMessagesStream": (True, True),
         "WatchTransactionChecks": (False, True),
     }
     assert _methods(pull_service_pb2, "PullService") == {

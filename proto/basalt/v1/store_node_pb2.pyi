@@ -330,6 +330,99 @@ class SendStreamAnswer(_message.Message):
 Global___SendStreamAnswer: _TypeAlias = SendStreamAnswer  # noqa: Y015
 
 @_typing.final
+class GetMessagesStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetMessagesStreamItem]: ...
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___GetMessagesStreamItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMessagesStreamRequest: _TypeAlias = GetMessagesStreamRequest  # noqa: Y015
+
+@_typing.final
+class GetMessagesStreamItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPAQUE_FIELD_NUMBER: _builtins.int
+    FETCH_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    opaque: _builtins.int
+    """Echoed in the answer; the store-node does not interpret it, but two
+    fetches in flight on one stream must not share one.
+    """
+    cancel: _builtins.bool
+    """End the hold of the fetch in flight with this item's opaque."""
+    @_builtins.property
+    def fetch(self) -> Global___GetMessagesRequest:
+        """One GetMessages call."""
+
+    def __init__(
+        self,
+        *,
+        opaque: _builtins.int = ...,
+        fetch: Global___GetMessagesRequest | None = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "fetch", b"fetch", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "fetch", b"fetch", "opaque", b"opaque", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["fetch", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
+
+Global___GetMessagesStreamItem: _TypeAlias = GetMessagesStreamItem  # noqa: Y015
+
+@_typing.final
+class GetMessagesStreamResponse(_message.Message):
+    """One answer per message: a fetch's, when it completes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPAQUE_FIELD_NUMBER: _builtins.int
+    ANSWER_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    opaque: _builtins.int
+    @_builtins.property
+    def answer(self) -> _common_pb2.PullBatchResponse:
+        """As GetMessages answers."""
+
+    @_builtins.property
+    def refused(self) -> _common_pb2.Refused:
+        """What the unary call would have failed with (a malformed batch,
+        a negative suspend_timeout_ms: INVALID_ARGUMENT, INVALID_PARAMETER; a
+        stopping node: SERVICE_NOT_AVAILABLE); an item with neither `fetch` nor
+        `cancel` is INVALID_ARGUMENT, INVALID_PARAMETER.
+        """
+
+    def __init__(
+        self,
+        *,
+        opaque: _builtins.int = ...,
+        answer: _common_pb2.PullBatchResponse | None = ...,
+        refused: _common_pb2.Refused | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "outcome", b"outcome", "refused", b"refused"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer", b"answer", "opaque", b"opaque", "outcome", b"outcome", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["answer", "refused"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___GetMessagesStreamResponse: _TypeAlias = GetMessagesStreamResponse  # noqa: Y015
+
+@_typing.final
 class GetMessagesRequest(_message.Message):
     """At most StoreNodeConfig.max_queues_per_get_messages entries (32 by
     default), no two on the same (topic, queue_id), each with

@@ -61,6 +61,11 @@ class StoreNodeStub:
                 request_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.SerializeToString,
                 response_deserializer=basalt_dot_v1_dot_common__pb2.PullBatchResponse.FromString,
                 _registered_method=True)
+        self.GetMessagesStream = channel.stream_stream(
+                '/basalt.v1.StoreNode/GetMessagesStream',
+                request_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesStreamRequest.SerializeToString,
+                response_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesStreamResponse.FromString,
+                _registered_method=True)
         self.GetMinMaxOffset = channel.unary_unary(
                 '/basalt.v1.StoreNode/GetMinMaxOffset',
                 request_serializer=basalt_dot_v1_dot_store__node__pb2.GetMinMaxOffsetRequest.SerializeToString,
@@ -199,6 +204,23 @@ class StoreNodeServicer:
         the GetMessageStatus). Long polling covers the whole call: when no entry
         has anything to return, the call is held until an arrival on any of its
         queues or `suspend_timeout_ms`, then every entry is read again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMessagesStream(self, request_iterator, context):
+        """GetMessages calls on one long-lived stream, as a consumer keeps one to each
+        store-node it reads (a unary call costs several times a stream's message
+        per round trip). Each request item is one GetMessages, named by its
+        `opaque`, read, refused and held exactly as the unary call, and answered
+        when it completes: a held one after those behind it, so answers need not
+        come in request order. An item with `cancel` ends the hold of the fetch
+        of that opaque, which is answered at once with a fresh read (an unknown
+        or answered opaque: nothing). At most
+        StoreNodeConfig.max_fetches_in_flight_per_stream fetches are in flight on
+        a stream; past that the stream is not read. Checked against the ACL per
+        request, as GetMessages (Sub on each topic and group read).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -360,6 +382,11 @@ def add_StoreNodeServicer_to_server(servicer, server):
                     servicer.GetMessages,
                     request_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.FromString,
                     response_serializer=basalt_dot_v1_dot_common__pb2.PullBatchResponse.SerializeToString,
+            ),
+            'GetMessagesStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GetMessagesStream,
+                    request_deserializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesStreamRequest.FromString,
+                    response_serializer=basalt_dot_v1_dot_store__node__pb2.GetMessagesStreamResponse.SerializeToString,
             ),
             'GetMinMaxOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMinMaxOffset,
@@ -578,6 +605,33 @@ class StoreNode:
             '/basalt.v1.StoreNode/GetMessages',
             basalt_dot_v1_dot_store__node__pb2.GetMessagesRequest.SerializeToString,
             basalt_dot_v1_dot_common__pb2.PullBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessagesStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/basalt.v1.StoreNode/GetMessagesStream',
+            basalt_dot_v1_dot_store__node__pb2.GetMessagesStreamRequest.SerializeToString,
+            basalt_dot_v1_dot_store__node__pb2.GetMessagesStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -78,6 +78,19 @@ class StoreNodeStub:
     has anything to return, the call is held until an arrival on any of its
     queues or `suspend_timeout_ms`, then every entry is read again.
     """
+    GetMessagesStream: _grpc.StreamStreamMultiCallable[_store_node_pb2.GetMessagesStreamRequest, _store_node_pb2.GetMessagesStreamResponse]
+    """GetMessages calls on one long-lived stream, as a consumer keeps one to each
+    store-node it reads (a unary call costs several times a stream's message
+    per round trip). Each request item is one GetMessages, named by its
+    `opaque`, read, refused and held exactly as the unary call, and answered
+    when it completes: a held one after those behind it, so answers need not
+    come in request order. An item with `cancel` ends the hold of the fetch
+    of that opaque, which is answered at once with a fresh read (an unknown
+    or answered opaque: nothing). At most
+    StoreNodeConfig.max_fetches_in_flight_per_stream fetches are in flight on
+    a stream; past that the stream is not read. Checked against the ACL per
+    request, as GetMessages (Sub on each topic and group read).
+    """
     GetMinMaxOffset: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.GetMinMaxOffsetRequest, _store_node_pb2.GetMinMaxOffsetResponse]
     """A queue's min and max offsets (RocketMQ's GET_MIN_OFFSET / GET_MAX_OFFSET)."""
     SearchOffset: _grpc.UnaryUnaryMultiCallable[_store_node_pb2.SearchOffsetRequest, _store_node_pb2.SearchOffsetResponse]
@@ -178,6 +191,19 @@ class StoreNodeAsyncStub(StoreNodeStub):
     the GetMessageStatus). Long polling covers the whole call: when no entry
     has anything to return, the call is held until an arrival on any of its
     queues or `suspend_timeout_ms`, then every entry is read again.
+    """
+    GetMessagesStream: _aio.StreamStreamMultiCallable[_store_node_pb2.GetMessagesStreamRequest, _store_node_pb2.GetMessagesStreamResponse]  # type: ignore[assignment]
+    """GetMessages calls on one long-lived stream, as a consumer keeps one to each
+    store-node it reads (a unary call costs several times a stream's message
+    per round trip). Each request item is one GetMessages, named by its
+    `opaque`, read, refused and held exactly as the unary call, and answered
+    when it completes: a held one after those behind it, so answers need not
+    come in request order. An item with `cancel` ends the hold of the fetch
+    of that opaque, which is answered at once with a fresh read (an unknown
+    or answered opaque: nothing). At most
+    StoreNodeConfig.max_fetches_in_flight_per_stream fetches are in flight on
+    a stream; past that the stream is not read. Checked against the ACL per
+    request, as GetMessages (Sub on each topic and group read).
     """
     GetMinMaxOffset: _aio.UnaryUnaryMultiCallable[_store_node_pb2.GetMinMaxOffsetRequest, _store_node_pb2.GetMinMaxOffsetResponse]  # type: ignore[assignment]
     """A queue's min and max offsets (RocketMQ's GET_MIN_OFFSET / GET_MAX_OFFSET)."""
@@ -306,6 +332,25 @@ class StoreNodeServicer(metaclass=_abc_1.ABCMeta):
         the GetMessageStatus). Long polling covers the whole call: when no entry
         has anything to return, the call is held until an arrival on any of its
         queues or `suspend_timeout_ms`, then every entry is read again.
+        """
+
+    @_abc_1.abstractmethod
+    def GetMessagesStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_store_node_pb2.GetMessagesStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_store_node_pb2.GetMessagesStreamResponse], _abc.AsyncIterator[_store_node_pb2.GetMessagesStreamResponse]]:
+        """GetMessages calls on one long-lived stream, as a consumer keeps one to each
+        store-node it reads (a unary call costs several times a stream's message
+        per round trip). Each request item is one GetMessages, named by its
+        `opaque`, read, refused and held exactly as the unary call, and answered
+        when it completes: a held one after those behind it, so answers need not
+        come in request order. An item with `cancel` ends the hold of the fetch
+        of that opaque, which is answered at once with a fresh read (an unknown
+        or answered opaque: nothing). At most
+        StoreNodeConfig.max_fetches_in_flight_per_stream fetches are in flight on
+        a stream; past that the stream is not read. Checked against the ACL per
+        request, as GetMessages (Sub on each topic and group read).
         """
 
     @_abc_1.abstractmethod
