@@ -72,6 +72,10 @@ class FetchStream:
         #: Fetches in flight: their deadline timers, by opaque.
         self._waiting: dict[int, asyncio.TimerHandle] = {}
         self.failure: ClientError | None = None
+        #: The first write, while under way (a break cancels it).
+        self._write: asyncio.Future[None] | None = None
+        #: A write went through: the call has started.
+        self._started = False
         self._reader = tasks.spawn(self._read(), name=f"GetMessagesStream reader {address}")
 
     @property
@@ -105,13 +109,30 @@ class FetchStream:
         if self.broken:
             self._fail(self.failure or self._error("the stream ended"))
             return
+        message = sn.GetMessagesStreamRequest(items=items)
         try:
-            await self.call.write(sn.GetMessagesStreamRequest(items=items))
+            if self._started:
+                await self.call.write(message)
+            else:
+                # The first write waits for the call to start, and a call cancelled
+                # before it started leaves that wait pending for good (a peer that
+                # took the connection and went silent): a future of its own, which
+                # a break cancels. Later writes end when the call is cancelled.
+                write = self._write = asyncio.ensure_future(self.call.write(message))
+                await write
+                self._started = True
         except asyncio.CancelledError:
-            self._fail(self._error("closed"))
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                self._fail(self._error("closed"))
+                raise
+            # Not this task's cancellation: the call was cancelled under the
+            # write (grpc.aio raises CancelledError for a locally cancelled call).
+            self._fail(self.failure or self._error("a write was cut short"))
         except Exception as e:  # InvalidStateError (call finished), AioRpcError
             self._fail(self._error(f"a write failed: {describe_failure(e)}"))
+        finally:
+            self._write = None
 
     async def _read(self) -> None:
         failure = self._error("the store-node ended the stream")
@@ -161,6 +182,8 @@ class FetchStream:
         if self.failure is None:
             self.failure = failure
             self.call.cancel()
+            if self._write is not None:
+                self._write.cancel()
         waiting, self._waiting = self._waiting, {}
         for opaque, timer in waiting.items():
             timer.cancel()

@@ -16,16 +16,18 @@ background into a buffer per owned queue, and :meth:`poll` takes from the
 buffers. Each queue has two offsets: the *fetch* offset (where its next read
 starts) and its :class:`Position`'s ``offset``, the *consume* offset: just
 past what :meth:`poll` returned, which is what :meth:`commit` stores. One
-fetcher task per store-node keeps a ``StoreNode.GetMessages`` on that node
-(long polling, ``broker_suspend_max_time_ms``; the store-node's address as
-the route gives it, :mod:`basalt.client.consumer_base` says why not through
-the pull-service) in flight for the owned queues of that node
-whose buffer has room for another ``pull_batch_size`` records; a queue
-holding ``pull_threshold_for_queue`` records (the bound: a fetch never asks
-for more than the room left) is left out until :meth:`poll` drains it,
-which wakes the fetcher (an event; a call that ends sets it from its done
-callback, so a fetcher's turn starts no task). A reply is filed as it
-came and the next GetMessages sent before :meth:`poll` runs: poll decodes the
+fetcher task per store-node keeps a GetMessages on that node (long polling,
+``broker_suspend_max_time_ms``; the store-node's address as the route gives
+it, :mod:`basalt.client.consumer_base` says why not through the pull-service)
+in flight for the owned queues of that node whose buffer has room for another
+``pull_batch_size`` records, as an item on one ``GetMessagesStream`` to it
+(:mod:`basalt.client.fetch_stream`: a message on a stream costs gRPC a
+fraction of a unary call); a queue holding ``pull_threshold_for_queue``
+records (the bound: a fetch never asks for more than the room left) is left
+out until :meth:`poll` drains it, which wakes the fetcher (an event, so a
+fetcher's turn starts no task). A reply is applied where the stream's reader
+reads it, and the fetcher woken before poll, so the next fetch goes out before
+:meth:`poll` runs: poll decodes the
 records it returns (``basalt.common.record``, the one definition of the layout), so
 decoding overlaps the next fetch and nothing dropped is ever decoded.
 
@@ -35,8 +37,8 @@ A queue's buffer and its fetches in flight belong to one *read* of it;
 read brings is discarded: after a reset or a give-up, :meth:`poll` never
 returns a record fetched before it.
 
-**Fetch errors** (the rule): a failed GetMessages (a gRPC error, naming the
-store-node) is raised by the next :meth:`poll` as a :class:`ClientError`, in
+**Fetch errors** (the rule): a failed fetch (its stream broke, or the fetch
+was refused as the unary call would fail; naming the store-node) is raised by the next :meth:`poll` as a :class:`ClientError`, in
 both modes; an entry the store-node refused (what the pull-service's Pull
 refuses, with its codes: an unknown or unreadable topic, a queue id past
 ``read_queue_nums``, a subscription that does not parse) is one too in
@@ -45,7 +47,7 @@ rebalance (the queue left the topic's read queues, or its store-node went).
 :meth:`poll` raises the first such error since the previous poll, once,
 before returning any record (records buffered stay buffered for the next
 poll; nothing is lost), and a poll that waits wakes up for it. A failed
-call pauses its store-node's fetcher, a refused entry its queue, for
+fetch pauses its store-node's fetcher, a refused entry its queue, for
 ``pull_time_delay_ms_when_exception``, doubling up to 30 times that while
 the failures go on.
 
@@ -53,12 +55,12 @@ Positions start at the group's committed offset (``QueryConsumerOffset``),
 else by ``consume_from_where``; :meth:`commit` stores them on the
 store-nodes under the reset epoch learned with them (a stale epoch re-reads
 the offsets a reset stored and the queue is read again from there, so a
-reset is never undone). A queue whose next GetMessages is about to go when
+reset is never undone). A queue whose next fetch is about to go when
 :meth:`commit` is called (one message at a time: poll drained its buffer,
-then commit) has its offset carried by that call (``commit_offset``, stored by
-the store-node before it reads, the outcome in the answer; such a call is
+then commit) has its offset carried by that fetch (``commit_offset``, stored by
+the store-node before it reads, the outcome in the answer; such a fetch is
 never held by long polling): one round trip for a poll and a commit instead of
-two. Any other queue, and a carried commit whose call failed or did not go,
+two. Any other queue, and a carried commit whose fetch failed or did not go,
 is stored with ``UpdateConsumerOffset``. :meth:`close` stops the fetchers,
 then commits.
 
@@ -446,22 +448,41 @@ class LitePullConsumer(ConsumerClient):
     async def _fetch(self, broker: str, wake: asyncio.Event) -> None:
         """``broker``'s fetcher (one task, until close): keeps fetches in flight for
         its owned queues that want records, on one GetMessagesStream to its
-        store-node (:mod:`basalt.client.fetch_stream`), and applies what comes back.
+        store-node (:mod:`basalt.client.fetch_stream`).
 
-        It sleeps on ``wake`` alone: the stream's reader files each answer in
-        ``ended`` and sets it, so a turn costs no task of its own."""
+        Answers are applied where the stream's reader reads them (``on_answer``:
+        no hop to this task); it is woken only when a read wants the next fetch,
+        before a waiting poll is, so the next fetch goes out before poll runs
+        (and decodes). It sleeps on ``wake`` alone: a turn costs no task."""
         fetches: dict[int, _Fetch] = {}
-        ended: collections.deque[tuple[_Fetch, FetchOutcome]] = collections.deque()
         stream: FetchStream | None = None
-        arrived = False
         failures = 0
         loop = asyncio.get_running_loop()
 
-        def on_answer(opaque: int, outcome: FetchOutcome) -> None:
+        def on_answer(opaque: int, answer: FetchOutcome) -> None:
+            nonlocal failures
             fetch = fetches.pop(opaque, None)
-            if fetch is not None:  # else cancelled by _send: its reads went into a newer fetch
-                ended.append((fetch, outcome))
+            if fetch is None:
+                return  # cancelled by _send: its reads went into a newer fetch
+            for read in fetch.reads:
+                read.in_flight = False
+            outcome = self._reply(fetch, answer)
+            if isinstance(outcome, ClientError):
+                self._failed(outcome)
+                # Pause this store-node's fetches (its other fetches finish);
+                # commits waiting to ride on them are stored by commit() itself.
+                failures += 1
+                self._held.add(broker)
+                for read in self._reads.values():
+                    if read.queue.broker_name == broker:
+                        _drop_carry(read)
+                loop.call_later(self.config.retry_delay_s(failures), resume)
+                return
+            failures = 0
+            if any(self._wants_fetch(r) for r in fetch.reads):
                 wake.set()
+            if outcome:
+                self._arrived.set()  # after the fetcher's wake: its turn comes first
 
         def resume() -> None:
             self._held.discard(broker)
@@ -470,31 +491,8 @@ class LitePullConsumer(ConsumerClient):
         try:
             while True:
                 wake.clear()
-                while ended:
-                    fetch, answer = ended.popleft()
-                    for read in fetch.reads:
-                        read.in_flight = False
-                    outcome = self._reply(fetch, answer)
-                    if not isinstance(outcome, ClientError):
-                        arrived |= outcome
-                        failures = 0
-                        continue
-                    self._failed(outcome)
-                    # Pause this store-node's fetches (its other fetches finish);
-                    # commits waiting to ride on them are stored by commit() itself.
-                    failures += 1
-                    self._held.add(broker)
-                    for read in self._reads.values():
-                        if read.queue.broker_name == broker:
-                            _drop_carry(read)
-                    loop.call_later(self.config.retry_delay_s(failures), resume)
                 if broker not in self._held:
-                    stream = self._stream(broker, stream, fetches, on_answer)
-                    await self._send(broker, stream, fetches)
-                if arrived:
-                    # Only now: the next fetch goes out before poll runs (and decodes).
-                    arrived = False
-                    self._arrived.set()
+                    stream = await self._send(broker, stream, fetches, on_answer)
                 await wake.wait()
         finally:
             self._held.discard(broker)
@@ -545,16 +543,24 @@ class LitePullConsumer(ConsumerClient):
             fetch.settle(None)
             return ClientError.from_code(pb.RESPONSE_CODE_SYSTEM_ERROR, repr(e))
 
-    async def _send(self, broker: str, stream: FetchStream, fetches: dict[int, _Fetch]) -> None:
-        """Fetch ``broker``'s reads that want records, if any; fetches in flight
-        that are likely held (only caught-up reads, no commit carried) are
-        cancelled and their reads fetched with the new ones, so a seek, a take or
-        a drained buffer does not wait out a long poll."""
+    async def _send(
+        self,
+        broker: str,
+        stream: FetchStream | None,
+        fetches: dict[int, _Fetch],
+        on_answer: Callable[[int, FetchOutcome], None],
+    ) -> FetchStream | None:
+        """Fetch ``broker``'s reads that want records, if any, on ``stream`` or the
+        one that replaces it (:meth:`_stream`; returned); fetches in flight that
+        are likely held (only caught-up reads, no commit carried) are cancelled
+        and their reads fetched with the new ones, so a seek, a take or a drained
+        buffer does not wait out a long poll."""
         wanted = [
             r for q, r in self._reads.items() if q.broker_name == broker and self._wants_fetch(r)
         ]
         if not wanted:
-            return
+            return stream
+        stream = self._stream(broker, stream, fetches, on_answer)
         cancels = []
         for opaque, fetch in list(fetches.items()):
             if not fetch.carried and all(r.caught_up for r in fetch.reads):
@@ -574,6 +580,7 @@ class LitePullConsumer(ConsumerClient):
             fetches[opaque] = fetch
             requests.append((opaque, request))
         await stream.fetch(requests, cancels)
+        return stream
 
     def _get_messages(self, reads: list[_Read]) -> tuple[sn.GetMessagesRequest, _Fetch]:
         """One GetMessages of ``reads`` on their store-node, carrying the commits

@@ -162,7 +162,8 @@ def test_the_sdk_stream_answers_each_fetch_once_and_breaks_on_a_silent_peer(
     """FetchStream against a real store-node: every fetch answered once, a
     cancelled one never. Against a server that takes fetches and never answers
     (a store-node that stopped answering without closing its connection): the
-    fetch's deadline breaks the stream, the fetch is answered with the error."""
+    fetch's deadline breaks the stream, the fetch is answered with the error;
+    the same against a peer that took the connection and never answers at all."""
 
     async def scenario() -> None:
         outcomes: list[tuple[int, FetchOutcome]] = []
@@ -235,6 +236,24 @@ def test_the_sdk_stream_answers_each_fetch_once_and_breaks_on_a_silent_peer(
                 assert stream.broken
         finally:
             await server.stop(None)
+        # A peer that takes the connection and never speaks HTTP/2: the call never
+        # starts, and the first write, pending on that, ends with the break.
+        tcp = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        try:
+            outcomes.clear()
+            came.clear()
+            address = f"127.0.0.1:{tcp.sockets[0].getsockname()[1]}"
+            async with grpc.aio.insecure_channel(address) as channel:
+                stream = FetchStream(channel, address, tasks, on_answer, 0.2)
+                opaque = stream.next_opaque()
+                async with asyncio.timeout(30):
+                    await stream.fetch([(opaque, sn.GetMessagesRequest(reads=[read(0)]))])
+                    await came.wait()
+                ((which, error),) = outcomes
+                assert which == opaque and isinstance(error, ClientError)
+                assert "not answered by its deadline" in str(error) and stream.broken
+        finally:
+            tcp.close()
             await tasks.close()
 
     run(scenario)
