@@ -90,6 +90,14 @@ async def _fetch(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
     return _FETCHED
 
 
+async def _fetch_stream(
+    requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+) -> None:
+    # As GetMessagesStream answers a fetch that finds a message: 1 KiB a request.
+    async for _ in requests:
+        await context.write(_FETCHED)
+
+
 #: The metadata the official RocketMQ 5 Python client sends with every call
 #: (its Signature.metadata: eight entries, an HMAC signature among them).
 V2_METADATA = (
@@ -119,7 +127,8 @@ def _serve_grpc(
 
     Methods of ``f.F``: ``Unary`` (the request back), ``Ack`` (48 bytes),
     ``Fetch`` (1 KiB), ``Stream`` (each request back), ``AckStream`` (48 bytes
-    a request, written as SendStream writes its answers)."""
+    a request, written as SendStream writes its answers), ``FetchStream`` (1 KiB
+    a request, as GetMessagesStream answers a fetch that finds a message)."""
 
     async def main() -> None:
         if basalt:
@@ -143,6 +152,9 @@ def _serve_grpc(
             ),
             "AckStream": grpc.stream_stream_rpc_method_handler(
                 _ack_stream, request_deserializer=_identity, response_serializer=_identity
+            ),
+            "FetchStream": grpc.stream_stream_rpc_method_handler(
+                _fetch_stream, request_deserializer=_identity, response_serializer=_identity
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("f.F", handlers),))

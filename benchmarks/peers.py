@@ -351,8 +351,9 @@ class GrpcFloor(Subprocess):
     no protobuf), started as ``basalt cluster up`` starts a service (its gRPC
     settings, :data:`basalt.services.process.SERVICE_ENV`); this process's
     plain grpc.aio channel. Send: a 1 KiB write on a bidirectional stream and
-    its 48-byte answer read (a SendStream's shape). Consume: a unary call
-    answering 1 KiB, then a unary ``Ack`` (a pull and a commit). Nothing is
+    its 48-byte answer read (a SendStream's shape). Consume: a 64-byte write on
+    another stream and its 1 KiB answer read (a LitePullConsumer's fetch
+    carrying the previous commit, on its GetMessagesStream). Nothing is
     stored, so it has no batched cells (not a :class:`Queue`)."""
 
     name = "grpc"
@@ -369,11 +370,11 @@ class GrpcFloor(Subprocess):
 
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
         self.stream: Any = self.channel.stream_stream("/f.F/AckStream")()
-        self.fetch: Any = self.channel.unary_unary("/f.F/Fetch")
-        self.ack: Any = self.channel.unary_unary("/f.F/Ack")
+        self.fetches: Any = self.channel.stream_stream("/f.F/FetchStream")()
 
     async def close(self) -> None:
         await self.stream.done_writing()
+        await self.fetches.done_writing()
         await self.channel.close()
 
     async def send_one(self, body: bytes) -> None:
@@ -381,8 +382,12 @@ class GrpcFloor(Subprocess):
         await self.stream.read()
 
     async def consume_one(self) -> None:
-        await self.fetch(b"")
-        await self.ack(b"")
+        await self.fetches.write(_FETCH_REQUEST)
+        await self.fetches.read()
+
+
+#: About a one-queue GetMessagesStream fetch carrying a commit, serialized.
+_FETCH_REQUEST = bytes(64)
 
 
 KINDS: dict[str, type[Peer]] = {"basalt": Basalt, "nats": Nats, "redis": Redis, "grpc": GrpcFloor}

@@ -24,6 +24,7 @@ with, and :attr:`FetchStream.broken` tells the consumer to open a fresh one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 
@@ -151,15 +152,16 @@ class FetchStream:
                     outcome = response.answer
                 self._on_answer(response.opaque, outcome)
         except asyncio.CancelledError:
+            # Not re-raised: see the producer's stream reader (the same cycle).
             failure = self._error("closed")
-            raise
         except grpc.aio.AioRpcError as e:
             failure = ClientError.from_rpc_error(e, address=self.address)
         except Exception as e:  # whatever ended the reader, nothing will be answered
             failure = self._error(describe_failure(e))
         finally:
             self._fail(failure)
-            await finish_requests(self.call)
+            with contextlib.suppress(asyncio.CancelledError):  # as above
+                await finish_requests(self.call)
 
     def _overdue(self, opaque: int) -> None:
         if opaque in self._waiting:

@@ -38,12 +38,13 @@ read brings is discarded: after a reset or a give-up, :meth:`poll` never
 returns a record fetched before it.
 
 **Fetch errors** (the rule): a failed fetch (its stream broke, or the fetch
-was refused as the unary call would fail; naming the store-node) is raised by the next :meth:`poll` as a :class:`ClientError`, in
-both modes; an entry the store-node refused (what the pull-service's Pull
-refuses, with its codes: an unknown or unreadable topic, a queue id past
-``read_queue_nums``, a subscription that does not parse) is one too in
-assign mode, while in subscribe mode it is logged and asks the group for a
-rebalance (the queue left the topic's read queues, or its store-node went).
+was refused as the unary call would fail; naming the store-node) is raised by
+the next :meth:`poll` as a :class:`ClientError`, in both modes; an entry the
+store-node refused (what the pull-service's Pull refuses, with its codes: an
+unknown or unreadable topic, a queue id past ``read_queue_nums``, a
+subscription that does not parse) is one too in assign mode, while in
+subscribe mode it is logged and asks the group for a rebalance (the queue left
+the topic's read queues, or its store-node went).
 :meth:`poll` raises the first such error since the previous poll, once,
 before returning any record (records buffered stay buffered for the next
 poll; nothing is lost), and a poll that waits wakes up for it. A failed

@@ -40,6 +40,7 @@ times before awaiting any of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -251,13 +252,18 @@ class _Stream:
                     if future is not None and not future.done():
                         future.set_result(answer)
         except asyncio.CancelledError:
+            # Not re-raised (the reader ends here either way): a task that ends
+            # cancelled keeps the CancelledError, whose traceback's frames hold
+            # this stream and its call, a cycle that outlives the event loop until
+            # a garbage collection (gRPC's completion queue stays bound to the
+            # closed loop meanwhile: "Event loop is closed" in a later one).
             why = "closed"
-            raise
         except Exception as e:  # whatever ended the reader, nothing will be answered
             why = describe_failure(e)
         finally:
             self._fail(why)
-            await finish_requests(self.call)  # gRPC's own write task ends too
+            with contextlib.suppress(asyncio.CancelledError):  # as above
+                await finish_requests(self.call)  # gRPC's own write task ends too
 
     @property
     def broken(self) -> bool:

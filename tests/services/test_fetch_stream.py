@@ -11,6 +11,7 @@ stream is half-closed.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -257,3 +258,35 @@ def test_the_sdk_stream_answers_each_fetch_once_and_breaks_on_a_silent_peer(
             await tasks.close()
 
     run(scenario)
+
+
+def test_a_closed_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
+    """Closed, the stream and its gRPC call are freed by reference counting: a
+    cycle (a reader task ended cancelled keeps its traceback's frames) would
+    outlive the event loop until a garbage collection, with gRPC's completion
+    queue still bound to the closed loop ("Event loop is closed" in the next)."""
+
+    async def scenario() -> None:
+        tasks = TaskOwner()
+        async with (
+            node(tmp_path, auto_create=False) as (running, _, _),
+            grpc.aio.insecure_channel(running.address) as channel,
+        ):
+            stream = FetchStream(channel, running.address, tasks, lambda o, a: None, 10.0)
+            held = stream.next_opaque()
+            request = sn.GetMessagesRequest(reads=[read(1)], suspend_timeout_ms=HOLD_MS)
+            await stream.fetch([(held, request)])
+            stream.close()
+            await tasks.close()
+            del stream
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        run(scenario)
+        gc.collect()
+        left = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not left & {"FetchStream", "StreamStreamCall", "_AioCall"}
