@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -290,24 +290,9 @@ class ConsumerClient(Client):
         """The address the last route gave for ``broker_name`` ("" if none did)."""
         return self._addresses.get(broker_name, "")
 
-    def _read_store_node(
-        self, broker_name: str, reads: Sequence[sn.GetMessageRequest], suspend_ms: int
-    ) -> grpc.aio.UnaryUnaryCall[sn.GetMessagesRequest, pb.PullBatchResponse]:
-        """One ``GetMessages`` of ``reads`` (queues of ``broker_name``, at most
-        its ``max_queues_per_get_messages``) on that store-node, started now,
-        held up to ``suspend_ms`` when nothing is new (long polling), with a
-        deadline of that plus :data:`PULL_DEADLINE_MARGIN_S`. Its answer has an
-        entry per read, in order: records, or ``refused`` with the code and
-        message the pull-service's Pull would have refused it with. Cancel the
-        call to stop it."""
-        return self._store_node_stub(broker_name).GetMessages(
-            sn.GetMessagesRequest(reads=reads, suspend_timeout_ms=suspend_ms),
-            timeout=suspend_ms / 1000 + PULL_DEADLINE_MARGIN_S,
-        )
-
     def _store_node_stub(self, broker_name: str) -> sn_grpc.StoreNodeAsyncStub:
         """The stub of ``broker_name``'s store-node, kept per channel: a stub makes
-        a callable per method of the service (~23 µs here), too much for every read."""
+        a callable per method of the service (~23 µs here), too much for every call."""
         channel = self._channel(self._addresses[broker_name])
         kept = self._stubs.get(broker_name)
         if kept is None or kept[0] is not channel:

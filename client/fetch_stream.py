@@ -73,6 +73,8 @@ class FetchStream:
         #: Fetches in flight: their deadline timers, by opaque.
         self._waiting: dict[int, asyncio.TimerHandle] = {}
         self.failure: ClientError | None = None
+        #: Writes go one at a time (grpc.aio allows one): concurrent callers take turns.
+        self._writes = asyncio.Lock()
         #: The first write, while under way (a break cancels it).
         self._write: asyncio.Future[None] | None = None
         #: A write went through: the call has started.
@@ -107,21 +109,22 @@ class FetchStream:
             items.append(sn.GetMessagesStreamItem(opaque=opaque, fetch=request))
             deadline_s = request.suspend_timeout_ms / 1000 + self._margin_s
             self._waiting[opaque] = loop.call_later(deadline_s, self._overdue, opaque)
-        if self.broken:
-            self._fail(self.failure or self._error("the stream ended"))
-            return
         message = sn.GetMessagesStreamRequest(items=items)
         try:
-            if self._started:
-                await self.call.write(message)
-            else:
-                # The first write waits for the call to start, and a call cancelled
-                # before it started leaves that wait pending for good (a peer that
-                # took the connection and went silent): a future of its own, which
-                # a break cancels. Later writes end when the call is cancelled.
-                write = self._write = asyncio.ensure_future(self.call.write(message))
-                await write
-                self._started = True
+            async with self._writes:
+                if self.broken:  # (perhaps while this waited its turn)
+                    self._fail(self.failure or self._error("the stream ended"))
+                elif self._started:
+                    await self.call.write(message)
+                else:
+                    # The first write waits for the call to start, and a call
+                    # cancelled before it started leaves that wait pending for good
+                    # (a peer that took the connection and went silent): a future
+                    # of its own, which a break cancels. Later writes end when the
+                    # call is cancelled.
+                    write = self._write = asyncio.ensure_future(self.call.write(message))
+                    await write
+                    self._started = True
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -198,3 +201,67 @@ class FetchStream:
         self._waiting.clear()
         self._fail(self._error("closed"))
         self._reader.cancel()
+
+
+class AwaitedFetches:
+    """Fetches each awaited by its own task (a PushConsumer's pull loop per
+    queue), on one :class:`FetchStream` per store-node address: :meth:`fetch`
+    returns a fetch's answer or raises its :class:`ClientError`. A fetch whose
+    caller is cancelled (its queue dropped) is cancelled on the stream, so the
+    store-node ends its hold. A broken stream is replaced by the next fetch."""
+
+    def __init__(
+        self, channel: Callable[[str], grpc.aio.Channel], tasks: TaskOwner, margin_s: float
+    ) -> None:
+        """``channel(address)``: the channel to a store-node; ``tasks`` owns the
+        streams' readers and the writes of cancels; ``margin_s`` as FetchStream's."""
+        self._channel = channel
+        self._tasks = tasks
+        self._margin_s = margin_s
+        #: By address: the stream and its fetches' futures by opaque.
+        self._streams: dict[str, tuple[FetchStream, dict[int, asyncio.Future[FetchOutcome]]]] = {}
+
+    async def fetch(self, address: str, request: sn.GetMessagesRequest) -> pb.PullBatchResponse:
+        """``request``'s answer from the store-node at ``address``; raises the
+        ClientError it failed with (its stream broke, or it was refused)."""
+        stream, waiting = self._stream(address)
+        opaque = stream.next_opaque()
+        future: asyncio.Future[FetchOutcome] = asyncio.get_running_loop().create_future()
+        waiting[opaque] = future
+        try:
+            await stream.fetch([(opaque, request)])
+            outcome = await future
+        except asyncio.CancelledError:
+            if waiting.pop(opaque, None) is not None and not stream.broken:
+                self._tasks.spawn(stream.fetch((), cancels=(opaque,)), untraced=True)
+            raise
+        if isinstance(outcome, ClientError):
+            # A new error each time: one exception raised in many tasks (a broken
+            # stream fails every fetch with one) would chain their tracebacks.
+            raise ClientError.from_code(outcome.code, outcome.message)
+        return outcome
+
+    def _stream(self, address: str) -> tuple[FetchStream, dict[int, asyncio.Future[FetchOutcome]]]:
+        kept = self._streams.get(address)
+        if kept is not None and not kept[0].broken:
+            return kept
+        waiting: dict[int, asyncio.Future[FetchOutcome]] = {}
+
+        def on_answer(opaque: int, outcome: FetchOutcome) -> None:
+            future = waiting.pop(opaque, None)
+            if future is not None and not future.done():
+                future.set_result(outcome)
+
+        stream = FetchStream(
+            self._channel(address), address, self._tasks, on_answer, self._margin_s
+        )
+        self._streams[address] = (stream, waiting)
+        return stream, waiting
+
+    def close(self) -> None:
+        """Close every stream; fetches still awaited are cancelled."""
+        for stream, waiting in self._streams.values():
+            stream.close()
+            for future in waiting.values():
+                future.cancel()
+        self._streams.clear()

@@ -11,7 +11,9 @@ RocketMQ's DefaultMQPushConsumer in clustering mode, on Basalt's services:
   running past ``drop_await_termination_ms`` after its queue was dropped.
   A session that breaks drops every queue at once, uncommitted.
 * **ProcessQueue.** One per owned queue: a long-poll pull loop reading the
-  queue's store-node directly (``StoreNode.GetMessages``; the pull-service keeps
+  queue's store-node directly (a GetMessages on the consumer's one
+  ``StoreNode.GetMessagesStream`` to it, :mod:`basalt.client.fetch_stream`; a
+  dropped queue's held fetch is cancelled on the stream; the pull-service keeps
   the session, rebalance, locks and routes: :mod:`basalt.client.consumer_base`),
   the pulled messages not yet consumed (at most ``pull_threshold_for_queue``:
   the loop waits for room, no sleep), and the listener calls in flight.
@@ -68,12 +70,15 @@ import grpc
 from opentelemetry import trace
 
 from basalt.client.consumer_base import (
+    PULL_DEADLINE_MARGIN_S,
     ConsumerClient,
     ConsumerConfig,
     MessageQueue,
     Position,
     subscription_of,
 )
+from basalt.client.errors import ClientError
+from basalt.client.fetch_stream import AwaitedFetches
 from basalt.client.membership import GroupMember, TopicSubscription
 from basalt.client.process_queue import ProcessQueue
 from basalt.client.tasks import TaskOwner, gather_all
@@ -97,6 +102,7 @@ from basalt.common.settings import (
 from basalt.common.tls import TlsConfig
 from basalt.common.tracing import consume_attributes, message_links
 from basalt.v1 import common_pb2 as pb
+from basalt.v1 import store_node_pb2 as sn
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +214,9 @@ class PushConsumer(ConsumerClient):
         #: Every listener call (a task, or a thread's future) until it ends; the
         #: ones still running when close has given every queue up are cancelled.
         self._listener_calls = TaskOwner()
+        #: The pull loops' fetches, on one GetMessagesStream per store-node.
+        self._fetch_tasks = TaskOwner()
+        self._fetches = AwaitedFetches(self._channel, self._fetch_tasks, PULL_DEADLINE_MARGIN_S)
 
     # -- set-up -----------------------------------------------------------------------
 
@@ -251,6 +260,8 @@ class PushConsumer(ConsumerClient):
             try:
                 await self._listener_calls.close()
             finally:
+                self._fetches.close()
+                await self._fetch_tasks.close()
                 if self._pool is not None:
                     self._pool.shutdown(wait=False, cancel_futures=True)
                 await super().close()
@@ -371,8 +382,9 @@ class PushConsumer(ConsumerClient):
 
     async def _pull_loop(self, pq: ProcessQueue) -> None:
         """Pull ``pq``'s queue from its store-node until it is dropped: long
-        polls (``GetMessages`` of the one queue, the LitePullConsumer's call),
-        waiting for room when the backlog is full. No commit rides along
+        polls (``GetMessages`` of the one queue, on the consumer's
+        GetMessagesStream to that store-node), waiting for room when the
+        backlog is full. No commit rides along
         (RocketMQ's does): a pull cancelled by a drop may still reach the
         store-node after the drop's own commit and store an older offset over
         it."""
@@ -386,10 +398,12 @@ class PushConsumer(ConsumerClient):
             read = self._read_request(
                 pq.queue, pq.next_offset, self.config.pull_batch_size, subscription
             )
+            request = sn.GetMessagesRequest(reads=[read], suspend_timeout_ms=suspend_ms)
             try:
-                (reply,) = (await self._read_store_node(broker, [read], suspend_ms)).results
-            except grpc.aio.AioRpcError as e:
-                log.warning("%s: pull of %s failed: %s", self.client_id, pq.queue, e.details())
+                answer = await self._fetches.fetch(self._store_node_address(broker), request)
+                (reply,) = answer.results
+            except ClientError as e:
+                log.warning("%s: pull of %s failed: %s", self.client_id, pq.queue, e)
                 await asyncio.sleep(next(delay))
                 await self.reroute(pq.queue.topic)  # a failed-over group's new master
                 continue

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from basalt.client.errors import ClientError
-from basalt.client.fetch_stream import FETCH_STREAM, FetchOutcome, FetchStream
+from basalt.client.fetch_stream import FETCH_STREAM, AwaitedFetches, FetchOutcome, FetchStream
 from basalt.client.tasks import TaskOwner
 from basalt.common.record import decode_record, split_records
 from basalt.v1 import common_pb2 as pb
@@ -27,6 +27,7 @@ from basalt.v1 import store_node_pb2 as sn
 from tests.support.aio import run
 from tests.support.nodes import NODE_TOPIC as TOPIC
 from tests.support.nodes import node
+from tests.support.polling import eventually
 from tests.support.rpc import wire
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -290,3 +291,41 @@ def test_a_closed_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
         gc.set_debug(0)
         gc.garbage.clear()
     assert not left & {"FetchStream", "StreamStreamCall", "_AioCall"}
+
+
+def test_awaited_fetches_share_one_stream_and_a_cancelled_one_ends_its_hold(
+    tmp_path: Path,
+) -> None:
+    """AwaitedFetches (a PushConsumer's pull loops): concurrent callers' fetches
+    on one stream to the store-node, each answered to its own caller; a caller
+    cancelled (its queue dropped) has its fetch's hold ended on the store-node;
+    close cancels the fetches still awaited."""
+
+    async def scenario() -> None:
+        tasks = TaskOwner()
+        async with (
+            node(tmp_path, auto_create=False) as (running, stub, _),
+            grpc.aio.insecure_channel(running.address) as channel,
+        ):
+            hold = running.servicer.hold
+            fetches = AwaitedFetches(lambda address: channel, tasks, 10.0)
+
+            def long_poll(queue_id: int) -> asyncio.Future[pb.PullBatchResponse]:
+                request = sn.GetMessagesRequest(reads=[read(queue_id)], suspend_timeout_ms=HOLD_MS)
+                return asyncio.ensure_future(fetches.fetch(running.address, request))
+
+            polls = [long_poll(q) for q in (1, 2, 3)]
+            await eventually(lambda: hold.held == 3, what="three fetches held")
+            polls[0].cancel()
+            await eventually(lambda: hold.held == 2, what="the cancelled fetch's hold ended")
+            await stub.SendMessage(sn.SendMessageRequest(message=wire(TOPIC, b"m"), queue_id=2))
+            async with asyncio.timeout(30):
+                answer = await polls[1]
+            assert bodies(answer.results[0]) == [b"m"]
+            assert not polls[2].done()
+            fetches.close()
+            await asyncio.gather(*polls, return_exceptions=True)
+            assert polls[0].cancelled() and polls[2].cancelled()
+            await tasks.close()
+
+    run(scenario)
