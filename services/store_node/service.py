@@ -83,7 +83,7 @@ from basalt.services.errors import (
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
-from basalt.services.store_node.fetch_stream import Fetch, serve_fetch_stream
+from basalt.services.store_node.fetch_stream import Fetch, FetchStreams
 from basalt.services.store_node.ha.gate import WriteGate
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
@@ -295,6 +295,8 @@ class StoreNodeServicer(
         #: consumer sends the same one with every read, and parsing it was a
         #: tenth of a one-record read's handler. Cleared when full.
         self._filters: dict[tuple[int, str], MessageFilter] = {}
+        #: The GetMessagesStreams served (a graceful stop ends them).
+        self.fetch_streams = FetchStreams()
 
     # -- checks -----------------------------------------------------------------------
 
@@ -710,7 +712,7 @@ class StoreNodeServicer(
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         """GetMessages calls on one stream: see :mod:`basalt.services.store_node.fetch_stream`."""
-        await serve_fetch_stream(self, context, self.config.max_fetches_in_flight_per_stream)
+        await self.fetch_streams.serve(self, context, self.config.max_fetches_in_flight_per_stream)
 
     @_rpc
     async def GetMinMaxOffset(

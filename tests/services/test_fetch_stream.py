@@ -22,13 +22,19 @@ from basalt.client.errors import ClientError
 from basalt.client.fetch_stream import FETCH_STREAM, AwaitedFetches, FetchOutcome, FetchStream
 from basalt.client.tasks import TaskOwner
 from basalt.common.record import decode_record, split_records
+from basalt.services.meta import TopicConfig
+from basalt.services.store_node.server import start_store_node
+from basalt.services.store_node.service import StoreNodeConfig
+from basalt.services.store_node.topics import LocalTopics
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
+from basalt.v1 import store_node_pb2_grpc as sn_grpc
 from tests.support.aio import run
 from tests.support.nodes import NODE_TOPIC as TOPIC
 from tests.support.nodes import node
 from tests.support.polling import eventually
 from tests.support.rpc import wire
+from tests.support.stores import node_store_config
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 #: Longer than any test waits: a fetch answered before it was not answered by its timeout.
@@ -320,5 +326,37 @@ def test_awaited_fetches_share_one_stream_and_a_cancelled_one_ends_its_hold(
             await asyncio.gather(*polls, return_exceptions=True)
             assert polls[0].cancelled() and polls[2].cancelled()
             await tasks.close()
+
+    run(scenario)
+
+
+def test_a_graceful_stop_answers_the_held_fetches_and_ends_the_streams(tmp_path: Path) -> None:
+    """A stopping store-node answers a stream's held fetch and ends the call (OK)
+    at once, rather than wait out its grace period for a consumer that never
+    half-closes its stream."""
+
+    async def scenario() -> None:
+        topics = LocalTopics()
+        topics.put(
+            TopicConfig(
+                topic_name=TOPIC, read_queue_nums=4, write_queue_nums=4, brokers=("broker-a",)
+            )
+        )
+        running = await start_store_node(
+            StoreNodeConfig(broker_name="broker-a"), node_store_config(tmp_path / "store"), topics
+        )
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            call = sn_grpc.StoreNodeStub(channel).GetMessagesStream()
+            await call.write(
+                sn.GetMessagesStreamRequest(items=[fetch(1, read(1), hold_ms=HOLD_MS)])
+            )
+            await eventually(lambda: running.servicer.hold.held == 1, what="the fetch held")
+            # A grace far longer than the test's patience: a stop that waited it out fails.
+            stopping = asyncio.ensure_future(running.stop(grace_s=600))
+            got = [a async for a in answers(call)]
+            assert [a.opaque for a in got] == [1] and not got[0].answer.results[0].records.data
+            assert await call.code() == grpc.StatusCode.OK
+            async with asyncio.timeout(60):
+                assert await stopping
 
     run(scenario)
