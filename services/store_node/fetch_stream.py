@@ -24,7 +24,7 @@ At most ``max_in_flight`` fetches are in flight on a stream (held ones
 included): past that the stream is not read, and HTTP/2 flow control holds
 the consumer back. When the consumer half-closes the stream, the fetches
 still held are cut short and answered, then the call ends; a graceful stop
-(:meth:`FetchStreams.end`) does the same to every stream the node serves.
+does the same (:mod:`basalt.services.store_node.served_streams`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.services.store_node.long_polling import HeldRead
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
+from basalt.services.store_node.served_streams import EndableReads
 from basalt.store.get_message import GetMessageResult
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
@@ -89,38 +90,15 @@ class _ClientGone(Exception):
     """An answer could not be written: the call ended (the client went away)."""
 
 
-class FetchStreams:
-    """The GetMessagesStreams a store-node serves, so that a graceful stop ends
-    them (:meth:`end`) rather than wait out its grace period for consumers that
-    never half-close."""
-
-    def __init__(self) -> None:
-        self._open: set[_FetchStream] = set()
-        self._ending = False
-
-    async def serve(
-        self,
-        handler: FetchHandler,
-        context: grpc.aio.ServicerContext[Any, Any],
-        max_in_flight: int,
-    ) -> None:
-        """Serve one GetMessagesStream until the client half-closes it (or
-        :meth:`end`) and every fetch read is answered."""
-        stream = _FetchStream(handler, context, max_in_flight)
-        if self._ending:
-            return  # a stopping node takes no new stream: it ends at once
-        self._open.add(stream)
-        try:
-            await stream.run()
-        finally:
-            self._open.discard(stream)
-
-    def end(self) -> None:
-        """A graceful stop: every stream stops reading; once its fetches are
-        answered (the held ones are woken by the stop) its call ends, OK."""
-        self._ending = True
-        for stream in self._open:
-            stream.end()
+async def serve_fetch_stream(
+    handler: FetchHandler,
+    context: grpc.aio.ServicerContext[Any, Any],
+    reads: EndableReads,
+    max_in_flight: int,
+) -> None:
+    """Serve one GetMessagesStream until its reads end (the client half-closes
+    it, or a graceful stop) and every fetch read is answered."""
+    await _FetchStream(handler, context, reads, max_in_flight).run()
 
 
 def answer_wire(opaque: int, answer: bytes) -> bytes:
@@ -138,10 +116,12 @@ class _FetchStream:
         self,
         handler: FetchHandler,
         context: grpc.aio.ServicerContext[Any, Any],
+        reads: EndableReads,
         max_in_flight: int,
     ) -> None:
         self.handler = handler
         self.context = context
+        self.reads = reads
         self.window = asyncio.Semaphore(max_in_flight)
         #: The held fetches' ``until`` futures, by opaque (a cancel item sets one).
         self.held: dict[int, asyncio.Future[None]] = {}
@@ -150,9 +130,6 @@ class _FetchStream:
         #: Whether a write is under way (it writes what is ready, in turn).
         self.writing = False
         self.traced = False
-        #: The reader, while it waits for the next request (end() cancels that wait).
-        self.waiting_read: asyncio.Task[Any] | None = None
-        self.ending = False
 
     async def run(self) -> None:
         # A failed write ends the reading, and the other way round; the group
@@ -172,19 +149,9 @@ class _FetchStream:
     async def _read_fetches(self) -> None:
         # A fetch's own span only under a recorded stream span (as SendStream).
         self.traced = trace.get_current_span().is_recording()
-        while not self.ending:
+        while True:
             await self.window.acquire()
-            self.waiting_read = asyncio.current_task()
-            try:
-                request = await self.context.read()
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                # end()'s cancel, and no other (the call's own): read no more.
-                if self._ending() and task is not None and task.uncancel() == 0:
-                    return
-                raise
-            finally:
-                self.waiting_read = None
+            request = await self.reads.read()
             if request is grpc.aio.EOF:
                 return
             items = request.items
@@ -194,16 +161,6 @@ class _FetchStream:
                 if k:  # the window counts items; the first was acquired above
                     await self.window.acquire()
                 await self._take(item)
-
-    def _ending(self) -> bool:
-        # A call, not the attribute: type checkers would keep it False past awaits.
-        return self.ending
-
-    def end(self) -> None:
-        """Read no more requests (a graceful stop): a wait for one is cut short."""
-        self.ending = True
-        if self.waiting_read is not None:
-            self.waiting_read.cancel()
 
     async def _take(self, item: sn.GetMessagesStreamItem) -> None:
         opaque = item.opaque

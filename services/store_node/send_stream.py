@@ -27,6 +27,8 @@ either way.
 
 At most ``max_in_flight`` sends are in flight on a stream: past that the
 stream is not read, and HTTP/2 flow control holds the producer back.
+A graceful stop ends the stream once the sends it read are answered
+(:mod:`basalt.services.store_node.served_streams`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from opentelemetry import trace
 
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.services.store_node.metrics import send_stream_span
+from basalt.services.store_node.served_streams import EndableReads
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -86,10 +89,14 @@ class _ClientGone(Exception):
 
 
 async def serve_send_stream(
-    handler: SendHandler, context: grpc.aio.ServicerContext[Any, Any], max_in_flight: int
+    handler: SendHandler,
+    context: grpc.aio.ServicerContext[Any, Any],
+    reads: EndableReads,
+    max_in_flight: int,
 ) -> None:
-    """Serve one SendStream until the client half-closes it and every send is answered."""
-    await _SendStream(handler, context, max_in_flight).run()
+    """Serve one SendStream until its reads end (the client half-closes it, or a
+    graceful stop) and every send read is answered."""
+    await _SendStream(handler, context, reads, max_in_flight).run()
 
 
 class _SendStream:
@@ -97,10 +104,12 @@ class _SendStream:
         self,
         handler: SendHandler,
         context: grpc.aio.ServicerContext[Any, Any],
+        reads: EndableReads,
         max_in_flight: int,
     ) -> None:
         self.handler = handler
         self.context = context
+        self.reads = reads
         self.window = asyncio.Semaphore(max_in_flight)
         #: Answers not written yet.
         self.ready: list[sn.SendStreamAnswer] = []
@@ -137,7 +146,7 @@ class _SendStream:
         traced = trace.get_current_span().is_recording()
         while True:
             await self.window.acquire()
-            request = await self.context.read()
+            request = await self.reads.read()
             if request is grpc.aio.EOF:
                 return
             items = request.items

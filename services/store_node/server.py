@@ -68,7 +68,7 @@ class RunningStoreNode:
             await self.group.hand_over(grace_s)
         self.servicer.writable = False
         self.servicer.hold.wake_all()  # held pulls answer now instead of being cancelled
-        self.servicer.fetch_streams.end()  # consumers' streams end once answered
+        self.servicer.streams.end()  # producers' and consumers' streams end once answered
         await self.servicer.stop_transaction_checks()  # watch streams end, no round left
         await set_serving(self.health, STORE_NODE_SERVICE, False)
         await self.server.stop(grace_s)

@@ -83,7 +83,7 @@ from basalt.services.errors import (
 from basalt.services.meta.model import Perm, TopicConfig
 from basalt.services.process import MAX_PENDING_CALLS
 from basalt.services.rpc import rpc_method as _rpc
-from basalt.services.store_node.fetch_stream import Fetch, FetchStreams
+from basalt.services.store_node.fetch_stream import Fetch, serve_fetch_stream
 from basalt.services.store_node.ha.gate import WriteGate
 from basalt.services.store_node.long_polling import HeldRead, PullRequestHoldService
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
@@ -96,6 +96,7 @@ from basalt.services.store_node.schedule_rpcs import (
     timer_record,
 )
 from basalt.services.store_node.send_stream import SendOutcome, SendRequest, serve_send_stream
+from basalt.services.store_node.served_streams import ServedStreams
 from basalt.services.store_node.topics import TopicDirectory
 from basalt.services.store_node.transaction_rpcs import TransactionRpcs
 from basalt.services.store_node.wire import pull_batch_wire
@@ -295,8 +296,8 @@ class StoreNodeServicer(
         #: consumer sends the same one with every read, and parsing it was a
         #: tenth of a one-record read's handler. Cleared when full.
         self._filters: dict[tuple[int, str], MessageFilter] = {}
-        #: The GetMessagesStreams served (a graceful stop ends them).
-        self.fetch_streams = FetchStreams()
+        #: The SendStreams and GetMessagesStreams served (a graceful stop ends them).
+        self.streams = ServedStreams()
 
     # -- checks -----------------------------------------------------------------------
 
@@ -527,7 +528,10 @@ class StoreNodeServicer(
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         """Many sends in flight on one stream: see :mod:`basalt.services.store_node.send_stream`."""
-        await serve_send_stream(self, context, self.config.max_in_flight_per_send_stream)
+        max_in_flight = self.config.max_in_flight_per_send_stream
+        await self.streams.serve(
+            context, lambda reads: serve_send_stream(self, context, reads, max_in_flight)
+        )
 
     # -- reads ------------------------------------------------------------------------
 
@@ -712,7 +716,10 @@ class StoreNodeServicer(
         self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         """GetMessages calls on one stream: see :mod:`basalt.services.store_node.fetch_stream`."""
-        await self.fetch_streams.serve(self, context, self.config.max_fetches_in_flight_per_stream)
+        max_in_flight = self.config.max_fetches_in_flight_per_stream
+        await self.streams.serve(
+            context, lambda reads: serve_fetch_stream(self, context, reads, max_in_flight)
+        )
 
     @_rpc
     async def GetMinMaxOffset(

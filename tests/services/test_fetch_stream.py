@@ -330,10 +330,10 @@ def test_awaited_fetches_share_one_stream_and_a_cancelled_one_ends_its_hold(
     run(scenario)
 
 
-def test_a_graceful_stop_answers_the_held_fetches_and_ends_the_streams(tmp_path: Path) -> None:
-    """A stopping store-node answers a stream's held fetch and ends the call (OK)
-    at once, rather than wait out its grace period for a consumer that never
-    half-closes its stream."""
+def test_a_graceful_stop_ends_the_consumers_and_producers_streams(tmp_path: Path) -> None:
+    """A stopping store-node answers a GetMessagesStream's held fetch and ends the
+    call (OK) at once, and so a SendStream's, rather than wait out its grace
+    period for clients that never half-close their streams."""
 
     async def scenario() -> None:
         topics = LocalTopics()
@@ -346,16 +346,28 @@ def test_a_graceful_stop_answers_the_held_fetches_and_ends_the_streams(tmp_path:
             StoreNodeConfig(broker_name="broker-a"), node_store_config(tmp_path / "store"), topics
         )
         async with grpc.aio.insecure_channel(running.address) as channel:
-            call = sn_grpc.StoreNodeStub(channel).GetMessagesStream()
-            await call.write(
+            stub = sn_grpc.StoreNodeStub(channel)
+            sends = stub.SendStream()
+            item = sn.SendStreamItem(
+                opaque=9, message=sn.SendMessageRequest(message=wire(TOPIC, b"s"), queue_id=0)
+            )
+            await sends.write(sn.SendStreamRequest(items=[item]))
+            async with asyncio.timeout(30):
+                (sent,) = (await sends.read()).answers
+            assert sent.opaque == 9 and sent.HasField("result")
+            fetches = stub.GetMessagesStream()
+            await fetches.write(
                 sn.GetMessagesStreamRequest(items=[fetch(1, read(1), hold_ms=HOLD_MS)])
             )
             await eventually(lambda: running.servicer.hold.held == 1, what="the fetch held")
             # A grace far longer than the test's patience: a stop that waited it out fails.
             stopping = asyncio.ensure_future(running.stop(grace_s=600))
-            got = [a async for a in answers(call)]
+            got = [a async for a in answers(fetches)]
             assert [a.opaque for a in got] == [1] and not got[0].answer.results[0].records.data
-            assert await call.code() == grpc.StatusCode.OK
+            assert await fetches.code() == grpc.StatusCode.OK
+            async with asyncio.timeout(30):
+                assert await sends.read() is grpc.aio.EOF
+            assert await sends.code() == grpc.StatusCode.OK
             async with asyncio.timeout(60):
                 assert await stopping
 
