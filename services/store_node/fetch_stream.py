@@ -41,7 +41,7 @@ from basalt.common.protowire import LENGTH_DELIMITED, VARINT, tag, varint
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.services.store_node.long_polling import HeldRead
 from basalt.services.store_node.metrics import StoreNodeMetrics, end_get_span, get_messages_span
-from basalt.services.store_node.served_streams import EndableReads
+from basalt.services.store_node.served_streams import EndableReads, ServedStream
 from basalt.store.get_message import GetMessageResult
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
@@ -111,7 +111,7 @@ def _refused_wire(opaque: int, refusal: Refusal) -> bytes:
     return sn.GetMessagesStreamResponse(opaque=opaque, refused=refused(refusal)).SerializeToString()
 
 
-class _FetchStream:
+class _FetchStream(ServedStream[FetchHandler]):
     def __init__(
         self,
         handler: FetchHandler,
@@ -119,10 +119,7 @@ class _FetchStream:
         reads: EndableReads,
         max_in_flight: int,
     ) -> None:
-        self.handler = handler
-        self.context = context
-        self.reads = reads
-        self.window = asyncio.Semaphore(max_in_flight)
+        super().__init__(handler, context, reads, max_in_flight)
         #: The held fetches' ``until`` futures, by opaque (a cancel item sets one).
         self.held: dict[int, asyncio.Future[None]] = {}
         #: Answers not written yet, serialized.

@@ -45,7 +45,7 @@ from opentelemetry import trace
 
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.services.store_node.metrics import send_stream_span
-from basalt.services.store_node.served_streams import EndableReads
+from basalt.services.store_node.served_streams import EndableReads, ServedStream
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -99,7 +99,7 @@ async def serve_send_stream(
     await _SendStream(handler, context, reads, max_in_flight).run()
 
 
-class _SendStream:
+class _SendStream(ServedStream[SendHandler]):
     def __init__(
         self,
         handler: SendHandler,
@@ -107,10 +107,7 @@ class _SendStream:
         reads: EndableReads,
         max_in_flight: int,
     ) -> None:
-        self.handler = handler
-        self.context = context
-        self.reads = reads
-        self.window = asyncio.Semaphore(max_in_flight)
+        super().__init__(handler, context, reads, max_in_flight)
         #: Answers not written yet.
         self.ready: list[sn.SendStreamAnswer] = []
         #: Sends read whose answer is not written yet.

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
+
+#: The servicer side a stream hands its requests to.
+H = TypeVar("H")
 
 
 class EndableReads:
@@ -56,6 +59,24 @@ class EndableReads:
             self._waiting.cancel()
 
 
+class ServedStream(Generic[H]):
+    """What every served stream holds: its handler, its call, its reads, and
+    the window of requests in flight (past ``max_in_flight`` it is not read,
+    and HTTP/2 flow control holds the client back)."""
+
+    def __init__(
+        self,
+        handler: H,
+        context: grpc.aio.ServicerContext[Any, Any],
+        reads: EndableReads,
+        max_in_flight: int,
+    ) -> None:
+        self.handler = handler
+        self.context = context
+        self.reads = reads
+        self.window = asyncio.Semaphore(max_in_flight)
+
+
 class ServedStreams:
     """The streams a store-node serves now; :meth:`end` ends them all."""
 
@@ -65,18 +86,20 @@ class ServedStreams:
 
     async def serve(
         self,
+        run: Callable[[H, grpc.aio.ServicerContext[Any, Any], EndableReads, int], Awaitable[None]],
+        handler: H,
         context: grpc.aio.ServicerContext[Any, Any],
-        run: Callable[[EndableReads], Awaitable[None]],
+        max_in_flight: int,
     ) -> None:
-        """Serve one stream: ``run(reads)`` until it returns (its reads end at a
-        client's half-close or at :meth:`end`). A stopping node ends a new
-        stream at once."""
+        """Serve one stream: ``run(handler, context, reads, max_in_flight)`` until
+        it returns (its reads end at a client's half-close or at :meth:`end`). A
+        stopping node ends a new stream at once."""
         reads = EndableReads(context)
         if self._ending:
             reads.end()
         self._open.add(reads)
         try:
-            await run(reads)
+            await run(handler, context, reads, max_in_flight)
         finally:
             self._open.discard(reads)
 

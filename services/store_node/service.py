@@ -529,9 +529,7 @@ class StoreNodeServicer(
     ) -> None:
         """Many sends in flight on one stream: see :mod:`basalt.services.store_node.send_stream`."""
         max_in_flight = self.config.max_in_flight_per_send_stream
-        await self.streams.serve(
-            context, lambda reads: serve_send_stream(self, context, reads, max_in_flight)
-        )
+        await self.streams.serve(serve_send_stream, self, context, max_in_flight)
 
     # -- reads ------------------------------------------------------------------------
 
@@ -717,9 +715,7 @@ class StoreNodeServicer(
     ) -> None:
         """GetMessages calls on one stream: see :mod:`basalt.services.store_node.fetch_stream`."""
         max_in_flight = self.config.max_fetches_in_flight_per_stream
-        await self.streams.serve(
-            context, lambda reads: serve_fetch_stream(self, context, reads, max_in_flight)
-        )
+        await self.streams.serve(serve_fetch_stream, self, context, max_in_flight)
 
     @_rpc
     async def GetMinMaxOffset(
