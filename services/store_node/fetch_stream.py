@@ -147,15 +147,12 @@ class _FetchStream(ServedStream[FetchHandler]):
         # A fetch's own span only under a recorded stream span (as SendStream).
         self.traced = trace.get_current_span().is_recording()
         while True:
-            await self.window.acquire()
-            request = await self.reads.read()
+            request = await self.next_request()
             if request is grpc.aio.EOF:
                 return
             items = request.items
-            if not items:
-                self.window.release()
             for k, item in enumerate(items):
-                if k:  # the window counts items; the first was acquired above
+                if k:  # the window counts items; next_request took the first
                     await self.window.acquire()
                 await self._take(item)
 
@@ -180,8 +177,7 @@ class _FetchStream(ServedStream[FetchHandler]):
         try:
             fetch = self.handler.start_fetch(item.fetch)
             if fetch.answer is None:
-                until: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self.held[opaque] = until
+                until = self._park(opaque)
                 self.tasks.create_task(self._held(opaque, fetch, until, started))
                 return
             data = answer_wire(opaque, fetch.answer[0])
@@ -190,18 +186,30 @@ class _FetchStream(ServedStream[FetchHandler]):
         self.handler.metrics.on_get_call(started)
         await self._emit(data)
 
+    def _park(self, opaque: int) -> asyncio.Future[None]:
+        """The ``until`` of a fetch about to be held, where a cancel item finds
+        it (registered before the next request is read)."""
+        until: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.held[opaque] = until
+        return until
+
+    async def _hold(self, opaque: int, fetch: Fetch, until: asyncio.Future[None]) -> None:
+        """Hold ``fetch`` until it is answered (``until`` may cut it short)."""
+        try:
+            await self.handler.hold_fetch(fetch, until)
+        finally:
+            if self.held.get(opaque) is until:
+                del self.held[opaque]
+
     async def _held(
         self, opaque: int, fetch: Fetch, until: asyncio.Future[None], started: float
     ) -> None:
         try:
-            await self.handler.hold_fetch(fetch, until)
+            await self._hold(opaque, fetch, until)
             assert fetch.answer is not None
             data = answer_wire(opaque, fetch.answer[0])
         except Exception as e:
             data = _refused_wire(opaque, as_refusal(e, "GetMessagesStream"))
-        finally:
-            if self.held.get(opaque) is until:
-                del self.held[opaque]
         self.handler.metrics.on_get_call(started)
         await self._emit(data)
 
@@ -211,13 +219,7 @@ class _FetchStream(ServedStream[FetchHandler]):
             try:
                 fetch = self.handler.start_fetch(request)
                 if fetch.answer is None:
-                    until: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self.held[opaque] = until
-                    try:
-                        await self.handler.hold_fetch(fetch, until)
-                    finally:
-                        if self.held.get(opaque) is until:
-                            del self.held[opaque]
+                    await self._hold(opaque, fetch, self._park(opaque))
                 assert fetch.answer is not None
                 end_get_span(span, len(fetch.reads), fetch.answer[1])
                 data = answer_wire(opaque, fetch.answer[0])

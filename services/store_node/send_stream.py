@@ -142,18 +142,15 @@ class _SendStream(ServedStream[SendHandler]):
         # stream skips even the check, a generator's enter and exit per request.
         traced = trace.get_current_span().is_recording()
         while True:
-            await self.window.acquire()
-            request = await self.reads.read()
+            request = await self.next_request()
             if request is grpc.aio.EOF:
                 return
             items = request.items
-            if not items:
-                self.window.release()
             with send_stream_span(items) if traced else _UNTRACED:
                 alone = len(items) == 1
                 lone_message = alone and items[0].HasField("message")
                 for k, item in enumerate(items):
-                    if k:  # the window counts sends; the first was acquired above
+                    if k:  # the window counts sends; next_request took the first
                         self.taking = False  # the writer may be needed while this waits
                         if self.ready:
                             self._wake_writer()

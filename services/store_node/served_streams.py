@@ -76,6 +76,16 @@ class ServedStream(Generic[H]):
         self.reads = reads
         self.window = asyncio.Semaphore(max_in_flight)
 
+    async def next_request(self) -> Any:
+        """The stream's next request (its ``items``), its first item's place in
+        the window taken (a request of none gives it back; each further item
+        takes its own), or ``grpc.aio.EOF``."""
+        await self.window.acquire()
+        request = await self.reads.read()
+        if request is not grpc.aio.EOF and not request.items:
+            self.window.release()
+        return request
+
 
 class ServedStreams:
     """The streams a store-node serves now; :meth:`end` ends them all."""
