@@ -109,7 +109,12 @@ from basalt.common.settings import (
     setting,
 )
 from basalt.common.tls import TlsConfig
-from basalt.common.tracing import commit_attributes, consume_attributes, message_links
+from basalt.common.tracing import (
+    commit_attributes,
+    consume_attributes,
+    message_links,
+    tracing_installed,
+)
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -697,7 +702,7 @@ class LitePullConsumer(ConsumerClient):
                     await self._arrived.wait()
             self._raise_pending()
         records = self._take(max_records)
-        if records:
+        if records and tracing_installed():
             self._traced_receive(records, started_ns)
         return records
 

@@ -96,6 +96,7 @@ from basalt.common.tracing import (
     MESSAGING_SYSTEM,
     MESSAGING_SYSTEM_ROCKETMQ,
     message_trace_properties,
+    tracing_installed,
 )
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -416,7 +417,10 @@ class Producer(Client):
         """:meth:`_attempt_sends` in a PRODUCER span, "send <topic>", one per
         call (a batch is one span): when the span records, each message carries
         its context in ``traceparent`` (the caller's messages are not changed:
-        copies go out); when it does not, the messages go as they are."""
+        copies go out); when it does not, the messages go as they are. With no
+        OpenTelemetry SDK installed there is no span at all (tracing_installed)."""
+        if not tracing_installed():
+            return await self._attempt_sends(messages)
         topic = messages[0].topic
         with _tracer.start_as_current_span(f"send {topic}", kind=trace.SpanKind.PRODUCER) as span:
             if span.is_recording():

@@ -56,6 +56,16 @@ MESSAGING_ROCKETMQ_MESSAGE_KEYS = "messaging.rocketmq.message.keys"
 _W3C = TraceContextTextMapPropagator()
 
 
+def tracing_installed() -> bool:
+    """Whether an OpenTelemetry SDK is installed (a tracer provider was set).
+
+    With none, every span the API starts is a non-recording one that carries
+    its parent's context and records nothing; the SDK's per-message paths (a
+    send, a poll) skip starting it, a few microseconds each. Once an
+    application installs a provider, the next call starts spans again."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
 def message_trace_properties() -> dict[str, str]:
     """The properties that carry the current span to a message's consumers:
     ``traceparent`` (and ``tracestate``), or ``{}`` when the current span is

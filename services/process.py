@@ -23,7 +23,7 @@ import resource
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -34,6 +34,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 import basalt
 from basalt.common import tls as transport
+from basalt.common.settings import config_dataclass, one_of, setting, validate
 from basalt.common.telemetry import (
     TelemetryConfig,
     server_interceptors,
@@ -44,6 +45,7 @@ from basalt.services.auth import interceptor as auth_interceptor
 from basalt.services.decoding import decoding
 from basalt.services.meta import MetaConfig
 
+T = TypeVar("T")
 Serve = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 #: gRPC core settings the launcher (``basalt cluster up``) gives every service
@@ -152,8 +154,30 @@ TLS = config.Section(transport.TlsConfig)
 #: Request signatures and ACLs (``--auth-enabled``, ``--auth-credentials-file`` ...;
 #: docs/security.md), off by default; every service takes them.
 AUTH = config.Section(auth.AuthConfig)
+#: The event loops a service can run on (:class:`RuntimeConfig`).
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+@config_dataclass
+class RuntimeConfig:
+    """How a service process runs its event loop."""
+
+    event_loop: str = setting(
+        default="uvloop",
+        check=one_of(*EVENT_LOOPS),
+        doc="The event loop the service runs on: uvloop (libuv's loop, the server "
+        "extra's; a one-in-flight send costs the store-node ~10 % less CPU, "
+        "BENCHMARKS.md) or asyncio (the standard library's).",
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, ValueError)
+
+
+#: The event loop of every service (``--event-loop``).
+RUNTIME = config.Section(RuntimeConfig)
 #: The sections every service adds to its own.
-COMMON_SECTIONS = (TELEMETRY, TLS, AUTH)
+COMMON_SECTIONS = (TELEMETRY, TLS, AUTH, RUNTIME)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, service_name: str) -> None:
@@ -255,9 +279,23 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
         print(f"{args.service_name}: auth: {e}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(serve(args))
+        return run_on(settings(args).build(RuntimeConfig).event_loop, serve(args))
     finally:
         telemetry.shutdown()
+
+
+def run_on(event_loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to its end on a fresh loop of the kind ``event_loop`` names
+    (:data:`EVENT_LOOPS`), as ``asyncio.run`` does; its result.
+
+    uvloop's loop runs its own handles and I/O in C, where asyncio's runs them
+    in Python: with one message in flight a store-node turns its loop four times
+    a send, so the loop itself is a visible part of what a send costs."""
+    if event_loop == "uvloop":
+        import uvloop  # the server extra's; imported only by a service that runs on it
+
+        return uvloop.run(main)
+    return asyncio.run(main)
 
 
 def _setup_auth(resolved: config.Resolved) -> None:

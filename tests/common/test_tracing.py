@@ -3,6 +3,9 @@ command maps, on an SDK provider (:mod:`tests.support.telemetry`)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from opentelemetry import baggage, context, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -16,6 +19,7 @@ from basalt.common.tracing import (
     message_links,
     message_trace_properties,
 )
+from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
 
 _tracer = trace.get_tracer("tests.common.test_tracing")
 
@@ -73,3 +77,23 @@ def test_a_command_map_carries_context_and_baggage(spans: InMemorySpanExporter) 
     # Nothing carried: the empty context, so a span in it is a root.
     empty = extracted_context({})
     assert not trace.get_current_span(empty).get_span_context().is_valid
+
+
+def test_tracing_is_installed_once_an_application_sets_a_tracer_provider() -> None:
+    # In a fresh interpreter: this test process may have installed its own already.
+    script = (
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from basalt.common.tracing import tracing_installed\n"
+        "before = tracing_installed()\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "print(before, tracing_installed())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=True,
+    )
+    assert done.stdout.split() == ["False", "True"]

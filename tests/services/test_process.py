@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import platform
@@ -14,14 +15,33 @@ from pathlib import Path
 import pytest
 
 from basalt.services.process import (
+    EVENT_LOOPS,
     SERVICE_ENV,
+    RuntimeConfig,
     keep_large_buffers,
     raise_open_files_limit,
+    run_on,
     service_env,
 )
 from tests.support.polling import eventually_sync
 from tests.support.processes import ServiceProcess, store_node_process
 from tests.support.timeouts import SUBPROCESS_TIMEOUT_S
+
+
+async def _loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+@pytest.mark.parametrize(("event_loop", "module"), [("uvloop", "uvloop"), ("asyncio", "asyncio")])
+def test_a_service_runs_on_the_event_loop_its_settings_name(event_loop: str, module: str) -> None:
+    assert run_on(event_loop, _loop_module()).split(".")[0] == module
+
+
+def test_the_event_loop_is_uvloop_unless_set_and_an_unknown_one_is_refused() -> None:
+    assert RuntimeConfig().event_loop == "uvloop"
+    assert EVENT_LOOPS == ("uvloop", "asyncio")
+    with pytest.raises(ValueError, match="event_loop"):
+        RuntimeConfig(event_loop="tokio")
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
