@@ -66,7 +66,9 @@ from basalt.client.tasks import TaskOwner
 from basalt.common import _records, dial
 from basalt.common.auth import Credentials
 from basalt.common.message import (
+    PROPERTY_CRC32,
     PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     TIMER_REQUEST_PROPERTIES,
     Message,
@@ -504,12 +506,15 @@ class Producer(Client):
     ) -> list[SendResult]:
         topic = messages[0].topic
         opaque = next(self._opaque)
-        if len(messages) == 1:
+        if len(messages) == 1 and _stored_by_the_store_node(messages[0]):
             m = messages[0]
             parts = send_stream_message(
                 opaque, sn.SendMessageRequest(message=_wire(m, ids[0]), queue_id=queue.queue_id)
             )
         else:
+            # A plain message goes as a batch of one record, encoded here in C: the
+            # store-node validates and stamps it (as every batch) instead of building
+            # the record from a wire Message in Python.
             records = encode_batch(
                 messages,
                 ids,
@@ -685,6 +690,19 @@ def _send_attributes(messages: Sequence[Message]) -> dict[str, AttributeValue]:
     if m.keys:
         attributes[MESSAGING_ROCKETMQ_MESSAGE_KEYS] = list(m.keys)
     return attributes
+
+
+def _stored_by_the_store_node(m: Message) -> bool:
+    """Whether ``m`` must go as a wire Message, which the store-node turns into its
+    record itself: a delayed or timer message (parked in a system topic), a
+    transactional half, or one naming a property the store owns (refused there,
+    with the message form's code). A batch of records carries none of these."""
+    return (
+        _delayed(m)
+        or _timed(m)
+        or PROPERTY_TRANSACTION_PREPARED in m.properties
+        or PROPERTY_CRC32 in m.properties
+    )
 
 
 def _delayed(m: Message) -> bool:

@@ -4,6 +4,7 @@ servers on port 0; the harness of tests/services/test_pull_service.py)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,14 @@ from basalt.client import (
     Producer,
     ProducerConfig,
 )
-from basalt.client.producer import _Stream
-from basalt.common.message import Message
+from basalt.client.producer import _stored_by_the_store_node, _Stream, _wire, deliver_after
+from basalt.common.message import (
+    PROPERTY_CRC32,
+    PROPERTY_TRANSACTION_PREPARED,
+    Message,
+    MessageRecord,
+)
+from basalt.common.record import decode_records
 from basalt.services.meta import MetaConfig, Perm
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import pull_service_pb2 as ps
@@ -240,3 +247,60 @@ async def test_refusals_reach_the_user_as_their_typed_errors(
                 await producer.send(Message("bad topic!", b"x"))
             assert illegal.value.code == pb.RESPONSE_CODE_MESSAGE_ILLEGAL
             assert isinstance(illegal.value, ClientError) and isinstance(illegal.value, ValueError)
+
+
+@async_test
+async def test_a_plain_message_is_stored_as_the_store_node_would_store_it(
+    tmp_path: Path, meta_config: MetaConfig
+) -> None:
+    # A plain message goes as a batch of one record encoded by the SDK; the same
+    # message as a wire Message (the form a delayed, timer or transactional one
+    # takes) is encoded by the store-node. Both records must be the same message.
+    message = Message(
+        TOPIC,
+        b"body",
+        tags="TagA",
+        keys=("k1", "k2"),
+        properties={"a": "1", "b": "2"},
+        flag=7,
+        born_timestamp_ms=1_700_000_000_123,
+    )
+    async with cluster(tmp_path, meta_config) as h:
+        async with Producer(h.services[0].address, group="P") as producer:
+            sent = await producer.send(message)
+        node = h.node_stubs[sent.broker_name]
+        wired = await node.SendMessage(
+            sn.SendMessageRequest(message=_wire(message, sent.msg_id), queue_id=sent.queue_id)
+        )
+        assert wired.result.queue_offsets == [sent.queue_offset + 1]
+        answer = await node.GetMessage(
+            sn.GetMessageRequest(
+                group="G", topic=TOPIC, queue_id=sent.queue_id, offset=0, max_msg_nums=2
+            )
+        )
+        by_sdk, by_node = decode_records(answer.records.data)
+
+    def stored(record: MessageRecord) -> MessageRecord:
+        # What the store assigns: offsets, its time and the checksums over them.
+        properties = {k: v for k, v in record.properties.items() if k != PROPERTY_CRC32}
+        return replace(
+            record, queue_offset=0, commit_log_offset=0, store_timestamp_ms=0, properties=properties
+        )
+
+    assert stored(by_sdk) == stored(by_node)
+    assert by_sdk.body == b"body" and by_sdk.flag == 7 and by_sdk.keys == ["k1", "k2"]
+    assert by_sdk.properties["a"] == "1" and by_sdk.uniq_key == sent.msg_id
+    assert by_sdk.born_timestamp_ms == 1_700_000_000_123
+
+
+def test_only_a_plain_message_goes_as_a_record_the_sdk_encodes() -> None:
+    assert not _stored_by_the_store_node(Message(TOPIC, b"x", tags="T", properties={"a": "1"}))
+    for special in (
+        Message(TOPIC, b"x", delay_time_level=3),
+        Message(TOPIC, b"x", properties={"DELAY": "3"}),
+        Message(TOPIC, b"x", deliver_time_ms=deliver_after(5)),
+        Message(TOPIC, b"x", properties={"TIMER_DELAY_SEC": "5"}),
+        Message(TOPIC, b"x", properties={PROPERTY_TRANSACTION_PREPARED: "true"}),
+        Message(TOPIC, b"x", properties={PROPERTY_CRC32: "1"}),  # refused by the store-node
+    ):
+        assert _stored_by_the_store_node(special), special
