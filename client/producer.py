@@ -243,8 +243,10 @@ class _Stream:
         self.unsent: list[bytes] = []
         #: Why the stream broke; None while it works.
         self.failure: str | None = None
-        self.writer: asyncio.Task[None] | None = None
+        #: Set while the writer waits for a send to write.
+        self.idle: asyncio.Future[None] | None = None
         self.reader = tasks.spawn(self._read(), name=f"SendStream reader {address}")
+        self.writer = tasks.spawn(self._write_unsent(), name=f"SendStream writer {address}")
 
     async def _read(self) -> None:
         why = "the store-node ended the stream"
@@ -286,6 +288,7 @@ class _Stream:
         if self.failure is not None:
             return
         self.failure = why
+        self._wake_writer()  # to end
         waiting, self.waiting = self.waiting, {}
         self.unsent.clear()
         for future in waiting.values():
@@ -307,38 +310,49 @@ class _Stream:
         future.add_done_callback(_mark_seen)
         self.waiting[opaque] = future
         self.unsent += item
-        if self.writer is None:
-            # A task of the stream's, not the sender's: a sender whose deadline
-            # passes mid-write would cancel the write, and grpc.aio cancels the
-            # whole call with it. Its first step runs after the senders already
-            # runnable (answers come several to a response, their senders wake
-            # together and each sends its next batch), so they share one write:
-            # each write costs gRPC and the kernel the same fixed work.
-            self.writer = self.tasks.spawn(self._write_unsent())
+        self._wake_writer()
         return await future
 
+    def _wake_writer(self) -> None:
+        idle = self.idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
     async def _write_unsent(self) -> None:
-        """Write every send not yet written, a message at a time (grpc.aio
-        allows one write at a time); a failed write breaks the stream."""
+        """The stream's writer, for its life: write every send not yet written, a
+        message at a time (grpc.aio allows one write at a time); a failed write
+        breaks the stream.
+
+        A task of the stream's, not the sender's: a sender whose deadline passes
+        mid-write would cancel the write, and grpc.aio cancels the whole call
+        with it. Woken by a send, it runs after the senders already runnable
+        (answers come several to a response, their senders wake together and
+        each sends its next batch), so they share one write: each write costs
+        gRPC and the kernel the same fixed work. One task for the stream's life,
+        not one each time a send finds it idle: a lone send then costs a wake-up,
+        not a task made, run and ended."""
+        loop = asyncio.get_running_loop()
         try:
-            while self.unsent and self.failure is None:
+            while self.failure is None:
+                if not self.unsent:
+                    self.idle = loop.create_future()
+                    await self.idle
+                    continue
                 request = b"".join(self.unsent)
                 self.unsent.clear()
                 await self.call.write(request)
         except asyncio.CancelledError:
+            # Not re-raised, as the reader's (a task that ends cancelled keeps its
+            # traceback's frames, and with them this stream and its call).
             self._fail("closed")
-            raise
         except Exception as e:  # InvalidStateError (call finished), AioRpcError
             self._fail(f"a write failed: {describe_failure(e)}")
-        finally:
-            self.writer = None
 
     def close(self) -> None:
         """Break the stream (its waiting sends fail) and end its tasks."""
         self._fail("closed")
         self.reader.cancel()
-        if self.writer is not None:
-            self.writer.cancel()
+        self.writer.cancel()
 
 
 def _mark_seen(future: asyncio.Future[sn.SendStreamAnswer]) -> None:

@@ -20,6 +20,8 @@ import grpc
 
 from basalt.client.errors import ClientError
 from basalt.client.fetch_stream import FETCH_STREAM, AwaitedFetches, FetchOutcome, FetchStream
+from basalt.client.producer import _Stream as SendStream
+from basalt.client.producer import send_stream_message
 from basalt.client.tasks import TaskOwner
 from basalt.common.record import decode_record, split_records
 from basalt.services.meta import TopicConfig
@@ -290,6 +292,36 @@ def test_a_closed_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
         gc.set_debug(0)
         gc.garbage.clear()
     assert not left & {"FetchStream", "StreamStreamCall", "_AioCall"}
+
+
+def test_a_closed_send_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
+    """As the fetch stream's, for the producer's SendStream: its reader and its
+    writer, which lives as long as the stream, end without a cycle."""
+
+    async def scenario() -> None:
+        tasks = TaskOwner()
+        async with (
+            node(tmp_path, auto_create=False) as (running, _, _),
+            grpc.aio.insecure_channel(running.address) as channel,
+        ):
+            stream = SendStream(channel, running.address, tasks)
+            request = sn.SendMessageRequest(message=wire(TOPIC, b"x"), queue_id=0)
+            answer = await stream.send(1, send_stream_message(1, request))
+            assert answer.result.queue_offsets == [0]
+            stream.close()
+            await tasks.close()
+            del stream
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        run(scenario)
+        gc.collect()
+        left = {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not left & {"_Stream", "StreamStreamCall", "_AioCall"}
 
 
 def test_awaited_fetches_share_one_stream_and_a_cancelled_one_ends_its_hold(
