@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import ctypes
 import faulthandler
+import gc
 import logging
 import os
 import resource
@@ -242,10 +243,12 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     print them (:func:`basalt.services.config.format_table`; a required one
     not given shows as unset) and return 0.
     Otherwise run ``serve(args)`` (``args.settings`` holds them) on a fresh
-    event loop, telemetry set up (the metrics endpoint logged, ignored config
-    keys warned of), the open files limit raised (:func:`raise_open_files_limit`)
-    and large buffers kept (:func:`keep_large_buffers`), SIGQUIT dumping every
-    thread's stack to stderr; its exit status. Spans
+    event loop of :class:`RuntimeConfig`'s kind (:func:`run_on`), telemetry set
+    up (the metrics endpoint logged, ignored config keys warned of), the open
+    files limit raised (:func:`raise_open_files_limit`), large buffers kept
+    (:func:`keep_large_buffers`), the objects made so far frozen out of the
+    garbage collector's walks (``gc.freeze``), SIGQUIT dumping every thread's
+    stack to stderr; its exit status. Spans
     and metrics are flushed once ``serve`` returns (the service stopped),
     before the caller exits."""
     try:
@@ -278,6 +281,10 @@ def run(serve: Serve, args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"{args.service_name}: auth: {e}", file=sys.stderr)
         return 2
+    # What the imports made (modules, classes, protobuf descriptors: most of the
+    # ~60,000 objects a store-node tracks) lives as long as the process: frozen,
+    # a full collection no longer walks it (~4 us of a one-in-flight send's CPU).
+    gc.freeze()
     try:
         return run_on(settings(args).build(RuntimeConfig).event_loop, serve(args))
     finally:

@@ -37,6 +37,29 @@ def test_a_service_runs_on_the_event_loop_its_settings_name(event_loop: str, mod
     assert run_on(event_loop, _loop_module()).split(".")[0] == module
 
 
+_SERVE = """
+import argparse, asyncio, gc, sys
+from basalt.services import process
+parser = argparse.ArgumentParser()
+process.add_common_arguments(parser, "basalt-test")
+async def serve(args):
+    uvloop = type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+    return (gc.get_freeze_count() > 1000) + 2 * uvloop
+sys.exit(process.run(serve, parser.parse_args(sys.argv[1:])))
+"""
+
+
+@pytest.mark.parametrize(("flags", "status"), [((), 3), (("--event-loop", "asyncio"), 1)])
+def test_a_service_runs_on_its_event_loop_with_its_imports_frozen(
+    flags: tuple[str, ...], status: int
+) -> None:
+    # The exit status says it: 1 for the imports' objects frozen (gc.freeze), 2 for uvloop.
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVE, *flags], capture_output=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
+    assert done.returncode == status, done.stderr.decode()
+
+
 def test_the_event_loop_is_uvloop_unless_set_and_an_unknown_one_is_refused() -> None:
     assert RuntimeConfig().event_loop == "uvloop"
     assert EVENT_LOOPS == ("uvloop", "asyncio")
