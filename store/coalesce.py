@@ -80,7 +80,9 @@ class SendCoalescer:
         self.submit_then(batch, functools.partial(_resolve, fut))
         return fut
 
-    def submit_then(self, batch: EncodedBatch, on_done: Settle, *, alone: bool = False) -> None:
+    def submit_then(
+        self, batch: EncodedBatch, on_done: Settle, *, alone: bool = False, sole: bool = False
+    ) -> None:
         """Queue a send; ``on_done`` gets its result once it is written (and fsynced
         under SYNC), called by the drain itself - or before this returns, when the
         send is refused. ``on_done`` must not raise: the sends grouped with this
@@ -89,13 +91,18 @@ class SendCoalescer:
         ``alone``: the caller queues no other send before its turn ends. Then, if
         no send is queued and the loop has nothing else ready in this turn, the
         send is written before this returns (``on_done`` may be called before
-        it returns, with the result; under SYNC, once the fsync is done)."""
+        it returns, with the result; under SYNC, once the fsync is done).
+        ``sole``: nor does any other caller send now (the one stream of sends to
+        this store). It stands in for the loop's ready queue where that cannot
+        be read (uvloop's): with no other sender, no other send can join the
+        turn's group."""
         refused = self._refuse(batch)
         if refused is not None:
             on_done(refused)
             return
         if not self._pending:
-            if alone and _nothing_else_ready(self._loop):
+            idle = _nothing_else_ready(self._loop)
+            if alone and (idle if idle is not None else sole):
                 self._write([(batch, on_done)])
                 return
             self._loop.call_soon(self._drain)
@@ -144,12 +151,12 @@ class SendCoalescer:
         waiting.add_done_callback(flushed)
 
 
-def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
+def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool | None:
     """Whether ``loop`` has no handle left to run in this turn (and none queued for
-    the next): asyncio's own loops keep them in ``_ready``. Another loop class
-    (without it) is never taken for idle: its sends keep the next-turn drain."""
+    the next): asyncio's own loops keep them in ``_ready``. None for another loop
+    class (uvloop keeps its queue in C): not known."""
     ready = getattr(loop, "_ready", None)
-    return ready is not None and len(ready) == 0
+    return None if ready is None else len(ready) == 0
 
 
 def _resolve(fut: asyncio.Future[PutMessageResult], result: PutMessageResult) -> None:

@@ -661,14 +661,16 @@ class MessageStore(StoreReads, ReplicaLog):
         on_done: Callable[[PutMessageResult], None],
         *,
         alone: bool = False,
+        sole: bool = False,
     ) -> None:
         """:meth:`put_batch_async` for a caller on the event loop that answers from a
         callback: ``on_done`` gets the result on the loop, from the write's own
         callback (one loop turn sooner than an awaiting coroutine resumes), or
         at once when the batch is refused. It must not raise. ``alone``: the
         caller queues no other send in this loop turn, and the batch may be
-        written before this returns (:meth:`SendCoalescer.submit_then`)."""
-        self._coalescer().submit_then(batch, on_done, alone=alone)
+        written before this returns; ``sole``: no other caller sends now
+        (:meth:`SendCoalescer.submit_then`)."""
+        self._coalescer().submit_then(batch, on_done, alone=alone, sole=sole)
 
     def _coalescer(self) -> SendCoalescer:
         loop = asyncio.get_running_loop()

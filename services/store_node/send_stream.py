@@ -15,15 +15,19 @@ resume it. A send that must await (its topic is created first) runs as a task.
 A request of one send, read while the loop has nothing else to do, is written
 by the store before :meth:`SendHandler.start_send` returns (``alone``: no
 next-turn drain to group it with others, as there are none), and its answer is
-then ready as the reader finishes taking the request. For a request of one
-message - ``await producer.send(msg)``, one at a time - the reader writes it
-itself rather than waking the writer task, one loop turn sooner; the next
-request is read once that write is done, which costs nothing to a producer that
-waits for the answer. Other answers (a batch's, whose producer keeps several in
-flight and whose next request is read while the writer task writes; those that
-come later: a SYNC flush, the in-sync replicas' acks, a busy loop's grouped
-append, a send run as a task) are the writer task's; one write at a time
-either way.
+then ready as the reader finishes taking the request. On a loop whose ready
+queue cannot be read (uvloop), "nothing else to do" is "no other stream is
+sending to this node" (``sole``). For a request of one wire message the reader
+writes the answer itself rather than waking the writer task, one loop turn
+sooner; the next request is read once that write is done. The SDK sends a
+lone message as a batch of one record, whose answer the writer task writes:
+the reader then posts its next read at once, while the write is under way
+(measured on uvloop: the reader's own write, which posts the read only once
+gRPC reports the write done, was slower for one message at a time). Other
+answers (a batch's, whose producer keeps several in flight and whose next
+request is read while the writer task writes; those that come later: a SYNC
+flush, the in-sync replicas' acks, a busy loop's grouped append, a send run as
+a task) are the writer task's; one write at a time either way.
 
 At most ``max_in_flight`` sends are in flight on a stream: past that the
 stream is not read, and HTTP/2 flow control holds the producer back.
@@ -60,15 +64,20 @@ SendOutcome = pb.SendResult | Refusal
 class SendHandler(Protocol):
     """The store-node's side of a send."""
 
+    #: The SendStreams open on the node now (each counts itself while it runs).
+    send_streams: int
+
     def start_send(
         self,
         request: SendRequest,
         on_done: Callable[[SendOutcome], None],
         *,
         alone: bool = False,
+        sole: bool = False,
     ) -> bool:
         """Start a send without awaiting; False (nothing done) when it must await.
-        ``alone``: the caller starts no other send in this loop turn."""
+        ``alone``: the caller starts no other send in this loop turn; ``sole``:
+        no other stream sends to the node now."""
         ...
 
     async def send(self, request: SendRequest) -> pb.SendResult:
@@ -124,6 +133,7 @@ class _SendStream(ServedStream[SendHandler]):
     async def run(self) -> None:
         # A failed write cancels the reading, and the other way round; the group
         # also owns the sends that run as tasks.
+        self.handler.send_streams += 1
         try:
             async with asyncio.TaskGroup() as tasks:
                 self.tasks = tasks
@@ -135,6 +145,8 @@ class _SendStream(ServedStream[SendHandler]):
                     self._wake_writer()
         except* _ClientGone:
             pass  # nobody is left to answer; every send read was stored or refused
+        finally:
+            self.handler.send_streams -= 1
 
     async def _read_sends(self) -> None:
         # The stream's span is the call's, for its whole life: a request's own span
@@ -148,6 +160,7 @@ class _SendStream(ServedStream[SendHandler]):
             items = request.items
             with send_stream_span(items) if traced else _UNTRACED:
                 alone = len(items) == 1
+                sole = alone and self.handler.send_streams == 1
                 lone_message = alone and items[0].HasField("message")
                 for k, item in enumerate(items):
                     if k:  # the window counts sends; next_request took the first
@@ -156,7 +169,7 @@ class _SendStream(ServedStream[SendHandler]):
                             self._wake_writer()
                         await self.window.acquire()
                     self.taking = True
-                    self._take(item, alone)
+                    self._take(item, alone, sole)
                 self.taking = False
             if self.ready and lone_message and self._writer_idle():
                 # Answered while taken (written at once, or refused): write it from
@@ -165,7 +178,7 @@ class _SendStream(ServedStream[SendHandler]):
             if self.ready:
                 self._wake_writer()  # answers that came during a write
 
-    def _take(self, item: sn.SendStreamItem, alone: bool) -> None:
+    def _take(self, item: sn.SendStreamItem, alone: bool, sole: bool) -> None:
         self.in_flight += 1
         on_done = functools.partial(self._answer, item.opaque)
         form = item.WhichOneof("request")
@@ -181,7 +194,7 @@ class _SendStream(ServedStream[SendHandler]):
                 raise invalid(
                     "a SendStream request carries neither message nor batch (nor end_transaction)"
                 )
-            if self.handler.start_send(request, on_done, alone=alone):
+            if self.handler.start_send(request, on_done, alone=alone, sole=sole):
                 return
         except Exception as e:
             on_done(as_refusal(e, "SendStream"))

@@ -298,6 +298,8 @@ class StoreNodeServicer(
         self._filters: dict[tuple[int, str], MessageFilter] = {}
         #: The SendStreams and GetMessagesStreams served (a graceful stop ends them).
         self.streams = ServedStreams()
+        #: The SendStreams open now (send_stream.SendHandler's count).
+        self.send_streams = 0
 
     # -- checks -----------------------------------------------------------------------
 
@@ -478,13 +480,15 @@ class StoreNodeServicer(
         on_done: Callable[[SendOutcome], None],
         *,
         alone: bool = False,
+        sole: bool = False,
     ) -> bool:
         """:meth:`send` without a coroutine, for SendStream's sends: False (and
         nothing done) when the send must await - its topic is created first -
         and :meth:`send` must take it. ``on_done`` gets the result or refusal,
         possibly before this returns. Refusals of the checks raise. ``alone``:
         the caller starts no other send in this loop turn (the store may then
-        write it at once: :meth:`MessageStore.put_batch_then`)."""
+        write it at once: :meth:`MessageStore.put_batch_then`); ``sole``: no
+        other stream sends to this node now."""
         started = time.perf_counter()
         topic, queue_id = _send_target(request)
         if self._writable_config(topic, queue_id) is None:
@@ -505,10 +509,13 @@ class StoreNodeServicer(
         elif self.group is not None:
             group = self.group
             self.store.put_batch_then(
-                encoded, lambda result: group.confirm_then(result, settle), alone=alone
+                encoded,
+                lambda result: group.confirm_then(result, settle),
+                alone=alone,
+                sole=sole,
             )
         else:
-            self.store.put_batch_then(encoded, settle, alone=alone)
+            self.store.put_batch_then(encoded, settle, alone=alone, sole=sole)
         return True
 
     @_rpc

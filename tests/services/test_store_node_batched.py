@@ -318,3 +318,25 @@ def test_get_messages_refuses_malformed_calls_and_keeps_serving(tmp_path: Path) 
             assert ok.results[0].store_status == pb.GET_MESSAGE_STATUS_NO_MATCHED_LOGIC_QUEUE
 
     run(scenario)
+
+
+def test_the_node_counts_its_open_send_streams(tmp_path: Path) -> None:
+    # What tells a lone send on uvloop that no other stream's send can join it (sole).
+    async def scenario() -> None:
+        async with node(tmp_path, auto_create=False) as (running, stub, _):
+            servicer = running.servicer
+            calls = [stub.SendStream() for _ in range(2)]
+            for k, call in enumerate(calls):
+                item = sn.SendStreamItem(
+                    opaque=k, message=sn.SendMessageRequest(message=wire(TOPIC, b"x"))
+                )
+                await call.write(sn.SendStreamRequest(items=[item]))
+                assert (await call.read()).answers[0].result.queue_offsets == [k]
+            assert servicer.send_streams == 2
+            await calls[0].done_writing()
+            assert await calls[0].read() is grpc.aio.EOF
+            await eventually(lambda: servicer.send_streams == 1, what="the ended stream uncounted")
+            calls[1].cancel()
+            await eventually(lambda: servicer.send_streams == 0, what="the cancelled one too")
+
+    run(scenario)

@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
+import uvloop
 
 from basalt.common.record import BLANK_MAGIC_CODE, EncodedMessage
 from basalt.store import (
@@ -287,6 +288,34 @@ def test_a_lone_send_on_a_busy_loop_keeps_the_turns_group(
                 for b, r in zip((b"a", b"b", b"c"), settled, strict=True)
             ],
         )
+
+
+@pytest.mark.parametrize("sole", [True, False])
+def test_a_lone_send_on_a_loop_that_hides_its_queue_is_written_at_once_when_sole(
+    make_config: ConfigFactory, clock: ManualClock, sole: bool
+) -> None:
+    """On uvloop, whose ready queue cannot be read: a lone send (alone=True) is
+    written before put_batch_then returns when its caller is the sole sender
+    (sole=True), and left to the turn's drain otherwise."""
+    with MessageStore(make_config(), clock=clock) as store:
+        appends = count_appends(store)
+
+        async def scenario() -> tuple[int, list[PutMessageResult]]:
+            settled: list[PutMessageResult] = []
+            await asyncio.sleep(0.01)  # idle (see the lone send's test above)
+            batch = store.encode_messages([Message("Uv", b"a", 0)])
+            assert isinstance(batch, EncodedBatch)
+            store.put_batch_then(batch, settled.append, alone=True, sole=sole)
+            at_once = appends()
+            while not settled:
+                await asyncio.sleep(0)
+            return at_once, settled
+
+        at_once, settled = uvloop.run(scenario())
+
+        assert at_once == (1 if sole else 0)
+        assert appends() == 1
+        expect_all_own(store, [([Message("Uv", b"a", 0)], settled[0])])
 
 
 def test_consecutive_groups_continue_the_queues(
