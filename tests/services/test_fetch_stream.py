@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +262,19 @@ def test_the_sdk_stream_answers_each_fetch_once_and_breaks_on_a_silent_peer(
     run(scenario)
 
 
+def garbage_after(scenario: Callable[[], Awaitable[None]]) -> set[str]:
+    """The type names of what ``scenario`` left to the cycle collector."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        run(scenario)
+        gc.collect()
+        return {type(o).__name__ for o in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 def test_a_closed_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
     """Closed, the stream and its gRPC call are freed by reference counting: a
     cycle (a reader task ended cancelled keeps its traceback's frames) would
@@ -282,16 +295,7 @@ def test_a_closed_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
             await tasks.close()
             del stream
 
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        run(scenario)
-        gc.collect()
-        left = {type(o).__name__ for o in gc.garbage}
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    assert not left & {"FetchStream", "StreamStreamCall", "_AioCall"}
+    assert not garbage_after(scenario) & {"FetchStream", "StreamStreamCall", "_AioCall"}
 
 
 def test_a_closed_send_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
@@ -312,16 +316,7 @@ def test_a_closed_send_stream_leaves_no_reference_cycle(tmp_path: Path) -> None:
             await tasks.close()
             del stream
 
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        run(scenario)
-        gc.collect()
-        left = {type(o).__name__ for o in gc.garbage}
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    assert not left & {"_Stream", "StreamStreamCall", "_AioCall"}
+    assert not garbage_after(scenario) & {"_Stream", "StreamStreamCall", "_AioCall"}
 
 
 def test_awaited_fetches_share_one_stream_and_a_cancelled_one_ends_its_hold(
