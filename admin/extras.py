@@ -40,6 +40,7 @@ EXTRAS: Mapping[str, tuple[str, ...]] = {
         "opentelemetry.exporter",
         "prometheus_client",
         "grpc_reflection",
+        "uvloop",
     ),
     "spark": ("pyspark", "pyarrow", "matplotlib", "mpl_toolkits", "pylab"),
 }

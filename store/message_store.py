@@ -528,7 +528,7 @@ class MessageStore(StoreReads, ReplicaLog):
         try:
             appended = self.commitlog.append(batch, self.clock)
         except ValueError as e:
-            return _refused(PutStatus.MESSAGE_ILLEGAL, f"malformed batch: {e}"), None
+            return _refused(PutStatus.MESSAGE_ILLEGAL, _malformed(batch, e)), None
         except StoreClosedError as e:
             return _refused(PutStatus.SERVICE_NOT_AVAILABLE, str(e)), None
         except OSError as e:
@@ -775,3 +775,18 @@ class MessageStore(StoreReads, ReplicaLog):
         dispatched - the dispatcher's or a writer's - so it must be quick and
         thread-safe (e.g. ``loop.call_soon_threadsafe``)."""
         self.dispatcher.arrival_listeners.append(listener)
+
+
+def _malformed(batch: EncodedBatch, error: ValueError) -> str:
+    """MESSAGE_ILLEGAL's detail for records the stamp refused: "malformed batch:
+    record N (byte B of the batch): <why>" (``_records.stamp``'s words). A
+    producer's batch of one record is one message - the SDK sends a lone message
+    so - and is refused as a message is: "<why>" alone (e.g. "body of N bytes
+    exceeds max_message_size M", as :class:`Admission` words it)."""
+    text = str(error)
+    data = batch.data
+    if batch.from_producer and len(data) >= 4 and int.from_bytes(data[:4], "big") == len(data):
+        _, found, why = text.partition("): ")
+        if found:
+            return why
+    return f"malformed batch: {text}"

@@ -1410,6 +1410,31 @@ def test_put_batch_refuses_a_malformed_batch_and_keeps_serving(
         store.shutdown()
 
 
+def test_a_producer_batch_of_one_record_is_refused_as_a_message_is(
+    make_config: ConfigFactory, clock: ManualClock
+) -> None:
+    """The SDK sends a lone message as a batch of one record: refused, it reads as
+    the wire message's refusal (Admission's words), not as a malformed batch;
+    a longer batch still names the record."""
+    host = encode_host(IPV4_HOST)
+    too_big = Message(topic=BATCH_TOPIC, body=bytes(MAX_BODY + 1), queue_id=BATCH_QUEUE)
+    lone = bytes(encode_unstamped([too_big], host))
+    store = open_store(make_config, clock, IPV4_HOST)
+    try:
+        alone = store.put_batch(EncodedBatch.of_records(BATCH_TOPIC, BATCH_QUEUE, lone))
+        batch = store.put_batch(
+            EncodedBatch.of_records(BATCH_TOPIC, BATCH_QUEUE, good_records(1, host) + lone)
+        )
+        as_message = store.put_messages([too_big])
+    finally:
+        store.shutdown()
+    expected = f"body of {MAX_BODY + 1} bytes exceeds max_message_size {MAX_BODY}"
+    assert (alone.status, alone.detail) == (PutStatus.MESSAGE_ILLEGAL, expected)
+    assert (as_message.status, as_message.detail) == (PutStatus.MESSAGE_ILLEGAL, expected)
+    assert batch.status is PutStatus.MESSAGE_ILLEGAL
+    assert batch.detail.startswith("malformed batch: record 1 (byte ") and expected in batch.detail
+
+
 def test_put_batch_overwrites_every_client_supplied_broker_field(store: MessageStore) -> None:
     """A producer's BODYCRC, offsets, store time and store host never reach the log."""
     lying_host = encode_host("10.9.9.9:1")
