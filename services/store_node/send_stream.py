@@ -49,7 +49,7 @@ from opentelemetry import trace
 
 from basalt.services.errors import Refusal, as_refusal, invalid, refused
 from basalt.services.store_node.metrics import send_stream_span
-from basalt.services.store_node.served_streams import EndableReads, ServedStream
+from basalt.services.store_node.served_streams import EndableReads, ServedStream, ServedStreams
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 
@@ -64,8 +64,8 @@ SendOutcome = pb.SendResult | Refusal
 class SendHandler(Protocol):
     """The store-node's side of a send."""
 
-    #: The SendStreams open on the node now (each counts itself while it runs).
-    send_streams: int
+    #: The node's streams (how many SendStreams it serves now).
+    streams: ServedStreams
 
     def start_send(
         self,
@@ -133,7 +133,6 @@ class _SendStream(ServedStream[SendHandler]):
     async def run(self) -> None:
         # A failed write cancels the reading, and the other way round; the group
         # also owns the sends that run as tasks.
-        self.handler.send_streams += 1
         try:
             async with asyncio.TaskGroup() as tasks:
                 self.tasks = tasks
@@ -145,8 +144,6 @@ class _SendStream(ServedStream[SendHandler]):
                     self._wake_writer()
         except* _ClientGone:
             pass  # nobody is left to answer; every send read was stored or refused
-        finally:
-            self.handler.send_streams -= 1
 
     async def _read_sends(self) -> None:
         # The stream's span is the call's, for its whole life: a request's own span
@@ -160,7 +157,7 @@ class _SendStream(ServedStream[SendHandler]):
             items = request.items
             with send_stream_span(items) if traced else _UNTRACED:
                 alone = len(items) == 1
-                sole = alone and self.handler.send_streams == 1
+                sole = alone and self.handler.streams.serving(serve_send_stream) == 1
                 lone_message = alone and items[0].HasField("message")
                 for k, item in enumerate(items):
                     if k:  # the window counts sends; next_request took the first

@@ -12,6 +12,7 @@ OK, and the clients go to the node the route names next.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -87,16 +88,27 @@ class ServedStream(Generic[H]):
         return request
 
 
+#: What serves one kind of stream: ``run(handler, context, reads, max_in_flight)``.
+Run = Callable[[H, grpc.aio.ServicerContext[Any, Any], EndableReads, int], Awaitable[None]]
+
+
 class ServedStreams:
-    """The streams a store-node serves now; :meth:`end` ends them all."""
+    """The streams a store-node serves now, by kind (the function that serves
+    them); :meth:`end` ends them all."""
 
     def __init__(self) -> None:
         self._open: set[EndableReads] = set()
+        #: How many streams each run function serves now.
+        self._serving: Counter[Callable[..., Awaitable[None]]] = Counter()
         self._ending = False
+
+    def serving(self, run: Callable[..., Awaitable[None]]) -> int:
+        """How many streams ``run`` (one kind of stream) serves now."""
+        return self._serving[run]
 
     async def serve(
         self,
-        run: Callable[[H, grpc.aio.ServicerContext[Any, Any], EndableReads, int], Awaitable[None]],
+        run: Run[H],
         handler: H,
         context: grpc.aio.ServicerContext[Any, Any],
         max_in_flight: int,
@@ -108,10 +120,12 @@ class ServedStreams:
         if self._ending:
             reads.end()
         self._open.add(reads)
+        self._serving[run] += 1
         try:
             await run(handler, context, reads, max_in_flight)
         finally:
             self._open.discard(reads)
+            self._serving[run] -= 1
 
     def end(self) -> None:
         """A graceful stop: every stream served stops reading (what it read is

@@ -298,8 +298,6 @@ class StoreNodeServicer(
         self._filters: dict[tuple[int, str], MessageFilter] = {}
         #: The SendStreams and GetMessagesStreams served (a graceful stop ends them).
         self.streams = ServedStreams()
-        #: The SendStreams open now (send_stream.SendHandler's count).
-        self.send_streams = 0
 
     # -- checks -----------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from basalt.common.record import decode_record, split_records
+from basalt.services.store_node.send_stream import serve_send_stream
 from basalt.store import FlushDiskType
 from basalt.store.config import MessageStoreConfig
 from basalt.v1 import common_pb2 as pb
@@ -324,7 +325,10 @@ def test_the_node_counts_its_open_send_streams(tmp_path: Path) -> None:
     # What tells a lone send on uvloop that no other stream's send can join it (sole).
     async def scenario() -> None:
         async with node(tmp_path, auto_create=False) as (running, stub, _):
-            servicer = running.servicer
+
+            def sending() -> int:
+                return running.servicer.streams.serving(serve_send_stream)
+
             calls = [stub.SendStream() for _ in range(2)]
             for k, call in enumerate(calls):
                 item = sn.SendStreamItem(
@@ -332,11 +336,17 @@ def test_the_node_counts_its_open_send_streams(tmp_path: Path) -> None:
                 )
                 await call.write(sn.SendStreamRequest(items=[item]))
                 assert (await call.read()).answers[0].result.queue_offsets == [k]
-            assert servicer.send_streams == 2
+            assert sending() == 2
             await calls[0].done_writing()
             assert await calls[0].read() is grpc.aio.EOF
-            await eventually(lambda: servicer.send_streams == 1, what="the ended stream uncounted")
+            await eventually(
+                lambda: sending() == 1,
+                what="the ended stream uncounted",
+            )
             calls[1].cancel()
-            await eventually(lambda: servicer.send_streams == 0, what="the cancelled one too")
+            await eventually(
+                lambda: sending() == 0,
+                what="the cancelled one too",
+            )
 
     run(scenario)
