@@ -999,6 +999,22 @@ typedef struct {
 
 enum { STAMP_OK = 0, STAMP_BAD = 1, STAMP_NOMEM = 2 };
 
+/* Raise ValueError("record N (byte B of the batch): <why>") for a refused record,
+ * with <why> alone as its ``reason`` attribute: a caller that words the refusal of
+ * a lone record as a message's takes it from there rather than from the text. */
+static void set_bad_record(Py_ssize_t index, Py_ssize_t at, const char *why) {
+    /* Decoded as PyErr_Format's %s decodes: UTF-8, errors replaced. */
+    PyObject *reason = PyUnicode_DecodeUTF8(why, (Py_ssize_t)strlen(why), "replace");
+    if (reason == NULL) return;
+    PyObject *error = PyObject_CallFunction(
+        PyExc_ValueError, "N",
+        PyUnicode_FromFormat("record %zd (byte %zd of the batch): %U", index, at, reason));
+    if (error != NULL && PyObject_SetAttrString(error, "reason", reason) == 0)
+        PyErr_SetObject(PyExc_ValueError, error);
+    Py_XDECREF(error);
+    Py_DECREF(reason);
+}
+
 /* Validate and stamp every record of st->buf[start:end]; touches no Python object. */
 static int stamp_walk(stamp_t *st) {
     int32_t host_flag = st->host_len == 20 ? STOREHOSTADDRESS_V6_FLAG : 0;
@@ -1113,8 +1129,7 @@ static PyObject *py_stamp(PyObject *self, PyObject *args) {
         goto done;
     }
     if (rc == STAMP_BAD) {
-        PyErr_Format(PyExc_ValueError, "record %zd (byte %zd of the batch): %s", st.index,
-                     st.bad_at - st.start, st.why.text);
+        set_bad_record(st.index, st.bad_at - st.start, st.why.text);
         goto done;
     }
     /* The ConsumeQueue units of the dispatchable records, ready for the dispatcher. */

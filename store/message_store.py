@@ -781,12 +781,12 @@ def _malformed(batch: EncodedBatch, error: ValueError) -> str:
     """MESSAGE_ILLEGAL's detail for records the stamp refused: "malformed batch:
     record N (byte B of the batch): <why>" (``_records.stamp``'s words). A
     producer's batch of one record is one message - the SDK sends a lone message
-    so - and is refused as a message is: "<why>" alone (e.g. "body of N bytes
-    exceeds max_message_size M", as :class:`Admission` words it)."""
-    text = str(error)
+    so - and is refused as a message is: "<why>" alone, the stamp's ``reason``
+    (e.g. "body of N bytes exceeds max_message_size M", as :class:`Admission`
+    words it)."""
+    reason = getattr(error, "reason", None)
     data = batch.data
-    if batch.from_producer and len(data) >= 4 and int.from_bytes(data[:4], "big") == len(data):
-        _, found, why = text.partition("): ")
-        if found:
-            return why
-    return f"malformed batch: {text}"
+    one_record = len(data) >= 4 and int.from_bytes(data[:4], "big") == len(data)
+    if reason is not None and batch.from_producer and one_record:
+        return str(reason)
+    return f"malformed batch: {error}"

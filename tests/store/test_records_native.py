@@ -892,6 +892,8 @@ def test_stamp_refuses_a_malformed_batch_naming_the_record_and_reason(case: Malf
             max_body_size=MAX_BODY,
         )
     assert case.reason in str(excinfo.value)
+    # The reason alone, for a caller that words it otherwise (a lone record's refusal).
+    assert str(excinfo.value) == expected + excinfo.value.reason  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
