@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import faulthandler
 import gc
@@ -23,7 +24,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -382,8 +383,66 @@ async def serve_until_stopped(
     in-flight calls given ``grace_s``."""
     print(f"{label} serving on {running.address}", flush=True)
     await stop.wait()
+    with stopping(grace_s):
+        await running.stop(grace_s)
+
+
+#: How long past its grace period a graceful stop may run before the process
+#: reports what it waits on (:func:`stopping`): closing the store and etcd's
+#: leases after the calls end takes seconds, not this.
+STOP_REPORT_AFTER_S = 30.0
+
+
+@contextlib.contextmanager
+def stopping(grace_s: float, report_after_s: float = STOP_REPORT_AFTER_S) -> Iterator[None]:
+    """Log "stopping"; a stop still under way ``grace_s + report_after_s`` later
+    is reported at ERROR with every asyncio task's stack and, on stderr, every
+    thread's (faulthandler): a stop that hangs names the await or the join it
+    hangs on, once, and goes on waiting (an orchestrator's kill ends it).
+    The threads' dump is armed apart from the loop, so a blocked loop is
+    reported too."""
     log.info("stopping")
-    await running.stop(grace_s)
+    after_s = grace_s + report_after_s
+    loop = asyncio.get_running_loop()
+    report = loop.call_later(after_s, _report_stop, after_s)
+    faulthandler.dump_traceback_later(after_s, exit=False)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        report.cancel()
+
+
+def _report_stop(after_s: float) -> None:
+    log.error(
+        "still stopping after %.0f s; what each task waits on (threads follow on stderr):\n%s",
+        after_s,
+        "\n".join(awaiting(task) for task in asyncio.all_tasks()),
+    )
+
+
+def awaiting(task: asyncio.Task[Any]) -> str:
+    """``task``'s name and its await chain, outermost first: each coroutine's
+    place (file:line in function), then what the innermost awaits (a future,
+    an event). ``Task.print_stack`` shows only the outermost coroutine of a
+    suspended task, which says nothing of the await it hangs on."""
+    lines = [task.get_name()]
+    step: Any = task.get_coro()
+    while step is not None:
+        frame = getattr(step, "cr_frame", None) or getattr(step, "ag_frame", None)
+        frame = frame or getattr(step, "gi_frame", None)
+        if frame is None:
+            # A future's iterator (C) does not name its future; the task does.
+            lines.append(f"  awaits {getattr(task, '_fut_waiter', None) or step!r}")
+            break
+        code = frame.f_code
+        lines.append(f"  {code.co_filename}:{frame.f_lineno} in {code.co_qualname}")
+        step = (
+            getattr(step, "cr_await", None)
+            or getattr(step, "ag_await", None)
+            or getattr(step, "gi_yieldfrom", None)
+        )
+    return "\n".join(lines)
 
 
 #: The default backlog of calls a service's gRPC server takes before Python

@@ -302,17 +302,17 @@ async def serve(args: argparse.Namespace) -> int:
     if front is not None:
         print(f"store-node {node.broker_name} RocketMQ 5 front on {front.endpoint}", flush=True)
     await stop.wait()
-    log.info("stopping")
-    if front is not None:
-        await front.stop(addresses.stop_grace_s)
-    # Not clean (a flush or the offsets' last save failed): the exit status says so.
-    clean = await running.stop(addresses.stop_grace_s)
-    if cache is not None:
-        await cache.close()
-    if brokers is not None:
-        await brokers.close()
-    if meta is not None:
-        await meta.close()
+    with process.stopping(addresses.stop_grace_s):
+        if front is not None:
+            await front.stop(addresses.stop_grace_s)
+        # Not clean (a flush or the offsets' last save failed): the exit status says so.
+        clean = await running.stop(addresses.stop_grace_s)
+        if cache is not None:
+            await cache.close()
+        if brokers is not None:
+            await brokers.close()
+        if meta is not None:
+            await meta.close()
     return 0 if clean else 1
 
 

@@ -22,6 +22,7 @@ from basalt.services.process import (
     raise_open_files_limit,
     run_on,
     service_env,
+    stopping,
 )
 from tests.support.polling import eventually_sync
 from tests.support.processes import ServiceProcess, store_node_process
@@ -177,3 +178,40 @@ def test_sigquit_dumps_every_threads_stack_and_the_service_goes_on(
     assert text.count("Thread 0x") >= 2  # the loop's and the store's threads
     assert node.proc.poll() is None  # still serving
     assert node.stop() == 0
+
+
+async def _hang_until(released: asyncio.Event) -> None:
+    await released.wait()
+
+
+@pytest.mark.parametrize("event_loop", EVENT_LOOPS)
+def test_a_stop_past_its_grace_names_the_await_it_hangs_on(
+    event_loop: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A stop still under way after its grace and the report delay logs each
+    task's await chain down to what it waits on, and dumps the threads; a stop
+    that ends in time reports nothing."""
+
+    async def stop(hang_s: float) -> None:
+        released = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.call_later(hang_s, released.set)
+        with stopping(0.05, report_after_s=0.25):
+            await asyncio.create_task(_hang_until(released), name="the-hung-stop")
+        await asyncio.sleep(0.5)  # past when a report would have come
+
+    caplog.set_level(logging.INFO, logger="basalt.services.process")
+    run_on(event_loop, stop(0.0))
+    assert [r.getMessage() for r in caplog.records] == ["stopping"]
+    assert "Thread" not in capfd.readouterr().err
+    caplog.clear()
+    run_on(event_loop, stop(0.8))
+    [report] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    text = report.getMessage()
+    assert text.startswith("still stopping after 0 s"), text
+    lines = text.splitlines()
+    chain = lines[lines.index("the-hung-stop") :]
+    assert "in _hang_until" in chain[1], chain
+    assert "in Event.wait" in chain[2], chain
+    assert chain[3].startswith("  awaits <Future pending"), chain
+    assert "in run_on" in capfd.readouterr().err  # the main thread's stack, from faulthandler

@@ -142,10 +142,26 @@ class ServiceProcess:
         return line.strip()
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        """Send ``sig`` unless it already ended; returns its exit status."""
+        """Send ``sig`` unless it already ended; returns its exit status.
+
+        A process that outlives the cap is asked for its threads' stacks
+        (SIGQUIT: services register faulthandler on it, written to the log),
+        killed, and the test fails with the log's tail: what it hung on."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout=SUBPROCESS_TIMEOUT_S)
+        try:
+            return self.proc.wait(timeout=SUBPROCESS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGQUIT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=2)
+            self.proc.kill()
+            self.proc.wait()
+            tail = self.log.read_text(errors="replace")[-12_000:]
+            raise AssertionError(
+                f"{self.args[2]} did not exit within {SUBPROCESS_TIMEOUT_S} s of signal "
+                f"{sig}; its log's tail (stacks at the end):\n{tail}"
+            ) from None
 
 
 @pytest.fixture
