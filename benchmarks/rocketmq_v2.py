@@ -359,7 +359,8 @@ async def run(args: argparse.Namespace, root: Path) -> tuple[list[Result], float
                 # py-spy (pip install py-spy) sampling the process the clients dial.
                 spy = subprocess.Popen(
                     [str(Path(sys.executable).parent / "py-spy"), "record", "--gil",
-                     "--nonblocking", "--format", "raw", "-o", f"{args.profile}-{front}.txt",
+                     "--rate", "400", "--nonblocking", "--format", "raw",
+                     "-o", f"{args.profile}-{front}.txt",
                      "-p", str(hosts[front])],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )  # fmt: skip
