@@ -190,7 +190,8 @@ class GroupMember:
         if session is not None and not session.done():
             with contextlib.suppress(TimeoutError):
                 # The service ends the stream once we half-close it.
-                await asyncio.wait_for(asyncio.shield(session), 5)
+                async with asyncio.timeout(5):
+                    await asyncio.shield(session)
         # Whatever still runs (the session, if it did not end) is cancelled,
         # and every task has ended before close returns.
         await self._tasks.close()
@@ -351,7 +352,8 @@ class GroupMember:
                 else self.config.rebalance_interval_ms
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rebalance_now.wait(), wait_ms / 1000)
+                async with asyncio.timeout(wait_ms / 1000):
+                    await self._rebalance_now.wait()
             self._rebalance_now.clear()
             if self._closing or not self.session_up.is_set():
                 continue

@@ -232,9 +232,8 @@ class TransactionProducer(Producer):
             for address in self._watches.keys() - addresses:
                 self._watches.pop(address).cancel()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._routes_changed.wait(), self.config.poll_name_server_interval_ms / 1000
-                )
+                async with asyncio.timeout(self.config.poll_name_server_interval_ms / 1000):
+                    await self._routes_changed.wait()
             self._routes_changed.clear()
 
     async def _master_addresses(self) -> set[str]:

@@ -35,7 +35,8 @@ class TlsEtcdClient(aetcd.Client):  # type: ignore[misc]  # aetcd is untyped
         if self._connected.is_set():
             return
         if self._is_connecting:
-            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            async with asyncio.timeout(self._connect_wait_timeout):
+                await self._connected.wait()
             return
         try:
             self._is_connecting = True

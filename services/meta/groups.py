@@ -297,7 +297,9 @@ class BrokerGroup:
             await self._member.update(value)
 
     async def _report_loop(self) -> None:
-        while True:
+        # Ends at close() even if a library's wait_for (Python 3.11) swallowed
+        # the cancellation while a put was answered: the task is unset first.
+        while self._reporter is not None:
             await self._report_wake.wait()
             self._report_wake.clear()
             try:
@@ -317,11 +319,12 @@ class BrokerGroup:
         if self._route_hook is not None:
             self._route_hook()
             self._route_hook = None
-        if self._reporter is not None:
-            self._reporter.cancel()
+        reporter, self._reporter = self._reporter, None
+        if reporter is not None:
+            reporter.cancel()
+            self._report_wake.set()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._reporter
-            self._reporter = None
+                await reporter
         if self._member is not None:
             await self._member.close(revoke=revoke)
 

@@ -129,7 +129,8 @@ class Registration:
     async def wait_registered(self, timeout_s: float | None = None) -> bool:
         """Wait until the key has been put at least once; False on timeout."""
         try:
-            await asyncio.wait_for(self._registered.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._registered.wait()
         except TimeoutError:
             return False
         return True
@@ -254,4 +255,5 @@ class Registration:
                 pause = retry_s
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), pause)
+                async with asyncio.timeout(pause):
+                    await self._wake.wait()

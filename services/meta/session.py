@@ -270,7 +270,8 @@ class EtcdSession:
         # Closing a client whose stream is already broken can hang or raise in
         # the library; it is ours to drop either way.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.close(), self.config.op_timeout_s)
+            async with asyncio.timeout(self.config.op_timeout_s):
+                await client.close()
 
     async def reset(self) -> None:
         """Drop the current client so the next call opens a fresh channel.
@@ -299,9 +300,8 @@ class EtcdSession:
         for _ in range(len(self.config.endpoints)):
             client = self._current()
             try:
-                return await asyncio.wait_for(
-                    op(client), self.config.op_timeout_s + _DEADLINE_GRACE_S
-                )
+                async with asyncio.timeout(self.config.op_timeout_s + _DEADLINE_GRACE_S):
+                    return await op(client)
             except _UNREACHABLE as e:
                 last = e
                 self._fail_over(client)
@@ -553,7 +553,8 @@ class EtcdSession:
             raise MetaUnavailableError(self.config.endpoints, f"watch {prefix}", e) from e
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(watch.cancel(), self.config.op_timeout_s)
+                async with asyncio.timeout(self.config.op_timeout_s):
+                    await watch.cancel()
         # The library ends the iteration when its client is closed.
         raise MetaUnavailableError(
             self.config.endpoints, f"watch {prefix}", ConnectionError("watch stream closed")

@@ -159,7 +159,8 @@ class MetaWatcher(Generic[T]):
     async def wait_changed(self, timeout_s: float | None = None) -> bool:
         """Wait for the next change; False if ``timeout_s`` passed first."""
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait()
         except TimeoutError:
             return False
         return True
@@ -192,7 +193,8 @@ class MetaWatcher(Generic[T]):
             )
         if wait and not self._synced.is_set():
             try:
-                await asyncio.wait_for(self._synced.wait(), self._config.op_timeout_s)
+                async with asyncio.timeout(self._config.op_timeout_s):
+                    await self._synced.wait()
             except TimeoutError as e:
                 raise MetaUnavailableError(
                     self._config.endpoints, f"list {self.prefix}", e

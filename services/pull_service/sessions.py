@@ -246,7 +246,8 @@ class SessionRegistry:
     ) -> ps.SessionRequest | None:
         """The first frame (None at end of stream), within the session timeout."""
         try:
-            frame: object = await asyncio.wait_for(context.read(), self.session_timeout_ms / 1000)
+            async with asyncio.timeout(self.session_timeout_ms / 1000):
+                frame: object = await context.read()
         except TimeoutError:
             raise self._silent(None) from None
         if frame is grpc.aio.EOF:
@@ -311,7 +312,8 @@ class SessionRegistry:
             # Let the older session revoke its lease first, so that revoking it
             # cannot delete the key this session is about to put.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(replaced.closed.wait(), self._register_timeout_s)
+                async with asyncio.timeout(self._register_timeout_s):
+                    await replaced.closed.wait()
         session.registration = await self._meta.register(session.value, wait=False)
         if not await session.registration.wait_registered(self._register_timeout_s):
             log.warning(
@@ -414,7 +416,8 @@ class SessionRegistry:
     ) -> ps.ConsumerAck:
         future = session.push(command)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(future)
         except TimeoutError:
             return ps.ConsumerAck(
                 client_id=session.client_id,
@@ -564,9 +567,8 @@ class SessionRegistry:
             session.end(refusal)
         if sessions:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*(s.closed.wait() for s in sessions)), timeout_s
-                )
+                async with asyncio.timeout(timeout_s):
+                    await asyncio.gather(*(s.closed.wait() for s in sessions))
 
 
 def _queues_of(config: TopicConfig) -> tuple[object, ...]:

@@ -154,7 +154,8 @@ class PullRequestHoldService:
         try:
             if any(r.grew() for r in reads):
                 return True
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(future)
             return True
         except TimeoutError:
             return False

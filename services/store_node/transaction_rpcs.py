@@ -303,7 +303,8 @@ class TransactionRpcs:
         was_master = True
         while not self._txn_stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), config.transaction_check_interval_ms / 1000)
+                async with asyncio.timeout(config.transaction_check_interval_ms / 1000):
+                    await wake.wait()
             if self._stopping():
                 return
             if not self._is_master():

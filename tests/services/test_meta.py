@@ -624,3 +624,33 @@ def test_a_client_address_round_trips_and_old_records_load_without_one() -> None
         pull_service_id="ps-1", address="10.0.0.6:8081", client_address="ps.example.com:443"
     )
     assert PullServiceRegistration.from_json(p.to_json()) == p
+
+
+@async_test
+async def test_an_etcd_call_cancelled_in_the_turn_it_is_answered_still_raises_cancelled(
+    meta_config: MetaConfig, etcd: EtcdProcess
+) -> None:
+    """Every etcd call runs under its deadline in the caller's task: a cancel
+    that comes in the loop turn the answer does (a stop cancelling a reporter
+    as its put returns) reaches the caller. Python 3.11's ``wait_for`` returned
+    the answer and dropped the cancel there, and the stop waited forever on a
+    task that went on looping."""
+    session = EtcdSession(meta_config)
+    try:
+        await session.put(f"/basalt/{meta_config.cluster}/answered", b"v")
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        asked = asyncio.Event()
+
+        async def op(client: object) -> bytes:
+            asked.set()
+            return await answer
+
+        call = asyncio.create_task(session._call("get answered", op))
+        await asked.wait()
+        answer.set_result(b"v")  # answered ...
+        call.cancel()  # ... and cancelled in the same turn
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert call.cancelled()
+    finally:
+        await session.close()

@@ -129,7 +129,8 @@ class ReplicationSlave:
             if self.sessions > sessions:
                 backoff = BACKOFF_INITIAL_S
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), backoff)
+                async with asyncio.timeout(backoff):
+                    await self._closed.wait()
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     async def close(self) -> None:
@@ -218,7 +219,8 @@ class ReplicationSlave:
             SILENT_FLOOR_S, SILENT_HEARTBEATS * self.config.ha_heartbeat_interval_ms / 1000
         )
         try:
-            message = await asyncio.wait_for(call.read(), silent_s)
+            async with asyncio.timeout(silent_s):
+                message = await call.read()
         except TimeoutError:
             raise StreamBroken(f"the master was silent for {silent_s} s") from None
         if message is grpc.aio.EOF:

@@ -221,7 +221,8 @@ class SyncSetBook:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (end_offset, next(self._order), future))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(future)
         except TimeoutError:
             return False
         finally:
