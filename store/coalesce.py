@@ -101,8 +101,7 @@ class SendCoalescer:
             on_done(refused)
             return
         if not self._pending:
-            idle = _nothing_else_ready(self._loop)
-            if alone and (idle if idle is not None else sole):
+            if alone and _alone_in_turn(self._loop, sole):
                 self._write([(batch, on_done)])
                 return
             self._loop.call_soon(self._drain)
@@ -151,12 +150,13 @@ class SendCoalescer:
         waiting.add_done_callback(flushed)
 
 
-def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool | None:
-    """Whether ``loop`` has no handle left to run in this turn (and none queued for
-    the next): asyncio's own loops keep them in ``_ready``. None for another loop
-    class (uvloop keeps its queue in C): not known."""
+def _alone_in_turn(loop: asyncio.AbstractEventLoop, sole: bool) -> bool:
+    """Whether no other send can join this turn's group: ``loop`` has no handle
+    left to run in this turn (and none queued for the next), as asyncio's own
+    loops show in ``_ready``; on another loop class (uvloop keeps its queue in
+    C), ``sole``, the caller's word that nobody else sends now."""
     ready = getattr(loop, "_ready", None)
-    return None if ready is None else len(ready) == 0
+    return sole if ready is None else len(ready) == 0
 
 
 def _resolve(fut: asyncio.Future[PutMessageResult], result: PutMessageResult) -> None:
