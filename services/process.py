@@ -396,9 +396,10 @@ STOP_REPORT_AFTER_S = 30.0
 @contextlib.contextmanager
 def stopping(grace_s: float, report_after_s: float = STOP_REPORT_AFTER_S) -> Iterator[None]:
     """Log "stopping"; a stop still under way ``grace_s + report_after_s`` later
-    is reported at ERROR with every asyncio task's stack and, on stderr, every
-    thread's (faulthandler): a stop that hangs names the await or the join it
-    hangs on, once, and goes on waiting (an orchestrator's kill ends it).
+    is reported at ERROR with every asyncio task's await chain (:func:`awaiting`)
+    and, on stderr, every thread's stack (faulthandler): a stop that hangs
+    names the await or the join it hangs on, once, and goes on waiting (an
+    orchestrator's kill ends it).
     The threads' dump is armed apart from the loop, so a blocked loop is
     reported too."""
     log.info("stopping")
