@@ -37,6 +37,7 @@ from basalt.services.meta.group_model import GroupState, MemberRegistration
 from basalt.v1 import common_pb2 as pb
 from basalt.v1 import store_node_pb2 as sn
 from basalt.v1 import store_node_pb2_grpc as sn_grpc
+from tests.support.processes import signal_and_wait
 
 THIS_FILE = Path(__file__).resolve()
 #: The repository root: the working directory of every member.
@@ -151,15 +152,8 @@ class Member:
         assert self.proc is not None
         if self.paused:
             self.resume()
-        self.proc.terminate()
-        try:
-            return self.proc.wait(timeout=PROCESS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGQUIT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=5)
-            self.kill()
-            return -9
+        code = signal_and_wait(self.proc, signal.SIGTERM, PROCESS_TIMEOUT_S)
+        return -9 if code is None else code
 
     def log_tail(self, lines: int = 60) -> str:
         """The last ``lines`` of its log, for an assertion's message."""

@@ -142,26 +142,37 @@ class ServiceProcess:
         return line.strip()
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        """Send ``sig`` unless it already ended; returns its exit status.
-
-        A process that outlives the cap is asked for its threads' stacks
-        (SIGQUIT: services register faulthandler on it, written to the log),
-        killed, and the test fails with the log's tail: what it hung on."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=SUBPROCESS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGQUIT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=2)
-            self.proc.kill()
-            self.proc.wait()
+        """Send ``sig`` unless it already ended; returns its exit status. One that
+        outlives the cap is killed once it has written its threads' stacks
+        (:func:`signal_and_wait`), and the test fails with the log's tail: what
+        it hung on."""
+        code = signal_and_wait(self.proc, sig, SUBPROCESS_TIMEOUT_S)
+        if code is None:
             tail = self.log.read_text(errors="replace")[-12_000:]
             raise AssertionError(
                 f"{self.args[2]} did not exit within {SUBPROCESS_TIMEOUT_S} s of signal "
                 f"{sig}; its log's tail (stacks at the end):\n{tail}"
-            ) from None
+            )
+        return code
+
+
+def signal_and_wait(proc: subprocess.Popen[bytes], sig: int, timeout_s: float) -> int | None:
+    """Send ``sig`` to a service process unless it already ended, and wait up to
+    ``timeout_s``: its exit status. None when it outlived that: it was then asked
+    for its threads' stacks (SIGQUIT: every service registers faulthandler on
+    it, written to its stderr, the log), given a moment to write them, killed
+    and reaped."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGQUIT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        proc.kill()
+        proc.wait()
+        return None
 
 
 @pytest.fixture
